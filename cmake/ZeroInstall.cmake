@@ -1,0 +1,21 @@
+# Installs headers, libraries and a package config so that a user's project can do
+#   find_package(zero)  and  target_link_libraries(app PRIVATE zero::zero)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS zero EXPORT zeroTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/libzero/include/zero
+                  ${PROJECT_SOURCE_DIR}/offload/include/zero
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/zeroConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/zeroConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/zeroConfig.cmake ${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero)

@@ -1,0 +1,80 @@
+// The communicator interface the engine is written against.
+//
+// Collectives over the data-parallel group, each with a non-blocking form that returns a Work
+// handle: the engine starts a reduce-scatter as soon as a bucket is full and waits only when the
+// result is needed (overlap_comm). Sums of 16-bit types are computed in fp32 and rounded once,
+// so a bf16/fp16 reduction is correct arithmetic, never an integer sum of bit patterns.
+// Implementations: MpiCommunicator (host memory, here) and NCCL / MPI-staged (device memory,
+// the CUDA backend).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+
+#include "zero/dtype.hpp"
+
+namespace zero {
+
+enum class ReduceOp { sum, max, avg };
+
+// A pending collective. wait() completes it (idempotent); destroying an unfinished Work waits.
+class Work {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+    virtual bool test() = 0;
+  };
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&& o) noexcept {
+    if (this != &o) { wait(); impl_ = std::move(o.impl_); }
+    return *this;
+  }
+  ~Work() { if (impl_) try { impl_->wait(); } catch (...) {} }
+  void wait() { if (impl_) { impl_->wait(); impl_.reset(); } }
+  bool done() { if (!impl_) return true; if (impl_->test()) { wait(); return true; } return false; }
+  bool pending() const { return impl_ != nullptr; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // In place: buf (count elements) becomes the reduction over ranks.
+  virtual Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) = 0;
+  // send holds size()*recv_count elements; rank r receives the reduction of block r.
+  virtual Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
+                                    ReduceOp op) = 0;
+  // send holds send_count elements; recv gets size()*send_count, rank r's block at r*send_count.
+  // send may alias recv + rank()*send_count (in place).
+  virtual Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) = 0;
+  virtual Work broadcast_async(void* buf, std::size_t bytes, int root) = 0;
+  virtual Work barrier_async() = 0;
+
+  void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(buf, count, t, op).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
+                      ReduceOp op = ReduceOp::sum) {
+    reduce_scatter_async(send, recv, recv_count, t, op).wait();
+  }
+  void all_gather(const void* send, void* recv, std::size_t send_count, DType t) {
+    all_gather_async(send, recv, send_count, t).wait();
+  }
+  void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
+  void barrier() { barrier_async().wait(); }
+
+  // Blocking reduction of one host double (grad norm partials, overflow flags, agreement on
+  // errors), in double precision whatever the data dtype.
+  virtual double all_reduce_scalar(double v, ReduceOp op) = 0;
+};
+
+}  // namespace zero

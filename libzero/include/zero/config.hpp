@@ -1,0 +1,156 @@
+// The engine's configuration: DeepSpeed's key names and defaults, loaded strictly.
+//
+// A YAML file or a DeepSpeed ds_config.json loads into a Config. Unlike DeepSpeed, nothing is
+// silently ignored: an unknown key is an error naming its full path, file:line and the closest
+// known key; a wrong type or range names the path, the value and what is expected. Values may
+// be overridden with "a.b.c=value" strings (the trainers' --set), validated the same way.
+// A Config is resolved once (batch triple against the world size, "auto" values) and is then
+// immutable.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zero/dtype.hpp"
+
+namespace YAML { class Node; }
+
+namespace zero {
+
+enum class OffloadDevice { none, cpu, nvme };
+enum class OptimizerType { adamw, adam, sgd };
+enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+enum class WarmupType { log, linear };
+
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;
+  bool pin_memory = false;
+  int buffer_count = 4;
+};
+
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::none;
+  std::string nvme_path;
+  bool pin_memory = false;
+  int buffer_count = 5;
+  std::int64_t buffer_size = 100000000;
+  std::int64_t max_in_cpu = 1000000000;
+};
+
+struct ZeroOptimizationConfig {
+  int stage = 0;
+  std::int64_t reduce_bucket_size = 500000000;     // elements
+  std::int64_t allgather_bucket_size = 500000000;  // elements
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  std::int64_t stage3_prefetch_bucket_size = 50000000;
+  std::int64_t stage3_param_persistence_threshold = 100000;
+  std::int64_t stage3_max_live_parameters = 1000000000;
+  std::int64_t stage3_max_reuse_distance = 1000000000;
+  std::int64_t sub_group_size = 1000000000;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+};
+
+struct AioConfig {
+  std::int64_t block_size = 1048576;
+  int queue_depth = 8;
+  int intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0: dynamic; > 0: static scale
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::adamw;
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;  // DeepSpeed/PyTorch: AdamW 0.01, Adam 0, SGD 0 (set per type when absent)
+  double momentum = 0.0;       // SGD only
+};
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::none;
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::log;
+  std::int64_t total_num_steps = 0;  // WarmupDecayLR / WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;     // WarmupCosineLR
+  double cos_min_ratio = 0.0001;     // WarmupCosineLR
+};
+
+struct Config {
+  // Batch triple; 0 means "not given" (or "auto") until resolve() fills it.
+  std::int64_t train_batch_size = 0;
+  std::int64_t train_micro_batch_size_per_gpu = 0;
+  std::int64_t gradient_accumulation_steps = 0;
+  std::int64_t steps_per_print = 10;
+  double gradient_clipping = 0.0;  // 0: off
+  ZeroOptimizationConfig zero_optimization;
+  AioConfig aio;
+  Fp16Config fp16;
+  bool bf16_enabled = false;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+
+  // Sections owned by the application (for example the GPT trainer's model/data/run), kept as
+  // their YAML text; the application validates them with its own schema (config_schema.hpp).
+  std::map<std::string, std::string> extra_sections;
+
+  // Where the settings came from (the file path, or parse_config's origin), for messages.
+  std::string source;
+  // For every key of the extra sections, where it was set ("run.yaml:12", or the --set string
+  // that set it): the sections are kept as re-emitted text, whose own line numbers mean nothing.
+  std::map<std::string, std::string> extra_locations;
+
+  bool resolved = false;
+  // What loading and resolve() decided on the user's behalf ("auto" values, the derived batch
+  // triple), one line each, printed at start.
+  std::vector<std::string> notes;
+
+  // Compute dtype implied by fp16 / bf16.
+  DType compute_dtype() const {
+    return fp16.enabled ? DType::f16 : (bf16_enabled ? DType::bf16 : DType::f32);
+  }
+  // Steps learning rate for the scheduler at optimizer step `step` (0-based).
+  double lr_at(std::int64_t step) const;
+
+  // Fills the batch triple for `world_size` data-parallel ranks and checks contradictions that
+  // need the machine (nvme_path exists and is writable). Throws zero::Error.
+  void resolve(int world_size);
+
+  // YAML text of every setting (resolved values included); loading it gives an equal Config.
+  std::string to_yaml() const;
+};
+
+struct LoadOptions {
+  // Top-level sections the application accepts in the same file (e.g. {"model","data","run"}).
+  std::vector<std::string> extra_sections;
+  // "key.path=value" overrides applied after the file, validated like the file.
+  std::vector<std::string> overrides;
+  // The run length in optimizer steps, when the application knows it: what
+  // scheduler.params.total_num_steps "auto" becomes. 0: unknown ("auto" there is an error).
+  std::int64_t total_num_steps = 0;
+};
+
+// Loads a YAML or JSON file. Throws zero::Error with path/line/suggestion on any bad input.
+Config load_config(const std::string& path, const LoadOptions& opts = {});
+// Same, from text; `origin` names the source in messages.
+Config parse_config(const std::string& text, const std::string& origin, const LoadOptions& opts = {});
+
+}  // namespace zero

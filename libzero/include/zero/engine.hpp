@@ -1,0 +1,162 @@
+// Engine: ZeRO stages 0-3 for a hand-written training loop.
+//
+// The loop drives it per unit and per micro-step:
+//
+//   for each micro-step:
+//     forward:  for u in units: { auto p = engine.gather(u); ...use p[i]... }   // scoped handle
+//     backward: for u in reverse: { auto p = engine.gather(u); auto g = engine.grads(u);
+//                                   ...add (+=) this micro-batch's gradient into g[i]...;
+//                                   engine.reduce(u); }
+//   StepResult r = engine.step();
+//
+// Gradients are always *added* into grads(u) (as llm.c's backward kernels do), so a parameter
+// used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
+// must. The backward must scale its gradients by loss_scale() (1 unless fp16 is on).
+//
+// What each stage keeps per rank (Ψ parameters, N ranks):
+//   0: full compute params, full grads, full fp32 master + moments; grads all-reduced in buckets.
+//   1: full params and grads; master + moments sharded; reduce-scatter at the accumulation
+//      boundary; updated slices all-gathered in buckets.
+//   2: + grads sharded: each reduce(u) reduce-scatters u (coalesced into buckets) into the rank's
+//      slice; full-size gradient storage is only the buffers in flight.
+//   3: + params sharded: gather(u) all-gathers, prefetching along the order recorded in the first
+//      micro-step; a later micro-step that gathers in another order is an error, not a hang.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/layout.hpp"
+
+namespace zero {
+
+class Context;
+class Backend;
+class EngineImpl;
+
+// A view of one parameter's (or its gradient's) elements in the compute dtype.
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t numel = 0;
+  const ParamInfo* info = nullptr;
+
+  float* f32() const;  // data as float*; throws unless dtype is fp32
+  float get(std::int64_t i) const { return load_as_f32(data, static_cast<std::size_t>(i), dtype); }
+  void set(std::int64_t i, float v) const { store_from_f32(data, static_cast<std::size_t>(i), dtype, v); }
+  // data[i] += v, rounded once to the compute dtype.
+  void add(std::int64_t i, float v) const { set(i, get(i) + v); }
+};
+
+// The full parameters of one unit, valid while the handle lives (stage 3 releases on destruction).
+class UnitParams {
+ public:
+  UnitParams() = default;
+  UnitParams(UnitParams&& o) noexcept;
+  UnitParams& operator=(UnitParams&& o) noexcept;
+  UnitParams(const UnitParams&) = delete;
+  UnitParams& operator=(const UnitParams&) = delete;
+  ~UnitParams();
+
+  TensorRef operator[](int param) const;
+  TensorRef operator[](std::string_view name) const;
+  int unit() const { return unit_; }
+  void* data() const { return data_; }  // the unit's flat storage (compute dtype)
+  void release();                       // early release; the handle becomes empty
+
+ private:
+  friend class EngineImpl;
+  UnitParams(EngineImpl* e, int unit, void* data, std::uint64_t token)
+      : engine_(e), unit_(unit), data_(data), token_(token) {}
+  EngineImpl* engine_ = nullptr;
+  int unit_ = -1;
+  void* data_ = nullptr;
+  std::uint64_t token_ = 0;
+};
+
+// Where the backward adds one unit's gradients (compute dtype, same layout as UnitParams).
+class UnitGrads {
+ public:
+  TensorRef operator[](int param) const;
+  TensorRef operator[](std::string_view name) const;
+  void* data() const { return data_; }
+
+ private:
+  friend class EngineImpl;
+  UnitGrads(const UnitInfo* u, void* data, DType t) : unit_(u), data_(data), dtype_(t) {}
+  const UnitInfo* unit_ = nullptr;
+  void* data_ = nullptr;
+  DType dtype_ = DType::f32;
+};
+
+struct StepResult {
+  std::int64_t step = 0;     // optimizer steps taken so far, skipped ones included
+  bool skipped = false;      // overflow (inf/nan) on some rank: no update anywhere
+  double grad_norm = 0.0;    // global L2 norm of the unscaled, averaged gradient (before clipping)
+  double loss_scale = 1.0;   // scale used for this step's gradients
+  double lr = 0.0;           // learning rate applied
+};
+
+// Bytes per rank by category. model_state() is what the ZeRO formula counts.
+struct MemoryReport {
+  std::int64_t params = 0;          // compute-dtype parameters kept between steps
+  std::int64_t grads = 0;           // gradient storage kept between reduce and step
+  std::int64_t master = 0;          // fp32 master weights
+  std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
+  std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers
+  std::int64_t gathered = 0;        // peak of full units gathered at stage 3
+  std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine
+  std::int64_t offloaded_nvme = 0;  // bytes kept on NVMe
+  std::int64_t model_state() const { return params + grads + master + optimizer; }
+  std::string to_string() const;
+};
+
+class Engine {
+ public:
+  // cfg must be resolved for ctx.world_size() (Config::resolve). The layout is fixed from here on.
+  Engine(Context& ctx, const Config& cfg, Layout layout);
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+
+  // Sets the initial parameters. init(param, values) fills the full fp32 values of one parameter
+  // and must give the same values on every rank (seed your generator identically).
+  void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
+
+  UnitParams gather(int unit);
+  UnitParams gather(std::string_view unit_name) { return gather(layout().find_unit(unit_name)); }
+  UnitGrads grads(int unit);
+  void reduce(int unit);
+  StepResult step();
+
+  // Forward-only passes (validation, sampling) between steps: gathers are neither recorded nor
+  // checked against the training order and do not prefetch; grads() and reduce() are errors.
+  void set_eval(bool on);
+  bool eval() const;
+
+  float loss_scale() const;  // multiply the loss (the backward's seed gradient) by this
+  const Layout& layout() const;
+  const Config& config() const;
+  int micro_step() const;    // micro-steps completed since the last step()
+  std::int64_t global_step() const;
+  MemoryReport memory() const;
+
+  // Collective: the full fp32 master value of one unit (padding excluded) on every rank.
+  std::vector<float> full_master(int unit);
+  // Collective: the full compute-dtype params of one unit widened to fp32, on every rank.
+  std::vector<float> full_params(int unit);
+
+  EngineImpl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace zero

@@ -1,0 +1,55 @@
+// Layout: the model's parameters, named and shaped, grouped into units.
+//
+// A unit (a transformer block, the embeddings) is the granule of all-gather and reduce-scatter.
+// Each unit is stored flat, its parameters back to back, and padded so it splits into equal
+// slices over the ranks with every slice starting on a 128-byte boundary; rank r owns slice r of
+// every unit. The same partitioning serves stages 1, 2 and 3, so optimizer state, gradients and
+// parameters are always "slice r of unit u", and a checkpoint can be re-sliced for any world size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace zero {
+
+struct ParamInfo {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel = 0;
+  std::int64_t offset = 0;  // element offset inside the unit's flat storage
+};
+
+struct UnitInfo {
+  std::string name;
+  std::vector<ParamInfo> params;
+  std::int64_t numel = 0;  // sum of its parameters, without padding
+  int find_param(std::string_view name) const;  // -1 when absent
+};
+
+class Layout {
+ public:
+  using Shape = std::vector<std::int64_t>;
+  // Adds a unit; returns its id (0, 1, ...). Names must be unique; shapes positive.
+  int add_unit(std::string name, std::vector<std::pair<std::string, Shape>> params);
+
+  int num_units() const { return static_cast<int>(units_.size()); }
+  const UnitInfo& unit(int id) const;
+  // Unit id by name; throws zero::Error naming the closest unit when absent.
+  int find_unit(std::string_view name) const;
+  std::int64_t num_params() const;  // Ψ: every parameter element, no padding
+  const std::vector<UnitInfo>& units() const { return units_; }
+
+  // Elements per rank slice of `unit` for `world` ranks: numel rounded up so that
+  // slice * world >= numel and the slice is a multiple of kSliceAlign elements.
+  static constexpr std::int64_t kSliceAlign = 64;  // 128 bytes of 16-bit values
+  std::int64_t slice_numel(int unit, int world) const;
+  std::int64_t padded_numel(int unit, int world) const { return slice_numel(unit, world) * world; }
+
+ private:
+  std::vector<UnitInfo> units_;
+};
+
+}  // namespace zero

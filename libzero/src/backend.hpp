@@ -1,0 +1,133 @@
+// Backend: the memory, arithmetic and communication the engine needs, behind one interface.
+//
+// The engine's logic (what to gather, when to reduce, how to step) is written once against
+// this interface. HostBackend runs it on host memory over MPI, which is how every stage is
+// proved in CI; the CUDA backend supplies device memory, streams, kernels and NCCL.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "zero/comm.hpp"
+#include "zero/dtype.hpp"
+
+namespace zero {
+
+class Backend;
+
+// Move-only storage owned by a backend (device memory for CUDA, host memory for the host).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* ptr, std::size_t bytes) : owner_(owner), ptr_(ptr), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(owner_, o.owner_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  Backend* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  bool decoupled;
+  std::int64_t step;  // 1-based count of applied updates
+  float grad_scale;   // unscale x clip x 1/accumulation
+};
+struct SgdArgs {
+  float lr, momentum, weight_decay, grad_scale;
+  bool first_step;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Zero-filled storage. Freed through Buffer's destructor.
+  virtual Buffer alloc(std::size_t bytes) = 0;
+  virtual void release(void* ptr, std::size_t bytes) = 0;
+
+  virtual void zero(void* p, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) = 0;
+  // dst[i] += src[i], both of dtype t, rounded once to t.
+  virtual void accumulate(void* dst, const void* src, DType t, std::size_t n) = 0;
+
+  // Gradient statistics for one step: begin, add every owned range, finish (the one place the
+  // host waits for the device per step). Returns the sum of squares (inf/nan on overflow).
+  virtual void stats_begin() = 0;
+  virtual void stats_add(const void* g, DType t, std::size_t n) = 0;
+  virtual double stats_finish() = 0;
+
+  // Optimizer updates over a flat range. param_out (compute dtype) may be null.
+  virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out,
+                    DType pt, std::size_t n, const AdamArgs& a) = 0;
+  virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
+                   std::size_t n, const SgdArgs& a) = 0;
+
+  // Copies between backend memory and host memory (identity copies on the host backend).
+  virtual void to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+
+  virtual Communicator& comm() = 0;
+
+  std::int64_t bytes_allocated() const { return allocated_; }
+  std::int64_t max_bytes_allocated() const { return max_allocated_; }
+
+ protected:
+  void note_alloc(std::size_t b) {
+    allocated_ += static_cast<std::int64_t>(b);
+    if (allocated_ > max_allocated_) max_allocated_ = allocated_;
+  }
+  void note_free(std::size_t b) { allocated_ -= static_cast<std::int64_t>(b); }
+
+ private:
+  std::int64_t allocated_ = 0, max_allocated_ = 0;
+};
+
+inline Buffer::~Buffer() {
+  if (owner_ && ptr_) owner_->release(ptr_, bytes_);
+}
+
+// Reuses buffers of equal size (units of a transformer share sizes), and reports the peak.
+class BufferPool {
+ public:
+  explicit BufferPool(Backend& b) : backend_(&b) {}
+  // Zero-filled when zeroed is true.
+  Buffer acquire(std::size_t bytes, bool zeroed);
+  void give_back(Buffer&& b);
+  std::int64_t in_use() const { return in_use_; }
+  std::int64_t peak() const { return peak_; }
+  void trim() { free_.clear(); }
+
+ private:
+  Backend* backend_;
+  std::multimap<std::size_t, Buffer> free_;
+  std::int64_t in_use_ = 0, peak_ = 0;
+};
+
+std::unique_ptr<Backend> make_host_backend(Communicator& comm);
+
+}  // namespace zero

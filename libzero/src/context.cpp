@@ -1,0 +1,65 @@
+#include "zero/context.hpp"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "comm_mpi.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+namespace {
+Context* g_current = nullptr;
+
+// MPI's default handler aborts without saying which call failed; returning codes lets
+// ZERO_MPI_CHECK name the call site and the rank.
+void install_error_handler() { MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); }
+}  // namespace
+
+Context* Context::current() { return g_current; }
+
+Context::Context(int* argc, char*** argv) {
+  ZERO_CHECK(g_current == nullptr, "a zero::Context already exists in this process; create one per process");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    ZERO_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    owns_mpi_ = true;
+  }
+  install_error_handler();
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+  // Ranks sharing a node (shared memory) give the local rank, which picks the GPU.
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  ZERO_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  ZERO_MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  MPI_Comm_free(&node);
+  comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  g_current = this;
+}
+
+Context::~Context() {
+  comm_.reset();
+  g_current = nullptr;
+  if (owns_mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+}
+
+void Context::abort(const std::string& message, int code) const {
+  std::string text = message;
+  if (world_ > 1 && text.rfind("[rank ", 0) != 0)
+    text = "[rank " + std::to_string(rank_) + "/" + std::to_string(world_) + "] " + text;
+  std::fprintf(stderr, "error: %s\n", text.c_str());
+  std::fflush(stderr);
+  if (world_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace zero

@@ -1,0 +1,257 @@
+// Engine construction, parameter initialisation and reports.
+#include "zero/engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "engine_impl.hpp"
+#include "optimizer_store.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// ---------------------------------------------------------------- EngineImpl
+
+EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
+    : ctx_(ctx),
+      cfg_(cfg),
+      layout_(std::move(layout)),
+      backend_(make_host_backend(ctx.comm())),
+      scaler_(cfg.fp16),
+      grad_pool_(*backend_),
+      gather_pool_(*backend_),
+      scratch_pool_(*backend_) {
+  ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
+  ZERO_CHECK(layout_.num_units() > 0, "Engine: the layout has no units; declare the model with Layout::add_unit");
+  comm_ = &backend_->comm();
+  rank_ = comm_->rank();
+  world_ = comm_->size();
+  stage_ = cfg_.zero_optimization.stage;
+  gas_ = static_cast<int>(cfg_.gradient_accumulation_steps);
+  dtype_ = cfg_.compute_dtype();
+  ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
+             "Engine: the config was resolved for another world size (train_batch_size " +
+                 std::to_string(cfg_.train_batch_size) + " != micro " +
+                 std::to_string(cfg_.train_micro_batch_size_per_gpu) + " x accumulation " + std::to_string(gas_) +
+                 " x world " + std::to_string(world_) + ")");
+
+  const auto& z = cfg_.zero_optimization;
+  units_.resize(static_cast<std::size_t>(layout_.num_units()));
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = units_[static_cast<std::size_t>(i)];
+    u.numel = layout_.unit(i).numel;
+    u.slice = layout_.slice_numel(i, world_);
+    u.padded = u.slice * world_;
+    u.sharded_params = stage_ == 3 && u.numel >= z.stage3_param_persistence_threshold;
+    if (u.sharded_params)
+      u.param_shard = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
+    else
+      u.full_params = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
+    if (stage_ <= 1)
+      u.full_grads = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
+    else
+      u.grad_slice = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
+    u.own_begin = stage_ == 0 ? 0 : static_cast<std::int64_t>(rank_) * u.slice;
+    u.own_len = stage_ == 0 ? u.padded : u.slice;
+  }
+  opt_ = make_optimizer_store(*this);
+}
+
+EngineImpl::~EngineImpl() {
+  // Collectives still in flight reference our buffers: complete them before freeing anything.
+  try {
+    for (auto& f : in_flight_)
+      for (auto& w : f.works) w.wait();
+    for (auto& u : units_) u.gather_work.wait();
+  } catch (...) {
+  }
+}
+
+void EngineImpl::check_unit(int unit, const char* what) const {
+  ZERO_CHECK(unit >= 0 && unit < layout_.num_units(),
+             std::string(what) + ": unknown unit id " + std::to_string(unit) + " (the layout has " +
+                 std::to_string(layout_.num_units()) + " units, ids 0.." + std::to_string(layout_.num_units() - 1) + ")");
+  ZERO_CHECK(initialized_, std::string(what) + ": parameters are not initialised; call Engine::init_params first");
+}
+
+void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
+  std::vector<float> full;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    Unit& u = units_[static_cast<std::size_t>(i)];
+    full.assign(static_cast<std::size_t>(u.padded), 0.0f);
+    for (const auto& p : layout_.unit(i).params)
+      init(p, std::span<float>(full.data() + p.offset, static_cast<std::size_t>(p.numel)));
+    // Every rank must start from the same values; a rank-dependent initialiser would train
+    // silently different models. One scalar all-reduce per unit checks it.
+    double sum = 0.0;
+    for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
+    double lo = -comm_->all_reduce_scalar(-sum, ReduceOp::max);
+    double hi = comm_->all_reduce_scalar(sum, ReduceOp::max);
+    ZERO_CHECK(lo == hi, "init_params: unit '" + layout_.unit(i).name +
+                             "' got different initial values on different ranks; seed the initialiser "
+                             "identically on every rank");
+    opt_->write_master(i, full.data() + u.own_begin);
+    if (u.sharded_params)
+      backend_->convert(full.data() + u.own_begin, DType::f32, u.param_shard.get(), dtype_,
+                        static_cast<std::size_t>(u.slice));
+    else
+      backend_->convert(full.data(), DType::f32, u.full_params.get(), dtype_, static_cast<std::size_t>(u.padded));
+  }
+  initialized_ = true;
+}
+
+void* EngineImpl::own_grads(Unit& u) {
+  if (stage_ <= 1) return u.full_grads.as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
+  return u.grad_slice.get();
+}
+
+void* EngineImpl::own_params_out(Unit& u) {
+  if (u.sharded_params) return u.param_shard.get();
+  return u.full_params.as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
+}
+
+MemoryReport EngineImpl::memory() const {
+  MemoryReport r;
+  for (const auto& u : units_) {
+    r.params += static_cast<std::int64_t>((u.sharded_params ? u.slice : u.padded) * static_cast<std::int64_t>(esize()));
+    r.grads += static_cast<std::int64_t>((stage_ <= 1 ? u.padded : u.slice) * static_cast<std::int64_t>(esize()));
+  }
+  opt_->report(r);
+  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
+  r.gathered = gather_pool_.peak();
+  return r;
+}
+
+std::vector<float> EngineImpl::full_master(int unit) {
+  check_unit(unit, "full_master");
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  std::vector<float> full(static_cast<std::size_t>(u.padded));
+  opt_->read_master(unit, full.data() + u.own_begin);
+  if (stage_ > 0) comm_->all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
+  full.resize(static_cast<std::size_t>(u.numel));
+  return full;
+}
+
+std::vector<float> EngineImpl::full_params(int unit) {
+  check_unit(unit, "full_params");
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  std::vector<float> full(static_cast<std::size_t>(u.padded));
+  if (u.sharded_params) {
+    std::vector<char> gathered(static_cast<std::size_t>(u.padded) * esize());
+    comm_->all_gather(u.param_shard.get(), gathered.data(), static_cast<std::size_t>(u.slice), dtype_);
+    convert(gathered.data(), dtype_, full.data(), DType::f32, full.size());
+  } else {
+    convert(u.full_params.get(), dtype_, full.data(), DType::f32, full.size());
+  }
+  full.resize(static_cast<std::size_t>(u.numel));
+  return full;
+}
+
+// ---------------------------------------------------------------- views
+
+float* TensorRef::f32() const {
+  ZERO_CHECK(dtype == DType::f32, "TensorRef::f32: the tensor " + (info ? "'" + info->name + "' " : std::string()) +
+                                      "holds " + std::string(dtype_name(dtype)) + ", not fp32");
+  return static_cast<float*>(data);
+}
+
+static TensorRef make_ref(const UnitInfo& ui, void* base, DType t, int param) {
+  ZERO_CHECK(param >= 0 && param < static_cast<int>(ui.params.size()),
+             "unit '" + ui.name + "' has no parameter #" + std::to_string(param) + " (it has " +
+                 std::to_string(ui.params.size()) + ")");
+  const ParamInfo& p = ui.params[static_cast<std::size_t>(param)];
+  return TensorRef{static_cast<char*>(base) + static_cast<std::size_t>(p.offset) * dtype_size(t), t, p.numel, &p};
+}
+
+static int param_index(const UnitInfo& ui, std::string_view name) {
+  int i = ui.find_param(name);
+  if (i < 0) {
+    std::string names;
+    for (const auto& p : ui.params) names += (names.empty() ? "" : ", ") + p.name;
+    ZERO_THROW("unit '" + ui.name + "' has no parameter '" + std::string(name) + "' (it has: " + names + ")");
+  }
+  return i;
+}
+
+UnitParams::UnitParams(UnitParams&& o) noexcept { *this = std::move(o); }
+UnitParams& UnitParams::operator=(UnitParams&& o) noexcept {
+  if (this != &o) {
+    release();
+    engine_ = o.engine_;
+    unit_ = o.unit_;
+    data_ = o.data_;
+    token_ = o.token_;
+    o.engine_ = nullptr;
+    o.data_ = nullptr;
+    o.unit_ = -1;
+  }
+  return *this;
+}
+UnitParams::~UnitParams() { release(); }
+void UnitParams::release() {
+  if (engine_) {
+    EngineImpl* e = engine_;
+    engine_ = nullptr;
+    e->release(unit_, token_);
+  }
+  data_ = nullptr;
+}
+TensorRef UnitParams::operator[](int param) const {
+  ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
+  return make_ref(engine_->layout_.unit(unit_), data_, engine_->dtype_, param);
+}
+TensorRef UnitParams::operator[](std::string_view name) const {
+  ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
+  const UnitInfo& ui = engine_->layout_.unit(unit_);
+  return make_ref(ui, data_, engine_->dtype_, param_index(ui, name));
+}
+TensorRef UnitGrads::operator[](int param) const { return make_ref(*unit_, data_, dtype_, param); }
+TensorRef UnitGrads::operator[](std::string_view name) const {
+  return make_ref(*unit_, data_, dtype_, param_index(*unit_, name));
+}
+
+std::string MemoryReport::to_string() const {
+  auto mb = [](std::int64_t b) {
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(2);
+    s << static_cast<double>(b) / (1024.0 * 1024.0) << " MiB";
+    return s.str();
+  };
+  std::ostringstream o;
+  o << "model state " << mb(model_state()) << " (params " << mb(params) << ", grads " << mb(grads) << ", master "
+    << mb(master) << ", optimizer " << mb(optimizer) << "); buffers: comm " << mb(comm_buffers) << ", gathered "
+    << mb(gathered);
+  if (offloaded_host) o << "; offloaded to host " << mb(offloaded_host);
+  if (offloaded_nvme) o << "; on nvme " << mb(offloaded_nvme);
+  return o.str();
+}
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(Context& ctx, const Config& cfg, Layout layout)
+    : impl_(std::make_unique<EngineImpl>(ctx, cfg, std::move(layout))) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+void Engine::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
+  impl_->init_params(init);
+}
+UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
+UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
+void Engine::reduce(int unit) { impl_->reduce(unit); }
+StepResult Engine::step() { return impl_->step(); }
+void Engine::set_eval(bool on) { impl_->set_eval(on); }
+bool Engine::eval() const { return impl_->eval_mode_; }
+float Engine::loss_scale() const { return static_cast<float>(impl_->scaler_.scale()); }
+const Layout& Engine::layout() const { return impl_->layout_; }
+const Config& Engine::config() const { return impl_->cfg_; }
+int Engine::micro_step() const { return impl_->micro_; }
+std::int64_t Engine::global_step() const { return impl_->step_; }
+MemoryReport Engine::memory() const { return impl_->memory(); }
+std::vector<float> Engine::full_master(int unit) { return impl_->full_master(unit); }
+std::vector<float> Engine::full_params(int unit) { return impl_->full_params(unit); }
+
+}  // namespace zero

@@ -1,0 +1,69 @@
+#include "zero/layout.hpp"
+
+#include <string>
+
+#include "strings.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+int UnitInfo::find_param(std::string_view n) const {
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (params[i].name == n) return static_cast<int>(i);
+  return -1;
+}
+
+int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>> params) {
+  ZERO_CHECK(!name.empty(), "Layout::add_unit: a unit needs a name");
+  for (const auto& u : units_)
+    ZERO_CHECK(u.name != name, "Layout::add_unit: unit '" + name + "' is declared twice; unit names must be unique");
+  ZERO_CHECK(!params.empty(), "Layout::add_unit: unit '" + name + "' has no parameters");
+  UnitInfo u;
+  u.name = std::move(name);
+  for (auto& [pname, shape] : params) {
+    ZERO_CHECK(u.find_param(pname) < 0,
+               "Layout::add_unit: parameter '" + pname + "' appears twice in unit '" + u.name + "'");
+    ZERO_CHECK(!shape.empty(), "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name + "' has an empty shape");
+    std::int64_t n = 1;
+    for (auto d : shape) {
+      ZERO_CHECK(d > 0, "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name +
+                            "' has a non-positive dimension " + std::to_string(d));
+      n *= d;
+    }
+    u.params.push_back(ParamInfo{pname, shape, n, u.numel});
+    u.numel += n;
+  }
+  units_.push_back(std::move(u));
+  return static_cast<int>(units_.size()) - 1;
+}
+
+const UnitInfo& Layout::unit(int id) const {
+  ZERO_CHECK(id >= 0 && id < num_units(), "unknown unit id " + std::to_string(id) + " (the layout has " +
+                                              std::to_string(num_units()) + " units)");
+  return units_[static_cast<std::size_t>(id)];
+}
+
+int Layout::find_unit(std::string_view name) const {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (units_[i].name == name) return static_cast<int>(i);
+    names.push_back(units_[i].name);
+  }
+  std::string msg = "unknown unit '" + std::string(name) + "'";
+  if (auto best = closest_match(name, names); !best.empty()) msg += "; did you mean '" + best + "'?";
+  ZERO_THROW(msg);
+}
+
+std::int64_t Layout::num_params() const {
+  std::int64_t n = 0;
+  for (const auto& u : units_) n += u.numel;
+  return n;
+}
+
+std::int64_t Layout::slice_numel(int id, int world) const {
+  std::int64_t n = unit(id).numel;
+  std::int64_t per = (n + world - 1) / world;
+  return (per + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+}
+
+}  // namespace zero

@@ -1,0 +1,102 @@
+// The optimizer step: global gradient norm, overflow agreement, loss-scale update, clipping,
+// the update of every owned slice, and the re-gathering of updated parameters.
+#include <cmath>
+#include <string>
+
+#include "engine_impl.hpp"
+#include "optimizer_store.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+StepResult EngineImpl::step() {
+  ZERO_CHECK(initialized_, "step(): parameters are not initialised; call Engine::init_params first");
+  ZERO_CHECK(!eval_mode_, "step(): the engine is in eval mode; call set_eval(false) before training");
+  if (micro_ < gas_) {
+    std::string missing;
+    for (int i = 0; i < layout_.num_units(); ++i)
+      if (units_[static_cast<std::size_t>(i)].reduced == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
+    ZERO_THROW("step() called before every unit was reduced: " + std::to_string(micro_) + " of " +
+               std::to_string(gas_) + " micro-steps (gradient_accumulation_steps) are complete; units not yet reduced "
+               "in the current micro-step: " + missing);
+  }
+  wait_in_flight(0);
+
+  // 1. Global squared norm of the stored gradients (scaled by loss_scale x accumulation).
+  backend_->stats_begin();
+  for (auto& u : units_) backend_->stats_add(own_grads(u), dtype_, static_cast<std::size_t>(u.own_len));
+  double sumsq = backend_->stats_finish();
+  // Stage 0 holds identical full gradients on every rank; otherwise slices add up. An inf/nan
+  // on any rank makes the sum non-finite everywhere, so every rank agrees to skip.
+  if (stage_ > 0) sumsq = comm_->all_reduce_scalar(sumsq, ReduceOp::sum);
+  double scale = scaler_.scale();
+  bool overflow = !std::isfinite(sumsq);
+  double denom = scale * gas_;
+  double norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
+
+  StepResult r;
+  r.loss_scale = scale;
+  r.grad_norm = norm;
+  r.lr = cfg_.lr_at(applied_);
+
+  if (!overflow) {
+    double clip = 1.0;
+    if (cfg_.gradient_clipping > 0.0) {
+      double c = cfg_.gradient_clipping / (norm + 1e-6);
+      if (c < 1.0) clip = c;
+    }
+    float grad_scale = static_cast<float>(clip / denom);
+    const auto& o = cfg_.optimizer;
+    ++applied_;
+    opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
+      Unit& u = units_[static_cast<std::size_t>(unit)];
+      const char* g = static_cast<const char*>(own_grads(u)) + static_cast<std::size_t>(begin) * esize();
+      char* p = static_cast<char*>(own_params_out(u)) + static_cast<std::size_t>(begin) * esize();
+      if (o.type == OptimizerType::sgd) {
+        SgdArgs a{static_cast<float>(r.lr), static_cast<float>(o.momentum), static_cast<float>(o.weight_decay), grad_scale,
+                  applied_ == 1};
+        backend_->sgd(master, m1, g, dtype_, p, dtype_, static_cast<std::size_t>(len), a);
+      } else {
+        AdamArgs a{static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                   static_cast<float>(o.eps), static_cast<float>(o.weight_decay), o.type == OptimizerType::adamw,
+                   applied_, grad_scale};
+        backend_->adam(master, m1, m2, g, dtype_, p, dtype_, static_cast<std::size_t>(len), a);
+      }
+    });
+
+    // 2. Every rank updated only its slice of a full parameter buffer: all-gather the slices,
+    //    allgather_bucket_size elements at a time.
+    if (stage_ >= 1) {
+      std::vector<Work> works;
+      std::int64_t bucket = 0;
+      for (auto& u : units_) {
+        if (u.sharded_params) continue;
+        works.push_back(comm_->all_gather_async(own_params_out(u), u.full_params.get(), static_cast<std::size_t>(u.slice), dtype_));
+        bucket += u.padded;
+        if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
+          for (auto& w : works) w.wait();
+          works.clear();
+          bucket = 0;
+        }
+      }
+      for (auto& w : works) w.wait();
+    }
+  }
+  // Gathered stage-3 units hold the old values (or were kept for reuse): drop them.
+  drop_gathered();
+  for (auto& u : units_) {
+    if (stage_ <= 1)
+      backend_->zero(u.full_grads.get(), static_cast<std::size_t>(u.padded) * esize());
+    else
+      backend_->zero(u.grad_slice.get(), static_cast<std::size_t>(u.slice) * esize());
+    u.reduced = 0;
+  }
+  micro_ = 0;
+  ++step_;
+  r.step = step_;
+  r.skipped = overflow;
+  scaler_.update(overflow);  // throws when overflowing at the minimum scale
+  return r;
+}
+
+}  // namespace zero

@@ -1,0 +1,70 @@
+// A small deterministic "model" for engine tests: units of odd sizes whose per-sample gradient
+// is a nonlinear function of the parameters, so several steps of training exercise the whole
+// loop, and an independent single-process reference that applies the same global batch.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/engine.hpp"
+#include "zero/layout.hpp"
+
+namespace zero::test {
+
+// Unit sizes 38, 38, 13, 16, 1 + 200: none divisible by 3 or 4, so padding is exercised.
+inline Layout make_layout() {
+  Layout l;
+  l.add_unit("embed", {{"w", {7, 5}}, {"b", {3}}});
+  l.add_unit("layer0", {{"w", {11, 3}}, {"b", {5}}});
+  l.add_unit("layer1", {{"w", {13}}});
+  l.add_unit("head", {{"w", {4, 4}}});
+  l.add_unit("big", {{"w", {200}}, {"s", {1}}});
+  return l;
+}
+
+// Deterministic values in [-1, 1) from two integers.
+inline float hash_unit(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<float>(static_cast<double>(x >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+inline void init_value(const ParamInfo& p, std::span<float> out) {
+  std::uint64_t seed = 0;
+  for (char c : p.name) seed = seed * 131 + static_cast<unsigned char>(c);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = 0.5f * hash_unit(seed + static_cast<std::uint64_t>(p.offset), i);
+}
+
+// Per-sample gradient of element i of unit u for parameter value w.
+inline float sample_grad(int unit, std::int64_t i, std::int64_t sample, float w) {
+  float x = hash_unit(static_cast<std::uint64_t>(sample) * 1000 + static_cast<std::uint64_t>(unit), static_cast<std::uint64_t>(i));
+  return (1.0f + 0.25f * static_cast<float>(unit)) * (w - x) + 0.1f * w * w * w;
+}
+
+// The global batch of one step: micro-batch k of rank r holds samples
+// step*B + (k*world + r)*micro + j, j < micro, with B = world*gas*micro.
+inline std::int64_t sample_id(std::int64_t step, int k, int r, int j, int world, int gas, int micro) {
+  std::int64_t B = static_cast<std::int64_t>(world) * gas * micro;
+  return step * B + (static_cast<std::int64_t>(k) * world + r) * micro + j;
+}
+
+// Mean gradient over a micro-batch, in fp32, for full unit values w (compute dtype, widened).
+inline std::vector<float> micro_grad(int unit, const std::vector<float>& w, std::int64_t step, int k, int r, int world,
+                                     int gas, int micro) {
+  std::vector<float> g(w.size(), 0.0f);
+  for (int j = 0; j < micro; ++j) {
+    std::int64_t s = sample_id(step, k, r, j, world, gas, micro);
+    for (std::size_t i = 0; i < w.size(); ++i) g[i] += sample_grad(unit, static_cast<std::int64_t>(i), s, w[i]);
+  }
+  for (auto& v : g) v /= static_cast<float>(micro);
+  return g;
+}
+
+}  // namespace zero::test

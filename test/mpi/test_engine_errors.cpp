@@ -1,0 +1,142 @@
+// Overflow handling, memory accounting and misuse errors of the engine.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "engine_model.hpp"
+#include "zero/context.hpp"
+#include "zero/engine.hpp"
+
+using namespace zero;
+using namespace zero::test;
+
+namespace {
+
+Config config(const std::string& yaml) {
+  Config c = parse_config(yaml, "test_engine_errors");
+  c.resolve(Context::current()->world_size());
+  return c;
+}
+
+// One micro-step of the test model; `poison` writes +inf into the first gradient element.
+void micro_step(Engine& e, int step, bool poison) {
+  int n = e.layout().num_units();
+  int world = Context::current()->world_size(), rank = Context::current()->rank();
+  for (int u = 0; u < n; ++u) e.gather(u);
+  for (int u = n - 1; u >= 0; --u) {
+    auto p = e.gather(u);
+    auto g = e.grads(u);
+    auto t = g[0];
+    for (std::int64_t i = 0; i < t.numel; ++i)
+      t.add(i, e.loss_scale() * sample_grad(u, i, step * 100 + rank, p[0].get(i)));
+    if (poison && u == 0) t.set(0, std::numeric_limits<float>::infinity());
+    (void)world;
+    e.reduce(u);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("an overflow on one rank makes every rank skip; the scale honours hysteresis") {
+  Context& ctx = *Context::current();
+  Engine e(ctx, config("fp16:\n  enabled: true\n  initial_scale_power: 8\n  hysteresis: 2\n"
+                       "zero_optimization:\n  stage: 2\n"),
+           make_layout());
+  e.init_params(init_value);
+  int last = ctx.world_size() - 1;
+
+  micro_step(e, 0, false);
+  StepResult r0 = e.step();
+  REQUIRE_FALSE(r0.skipped);
+  REQUIRE(r0.loss_scale == 256.0);
+  auto before = e.full_params(1);
+
+  micro_step(e, 1, ctx.rank() == last);  // overflow on the last rank only
+  StepResult r1 = e.step();
+  REQUIRE(r1.skipped);                   // ... but every rank skips
+  REQUIRE(e.full_params(1) == before);   // and nothing moved
+  REQUIRE(e.loss_scale() == 256.0f);     // hysteresis 2: the first overflow is absorbed
+
+  micro_step(e, 2, ctx.rank() == last);
+  StepResult r2 = e.step();
+  REQUIRE(r2.skipped);
+  REQUIRE(e.loss_scale() == 128.0f);     // the second halves the scale
+
+  micro_step(e, 3, false);
+  StepResult r3 = e.step();
+  REQUIRE_FALSE(r3.skipped);
+  REQUIRE(r3.loss_scale == 128.0);
+  REQUIRE(e.full_params(1) != before);
+}
+
+TEST_CASE("overflow at the minimum loss scale is reported clearly") {
+  Context& ctx = *Context::current();
+  Engine e(ctx, config("fp16:\n  enabled: true\n  initial_scale_power: 2\n  hysteresis: 1\n  min_loss_scale: 4\n"),
+           make_layout());
+  e.init_params(init_value);
+  micro_step(e, 0, true);
+  REQUIRE_THROWS_WITH(e.step(), Catch::Contains("minimum loss scale") && Catch::Contains("diverged"));
+}
+
+TEST_CASE("memory report equals the ZeRO formula for every stage") {
+  Context& ctx = *Context::current();
+  const double N = ctx.world_size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    Engine e(ctx, config("bf16:\n  enabled: true\nzero_optimization:\n  stage: " + std::to_string(stage) +
+                         "\n  stage3_param_persistence_threshold: 0\n"),
+             make_layout());
+    e.init_params(init_value);
+    double psi = 0;  // padded Ψ: the formula holds exactly on the padded sizes
+    for (int u = 0; u < e.layout().num_units(); ++u) psi += static_cast<double>(e.layout().padded_numel(u, ctx.world_size()));
+    double expect = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / N : stage == 2 ? 2 * psi + 14 * psi / N : 16 * psi / N;
+    MemoryReport m = e.memory();
+    INFO("stage " << stage << ": " << m.to_string());
+    REQUIRE(static_cast<double>(m.model_state()) == expect);
+    REQUIRE(static_cast<double>(m.master) == (stage == 0 ? 4 * psi : 4 * psi / N));
+  }
+}
+
+TEST_CASE("misuse gives clear errors") {
+  Context& ctx = *Context::current();
+  SECTION("reduce twice in one micro-step") {
+    Engine e(ctx, config("zero_optimization:\n  stage: 2\n"), make_layout());
+    e.init_params(init_value);
+    { auto p = e.gather(4); e.grads(4); }
+    e.reduce(4);
+    REQUIRE_THROWS_WITH(e.reduce(4), Catch::Contains("'big' was reduced twice"));
+  }
+  SECTION("step before every unit was reduced") {
+    Engine e(ctx, config("zero_optimization:\n  stage: 1\n"), make_layout());
+    e.init_params(init_value);
+    e.reduce(4);
+    e.reduce(3);
+    REQUIRE_THROWS_WITH(e.step(), Catch::Contains("before every unit was reduced") &&
+                                      Catch::Contains("embed, layer0, layer1"));
+  }
+  SECTION("a gather order that changed") {
+    Engine e(ctx, config("zero_optimization:\n  stage: 3\n  stage3_param_persistence_threshold: 0\n"), make_layout());
+    e.init_params(init_value);
+    micro_step(e, 0, false);
+    e.step();
+    REQUIRE_THROWS_WITH(e.gather(1), Catch::Contains("gather order changed") && Catch::Contains("'layer0'") &&
+                                         Catch::Contains("'embed'"));
+  }
+  SECTION("an unknown unit") {
+    Engine e(ctx, config("zero_optimization:\n  stage: 0\n"), make_layout());
+    e.init_params(init_value);
+    REQUIRE_THROWS_WITH(e.gather(99), Catch::Contains("unknown unit id 99"));
+    REQUIRE_THROWS_WITH(e.gather("layr0"), Catch::Contains("did you mean 'layer0'"));
+    REQUIRE_THROWS_WITH(e.grads(-1), Catch::Contains("unknown unit id -1"));
+  }
+  SECTION("rank-dependent initial values") {
+    if (ctx.world_size() > 1) {
+      Engine e(ctx, config("zero_optimization:\n  stage: 1\n"), make_layout());
+      REQUIRE_THROWS_WITH(e.init_params([&](const ParamInfo&, std::span<float> v) {
+                            for (auto& x : v) x = static_cast<float>(ctx.rank());
+                          }),
+                          Catch::Contains("different initial values on different ranks"));
+    }
+  }
+}
