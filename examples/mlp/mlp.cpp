@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
       zero::StepResult r = engine.step();
       double mean = ctx.comm().all_reduce_scalar(loss, zero::ReduceOp::avg);
       if (ctx.is_root())
-        std::printf("step %3d  loss %.6e  grad_norm %.4e  lr %.3e  scale %g%s\n", step + 1, mean, r.grad_norm, r.lr,
+        std::printf("step %3d  loss %.4e  grad_norm %.4e  lr %.3e  scale %g%s\n", step + 1, mean, r.grad_norm, r.lr,
                     r.loss_scale, r.skipped ? "  (skipped: overflow)" : "");
     }
     if (ctx.is_root())

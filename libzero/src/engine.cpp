@@ -37,6 +37,11 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
                  " x world " + std::to_string(world_) + ")");
 
   const auto& z = cfg_.zero_optimization;
+  // Parameters of the host backend already live in host memory, so offload_param "cpu" holds
+  // trivially; streaming parameter shards from NVMe is not built yet and must not be ignored.
+  ZERO_CHECK(z.offload_param.device != OffloadDevice::nvme,
+             "zero_optimization.offload_param.device: nvme is not supported yet; use cpu (or offload the optimizer "
+             "state to nvme with offload_optimizer.device: nvme)");
   units_.resize(static_cast<std::size_t>(layout_.num_units()));
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = units_[static_cast<std::size_t>(i)];
@@ -44,6 +49,13 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
     u.slice = layout_.slice_numel(i, world_);
     u.padded = u.slice * world_;
     u.sharded_params = stage_ == 3 && u.numel >= z.stage3_param_persistence_threshold;
+    u.own_begin = stage_ == 0 ? 0 : static_cast<std::int64_t>(rank_) * u.slice;
+    u.own_len = stage_ == 0 ? u.padded : u.slice;
+  }
+  // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
+  // cannot fit must fail before anything large is allocated.
+  opt_ = make_optimizer_store(*this);
+  for (auto& u : units_) {
     if (u.sharded_params)
       u.param_shard = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
     else
@@ -52,10 +64,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
       u.full_grads = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
     else
       u.grad_slice = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
-    u.own_begin = stage_ == 0 ? 0 : static_cast<std::int64_t>(rank_) * u.slice;
-    u.own_len = stage_ == 0 ? u.padded : u.slice;
   }
-  opt_ = make_optimizer_store(*this);
 }
 
 EngineImpl::~EngineImpl() {
@@ -213,10 +222,17 @@ TensorRef UnitGrads::operator[](std::string_view name) const {
 
 std::string MemoryReport::to_string() const {
   auto mb = [](std::int64_t b) {
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = static_cast<double>(b);
+    int k = 0;
+    while (v >= 1024.0 && k < 4) {
+      v /= 1024.0;
+      ++k;
+    }
     std::ostringstream s;
     s.setf(std::ios::fixed);
-    s.precision(2);
-    s << static_cast<double>(b) / (1024.0 * 1024.0) << " MiB";
+    s.precision(k == 0 ? 0 : 2);
+    s << v << " " << units[k];
     return s.str();
   };
   std::ostringstream o;

@@ -67,4 +67,34 @@ inline std::vector<float> micro_grad(int unit, const std::vector<float>& w, std:
   return g;
 }
 
+// Trains `steps` steps: per micro-step a forward of gathers, then a backward that gathers,
+// adds the loss-scaled micro-batch gradient and reduces, last unit first.
+inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
+  const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
+  const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
+  const int n = e.layout().num_units();
+  for (int s = first_step; s < first_step + steps; ++s) {
+    for (int k = 0; k < gas; ++k) {
+      for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
+      for (int u = n - 1; u >= 0; --u) {
+        auto p = e.gather(u);
+        auto g = e.grads(u);
+        const UnitInfo& ui = e.layout().unit(u);
+        std::vector<float> w(static_cast<std::size_t>(ui.numel));
+        for (const auto& pi : ui.params)
+          for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
+        auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
+        float scale = e.loss_scale();
+        for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
+          auto t = g[pi];
+          for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
+        }
+        e.reduce(u);
+      }
+    }
+    StepResult r = e.step();
+    if (results) results->push_back(r);
+  }
+}
+
 }  // namespace zero::test

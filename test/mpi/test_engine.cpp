@@ -51,30 +51,8 @@ Config make_config(const Case& c) {
 std::vector<std::vector<float>> run_engine(const Case& c, int steps, std::vector<StepResult>* results = nullptr) {
   Engine e(ctx(), make_config(c), make_layout());
   e.init_params(init_value);
-  int world = ctx().world_size(), rank = ctx().rank();
+  train(e, ctx().rank(), ctx().world_size(), 0, steps, results);
   int n = e.layout().num_units();
-  for (int s = 0; s < steps; ++s) {
-    for (int k = 0; k < c.gas; ++k) {
-      for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
-      for (int u = n - 1; u >= 0; --u) {
-        auto p = e.gather(u);
-        auto g = e.grads(u);
-        const UnitInfo& ui = e.layout().unit(u);
-        std::vector<float> w(static_cast<std::size_t>(ui.numel));
-        for (const auto& pi : ui.params)
-          for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
-        auto mg = micro_grad(u, w, s, k, rank, world, c.gas, c.micro);
-        float scale = e.loss_scale();
-        for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
-          auto t = g[pi];
-          for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
-        }
-        e.reduce(u);
-      }
-    }
-    StepResult r = e.step();
-    if (results) results->push_back(r);
-  }
   std::vector<std::vector<float>> out;
   for (int u = 0; u < n; ++u) out.push_back(e.full_params(u));
   return out;
