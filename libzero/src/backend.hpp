@@ -13,6 +13,7 @@
 
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
+#include "zero/offload/host_adam.hpp"
 
 namespace zero {
 
@@ -49,17 +50,6 @@ class Buffer {
   std::size_t bytes_ = 0;
 };
 
-struct AdamArgs {
-  float lr, beta1, beta2, eps, weight_decay;
-  bool decoupled;
-  std::int64_t step;  // 1-based count of applied updates
-  float grad_scale;   // unscale x clip x 1/accumulation
-};
-struct SgdArgs {
-  float lr, momentum, weight_decay, grad_scale;
-  bool first_step;
-};
-
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,11 +71,16 @@ class Backend {
   virtual void stats_add(const void* g, DType t, std::size_t n) = 0;
   virtual double stats_finish() = 0;
 
-  // Optimizer updates over a flat range. param_out (compute dtype) may be null.
+  // Optimizer updates over a flat range of backend memory (the host AdamW's semantics and
+  // hyper-parameters). param_out (compute dtype) may be null.
   virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out,
-                    DType pt, std::size_t n, const AdamArgs& a) = 0;
+                    DType pt, std::size_t n, const offload::AdamHyper& h) = 0;
   virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-                   std::size_t n, const SgdArgs& a) = 0;
+                   std::size_t n, const offload::SgdHyper& h) = 0;
+
+  // True when backend memory is ordinary host memory (the host backend): the host optimizer
+  // can then read gradients and write parameters in place, without staging copies.
+  virtual bool host_accessible() const = 0;
 
   // Copies between backend memory and host memory (identity copies on the host backend).
   virtual void to_host(void* host_dst, const void* src, std::size_t bytes) = 0;

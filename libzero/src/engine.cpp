@@ -86,6 +86,7 @@ void EngineImpl::check_unit(int unit, const char* what) const {
 
 void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
   std::vector<float> full;
+  std::vector<char> staged;
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = units_[static_cast<std::size_t>(i)];
     full.assign(static_cast<std::size_t>(u.padded), 0.0f);
@@ -101,11 +102,11 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
                              "' got different initial values on different ranks; seed the initialiser "
                              "identically on every rank");
     opt_->write_master(i, full.data() + u.own_begin);
-    if (u.sharded_params)
-      backend_->convert(full.data() + u.own_begin, DType::f32, u.param_shard.get(), dtype_,
-                        static_cast<std::size_t>(u.slice));
-    else
-      backend_->convert(full.data(), DType::f32, u.full_params.get(), dtype_, static_cast<std::size_t>(u.padded));
+    // Round on the host, then copy to wherever the backend keeps parameters.
+    std::size_t n = static_cast<std::size_t>(u.sharded_params ? u.slice : u.padded);
+    staged.resize(n * esize());
+    convert(full.data() + (u.sharded_params ? u.own_begin : 0), DType::f32, staged.data(), dtype_, n);
+    backend_->from_host(u.sharded_params ? u.param_shard.get() : u.full_params.get(), staged.data(), staged.size());
   }
   initialized_ = true;
 }
@@ -146,13 +147,15 @@ std::vector<float> EngineImpl::full_params(int unit) {
   check_unit(unit, "full_params");
   Unit& u = units_[static_cast<std::size_t>(unit)];
   std::vector<float> full(static_cast<std::size_t>(u.padded));
+  std::vector<char> host(static_cast<std::size_t>(u.padded) * esize());
   if (u.sharded_params) {
-    std::vector<char> gathered(static_cast<std::size_t>(u.padded) * esize());
-    comm_->all_gather(u.param_shard.get(), gathered.data(), static_cast<std::size_t>(u.slice), dtype_);
-    convert(gathered.data(), dtype_, full.data(), DType::f32, full.size());
+    Buffer gathered = backend_->alloc(host.size());
+    comm_->all_gather(u.param_shard.get(), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+    backend_->to_host(host.data(), gathered.get(), host.size());
   } else {
-    convert(u.full_params.get(), dtype_, full.data(), DType::f32, full.size());
+    backend_->to_host(host.data(), u.full_params.get(), host.size());
   }
+  convert(host.data(), dtype_, full.data(), DType::f32, full.size());
   full.resize(static_cast<std::size_t>(u.numel));
   return full;
 }

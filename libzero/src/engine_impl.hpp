@@ -111,6 +111,7 @@ class EngineImpl {
     std::vector<std::function<void()>> finish;
   };
   std::deque<InFlight> in_flight_;
+  std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
 };
 
 }  // namespace zero

@@ -7,7 +7,6 @@
 
 #include "backend.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
 
 namespace zero {
 
@@ -82,15 +81,14 @@ class HostBackend final : public Backend {
   double stats_finish() override { return sumsq_; }
 
   void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt,
-            std::size_t n, const AdamArgs& a) override {
-    offload::AdamHyper h{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, a.step, a.grad_scale};
+            std::size_t n, const offload::AdamHyper& h) override {
     offload::adam_step(master, m, v, grad, gt, param_out, pt, n, h);
   }
   void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-           std::size_t n, const SgdArgs& a) override {
-    offload::SgdHyper h{a.lr, a.momentum, a.weight_decay, a.grad_scale, a.first_step};
+           std::size_t n, const offload::SgdHyper& h) override {
     offload::sgd_step(master, mom, grad, gt, param_out, pt, n, h);
   }
+  bool host_accessible() const override { return true; }
   void to_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
   void from_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
   Communicator& comm() override { return comm_; }

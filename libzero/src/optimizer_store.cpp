@@ -64,12 +64,11 @@ class ResidentStore final : public OptimizerStore {
       state_.push_back(std::move(s));
     }
   }
-  void write_master(int unit, const float* owned) override { std::memcpy(slot(unit, 0), owned, bytes(unit)); }
-  void read_master(int unit, float* owned) override { std::memcpy(owned, slot(unit, 0), bytes(unit)); }
-  void read_moment(int unit, int which, float* owned) override { std::memcpy(owned, slot(unit, which + 1), bytes(unit)); }
-  void write_moment(int unit, int which, const float* owned) override {
-    std::memcpy(slot(unit, which + 1), owned, bytes(unit));
-  }
+  void write_master(int unit, const float* owned) override { put(slot(unit, 0), owned, bytes(unit)); }
+  void read_master(int unit, float* owned) override { get(owned, slot(unit, 0), bytes(unit)); }
+  void read_moment(int unit, int which, float* owned) override { get(owned, slot(unit, which + 1), bytes(unit)); }
+  void write_moment(int unit, int which, const float* owned) override { put(slot(unit, which + 1), owned, bytes(unit)); }
+  bool on_host() const override { return offloaded_; }
   void for_each(const Visit& fn) override {
     for (const auto& g : groups_) {
       auto& s = state_[static_cast<std::size_t>(g.unit)];
@@ -99,6 +98,15 @@ class ResidentStore final : public OptimizerStore {
     return state_[static_cast<std::size_t>(unit)].ptr[k];
   }
   std::size_t bytes(int unit) const { return state_[static_cast<std::size_t>(unit)].bytes; }
+  // Host memory is copied directly; backend memory goes through the backend.
+  void put(float* dst, const float* host, std::size_t n) {
+    if (offloaded_) std::memcpy(dst, host, n);
+    else e_.backend_->from_host(dst, host, n);
+  }
+  void get(float* host, const float* src, std::size_t n) {
+    if (offloaded_) std::memcpy(host, src, n);
+    else e_.backend_->to_host(host, src, n);
+  }
 
   EngineImpl& e_;
   bool offloaded_;
@@ -154,6 +162,7 @@ class NvmeStore final : public OptimizerStore {
       fn(sg.unit, sg.begin, sg.len, v.as<float>(0), v.as<float>(1), moments_ == 2 ? v.as<float>(2) : nullptr);
     });
   }
+  bool on_host() const override { return true; }
   void report(MemoryReport& r) const override {
     r.offloaded_nvme += static_cast<std::int64_t>(swapper_->bytes_reserved());
     r.offloaded_host += static_cast<std::int64_t>(pool_->bytes_reserved());

@@ -33,6 +33,8 @@ class OptimizerStore {
   using Visit = std::function<void(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2)>;
   virtual void for_each(const Visit& fn) = 0;
   virtual void report(MemoryReport& r) const = 0;
+  // True when the state lives in host memory (offload cpu / nvme): the host AdamW steps it.
+  virtual bool on_host() const = 0;
   int moments() const { return moments_; }
 
  protected:

@@ -6,6 +6,7 @@
 #include "engine_impl.hpp"
 #include "optimizer_store.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/host_adam.hpp"
 
 namespace zero {
 
@@ -48,20 +49,37 @@ StepResult EngineImpl::step() {
     float grad_scale = static_cast<float>(clip / denom);
     const auto& o = cfg_.optimizer;
     ++applied_;
+    offload::AdamHyper adam{static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
+                            static_cast<float>(o.eps), static_cast<float>(o.weight_decay),
+                            o.type == OptimizerType::adamw, applied_, grad_scale};
+    offload::SgdHyper sgd{static_cast<float>(r.lr), static_cast<float>(o.momentum), static_cast<float>(o.weight_decay),
+                          grad_scale, applied_ == 1};
+    const bool sgd_type = o.type == OptimizerType::sgd;
+    // Offloaded state is stepped by the host AdamW; where backend memory is not host memory,
+    // each sub-group's gradients are staged to the host and its parameters copied back.
+    const bool host_step = opt_->on_host();
+    const bool staged = host_step && !backend_->host_accessible();
     opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
       Unit& u = units_[static_cast<std::size_t>(unit)];
+      const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
       const char* g = static_cast<const char*>(own_grads(u)) + static_cast<std::size_t>(begin) * esize();
       char* p = static_cast<char*>(own_params_out(u)) + static_cast<std::size_t>(begin) * esize();
-      if (o.type == OptimizerType::sgd) {
-        SgdArgs a{static_cast<float>(r.lr), static_cast<float>(o.momentum), static_cast<float>(o.weight_decay), grad_scale,
-                  applied_ == 1};
-        backend_->sgd(master, m1, g, dtype_, p, dtype_, static_cast<std::size_t>(len), a);
-      } else {
-        AdamArgs a{static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                   static_cast<float>(o.eps), static_cast<float>(o.weight_decay), o.type == OptimizerType::adamw,
-                   applied_, grad_scale};
-        backend_->adam(master, m1, m2, g, dtype_, p, dtype_, static_cast<std::size_t>(len), a);
+      if (!host_step) {
+        if (sgd_type) backend_->sgd(master, m1, g, dtype_, p, dtype_, n, sgd);
+        else backend_->adam(master, m1, m2, g, dtype_, p, dtype_, n, adam);
+        return;
       }
+      const void* gh = g;
+      void* ph = p;
+      if (staged) {
+        if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
+        backend_->to_host(stage_buf_.data(), g, bytes);
+        gh = stage_buf_.data();
+        ph = stage_buf_.data() + bytes;
+      }
+      if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
+      else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
+      if (staged) backend_->from_host(p, ph, bytes);
     });
 
     // 2. Every rank updated only its slice of a full parameter buffer: all-gather the slices,
