@@ -2,6 +2,7 @@
 #include "zero/engine.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -52,6 +53,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
     u.own_begin = stage_ == 0 ? 0 : static_cast<std::int64_t>(rank_) * u.slice;
     u.own_len = stage_ == 0 ? u.padded : u.slice;
   }
+  report_inert_settings();
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
   // cannot fit must fail before anything large is allocated.
   opt_ = make_optimizer_store(*this);
@@ -75,6 +77,31 @@ EngineImpl::~EngineImpl() {
     for (auto& u : units_) u.gather_work.wait();
   } catch (...) {
   }
+}
+
+// Settings DeepSpeed users carry over that change nothing here. They are accepted so a
+// ds_config.json loads as is, but a non-default value is said out loud (rank 0, once), never
+// silently ignored.
+void EngineImpl::report_inert_settings() {
+  const auto& z = cfg_.zero_optimization;
+  const ZeroOptimizationConfig dz;
+  const AioConfig da;
+  std::vector<std::string> notes;
+  if (z.contiguous_gradients != dz.contiguous_gradients)
+    notes.push_back("zero_optimization.contiguous_gradients: false has no effect: each unit's gradient is always one "
+                    "contiguous buffer");
+  if (z.offload_optimizer.buffer_count != dz.offload_optimizer.buffer_count)
+    notes.push_back("zero_optimization.offload_optimizer.buffer_count has no effect: NVMe offload streams sub-groups "
+                    "through three buffers (read next, step current, write previous)");
+  if (cfg_.aio.intra_op_parallelism != da.intra_op_parallelism || cfg_.aio.single_submit != da.single_submit ||
+      cfg_.aio.overlap_events != da.overlap_events)
+    notes.push_back("aio.intra_op_parallelism / single_submit / overlap_events have no effect: one io_uring ring per "
+                    "rank submits in batches and overlaps completions; block_size and queue_depth are honoured");
+  if (z.offload_param.device == OffloadDevice::cpu)
+    notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
+                    "memory");
+  if (rank_ == 0)
+    for (const auto& n : notes) std::fprintf(stderr, "libzero: note: %s\n", n.c_str());
 }
 
 void EngineImpl::check_unit(int unit, const char* what) const {

@@ -54,6 +54,7 @@ class EngineImpl {
   std::vector<float> full_master(int unit);
   std::vector<float> full_params(int unit);
   void check_unit(int unit, const char* what) const;
+  void report_inert_settings();
   void* own_grads(Unit& u);       // the gradient values the optimizer reads (owned range)
   void* own_params_out(Unit& u);  // where the optimizer writes updated compute params
   std::size_t esize() const { return dtype_size(dtype_); }

@@ -178,6 +178,16 @@ TEST_CASE("Adam (L2 weight decay) matches the reference at stage 2") {
   check_parity(c);
 }
 
+TEST_CASE("reduce_scatter: false (all-reduce, keep the owned slice) matches the reference") {
+  for (int stage = 1; stage <= 3; ++stage) {
+    Case c;
+    c.stage = stage;
+    c.gas = 2;
+    c.extra = "  reduce_scatter: false\n  reduce_bucket_size: 64\n";
+    check_parity(c);
+  }
+}
+
 TEST_CASE("the same config twice gives bitwise-identical parameters") {
   for (int stage : {1, 3}) {
     Case c;

@@ -1,0 +1,86 @@
+// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage.
+//
+// A checkpoint is a directory per step under a root, written atomically (temporary directory,
+// fsync, rename, then the `latest` pointer), so a job killed at any moment leaves the previous
+// checkpoint loadable. It holds the fp32 master weights and optimizer moments per unit and per
+// rank slice, the step counters, loss-scaler and scheduler state, the resolved config and an
+// opaque map the application fills with its own state (data position, RNG states). Nothing in
+// it is executable: metadata is strict JSON, shards are checksummed flat arrays, and every
+// size and offset is checked before use.
+//
+// Because every stage partitions a unit the same way (slice r of the padded unit), a
+// checkpoint saved by N ranks at stage S loads into M ranks at stage S': each rank reads its
+// new range out of the old slices, one unit at a time.
+//
+//   zero::save_checkpoint(engine, "ckpt", {{"data.position", pos}});
+//   auto client = zero::load_checkpoint(engine, "ckpt");        // or tag "120" for step 120
+//
+// The offline functions (inspect, export, reshard) need neither MPI nor an engine; the
+// zero-ckpt tool is a thin command line over them.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zero/dtype.hpp"
+
+namespace zero {
+
+class Engine;
+
+// The application's own state, saved and restored verbatim: any keys, any bytes.
+using ClientState = std::map<std::string, std::string>;
+
+struct CheckpointOptions {
+  // Complete checkpoints to keep; older ones are deleted after a save completes. 0 keeps all.
+  int keep_last = 3;
+};
+
+struct CheckpointLoadOptions {
+  // By default a checkpoint must come from the same compute dtype and optimizer; set this to
+  // continue from one trained otherwise (the fp32 master and moments are loaded as they are).
+  bool allow_config_change = false;
+};
+
+// Collective over all ranks: writes <root>/step_<global_step>/ and points <root>/latest at it.
+// Call between steps (after step(), with no UnitParams handle alive). Saving a step that is
+// already the latest checkpoint is an error; a leftover of that step from an abandoned run or
+// an interrupted save is replaced.
+void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client = {},
+                     const CheckpointOptions& opts = {});
+
+// Collective: restores parameters, optimizer state, step counters, loss scaler and scheduler
+// position from <root>/latest (tag "latest") or step N (tag "N"); returns the client state.
+// `root` may also be a step directory. Replaces init_params. On failure every rank throws the
+// same zero::Error and the engine refuses to train until a load or init_params succeeds.
+ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
+                            const CheckpointLoadOptions& opts = {});
+
+// ---- offline ----
+
+// The step directory `tag` names under `root` ("latest" or a step number); root may itself be a
+// step directory. Throws zero::Error when it does not exist or `latest` is malformed.
+std::string resolve_checkpoint(const std::string& root, const std::string& tag = "latest");
+
+// Steps of the checkpoints under root, ascending (directories named step_<digits>).
+std::vector<std::int64_t> list_checkpoints(const std::string& root);
+
+// Prints metadata, file sizes and checksum results for `path` (a root: every checkpoint in it;
+// a step directory: that one). Returns false when any file fails verification.
+bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_config = false);
+
+// Writes the consolidated master weights as a safetensors file (fp32 or bf16), tensors named as
+// stored, one unit in memory at a time. Parameter names must be unique across units.
+void export_safetensors(const std::string& path, const std::string& out_file, DType dtype = DType::f32,
+                        const std::string& tag = "latest");
+
+// Rewrites the checkpoint for `world` ranks into out_root (a new checkpoint root with its own
+// latest). stage < 0 keeps the stage recorded; any stage loads any checkpoint anyway, so the
+// stage is a label for the reader.
+void reshard_checkpoint(const std::string& path, const std::string& out_root, int world, int stage = -1,
+                        const std::string& tag = "latest");
+
+}  // namespace zero
