@@ -182,8 +182,8 @@ class Reader {
   // Elements [begin, begin + len) of unit's state (positions >= numel read as 0) into master
   // and the moments (m2 only with 2 moments); any output may be null.
   void read_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2);
-  // Reads and checks every section of every shard (inspect); one section in memory at a time.
-  void verify_all();
+  // Reads and checks every section of shard `rank` (inspect); one section in memory at a time.
+  void verify_shard(int rank);
 
  private:
   struct Shard;
@@ -205,6 +205,7 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
             void (*fail_point)(const char*));
 // Prepares root for writing step `step`: creates it, removes leftovers of interrupted saves,
 // checks the step is not the latest checkpoint already; returns the temporary directory.
-std::string prepare(const std::string& root, std::int64_t step);
+// `who` names the caller in messages ("save_checkpoint", "reshard").
+std::string prepare(const std::string& root, std::int64_t step, const char* who);
 
 }  // namespace zero::ckpt

@@ -387,6 +387,11 @@ std::size_t Field::size() const {
   return v_->items().size();
 }
 
+const std::vector<std::pair<std::string, Value>>& Field::members() const {
+  expect(Value::Kind::object, "an object");
+  return v_->members();
+}
+
 void Field::expect_keys(std::initializer_list<std::string_view> required,
                         std::initializer_list<std::string_view> optional) const {
   expect(Value::Kind::object, "an object");

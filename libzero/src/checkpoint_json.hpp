@@ -72,6 +72,8 @@ class Field {
   bool has(std::string_view key) const;
   Field operator[](std::size_t i) const;     // array element
   std::size_t size() const;                  // array length
+  // An object's members, for maps with free keys (the client state).
+  const std::vector<std::pair<std::string, Value>>& members() const;
   // The object has exactly these keys (`optional` may be absent); anything else is an error.
   void expect_keys(std::initializer_list<std::string_view> required,
                    std::initializer_list<std::string_view> optional = {}) const;

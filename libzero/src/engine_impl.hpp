@@ -78,6 +78,20 @@ class EngineImpl {
   // step.cpp
   StepResult step();
 
+  // checkpoint support (engine_state.cpp): what save_checkpoint / load_checkpoint read and set.
+  struct TrainingState {
+    std::int64_t step = 0, applied = 0;
+    LossScaler::State scaler{1.0, 0, 0, -1};
+  };
+  TrainingState training_state() const;
+  void check_between_steps(const char* what) const;  // no live handle, no partial accumulation
+  int optimizer_moments() const;
+  void read_owned(int unit, int which, float* owned);  // which: 0 master, 1.. moments
+  void write_owned(int unit, int which, const float* owned);
+  void begin_restore();  // the engine refuses to train until finish_restore
+  void finish_restore(const TrainingState& s, bool restore_scaler);  // collective
+  void refresh_params_from_master();  // collective: compute params = round(master)
+
   Context& ctx_;
   Config cfg_;
   Layout layout_;

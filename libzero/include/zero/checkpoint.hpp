@@ -31,7 +31,10 @@ namespace zero {
 
 class Engine;
 
-// The application's own state, saved and restored verbatim: any keys, any bytes.
+// The application's own state, saved and restored verbatim: any keys, any bytes. It is saved
+// once, so it must be the same on every rank (a difference is an error): keep the data position
+// as a global count, and derive per-rank generators from a seed, the rank and the step, which
+// also keeps them meaningful when a run resumes at another world size.
 using ClientState = std::map<std::string, std::string>;
 
 struct CheckpointOptions {
@@ -46,6 +49,7 @@ struct CheckpointLoadOptions {
 };
 
 // Collective over all ranks: writes <root>/step_<global_step>/ and points <root>/latest at it.
+// root must be one directory every rank sees (the same path; a shared filesystem across nodes).
 // Call between steps (after step(), with no UnitParams handle alive). Saving a step that is
 // already the latest checkpoint is an error; a leftover of that step from an abandoned run or
 // an interrupted save is replaced.

@@ -1,0 +1,62 @@
+// zero-ckpt: look into, convert and reshard libzero checkpoints without launching a job.
+//
+//   zero-ckpt inspect ckpt/                      every checkpoint under the root, verified
+//   zero-ckpt export ckpt/ --format safetensors [--dtype bf16] -o model.safetensors
+//   zero-ckpt reshard ckpt/ --world 8 [--stage 3] -o ckpt8/
+//
+// <dir> is a checkpoint root (its `latest`, or --tag N) or one step directory.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "zero/checkpoint.hpp"
+#include "zero/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Inspect, export and reshard libzero checkpoints"};
+  app.require_subcommand(1);
+
+  std::string dir, out, format = "safetensors", dtype = "fp32", tag = "latest";
+  bool show_config = false;
+  int world = 0, stage = -1;
+
+  auto* inspect = app.add_subcommand("inspect", "Print metadata and sizes; verify every file's checksums");
+  inspect->add_option("dir", dir, "Checkpoint root or step directory")->required();
+  inspect->add_flag("--config", show_config, "Also print the resolved config saved with each checkpoint");
+
+  auto* exp = app.add_subcommand("export", "Write the consolidated fp32 master weights (or bf16) as one file");
+  exp->add_option("dir", dir, "Checkpoint root or step directory")->required();
+  exp->add_option("--format", format, "Output format")->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--dtype", dtype, "Tensor type in the file")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  exp->add_option("-o,--output", out, "Output file")->required();
+  exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
+
+  auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks");
+  resh->add_option("dir", dir, "Checkpoint root or step directory")->required();
+  resh->add_option("--world", world, "Ranks the new checkpoint is for")->required()->check(CLI::Range(1, 1 << 20));
+  resh->add_option("--stage", stage, "Stage recorded in the new checkpoint (default: unchanged)")->check(CLI::Range(0, 3));
+  resh->add_option("-o,--output", out, "New checkpoint root (created; must not hold this step)")->required();
+  resh->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*inspect) return zero::inspect_checkpoint(dir, std::cout, show_config) ? 0 : 2;
+    if (*exp) {
+      zero::DType t = dtype == "bf16" ? zero::DType::bf16 : (dtype == "fp16" ? zero::DType::f16 : zero::DType::f32);
+      zero::export_safetensors(dir, out, t, tag);
+      std::printf("wrote %s (%s)\n", out.c_str(), dtype.c_str());
+      return 0;
+    }
+    if (*resh) {
+      zero::reshard_checkpoint(dir, out, world, stage, tag);
+      std::printf("wrote %s for %d rank(s)\n", zero::resolve_checkpoint(out).c_str(), world);
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-ckpt: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}
