@@ -18,6 +18,33 @@
 namespace zero {
 
 class Backend;
+class Context;
+struct Config;
+
+// Offloaded optimizer steps on a backend whose memory the host cannot address (CUDA): the
+// gradients of the owned ranges travel to pinned host memory and the updated parameters travel
+// back, asynchronously on a copy stream, so the host AdamW steps one sub-group while the next
+// one's gradients are still arriving and the next forward waits only on an event.
+// One step: begin(), add() once per range (range r = the r-th add), then any number of
+// host_grads / host_params / params_ready over sub-ranges, then finish().
+class OffloadStaging {
+ public:
+  virtual ~OffloadStaging() = default;
+  // A new step over elements of `esize` bytes; gradient copies are issued in chunks of
+  // `chunk` elements (the optimizer's sub_group_size), so a sub-group waits for its own chunk.
+  virtual void begin(std::size_t esize, std::size_t chunk) = 0;
+  // Declares range r: n gradient elements to step and where its updated parameters go. Starts
+  // the gradient copies after the work already enqueued on the compute stream.
+  virtual void add(const void* grads, void* params, std::size_t n) = 0;
+  // Host copy of range r's gradients [begin, begin + n), waiting for the chunks holding them.
+  virtual const void* host_grads(std::size_t r, std::size_t begin, std::size_t n) = 0;
+  // Host buffer for range r's updated parameters, element `begin` on.
+  virtual void* host_params(std::size_t r, std::size_t begin) = 0;
+  // The host wrote host_params(r, begin)[0, n): copy them back (asynchronously).
+  virtual void params_ready(std::size_t r, std::size_t begin, std::size_t n) = 0;
+  // Work enqueued on the compute stream from now on sees every parameter copied back.
+  virtual void finish() = 0;
+};
 
 // Move-only storage owned by a backend (device memory for CUDA, host memory for the host).
 class Buffer {
@@ -88,8 +115,21 @@ class Backend {
 
   virtual Communicator& comm() = 0;
 
+  // Device backends: the stream the backend's own work and the user's kernels are ordered on
+  // (a cudaStream_t; the legacy default stream unless set). Setting it orders the new stream
+  // after everything already enqueued on the old one. Host backend: null, and setting is an error.
+  virtual void* compute_stream() const { return nullptr; }
+  virtual void set_compute_stream(void* stream);
+  // Staging for offloaded optimizer steps; null where host_accessible() (nothing to stage).
+  virtual OffloadStaging* offload_staging() { return nullptr; }
+
+  // Bytes requested and not yet released, and the peak of that.
   std::int64_t bytes_allocated() const { return allocated_; }
   std::int64_t max_bytes_allocated() const { return max_allocated_; }
+  // Bytes held from the system (a caching allocator keeps freed blocks for reuse).
+  virtual std::int64_t bytes_reserved() const { return allocated_; }
+  // Returns cached, unused blocks to the system.
+  virtual void release_cached() {}
 
  protected:
   void note_alloc(std::size_t b) {
@@ -124,5 +164,10 @@ class BufferPool {
 };
 
 std::unique_ptr<Backend> make_host_backend(Communicator& comm);
+
+// The backend the config names (Config::backend): host, or cuda (with the communicator of
+// Config::comm). backend cuda in a build without CUDA, or on a rank without a device, throws a
+// zero::Error saying what to change. Defined in backend_factory.cpp.
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg);
 
 }  // namespace zero

@@ -38,6 +38,8 @@ const std::vector<std::string> kDevices = {"none", "cpu", "nvme"};
 const std::vector<std::string> kOptimizers = {"AdamW", "Adam", "SGD"};
 const std::vector<std::string> kSchedulers = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
 const std::vector<std::string> kWarmupTypes = {"log", "linear"};
+const std::vector<std::string> kBackends = {"host", "cuda"};
+const std::vector<std::string> kComms = {"nccl", "mpi"};
 
 // The top-level keys libzero reads itself.
 const std::vector<std::string> kTopLevel = {"train_batch_size",
@@ -50,7 +52,9 @@ const std::vector<std::string> kTopLevel = {"train_batch_size",
                                             "fp16",
                                             "bf16",
                                             "optimizer",
-                                            "scheduler"};
+                                            "scheduler",
+                                            "backend",
+                                            "comm"};
 
 OffloadDevice device_from(const std::string& s) {
   return s == "cpu" ? OffloadDevice::cpu
@@ -139,6 +143,7 @@ class Loader {
     precision(top);
     optimizer(top);
     scheduler(top);
+    devices(top);
   }
 
  private:
@@ -404,6 +409,21 @@ class Loader {
                  " is less than warmup_num_steps = " + std::to_string(c.warmup_num_steps) +
                  ": the run would end inside the warmup; raise total_num_steps "
                  "or shorten the warmup");
+    }
+  }
+
+  // backend / comm (CUDA backend). The host backend always communicates over MPI, so comm:
+  // nccl next to backend: host would be a setting with no effect: an error, not ignored.
+  void devices(StrictSection& top) {
+    cfg_.backend =
+        top.get_choice("backend", "host", kBackends) == "cuda" ? BackendKind::cuda : BackendKind::host;
+    const bool comm_given = top.has("comm");
+    cfg_.comm = top.get_choice("comm", "nccl", kComms) == "mpi" ? CommKind::mpi : CommKind::nccl;
+    if (comm_given && cfg_.backend == BackendKind::host && cfg_.comm == CommKind::nccl) {
+      const std::string how = top.has("backend") ? "set at " + top.where("backend") : "the default";
+      top.fail("comm", "= nccl applies to backend: cuda, but backend is host (" + how +
+                           "); the host backend always communicates over MPI: remove comm, or set "
+                           "backend: cuda");
     }
   }
 
@@ -787,6 +807,10 @@ std::string Config::to_yaml() const {
   real("weight_decay", o.weight_decay);
   out << EndMap;
   out << EndMap;
+
+  text("backend", backend == BackendKind::cuda ? "cuda" : "host");
+  // comm only means something to the CUDA backend (the loader rejects comm: nccl with host).
+  if (backend == BackendKind::cuda) text("comm", comm == CommKind::mpi ? "mpi" : "nccl");
 
   // No scheduler section means a constant lr; its parameters then keep their defaults.
   const auto& s = scheduler;

@@ -8,6 +8,10 @@
 #include "comm_mpi.hpp"
 #include "zero/error.hpp"
 
+#if ZERO_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace zero {
 
 namespace {
@@ -38,6 +42,17 @@ Context::Context(int* argc, char*** argv) {
   ZERO_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   ZERO_MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_Comm_free(&node);
+#if ZERO_WITH_CUDA
+  // CUDA backend: one device per local rank, round robin (ranks beyond the device count share,
+  // which only comm: mpi supports). No device, or no driver, leaves device_ at -1: a CUDA build
+  // must still run host-backend jobs on machines without a GPU.
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    device_ = local_rank_ % devices;
+    if (cudaSetDevice(device_) != cudaSuccess) device_ = -1;
+  }
+  cudaGetLastError();  // a failed probe must not surface as a later call's error
+#endif
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
   g_current = this;
 }

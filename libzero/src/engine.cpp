@@ -18,7 +18,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
     : ctx_(ctx),
       cfg_(cfg),
       layout_(std::move(layout)),
-      backend_(make_host_backend(ctx.comm())),
+      backend_(make_backend(ctx, cfg)),  // host or cuda, as cfg.backend says (backend_factory.cpp)
       scaler_(cfg.fp16),
       grad_pool_(*backend_),
       gather_pool_(*backend_),
@@ -165,7 +165,10 @@ std::vector<float> EngineImpl::full_master(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   std::vector<float> full(static_cast<std::size_t>(u.padded));
   opt_->read_master(unit, full.data() + u.own_begin);
-  if (stage_ > 0) comm_->all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
+  // `full` is host memory: gather it over the host (MPI) communicator, whatever the backend's
+  // communicator is (NCCL takes device buffers only).
+  if (stage_ > 0)
+    ctx_.comm().all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
   full.resize(static_cast<std::size_t>(u.numel));
   return full;
 }

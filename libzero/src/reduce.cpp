@@ -62,6 +62,8 @@ void EngineImpl::reduce(int unit) {
 void EngineImpl::flush_bucket() {
   if (pending_.empty()) return;
   InFlight f;
+  // One communicator group per bucket: NCCL launches the bucket's collectives together.
+  CommGroup group(*comm_);
   for (int unit : pending_) {
     Unit& u = units_[static_cast<std::size_t>(unit)];
     std::size_t slice_bytes = static_cast<std::size_t>(u.slice) * esize();
@@ -98,6 +100,7 @@ void EngineImpl::flush_bucket() {
       });
     }
   }
+  group.end();  // before any wait: a group's Work can be waited on only once it is closed
   pending_.clear();
   pending_elems_ = 0;
   in_flight_.push_back(std::move(f));

@@ -1,6 +1,8 @@
 // The optimizer step: global gradient norm, overflow agreement, loss-scale update, clipping,
 // the update of every owned slice, and the re-gathering of updated parameters.
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "engine_impl.hpp"
@@ -59,6 +61,14 @@ StepResult EngineImpl::step() {
     // each sub-group's gradients are staged to the host and its parameters copied back.
     const bool host_step = opt_->on_host();
     const bool staged = host_step && !backend_->host_accessible();
+    // Device backends stage asynchronously (OffloadStaging): every owned gradient range starts
+    // its copy to pinned host memory now, sub-group-sized chunks in visiting order, so the host
+    // steps sub-group k while k+1 is still arriving; updated parameters go back the same way.
+    OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
+    if (async_stage) {
+      async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
+      for (auto& u : units_) async_stage->add(own_grads(u), own_params_out(u), static_cast<std::size_t>(u.own_len));
+    }
     opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
       Unit& u = units_[static_cast<std::size_t>(unit)];
       const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
@@ -67,6 +77,15 @@ StepResult EngineImpl::step() {
       if (!host_step) {
         if (sgd_type) backend_->sgd(master, m1, g, dtype_, p, dtype_, n, sgd);
         else backend_->adam(master, m1, m2, g, dtype_, p, dtype_, n, adam);
+        return;
+      }
+      if (async_stage) {
+        const std::size_t ru = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
+        const void* gh = async_stage->host_grads(ru, b, n);
+        void* ph = async_stage->host_params(ru, b);
+        if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
+        else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
+        async_stage->params_ready(ru, b, n);
         return;
       }
       const void* gh = g;
@@ -81,22 +100,29 @@ StepResult EngineImpl::step() {
       else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
       if (staged) backend_->from_host(p, ph, bytes);
     });
+    if (async_stage) async_stage->finish();  // the all-gather below and the next forward wait on it
 
     // 2. Every rank updated only its slice of a full parameter buffer: all-gather the slices,
     //    allgather_bucket_size elements at a time.
+    //    Each bucket is one communicator group (one NCCL launch), closed before its waits.
     if (stage_ >= 1) {
       std::vector<Work> works;
       std::int64_t bucket = 0;
+      std::optional<CommGroup> group;
+      group.emplace(*comm_);
       for (auto& u : units_) {
         if (u.sharded_params) continue;
         works.push_back(comm_->all_gather_async(own_params_out(u), u.full_params.get(), static_cast<std::size_t>(u.slice), dtype_));
         bucket += u.padded;
         if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
+          group->end();
           for (auto& w : works) w.wait();
           works.clear();
           bucket = 0;
+          group.emplace(*comm_);
         }
       }
+      group->end();
       for (auto& w : works) w.wait();
     }
   }

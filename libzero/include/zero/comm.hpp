@@ -6,6 +6,21 @@
 // so a bf16/fp16 reduction is correct arithmetic, never an integer sum of bit patterns.
 // Implementations: MpiCommunicator (host memory, here) and NCCL / MPI-staged (device memory,
 // the CUDA backend).
+//
+// What Work::wait() means depends on where the buffers live:
+//   host communicators (MPI): wait() returns when the result is in the host buffer.
+//   device communicators (the CUDA backend's NCCL and MPI-staged ones): wait() orders the
+//     result before all work enqueued *afterwards* on the backend's compute stream (it makes that
+//     stream wait on the collective's completion event, cudaStreamWaitEvent) and returns without
+//     waiting for the device (the MPI-staged one waits for MPI on the host, then enqueues the
+//     copy back to the device on the compute stream). Kernels launched on the compute stream after wait() see the result;
+//     host code must not read it directly: Backend::to_host synchronizes the compute stream.
+//     done() is true once the device has finished. A device collective also starts only after
+//     the work already enqueued on the compute stream, so its inputs may come straight from
+//     kernels launched just before the call.
+// The fp32-then-round-once rule for 16-bit sums holds for the MPI-based communicators (host and
+// MPI-staged). NCCL reduces bf16/fp16 natively, rounding at each step of its ring or tree, so
+// with more than two ranks a 16-bit NCCL sum may differ from it in the last place.
 #pragma once
 
 #include <cstddef>
@@ -75,6 +90,34 @@ class Communicator {
   // Blocking reduction of one host double (grad norm partials, overflow flags, agreement on
   // errors), in double precision whatever the data dtype.
   virtual double all_reduce_scalar(double v, ReduceOp op) = 0;
+
+  // Collectives started between group_begin() and group_end() may be launched together (NCCL
+  // groups: one fused launch for a bucket of units instead of one per unit). Their Work handles
+  // can be waited on only after group_end(). Groups nest; the outermost group_end() launches.
+  // Communicators without grouping (MPI) treat both as no-ops.
+  virtual void group_begin() {}
+  virtual void group_end() {}
+};
+
+// Scoped communicator group: group_begin() now, group_end() at end() or scope exit (so a
+// collective that throws inside the group does not leave it open).
+class CommGroup {
+ public:
+  explicit CommGroup(Communicator& c) : comm_(&c) { comm_->group_begin(); }
+  CommGroup(const CommGroup&) = delete;
+  CommGroup& operator=(const CommGroup&) = delete;
+  ~CommGroup() {
+    if (comm_) try { comm_->group_end(); } catch (...) {}
+  }
+  // Closes the group now, reporting errors (the destructor must swallow them).
+  void end() {
+    Communicator* c = comm_;
+    comm_ = nullptr;
+    if (c) c->group_end();
+  }
+
+ private:
+  Communicator* comm_;
 };
 
 }  // namespace zero

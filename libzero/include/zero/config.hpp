@@ -24,6 +24,11 @@ enum class OffloadDevice { none, cpu, nvme };
 enum class OptimizerType { adamw, adam, sgd };
 enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
 enum class WarmupType { log, linear };
+// Where parameters and gradients live (what the pointers of gather()/grads() point to).
+enum class BackendKind { host, cuda };
+// How the CUDA backend moves device buffers: NCCL, or MPI through pinned host copies (lets
+// several ranks share one GPU).
+enum class CommKind { nccl, mpi };
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
@@ -107,6 +112,11 @@ struct Config {
   bool bf16_enabled = false;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
+  // backend: host | cuda. Explicit, not detected: the training loop must know whether the
+  // engine hands it host or device pointers.
+  BackendKind backend = BackendKind::host;
+  // comm: nccl | mpi (the CUDA backend's communicator).
+  CommKind comm = CommKind::nccl;
 
   // Sections owned by the application (for example the GPT trainer's model/data/run), kept as
   // their YAML text; the application validates them with its own schema (config_schema.hpp).

@@ -1,0 +1,294 @@
+#include "data.hpp"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "zero/error.hpp"
+
+namespace zero::gpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ZERO_CHECK(in, "data: cannot open '" + path + "': " + std::strerror(errno) +
+                     "; check the path in data.train");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::vector<std::uint16_t> encode_bytes(std::string_view text) {
+  std::vector<std::uint16_t> t(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) t[i] = static_cast<unsigned char>(text[i]);
+  return t;
+}
+
+std::string decode_bytes(std::span<const int> tokens) {
+  std::string s;
+  s.reserve(tokens.size());
+  for (int t : tokens) s.push_back(static_cast<char>(static_cast<unsigned char>(t)));
+  return s;
+}
+
+std::string find_shakespeare() {
+  const std::string file = "tinyshakespeare.txt";
+  std::vector<fs::path> tried;
+  std::error_code ec;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    tried.push_back(exe.parent_path() / "data" / file);
+    tried.push_back(exe.parent_path().parent_path() / "share" / "zero" / "data" / file);
+  }
+#ifdef ZERO_GPT_SOURCE_DATA_DIR
+  tried.push_back(fs::path(ZERO_GPT_SOURCE_DATA_DIR) / file);
+#endif
+  for (const auto& p : tried)
+    if (fs::is_regular_file(p, ec)) return p.string();
+  std::string list;
+  for (const auto& p : tried) list += "\n  " + p.string();
+  ZERO_THROW("data: the embedded corpus " + file + " was not found; looked in:" + list +
+             "\nGive its path instead: data.train: /path/to/" + file);
+}
+
+void write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+  std::ofstream out(path, std::ios::binary);
+  ZERO_CHECK(out, "write_shard: cannot create '" + path + "': " + std::strerror(errno));
+  std::int32_t header[256] = {};
+  header[0] = kShardMagic;
+  header[1] = kShardVersion;
+  header[2] = static_cast<std::int32_t>(tokens.size());
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size_bytes()));
+  ZERO_CHECK(out, "write_shard: writing '" + path + "' failed (disk full?)");
+}
+
+MappedFile::MappedFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ZERO_CHECK(fd >= 0, "data: cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    ::close(fd);
+    ZERO_THROW("data: cannot stat '" + path + "': " + std::strerror(e));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    ::close(fd);
+    ZERO_CHECK(p != MAP_FAILED, "data: cannot map '" + path + "': " + std::strerror(e));
+    data_ = static_cast<const unsigned char*>(p);
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
+  if (this != &o) {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+}
+
+TokenSet TokenSet::from_shards(const std::string& pattern) {
+  glob_t g{};
+  int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+  std::vector<std::string> files;
+  if (rc == 0)
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  ::globfree(&g);
+  ZERO_CHECK(!files.empty(), "data: no file matches '" + pattern +
+                                 "'; give a glob of llm.c .bin token shards, 'shakespeare' for "
+                                 "the embedded corpus, or a .txt file");
+  std::sort(files.begin(), files.end());
+
+  TokenSet set;
+  for (const auto& f : files) {
+    MappedFile m(f);
+    const std::string hint =
+        "; an llm.c token shard is 256 int32 (magic 20240520, version 1, token count) then "
+        "uint16 tokens: regenerate the file or drop it from the glob";
+    ZERO_CHECK(m.size() >= kShardHeaderBytes,
+               "data: shard '" + f + "' is " + std::to_string(m.size()) +
+                   " bytes, shorter than the 1024-byte header (truncated?)" + hint);
+    std::int32_t header[256];
+    std::memcpy(header, m.data(), sizeof header);
+    ZERO_CHECK(header[0] == kShardMagic, "data: shard '" + f + "' has magic " +
+                                             std::to_string(header[0]) + ", expected " +
+                                             std::to_string(kShardMagic) + hint);
+    ZERO_CHECK(header[1] == kShardVersion, "data: shard '" + f + "' has version " +
+                                               std::to_string(header[1]) + ", expected " +
+                                               std::to_string(kShardVersion) + hint);
+    ZERO_CHECK(header[2] >= 0, "data: shard '" + f + "' has a negative token count " +
+                                   std::to_string(header[2]) + hint);
+    const std::size_t expect = kShardHeaderBytes + 2 * static_cast<std::size_t>(header[2]);
+    ZERO_CHECK(m.size() == expect,
+               "data: shard '" + f + "' header says " + std::to_string(header[2]) +
+                   " tokens, so the file should be " + std::to_string(expect) +
+                   " bytes, but it is " + std::to_string(m.size()) +
+                   " bytes (truncated or partly written)" + hint);
+    Segment s;
+    s.name = f;
+    s.tokens = reinterpret_cast<const std::uint16_t*>(m.data() + kShardHeaderBytes);
+    s.count = header[2];
+    set.segments_.push_back(std::move(s));
+    set.maps_.push_back(std::move(m));
+  }
+  set.description_ = std::to_string(files.size()) + (files.size() == 1 ? " shard, " : " shards, ") +
+                     std::to_string(set.num_tokens()) + " tokens (" + pattern + ")";
+  return set;
+}
+
+TokenSet TokenSet::from_text_file(const std::string& path, bool validation) {
+  std::vector<std::uint16_t> all = encode_bytes(read_text(path));
+  // A fixed split: the first 90% trains, the last 10% validates.
+  const std::size_t split = all.size() * 9 / 10;
+  std::vector<std::uint16_t> part =
+      validation ? std::vector<std::uint16_t>(all.begin() + static_cast<std::ptrdiff_t>(split), all.end())
+                 : std::vector<std::uint16_t>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(split));
+  TokenSet set = from_tokens(std::move(part), path + (validation ? " [last 10%]" : " [first 90%]"));
+  set.description_ = set.segments_[0].name + ", " + std::to_string(set.num_tokens()) +
+                     " byte tokens";
+  return set;
+}
+
+TokenSet TokenSet::from_tokens(std::vector<std::uint16_t> tokens, std::string name) {
+  TokenSet set;
+  set.owned_ = std::move(tokens);
+  Segment s;
+  s.name = std::move(name);
+  s.tokens = set.owned_.data();
+  s.count = static_cast<std::int64_t>(set.owned_.size());
+  set.description_ = s.name + ", " + std::to_string(s.count) + " tokens";
+  set.segments_.push_back(std::move(s));
+  return set;
+}
+
+std::int64_t TokenSet::num_tokens() const {
+  std::int64_t n = 0;
+  for (const auto& s : segments_) n += s.count;
+  return n;
+}
+
+IndexPermutation::IndexPermutation(std::uint64_t n, std::uint64_t key) : n_(n) {
+  int bits = 2;
+  while (bits < 64 && (std::uint64_t{1} << bits) < n) bits += 2;
+  half_bits_ = bits / 2;
+  mask_ = (std::uint64_t{1} << half_bits_) - 1;
+  std::uint64_t k = key;
+  for (auto& rk : keys_) rk = mix64(k += 0x9e3779b97f4a7c15ull);
+}
+
+std::uint64_t IndexPermutation::operator()(std::uint64_t i) const {
+  std::uint64_t x = i;
+  // The network permutes [0, 4^half_bits); walking the cycle from i until it lands back inside
+  // [0, n) restricts it to a permutation of [0, n). The domain is < 4n, so walks are short.
+  do {
+    std::uint64_t l = x >> half_bits_, r = x & mask_;
+    for (std::uint64_t k : keys_) {
+      std::uint64_t t = l ^ (mix64(r ^ k) & mask_);
+      l = r;
+      r = t;
+    }
+    x = (l << half_bits_) | r;
+  } while (x >= n_);
+  return x;
+}
+
+DataLoader::DataLoader(const TokenSet& set, const Options& opt) : set_(&set), opt_(opt) {
+  ZERO_CHECK(opt.batch >= 1 && opt.seq_len >= 1 && opt.world >= 1 && opt.rank >= 0 &&
+                 opt.rank < opt.world,
+             "DataLoader: bad options (batch " + std::to_string(opt.batch) + ", seq_len " +
+                 std::to_string(opt.seq_len) + ", rank " + std::to_string(opt.rank) + "/" +
+                 std::to_string(opt.world) + ")");
+  first_sample_.reserve(static_cast<std::size_t>(set.num_segments()) + 1);
+  first_sample_.push_back(0);
+  for (int i = 0; i < set.num_segments(); ++i) {
+    const std::int64_t count = static_cast<std::int64_t>(set.segment(i).size());
+    // Windows of T+1 tokens start at 0, T, 2T, ...: floor((count - 1) / T) of them fit.
+    const std::int64_t n = count > opt.seq_len ? (count - 1) / opt.seq_len : 0;
+    first_sample_.push_back(first_sample_.back() + n);
+  }
+  total_ = first_sample_.back();
+  ZERO_CHECK(total_ > 0, "data: " + set.description() + " holds no sequence of seq_len + 1 = " +
+                             std::to_string(opt.seq_len + 1) +
+                             " tokens; use more data or a smaller model.seq_len");
+}
+
+std::int64_t DataLoader::samples_per_micro_step() const {
+  return static_cast<std::int64_t>(opt_.batch) * opt_.world;
+}
+
+std::pair<int, std::int64_t> DataLoader::locate(std::int64_t sample) const {
+  ZERO_CHECK(sample >= 0 && sample < total_,
+             "DataLoader::locate: sample " + std::to_string(sample) + " out of range");
+  auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), sample);
+  const int seg = static_cast<int>(it - first_sample_.begin()) - 1;
+  return {seg, (sample - first_sample_[static_cast<std::size_t>(seg)]) * opt_.seq_len};
+}
+
+std::int64_t DataLoader::sample_at(std::int64_t micro_step, int j) const {
+  const std::int64_t pos = (micro_step * opt_.world + opt_.rank) * opt_.batch + j;
+  const std::int64_t epoch = pos / total_, i = pos % total_;
+  if (!opt_.shuffle) return i;
+  IndexPermutation perm(static_cast<std::uint64_t>(total_),
+                        mix64(opt_.seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(epoch)));
+  return static_cast<std::int64_t>(perm(static_cast<std::uint64_t>(i)));
+}
+
+std::int64_t DataLoader::epoch() const {
+  return (micro_step_ * opt_.world + opt_.rank) * opt_.batch / total_;
+}
+
+void DataLoader::next(std::int32_t* inputs, std::int32_t* targets) {
+  const int T = opt_.seq_len;
+  for (int j = 0; j < opt_.batch; ++j) {
+    auto [seg, start] = locate(sample_at(micro_step_, j));
+    const std::uint16_t* tok = set_->segment(seg).data() + start;
+    for (int t = 0; t <= T; ++t) {
+      if (tok[t] >= opt_.vocab_size)
+        ZERO_THROW("data: token " + std::to_string(tok[t]) + " at position " +
+                   std::to_string(start + t) + " of '" + set_->segment_name(seg) +
+                   "' is outside the model's vocabulary (vocab_size " +
+                   std::to_string(opt_.vocab_size) +
+                   "); set model.vocab_size to the tokenizer's (50257 for GPT-2)");
+    }
+    std::int32_t* in = inputs + static_cast<std::size_t>(j) * T;
+    std::int32_t* tg = targets + static_cast<std::size_t>(j) * T;
+    for (int t = 0; t < T; ++t) {
+      in[t] = tok[t];
+      tg[t] = tok[t + 1];
+    }
+  }
+  ++micro_step_;
+}
+
+}  // namespace zero::gpt

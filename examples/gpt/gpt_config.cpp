@@ -1,0 +1,220 @@
+#include "gpt_config.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numbers>
+
+#include "zero/error.hpp"
+
+namespace zero::gpt {
+
+namespace {
+
+struct Preset {
+  const char* name;
+  GptConfig cfg;
+};
+
+GptConfig make(int n_layer, int n_head, int n_embd, int seq_len, int vocab) {
+  GptConfig c;
+  c.n_layer = n_layer;
+  c.n_head = n_head;
+  c.n_embd = n_embd;
+  c.seq_len = seq_len;
+  c.vocab_size = vocab;
+  return c;
+}
+
+// "tiny" is sized for the README's first command: two ranks on a 2-core machine must reach
+// a validation loss under 2.0 nats/char on tiny Shakespeare in a few minutes.
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"tiny", make(4, 4, 128, 64, 256)},
+      {"gpt2", make(12, 12, 768, 1024, 50257)},
+      {"gpt2-medium", make(24, 16, 1024, 1024, 50257)},
+      {"gpt2-large", make(36, 20, 1280, 1024, 50257)},
+      {"gpt2-xl", make(48, 25, 1600, 1024, 50257)},
+  };
+  return p;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0u : 1u)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// FNV-1a: a stable hash of the parameter name, so the stream a tensor draws from does not
+// depend on how many tensors came before it (or on which rank asks).
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in (0, 1]: never 0, so log() below is finite.
+  double uniform() { return (static_cast<double>(next() >> 11) + 1.0) * 0x1p-53; }
+};
+
+bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+}  // namespace
+
+void GptConfig::validate() const {
+  auto need = [](bool ok, const std::string& what) {
+    if (!ok) ZERO_THROW("GPT model config: " + what);
+  };
+  need(n_layer >= 1, "n_layer must be >= 1 (got " + std::to_string(n_layer) + ")");
+  need(n_head >= 1, "n_head must be >= 1 (got " + std::to_string(n_head) + ")");
+  need(n_embd >= 1, "n_embd must be >= 1 (got " + std::to_string(n_embd) + ")");
+  need(n_embd % n_head == 0, "n_embd (" + std::to_string(n_embd) +
+                                 ") must be divisible by n_head (" + std::to_string(n_head) +
+                                 "); choose n_head among the divisors of n_embd");
+  need(seq_len >= 1, "seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
+  need(vocab_size >= 2 && vocab_size <= 65536,
+       "vocab_size must be in [2, 65536] (tokens are stored as uint16; got " +
+           std::to_string(vocab_size) + ")");
+}
+
+std::int64_t GptConfig::num_params() const {
+  std::int64_t n = 0;
+  for (const auto& u : gpt_units(*this))
+    for (const auto& t : u.tensors) n += t.numel();
+  return n;
+}
+
+std::string GptConfig::describe() const {
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab=%d (padded %d) params=%.2fM%s",
+                n_layer, n_head, n_embd, seq_len, vocab_size, padded_vocab_size(),
+                static_cast<double>(num_params()) / 1e6,
+                activation_checkpointing ? " activation_checkpointing" : "");
+  return buf;
+}
+
+const std::vector<std::string>& gpt_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const auto& p : presets()) n.emplace_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+GptConfig gpt_preset(std::string_view name) {
+  for (const auto& p : presets())
+    if (name == p.name) return p.cfg;
+  std::string list, best;
+  std::size_t best_d = 3;  // farther than this is not a typo
+  for (const auto& p : presets()) {
+    list += list.empty() ? "" : ", ";
+    list += p.name;
+    if (std::size_t d = edit_distance(name, p.name); d < best_d) {
+      best_d = d;
+      best = p.name;
+    }
+  }
+  std::string msg = "unknown GPT preset '" + std::string(name) + "'";
+  if (!best.empty()) msg += " (did you mean '" + best + "'?)";
+  ZERO_THROW(msg + "; choose one of: " + list +
+             ", or give n_layer / n_head / n_embd / seq_len / vocab_size explicitly");
+}
+
+std::int64_t TensorSpec::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
+  cfg.validate();
+  const std::int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), T = cfg.seq_len;
+  std::vector<UnitSpec> units;
+  units.push_back({"embeddings", {{"wte.weight", {Vp, C}}, {"wpe.weight", {T, C}}}});
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    units.push_back({"h." + std::to_string(l),
+                     {{p + "ln_1.weight", {C}},
+                      {p + "ln_1.bias", {C}},
+                      {p + "attn.c_attn.weight", {C, 3 * C}},
+                      {p + "attn.c_attn.bias", {3 * C}},
+                      {p + "attn.c_proj.weight", {C, C}},
+                      {p + "attn.c_proj.bias", {C}},
+                      {p + "ln_2.weight", {C}},
+                      {p + "ln_2.bias", {C}},
+                      {p + "mlp.c_fc.weight", {C, 4 * C}},
+                      {p + "mlp.c_fc.bias", {4 * C}},
+                      {p + "mlp.c_proj.weight", {4 * C, C}},
+                      {p + "mlp.c_proj.bias", {C}}}});
+  }
+  units.push_back({"ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}}});
+  return units;
+}
+
+zero::Layout build_layout(const GptConfig& cfg) {
+  zero::Layout layout;
+  for (auto& u : gpt_units(cfg)) {
+    std::vector<std::pair<std::string, zero::Layout::Shape>> params;
+    for (auto& t : u.tensors) params.emplace_back(std::move(t.name), std::move(t.shape));
+    layout.add_unit(std::move(u.name), std::move(params));
+  }
+  return layout;
+}
+
+void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values,
+                    std::uint64_t seed) {
+  if (ends_with(name, ".bias")) {
+    std::fill(values.begin(), values.end(), 0.0f);
+    return;
+  }
+  if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || name == "ln_f.weight") {
+    std::fill(values.begin(), values.end(), 1.0f);
+    return;
+  }
+  double std_dev = 0.02;
+  // GPT-2 scales the projections that write into the residual stream so the stream's variance
+  // does not grow with depth (two such writes per block).
+  if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight"))
+    std_dev /= std::sqrt(2.0 * cfg.n_layer);
+  std::size_t n = values.size();
+  if (name == "wte.weight") {
+    // Padded ids never occur and get no gradient; zero rows keep them inert in sampling too.
+    std::size_t real = static_cast<std::size_t>(cfg.vocab_size) * cfg.n_embd;
+    std::fill(values.begin() + static_cast<std::ptrdiff_t>(std::min(real, n)), values.end(), 0.0f);
+    n = std::min(real, n);
+  }
+  SplitMix64 rng{seed ^ fnv1a(name)};
+  // Box-Muller, both outputs used.
+  for (std::size_t i = 0; i < n; i += 2) {
+    double r = std::sqrt(-2.0 * std::log(rng.uniform()));
+    double a = 2.0 * std::numbers::pi * rng.uniform();
+    values[i] = static_cast<float>(std_dev * r * std::cos(a));
+    if (i + 1 < n) values[i + 1] = static_cast<float>(std_dev * r * std::sin(a));
+  }
+}
+
+}  // namespace zero::gpt

@@ -1,0 +1,358 @@
+#include "host_kernels.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+
+namespace zero::gpt::host {
+
+namespace {
+
+// Matrix products go to OpenBLAS, which threads them itself; they are therefore never called
+// from inside an OpenMP parallel region (the pthread OpenBLAS would oversubscribe the cores).
+void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,
+          const double* B, int ldb, double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
+              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// Column sums and other per-column reductions over N rows are split into column chunks, one
+// per task: no two threads write the same gradient element, and the summation order (rows in
+// order) does not depend on the thread count, so results are reproducible run to run.
+constexpr int kColumnChunk = 64;
+
+inline std::size_t idx(std::size_t row, std::size_t width) { return row * width; }
+
+template <class T>
+constexpr T kGeluScale = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
+
+// exp for the fp32 hot loops. The libm call is scalar (it cannot be vectorised without
+// -ffast-math) and tanh through it was a third of a training step's time. This one is plain
+// arithmetic the compiler vectorises: e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2,
+// and e^r by its degree-6 Taylor polynomial (truncation r^7/7! < 1.3e-7, about one ulp). The
+// double instantiation, which the gradient tests use, keeps std::exp.
+inline float exp_fast(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  // Round to nearest by the 1.5 * 2^23 trick: pure float adds, no rounding-mode instruction.
+  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 split hi + lo
+  float p = 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+inline double exp_fast(double x) { return std::exp(x); }
+
+// tanh(u) = sign(u) (1 - e^{-2|u|}) / (1 + e^{-2|u|}); absolute error ~1e-7, which is what
+// GELU needs (its value is 0.5 x (1 + tanh), so relative accuracy near 0 does not matter).
+template <class T>
+inline T tanh_fast(T u) {
+  const T e = exp_fast(T(-2) * std::abs(u));
+  const T t = (T(1) - e) / (T(1) + e);
+  return u < T(0) ? -t : t;
+}
+
+
+}  // namespace
+
+template <class T>
+void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                     int C) {
+#pragma omp parallel for
+  for (int n = 0; n < B * T_; ++n) {
+    const T* e = wte + idx(tokens[n], C);
+    const T* p = wpe + idx(n % T_, C);
+    T* o = out + idx(n, C);
+    for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+template <class T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
+                      int C) {
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for
+  for (int k = 0; k < chunks; ++k) {
+    const int c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
+    for (int n = 0; n < B * T_; ++n) {
+      const T* d = dout + idx(n, C);
+      T* e = dwte + idx(tokens[n], C);
+      T* p = dwpe + idx(n % T_, C);
+      for (int c = c0; c < c1; ++c) {
+        e[c] += d[c];
+        p[c] += d[c];
+      }
+    }
+  }
+}
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N,
+                       int C) {
+  const T eps = T(1e-5);
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + idx(n, C);
+    T m = 0;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; ++c) m += x[c];
+    m /= T(C);
+    T v = 0;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= T(C);
+    const T s = T(1) / std::sqrt(v + eps);
+    T* o = out + idx(n, C);
+    for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                        const T* mean, const T* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + idx(n, C);
+    const T* dy = dout + idx(n, C);
+    const T m = mean[n], s = rstd[n];
+    // d(norm) = dy * w; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm))
+    T a = 0, bn = 0;
+#pragma omp simd reduction(+ : a, bn)
+    for (int c = 0; c < C; ++c) {
+      const T dn = dy[c] * w[c];
+      a += dn;
+      bn += dn * (x[c] - m) * s;
+    }
+    a /= T(C);
+    bn /= T(C);
+    T* dx = dinp + idx(n, C);
+    for (int c = 0; c < C; ++c) dx[c] += (dy[c] * w[c] - a - (x[c] - m) * s * bn) * s;
+  }
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for
+  for (int k = 0; k < chunks; ++k) {
+    const int c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
+    for (int n = 0; n < N; ++n) {
+      const T* x = inp + idx(n, C);
+      const T* dy = dout + idx(n, C);
+      const T m = mean[n], s = rstd[n];
+      for (int c = c0; c < c1; ++c) {
+        dw[c] += dy[c] * (x[c] - m) * s;
+        db[c] += dy[c];
+      }
+    }
+  }
+}
+
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC) {
+  if (bias) {
+#pragma omp parallel for
+    for (int n = 0; n < N; ++n) std::copy(bias, bias + OC, out + idx(n, OC));
+  }
+  gemm(false, false, N, OC, C, T(1), inp, C, w, OC, bias ? T(1) : T(0), out, OC);
+}
+
+template <class T>
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
+                     int C, int OC) {
+  if (dinp) gemm(false, true, N, C, OC, T(1), dout, OC, w, OC, T(1), dinp, C);
+  gemm(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dw, OC);
+  if (dbias) {
+    const int chunks = (OC + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for
+    for (int k = 0; k < chunks; ++k) {
+      const int c0 = k * kColumnChunk, c1 = std::min(OC, c0 + kColumnChunk);
+      for (int n = 0; n < N; ++n) {
+        const T* d = dout + idx(n, OC);
+        for (int c = c0; c < c1; ++c) dbias[c] += d[c];
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
+  const int hs = C / NH;
+  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+  const T scale = T(1) / std::sqrt(T(hs));
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T_; ++t) {
+        const T* q = qkv + idx(b * T_ + t, C3) + h * hs;
+        T* a = att + idx((b * NH + h) * T_ + t, T_);
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* k = qkv + idx(b * T_ + t2, C3) + C + h * hs;
+          T s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int i = 0; i < hs; ++i) s += q[i] * k[i];
+          a[t2] = s * scale;
+          mx = std::max(mx, a[t2]);
+        }
+        T sum = 0;
+        for (int t2 = 0; t2 <= t; ++t2) {
+          a[t2] = exp_fast(a[t2] - mx);
+          sum += a[t2];
+        }
+        const T inv = T(1) / sum;
+        for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+        for (int t2 = t + 1; t2 < T_; ++t2) a[t2] = 0;
+        T* o = out + idx(b * T_ + t, C) + h * hs;
+        std::fill(o, o + hs, T(0));
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* v = qkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
+          const T p = a[t2];
+          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_,
+                        int C, int NH) {
+  const int hs = C / NH;
+  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+  const T scale = T(1) / std::sqrt(T(hs));
+  // Each (b, h) task writes only head h's columns of batch b's rows of dqkv: no races.
+#pragma omp parallel for collapse(2)
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T_; ++t) {
+        const T* a = att + idx((b * NH + h) * T_ + t, T_);
+        T* da = datt + idx((b * NH + h) * T_ + t, T_);
+        const T* dy = dout + idx(b * T_ + t, C) + h * hs;
+        const T* q = qkv + idx(b * T_ + t, C3) + h * hs;
+        T* dq = dqkv + idx(b * T_ + t, C3) + h * hs;
+        // Through out = att v: gradients of the probabilities and of v.
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T* v = qkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
+          T* dv = dqkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
+          T s = 0;
+#pragma omp simd reduction(+ : s)
+          for (int i = 0; i < hs; ++i) s += dy[i] * v[i];
+          da[t2] = s;
+          for (int i = 0; i < hs; ++i) dv[i] += a[t2] * dy[i];
+        }
+        // Through the softmax: dpre = a * (da - sum(a * da)); then through s = q.k * scale.
+        T ad = 0;
+        for (int t2 = 0; t2 <= t; ++t2) ad += a[t2] * da[t2];
+        for (int t2 = 0; t2 <= t; ++t2) {
+          const T dpre = a[t2] * (da[t2] - ad) * scale;
+          const T* k = qkv + idx(b * T_ + t2, C3) + C + h * hs;
+          T* dk = dqkv + idx(b * T_ + t2, C3) + C + h * hs;
+          for (int i = 0; i < hs; ++i) {
+            dq[i] += dpre * k[i];
+            dk[i] += dpre * q[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+
+template <class T>
+void gelu_forward(T* out, const T* inp, std::size_t n) {
+#pragma omp parallel for simd
+  for (std::size_t i = 0; i < n; ++i) {
+    const T x = inp[i];
+    const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+    out[i] = T(0.5) * x * (T(1) + tanh_fast(u));
+  }
+}
+
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n) {
+#pragma omp parallel for simd
+  for (std::size_t i = 0; i < n; ++i) {
+    const T x = inp[i];
+    const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+    const T th = tanh_fast(u);
+    const T du = kGeluScale<T> * (T(1) + T(3 * 0.044715) * x * x);
+    const T g = T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
+    dinp[i] += g * dout[i];
+  }
+}
+
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, std::size_t n) {
+#pragma omp parallel for
+  for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <class T>
+void logits_forward(T* logits, const T* x, const T* wte, int N, int C, int Vp) {
+  gemm(false, true, N, Vp, C, T(1), x, C, wte, C, T(0), logits, Vp);
+}
+
+template <class T>
+void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C,
+                     int Vp) {
+  gemm(false, false, N, C, Vp, T(1), dlogits, Vp, wte, C, T(1), dx, C);
+  gemm(true, false, Vp, C, N, T(1), dlogits, Vp, x, C, T(1), dwte, C);
+}
+
+template <class T>
+void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets,
+                           int N, int V, int Vp, T dloss) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* l = logits + idx(n, Vp);
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int v = 0; v < V; ++v) mx = std::max(mx, l[v]);
+    // The normaliser sums up to 50k terms: accumulate in double whatever T is.
+    double sum = 0;
+    for (int v = 0; v < V; ++v) sum += static_cast<double>(exp_fast(l[v] - mx));
+    const T lse = mx + static_cast<T>(std::log(sum));
+    const int target = targets[n];
+    losses[n] = lse - l[target];
+    if (dlogits) {
+      T* d = dlogits + idx(n, Vp);  // may alias l: each element is read before it is written
+      for (int v = 0; v < V; ++v) d[v] = (exp_fast(l[v] - lse) - (v == target ? T(1) : T(0))) * dloss;
+      for (int v = V; v < Vp; ++v) d[v] = 0;
+    }
+  }
+}
+
+#define ZERO_GPT_INSTANTIATE(T)                                                                   \
+  template void encoder_forward<T>(T*, const std::int32_t*, const T*, const T*, int, int, int);   \
+  template void encoder_backward<T>(T*, T*, const T*, const std::int32_t*, int, int, int);        \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);         \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                      const T*, int, int);                                        \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);               \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);      \
+  template void attention_forward<T>(T*, T*, const T*, int, int, int, int);                       \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);  \
+  template void gelu_forward<T>(T*, const T*, std::size_t);                                       \
+  template void gelu_backward<T>(T*, const T*, const T*, std::size_t);                            \
+  template void residual_forward<T>(T*, const T*, const T*, std::size_t);                         \
+  template void logits_forward<T>(T*, const T*, const T*, int, int, int);                         \
+  template void logits_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);          \
+  template void softmax_cross_entropy<T>(T*, T*, const T*, const std::int32_t*, int, int, int, T);
+
+ZERO_GPT_INSTANTIATE(float)
+ZERO_GPT_INSTANTIATE(double)
+
+#undef ZERO_GPT_INSTANTIATE
+
+}  // namespace zero::gpt::host

@@ -1,0 +1,57 @@
+// The CPU arithmetic behind HostOps, written once for any floating type.
+//
+// HostOps runs these in fp32. The tests also run them in fp64, where centred finite
+// differences are accurate to ~1e-8, so each backward is checked against the very code the
+// trainer runs rather than against a second implementation. Semantics are those of ops.hpp
+// (backward functions add into their outputs). Instantiated for float and double.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zero::gpt::host {
+
+template <class T>
+void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
+                     int C);
+template <class T>
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
+                      int C);
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C);
+template <class T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                        const T* mean, const T* rstd, int N, int C);
+
+template <class T>
+void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
+template <class T>
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
+                     int C, int OC);
+
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
+template <class T>
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_,
+                        int C, int NH);
+
+template <class T>
+void gelu_forward(T* out, const T* inp, std::size_t n);
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n);
+
+template <class T>
+void residual_forward(T* out, const T* a, const T* b, std::size_t n);
+
+template <class T>
+void logits_forward(T* logits, const T* x, const T* wte, int N, int C, int Vp);
+template <class T>
+void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C,
+                     int Vp);
+
+template <class T>
+void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets,
+                           int N, int V, int Vp, T dloss);
+
+}  // namespace zero::gpt::host

@@ -1,0 +1,410 @@
+#include "trainer.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "zero/checkpoint.hpp"
+#include "zero/comm.hpp"
+#include "zero/config_schema.hpp"
+#include "zero/error.hpp"
+
+namespace zero::gpt {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths.
+std::string quoted(const std::string& s) {
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') q += '\\';
+    q += c;
+  }
+  return q + "\"";
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
+// Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
+// not record them as part of the training gather order; the guard restores training mode even
+// when the pass throws.
+class EvalScope {
+ public:
+  explicit EvalScope(zero::Engine& e) : e_(e) { e_.set_eval(true); }
+  ~EvalScope() {
+    try {
+      e_.set_eval(false);
+    } catch (...) {
+    }
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  zero::Engine& e_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ settings
+
+GptSettings read_gpt_settings(const zero::Config& cfg) {
+  GptSettings s;
+  {
+    zero::StrictSection m = zero::extra_section(cfg, "model");
+    s.preset = m.get_choice("preset", s.preset, gpt_preset_names());
+    GptConfig c = gpt_preset(s.preset);
+    c.n_layer = static_cast<int>(m.get_int("n_layer", c.n_layer, 1, 4096));
+    c.n_head = static_cast<int>(m.get_int("n_head", c.n_head, 1, 4096));
+    c.n_embd = static_cast<int>(m.get_int("n_embd", c.n_embd, 1, 1 << 20));
+    c.seq_len = static_cast<int>(m.get_int("seq_len", c.seq_len, 1, 1 << 20));
+    c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
+    c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
+    s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
+    if (c.n_embd % c.n_head != 0)
+      m.fail(m.has("n_head") ? "n_head" : "n_embd",
+             "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
+                 std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
+    m.finish();
+    s.model = c;
+  }
+  {
+    zero::StrictSection d = zero::extra_section(cfg, "data");
+    s.train = d.get_string("train", s.train);
+    s.val = d.get_string("val", s.val);
+    s.data_seed = static_cast<std::uint64_t>(d.get_int("seed", 1337, 0));
+    if (s.train.empty()) d.fail("train", "is empty; give 'shakespeare', a .txt file or a glob of .bin shards");
+    if (!s.val.empty() && s.val != "none" && ends_with(s.val, ".txt"))
+      d.fail("val", "a text file's validation part is its last 10% and is taken automatically; "
+                    "leave data.val empty, or give a glob of .bin shards, or 'none'");
+    d.finish();
+  }
+  {
+    zero::StrictSection r = zero::extra_section(cfg, "run");
+    s.steps = r.get_int("steps", s.steps, 1);
+    s.eval_interval = r.get_int("eval_interval", s.eval_interval, 0);
+    s.eval_batches = static_cast<int>(r.get_int("eval_batches", s.eval_batches, 1, 1 << 20));
+    s.sample_tokens = static_cast<int>(r.get_int("sample_tokens", s.sample_tokens, 0, 1 << 20));
+    s.temperature = r.get_double("temperature", s.temperature, zero::Range::at_least(0));
+    s.top_k = static_cast<int>(r.get_int("top_k", s.top_k, 0, 1 << 20));
+    s.out_dir = r.get_string("out_dir", "runs/" + s.preset);
+    s.save_interval = r.get_int("save_interval", s.save_interval, 0);
+    s.keep_checkpoints = static_cast<int>(r.get_int("keep_checkpoints", s.keep_checkpoints, 0, 1 << 20));
+    s.token_budget = r.get_double("token_budget", s.token_budget, zero::Range::above(0));
+    s.log_jsonl = r.get_bool("log_jsonl", s.log_jsonl);
+    s.progress = r.get_choice("progress", s.progress, {"auto", "on", "off"});
+    r.finish();
+  }
+  return s;
+}
+
+std::map<std::string, std::string> GptSettings::sections() const {
+  std::ostringstream m, d, r;
+  m << "preset: " << preset << "\n"
+    << "n_layer: " << model.n_layer << "\n"
+    << "n_head: " << model.n_head << "\n"
+    << "n_embd: " << model.n_embd << "\n"
+    << "seq_len: " << model.seq_len << "\n"
+    << "vocab_size: " << model.vocab_size << "\n"
+    << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
+    << "seed: " << init_seed << "\n";
+  d << "train: " << quoted(train) << "\n"
+    << "val: " << quoted(val) << "\n"
+    << "seed: " << data_seed << "\n";
+  r << "steps: " << steps << "\n"
+    << "eval_interval: " << eval_interval << "\n"
+    << "eval_batches: " << eval_batches << "\n"
+    << "sample_tokens: " << sample_tokens << "\n"
+    << "temperature: " << number(temperature) << "\n"
+    << "top_k: " << top_k << "\n"
+    << "out_dir: " << quoted(out_dir) << "\n"
+    << "save_interval: " << save_interval << "\n"
+    << "keep_checkpoints: " << keep_checkpoints << "\n"
+    << "token_budget: " << number(token_budget) << "\n"
+    << "log_jsonl: " << (log_jsonl ? "true" : "false") << "\n"
+    << "progress: " << progress << "\n";
+  return {{"model", m.str()}, {"data", d.str()}, {"run", r.str()}};
+}
+
+std::string gpt_settings_help() {
+  std::string presets;
+  for (const auto& p : gpt_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  return "Trainer sections of the config file (next to the engine's DeepSpeed-style keys):\n"
+         "model:\n"
+         "  preset: tiny                 " + presets + "\n"
+         "  n_layer / n_head / n_embd    override the preset's shape\n"
+         "  seq_len                      context length T (size of the position embedding)\n"
+         "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
+         "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
+         "  seed: 42                     initialisation seed (same model at any world size)\n"
+         "data:\n"
+         "  train: shakespeare           'shakespeare' (embedded), a .txt file (bytes), or a\n"
+         "                               glob of llm.c .bin token shards\n"
+         "  val: \"\"                      '': a text's last 10% (shards: none); a glob; none\n"
+         "  seed: 1337                   shuffle seed (each epoch is a new permutation)\n"
+         "run:\n"
+         "  steps: 1000                  optimizer steps\n"
+         "  eval_interval: 100           validation every N steps (0: only at the end)\n"
+         "  eval_batches: 8              micro-batches per evaluation, over all ranks together\n"
+         "                               (the same validation tokens at any rank count)\n"
+         "  sample_tokens: 200           tokens sampled at the end (0: none)\n"
+         "  temperature: 0.8             sampling temperature (0: greedy)\n"
+         "  top_k: 40                    sample among the k most likely (0: all)\n"
+         "  out_dir: runs/<preset>       config.yaml, metrics.jsonl, sample.txt, checkpoints/\n"
+         "  save_interval: 0             checkpoint every N steps and at the end (0: never)\n"
+         "  keep_checkpoints: 3          complete checkpoints kept in out_dir/checkpoints (0: all)\n"
+         "  token_budget: 100e9          tokens for the 'days to train' projection\n"
+         "  log_jsonl: true              write metrics.jsonl\n"
+         "  progress: auto               live step/ETA line: auto (a single process on a\n"
+         "                               terminal: mpirun gives every rank a terminal even\n"
+         "                               when its own output is a file), on, off\n";
+}
+
+// ------------------------------------------------------------------------------ trainer
+
+GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings)
+    : ctx_(ctx), settings_(settings) {
+  const GptConfig& mc = settings_.model;
+  mc.validate();
+  micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
+  gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
+  dtype_ = cfg.compute_dtype();
+
+  // Data first: a bad path should fail before any memory is committed.
+  const std::string& train = settings_.train;
+  if (train == "shakespeare" || ends_with(train, ".txt")) {
+    const std::string path = train == "shakespeare" ? find_shakespeare() : train;
+    train_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, false));
+    if (settings_.val.empty())
+      val_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, true));
+  } else {
+    train_set_ = std::make_unique<TokenSet>(TokenSet::from_shards(train));
+  }
+  if (!settings_.val.empty() && settings_.val != "none")
+    val_set_ = std::make_unique<TokenSet>(TokenSet::from_shards(settings_.val));
+
+  DataLoader::Options lo;
+  lo.batch = micro_batch_;
+  lo.seq_len = mc.seq_len;
+  lo.rank = ctx.rank();
+  lo.world = ctx.world_size();
+  lo.seed = settings_.data_seed;
+  lo.vocab_size = mc.vocab_size;
+  train_loader_ = std::make_unique<DataLoader>(*train_set_, lo);
+  if (val_set_) {
+    lo.shuffle = false;  // the same validation batches every time
+    val_loader_ = std::make_unique<DataLoader>(*val_set_, lo);
+  }
+
+  engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+  engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
+    init_parameter(mc, p.name, v, settings_.init_seed);
+  });
+  ops_ = make_host_ops();
+  model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
+  const std::size_t n = static_cast<std::size_t>(micro_batch_) * mc.seq_len;
+  inputs_.resize(n);
+  targets_.resize(n);
+}
+
+GptTrainer::~GptTrainer() = default;
+
+std::int64_t GptTrainer::tokens_per_step() const {
+  return engine_->config().train_batch_size * settings_.model.seq_len;
+}
+
+namespace {
+// The data position is kept as a global count of samples read, which means the same thing at
+// any world size and micro-batch.
+constexpr const char* kSamplesKey = "gpt.samples_read";
+}  // namespace
+
+void GptTrainer::save_checkpoint(const std::string& root) {
+  const std::int64_t samples = train_loader_->micro_step() * train_loader_->samples_per_micro_step();
+  zero::CheckpointOptions o;
+  o.keep_last = settings_.keep_checkpoints;
+  zero::save_checkpoint(*engine_, root, {{kSamplesKey, std::to_string(samples)}}, o);
+}
+
+std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag) {
+  const zero::ClientState client = zero::load_checkpoint(*engine_, root, tag);
+  const auto it = client.find(kSamplesKey);
+  ZERO_CHECK(it != client.end(), "load_checkpoint: '" + root + "' has no " + kSamplesKey +
+                                     " entry: it was not written by zero-gpt");
+  const std::int64_t samples = std::stoll(it->second);
+  const std::int64_t per = train_loader_->samples_per_micro_step();
+  ZERO_CHECK(samples % per == 0,
+             "load_checkpoint: the checkpoint stopped after " + std::to_string(samples) +
+                 " samples, which is not a whole number of this run's micro-steps (" +
+                 std::to_string(per) + " samples: micro-batch x ranks); resume with a "
+                 "micro-batch and rank count whose product divides it");
+  train_loader_->seek(samples / per);
+  return engine_->global_step();
+}
+
+int GptTrainer::start_token() const {
+  const int V = settings_.model.vocab_size;
+  if (V == 256) return '\n';
+  if (V == 50257) return 50256;  // <|endoftext|>
+  return 0;
+}
+
+float* const* GptTrainer::param_ptrs(const zero::UnitParams& p, Fp32Slot& slot) {
+  const zero::UnitInfo& ui = engine_->layout().unit(p.unit());
+  float* base = nullptr;
+  if (dtype_ == zero::DType::f32) {
+    base = static_cast<float*>(p.data());
+  } else {
+    slot.scratch.resize(static_cast<std::size_t>(ui.numel));
+    zero::convert(p.data(), dtype_, slot.scratch.data(), zero::DType::f32, slot.scratch.size());
+    base = slot.scratch.data();
+  }
+  slot.ptrs.resize(ui.params.size());
+  for (std::size_t i = 0; i < ui.params.size(); ++i) slot.ptrs[i] = base + ui.params[i].offset;
+  return slot.ptrs.data();
+}
+
+float* const* GptTrainer::grad_ptrs(int unit, const zero::UnitGrads& g, Fp32Slot& slot) {
+  const zero::UnitInfo& ui = engine_->layout().unit(unit);
+  float* base = nullptr;
+  if (dtype_ == zero::DType::f32) {
+    base = static_cast<float*>(g.data());
+  } else {
+    slot.scratch.assign(static_cast<std::size_t>(ui.numel), 0.0f);
+    base = slot.scratch.data();
+  }
+  slot.ptrs.resize(ui.params.size());
+  for (std::size_t i = 0; i < ui.params.size(); ++i) slot.ptrs[i] = base + ui.params[i].offset;
+  return slot.ptrs.data();
+}
+
+void GptTrainer::commit_grads(int unit, const zero::UnitGrads& g, const Fp32Slot& slot) {
+  if (dtype_ == zero::DType::f32) return;  // the backward wrote into the engine's storage
+  const std::size_t n = static_cast<std::size_t>(engine_->layout().unit(unit).numel);
+  for (std::size_t i = 0; i < n; ++i)
+    zero::store_from_f32(g.data(), i, dtype_, zero::load_as_f32(g.data(), i, dtype_) + slot.scratch[i]);
+}
+
+double GptTrainer::run_micro_batch(bool train) {
+  const GptConfig& c = settings_.model;
+  const int emb = embeddings_unit(), lnf = ln_f_unit(c);
+  // The embeddings stay gathered for the whole micro-step: the tied head needs wte at the end
+  // of the forward, and its gradient is added to at both ends of the backward.
+  zero::UnitParams E = engine_->gather(emb);
+  float* const* pe = param_ptrs(E, emb_params_);
+  model_->forward_embeddings(pe);
+  for (int l = 0; l < c.n_layer; ++l) {
+    zero::UnitParams P = engine_->gather(block_unit(l));
+    model_->forward_block(l, param_ptrs(P, unit_params_));
+  }
+  {
+    zero::UnitParams P = engine_->gather(lnf);
+    model_->forward_head(param_ptrs(P, unit_params_), pe);
+  }
+  const double loss = model_->loss();
+  if (!train) return loss;
+
+  // The engine divides by loss_scale x gradient_accumulation_steps and averages over ranks.
+  const float dloss = engine_->loss_scale();
+  zero::UnitGrads GE = engine_->grads(emb);
+  float* const* ge = grad_ptrs(emb, GE, emb_grads_);
+  {
+    zero::UnitParams P = engine_->gather(lnf);
+    zero::UnitGrads G = engine_->grads(lnf);
+    model_->backward_head(param_ptrs(P, unit_params_), grad_ptrs(lnf, G, unit_grads_), pe, ge, dloss);
+    commit_grads(lnf, G, unit_grads_);
+    engine_->reduce(lnf);
+  }
+  for (int l = c.n_layer - 1; l >= 0; --l) {
+    const int u = block_unit(l);
+    zero::UnitParams P = engine_->gather(u);
+    zero::UnitGrads G = engine_->grads(u);
+    model_->backward_block(l, param_ptrs(P, unit_params_), grad_ptrs(u, G, unit_grads_));
+    commit_grads(u, G, unit_grads_);
+    engine_->reduce(u);
+  }
+  model_->backward_embeddings(ge);
+  commit_grads(emb, GE, emb_grads_);
+  engine_->reduce(emb);
+  return loss;
+}
+
+GptTrainer::Step GptTrainer::train_step() {
+  const int T = settings_.model.seq_len;
+  double loss = 0.0;
+  for (int k = 0; k < gas_; ++k) {
+    train_loader_->next(inputs_.data(), targets_.data());
+    model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
+    loss += run_micro_batch(true);
+  }
+  Step s;
+  s.result = engine_->step();
+  s.loss = ctx_.comm().all_reduce_scalar(loss / gas_, zero::ReduceOp::avg);
+  return s;
+}
+
+double GptTrainer::evaluate() {
+  ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
+                          "training data are shards and data.val names none)");
+  EvalScope eval(*engine_);
+  const int T = settings_.model.seq_len;
+  const int world = ctx_.world_size(), rank = ctx_.rank();
+  // The validation set is the first eval_batches micro-batches of the (unshuffled) stream,
+  // whatever the number of ranks: rank r takes micro-batches r, r + world, ... Every rank runs
+  // the same number of forward passes, because at stage 3 each one gathers collectively; a
+  // rank past the end repeats a pass and does not count it.
+  const int passes = (settings_.eval_batches + world - 1) / world;
+  double sums[2] = {0.0, 0.0};  // loss sum, micro-batches counted
+  for (int m = 0; m < passes; ++m) {
+    const bool counted = m * world + rank < settings_.eval_batches;
+    val_loader_->seek(counted ? m : 0);
+    val_loader_->next(inputs_.data(), targets_.data());
+    model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
+    const double loss = run_micro_batch(false);
+    if (counted) {
+      sums[0] += loss;
+      sums[1] += 1.0;
+    }
+  }
+  const double total = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
+  const double count = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
+  return total / count;
+}
+
+std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,
+                                    std::uint64_t seed) {
+  EvalScope eval(*engine_);
+  std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
+  const std::size_t first_new = tokens.size();
+  const int T_max = settings_.model.seq_len;
+  std::vector<std::int32_t> window;
+  std::vector<float> logits;
+  std::uint64_t state = seed;
+  auto coin = [&state] {
+    // SplitMix64: the same stream on every rank, so every rank picks the same token.
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53;
+  };
+  for (int i = 0; i < n; ++i) {
+    // The last seq_len tokens are the context: the model has no positions beyond that.
+    const int T = static_cast<int>(std::min<std::size_t>(tokens.size(), static_cast<std::size_t>(T_max)));
+    window.assign(tokens.end() - T, tokens.end());
+    model_->set_batch(window.data(), nullptr, 1, T);
+    run_micro_batch(false);
+    model_->logits_at(0, T - 1, logits);
+    tokens.push_back(sample_token(logits, temperature, top_k, coin()));
+  }
+  return {tokens.begin() + static_cast<std::ptrdiff_t>(first_new), tokens.end()};
+}
+
+}  // namespace zero::gpt

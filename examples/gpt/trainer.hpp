@@ -1,0 +1,140 @@
+// GPT training through the ZeRO engine: the trainer's own settings (the model / data / run
+// sections of the config file), one optimizer step, evaluation and sampling.
+//
+// One micro-step walks the units the way stage 3 needs them: gather the embeddings and keep
+// them (the tied LM head uses wte again at the end of the forward and its gradient at both ends
+// of the backward), gather each block in turn and let it go, then ln_f and the head. The
+// backward runs the other way; each unit's gradient is added into engine.grads(u) and handed
+// over with engine.reduce(u) as soon as it is complete, so reduction overlaps the rest of the
+// backward. The embeddings are reduced last.
+//
+// The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
+// gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
+// engine's 16-bit gradient storage when the unit is done (rounded once per micro-step).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data.hpp"
+#include "gpt_config.hpp"
+#include "gpt_model.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+#include "zero/engine.hpp"
+
+namespace zero::gpt {
+
+// The sections zero-gpt adds to the engine's config file.
+struct GptSettings {
+  // model:
+  std::string preset = "tiny";
+  GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
+  std::uint64_t init_seed = 42;
+  // data:
+  std::string train = "shakespeare";  // "shakespeare", a .txt file, or a glob of .bin shards
+  std::string val;                    // "": automatic (a text's last 10%); a glob; "none"
+  std::uint64_t data_seed = 1337;
+  // run:
+  std::int64_t steps = 1000;
+  std::int64_t eval_interval = 100;   // 0: evaluate only at the end
+  int eval_batches = 8;               // in total, over all ranks
+  int sample_tokens = 200;
+  double temperature = 0.8;
+  int top_k = 40;
+  std::string out_dir;                // "" -> runs/<preset>
+  std::int64_t save_interval = 0;     // checkpoint every N steps and at the end (0: never)
+  int keep_checkpoints = 3;           // complete checkpoints kept (0: all)
+  double token_budget = 100e9;
+  bool log_jsonl = true;
+  std::string progress = "auto";      // the live step/ETA line: "auto", "on", "off"
+
+  // The three sections as YAML mappings ("model" -> "preset: tiny\nn_layer: 4\n..."), every
+  // value resolved (presets expanded), in the form Config::extra_sections keeps them.
+  std::map<std::string, std::string> sections() const;
+};
+
+// The names the trainer registers with zero::load_config.
+inline const std::vector<std::string>& gpt_sections() {
+  static const std::vector<std::string> s = {"model", "data", "run"};
+  return s;
+}
+
+// Reads the model / data / run sections strictly: an unknown key, a wrong type or an
+// out-of-range value is a zero::Error naming the key, where it was set and what is expected.
+GptSettings read_gpt_settings(const zero::Config& cfg);
+// Every key of the three sections with its default and meaning (for --help).
+std::string gpt_settings_help();
+
+class GptTrainer {
+ public:
+  // cfg must be resolved for ctx.world_size().
+  GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings);
+  ~GptTrainer();
+  GptTrainer(const GptTrainer&) = delete;
+  GptTrainer& operator=(const GptTrainer&) = delete;
+
+  struct Step {
+    zero::StepResult result;
+    double loss = 0.0;  // mean training loss of the step's global batch (all ranks agree)
+  };
+  // One optimizer step: gradient_accumulation_steps micro-steps, then engine.step().
+  Step train_step();
+
+  bool has_validation() const { return val_loader_ != nullptr; }
+  // Mean validation loss over the first run.eval_batches micro-batches of the validation
+  // stream, shared out over the ranks (the same tokens at any world size). Collective.
+  double evaluate();
+  // Continues `prompt` by `n` tokens. Collective (stage 3 gathers); every rank gets the same
+  // tokens because every rank draws from the same seeded generator.
+  std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,
+                          std::uint64_t seed);
+  // Collective: writes a checkpoint (engine state and the data position) under `root`.
+  void save_checkpoint(const std::string& root);
+  // Collective: restores a checkpoint (tag "latest" or a step number) saved by any number of
+  // ranks at any stage; the data stream continues where it stopped. Returns the optimizer
+  // steps taken so far.
+  std::int64_t load_checkpoint(const std::string& root, const std::string& tag = "latest");
+
+  // The token a sample starts from when there is no prompt (newline for bytes, GPT-2's
+  // <|endoftext|> for its vocabulary, else 0).
+  int start_token() const;
+
+  zero::Engine& engine() { return *engine_; }
+  const GptConfig& model_config() const { return settings_.model; }
+  const GptSettings& settings() const { return settings_; }
+  std::int64_t tokens_per_step() const;  // global: train_batch_size * seq_len
+  const TokenSet& train_data() const { return *train_set_; }
+  const TokenSet* val_data() const { return val_set_.get(); }
+  std::size_t activation_bytes() const { return model_->activation_bytes(); }
+
+ private:
+  // fp32 pointer arrays for the model, one "slot" per unit in use at once (the embeddings,
+  // and the unit currently gathered), widening 16-bit units into scratch.
+  struct Fp32Slot {
+    std::vector<float*> ptrs;
+    std::vector<float> scratch;
+  };
+  float* const* param_ptrs(const zero::UnitParams& p, Fp32Slot& slot);
+  float* const* grad_ptrs(int unit, const zero::UnitGrads& g, Fp32Slot& slot);
+  void commit_grads(int unit, const zero::UnitGrads& g, const Fp32Slot& slot);
+  // One micro-batch (already set on the model): forward, and backward when training.
+  double run_micro_batch(bool train);
+
+  zero::Context& ctx_;
+  GptSettings settings_;
+  std::unique_ptr<zero::Engine> engine_;
+  std::unique_ptr<Ops> ops_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<TokenSet> train_set_, val_set_;
+  std::unique_ptr<DataLoader> train_loader_, val_loader_;
+  int micro_batch_ = 1, gas_ = 1;
+  zero::DType dtype_ = zero::DType::f32;
+  std::vector<std::int32_t> inputs_, targets_;
+  Fp32Slot emb_params_, emb_grads_, unit_params_, unit_grads_;
+};
+
+}  // namespace zero::gpt

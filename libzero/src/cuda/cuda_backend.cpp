@@ -1,0 +1,204 @@
+#include "cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "device_allocator.hpp"
+#include "kernels.hpp"
+#include "mpi_staged_comm.hpp"
+#include "nccl_comm.hpp"
+#include "offload_staging.hpp"
+#include "streams.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+#include "zero/error.hpp"
+#include "zero/offload/pinned_pool.hpp"
+
+namespace zero {
+
+namespace cuda {
+
+// As host_adam.cpp's adam_constants: in double, each constant rounded once to float. This file
+// is compiled with -ffp-contract=off so that 1 - lr*wd is not fused on targets with FMA.
+AdamConstants adam_constants(const offload::AdamHyper& h) {
+  const double t = static_cast<double>(h.step);
+  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
+  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  AdamConstants c{};
+  c.grad_scale = h.grad_scale;
+  c.weight_decay = h.weight_decay;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
+  c.beta1 = h.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  c.beta2 = h.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  c.eps = h.eps;
+  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
+  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
+  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
+  c.decoupled = h.decoupled;
+  return c;
+}
+
+namespace {
+
+bool valid(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(Context& ctx, const Config& cfg) : device_(ctx.device()), alloc_(ctx.device()) {
+    ZERO_CUDA_CHECK(cudaSetDevice(device_));
+    comm_stream_ = Stream::create(true);
+    copy_stream_ = Stream::create(false);
+    streams_.comm = comm_stream_.get();
+    streams_.copy = copy_stream_.get();
+    switch_ = Event::create();
+    stats_done_ = Event::create();
+    // Scratch of the gradient statistics: per-block partials, then the total.
+    stats_ = static_cast<double*>(alloc_.allocate((kSumSqBlocks + 1) * sizeof(double)));
+    stats_host_ = pinned_.acquire(sizeof(double));
+    if (cfg.comm == CommKind::nccl)
+      comm_ = std::make_unique<NcclCommunicator>(ctx.comm(), streams_, device_);
+    else
+      comm_ = std::make_unique<MpiStagedCommunicator>(ctx.comm(), streams_, pinned_);
+    staging_ = std::make_unique<CudaOffloadStaging>(streams_, pinned_);
+  }
+
+  ~CudaBackend() override {
+    // Kernels and copies may still use our memory; wait for them before anything is freed.
+    cudaStreamSynchronize(streams_.compute);
+    cudaStreamSynchronize(streams_.comm);
+    cudaStreamSynchronize(streams_.copy);
+    staging_.reset();
+    comm_.reset();
+    alloc_.release(stats_, (kSumSqBlocks + 1) * sizeof(double));
+  }
+
+  const char* name() const override { return "cuda"; }
+
+  Buffer alloc(std::size_t bytes) override {
+    if (bytes == 0) return Buffer();
+    void* p = alloc_.allocate(bytes);
+    ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, streams_.compute));
+    note_alloc(bytes);
+    return Buffer(this, p, bytes);
+  }
+  void release(void* p, std::size_t bytes) override {
+    alloc_.release(p, bytes);
+    note_free(bytes);
+  }
+  void zero(void* p, std::size_t bytes) override {
+    if (bytes) ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, streams_.compute));
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_.compute));
+  }
+  void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
+    launch_convert(src, st, dst, dt, n, streams_.compute);
+  }
+  void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
+    launch_accumulate(dst, src, t, n, streams_.compute);
+  }
+
+  void stats_begin() override {
+    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, kSumSqBlocks * sizeof(double), streams_.compute));
+  }
+  void stats_add(const void* g, DType t, std::size_t n) override {
+    launch_sumsq_add(g, t, n, stats_, streams_.compute);
+  }
+  double stats_finish() override {
+    // The step's one host wait: the norm decides clipping and overflow skipping on the host.
+    launch_sumsq_finish(stats_, stats_ + kSumSqBlocks, streams_.compute);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_ + kSumSqBlocks, sizeof(double), cudaMemcpyDeviceToHost,
+                                    streams_.compute));
+    ZERO_CUDA_CHECK(cudaEventRecord(stats_done_.get(), streams_.compute));
+    ZERO_CUDA_CHECK(cudaEventSynchronize(stats_done_.get()));
+    return *stats_host_.as<double>();
+  }
+
+  void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+            const offload::AdamHyper& h) override {
+    if (n == 0) return;
+    check(master, grad, gt, param_out, pt, "adam");
+    ZERO_CHECK(m && v, "cuda adam: the moment buffers m and v must not be null");
+    ZERO_CHECK(h.step >= 1, "cuda adam: step is 1-based (got " + std::to_string(h.step) + ")");
+    ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
+               "cuda adam: betas must lie in [0, 1); check optimizer.params.betas");
+    launch_adam(master, m, v, grad, gt, param_out, pt, n, adam_constants(h), streams_.compute);
+  }
+  void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+           const offload::SgdHyper& h) override {
+    if (n == 0) return;
+    check(master, grad, gt, param_out, pt, "sgd");
+    ZERO_CHECK(h.momentum == 0.0f || mom, "cuda sgd: momentum needs a momentum buffer");
+    launch_sgd(master, mom, grad, gt, param_out, pt, n, h, streams_.compute);
+  }
+
+  bool host_accessible() const override { return false; }
+
+  // Outside the training loop only: these wait for the compute stream, so the host buffer is
+  // complete (to_host) or free to reuse (from_host) when they return.
+  void to_host(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streams_.compute));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
+  }
+  void from_host(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streams_.compute));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
+  }
+
+  Communicator& comm() override { return *comm_; }
+
+  void* compute_stream() const override { return static_cast<void*>(streams_.compute); }
+  void set_compute_stream(void* stream) override {
+    cudaStream_t next = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+    stream_after(next, streams_.compute, switch_.get());
+    streams_.compute = next;
+  }
+  OffloadStaging* offload_staging() override { return staging_.get(); }
+  std::int64_t bytes_reserved() const override { return static_cast<std::int64_t>(alloc_.bytes_reserved()); }
+  void release_cached() override { alloc_.trim(); }
+
+ private:
+  static void check(const float* master, const void* grad, DType gt, const void* out, DType pt, const char* who) {
+    ZERO_CHECK(master && grad, std::string("cuda ") + who + ": master and grad must not be null");
+    ZERO_CHECK(valid(gt) && (!out || valid(pt)),
+               std::string("cuda ") + who + ": unsupported dtype; gradients and parameters are fp32, bf16 or fp16");
+  }
+
+  // Declaration order is destruction order reversed: streams and events outlive the allocator
+  // and the pinned pool, which outlive the communicator and the staging that use them.
+  int device_;
+  Stream comm_stream_, copy_stream_;
+  StreamSet streams_;
+  Event switch_, stats_done_;
+  DeviceAllocator alloc_;
+  offload::PinnedPool pinned_{false};
+  double* stats_ = nullptr;
+  offload::PinnedBuffer stats_host_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<CudaOffloadStaging> staging_;
+};
+
+}  // namespace
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
+  if (ctx.device() < 0) {
+    int count = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&count);
+    cudaGetLastError();
+    ZERO_THROW("backend: cuda, but rank " + std::to_string(ctx.rank()) + " has no CUDA device (cudaGetDeviceCount: " +
+               (rc == cudaSuccess ? std::to_string(count) + " devices" : std::string(cudaGetErrorName(rc))) +
+               "); run on a GPU node, check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host");
+  }
+  return std::make_unique<cuda::CudaBackend>(ctx, cfg);
+}
+
+}  // namespace zero

@@ -1,0 +1,23 @@
+// CudaBackend: the engine on one GPU per rank (backend: cuda).
+//
+// Memory comes from one caching DeviceAllocator (pinned host memory from offload::PinnedPool);
+// arithmetic is the kernels of kernels.hpp, all on the compute stream; communication is NCCL
+// (comm: nccl) or MPI through pinned copies (comm: mpi); offloaded optimizer steps are staged
+// asynchronously by CudaOffloadStaging on the copy stream. Nothing here synchronizes the host
+// with the device except to_host / from_host (used outside the training loop: initialization,
+// reports, checkpoints) and stats_finish, which reads the gradient norm once per step.
+#pragma once
+
+#include <memory>
+
+#include "../backend.hpp"
+
+namespace zero {
+
+class Context;
+struct Config;
+
+// Throws zero::Error when the rank has no device (ctx.device() < 0) or NCCL cannot start.
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg);
+
+}  // namespace zero

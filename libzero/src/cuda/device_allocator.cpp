@@ -1,0 +1,92 @@
+#include "device_allocator.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <bit>
+#include <cstdio>
+#include <string>
+
+#include "cuda_check.hpp"
+#include "zero/error.hpp"
+
+namespace zero::cuda {
+
+namespace {
+
+std::string mib(std::size_t b) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  return buf;
+}
+
+}  // namespace
+
+DeviceAllocator::~DeviceAllocator() {
+  // Blocks still in use belong to Buffers that outlived their backend, which the engine's member
+  // order rules out; they cannot be found here, and the process's exit returns them anyway.
+  try {
+    trim();
+  } catch (...) {
+  }
+}
+
+std::size_t DeviceAllocator::size_class(std::size_t bytes) {
+  constexpr std::size_t kSmallStep = 512, kSmall = std::size_t{1} << 20;
+  if (bytes <= kSmall) return (bytes + kSmallStep - 1) / kSmallStep * kSmallStep;
+  const std::size_t granule = std::bit_floor(bytes) / 8;
+  return (bytes + granule - 1) / granule * granule;
+}
+
+void* DeviceAllocator::allocate(std::size_t bytes) {
+  ZERO_CHECK(bytes > 0, "DeviceAllocator::allocate: zero bytes requested");
+  const std::size_t cls = size_class(bytes);
+  if (auto it = free_.find(cls); it != free_.end() && !it->second.empty()) {
+    void* p = it->second.back();
+    it->second.pop_back();
+    in_use_ += cls;
+    return p;
+  }
+  void* p = nullptr;
+  cudaError_t rc = cudaMalloc(&p, cls);
+  if (rc == cudaErrorMemoryAllocation && bytes_cached() > 0) {
+    cudaGetLastError();  // not sticky, but clear it so the retry starts clean
+    trim();
+    rc = cudaMalloc(&p, cls);
+  }
+  if (rc != cudaSuccess) {
+    cudaGetLastError();
+    std::size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaGetLastError();
+    ZERO_THROW("CUDA out of memory on device " + std::to_string(device_) + ": cudaMalloc of " + mib(cls) + " failed (" +
+               cudaGetErrorName(rc) + "); libzero holds " + mib(in_use_) + " in use, the device has " + mib(free_b) +
+               " free of " + mib(total_b) +
+               ". Lower the micro batch or the bucket sizes (reduce_bucket_size, allgather_bucket_size, "
+               "stage3_prefetch_bucket_size, stage3_max_live_parameters), use a higher ZeRO stage, or offload the "
+               "optimizer (zero_optimization.offload_optimizer.device: cpu)");
+  }
+  reserved_ += cls;
+  if (reserved_ > max_reserved_) max_reserved_ = reserved_;
+  in_use_ += cls;
+  return p;
+}
+
+void DeviceAllocator::release(void* p, std::size_t bytes) {
+  if (!p) return;
+  const std::size_t cls = size_class(bytes);
+  in_use_ -= cls;
+  free_[cls].push_back(p);
+}
+
+void DeviceAllocator::trim() {
+  for (auto& [cls, blocks] : free_) {
+    for (void* p : blocks) {
+      cudaFree(p);  // errors here would only repeat an earlier sticky error; nothing to add
+      reserved_ -= cls;
+    }
+    blocks.clear();
+  }
+  free_.clear();
+}
+
+}  // namespace zero::cuda

@@ -1,0 +1,63 @@
+// Host entry points of the CUDA backend's kernels: fills and casts, accumulation, the global
+// sum of squares, and the fused optimizer updates over a flat shard.
+//
+// The optimizer kernels repeat the host reference (offload/src/host_adam.cpp's scalar kernel)
+// operation for operation: the same per-step constants, computed on the host in double and
+// rounded once; IEEE round-to-nearest intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn),
+// which the compiler never contracts, for the host's separate operations; __fmaf_rn exactly
+// where the host calls std::fma; and the bf16 / fp16 rounding of zero/dtype.hpp, bit for bit.
+// So results equal the host AdamW/SGD bit for bit (0 ulp), NaNs excepted: a NaN stays a NaN,
+// but its payload bits follow each machine's rules.
+//
+// The sum of squares is deterministic: a fixed grid, each block accumulating into its own
+// partial across calls, and one fixed-order final reduction, so the same gradients give the same
+// norm bits on every run. It differs from the host's sequential double sum only in rounding
+// (relative ~1e-16 x elements); squares of fp32 values are exact in double, so inf and nan
+// propagate and finite values never overflow.
+//
+// Every function enqueues on `stream` and returns; n may be 0. No host synchronization.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "zero/dtype.hpp"
+#include "zero/offload/host_adam.hpp"
+
+namespace zero::cuda {
+
+// The host reference's per-step Adam constants (host_adam.cpp computes the same in double).
+struct AdamConstants {
+  float grad_scale;
+  float weight_decay;
+  float decay;  // AdamW: 1 - lr*wd
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float neg_step_size;     // -lr / (1 - beta1^t)
+  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
+  bool l2;                 // Adam with weight_decay != 0
+  bool decoupled;          // AdamW
+};
+AdamConstants adam_constants(const offload::AdamHyper& h);
+
+// Enqueue one update; param_out may be null (no compute-dtype copy).
+void launch_adam(float* master, float* m, float* v, const void* grad, DType grad_type, void* param_out,
+                 DType param_type, std::size_t n, const AdamConstants& c, cudaStream_t stream);
+void launch_sgd(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out,
+                DType param_type, std::size_t n, const offload::SgdHyper& h, cudaStream_t stream);
+
+// dst[i] = src[i] converted (dtypes may be equal: a copy).
+void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n,
+                    cudaStream_t stream);
+// dst[i] += src[i], rounded once to t.
+void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaStream_t stream);
+
+// Sum of squares: partials holds kSumSqBlocks doubles, zeroed before the first add of a step.
+constexpr int kSumSqBlocks = 240;
+void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, cudaStream_t stream);
+// *out = the fixed-order sum of the partials.
+void launch_sumsq_finish(const double* partials, double* out, cudaStream_t stream);
+
+}  // namespace zero::cuda

@@ -1,0 +1,77 @@
+// NcclCommunicator: the CUDA backend's Communicator over NCCL, for device buffers.
+//
+// Bootstrapped through the host communicator (MPI): rank 0 makes the NCCL unique id and
+// broadcasts it; every rank then joins with its own device (one GPU per rank; several ranks on
+// one GPU need comm: mpi). Collectives run on the backend's communication stream:
+//   - at the call, the comm stream first waits for everything already enqueued on the compute
+//     stream, so inputs written by kernels launched just before are complete and earlier kernels
+//     that read the output buffer (a reused pool buffer) are done with it;
+//   - completion is an event recorded after the collective (a Watchdog ticket); Work::wait()
+//     makes the compute stream wait on it, never the host (see zero/comm.hpp).
+// Between group_begin() and group_end() collectives are issued inside ncclGroupStart/End, so a
+// bucket of units is one launch; the group's Works share one completion event, recorded at the
+// outermost group_end(). Averages use ncclAvg; fp32, bf16 and fp16 reduce natively.
+// Scalar reductions and barriers are host operations and go to the host communicator.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "streams.hpp"
+#include "watchdog.hpp"
+#include "zero/comm.hpp"
+
+namespace zero::cuda {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over all ranks of `host`; this rank uses `device` (already current).
+  NcclCommunicator(Communicator& host, StreamSet& streams, int device);
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) override;
+  Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) override;
+  Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) override;
+  Work broadcast_async(void* buf, std::size_t bytes, int root) override;
+  // A host barrier (MPI): ranks meet; device work is not drained.
+  Work barrier_async() override;
+  double all_reduce_scalar(double v, ReduceOp op) override;
+  void group_begin() override;
+  void group_end() override;
+
+  ncclComm_t handle() const { return comm_; }
+  Watchdog& watchdog() { return *watchdog_; }
+  StreamSet& streams() { return streams_; }
+
+ private:
+  // Orders the comm stream after the compute stream, runs `issue` (one NCCL call) and returns
+  // its Work (or the open group's).
+  template <class Issue>
+  Work launch(const char* what, std::size_t bytes, Issue&& issue);
+  std::string async_error();
+
+  Communicator& host_;
+  StreamSet& streams_;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  Event ready_;  // compute -> comm ordering, re-recorded per collective
+  std::unique_ptr<Watchdog> watchdog_;
+  std::mutex comm_mu_;  // guards comm_ against the watchdog's error polling while closing
+  bool closing_ = false;
+  // The open group: depth, its shared ticket cell (0 until group_end), what it holds.
+  int group_depth_ = 0;
+  std::shared_ptr<std::uint64_t> group_ticket_;
+  const char* group_what_ = nullptr;
+  std::size_t group_bytes_ = 0;
+  int group_ops_ = 0;
+};
+
+}  // namespace zero::cuda

@@ -1,0 +1,53 @@
+// CudaOffloadStaging: the CUDA backend's OffloadStaging (see backend.hpp for the protocol).
+//
+// At begin() the copy stream waits for the compute stream (the step's gradients are final);
+// each add() then enqueues its range's gradient copies to pinned host memory, one per
+// sub-group-sized chunk, each followed by an event. host_grads() waits only for the events of
+// the chunks it returns, so the host AdamW of sub-group k overlaps the copies of k+1 onwards.
+// params_ready() enqueues the updated parameters' copy back on the same stream, and finish()
+// makes the compute stream wait for all of them (the next forward or the all-gather of updated
+// parameters), without a host wait.
+//
+// Reusing the pinned buffers next step is safe without further events: the copy stream is in
+// order, so when the host has waited for any gradient chunk of the next step, every parameter
+// copy of this step (enqueued before it) has finished reading its host buffer.
+#pragma once
+
+#include <vector>
+
+#include "../backend.hpp"
+#include "streams.hpp"
+#include "zero/offload/pinned_pool.hpp"
+
+namespace zero::cuda {
+
+class CudaOffloadStaging final : public OffloadStaging {
+ public:
+  CudaOffloadStaging(StreamSet& streams, offload::PinnedPool& pool);
+  ~CudaOffloadStaging() override;
+
+  void begin(std::size_t esize, std::size_t chunk) override;
+  void add(const void* grads, void* params, std::size_t n) override;
+  const void* host_grads(std::size_t r, std::size_t begin, std::size_t n) override;
+  void* host_params(std::size_t r, std::size_t begin) override;
+  void params_ready(std::size_t r, std::size_t begin, std::size_t n) override;
+  void finish() override;
+
+ private:
+  struct Range {
+    const char* dev_grads = nullptr;
+    char* dev_params = nullptr;
+    std::size_t n = 0;
+    offload::PinnedBuffer grads, params;
+    std::vector<Event> chunk_done;
+  };
+  Range& range(std::size_t r, std::size_t begin, std::size_t n, const char* who);
+
+  StreamSet& streams_;
+  offload::PinnedPool& pool_;
+  std::vector<Range> ranges_;  // kept across steps, with their buffers and events
+  std::size_t count_ = 0, esize_ = 0, chunk_ = 1;
+  Event ready_, done_;
+};
+
+}  // namespace zero::cuda

@@ -1,0 +1,181 @@
+#include "watchdog.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "cuda_check.hpp"
+#include "zero/error.hpp"
+
+namespace zero::cuda {
+
+Watchdog::Watchdog(WatchdogOptions o) : o_(std::move(o)), ring_(kSlots) {
+  ZERO_CHECK(o_.timeout_s >= 0.0 && o_.poll_s > 0.0, "Watchdog: the timeout must be >= 0 and the poll interval > 0");
+  o_.timeout_s = std::min(o_.timeout_s, 1e9);  // ~30 years: "never", without overflowing the clock
+  for (auto& s : ring_) ZERO_CUDA_CHECK(cudaEventCreateWithFlags(&s.event, cudaEventDisableTiming));
+  thread_ = std::thread([this] { run(); });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (auto& s : ring_)
+    if (s.event) cudaEventDestroy(s.event);
+}
+
+double Watchdog::timeout_from_env() {
+  const char* v = std::getenv("ZERO_NCCL_TIMEOUT_S");
+  if (!v || !*v) return 600.0;
+  char* end = nullptr;
+  errno = 0;
+  const double t = std::strtod(v, &end);
+  ZERO_CHECK(end && *end == '\0' && errno == 0 && std::isfinite(t) && t >= 0.0,
+             std::string("ZERO_NCCL_TIMEOUT_S='") + v +
+                 "' is not a number of seconds >= 0; set it to e.g. 600 (0 disables the collective deadline)");
+  return t;
+}
+
+void Watchdog::retire_completed_locked(int limit) {
+  for (int k = 0; k < limit && tail_ < head_; ++k) {
+    if (cudaEventQuery(ring_[tail_ % kSlots].event) != cudaSuccess) break;
+    ++tail_;
+  }
+}
+
+std::uint64_t Watchdog::record(cudaStream_t stream, const char* what, std::size_t bytes, int ops) {
+  std::unique_lock<std::mutex> lock(mu_);
+  retire_completed_locked(8);  // keeps the ring drained between the watchdog's polls
+  while (head_ - tail_ >= kSlots) {
+    // kSlots collectives in flight: the oldest must finish before its slot is reused. Wait
+    // unlocked, so the watchdog thread can still report it if it never finishes.
+    const std::uint64_t oldest = tail_;
+    cudaEvent_t ev = ring_[oldest % kSlots].event;
+    lock.unlock();
+    ZERO_CUDA_CHECK(cudaEventSynchronize(ev));
+    lock.lock();
+    if (tail_ == oldest) ++tail_;
+  }
+  const std::uint64_t t = head_;
+  Slot& s = ring_[t % kSlots];
+  ZERO_CUDA_CHECK(cudaEventRecord(s.event, stream));
+  s.ticket = t;
+  s.what = what;
+  s.bytes = bytes;
+  s.ops = ops;
+  s.enqueued = Clock::now();
+  s.deadline = s.enqueued + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.timeout_s));
+  ++head_;
+  return t;
+}
+
+void Watchdog::stream_wait(cudaStream_t stream, std::uint64_t t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (t < tail_) return;  // completed (and maybe its slot reused): nothing to wait for
+  const Slot& s = ring_[t % kSlots];
+  if (s.ticket != t) return;
+  ZERO_CUDA_CHECK(cudaStreamWaitEvent(stream, s.event, 0));
+}
+
+bool Watchdog::done(std::uint64_t t) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (t < tail_) return true;
+  const Slot& s = ring_[t % kSlots];
+  if (s.ticket != t) return true;
+  const cudaError_t q = cudaEventQuery(s.event);
+  if (q == cudaErrorNotReady) return false;
+  ZERO_CUDA_CHECK(q);
+  return true;
+}
+
+void Watchdog::host_wait(std::uint64_t t) {
+  cudaEvent_t ev = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (t < tail_ || ring_[t % kSlots].ticket != t) return;
+    ev = ring_[t % kSlots].event;
+  }
+  ZERO_CUDA_CHECK(cudaEventSynchronize(ev));
+}
+
+std::string Watchdog::describe(const Slot& s, Clock::time_point now) const {
+  char buf[256];
+  const double mib = static_cast<double>(s.bytes) / (1024.0 * 1024.0);
+  const double waited = std::chrono::duration<double>(now - s.enqueued).count();
+  if (s.ops > 1)
+    std::snprintf(buf, sizeof buf, "a group of %d collectives (first: %s; %.1f MiB in all; #%llu), enqueued %.1f s ago",
+                  s.ops, s.what, mib, static_cast<unsigned long long>(s.ticket), waited);
+  else
+    std::snprintf(buf, sizeof buf, "%s of %.1f MiB (#%llu), enqueued %.1f s ago", s.what, mib,
+                  static_cast<unsigned long long>(s.ticket), waited);
+  return buf;
+}
+
+void Watchdog::run() {
+  cudaSetDevice(o_.device);  // event queries need the device's context on this thread
+  const auto poll = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.poll_s));
+  for (;;) {
+    std::string failure;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, poll, [this] { return stop_; })) return;
+      const auto now = Clock::now();
+      while (tail_ < head_) {
+        const Slot& s = ring_[tail_ % kSlots];
+        const cudaError_t q = cudaEventQuery(s.event);
+        if (q == cudaSuccess) {
+          ++tail_;
+          continue;
+        }
+        if (q != cudaErrorNotReady) {
+          failure = std::string("CUDA error ") + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) +
+                    ") while waiting for " + describe(s, now);
+        } else if (o_.timeout_s > 0.0 && now > s.deadline) {
+          char limit[64];
+          std::snprintf(limit, sizeof limit, "%g s", o_.timeout_s);
+          failure = describe(s, now) + ", did not complete within the collective timeout of " + limit +
+                    " (ZERO_NCCL_TIMEOUT_S): a rank is missing from it, stalled or dead";
+        }
+        cudaGetLastError();
+        break;
+      }
+    }
+    if (failure.empty() && o_.async_error) failure = o_.async_error();
+    if (!failure.empty()) {
+      fail(failure);
+      return;
+    }
+  }
+}
+
+void Watchdog::fail(const std::string& what) {
+  char who[64];
+  std::snprintf(who, sizeof who, "[rank %d/%d] ", o_.rank, o_.world);
+  const std::string message = std::string(who) + "collective watchdog: " + what +
+                              ". Aborting the job so that no rank waits forever; run with NCCL_DEBUG=WARN "
+                              "to see NCCL's account, or raise ZERO_NCCL_TIMEOUT_S if the collective is "
+                              "legitimately that slow";
+  if (o_.on_failure) {
+    o_.on_failure(message);
+    return;
+  }
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stderr);
+  if (o_.abort_comm) o_.abort_comm();
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  // MPI_Abort from a second thread goes beyond MPI_THREAD_FUNNELED, but the process is being
+  // torn down and MPI_Abort is the one call that reaches the other ranks' launcher.
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
+}  // namespace zero::cuda

@@ -1,0 +1,310 @@
+// Engine parity on the CUDA backend: the same training (test/mpi/engine_model.hpp's model and
+// data) through backend: cuda and backend: host, compared after 5 steps, for every stage, compute
+// dtype and optimizer offload mode, with the bucket / overlap / prefetch knobs varied as in
+// test/mpi/test_engine.cpp, plus SGD, Adam (L2), an fp16 overflow that must skip the step on
+// both, a user-supplied compute stream, repeatability, and memory accounting.
+//
+// The loop hands the engine device pointers the way a CUDA training loop would: it reads the
+// gathered parameters back to the host to compute the gradient there, and writes the updated
+// gradient buffer back before reduce(). The host run uses the same loop (its copies are
+// memmoves), so the only difference between the two runs is the backend.
+//
+// Expected: bitwise-equal parameters, master weights and optimizer-visible results whenever the
+// arithmetic is the same: always with comm: mpi (the host communicator's sums), and with NCCL on
+// one rank (its reductions are then identities). With gradient clipping the coefficient comes from the gradient norm, whose
+// double-precision sum runs in another order on the device (relative ~1e-16); a change of the
+// float coefficient is then possible but improbable (~1e-7 per step), so those cases are held to
+// a tolerance (and in practice match bitwise). NCCL with several ranks sums in its own order and
+// rounds 16-bit sums at each step of its ring: a tolerance of two units in the last place of the
+// compute dtype.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine_impl.hpp"
+#include "engine_model.hpp"
+#include "gpu_test_util.hpp"
+#include "zero/engine.hpp"
+
+using namespace zero;
+using namespace zero::test;
+using namespace zero::gputest;
+
+namespace {
+
+struct Case {
+  int stage = 0;
+  DType dtype = DType::f32;
+  int gas = 1;
+  double clip = 0.0;
+  std::string optimizer = "AdamW";
+  std::string offload = "none";  // offload_optimizer.device
+  std::string extra;             // more lines under zero_optimization
+  int inf_step = -1;             // step at which rank 0 writes an inf into a gradient
+  bool user_stream = false;      // run the CUDA engine on a stream of the test's own
+  std::string name() const {
+    return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " gas " + std::to_string(gas) +
+           (clip > 0 ? " clip" : "") + " " + optimizer + " offload " + offload + (inf_step >= 0 ? " overflow" : "") +
+           (user_stream ? " user-stream" : "");
+  }
+};
+
+std::string nvme_dir() {
+  auto d = std::filesystem::temp_directory_path() /
+           ("zero_gpu_engine_" + test_comm() + "_np" + std::to_string(ctx().world_size()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+Config make_config(const Case& c, const std::string& kind) {
+  std::string y;
+  y += "train_micro_batch_size_per_gpu: 2\n";
+  y += "gradient_accumulation_steps: " + std::to_string(c.gas) + "\n";
+  y += "gradient_clipping: " + std::to_string(c.clip) + "\n";
+  y += "zero_optimization:\n  stage: " + std::to_string(c.stage) + "\n" + c.extra;
+  if (c.offload != "none") {
+    y += "  sub_group_size: 50\n  offload_optimizer:\n    device: " + c.offload + "\n    nvme_path: " + nvme_dir() +
+         "\n";
+  }
+  if (c.dtype == DType::bf16) y += "bf16:\n  enabled: true\n";
+  if (c.dtype == DType::f16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
+  y += "optimizer:\n  type: " + c.optimizer + "\n  params:\n    lr: 0.01\n    weight_decay: 0.1\n";
+  if (c.optimizer == "SGD") y += "    momentum: 0.9\n";
+  else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
+  y += "backend: " + kind + "\n";
+  if (kind == "cuda") y += "comm: " + test_comm() + "\n";
+  Config cfg = parse_config(y, "test_cuda_engine");
+  cfg.resolve(ctx().world_size());
+  return cfg;
+}
+
+// engine_model.hpp's train(), with the parameters and gradients behind backend pointers.
+void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results) {
+  const int rank = ctx().rank(), world = ctx().world_size();
+  const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
+  const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
+  const int n = e.layout().num_units();
+  const DType t = c.dtype;
+  for (int s = 0; s < steps; ++s) {
+    for (int k = 0; k < gas; ++k) {
+      for (int u = 0; u < n; ++u) e.gather(u);
+      for (int u = n - 1; u >= 0; --u) {
+        auto p = e.gather(u);
+        auto g = e.grads(u);
+        const UnitInfo& ui = e.layout().unit(u);
+        const std::size_t numel = static_cast<std::size_t>(ui.numel), bytes = numel * dtype_size(t);
+        std::vector<char> hp(bytes), hg(bytes);
+        b.to_host(hp.data(), p.data(), bytes);
+        std::vector<float> w(numel);
+        for (std::size_t i = 0; i < numel; ++i) w[i] = load_as_f32(hp.data(), i, t);
+        auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
+        const float scale = e.loss_scale();
+        b.to_host(hg.data(), g.data(), bytes);
+        for (std::size_t i = 0; i < numel; ++i) store_from_f32(hg.data(), i, t, load_as_f32(hg.data(), i, t) + scale * mg[i]);
+        if (s == c.inf_step && k == 0 && rank == 0 && u == 0)
+          store_from_f32(hg.data(), 0, t, std::numeric_limits<float>::infinity());
+        b.from_host(g.data(), hg.data(), bytes);
+        e.reduce(u);
+      }
+    }
+    results.push_back(e.step());
+  }
+}
+
+struct Run {
+  std::vector<std::vector<float>> params, master;
+  std::vector<StepResult> steps;
+  MemoryReport mem;
+  std::int64_t allocated = 0, reserved = 0;
+};
+
+Run run(const Case& c, const std::string& kind, int steps = 5) {
+  Engine e(ctx(), make_config(c, kind), make_layout());
+  Backend& b = *e.impl().backend_;
+  REQUIRE(std::string(b.name()) == kind);
+  cudaStream_t user = nullptr;
+  if (c.user_stream && kind == "cuda") {
+    REQUIRE(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking) == cudaSuccess);
+    b.set_compute_stream(user);
+  }
+  e.init_params(init_value);
+  Run r;
+  train(e, b, c, steps, r.steps);
+  for (int u = 0; u < e.layout().num_units(); ++u) {
+    r.params.push_back(e.full_params(u));
+    r.master.push_back(e.full_master(u));
+  }
+  r.mem = e.memory();
+  r.allocated = b.bytes_allocated();
+  r.reserved = b.bytes_reserved();
+  if (user) {
+    b.set_compute_stream(nullptr);
+    cudaStreamSynchronize(user);
+    cudaStreamDestroy(user);
+  }
+  return r;
+}
+
+double ulp(DType t, double x) {
+  const int bits = t == DType::f32 ? 23 : (t == DType::bf16 ? 7 : 10);
+  int e = 0;
+  std::frexp(std::max(std::abs(x), 1e-30), &e);
+  return std::ldexp(1.0, e - 1 - bits);
+}
+
+bool bitwise_expected(const Case& c) { return c.clip == 0.0 && (test_comm() == "mpi" || ctx().world_size() == 1); }
+
+void compare_values(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want, DType t,
+                    bool bitwise, const char* what) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t u = 0; u < got.size(); ++u) {
+    REQUIRE(got[u].size() == want[u].size());
+    for (std::size_t i = 0; i < got[u].size(); ++i) {
+      const double g = got[u][i], w = want[u][i];
+      const double tol = bitwise ? 0.0 : 2.0 * ulp(t, std::max(std::abs(w), 0.25));
+      const bool same = bitwise ? std::memcmp(&got[u][i], &want[u][i], sizeof(float)) == 0 : std::abs(g - w) <= tol;
+      if (!same) {
+        INFO(what << ": unit " << u << " element " << i << ": cuda " << g << " host " << w << " tolerance " << tol);
+        REQUIRE(same);
+      }
+    }
+  }
+}
+
+void check_parity(const Case& c) {
+  INFO(c.name() << " via " << test_comm() << " on " << ctx().world_size() << " ranks");
+  const Run host = run(c, "host");
+  const Run dev = run(c, "cuda");
+  const bool bitwise = bitwise_expected(c);
+  REQUIRE(dev.steps.size() == host.steps.size());
+  for (std::size_t s = 0; s < host.steps.size(); ++s) {
+    INFO("step " << s);
+    CHECK(dev.steps[s].skipped == host.steps[s].skipped);
+    CHECK(dev.steps[s].loss_scale == host.steps[s].loss_scale);
+    CHECK(dev.steps[s].lr == host.steps[s].lr);
+    const double gn = dev.steps[s].grad_norm, hn = host.steps[s].grad_norm;
+    if (std::isfinite(hn)) CHECK(std::abs(gn - hn) <= (bitwise ? 1e-12 : 1e-2) * std::max(hn, 1e-30));
+    else CHECK_FALSE(std::isfinite(gn));
+  }
+  compare_values(dev.params, host.params, c.dtype, bitwise, "parameters");
+  // Master weights are fp32; their tolerance follows the compute dtype's noise.
+  compare_values(dev.master, host.master, bitwise ? DType::f32 : c.dtype, bitwise, "master");
+  // The same storage decisions on both backends.
+  CHECK(dev.mem.params == host.mem.params);
+  CHECK(dev.mem.grads == host.mem.grads);
+  CHECK(dev.mem.master == host.mem.master);
+  CHECK(dev.mem.optimizer == host.mem.optimizer);
+  CHECK(dev.mem.comm_buffers == host.mem.comm_buffers);
+  CHECK(dev.mem.gathered == host.mem.gathered);
+  CHECK(dev.mem.offloaded_host == host.mem.offloaded_host);
+  CHECK(dev.mem.offloaded_nvme == host.mem.offloaded_nvme);
+  // Device memory held: at least the model state kept on the device, all of it accounted.
+  CHECK(dev.allocated >= dev.mem.params + dev.mem.grads + dev.mem.master + dev.mem.optimizer);
+  CHECK(dev.reserved >= dev.allocated);
+}
+
+std::string knobs(bool odd) {
+  return std::string("  overlap_comm: ") + (odd ? "true" : "false") + "\n" + "  reduce_bucket_size: " +
+         (odd ? "64" : "500000000") + "\n" + "  allgather_bucket_size: " + (odd ? "100" : "500000000") + "\n" +
+         "  stage3_param_persistence_threshold: " + (odd ? "20" : "0") + "\n" +
+         "  stage3_prefetch_bucket_size: " + (odd ? "300" : "50000000") + "\n" +
+         "  stage3_max_live_parameters: " + (odd ? "1200" : "1000000000") + "\n" +
+         "  stage3_max_reuse_distance: " + (odd ? "0" : "1000000000") + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("CUDA engine parity with the host backend: every stage x dtype x offload", "[engine]") {
+  int idx = 0;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (const char* offload : {"none", "cpu", "nvme"}) {
+        if (stage == 0 && std::string(offload) != "none") continue;  // optimizer offload needs stage >= 1
+        ++idx;
+        Case c;
+        c.stage = stage;
+        c.dtype = t;
+        c.offload = offload;
+        c.gas = idx % 2 == 0 ? 2 : 1;
+        c.clip = idx % 3 == 0 ? 0.05 : 0.0;
+        c.extra = knobs(idx % 2 == 1);
+        SECTION(c.name()) { check_parity(c); }
+      }
+}
+
+TEST_CASE("CUDA engine parity: SGD with momentum, and Adam with L2 decay", "[engine]") {
+  Case sgd1;
+  sgd1.stage = 1;
+  sgd1.dtype = DType::bf16;
+  sgd1.optimizer = "SGD";
+  sgd1.offload = "cpu";
+  sgd1.gas = 2;
+  SECTION("SGD stage 1 bf16 offloaded") { check_parity(sgd1); }
+  Case sgd3;
+  sgd3.stage = 3;
+  sgd3.optimizer = "SGD";
+  sgd3.extra = knobs(true);
+  SECTION("SGD stage 3 fp32") { check_parity(sgd3); }
+  Case adam;
+  adam.stage = 2;
+  adam.dtype = DType::f16;
+  adam.optimizer = "Adam";
+  adam.gas = 2;
+  SECTION("Adam stage 2 fp16") { check_parity(adam); }
+}
+
+TEST_CASE("an inf gradient on one rank skips the step everywhere, on both backends", "[engine]") {
+  for (int stage : {0, 2, 3}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = DType::f16;
+    c.inf_step = 1;
+    c.extra = knobs(stage == 3);
+    SECTION("stage " + std::to_string(stage)) {
+      check_parity(c);
+      const Run dev = run(c, "cuda");
+      CHECK_FALSE(dev.steps[0].skipped);
+      CHECK(dev.steps[1].skipped);
+      CHECK_FALSE(std::isfinite(dev.steps[1].grad_norm));
+      CHECK_FALSE(dev.steps[2].skipped);
+    }
+  }
+}
+
+TEST_CASE("the engine on a user compute stream", "[engine][streams]") {
+  Case c;
+  c.stage = 3;
+  c.dtype = DType::bf16;
+  c.gas = 2;
+  c.user_stream = true;
+  c.extra = knobs(true);
+  check_parity(c);
+  Case o = c;
+  o.stage = 2;
+  o.offload = "cpu";
+  check_parity(o);
+}
+
+TEST_CASE("the CUDA engine is repeatable bit for bit, clipping included", "[engine]") {
+  for (int stage : {1, 3}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = DType::bf16;
+    c.gas = 2;
+    c.clip = 0.05;
+    c.extra = knobs(true);
+    const Run a = run(c, "cuda", 4), b = run(c, "cuda", 4);
+    for (std::size_t u = 0; u < a.params.size(); ++u) {
+      REQUIRE(a.params[u] == b.params[u]);
+      REQUIRE(a.master[u] == b.master[u]);
+    }
+    for (std::size_t s = 0; s < a.steps.size(); ++s) REQUIRE(a.steps[s].grad_norm == b.steps[s].grad_norm);
+  }
+}

@@ -1,0 +1,90 @@
+// zero-gpt's model / data / run sections: presets and overrides, strict keys with suggestions,
+// --set overrides, and the resolved sections written back for the run log.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "trainer.hpp"
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+
+using namespace zero::gpt;
+
+namespace {
+
+GptSettings read(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  zero::LoadOptions o;
+  o.extra_sections = gpt_sections();
+  o.overrides = std::move(overrides);
+  return read_gpt_settings(zero::parse_config(yaml, "run.yaml", o));
+}
+
+}  // namespace
+
+TEST_CASE("defaults: the tiny preset on tiny Shakespeare", "[gpt][settings]") {
+  const GptSettings s = read("train_micro_batch_size_per_gpu: 4\n");
+  CHECK(s.preset == "tiny");
+  CHECK(s.model.n_layer == gpt_preset("tiny").n_layer);
+  CHECK(s.train == "shakespeare");
+  CHECK(s.val.empty());
+  CHECK(s.out_dir == "runs/tiny");
+  CHECK(s.token_budget == 100e9);
+  CHECK(!s.model.activation_checkpointing);
+}
+
+TEST_CASE("a preset with explicit overrides", "[gpt][settings]") {
+  const GptSettings s = read(
+      "model:\n  preset: gpt2\n  n_layer: 2\n  seq_len: 128\n  activation_checkpointing: true\n"
+      "run:\n  steps: 7\n  token_budget: 1e6\n",
+      {"model.n_embd=384", "data.train=data/*.bin"});
+  CHECK(s.model.n_layer == 2);
+  CHECK(s.model.n_head == 12);
+  CHECK(s.model.n_embd == 384);
+  CHECK(s.model.seq_len == 128);
+  CHECK(s.model.vocab_size == 50257);
+  CHECK(s.model.activation_checkpointing);
+  CHECK(s.train == "data/*.bin");
+  CHECK(s.steps == 7);
+  CHECK(s.token_budget == 1e6);
+  CHECK(s.out_dir == "runs/gpt2");
+
+  SECTION("the resolved sections load back to the same settings") {
+    std::string yaml;
+    for (const auto& [name, body] : s.sections()) {
+      yaml += name + ":\n";
+      std::size_t at = 0;
+      while (at < body.size()) {
+        const std::size_t nl = body.find('\n', at);
+        yaml += "  " + body.substr(at, nl - at) + "\n";
+        at = nl + 1;
+      }
+    }
+    const GptSettings back = read(yaml);
+    CHECK(back.sections() == s.sections());
+  }
+}
+
+TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]") {
+  CHECK_THROWS_WITH(read("model:\n  n_layers: 3\n"),
+                    Catch::Contains("model.n_layers") && Catch::Contains("n_layer"));
+  CHECK_THROWS_WITH(read("run:\n  stesp: 3\n"), Catch::Contains("run.stesp") && Catch::Contains("steps"));
+  CHECK_THROWS_WITH(read("model:\n  preset: gpt3\n"), Catch::Contains("model.preset"));
+  CHECK_THROWS_WITH(read("model:\n  n_embd: 100\n  n_head: 3\n"),
+                    Catch::Contains("model.n_head") && Catch::Contains("divisible"));
+  CHECK_THROWS_WITH(read("run:\n  keep_checkpoints: -1\n"), Catch::Contains("run.keep_checkpoints"));
+  CHECK_THROWS_WITH(read("data:\n  val: other.txt\n"), Catch::Contains("data.val"));
+  CHECK_THROWS_WITH(read("run:\n  steps: 0\n"), Catch::Contains("run.steps"));
+  CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}),
+                    Catch::Contains("model.n_layr"));
+  // Without the trainer's sections registered, the engine's loader rejects them.
+  CHECK_THROWS_AS(zero::parse_config("model:\n  preset: tiny\n", "run.yaml"), zero::Error);
+}
+
+TEST_CASE("--help text covers every key", "[gpt][settings]") {
+  const std::string help = gpt_settings_help();
+  for (const char* key : {"preset", "n_layer", "seq_len", "vocab_size", "activation_checkpointing",
+                          "train:", "val:", "steps:", "eval_interval", "eval_batches",
+                          "sample_tokens", "temperature", "top_k", "out_dir", "save_interval", "keep_checkpoints",
+                          "token_budget", "log_jsonl", "progress"})
+    CHECK_THAT(help, Catch::Contains(key));
+}
