@@ -1,0 +1,267 @@
+// Host Adam/AdamW/SGD: argument checks, per-step constants, CPU dispatch, the OpenMP tiling and
+// the portable scalar kernel, which is also the reference the SIMD kernels must match bit for bit.
+#include "zero/offload/host_adam.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "host_adam_kernels.hpp"
+#include "zero/error.hpp"
+
+namespace zero::offload {
+namespace {
+
+using detail::AdamConsts;
+
+// Elements per OpenMP work item (128 KiB of each fp32 stream): large enough that scheduling costs
+// nothing next to the memory traffic, small enough to spread a modest shard over many threads.
+constexpr std::size_t kTile = std::size_t{1} << 15;
+
+bool valid_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+int elem_code(DType t) { return static_cast<int>(t); }
+
+std::string describe(DType t) {
+  return valid_dtype(t) ? std::string(dtype_name(t))
+                        : "invalid DType " + std::to_string(static_cast<int>(t));
+}
+
+// Runs body(begin, end) over [0, n) in tiles. schedule(static) gives each thread one contiguous
+// run of tiles, which keeps the hardware prefetchers on long sequential streams.
+template <class Body>
+void for_each_tile(std::size_t n, int threads, Body&& body) {
+  const std::size_t tiles = (n + kTile - 1) / kTile;
+  int nt = threads > 0 ? threads : omp_get_max_threads();
+  nt = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(nt, 1)), tiles));
+  const auto count = static_cast<std::int64_t>(tiles);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+  for (std::int64_t t = 0; t < count; ++t) {
+    const std::size_t begin = static_cast<std::size_t>(t) * kTile;
+    body(begin, std::min(n, begin + kTile));
+  }
+}
+
+AdamConsts adam_constants(const AdamHyper& h) {
+  // Computed in double and rounded once, so each path (and each thread) uses identical floats.
+  const double t = static_cast<double>(h.step);
+  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
+  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  AdamConsts c{};
+  c.grad_scale = h.grad_scale;
+  c.weight_decay = h.weight_decay;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
+  c.beta1 = h.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  c.beta2 = h.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  c.eps = h.eps;
+  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
+  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
+  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
+  c.decoupled = h.decoupled;
+  return c;
+}
+
+template <int G>
+inline float load_grad(const void* g, std::size_t i) {
+  if constexpr (G == detail::kF32) {
+    return static_cast<const float*>(g)[i];
+  } else if constexpr (G == detail::kBF16) {
+    return bf16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+  } else {
+    return f16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+  }
+}
+
+template <int O>
+inline void store_param(void* out, std::size_t i, float p) {
+  if constexpr (O == detail::kF32) {
+    static_cast<float*>(out)[i] = p;
+  } else if constexpr (O == detail::kBF16) {
+    static_cast<std::uint16_t*>(out)[i] = f32_to_bf16_bits(p);
+  } else if constexpr (O == detail::kF16) {
+    static_cast<std::uint16_t*>(out)[i] = f32_to_f16_bits(p);
+  }
+}
+
+// The reference sequence of operations. The SIMD kernels repeat it lane by lane: same order,
+// fused multiply-adds exactly where std::fma appears here, nothing reassociated.
+template <int G, int O>
+void adam_scalar(float* master, float* m, float* v, const void* grad, void* out,
+                 std::size_t begin, std::size_t end, const AdamConsts& c) {
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = master[i];
+    float g = load_grad<G>(grad, i) * c.grad_scale;
+    if (c.l2) g = std::fma(c.weight_decay, p, g);
+    if (c.decoupled) p = p * c.decay;
+    const float mi = std::fma(c.beta1, m[i], c.one_minus_beta1 * g);
+    const float vi = std::fma(c.beta2, v[i], (c.one_minus_beta2 * g) * g);
+    const float denom = std::fma(std::sqrt(vi), c.inv_sqrt_bias_c2, c.eps);
+    p = std::fma(c.neg_step_size, mi / denom, p);
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    store_param<O>(out, i, p);
+  }
+}
+
+template <int G>
+void adam_scalar_out(float* master, float* m, float* v, const void* grad, void* out, int oc,
+                     std::size_t b, std::size_t e, const AdamConsts& c) {
+  switch (oc) {
+    case detail::kF32: return adam_scalar<G, detail::kF32>(master, m, v, grad, out, b, e, c);
+    case detail::kBF16: return adam_scalar<G, detail::kBF16>(master, m, v, grad, out, b, e, c);
+    case detail::kF16: return adam_scalar<G, detail::kF16>(master, m, v, grad, out, b, e, c);
+    default: return adam_scalar<G, detail::kNone>(master, m, v, grad, out, b, e, c);
+  }
+}
+
+struct SgdConsts {
+  float lr, momentum, weight_decay, grad_scale;
+  bool first_step;
+};
+
+template <int G, int O>
+void sgd_range(float* master, float* buf, const void* grad, void* out, std::size_t begin,
+               std::size_t end, const SgdConsts& c) {
+  for (std::size_t i = begin; i < end; ++i) {
+    float p = master[i];
+    float g = load_grad<G>(grad, i) * c.grad_scale;
+    if (c.weight_decay != 0.0f) g = g + c.weight_decay * p;
+    if (c.momentum != 0.0f) {
+      const float b = c.first_step ? g : c.momentum * buf[i] + g;
+      buf[i] = b;
+      g = b;
+    }
+    p = p - c.lr * g;
+    master[i] = p;
+    store_param<O>(out, i, p);
+  }
+}
+
+template <int G>
+void sgd_range_out(float* master, float* buf, const void* grad, void* out, int oc,
+                   std::size_t b, std::size_t e, const SgdConsts& c) {
+  switch (oc) {
+    case detail::kF32: return sgd_range<G, detail::kF32>(master, buf, grad, out, b, e, c);
+    case detail::kBF16: return sgd_range<G, detail::kBF16>(master, buf, grad, out, b, e, c);
+    case detail::kF16: return sgd_range<G, detail::kF16>(master, buf, grad, out, b, e, c);
+    default: return sgd_range<G, detail::kNone>(master, buf, grad, out, b, e, c);
+  }
+}
+
+void check_common(const void* master, const void* grad, DType grad_type, const void* param_out,
+                  DType param_type, const char* who) {
+  const std::string w(who);
+  ZERO_CHECK(master != nullptr && grad != nullptr,
+             w + ": master and grad must not be null for a non-empty step");
+  ZERO_CHECK(valid_dtype(grad_type),
+             w + ": unsupported gradient type (" + describe(grad_type) +
+                 "); pass DType::f32, DType::bf16 or DType::f16");
+  ZERO_CHECK(param_out == nullptr || valid_dtype(param_type),
+             w + ": unsupported parameter output type (" + describe(param_type) +
+                 "); pass DType::f32, DType::bf16 or DType::f16");
+}
+
+}  // namespace
+
+bool simd_path_supported(SimdPath path) {
+  switch (path) {
+    case SimdPath::scalar: return true;
+#if ZERO_OFFLOAD_X86
+    case SimdPath::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case SimdPath::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+#else
+    case SimdPath::avx2:
+    case SimdPath::avx512: return false;
+#endif
+  }
+  return false;
+}
+
+SimdPath best_simd_path() {
+  static const SimdPath best = simd_path_supported(SimdPath::avx512) ? SimdPath::avx512
+                               : simd_path_supported(SimdPath::avx2) ? SimdPath::avx2
+                                                                      : SimdPath::scalar;
+  return best;
+}
+
+std::string_view simd_path_name(SimdPath path) {
+  switch (path) {
+    case SimdPath::scalar: return "scalar";
+    case SimdPath::avx2: return "avx2";
+    case SimdPath::avx512: return "avx512";
+  }
+  return "unknown";
+}
+
+namespace detail {
+
+void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code,
+                       void* out, int out_code, std::size_t begin, std::size_t end,
+                       const AdamConsts& c) {
+  switch (grad_code) {
+    case kF32: return adam_scalar_out<kF32>(master, m, v, grad, out, out_code, begin, end, c);
+    case kBF16: return adam_scalar_out<kBF16>(master, m, v, grad, out, out_code, begin, end, c);
+    default: return adam_scalar_out<kF16>(master, m, v, grad, out, out_code, begin, end, c);
+  }
+}
+
+}  // namespace detail
+
+void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type,
+               void* param_out, DType param_type, std::size_t n, const AdamHyper& h,
+               SimdPath path, int threads) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, param_out, param_type, "adam_step");
+  ZERO_CHECK(m != nullptr && v != nullptr,
+             "adam_step: the moment buffers m and v must not be null");
+  ZERO_CHECK(h.step >= 1, "adam_step: step is 1-based (got " + std::to_string(h.step) +
+                              "); pass the number of steps taken including this one");
+  ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
+             "adam_step: betas must lie in [0, 1) (got beta1=" + std::to_string(h.beta1) +
+                 ", beta2=" + std::to_string(h.beta2) + "); check optimizer.params.betas");
+  ZERO_CHECK(simd_path_supported(path),
+             "adam_step: the " + std::string(simd_path_name(path)) +
+                 " path is not supported by this CPU; pass best_simd_path()");
+
+  detail::AdamRangeFn fn = detail::adam_range_scalar;
+#if ZERO_OFFLOAD_X86
+  if (path == SimdPath::avx512) fn = detail::adam_range_avx512;
+  if (path == SimdPath::avx2) fn = detail::adam_range_avx2;
+#endif
+  const AdamConsts c = adam_constants(h);
+  const int gc = elem_code(grad_type);
+  const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
+  for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+    fn(master, m, v, grad, gc, param_out, oc, b, e, c);
+  });
+}
+
+void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type,
+              void* param_out, DType param_type, std::size_t n, const SgdHyper& h,
+              int threads) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, param_out, param_type, "sgd_step");
+  ZERO_CHECK(h.momentum == 0.0f || momentum_buf != nullptr,
+             "sgd_step: momentum " + std::to_string(h.momentum) +
+                 " needs a momentum buffer; pass one of n floats");
+  const SgdConsts c{h.lr, h.momentum, h.weight_decay, h.grad_scale, h.first_step};
+  const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
+  auto range = grad_type == DType::f32    ? sgd_range_out<detail::kF32>
+               : grad_type == DType::bf16 ? sgd_range_out<detail::kBF16>
+                                          : sgd_range_out<detail::kF16>;
+  for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+    range(master, momentum_buf, grad, param_out, oc, b, e, c);
+  });
+}
+
+}  // namespace zero::offload

@@ -1,0 +1,266 @@
+// PinnedPool: cudaHostAlloc in CUDA builds, posix_memalign + mlock otherwise, with a free list
+// per size class.
+#include "zero/offload/pinned_pool.hpp"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "zero/error.hpp"
+
+#if ZERO_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace zero::offload {
+namespace detail {
+
+struct PinnedPoolState {
+  std::mutex mutex;
+  bool require_pinned = false;
+  bool pool_alive = true;  // false once the PinnedPool is gone: returned blocks are freed
+  bool warned = false;
+  std::multimap<std::size_t, std::pair<void*, bool>> cached;  // capacity -> (block, pinned)
+  std::size_t reserved = 0, pinned = 0, in_use = 0;
+
+  ~PinnedPoolState();
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::PinnedPoolState;
+
+std::string mib(std::size_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::string memlock_limit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
+  if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur / 1024) + " KiB";
+}
+
+// Whether page-locking goes through the CUDA driver. A CUDA build may run where there is no
+// GPU or driver (CI, a CPU-only node); it then pins with mlock like a host-only build. Decided
+// once per process so that every block is freed the way it was allocated.
+bool use_cuda_host_alloc() {
+#if ZERO_WITH_CUDA
+  static const bool usable = [] {
+    int n = 0;
+    bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+    cudaGetLastError();  // clear the "no device" error so later CUDA calls do not report it
+    return ok;
+  }();
+  return usable;
+#else
+  return false;
+#endif
+}
+
+void free_block(void* p, bool pinned, std::size_t capacity) {
+#if ZERO_WITH_CUDA
+  if (pinned && use_cuda_host_alloc()) {
+    cudaFreeHost(p);
+    return;
+  }
+#endif
+  if (pinned) munlock(p, capacity);
+  std::free(p);
+}
+
+void* aligned_block(std::size_t capacity) {
+  void* p = nullptr;
+  const int rc = posix_memalign(&p, PinnedPool::kAlignment, capacity);
+  ZERO_CHECK(rc == 0, "PinnedPool: out of host memory allocating " + mib(capacity) +
+                          "; reduce offloaded state (offload_param.max_in_cpu, sub_group_size) "
+                          "or use more ranks");
+  return p;
+}
+
+// Allocates one block; returns (pointer, pinned). Throws when pinning is required and fails.
+std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
+  std::string why;
+  if (use_cuda_host_alloc()) {
+#if ZERO_WITH_CUDA
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, capacity, cudaHostAllocPortable);
+    if (e == cudaSuccess) return {p, true};
+    cudaGetLastError();  // reset the error state so the next CUDA call does not report this one
+    why = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(e);
+#endif
+  } else {
+    void* p = aligned_block(capacity);
+    if (mlock(p, capacity) == 0) return {p, true};
+    const int err = errno;
+    std::free(p);
+    why = std::string("mlock failed: ") + std::strerror(err);
+  }
+  if (s.require_pinned) {
+    ZERO_THROW("PinnedPool: could not pin " + mib(capacity) + " of host memory (" +
+               why + "; already pinned by this pool: " + mib(s.pinned) +
+               ", RLIMIT_MEMLOCK: " + memlock_limit() +
+               "). Raise the limit (ulimit -l unlimited, docker --ulimit memlock=-1, or "
+               "LimitMEMLOCK=infinity for systemd/Slurm) or set pin_memory: false.");
+  }
+  if (!s.warned) {
+    s.warned = true;
+    std::fprintf(stderr,
+                 "%snote: PinnedPool could not pin %s (%s, RLIMIT_MEMLOCK %s); using pageable "
+                 "memory, which is slower to copy. Raise ulimit -l to pin.\n",
+                 rank_prefix().c_str(), mib(capacity).c_str(), why.c_str(),
+                 memlock_limit().c_str());
+  }
+  return {aligned_block(capacity), false};
+}
+
+// Takes a block back from a buffer: cached while the pool lives, freed after.
+void give_back(const std::shared_ptr<PinnedPoolState>& state, void* p, std::size_t capacity,
+               bool pinned) noexcept {
+  std::unique_lock lock(state->mutex);
+  state->in_use -= capacity;
+  if (state->pool_alive) {
+    try {
+      state->cached.emplace(capacity, std::make_pair(p, pinned));
+      return;
+    } catch (...) {
+      // The map could not grow; free the block instead of leaking it.
+    }
+  }
+  state->reserved -= capacity;
+  if (pinned) state->pinned -= capacity;
+  lock.unlock();
+  free_block(p, pinned, capacity);
+}
+
+}  // namespace
+
+detail::PinnedPoolState::~PinnedPoolState() {
+  for (const auto& [capacity, block] : cached) free_block(block.first, block.second, capacity);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : pool_(std::move(other.pool_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      capacity_(std::exchange(other.capacity_, 0)),
+      pinned_(std::exchange(other.pinned_, false)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pool_ = std::move(other.pool_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+    pinned_ = std::exchange(other.pinned_, false);
+  }
+  return *this;
+}
+
+PinnedBuffer::~PinnedBuffer() { reset(); }
+
+void PinnedBuffer::reset() noexcept {
+  if (data_ != nullptr && pool_) give_back(pool_, data_, capacity_, pinned_);
+  pool_.reset();
+  data_ = nullptr;
+  size_ = capacity_ = 0;
+  pinned_ = false;
+}
+
+PinnedPool::PinnedPool(bool require_pinned) : state_(std::make_shared<PinnedPoolState>()) {
+  state_->require_pinned = require_pinned;
+}
+
+PinnedPool::~PinnedPool() {
+  if (!state_) return;
+  trim();
+  std::lock_guard lock(state_->mutex);
+  state_->pool_alive = false;
+}
+
+std::size_t PinnedPool::size_class(std::size_t bytes) {
+  if (bytes <= kAlignment) return kAlignment;
+  // Four classes per power of two: the granule is a quarter of the largest power of two <= bytes.
+  const std::size_t granule = std::max(kAlignment, std::bit_floor(bytes) / 4);
+  return (bytes + granule - 1) / granule * granule;
+}
+
+PinnedBuffer PinnedPool::acquire(std::size_t bytes) {
+  ZERO_CHECK(state_ != nullptr, "PinnedPool::acquire on a moved-from pool");
+  PinnedBuffer buf;
+  if (bytes == 0) return buf;
+  const std::size_t capacity = size_class(bytes);
+  PinnedPoolState& s = *state_;
+  std::unique_lock lock(s.mutex);
+  void* p = nullptr;
+  bool pinned = false;
+  if (auto it = s.cached.find(capacity); it != s.cached.end()) {
+    p = it->second.first;
+    pinned = it->second.second;
+    s.cached.erase(it);
+  } else {
+    // Pinning can take a while for large blocks; the lock keeps the counters consistent and
+    // the warning single, and acquire is not on a hot path.
+    std::tie(p, pinned) = allocate(capacity, s);
+    s.reserved += capacity;
+    if (pinned) s.pinned += capacity;
+  }
+  s.in_use += capacity;
+  buf.pool_ = state_;
+  buf.data_ = p;
+  buf.size_ = bytes;
+  buf.capacity_ = capacity;
+  buf.pinned_ = pinned;
+  return buf;
+}
+
+void PinnedPool::trim() {
+  if (!state_) return;
+  std::multimap<std::size_t, std::pair<void*, bool>> blocks;
+  {
+    std::lock_guard lock(state_->mutex);
+    blocks.swap(state_->cached);
+    for (const auto& [capacity, block] : blocks) {
+      state_->reserved -= capacity;
+      if (block.second) state_->pinned -= capacity;
+    }
+  }
+  for (const auto& [capacity, block] : blocks) free_block(block.first, block.second, capacity);
+}
+
+std::size_t PinnedPool::bytes_reserved() const {
+  if (!state_) return 0;
+  std::lock_guard lock(state_->mutex);
+  return state_->reserved;
+}
+
+std::size_t PinnedPool::bytes_pinned() const {
+  if (!state_) return 0;
+  std::lock_guard lock(state_->mutex);
+  return state_->pinned;
+}
+
+std::size_t PinnedPool::bytes_in_use() const {
+  if (!state_) return 0;
+  std::lock_guard lock(state_->mutex);
+  return state_->in_use;
+}
+
+bool PinnedPool::require_pinned() const { return state_ && state_->require_pinned; }
+
+}  // namespace zero::offload
