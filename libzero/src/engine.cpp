@@ -38,11 +38,6 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
                  " x world " + std::to_string(world_) + ")");
 
   const auto& z = cfg_.zero_optimization;
-  // Parameters of the host backend already live in host memory, so offload_param "cpu" holds
-  // trivially; streaming parameter shards from NVMe is not built yet and must not be ignored.
-  ZERO_CHECK(z.offload_param.device != OffloadDevice::nvme,
-             "zero_optimization.offload_param.device: nvme is not supported yet; use cpu (or offload the optimizer "
-             "state to nvme with offload_optimizer.device: nvme)");
   units_.resize(static_cast<std::size_t>(layout_.num_units()));
   for (int i = 0; i < layout_.num_units(); ++i) {
     Unit& u = units_[static_cast<std::size_t>(i)];
@@ -57,8 +52,11 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
   // cannot fit must fail before anything large is allocated.
   opt_ = make_optimizer_store(*this);
+  setup_param_offload();
   for (auto& u : units_) {
-    if (u.sharded_params)
+    if (param_on_nvme(u)) {
+      // the slice lives in a swap file
+    } else if (u.sharded_params)
       u.param_shard = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
     else
       u.full_params = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
@@ -97,6 +95,11 @@ void EngineImpl::report_inert_settings() {
       cfg_.aio.overlap_events != da.overlap_events)
     notes.push_back("aio.intra_op_parallelism / single_submit / overlap_events have no effect: one io_uring ring per "
                     "rank submits in batches and overlaps completions; block_size and queue_depth are honoured");
+  if (z.offload_param.device != OffloadDevice::none && (z.offload_param.buffer_count != dz.offload_param.buffer_count ||
+                                                       z.offload_param.buffer_size != dz.offload_param.buffer_size ||
+                                                       z.offload_param.max_in_cpu != dz.offload_param.max_in_cpu))
+    notes.push_back("zero_optimization.offload_param.buffer_count / buffer_size / max_in_cpu have no effect: a unit's "
+                    "slice is read from NVMe when its gather starts and released when the gather completes");
   if (z.offload_param.device == OffloadDevice::cpu)
     notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
                     "memory");
@@ -133,7 +136,9 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
     std::size_t n = static_cast<std::size_t>(u.sharded_params ? u.slice : u.padded);
     staged.resize(n * esize());
     convert(full.data() + (u.sharded_params ? u.own_begin : 0), DType::f32, staged.data(), dtype_, n);
-    backend_->from_host(u.sharded_params ? u.param_shard.get() : u.full_params.get(), staged.data(), staged.size());
+    checkout_shard(i, false);
+    backend_->from_host(u.sharded_params ? shard(u) : u.full_params.get(), staged.data(), staged.size());
+    checkin_shard(i, true);
   }
   initialized_ = true;
 }
@@ -144,14 +149,16 @@ void* EngineImpl::own_grads(Unit& u) {
 }
 
 void* EngineImpl::own_params_out(Unit& u) {
-  if (u.sharded_params) return u.param_shard.get();
+  if (u.sharded_params) return shard(u);
   return u.full_params.as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
 }
 
 MemoryReport EngineImpl::memory() const {
   MemoryReport r;
   for (const auto& u : units_) {
-    r.params += static_cast<std::int64_t>((u.sharded_params ? u.slice : u.padded) * static_cast<std::int64_t>(esize()));
+    std::int64_t pbytes = (u.sharded_params ? u.slice : u.padded) * static_cast<std::int64_t>(esize());
+    if (param_on_nvme(u)) r.offloaded_nvme += pbytes;
+    else r.params += pbytes;
     r.grads += static_cast<std::int64_t>((stage_ <= 1 ? u.padded : u.slice) * static_cast<std::int64_t>(esize()));
   }
   opt_->report(r);
@@ -180,7 +187,9 @@ std::vector<float> EngineImpl::full_params(int unit) {
   std::vector<char> host(static_cast<std::size_t>(u.padded) * esize());
   if (u.sharded_params) {
     Buffer gathered = backend_->alloc(host.size());
-    comm_->all_gather(u.param_shard.get(), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+    checkout_shard(unit, true);
+    comm_->all_gather(shard(u), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+    checkin_shard(unit, false);
     backend_->to_host(host.data(), gathered.get(), host.size());
   } else {
     backend_->to_host(host.data(), u.full_params.get(), host.size());

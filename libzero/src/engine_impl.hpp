@@ -16,6 +16,8 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/loss_scaler.hpp"
+#include "zero/offload/nvme_swapper.hpp"
+#include "zero/offload/pinned_pool.hpp"
 
 namespace zero {
 
@@ -33,7 +35,10 @@ class EngineImpl {
     std::int64_t padded = 0;  // slice * world
     bool sharded_params = false;  // stage 3 and above the persistence threshold
     Buffer full_params;           // compute dtype, padded (unless sharded_params)
-    Buffer param_shard;           // compute dtype, slice (sharded_params only)
+    Buffer param_shard;           // compute dtype, slice (sharded_params only, not on NVMe)
+    offload::PinnedBuffer shard_host;  // the slice while checked out from NVMe
+    int shard_out = 0;            // check-outs of the NVMe slice
+    bool shard_dirty = false;     // written while checked out: write back at check-in
     Buffer full_grads;            // compute dtype, padded (stages 0 and 1)
     Buffer grad_slice;            // compute dtype, slice (stages 2 and 3)
     // Owned range of the optimizer: [own_begin, own_begin + own_len) of the padded unit.
@@ -58,6 +63,15 @@ class EngineImpl {
   void* own_grads(Unit& u);       // the gradient values the optimizer reads (owned range)
   void* own_params_out(Unit& u);  // where the optimizer writes updated compute params
   std::size_t esize() const { return dtype_size(dtype_); }
+
+  // param_offload.cpp (offload_param.device: nvme)
+  void setup_param_offload();
+  bool param_on_nvme(const Unit& u) const;
+  std::string param_key(int unit) const;
+  void* shard(Unit& u);  // the unit's parameter slice (checked out when on NVMe)
+  void checkout_shard(int unit, bool load);
+  void checkin_shard(int unit, bool dirty);
+  void finish_gather(int unit);  // gather.cpp: wait for the all-gather, check the slice back in
 
   // gather.cpp
   UnitParams gather(int unit);
@@ -126,7 +140,10 @@ class EngineImpl {
     std::vector<std::function<void()>> finish;
   };
   std::deque<InFlight> in_flight_;
-  std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
+  std::vector<char> stage_buf_;
+  std::unique_ptr<offload::NvmeSwapper> param_swap_;
+  std::unique_ptr<offload::PinnedPool> param_pool_;
+  int param_instance_ = 0;  // host staging of offloaded sub-groups (non-host backends)
 };
 
 }  // namespace zero

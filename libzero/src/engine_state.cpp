@@ -56,7 +56,9 @@ void EngineImpl::refresh_params_from_master() {
     opt_->read_master(i, master.data());
     // The host conversion rounds to nearest even, as the optimizer's param_out does.
     convert(master.data(), DType::f32, rounded.data(), dtype_, master.size());
+    checkout_shard(i, false);
     backend_->from_host(own_params_out(u), rounded.data(), rounded.size());
+    checkin_shard(i, true);
   }
   if (stage_ == 0) return;  // every rank owns (and has just written) the whole unit
   for (auto& u : units_)

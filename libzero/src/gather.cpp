@@ -24,7 +24,15 @@ std::int64_t EngineImpl::live_elements() const {
 void EngineImpl::start_gather(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   u.gathered = gather_pool_.acquire(static_cast<std::size_t>(u.padded) * esize(), false);
-  u.gather_work = comm_->all_gather_async(u.param_shard.get(), u.gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+  checkout_shard(unit, true);  // NVMe: read the slice now, ahead of the gather
+  u.gather_work = comm_->all_gather_async(shard(u), u.gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+}
+
+void EngineImpl::finish_gather(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (!u.gather_work.pending()) return;
+  u.gather_work.wait();
+  checkin_shard(unit, false);
 }
 
 void EngineImpl::set_eval(bool on) {
@@ -62,7 +70,7 @@ UnitParams EngineImpl::gather(int unit) {
     }
     start_gather(unit);
   }
-  u.gather_work.wait();
+  finish_gather(unit);
   ++u.refs;
   if (!eval_mode_ && !recording_) prefetch_after(pos_);
   return UnitParams(this, unit, u.gathered.get(), u.token);
@@ -112,7 +120,7 @@ void EngineImpl::release(int unit, std::uint64_t token) {
 
 void EngineImpl::drop_gathered() {
   for (auto& u : units_) {
-    u.gather_work.wait();
+    finish_gather(static_cast<int>(&u - units_.data()));
     if (u.gathered) {
       ZERO_CHECK(u.refs == 0, "step(): unit '" + layout_.unit(static_cast<int>(&u - units_.data())).name +
                                   "' is still held by a UnitParams handle; release gathered units before step()");

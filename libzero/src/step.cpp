@@ -69,8 +69,16 @@ StepResult EngineImpl::step() {
       async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
       for (auto& u : units_) async_stage->add(own_grads(u), own_params_out(u), static_cast<std::size_t>(u.own_len));
     }
+    // Parameter slices on NVMe are checked out one unit at a time (sub-groups come in unit
+    // order) and written back when the optimizer moves on.
+    int shard_unit = -1;
     opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
       Unit& u = units_[static_cast<std::size_t>(unit)];
+      if (param_swap_ && unit != shard_unit) {
+        if (shard_unit >= 0) checkin_shard(shard_unit, true);
+        checkout_shard(unit, true);
+        shard_unit = unit;
+      }
       const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
       const char* g = static_cast<const char*>(own_grads(u)) + static_cast<std::size_t>(begin) * esize();
       char* p = static_cast<char*>(own_params_out(u)) + static_cast<std::size_t>(begin) * esize();
@@ -100,6 +108,7 @@ StepResult EngineImpl::step() {
       else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
       if (staged) backend_->from_host(p, ph, bytes);
     });
+    if (shard_unit >= 0) checkin_shard(shard_unit, true);
     if (async_stage) async_stage->finish();  // the all-gather below and the next forward wait on it
 
     // 2. Every rank updated only its slice of a full parameter buffer: all-gather the slices,

@@ -28,12 +28,14 @@ struct Result {
   std::vector<std::vector<float>> params, master;
 };
 
-Result run(int stage, const std::string& dtype, const std::string& device, const std::string& optimizer) {
+Result run(int stage, const std::string& dtype, const std::string& device, const std::string& optimizer,
+           const std::string& param_device = "none") {
   Context& ctx = *Context::current();
   std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 0.05\n"
                   "zero_optimization:\n  stage: " + std::to_string(stage) +
                   "\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
-                  "  offload_optimizer:\n    device: " + device + "\n    nvme_path: " + nvme_dir() + "\n";
+                  "  offload_optimizer:\n    device: " + device + "\n    nvme_path: " + nvme_dir() + "\n" +
+                  "  offload_param:\n    device: " + param_device + "\n    nvme_path: " + nvme_dir() + "\n";
   if (dtype != "fp32") y += dtype + ":\n  enabled: true\n";
   if (dtype == "fp16") y += "  initial_scale_power: 8\n";
   y += "optimizer:\n  type: " + optimizer + "\n  params:\n    lr: 0.01\n    weight_decay: 0.1\n";
@@ -49,13 +51,14 @@ Result run(int stage, const std::string& dtype, const std::string& device, const
     r.master.push_back(e.full_master(u));
   }
   MemoryReport m = e.memory();
+  if (param_device == "nvme") REQUIRE(m.params < static_cast<std::int64_t>(e.layout().num_params()));  // slices left memory
   if (device == "none") {
     REQUIRE(m.master > 0);
     REQUIRE(m.offloaded_host == 0);
   } else {
     REQUIRE(m.master == 0);  // master and moments left the backend's memory
     REQUIRE(m.offloaded_host > 0);
-    REQUIRE((m.offloaded_nvme > 0) == (device == "nvme"));
+    REQUIRE((m.offloaded_nvme > 0) == (device == "nvme" || param_device == "nvme"));
   }
   return r;
 }
@@ -78,6 +81,20 @@ TEST_CASE("offload none, cpu and nvme give bitwise-identical parameters after 5 
           }
         }
       }
+}
+
+TEST_CASE("stage-3 parameter offload to nvme gives bitwise-identical parameters") {
+  for (const char* dtype : {"fp32", "bf16"})
+    for (const char* device : {"none", "cpu", "nvme"}) {
+      SECTION(std::string(dtype) + " optimizer " + device) {
+        Result base = run(3, dtype, device, "AdamW");
+        Result got = run(3, dtype, device, "AdamW", "nvme");
+        for (std::size_t u = 0; u < base.params.size(); ++u) {
+          REQUIRE(got.params[u] == base.params[u]);
+          REQUIRE(got.master[u] == base.master[u]);
+        }
+      }
+    }
 }
 
 TEST_CASE("nvme offload checks free space before any step") {
