@@ -13,7 +13,8 @@
 
 namespace zero {
 
-void Backend::set_compute_stream(void*) {
+void Backend::set_compute_stream(void* stream) {
+  if (stream == nullptr) return;  // "no stream" is what a host backend has already
   ZERO_THROW(std::string("set_compute_stream: the ") + name() +
              " backend has no streams (its memory is host memory); streams belong to backend: cuda");
 }

@@ -301,6 +301,8 @@ UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
 StepResult Engine::step() { return impl_->step(); }
+void Engine::set_stream(void* stream) { impl_->backend_->set_compute_stream(stream); }
+void* Engine::stream() const { return impl_->backend_->compute_stream(); }
 void Engine::set_eval(bool on) { impl_->set_eval(on); }
 bool Engine::eval() const { return impl_->eval_mode_; }
 float Engine::loss_scale() const { return static_cast<float>(impl_->scaler_.scale()); }

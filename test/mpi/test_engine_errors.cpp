@@ -129,6 +129,9 @@ TEST_CASE("misuse gives clear errors") {
     REQUIRE_THROWS_WITH(e.gather(99), Catch::Contains("unknown unit id 99"));
     REQUIRE_THROWS_WITH(e.gather("layr0"), Catch::Contains("did you mean 'layer0'"));
     REQUIRE_THROWS_WITH(e.grads(-1), Catch::Contains("unknown unit id -1"));
+    e.set_stream(nullptr);  // the host backend has no streams: null is fine, anything else is not
+    int dummy = 0;
+    REQUIRE_THROWS_WITH(e.set_stream(&dummy), Catch::Contains("has no streams"));
   }
   SECTION("rank-dependent initial values") {
     if (ctx.world_size() > 1) {

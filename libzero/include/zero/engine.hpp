@@ -141,6 +141,12 @@ class Engine {
   void set_eval(bool on);
   bool eval() const;
 
+  // CUDA backend: the stream the loop's kernels run on (a cudaStream_t; null = the legacy
+  // default stream). Collectives wait for work enqueued on it and Work::wait() orders it.
+  // The host backend has no streams and accepts only null.
+  void set_stream(void* stream);
+  void* stream() const;
+
   float loss_scale() const;  // multiply the loss (the backward's seed gradient) by this
   const Layout& layout() const;
   const Config& config() const;
