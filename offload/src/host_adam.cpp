@@ -14,8 +14,6 @@
 namespace zero::offload {
 namespace {
 
-using detail::AdamConsts;
-
 // Elements per OpenMP work item (128 KiB of each fp32 stream): large enough that scheduling costs
 // nothing next to the memory traffic, small enough to spread a modest shard over many threads.
 constexpr std::size_t kTile = std::size_t{1} << 15;
@@ -44,26 +42,6 @@ void for_each_tile(std::size_t n, int threads, Body&& body) {
   }
 }
 
-AdamConsts adam_constants(const AdamHyper& h) {
-  // Computed in double and rounded once, so each path (and each thread) uses identical floats.
-  const double t = static_cast<double>(h.step);
-  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
-  AdamConsts c{};
-  c.grad_scale = h.grad_scale;
-  c.weight_decay = h.weight_decay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
-  c.beta1 = h.beta1;
-  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  c.beta2 = h.beta2;
-  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  c.eps = h.eps;
-  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
-  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
-  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
-  c.decoupled = h.decoupled;
-  return c;
-}
 
 template <int G>
 inline float load_grad(const void* g, std::size_t i) {
@@ -91,7 +69,7 @@ inline void store_param(void* out, std::size_t i, float p) {
 // fused multiply-adds exactly where std::fma appears here, nothing reassociated.
 template <int G, int O>
 void adam_scalar(float* master, float* m, float* v, const void* grad, void* out,
-                 std::size_t begin, std::size_t end, const AdamConsts& c) {
+                 std::size_t begin, std::size_t end, const AdamConstants& c) {
   for (std::size_t i = begin; i < end; ++i) {
     float p = master[i];
     float g = load_grad<G>(grad, i) * c.grad_scale;
@@ -110,7 +88,7 @@ void adam_scalar(float* master, float* m, float* v, const void* grad, void* out,
 
 template <int G>
 void adam_scalar_out(float* master, float* m, float* v, const void* grad, void* out, int oc,
-                     std::size_t b, std::size_t e, const AdamConsts& c) {
+                     std::size_t b, std::size_t e, const AdamConstants& c) {
   switch (oc) {
     case detail::kF32: return adam_scalar<G, detail::kF32>(master, m, v, grad, out, b, e, c);
     case detail::kBF16: return adam_scalar<G, detail::kBF16>(master, m, v, grad, out, b, e, c);
@@ -168,6 +146,27 @@ void check_common(const void* master, const void* grad, DType grad_type, const v
 
 }  // namespace
 
+AdamConstants adam_constants(const AdamHyper& h) {
+  // Computed in double and rounded once, so each path (and each thread) uses identical floats.
+  const double t = static_cast<double>(h.step);
+  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
+  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  AdamConstants c{};
+  c.grad_scale = h.grad_scale;
+  c.weight_decay = h.weight_decay;
+  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
+  c.beta1 = h.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
+  c.beta2 = h.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
+  c.eps = h.eps;
+  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
+  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
+  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
+  c.decoupled = h.decoupled;
+  return c;
+}
+
 bool simd_path_supported(SimdPath path) {
   switch (path) {
     case SimdPath::scalar: return true;
@@ -207,7 +206,7 @@ namespace detail {
 
 void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConsts& c) {
+                       const AdamConstants& c) {
   switch (grad_code) {
     case kF32: return adam_scalar_out<kF32>(master, m, v, grad, out, out_code, begin, end, c);
     case kBF16: return adam_scalar_out<kBF16>(master, m, v, grad, out, out_code, begin, end, c);
@@ -238,7 +237,7 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
   if (path == SimdPath::avx512) fn = detail::adam_range_avx512;
   if (path == SimdPath::avx2) fn = detail::adam_range_avx2;
 #endif
-  const AdamConsts c = adam_constants(h);
+  const AdamConstants c = adam_constants(h);
   const int gc = elem_code(grad_type);
   const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
   for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {

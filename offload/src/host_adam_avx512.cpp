@@ -181,7 +181,7 @@ void range_out(float* master, float* m, float* v, const void* grad, void* out, i
 
 void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConsts& s) {
+                       const AdamConstants& s) {
   const Vec c{_mm512_set1_ps(s.grad_scale),      _mm512_set1_ps(s.weight_decay),
               _mm512_set1_ps(s.decay),           _mm512_set1_ps(s.beta1),
               _mm512_set1_ps(s.one_minus_beta1), _mm512_set1_ps(s.beta2),

@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "zero/offload/host_adam.hpp"  // AdamConstants (plain data)
+
 namespace zero::offload::detail {
 
 // Software prefetch distance of the SIMD kernels, in elements (2 KiB of each fp32 stream).
@@ -20,34 +22,20 @@ constexpr std::size_t kPrefetchElems = 512;
 // Element type codes for the kernels (mirrors zero::DType; kNone: no parameter output).
 enum ElemCode : int { kF32 = 0, kBF16 = 1, kF16 = 2, kNone = 3 };
 
-// Per-step constants, computed once in double by adam_constants() and rounded to float, so every
-// path sees the same values.
-struct AdamConsts {
-  float grad_scale;
-  float weight_decay;  // used by Adam's L2 term
-  float decay;         // AdamW: 1 - lr*wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float eps;
-  float neg_step_size;     // -lr / (1 - beta1^t)
-  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
-  bool l2;                 // Adam with weight_decay != 0
-  bool decoupled;          // AdamW
-};
 
 // Updates elements [begin, end). grad and out are the whole buffers (indexed from 0).
 using AdamRangeFn = void (*)(float* master, float* m, float* v, const void* grad, int grad_code,
                              void* out, int out_code, std::size_t begin, std::size_t end,
-                             const AdamConsts& c);
+                             const AdamConstants& c);
 
 void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConsts& c);
+                       const AdamConstants& c);
 void adam_range_avx2(float* master, float* m, float* v, const void* grad, int grad_code,
                      void* out, int out_code, std::size_t begin, std::size_t end,
-                     const AdamConsts& c);
+                     const AdamConstants& c);
 void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConsts& c);
+                       const AdamConstants& c);
 
 }  // namespace zero::offload::detail

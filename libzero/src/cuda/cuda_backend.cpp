@@ -2,7 +2,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -20,28 +19,6 @@
 namespace zero {
 
 namespace cuda {
-
-// As host_adam.cpp's adam_constants: in double, each constant rounded once to float. This file
-// is compiled with -ffp-contract=off so that 1 - lr*wd is not fused on targets with FMA.
-AdamConstants adam_constants(const offload::AdamHyper& h) {
-  const double t = static_cast<double>(h.step);
-  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
-  AdamConstants c{};
-  c.grad_scale = h.grad_scale;
-  c.weight_decay = h.weight_decay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
-  c.beta1 = h.beta1;
-  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  c.beta2 = h.beta2;
-  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  c.eps = h.eps;
-  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
-  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
-  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
-  c.decoupled = h.decoupled;
-  return c;
-}
 
 namespace {
 
@@ -127,7 +104,7 @@ class CudaBackend final : public Backend {
     ZERO_CHECK(h.step >= 1, "cuda adam: step is 1-based (got " + std::to_string(h.step) + ")");
     ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
                "cuda adam: betas must lie in [0, 1); check optimizer.params.betas");
-    launch_adam(master, m, v, grad, gt, param_out, pt, n, adam_constants(h), streams_.compute);
+    launch_adam(master, m, v, grad, gt, param_out, pt, n, offload::adam_constants(h), streams_.compute);
   }
   void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
            const offload::SgdHyper& h) override {

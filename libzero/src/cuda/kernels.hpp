@@ -27,20 +27,9 @@
 
 namespace zero::cuda {
 
-// The host reference's per-step Adam constants (host_adam.cpp computes the same in double).
-struct AdamConstants {
-  float grad_scale;
-  float weight_decay;
-  float decay;  // AdamW: 1 - lr*wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float eps;
-  float neg_step_size;     // -lr / (1 - beta1^t)
-  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
-  bool l2;                 // Adam with weight_decay != 0
-  bool decoupled;          // AdamW
-};
-AdamConstants adam_constants(const offload::AdamHyper& h);
+// The per-step Adam scalars come from the host reference (offload::adam_constants), so the
+// kernels and the host paths start every update from identical floats.
+using offload::AdamConstants;
 
 // Enqueue one update; param_out may be null (no compute-dtype copy).
 void launch_adam(float* master, float* m, float* v, const void* grad, DType grad_type, void* param_out,

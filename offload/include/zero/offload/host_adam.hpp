@@ -53,6 +53,23 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
                void* param_out, DType param_type, std::size_t n, const AdamHyper& h,
                SimdPath path = best_simd_path(), int threads = 0);
 
+// The per-step scalars of the update, computed once in double from AdamHyper and rounded to
+// float once each. Every implementation (the host paths, every thread, the CUDA kernels) takes
+// them from here, so they all see identical floats.
+struct AdamConstants {
+  float grad_scale;
+  float weight_decay;  // used by Adam's L2 term
+  float decay;         // AdamW: 1 - lr*wd
+  float beta1, one_minus_beta1;
+  float beta2, one_minus_beta2;
+  float eps;
+  float neg_step_size;     // -lr / (1 - beta1^t)
+  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
+  bool l2;                 // Adam with weight_decay != 0
+  bool decoupled;          // AdamW
+};
+AdamConstants adam_constants(const AdamHyper& h);
+
 struct SgdHyper {
   float lr = 1e-2f;
   float momentum = 0.0f;
