@@ -67,6 +67,37 @@ inline std::vector<float> micro_grad(int unit, const std::vector<float>& w, std:
   return g;
 }
 
+// The independent reference of the engine tests: full-precision Adam(W) over full units, with
+// the hyper-parameters the tests configure (lr 0.01, betas 0.9/0.95, eps 1e-8, weight decay 0.1).
+struct ReferenceAdam {
+  std::vector<std::vector<double>> w, m, v;
+
+  explicit ReferenceAdam(const Layout& l) {
+    for (const auto& ui : l.units()) {
+      std::vector<float> init(static_cast<std::size_t>(ui.numel));
+      for (const auto& p : ui.params) init_value(p, std::span<float>(init.data() + p.offset, static_cast<std::size_t>(p.numel)));
+      w.emplace_back(init.begin(), init.end());
+      m.emplace_back(init.size(), 0.0);
+      v.emplace_back(init.size(), 0.0);
+    }
+  }
+
+  // Update number t (1-based) with the mean gradient g; AdamW decays decoupled, Adam adds L2.
+  void update(const std::vector<std::vector<double>>& g, int t, bool decoupled) {
+    const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (std::size_t u = 0; u < w.size(); ++u)
+      for (std::size_t i = 0; i < w[u].size(); ++i) {
+        double gi = g[u][i];
+        if (decoupled) w[u][i] *= 1.0 - lr * wd;
+        else gi += wd * w[u][i];
+        m[u][i] = b1 * m[u][i] + (1 - b1) * gi;
+        v[u][i] = b2 * v[u][i] + (1 - b2) * gi * gi;
+        double denom = std::sqrt(v[u][i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
+        w[u][i] -= lr / (1 - std::pow(b1, t)) * m[u][i] / denom;
+      }
+  }
+};
+
 // Trains `steps` steps: per micro-step a forward of gathers, then a backward that gathers,
 // adds the loss-scaled micro-batch gradient and reduces, last unit first.
 inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {

@@ -166,37 +166,22 @@ inline void require_bitwise(const std::vector<std::vector<float>>& a, const std:
 
 // Double-precision AdamW on the world-independent global batch (fp32 compute, no clipping).
 inline std::vector<std::vector<double>> reference(int steps) {
-  Layout l = make_ckpt_layout();
-  std::vector<std::vector<double>> w, m, v;
-  for (const auto& ui : l.units()) {
-    std::vector<float> init(static_cast<std::size_t>(ui.numel));
-    for (const auto& p : ui.params) init_value(p, std::span<float>(init.data() + p.offset, static_cast<std::size_t>(p.numel)));
-    w.emplace_back(init.begin(), init.end());
-    m.emplace_back(init.size(), 0.0);
-    v.emplace_back(init.size(), 0.0);
-  }
-  const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  ReferenceAdam ref(make_ckpt_layout());
   for (int s = 0; s < steps; ++s) {
-    int t = s + 1;
-    for (std::size_t u = 0; u < w.size(); ++u) {
-      std::vector<float> wc(w[u].begin(), w[u].end());  // rounded to fp32, as the engine computes
-      std::vector<double> g(wc.size(), 0.0);
+    std::vector<std::vector<double>> g(ref.w.size());
+    for (std::size_t u = 0; u < ref.w.size(); ++u) {
+      std::vector<float> wc(ref.w[u].begin(), ref.w[u].end());  // rounded to fp32, as the engine computes
+      g[u].assign(wc.size(), 0.0);
       for (int n = 0; n < kGlobalBatch; ++n) {
         std::int64_t sample = static_cast<std::int64_t>(s) * kGlobalBatch + n;
         for (std::size_t i = 0; i < wc.size(); ++i)
-          g[i] += sample_grad(static_cast<int>(u), static_cast<std::int64_t>(i), sample, wc[i]);
+          g[u][i] += sample_grad(static_cast<int>(u), static_cast<std::int64_t>(i), sample, wc[i]);
       }
-      for (std::size_t i = 0; i < w[u].size(); ++i) {
-        double gi = g[i] / kGlobalBatch;
-        w[u][i] *= 1.0 - lr * wd;
-        m[u][i] = b1 * m[u][i] + (1 - b1) * gi;
-        v[u][i] = b2 * v[u][i] + (1 - b2) * gi * gi;
-        double denom = std::sqrt(v[u][i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
-        w[u][i] -= lr / (1 - std::pow(b1, t)) * m[u][i] / denom;
-      }
+      for (auto& x : g[u]) x /= kGlobalBatch;
     }
+    ref.update(g, s + 1, true);
   }
-  return w;
+  return ref.w;
 }
 
 // The engine's parity tolerance: fp32 within 1e-6 relative, magnitudes floored at 0.25 (see

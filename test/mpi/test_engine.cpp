@@ -60,23 +60,14 @@ std::vector<std::vector<float>> run_engine(const Case& c, int steps, std::vector
 
 // Independent reference: full-batch mean gradient, clipping, AdamW in double precision.
 std::vector<std::vector<double>> run_reference(const Case& c, int steps) {
-  Layout l = make_layout();
+  ReferenceAdam ref(make_layout());
   int world = ctx().world_size();
-  std::vector<std::vector<double>> w, m, v;
-  for (const auto& ui : l.units()) {
-    std::vector<float> init(static_cast<std::size_t>(ui.numel));
-    for (const auto& p : ui.params) init_value(p, std::span<float>(init.data() + p.offset, static_cast<std::size_t>(p.numel)));
-    w.emplace_back(init.begin(), init.end());
-    m.emplace_back(init.size(), 0.0);
-    v.emplace_back(init.size(), 0.0);
-  }
-  const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
   for (int s = 0; s < steps; ++s) {
-    std::vector<std::vector<double>> g(w.size());
+    std::vector<std::vector<double>> g(ref.w.size());
     double sumsq = 0.0;
-    for (std::size_t u = 0; u < w.size(); ++u) {
-      std::vector<float> wc(w[u].size());
-      for (std::size_t i = 0; i < wc.size(); ++i) wc[i] = round_to(c.dtype, static_cast<float>(w[u][i]));
+    for (std::size_t u = 0; u < ref.w.size(); ++u) {
+      std::vector<float> wc(ref.w[u].size());
+      for (std::size_t i = 0; i < wc.size(); ++i) wc[i] = round_to(c.dtype, static_cast<float>(ref.w[u][i]));
       g[u].assign(wc.size(), 0.0);
       for (int r = 0; r < world; ++r)
         for (int k = 0; k < c.gas; ++k) {
@@ -90,19 +81,11 @@ std::vector<std::vector<double>> run_reference(const Case& c, int steps) {
     }
     double coef = 1.0;
     if (c.clip > 0) coef = std::min(1.0, c.clip / (std::sqrt(sumsq) + 1e-6));
-    int t = s + 1;
-    for (std::size_t u = 0; u < w.size(); ++u)
-      for (std::size_t i = 0; i < w[u].size(); ++i) {
-        double gi = g[u][i] * coef;
-        if (c.optimizer == "AdamW") w[u][i] *= 1.0 - lr * wd;
-        else gi += wd * w[u][i];
-        m[u][i] = b1 * m[u][i] + (1 - b1) * gi;
-        v[u][i] = b2 * v[u][i] + (1 - b2) * gi * gi;
-        double denom = std::sqrt(v[u][i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
-        w[u][i] -= lr / (1 - std::pow(b1, t)) * m[u][i] / denom;
-      }
+    for (auto& gu : g)
+      for (auto& x : gu) x *= coef;
+    ref.update(g, s + 1, c.optimizer == "AdamW");
   }
-  return w;
+  return ref.w;
 }
 
 const char* dname(DType t) { return t == DType::f32 ? "fp32" : (t == DType::bf16 ? "bf16" : "fp16"); }
