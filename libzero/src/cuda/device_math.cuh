@@ -4,6 +4,8 @@
 // differently) and the kernels' results can be compared with the host's bit for bit.
 #pragma once
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -85,6 +87,14 @@ __device__ __forceinline__ std::size_t first_index() {
 }
 __device__ __forceinline__ std::size_t grid_stride() {
   return static_cast<std::size_t>(gridDim.x) * blockDim.x;
+}
+
+// Launch geometry shared by the element-wise kernels: enough blocks to fill an H100 several
+// times over; the grid-stride loops above cover the rest.
+constexpr int kThreads = 256;
+constexpr std::size_t kMaxBlocks = 4096;
+inline unsigned blocks_for(std::size_t n) {
+  return static_cast<unsigned>(std::min<std::size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
 }  // namespace zero::cuda::dev

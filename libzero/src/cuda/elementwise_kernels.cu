@@ -12,14 +12,6 @@ namespace {
 
 using namespace dev;
 
-constexpr int kThreads = 256;
-// Enough blocks to fill an H100 several times over; the grid-stride loops cover the rest.
-constexpr std::size_t kMaxBlocks = 4096;
-
-unsigned blocks_for(std::size_t n) {
-  return static_cast<unsigned>(std::min<std::size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
 template <int S, int D>
 __global__ void convert_kernel(const void* src, void* dst, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) store<D>(dst, i, load<S>(src, i));

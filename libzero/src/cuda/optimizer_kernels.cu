@@ -14,13 +14,6 @@ namespace {
 
 using namespace dev;
 
-constexpr int kThreads = 256;
-constexpr std::size_t kMaxBlocks = 4096;
-
-unsigned blocks_for(std::size_t n) {
-  return static_cast<unsigned>(std::min<std::size_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
 template <int G, int O>
 __global__ void adam_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
                             const void* __restrict__ grad, void* __restrict__ out, std::size_t n,
