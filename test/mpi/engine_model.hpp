@@ -98,6 +98,24 @@ struct ReferenceAdam {
   }
 };
 
+// The backward of unit u in micro-step k of step s: gather, add the loss-scaled mean gradient of
+// this rank's micro-batch into grads(u), reduce.
+inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int world, int gas, int micro) {
+  auto p = e.gather(u);
+  auto g = e.grads(u);
+  const UnitInfo& ui = e.layout().unit(u);
+  std::vector<float> w(static_cast<std::size_t>(ui.numel));
+  for (const auto& pi : ui.params)
+    for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
+  auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
+  float scale = e.loss_scale();
+  for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
+    auto t = g[pi];
+    for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
+  }
+  e.reduce(u);
+}
+
 // Trains `steps` steps: per micro-step a forward of gathers, then a backward that gathers,
 // adds the loss-scaled micro-batch gradient and reduces, last unit first.
 inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
@@ -108,19 +126,7 @@ inline void train(Engine& e, int rank, int world, int first_step, int steps, std
     for (int k = 0; k < gas; ++k) {
       for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
       for (int u = n - 1; u >= 0; --u) {
-        auto p = e.gather(u);
-        auto g = e.grads(u);
-        const UnitInfo& ui = e.layout().unit(u);
-        std::vector<float> w(static_cast<std::size_t>(ui.numel));
-        for (const auto& pi : ui.params)
-          for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
-        auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
-        float scale = e.loss_scale();
-        for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
-          auto t = g[pi];
-          for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
-        }
-        e.reduce(u);
+        backward_unit(e, u, s, k, rank, world, gas, micro);
       }
     }
     StepResult r = e.step();

@@ -114,21 +114,7 @@ inline double train_step(Engine& e, const Case& c, int* skipped = nullptr) {
           for (std::int64_t i = 0; i < pi.numel; ++i) loss += sample_loss(u, pi.offset + i, s, p[pi.name].get(i));
       }
     }
-    for (int u = n - 1; u >= 0; --u) {  // backward
-      auto p = e.gather(u);
-      auto g = e.grads(u);
-      const UnitInfo& ui = e.layout().unit(u);
-      std::vector<float> w(static_cast<std::size_t>(ui.numel));
-      for (const auto& pi : ui.params)
-        for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
-      auto mg = micro_grad(u, w, step, k, rank, world, c.gas, micro);
-      float scale = e.loss_scale();
-      for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
-        auto t = g[pi];
-        for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
-      }
-      e.reduce(u);
-    }
+    for (int u = n - 1; u >= 0; --u) backward_unit(e, u, step, k, rank, world, c.gas, micro);
   }
   StepResult r = e.step();
   if (skipped && r.skipped) ++*skipped;
