@@ -28,6 +28,8 @@ zero_require(OpenMP_CXX_FOUND "OpenMP (libgomp)" "libgomp1 (part of build-essent
 if(ZERO_BUILD_EXAMPLES OR ZERO_BUILD_BENCH OR ZERO_BUILD_TESTS)
   find_package(CLI11 CONFIG QUIET)
   zero_require(CLI11_FOUND "CLI11" "libcli11-dev")
+  find_package(nlohmann_json 3 CONFIG QUIET)
+  zero_require(nlohmann_json_FOUND "nlohmann-json (JSON output of zero-plan)" "nlohmann-json3-dev")
   set(BLA_VENDOR OpenBLAS)
   find_package(BLAS QUIET)
   zero_require(BLAS_FOUND "OpenBLAS" "libopenblas-dev")

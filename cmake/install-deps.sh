@@ -3,7 +3,7 @@
 # Idempotent: packages already present are left alone, so it is cheap to run again.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
-      libyaml-cpp-dev libcli11-dev catch2 libopenmpi-dev openmpi-bin
+      libyaml-cpp-dev libcli11-dev nlohmann-json3-dev catch2 libopenmpi-dev openmpi-bin
       liburing-dev libopenblas-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,215 @@
+// Planning: what fits, how fast and how many days, decided before any cluster time is spent.
+//
+// The planner models one training configuration on one cluster without running it:
+//   memory  — model states exactly as the engine accounts them (the same Layout padding, the
+//             same stage 3 persistence rule, offload moving the optimizer's part to host or NVMe),
+//             plus the GPT trainer's activations, communication buffers, stage 3 gathers, the
+//             offload engine's pinned buffers and a stated per-process overhead;
+//   time    — compute at a stated fraction of the GPU's peak, ring collectives over the slower of
+//             the intra- and inter-node links with the engine's overlap rules (stage 2/3 reduce
+//             and stage 3 gathers hide behind compute; the stage 0/1 boundary reduce and the
+//             post-step gather do not), and offload traffic (PCIe, host AdamW, NVMe).
+// Settings left open are enumerated and ranked by throughput; max_model() searches a GPT shape
+// family for the largest model that fits. Everything here is arithmetic: no MPI, no devices.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/layout.hpp"
+
+namespace zero::plan {
+
+// ---- Models --------------------------------------------------------------------------------
+
+// A GPT-2 style decoder: the unit structure of examples/gpt (embeddings with tied LM head,
+// one unit per block, ln_f), vocabulary padded to a multiple of 128 as the trainer does.
+struct GptShape {
+  std::string name;  // preset name, or empty
+  int n_layer = 12;
+  int n_head = 12;
+  int n_embd = 768;
+  int seq_len = 1024;
+  int vocab_size = 50257;
+
+  std::int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  std::int64_t num_params() const;  // Ψ, as Layout::num_params() of gpt_layout()
+  void validate() const;            // throws zero::Error naming the bad field
+};
+
+// Presets: the GPT-2 sizes, bloom-7b and a few GPT-3-like sizes used by the validation.
+const std::vector<GptShape>& gpt_presets();
+GptShape gpt_preset(std::string_view name);  // throws, listing the presets, when unknown
+Layout gpt_layout(const GptShape& shape);
+
+// A shape family for --max-model and bare parameter counts: head size 128 (or fewer heads for
+// narrow models), width a multiple of 128, depth n_embd / aspect unless fixed.
+struct GptFamily {
+  int aspect = 128;   // n_embd / n_layer (GPT-3's 175B and 13B sit at 128)
+  int n_layer = 0;    // > 0: fixed depth, only the width grows
+  int seq_len = 1024;
+  int vocab_size = 50257;
+  GptShape shape(int n_embd) const;
+  // The family member whose parameter count is closest to `params`.
+  GptShape closest(double params) const;
+};
+
+// Activation bytes per rank of the GPT trainer's forward + backward for a micro-batch of `micro`
+// sequences, elements of `element_bytes` (4 for the fp32 trainer, 2 for 16-bit activations).
+// Mirrors what GptModel allocates: per block the LayerNorm outputs and statistics, qkv, the
+// attention output and probabilities [B, NH, T, T], the MLP hidden layer (before and after GELU)
+// — kept for every block, or for one block with activation checkpointing — plus the residual
+// stream at each block boundary, ln_f, the logits over the padded vocabulary and the backward's
+// scratch. Token ids are int32.
+std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointing, int element_bytes);
+
+// ---- Hardware ------------------------------------------------------------------------------
+
+struct GpuSpec {
+  std::string name;
+  double memory_bytes = 0;    // usable device memory
+  double peak_flops = 0;      // dense 16-bit tensor peak, FLOP/s
+  double efficiency = 0;      // fraction of peak the training compute reaches
+  double hbm_bytes_per_s = 0; // device memory bandwidth (the on-device optimizer step)
+  double pcie_bytes_per_s = 0;// host <-> device, one direction
+  double nvlink_bytes_per_s = 0;  // default intra-node bus bandwidth per GPU
+};
+
+// Built-in presets: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-SXM, H200.
+// `efficiency` is the one calibrated figure (bench/RESULTS.md): the same default for every kind
+// until a measured MFU replaces it.
+const std::vector<GpuSpec>& gpu_presets();
+// A preset by name, first among `extra` (user YAML), then the built-in ones.
+GpuSpec gpu_preset(std::string_view name, const std::vector<GpuSpec>& extra = {});
+// User presets from YAML: a list (or a map under `gpus:`) of entries with name, memory_gb,
+// peak_tflops, efficiency, hbm_gbps, pcie_gbps, nvlink_gbps; a field left out copies `base`
+// (a built-in preset name) or is an error. Throws with the file and the bad key.
+std::vector<GpuSpec> load_gpu_presets(const std::string& path);
+
+struct Cluster {
+  GpuSpec gpu;
+  int gpus = 1;
+  int gpus_per_node = 8;
+  double intra_node_bytes_per_s = 0;    // per GPU; 0: the GPU's NVLink figure
+  double inter_node_bytes_per_s = 25e9; // per node (all its NICs)
+  double host_bytes_per_gpu = 64e9;     // host memory available to each rank
+  double host_mem_bytes_per_s = 200e9;  // per node, shared by the host AdamW of its ranks
+  double nvme_bytes_per_node = 0;       // 0: no NVMe
+  double nvme_bytes_per_s = 6e9;        // per node, read or write
+  int nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
+  int ranks_per_node() const { return gpus < gpus_per_node ? gpus : gpus_per_node; }
+  // Bus bandwidth of a ring over all ranks: NVLink inside a node, the NICs between nodes.
+  double ring_bytes_per_s() const;
+};
+
+// ---- Settings ------------------------------------------------------------------------------
+
+struct Settings {
+  int stage = 0;
+  OffloadDevice offload_optimizer = OffloadDevice::none;
+  // nvme at stage 3 as the engine does; cpu is DeepSpeed's host-resident parameter slice, which
+  // the planner models for comparisons although libzero's CUDA backend keeps params on device.
+  OffloadDevice offload_param = OffloadDevice::none;
+  int micro_batch = 1;
+  int grad_accum = 1;
+  bool activation_checkpointing = false;
+  DType dtype = DType::bf16;
+  int moments = 2;  // Adam(W): 2, SGD with momentum: 1
+  std::int64_t reduce_bucket_size = 500000000;
+  std::int64_t allgather_bucket_size = 500000000;
+  std::int64_t prefetch_bucket_size = 50000000;
+  std::int64_t max_live_parameters = 1000000000;
+  std::int64_t persistence_threshold = 100000;
+  std::int64_t sub_group_size = 1000000000;
+  bool overlap_comm = true;
+  std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
+};
+
+// The settings a resolved-or-not Config asks for (batch fields that are 0 stay at 1).
+Settings settings_from(const Config& cfg);
+
+// ---- Memory --------------------------------------------------------------------------------
+
+// Model states per rank, the engine's MemoryReport categories: params + grads + master +
+// optimizer is MemoryReport::model_state(); host and nvme are the bytes the offload moved away
+// (tensor bytes, before the pinned pool's or the swapper's rounding).
+struct ModelStates {
+  std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  std::int64_t host = 0, nvme = 0;
+  std::int64_t device() const { return params + grads + master + optimizer; }
+};
+ModelStates model_states(const Layout& layout, const Settings& s, int world);
+
+// Every figure per rank except nvme, which is per node (what must fit on the node's drives).
+struct MemoryPlan {
+  ModelStates states;
+  std::int64_t activations = 0;
+  std::int64_t comm_buffers = 0;
+  std::int64_t gathered = 0;      // stage 3: units gathered at once (current + prefetch)
+  std::int64_t pinned = 0;        // offload staging / swap buffers in host memory
+  std::int64_t device_overhead = 0;
+  std::int64_t host_overhead = 0;
+  std::int64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
+};
+// Stated per-process overheads: CUDA context, cuBLAS workspaces and allocator slack on the
+// device; the process, MPI and the data loader on the host.
+inline constexpr std::int64_t kDeviceOverheadBytes = 2LL << 30;
+inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
+
+// ---- Time and the whole plan ---------------------------------------------------------------
+
+struct StepTime {
+  double compute_s = 0;  // forward + backward (+ recompute) of every micro-step
+  double comm_s = 0;     // all collective time, hidden or not
+  double exposed_comm_s = 0;
+  double offload_s = 0;  // PCIe, NVMe and host AdamW time
+  double optimizer_s = 0;
+  double step_s = 0;
+};
+
+struct Plan {
+  GptShape shape;
+  std::int64_t params = 0;
+  Settings settings;
+  MemoryPlan memory;
+  StepTime time;
+  bool fits = false;
+  std::string why;  // what does not fit, when !fits
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // params × (6 or 8) × tokens / (s × GPUs), the trainer's formula
+  double days = 0;            // for token_budget
+  double token_budget = 0;
+};
+
+Plan make_plan(const GptShape& shape, const Cluster& cluster, const Settings& s, double token_budget = 100e9);
+
+// Settings left open: each list holds the values to try (one value = fixed).
+struct SettingsSpace {
+  Settings base;
+  std::vector<int> stages{0, 1, 2, 3};
+  std::vector<OffloadDevice> offload_optimizer{OffloadDevice::none};
+  std::vector<OffloadDevice> offload_param{OffloadDevice::none};
+  std::vector<int> micro_batches{1, 2, 4, 8, 16, 32};
+  std::vector<bool> checkpointing{false, true};
+  std::vector<Settings> expand() const;  // skips combinations the engine rejects
+};
+
+// Every combination that fits, fastest first (ties: less GPU memory first).
+std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& cluster, const SettingsSpace& space,
+                             double token_budget = 100e9);
+
+struct MaxModel {
+  bool found = false;
+  Plan best;  // the fastest fitting plan of the largest shape
+};
+// The largest member of `family` for which some setting of `space` fits.
+MaxModel max_model(const GptFamily& family, const Cluster& cluster, const SettingsSpace& space,
+                   double token_budget = 100e9);
+
+}  // namespace zero::plan

@@ -1,0 +1,73 @@
+// Model-state bytes as the engine accounts them (EngineImpl::memory and the optimizer stores),
+// and the settings a Config asks for.
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+#include "zero/plan.hpp"
+
+namespace zero::plan {
+
+ModelStates model_states(const Layout& layout, const Settings& s, int world) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const std::int64_t state_per_elem = static_cast<std::int64_t>(sizeof(float)) * (1 + s.moments);
+  ModelStates m;
+  for (int i = 0; i < layout.num_units(); ++i) {
+    const std::int64_t numel = layout.unit(i).numel;
+    const std::int64_t slice = layout.slice_numel(i, world);
+    const std::int64_t padded = slice * world;
+    // Stage 3 shards a unit's parameters unless it is below the persistence threshold.
+    const bool sharded = s.stage == 3 && numel >= s.persistence_threshold;
+    const std::int64_t pbytes = (sharded ? slice : padded) * es;
+    if (sharded && s.offload_param == OffloadDevice::nvme) m.nvme += pbytes;
+    else if (sharded && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
+    else m.params += pbytes;
+    m.grads += (s.stage <= 1 ? padded : slice) * es;
+    // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
+    const std::int64_t own = s.stage == 0 ? padded : slice;
+    switch (s.offload_optimizer) {
+      case OffloadDevice::none:
+        m.master += own * static_cast<std::int64_t>(sizeof(float));
+        m.optimizer += own * static_cast<std::int64_t>(sizeof(float)) * s.moments;
+        break;
+      case OffloadDevice::cpu: m.host += own * state_per_elem; break;
+      case OffloadDevice::nvme: m.nvme += own * state_per_elem; break;
+    }
+  }
+  return m;
+}
+
+Settings settings_from(const Config& cfg) {
+  const auto& z = cfg.zero_optimization;
+  Settings s;
+  s.stage = z.stage;
+  s.offload_optimizer = z.offload_optimizer.device;
+  s.offload_param = z.offload_param.device;
+  s.micro_batch = static_cast<int>(std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu));
+  s.grad_accum = static_cast<int>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
+  s.dtype = cfg.compute_dtype();
+  s.moments = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;
+  s.reduce_bucket_size = z.reduce_bucket_size;
+  s.allgather_bucket_size = z.allgather_bucket_size;
+  s.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
+  s.max_live_parameters = z.stage3_max_live_parameters;
+  s.persistence_threshold = z.stage3_param_persistence_threshold;
+  s.sub_group_size = z.sub_group_size;
+  s.overlap_comm = z.overlap_comm;
+  return s;
+}
+
+std::string Settings::label() const {
+  auto dev = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none"; };
+  // (a stream, not string concatenation: GCC 12 at -O3 misreports the latter as -Wrestrict)
+  std::ostringstream l;
+  l << "stage " << stage;
+  if (offload_optimizer != OffloadDevice::none) l << ", opt " << dev(offload_optimizer);
+  if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
+  l << ", mb " << micro_batch;
+  if (grad_accum > 1) l << "x" << grad_accum;
+  if (activation_checkpointing) l << ", ckpt";
+  return l.str();
+}
+
+}  // namespace zero::plan

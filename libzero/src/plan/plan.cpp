@@ -1,0 +1,237 @@
+// The whole plan for one configuration (memory in each place, step time, days), the ranked
+// enumeration of open settings and the largest model of a family that fits.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "zero/error.hpp"
+#include "zero/plan.hpp"
+
+namespace zero::plan {
+
+namespace {
+
+// Bytes an on-device AdamW step moves per owned element: read param, grad, master, m, v;
+// write param, master, m, v (16-bit params and grads).
+constexpr double kDeviceAdamBytes = 2 + 2 + 4 * 3 + 2 + 4 * 3;
+// Bytes the host AdamW moves per element (bench/RESULTS.md, bench_host_adam: it runs at the
+// memory-traffic limit of 28 B/param), so its rate is the node's DRAM bandwidth shared by its ranks.
+constexpr double kHostAdamBytes = 28;
+
+struct UnitSizes {
+  std::int64_t total_padded = 0;  // Σ padded numel
+  std::int64_t largest = 0;       // largest padded unit
+  std::int64_t largest_slice = 0;
+};
+
+UnitSizes unit_sizes(const Layout& layout, int world) {
+  UnitSizes u;
+  for (int i = 0; i < layout.num_units(); ++i) {
+    const std::int64_t p = layout.padded_numel(i, world);
+    u.total_padded += p;
+    u.largest = std::max(u.largest, p);
+    u.largest_slice = std::max(u.largest_slice, layout.slice_numel(i, world));
+  }
+  return u;
+}
+
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluster& c, const Settings& s) {
+  const int N = c.gpus;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const UnitSizes u = unit_sizes(layout, N);
+  MemoryPlan m;
+  m.states = model_states(layout, s, N);
+  m.activations = activation_bytes(shape, s.micro_batch, s.activation_checkpointing, static_cast<int>(es));
+  // Reduce staging: one bucket at stages 0/1 (gradients are full-size already); two buckets in
+  // flight at stages 2/3, each at least one whole unit (a unit is never split across buckets).
+  const std::int64_t bucket = std::min(s.reduce_bucket_size, u.total_padded);
+  if (s.stage <= 1) m.comm_buffers = bucket * es;
+  else m.comm_buffers = 2 * std::max(bucket, u.largest) * es;
+  // Stages 1/2 all-gather the updated slices after the step through one bucket.
+  if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
+  // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
+  if (s.stage == 3) {
+    const std::int64_t ahead = std::min(std::max(s.prefetch_bucket_size, u.largest), s.max_live_parameters);
+    m.gathered = (u.largest + ahead) * es;
+  }
+  // Offload staging in pinned host memory: gradients down and parameters up one sub-group at a
+  // time; NVMe streams the state through three sub-group buffers (read, step, write).
+  const std::int64_t own = s.stage == 0 ? u.total_padded : u.total_padded / N;
+  const std::int64_t group = std::min(s.sub_group_size, own);
+  if (s.offload_optimizer != OffloadDevice::none) m.pinned += 2 * group * es;
+  if (s.offload_optimizer == OffloadDevice::nvme) m.pinned += 3 * group * 4 * (1 + s.moments);
+  if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
+  m.device_overhead = kDeviceOverheadBytes;
+  m.host_overhead = kHostOverheadBytes;
+  m.gpu_bytes = m.states.device() + m.activations + m.comm_buffers + m.gathered + m.device_overhead;
+  m.host_bytes = m.states.host + m.pinned + m.host_overhead;
+  m.nvme_bytes = m.states.nvme * c.ranks_per_node();
+  return m;
+}
+
+StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, const Settings& s, int seq_len) {
+  const int N = c.gpus;
+  const double es = static_cast<double>(dtype_size(s.dtype));
+  const UnitSizes u = unit_sizes(layout, N);
+  StepTime t;
+  // Compute: 2Ψ FLOPs per token forward, 4Ψ backward, 2Ψ more to recompute with checkpointing.
+  const double rate = c.gpu.peak_flops * c.gpu.efficiency;
+  const double tokens = static_cast<double>(s.micro_batch) * seq_len;
+  const double fwd_c = 2.0 * static_cast<double>(params) * tokens / rate;
+  const double bwd_c = (s.activation_checkpointing ? 6.0 : 4.0) * static_cast<double>(params) * tokens / rate;
+  // Ring collectives over the whole padded model: all-gather and reduce-scatter move (N-1)/N of
+  // it through each rank's link, all-reduce twice that.
+  const double full = static_cast<double>(u.total_padded) * es;
+  const double ring = N > 1 ? (N - 1.0) / N * full / c.ring_bytes_per_s() : 0.0;
+  double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
+  switch (s.stage) {
+    case 0: boundary = 2 * ring; break;  // all-reduce during the last backward
+    case 1: boundary = ring; post_step = ring; break;
+    case 2: bwd_comm = ring; post_step = ring; break;
+    case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
+  }
+  t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step;
+  // Parameter slices that live off the device travel each gather (forward and backward) and are
+  // written back after the step; the prefetch overlaps the reads like a collective.
+  const double slice_bytes = full / N;
+  double param_io = 0, param_write = 0;
+  if (s.stage == 3 && s.offload_param == OffloadDevice::nvme) {
+    param_io = slice_bytes * c.ranks_per_node() / c.nvme_bytes_per_s;
+    param_write = param_io;
+  } else if (s.stage == 3 && s.offload_param == OffloadDevice::cpu) {
+    param_io = slice_bytes / c.gpu.pcie_bytes_per_s;
+    param_write = param_io;
+  }
+  fwd_comm += param_io;
+  bwd_comm += param_io;
+  auto micro_time = [&](double extra_bwd) {
+    if (!s.overlap_comm) return fwd_c + bwd_c + fwd_comm + bwd_comm + extra_bwd;
+    return std::max(fwd_c, fwd_comm) + std::max(bwd_c, bwd_comm + extra_bwd);
+  };
+  const double micro_steps = (s.grad_accum - 1) * micro_time(0) + micro_time(boundary);
+  t.compute_s = s.grad_accum * (fwd_c + bwd_c);
+  // Optimizer step over the owned elements.
+  const double own = s.stage == 0 ? static_cast<double>(u.total_padded) : static_cast<double>(u.total_padded) / N;
+  double opt_offload = 0;
+  if (s.offload_optimizer == OffloadDevice::none) {
+    t.optimizer_s = own * kDeviceAdamBytes / c.gpu.hbm_bytes_per_s;
+  } else {
+    const double adam_rate = c.host_mem_bytes_per_s / c.ranks_per_node() / kHostAdamBytes;
+    t.optimizer_s = own / adam_rate;
+    const double pcie = 2 * own * es / c.gpu.pcie_bytes_per_s;  // gradients down, parameters up
+    double swap = 0;
+    if (s.offload_optimizer == OffloadDevice::nvme)  // read and write master + moments, node-wide
+      swap = 2 * own * 4 * (1 + s.moments) * c.ranks_per_node() / c.nvme_bytes_per_s;
+    // The swap pipeline overlaps reading and writing with the host AdamW: only the excess shows.
+    opt_offload = pcie + std::max(0.0, swap - t.optimizer_s);
+  }
+  t.offload_s = opt_offload + param_write + s.grad_accum * 2 * param_io;
+  t.step_s = micro_steps + post_step + param_write + t.optimizer_s + opt_offload;
+  t.exposed_comm_s = std::max(0.0, micro_steps - t.compute_s) + post_step;
+  return t;
+}
+
+}  // namespace
+
+Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, double token_budget) {
+  ZERO_CHECK(c.gpus >= 1 && c.gpus_per_node >= 1, "zero-plan: the cluster needs at least one GPU and one GPU per node");
+  ZERO_CHECK(s.stage >= 0 && s.stage <= 3, "zero-plan: stage must be 0..3 (got " + std::to_string(s.stage) + ")");
+  ZERO_CHECK(s.micro_batch >= 1 && s.grad_accum >= 1, "zero-plan: micro-batch and accumulation must be >= 1");
+  ZERO_CHECK(s.offload_param == OffloadDevice::none || s.stage == 3,
+             "zero-plan: parameter offload exists only at stage 3 (got stage " + std::to_string(s.stage) + ")");
+  ZERO_CHECK(s.offload_optimizer == OffloadDevice::none || s.stage >= 1,
+             "zero-plan: optimizer offload needs stage >= 1, as the engine does");
+  const Layout layout = gpt_layout(shape);
+  Plan p;
+  p.shape = shape;
+  p.params = layout.num_params();
+  p.settings = s;
+  p.token_budget = token_budget;
+  p.memory = plan_memory(shape, layout, c, s);
+  p.time = plan_time(layout, p.params, c, s, shape.seq_len);
+
+  std::vector<std::string> over;
+  if (static_cast<double>(p.memory.gpu_bytes) > c.gpu.memory_bytes)
+    over.push_back("GPU memory: " + gib(static_cast<double>(p.memory.gpu_bytes)) + " > " + gib(c.gpu.memory_bytes));
+  if (static_cast<double>(p.memory.host_bytes) > c.host_bytes_per_gpu)
+    over.push_back("host memory per GPU: " + gib(static_cast<double>(p.memory.host_bytes)) + " > " +
+                   gib(c.host_bytes_per_gpu));
+  if (static_cast<double>(p.memory.nvme_bytes) > c.nvme_bytes_per_node)
+    over.push_back("NVMe per node: " + gib(static_cast<double>(p.memory.nvme_bytes)) + " > " +
+                   gib(c.nvme_bytes_per_node));
+  p.fits = over.empty();
+  for (const auto& o : over) p.why += (p.why.empty() ? "" : "; ") + o;
+
+  const double F = s.activation_checkpointing ? 8.0 : 6.0;
+  p.tokens_per_step = static_cast<double>(s.micro_batch) * s.grad_accum * shape.seq_len * c.gpus;
+  p.tokens_per_s = p.tokens_per_step / p.time.step_s;
+  p.tflops_per_gpu = static_cast<double>(p.params) * F * p.tokens_per_s / (c.gpus * 1e12);
+  p.days = token_budget / p.tokens_per_s / 86400.0;
+  return p;
+}
+
+std::vector<Settings> SettingsSpace::expand() const {
+  std::vector<Settings> out;
+  for (int stage : stages)
+    for (auto oo : offload_optimizer)
+      for (auto op : offload_param)
+        for (int mb : micro_batches)
+          for (bool ckpt : checkpointing) {
+            if (op != OffloadDevice::none && stage < 3) continue;
+            if (oo != OffloadDevice::none && stage == 0) continue;
+            Settings s = base;
+            s.stage = stage;
+            s.offload_optimizer = oo;
+            s.offload_param = op;
+            s.micro_batch = mb;
+            s.activation_checkpointing = ckpt;
+            out.push_back(s);
+          }
+  return out;
+}
+
+std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& c, const SettingsSpace& space, double budget) {
+  std::vector<Plan> out;
+  for (const auto& s : space.expand()) {
+    Plan p = make_plan(shape, c, s, budget);
+    if (p.fits) out.push_back(std::move(p));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const Plan& a, const Plan& b) {
+    if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+    return a.memory.gpu_bytes < b.memory.gpu_bytes;
+  });
+  return out;
+}
+
+MaxModel max_model(const GptFamily& family, const Cluster& c, const SettingsSpace& space, double budget) {
+  // Fitting is monotone in the width for a fixed setting, so bisect over widths (multiples of 128).
+  auto best_at = [&](int k) {
+    GptShape s = family.shape(128 * k);
+    auto ranked = rank_plans(s, c, space, budget);
+    return ranked.empty() ? std::optional<Plan>{} : std::optional<Plan>{ranked.front()};
+  };
+  MaxModel r;
+  int lo = 1, hi = 1024;  // widths 128 .. 131072
+  auto first = best_at(lo);
+  if (!first) return r;
+  r.found = true;
+  r.best = *first;
+  while (hi - lo > 1) {
+    int mid = (lo + hi) / 2;
+    if (auto p = best_at(mid)) {
+      lo = mid;
+      r.best = *p;
+    } else {
+      hi = mid;
+    }
+  }
+  return r;
+}
+
+}  // namespace zero::plan

@@ -1,0 +1,281 @@
+// zero-plan: what fits, how fast and how many days, before the cluster time is spent.
+//
+// One configuration gives its memory in each place, step time, tokens/s, TFLOPs per GPU and
+// days for a token budget; settings left open (several values, or "any") give a ranked table of
+// every combination that fits; --max-model searches a GPT shape family for the largest model
+// that fits. --json prints one JSON object instead of the tables.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+#include "zero/plan.hpp"
+
+using namespace zero;
+using namespace zero::plan;
+
+namespace {
+
+constexpr double GB = 1e9;
+
+std::string gib(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string human_params(double p) {
+  char buf[32];
+  if (p >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", p / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.1fM", p / 1e6);
+  return buf;
+}
+
+OffloadDevice device_of(const std::string& s) {
+  if (s == "none") return OffloadDevice::none;
+  if (s == "cpu") return OffloadDevice::cpu;
+  if (s == "nvme") return OffloadDevice::nvme;
+  ZERO_THROW("zero-plan: offload device '" + s + "' is not one of none, cpu, nvme");
+}
+
+const char* device_name(OffloadDevice d) {
+  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
+}
+
+nlohmann::json plan_json(const Plan& p) {
+  const auto& m = p.memory;
+  const auto& s = p.settings;
+  return {{"fits", p.fits},
+          {"why", p.why},
+          {"params", p.params},
+          {"model", {{"n_layer", p.shape.n_layer}, {"n_head", p.shape.n_head}, {"n_embd", p.shape.n_embd},
+                     {"seq_len", p.shape.seq_len}, {"vocab_size", p.shape.vocab_size}}},
+          {"settings", {{"stage", s.stage}, {"offload_optimizer", device_name(s.offload_optimizer)},
+                        {"offload_param", device_name(s.offload_param)}, {"micro_batch", s.micro_batch},
+                        {"gradient_accumulation_steps", s.grad_accum},
+                        {"activation_checkpointing", s.activation_checkpointing},
+                        {"dtype", std::string(dtype_name(s.dtype))}}},
+          {"gpu_bytes", m.gpu_bytes},
+          {"host_bytes", m.host_bytes},
+          {"nvme_bytes", m.nvme_bytes},
+          {"model_state_bytes", m.states.device()},
+          {"activation_bytes", m.activations},
+          {"step_s", p.time.step_s},
+          {"tokens_per_s", p.tokens_per_s},
+          {"tflops_per_gpu", p.tflops_per_gpu},
+          {"days", p.days},
+          {"token_budget", p.token_budget}};
+}
+
+void print_plan(const Plan& p, const Cluster& c) {
+  const auto& m = p.memory;
+  std::printf("model: %s parameters (n_layer %d, n_head %d, n_embd %d, seq_len %d, vocab %d)\n",
+              human_params(static_cast<double>(p.params)).c_str(), p.shape.n_layer, p.shape.n_head, p.shape.n_embd,
+              p.shape.seq_len, p.shape.vocab_size);
+  std::printf("cluster: %d x %s, %d per node, efficiency %.0f%% of %.0f TFLOP/s\n", c.gpus, c.gpu.name.c_str(),
+              c.gpus_per_node, 100 * c.gpu.efficiency, c.gpu.peak_flops / 1e12);
+  std::printf("settings: %s, %s\n", p.settings.label().c_str(), std::string(dtype_name(p.settings.dtype)).c_str());
+  std::printf("fits: %s%s%s\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why.c_str());
+  std::printf("GPU  %10s = model states %s (params %s, grads %s, master+optimizer %s) + activations %s\n"
+              "                 + comm buffers %s + stage-3 gathers %s + overhead %s   (of %s)\n",
+              gib(static_cast<double>(m.gpu_bytes)).c_str(), gib(static_cast<double>(m.states.device())).c_str(),
+              gib(static_cast<double>(m.states.params)).c_str(), gib(static_cast<double>(m.states.grads)).c_str(),
+              gib(static_cast<double>(m.states.master + m.states.optimizer)).c_str(),
+              gib(static_cast<double>(m.activations)).c_str(), gib(static_cast<double>(m.comm_buffers)).c_str(),
+              gib(static_cast<double>(m.gathered)).c_str(), gib(static_cast<double>(m.device_overhead)).c_str(),
+              gib(c.gpu.memory_bytes).c_str());
+  std::printf("host %10s per GPU = offloaded states %s + pinned buffers %s + overhead %s   (of %s)\n",
+              gib(static_cast<double>(m.host_bytes)).c_str(), gib(static_cast<double>(m.states.host)).c_str(),
+              gib(static_cast<double>(m.pinned)).c_str(), gib(static_cast<double>(m.host_overhead)).c_str(),
+              gib(c.host_bytes_per_gpu).c_str());
+  std::printf("NVMe %10s per node   (of %s)\n", gib(static_cast<double>(m.nvme_bytes)).c_str(),
+              gib(c.nvme_bytes_per_node).c_str());
+  std::printf("step %.3f s = compute %.3f s + exposed comm %.3f s + optimizer %.3f s + offload %.3f s"
+              " (comm %.3f s in all)\n",
+              p.time.step_s, p.time.compute_s, p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s,
+              p.time.comm_s);
+  std::printf("%.0f tokens/s, %.1f TFLOP/s per GPU, %.1f days for %.3g tokens\n", p.tokens_per_s, p.tflops_per_gpu,
+              p.days, p.token_budget);
+}
+
+void print_table(const std::vector<Plan>& ranked, std::size_t top) {
+  std::printf("%-4s %-36s %10s %10s %10s %9s %12s %8s %8s\n", "rank", "settings", "GPU", "host/GPU", "NVMe/node",
+              "step s", "tokens/s", "TFLOP/s", "days");
+  for (std::size_t i = 0; i < ranked.size() && i < top; ++i) {
+    const Plan& p = ranked[i];
+    std::printf("%-4zu %-36s %10s %10s %10s %9.3f %12.0f %8.1f %8.1f\n", i + 1, p.settings.label().c_str(),
+                gib(static_cast<double>(p.memory.gpu_bytes)).c_str(), gib(static_cast<double>(p.memory.host_bytes)).c_str(),
+                gib(static_cast<double>(p.memory.nvme_bytes)).c_str(), p.time.step_s, p.tokens_per_s, p.tflops_per_gpu,
+                p.days);
+  }
+  if (ranked.size() > top) std::printf("... %zu more (--top)\n", ranked.size() - top);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zero-plan: which model and settings fit, how fast they run and how many days a token budget takes"};
+  // Model
+  std::string model, gpu_kind = "H100-SXM", gpu_file, config_path;
+  GptShape shape;
+  double params = 0;
+  app.add_option("--model", model, "GPT preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, bloom-7b, gpt3-6.7b, "
+                                   "gpt3-13b, gpt-52b, gpt3-175b)");
+  auto* o_layer = app.add_option("--n-layer", shape.n_layer, "transformer blocks");
+  auto* o_head = app.add_option("--n-head", shape.n_head, "attention heads");
+  auto* o_embd = app.add_option("--n-embd", shape.n_embd, "model width");
+  auto* o_seq = app.add_option("--seq-len", shape.seq_len, "sequence length");
+  auto* o_vocab = app.add_option("--vocab", shape.vocab_size, "vocabulary size");
+  app.add_option("--params", params, "a bare parameter count (e.g. 7e9): the closest shape of the family");
+  GptFamily family;
+  app.add_option("--aspect", family.aspect, "family for --params/--max-model: n_embd / n_layer")->default_val(128);
+  app.add_option("--fix-layers", family.n_layer, "family: keep n_layer fixed, grow only the width");
+  bool max_mode = false;
+  app.add_flag("--max-model", max_mode, "the largest model of the family (--aspect, --seq-len, --vocab) that fits");
+  // Cluster
+  Cluster c;
+  double intra = 0, inter = 25, host_gb = 64, host_bw = 200, nvme_gb = 0, nvme_bw = 6, efficiency = 0;
+  app.add_option("--gpu", gpu_kind, "GPU kind: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-SXM, H200, "
+                                    "or one from --gpu-file")->default_val("H100-SXM");
+  app.add_option("--gpu-file", gpu_file, "YAML with user GPU presets (name, base, memory_gb, peak_tflops, "
+                                         "efficiency, hbm_gbps, pcie_gbps, nvlink_gbps)");
+  app.add_option("--gpus", c.gpus, "GPUs (data-parallel ranks)")->default_val(8)->check(CLI::PositiveNumber);
+  app.add_option("--gpus-per-node", c.gpus_per_node, "GPUs per node")->default_val(8)->check(CLI::PositiveNumber);
+  app.add_option("--intra-gbps", intra, "intra-node bus bandwidth per GPU, GB/s (default: the GPU's NVLink)");
+  app.add_option("--inter-gbps", inter, "inter-node bandwidth per node, GB/s")->default_val(25);
+  app.add_option("--host-gb", host_gb, "host memory per GPU, GB")->default_val(64);
+  app.add_option("--host-mem-gbps", host_bw, "host DRAM bandwidth per node, GB/s (host AdamW)")->default_val(200);
+  app.add_option("--nvme-gb", nvme_gb, "NVMe capacity per node, GB")->default_val(0);
+  app.add_option("--nvme-gbps", nvme_bw, "NVMe bandwidth per node, GB/s")->default_val(6);
+  app.add_option("--efficiency", efficiency, "fraction of peak the compute reaches (default: the GPU kind's, "
+                                             "or a measured MFU)")->check(CLI::Range(0.001, 1.0));
+  // Settings
+  std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
+  std::string ckpt_s = "any", dtype_s = "bf16";
+  int accum = 1;
+  double tokens = 100e9;
+  std::size_t top = 15;
+  bool json = false;
+  app.add_option("-c,--config", config_path, "a libzero/DeepSpeed config: its settings are fixed unless a flag opens them");
+  auto* o_stage = app.add_option("--stage", stages_s, "ZeRO stages to consider (0..3 or any)")->delimiter(',');
+  auto* o_off = app.add_option("--offload", offload_s, "optimizer offload: none, cpu, nvme, any")->delimiter(',');
+  auto* o_offp = app.add_option("--offload-param", offload_param_s, "parameter offload (stage 3): none, nvme, cpu, any")
+                     ->delimiter(',');
+  auto* o_micro = app.add_option("--micro-batch", micro_s, "micro-batch sizes (or any: 1..32)")->delimiter(',');
+  auto* o_accum = app.add_option("--accum", accum, "gradient accumulation steps")->check(CLI::PositiveNumber);
+  auto* o_ckpt = app.add_option("--ckpt", ckpt_s, "activation checkpointing: on, off, any")
+                     ->check(CLI::IsMember({"on", "off", "any"}));
+  auto* o_dtype = app.add_option("--dtype", dtype_s, "compute dtype")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
+  app.add_option("--top", top, "rows of the ranked table")->default_val(15);
+  app.add_flag("--json", json, "print one JSON object");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<GpuSpec> user;
+    if (!gpu_file.empty()) user = load_gpu_presets(gpu_file);
+    c.gpu = gpu_preset(gpu_kind, user);
+    if (efficiency > 0) c.gpu.efficiency = efficiency;
+    c.intra_node_bytes_per_s = intra * GB;
+    c.inter_node_bytes_per_s = inter * GB;
+    c.host_bytes_per_gpu = host_gb * GB;
+    c.host_mem_bytes_per_s = host_bw * GB;
+    c.nvme_bytes_per_node = nvme_gb * GB;
+    c.nvme_bytes_per_s = nvme_bw * GB;
+
+    // Settings: a config file fixes what it says; flags given on the command line win.
+    SettingsSpace space;
+    bool from_config = !config_path.empty();
+    if (from_config) space.base = settings_from(load_config(config_path));
+    space.base.grad_accum = from_config && !o_accum->count() ? space.base.grad_accum : accum;
+    if (!from_config || o_dtype->count())
+      space.base.dtype = dtype_s == "fp32" ? DType::f32 : dtype_s == "fp16" ? DType::f16 : DType::bf16;
+    const bool cfg_fixed = from_config;
+    auto any = [](const std::vector<std::string>& v) { return v.size() == 1 && v[0] == "any"; };
+    if (cfg_fixed && !o_stage->count()) space.stages = {space.base.stage};
+    else if (!any(stages_s)) {
+      space.stages.clear();
+      for (const auto& s : stages_s) space.stages.push_back(std::stoi(s));
+    }
+    auto devices = [&](const std::vector<std::string>& v, bool param) {
+      std::vector<OffloadDevice> out;
+      if (any(v)) return param ? std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::nvme}
+                               : std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
+      for (const auto& s : v) out.push_back(device_of(s));
+      return out;
+    };
+    space.offload_optimizer = cfg_fixed && !o_off->count() ? std::vector{space.base.offload_optimizer}
+                                                           : devices(offload_s, false);
+    space.offload_param = cfg_fixed && !o_offp->count() ? std::vector{space.base.offload_param}
+                                                        : devices(offload_param_s, true);
+    if (cfg_fixed && !o_micro->count()) space.micro_batches = {space.base.micro_batch};
+    else if (!any(micro_s)) {
+      space.micro_batches.clear();
+      for (const auto& s : micro_s) space.micro_batches.push_back(std::stoi(s));
+    }
+    if (ckpt_s == "on") space.checkpointing = {true};
+    else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count())) space.checkpointing = {false};
+
+    // Model
+    if (o_seq->count()) family.seq_len = shape.seq_len;
+    if (o_vocab->count()) family.vocab_size = shape.vocab_size;
+    if (!model.empty()) {
+      GptShape p = gpt_preset(model);
+      if (o_seq->count()) p.seq_len = shape.seq_len;
+      if (o_vocab->count()) p.vocab_size = shape.vocab_size;
+      shape = p;
+    } else if (params > 0) {
+      shape = family.closest(params);
+    } else if (!max_mode) {
+      ZERO_CHECK(o_layer->count() && o_head->count() && o_embd->count(),
+                 "zero-plan: give a model: --model <preset>, --n-layer/--n-head/--n-embd, --params <count>, "
+                 "or --max-model");
+    }
+
+    if (max_mode) {
+      MaxModel r = max_model(family, c, space, tokens);
+      if (json) {
+        nlohmann::json j = r.found ? plan_json(r.best) : nlohmann::json{{"fits", false}};
+        j["max_params"] = r.found ? r.best.params : 0;
+        std::printf("%s\n", j.dump(2).c_str());
+      } else if (!r.found) {
+        std::printf("no model of the family fits any of the settings considered\n");
+      } else {
+        std::printf("largest model that fits: %s parameters\n\n", human_params(static_cast<double>(r.best.params)).c_str());
+        print_plan(r.best, c);
+      }
+      return r.found ? 0 : 1;
+    }
+
+    const auto candidates = space.expand();
+    ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
+                                    "optimizer offload needs stage >= 1)");
+    if (candidates.size() == 1) {
+      Plan p = make_plan(shape, c, candidates.front(), tokens);
+      if (json) std::printf("%s\n", plan_json(p).dump(2).c_str());
+      else print_plan(p, c);
+      return 0;
+    }
+    auto ranked = rank_plans(shape, c, space, tokens);
+    if (json) {
+      nlohmann::json j = ranked.empty() ? nlohmann::json{{"fits", false}} : plan_json(ranked.front());
+      j["candidates"] = candidates.size();
+      j["fitting"] = ranked.size();
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
+    }
+    std::printf("model: %s parameters (n_layer %d, n_head %d, n_embd %d, seq_len %d); %d x %s\n",
+                human_params(static_cast<double>(shape.num_params())).c_str(), shape.n_layer, shape.n_head,
+                shape.n_embd, shape.seq_len, c.gpus, c.gpu.name.c_str());
+    std::printf("%zu of %zu combinations fit; fastest first:\n", ranked.size(), candidates.size());
+    print_table(ranked, top);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zero-plan: %s\n", e.what());
+    return 2;
+  }
+}
