@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""zero-plan --json: the fields the issue names, consistent with each other and with
+values worked out by hand. Usage: plan_json.py <zero-plan binary>"""
+import json
+import subprocess
+import sys
+
+plan = sys.argv[1]
+failures = []
+
+
+def run(*args, ok=(0,)):
+    p = subprocess.run([plan, *args, "--json"], capture_output=True, text=True)
+    if p.returncode not in ok:
+        sys.exit(f"zero-plan {' '.join(args)} exited {p.returncode}: {p.stderr}")
+    return json.loads(p.stdout)
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+def close(a, b, rel=1e-9):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+FIELDS = ["fits", "gpu_bytes", "host_bytes", "nvme_bytes", "step_s", "tokens_per_s", "tflops_per_gpu", "days"]
+
+# One configuration: GPT-2 small on one A100 at stage 0. Nothing pads at one rank (every unit is a
+# multiple of 64 elements), so model states are 16 bytes x 124,475,904 parameters.
+j = run("--model", "gpt2", "--gpu", "A100-80GB", "--gpus", "1", "--stage", "0", "--micro-batch", "4",
+        "--accum", "8", "--ckpt", "off", "--tokens", "1e9")
+for f in FIELDS:
+    check(f in j, f"field {f} missing")
+check(j["fits"] is True, "gpt2 on one A100 should fit")
+check(j["params"] == 124475904, f"params {j['params']}")
+check(j["model_state_bytes"] == 16 * 124475904, f"model_state_bytes {j['model_state_bytes']}")
+check(j["gpu_bytes"] > j["model_state_bytes"] + j["activation_bytes"], "gpu_bytes lacks buffers/overhead")
+tokens_per_step = 4 * 8 * 1024
+check(close(j["tokens_per_s"], tokens_per_step / j["step_s"]), "tokens_per_s != tokens per step / step_s")
+check(close(j["tflops_per_gpu"], 6 * j["params"] * j["tokens_per_s"] / 1e12), "tflops_per_gpu formula")
+check(close(j["days"], 1e9 / j["tokens_per_s"] / 86400), "days formula")
+check(j["nvme_bytes"] == 0, "no NVMe in use")
+
+# Checkpointing counts 8 FLOPs per parameter and token.
+j = run("--model", "gpt2", "--gpu", "A100-80GB", "--gpus", "2", "--stage", "1", "--micro-batch", "4",
+        "--ckpt", "on")
+check(close(j["tflops_per_gpu"], 8 * j["params"] * j["tokens_per_s"] / (2 * 1e12)), "tflops with ckpt")
+
+# Does not fit: GPT-3 175B on one V100-16GB.
+j = run("--model", "gpt3-175b", "--gpu", "V100-16GB", "--gpus", "1", "--stage", "0", "--micro-batch", "1",
+        "--ckpt", "on")
+check(j["fits"] is False, "175B on one V100 must not fit")
+check("GPU memory" in j["why"], f"why: {j['why']}")
+
+# Open settings: the fastest fitting combination, and how many were considered.
+j = run("--model", "gpt2-xl", "--gpus", "8")
+check(j["fits"] is True and j["fitting"] <= j["candidates"], "ranked output")
+
+# --max-model: max_params, and the plan of that model fits.
+j = run("--max-model", "--gpus", "8", "--gpu", "H100-SXM", "--stage", "3", "--offload", "cpu",
+        "--host-gb", "200", "--micro-batch", "1", "--ckpt", "on")
+check(j["max_params"] > 1e9 and j["fits"] is True, f"max-model: {j.get('max_params')}")
+check(j["host_bytes"] > 12 * j["max_params"] / 8, "the offloaded optimizer state is in host memory")
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("zero-plan --json: all checks passed")
