@@ -1,0 +1,108 @@
+// zero-plan against published figures: the largest model that fits with ZeRO-3 full CPU offload
+// on V100 nodes, a ZeRO-2 configuration known not to fit, BLOOM-7b's days per 100B tokens at
+// stage 1, and the seconds per iteration of a 52B model at ZeRO-3. Prints prediction, published
+// value and ratio. The one calibrated figure is the compute efficiency (gpu_presets(): 17% of
+// peak, from the BLOOM-7b run on 32 A100s); every other input is a hardware datum stated below.
+#include <cstdio>
+#include <string>
+
+#include "zero/plan.hpp"
+
+using namespace zero;
+using namespace zero::plan;
+
+namespace {
+
+// The V100 nodes of the team notes: 4 x V100-32GB, 40 GB of host memory per GPU,
+// 4 x 100 Gb/s Omni-Path per node.
+Cluster v100_nodes(int gpus) {
+  Cluster c;
+  c.gpu = gpu_preset("V100-32GB");
+  c.gpus = gpus;
+  c.gpus_per_node = 4;
+  c.host_bytes_per_gpu = 40e9;
+  c.inter_node_bytes_per_s = 50e9;
+  c.host_mem_bytes_per_s = 100e9;
+  return c;
+}
+
+// The A100 nodes: 8 x A100-80GB, 4 x 200 Gb/s InfiniBand per node, 64 GB of host memory per GPU.
+Cluster a100_nodes(int gpus) {
+  Cluster c;
+  c.gpu = gpu_preset("A100-80GB");
+  c.gpus = gpus;
+  c.gpus_per_node = 8;
+  c.inter_node_bytes_per_s = 100e9;
+  return c;
+}
+
+void row(const std::string& what, double predicted, double published, const char* unit) {
+  std::printf("| %-58s | %10.1f %-4s | %10.1f %-4s | %5.2f |\n", what.c_str(), predicted, unit, published, unit,
+              predicted / published);
+}
+
+}  // namespace
+
+int main() {
+  std::printf("calibrated: compute efficiency %.2f of peak (every GPU kind's default)\n\n",
+              gpu_preset("A100-80GB").efficiency);
+  std::printf("| %-58s | %15s | %15s | %5s |\n", "case", "predicted", "published", "ratio");
+  std::printf("|%s|%s|%s|%s|\n", std::string(60, '-').c_str(), std::string(17, '-').c_str(),
+              std::string(17, '-').c_str(), std::string(7, '-').c_str());
+
+  // 1. ZeRO-3, optimizer and parameters offloaded to the CPU, seq 1024, checkpointing.
+  SettingsSpace full_offload;
+  full_offload.base.dtype = DType::f16;
+  full_offload.stages = {3};
+  full_offload.offload_optimizer = {OffloadDevice::cpu};
+  full_offload.offload_param = {OffloadDevice::cpu};
+  full_offload.micro_batches = {1};
+  full_offload.checkpointing = {true};
+  GptFamily family;
+  family.seq_len = 1024;
+  const int gpus[] = {16, 32, 64};
+  const double published_max[] = {25, 52, 97};
+  for (int i = 0; i < 3; ++i) {
+    MaxModel m = max_model(family, v100_nodes(gpus[i]), full_offload);
+    row("ZeRO-3 full cpu offload, largest model, " + std::to_string(gpus[i]) + " x V100-32GB",
+        m.found ? static_cast<double>(m.best.params) / 1e9 : 0.0, published_max[i], "B");
+  }
+
+  // 2. ZeRO-2 with optimizer offload does not fit 52B on 32 V100s.
+  Settings z2;
+  z2.dtype = DType::f16;
+  z2.stage = 2;
+  z2.offload_optimizer = OffloadDevice::cpu;
+  z2.activation_checkpointing = true;
+  Plan p2 = make_plan(gpt_preset("gpt-52b"), v100_nodes(32), z2);
+  std::printf("| %-58s | %15s | %15s | %5s |\n", "ZeRO-2 + cpu offload, 52B, 32 x V100-32GB: fits?",
+              p2.fits ? "fits" : "no", "no", p2.fits ? "WRONG" : "ok");
+  std::printf("|   (%s)\n", p2.why.c_str());
+
+  // 3. BLOOM-7b at stage 1, micro-batch 2, accumulation 256, no checkpointing, days per 100B tokens.
+  Settings bloom;
+  bloom.stage = 1;
+  bloom.micro_batch = 2;
+  bloom.grad_accum = 256;
+  const int bloom_gpus[] = {32, 40, 48};
+  const double bloom_days[] = {29, 23, 19};
+  for (int i = 0; i < 3; ++i) {
+    Plan p = make_plan(gpt_preset("bloom-7b"), a100_nodes(bloom_gpus[i]), bloom);
+    row("bloom-7b stage 1, days per 100B tokens, " + std::to_string(bloom_gpus[i]) + " x A100-80GB" +
+            (p.fits ? "" : " (no fit)"),
+        p.days, bloom_days[i], "d");
+  }
+
+  // 4. 52B at ZeRO-3, no offload, micro-batch 8, global batch 512 on 64 V100s: s per iteration.
+  Settings z3;
+  z3.dtype = DType::f16;
+  z3.stage = 3;
+  z3.micro_batch = 8;
+  z3.grad_accum = 512 / (64 * 8);
+  z3.activation_checkpointing = true;
+  Plan p4 = make_plan(gpt_preset("gpt-52b"), v100_nodes(64), z3);
+  row(std::string("52B ZeRO-3 mb 8, s per iteration (published 118-139), 64 x V100") + (p4.fits ? "" : " (no fit)"),
+      p4.time.step_s, (118 + 139) / 2.0, "s");
+  if (!p4.fits) std::printf("|   (%s)\n", p4.why.c_str());
+  return 0;
+}
