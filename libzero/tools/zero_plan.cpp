@@ -157,6 +157,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
   std::string ckpt_s = "any", dtype_s = "bf16";
   int accum = 1;
+  std::int64_t space_global_batch = 0;
   double tokens = 100e9;
   std::size_t top = 15;
   bool json = false;
@@ -170,6 +171,8 @@ int main(int argc, char** argv) {
   auto* o_ckpt = app.add_option("--ckpt", ckpt_s, "activation checkpointing: on, off, any")
                      ->check(CLI::IsMember({"on", "off", "any"}));
   auto* o_dtype = app.add_option("--dtype", dtype_s, "compute dtype")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
+                                                       "accumulation for each micro-batch (overrides --accum)");
   app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
   app.add_option("--top", top, "rows of the ranked table")->default_val(15);
   app.add_flag("--json", json, "print one JSON object");
@@ -189,6 +192,7 @@ int main(int argc, char** argv) {
 
     // Settings: a config file fixes what it says; flags given on the command line win.
     SettingsSpace space;
+    space.global_batch = space_global_batch;
     bool from_config = !config_path.empty();
     if (from_config) space.base = settings_from(load_config(config_path));
     space.base.grad_accum = from_config && !o_accum->count() ? space.base.grad_accum : accum;
@@ -251,7 +255,7 @@ int main(int argc, char** argv) {
       return r.found ? 0 : 1;
     }
 
-    const auto candidates = space.expand();
+    const auto candidates = space.expand(c.gpus);
     ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
                                     "optimizer offload needs stage >= 1)");
     if (candidates.size() == 1) {

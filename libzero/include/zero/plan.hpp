@@ -197,7 +197,11 @@ struct SettingsSpace {
   std::vector<OffloadDevice> offload_param{OffloadDevice::none};
   std::vector<int> micro_batches{1, 2, 4, 8, 16, 32};
   std::vector<bool> checkpointing{false, true};
-  std::vector<Settings> expand() const;  // skips combinations the engine rejects
+  // > 0: sequences per optimizer step over all ranks; each micro-batch then gets the
+  // accumulation that comes closest (at least 1), instead of base.grad_accum.
+  std::int64_t global_batch = 0;
+  // Every combination for `gpus` ranks, skipping those the engine rejects.
+  std::vector<Settings> expand(int gpus) const;
 };
 
 // Every combination that fits, fastest first (ties: less GPU memory first).

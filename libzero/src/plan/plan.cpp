@@ -176,7 +176,7 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
   return p;
 }
 
-std::vector<Settings> SettingsSpace::expand() const {
+std::vector<Settings> SettingsSpace::expand(int gpus) const {
   std::vector<Settings> out;
   for (int stage : stages)
     for (auto oo : offload_optimizer)
@@ -191,6 +191,9 @@ std::vector<Settings> SettingsSpace::expand() const {
             s.offload_param = op;
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
+            if (global_batch > 0)
+              s.grad_accum = static_cast<int>(std::max<std::int64_t>(
+                  1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * gpus))));
             out.push_back(s);
           }
   return out;
@@ -198,7 +201,7 @@ std::vector<Settings> SettingsSpace::expand() const {
 
 std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& c, const SettingsSpace& space, double budget) {
   std::vector<Plan> out;
-  for (const auto& s : space.expand()) {
+  for (const auto& s : space.expand(c.gpus)) {
     Plan p = make_plan(shape, c, s, budget);
     if (p.fits) out.push_back(std::move(p));
   }
