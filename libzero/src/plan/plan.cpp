@@ -35,9 +35,11 @@ UnitSizes unit_sizes(const Layout& layout, int world) {
   return u;
 }
 
+// Small figures in MiB so that a near miss still shows which side is larger.
 std::string gib(double b) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  if (b < 10.0 * (1 << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
   return buf;
 }
 
@@ -57,7 +59,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluste
   if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
   // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
   if (s.stage == 3) {
-    const std::int64_t ahead = std::min(std::max(s.prefetch_bucket_size, u.largest), s.max_live_parameters);
+    const std::int64_t ahead =
+        std::min({std::max(s.prefetch_bucket_size, u.largest), s.max_live_parameters, u.total_padded});
     m.gathered = (u.largest + ahead) * es;
   }
   // Offload staging in pinned host memory: gradients down and parameters up one sub-group at a

@@ -1,0 +1,182 @@
+#include "zero/autotune.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "zero/comm.hpp"
+#include "zero/context.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+namespace {
+
+const char* device_name(OffloadDevice d) {
+  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
+}
+
+// The base config with the candidate's changes, resolved for `world` ranks at the base's
+// global batch. Throws (zero::Error) when the micro-batch does not divide the global batch.
+Config apply(const Config& base, const TuneCandidate& c, int world) {
+  Config cfg = base;
+  if (!cfg.resolved) cfg.resolve(world);
+  const std::int64_t global = cfg.train_batch_size;
+  auto& z = cfg.zero_optimization;
+  if (c.stage) z.stage = *c.stage;
+  if (c.bucket_size) z.reduce_bucket_size = z.allgather_bucket_size = *c.bucket_size;
+  if (c.overlap_comm) z.overlap_comm = *c.overlap_comm;
+  if (c.offload_optimizer) z.offload_optimizer.device = *c.offload_optimizer;
+  if (c.micro_batch) {
+    cfg.train_micro_batch_size_per_gpu = *c.micro_batch;
+    cfg.gradient_accumulation_steps = 0;  // derived from the global batch
+  }
+  cfg.train_batch_size = global;
+  cfg.resolved = false;
+  cfg.resolve(world);
+  return cfg;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+std::string TuneCandidate::label() const {
+  std::ostringstream l;
+  const char* sep = "";
+  if (stage) { l << sep << "stage " << *stage; sep = ", "; }
+  if (micro_batch) { l << sep << "mb " << *micro_batch; sep = ", "; }
+  if (bucket_size) { l << sep << "bucket " << *bucket_size; sep = ", "; }
+  if (overlap_comm) { l << sep << (*overlap_comm ? "overlap" : "no overlap"); sep = ", "; }
+  if (offload_optimizer) { l << sep << "offload " << device_name(*offload_optimizer); sep = ", "; }
+  std::string s = l.str();
+  return s.empty() ? "base" : s;
+}
+
+std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::vector<std::int64_t>& micro_batches,
+                                     const std::vector<std::int64_t>& bucket_sizes, const std::vector<bool>& overlap,
+                                     const std::vector<OffloadDevice>& offload) {
+  // An empty list is one "keep the base" value.
+  auto opts = [](const auto& v) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    std::vector<std::optional<T>> o(v.begin(), v.end());
+    if (o.empty()) o.emplace_back();
+    return o;
+  };
+  std::vector<TuneCandidate> out;
+  for (auto st : opts(stages))
+    for (auto mb : opts(micro_batches))
+      for (auto b : opts(bucket_sizes))
+        for (auto ov : opts(overlap))
+          for (auto off : opts(offload)) {
+            if (off && *off != OffloadDevice::none && st && *st == 0) continue;  // offload needs stage >= 1
+            out.push_back(TuneCandidate{st, mb, b, ov, off});
+          }
+  return out;
+}
+
+FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster) {
+  return [shape, cluster](const Config& cfg, std::string& why) {
+    const plan::Plan p = plan::make_plan(shape, cluster, plan::settings_from(cfg));
+    why = p.why;
+    return p.fits;
+  };
+}
+
+TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
+                    const TrainStepFn& train_step, const std::vector<TuneCandidate>& candidates,
+                    const TuneOptions& options) {
+  ZERO_CHECK(!candidates.empty(), "autotune: no candidates; build some with tune_grid()");
+  ZERO_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0,
+             "autotune: timed_steps must be >= 1 and warmup_steps >= 0");
+  Communicator& comm = ctx.comm();
+  const int world = ctx.world_size();
+  TuneResult result;
+  for (const auto& cand : candidates) {
+    TuneTrial t;
+    t.candidate = cand;
+    Config cfg;
+    try {
+      cfg = apply(base, cand, world);
+    } catch (const Error& e) {
+      t.note = e.what();
+      result.trials.push_back(std::move(t));
+      continue;
+    }
+    if (options.fits && !options.fits(cfg, t.note)) {
+      t.outcome = TuneTrial::Outcome::does_not_fit;
+      result.trials.push_back(std::move(t));
+      continue;
+    }
+    // A failure on any rank fails the candidate on every rank, so all ranks move on together.
+    double elapsed = 0;
+    std::string error;
+    try {
+      Engine engine(ctx, cfg, layout);
+      engine.init_params(init);
+      for (int s = 0; s < options.warmup_steps; ++s) train_step(engine);
+      comm.barrier();
+      const auto start = std::chrono::steady_clock::now();
+      for (int s = 0; s < options.timed_steps; ++s) train_step(engine);
+      elapsed = seconds_since(start);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const bool failed = comm.all_reduce_scalar(error.empty() ? 0.0 : 1.0, ReduceOp::max) > 0;
+    if (failed) {
+      t.note = error.empty() ? "failed on another rank" : error;
+    } else {
+      t.outcome = TuneTrial::Outcome::timed;
+      t.step_s = comm.all_reduce_scalar(elapsed, ReduceOp::max) / options.timed_steps;
+      t.samples_per_s = static_cast<double>(cfg.train_batch_size) / t.step_s;
+      if (!result.found || t.step_s < result.best_trial.step_s) {
+        result.found = true;
+        result.best_index = static_cast<int>(result.trials.size());
+        result.best = cfg;
+        result.best_trial = t;
+      }
+    }
+    result.trials.push_back(std::move(t));
+  }
+  if (ctx.rank() == 0) {
+    if (!options.config_out.empty() && result.found) {
+      std::ofstream f(options.config_out);
+      ZERO_CHECK(f, "autotune: cannot write " + options.config_out + "; check the directory exists and is writable");
+      f << "# autotune winner: " << result.best_trial.candidate.label() << ", " << result.best_trial.step_s
+        << " s per step\n"
+        << result.best.to_yaml();
+    }
+    if (!options.table_out.empty()) {
+      std::ofstream f(options.table_out);
+      ZERO_CHECK(f, "autotune: cannot write " + options.table_out + "; check the directory exists and is writable");
+      f << result.table();
+    }
+  }
+  comm.barrier();  // the files exist on every rank's return
+  return result;
+}
+
+std::string TuneResult::table() const {
+  std::ostringstream o;
+  o << "candidate | outcome | step s | samples/s | note\n";
+  for (std::size_t i = 0; i < trials.size(); ++i) {
+    const TuneTrial& t = trials[i];
+    o << t.candidate.label() << (static_cast<int>(i) == best_index ? " (best)" : "") << " | ";
+    char nums[64];
+    switch (t.outcome) {
+      case TuneTrial::Outcome::timed:
+        std::snprintf(nums, sizeof nums, "%.6f | %.1f", t.step_s, t.samples_per_s);
+        o << "timed | " << nums << " | ";
+        break;
+      case TuneTrial::Outcome::does_not_fit: o << "does not fit | - | - | "; break;
+      case TuneTrial::Outcome::failed: o << "failed | - | - | "; break;
+    }
+    o << t.note << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace zero
