@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "zero/error.hpp"
@@ -268,27 +269,45 @@ std::int64_t DataLoader::epoch() const {
   return (micro_step_ * opt_.world + opt_.rank) * opt_.batch / total_;
 }
 
-void DataLoader::next(std::int32_t* inputs, std::int32_t* targets) {
+void DataLoader::seek(std::int64_t micro_step) {
+  // sample_at computes (micro_step * world + rank) * batch + j: keep it inside int64.
+  const std::int64_t per = samples_per_micro_step();
+  ZERO_CHECK(micro_step >= 0 && micro_step <= (std::numeric_limits<std::int64_t>::max() - per) / per - 1,
+             "DataLoader::seek: micro-step " + std::to_string(micro_step) + " is outside [0, " +
+                 std::to_string((std::numeric_limits<std::int64_t>::max() - per) / per - 1) +
+                 "] for " + std::to_string(per) + " samples per micro-step");
+  micro_step_ = micro_step;
+}
+
+void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t* tg) const {
   const int T = opt_.seq_len;
-  for (int j = 0; j < opt_.batch; ++j) {
-    auto [seg, start] = locate(sample_at(micro_step_, j));
-    const std::uint16_t* tok = set_->segment(seg).data() + start;
-    for (int t = 0; t <= T; ++t) {
-      if (tok[t] >= opt_.vocab_size)
-        ZERO_THROW("data: token " + std::to_string(tok[t]) + " at position " +
-                   std::to_string(start + t) + " of '" + set_->segment_name(seg) +
-                   "' is outside the model's vocabulary (vocab_size " +
-                   std::to_string(opt_.vocab_size) +
-                   "); set model.vocab_size to the tokenizer's (50257 for GPT-2)");
-    }
-    std::int32_t* in = inputs + static_cast<std::size_t>(j) * T;
-    std::int32_t* tg = targets + static_cast<std::size_t>(j) * T;
-    for (int t = 0; t < T; ++t) {
-      in[t] = tok[t];
-      tg[t] = tok[t + 1];
-    }
+  auto [seg, start] = locate(sample);
+  const std::uint16_t* tok = set_->segment(seg).data() + start;
+  for (int t = 0; t <= T; ++t) {
+    if (tok[t] >= opt_.vocab_size)
+      ZERO_THROW("data: token " + std::to_string(tok[t]) + " at position " +
+                 std::to_string(start + t) + " of '" + set_->segment_name(seg) +
+                 "' is outside the model's vocabulary (vocab_size " +
+                 std::to_string(opt_.vocab_size) +
+                 "); set model.vocab_size to the tokenizer's (50257 for GPT-2)");
   }
+  for (int t = 0; t < T; ++t) {
+    in[t] = tok[t];
+    tg[t] = tok[t + 1];
+  }
+}
+
+void DataLoader::next(std::int32_t* inputs, std::int32_t* targets) {
+  const std::size_t T = static_cast<std::size_t>(opt_.seq_len);
+  for (int j = 0; j < opt_.batch; ++j)
+    copy_sample(sample_at(micro_step_, j), inputs + static_cast<std::size_t>(j) * T, targets + static_cast<std::size_t>(j) * T);
   ++micro_step_;
+}
+
+void DataLoader::read(std::int64_t first, int count, std::int32_t* inputs,
+                      std::int32_t* targets) const {
+  const std::size_t T = static_cast<std::size_t>(opt_.seq_len);
+  for (int j = 0; j < count; ++j) copy_sample(first + j, inputs + static_cast<std::size_t>(j) * T, targets + static_cast<std::size_t>(j) * T);
 }
 
 }  // namespace zero::gpt

@@ -127,7 +127,11 @@ class DataLoader {
 
   // Fills inputs and targets (B*T each) with this rank's next micro-batch.
   void next(std::int32_t* inputs, std::int32_t* targets);
-  void seek(std::int64_t micro_step) { micro_step_ = micro_step; }
+  // Fills inputs and targets (count*T each) with samples first .. first+count-1 in set order,
+  // whatever the rank and shuffle (evaluation shares a fixed list of samples out itself).
+  void read(std::int64_t first, int count, std::int32_t* inputs, std::int32_t* targets) const;
+  // Throws zero::Error for a negative position or one whose sample index overflows.
+  void seek(std::int64_t micro_step);
   std::int64_t micro_step() const { return micro_step_; }
   // Epoch of the stream position where the next micro-batch starts.
   std::int64_t epoch() const;
@@ -137,6 +141,7 @@ class DataLoader {
   Options opt_;
   std::vector<std::int64_t> first_sample_;  // per segment, prefix sums of sample counts
   std::int64_t total_ = 0;
+  void copy_sample(std::int64_t sample, std::int32_t* inputs, std::int32_t* targets) const;
   std::int64_t micro_step_ = 0;
 };
 

@@ -111,6 +111,23 @@ void GptModel::block_forward(const BlockActs& a, const float* in, float* out,
   ops_->residual_forward(out, out, a.res2, NC);
 }
 
+double block_forward_flops_per_token(const GptConfig& cfg, bool recompute) {
+  const double C = cfg.n_embd, T = cfg.seq_len;
+  // The products of block_forward, in its order.
+  const double qkv = 2 * C * 3 * C, attention = 2 * T * C, proj = 2 * C * C, fc = 2 * C * 4 * C,
+               fc_proj = 2 * 4 * C * C;
+  const double up_to_fc = qkv + attention + proj + fc;
+  return recompute ? up_to_fc : up_to_fc + fc_proj;
+}
+
+TokenFlops training_flops_per_token(const GptConfig& cfg) {
+  const double L = cfg.n_layer, C = cfg.n_embd, T = cfg.seq_len;
+  TokenFlops f;
+  f.model = 6.0 * static_cast<double>(cfg.num_params()) + 6.0 * L * T * C;
+  if (cfg.activation_checkpointing) f.recompute = L * block_forward_flops_per_token(cfg, true);
+  return f;
+}
+
 void GptModel::forward_block(int layer, const float* const* block) {
   check_layer(layer, "forward_block");
   block_forward(acts(layer), residual(layer), residual(layer + 1), block);

@@ -129,6 +129,21 @@ class GptModel {
   mutable std::vector<float> host_losses_;
 };
 
+// Floating-point operations per trained token, a multiply-add counting 2. Attention counts the
+// causal half of the T x T scores (T/2 keys per query on average), as llm.c and PaLM count it.
+struct TokenFlops {
+  // Forward and backward: 6 per parameter plus 6 L T C for attention (llm.c's 6N + 6LTC, the
+  // numerator of MFU).
+  double model = 0;
+  // What activation checkpointing computes a second time: each block's forward up to, not
+  // including, the MLP's output projection (backward_block recomputes only what it reads).
+  double recompute = 0;
+  double total() const { return model + recompute; }
+};
+TokenFlops training_flops_per_token(const GptConfig& cfg);
+// One block's forward per token: through the MLP's output projection, or (recompute) up to it.
+double block_forward_flops_per_token(const GptConfig& cfg, bool recompute);
+
 // Every parameter (or gradient) of a model in plain host memory, one flat vector per unit, with
 // the per-tensor pointer arrays GptModel takes. For tests and for sampling without an engine.
 class HostParams {

@@ -1,7 +1,12 @@
 // HostOps: the Ops interface on the CPU, fp32, forwarding to the kernels in host_kernels.cpp.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "host_kernels.hpp"
 #include "ops.hpp"
@@ -95,5 +100,28 @@ class HostOps final : public Ops {
 }  // namespace
 
 std::unique_ptr<Ops> make_host_ops() { return std::make_unique<HostOps>(); }
+
+double measure_host_sgemm_tflops() {
+  using Clock = std::chrono::steady_clock;
+  auto time_one = [](int n, const std::vector<float>& a, std::vector<float>& c) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(),
+                n, 0.0f, c.data(), n);
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  int n = 256;
+  std::vector<float> a, c;
+  double seconds = 0.0;
+  for (;;) {
+    const std::size_t nn = static_cast<std::size_t>(n) * static_cast<std::size_t>(n);
+    a.assign(nn, 0.5f);
+    c.assign(nn, 0.0f);
+    seconds = time_one(n, a, c);  // also the warm-up of this size
+    if (seconds > 0.05 || n >= 4096) break;
+    n *= 2;
+  }
+  for (int rep = 0; rep < 3; ++rep) seconds = std::min(seconds, time_one(n, a, c));
+  return 2.0 * n * n * static_cast<double>(n) / seconds / 1e12;
+}
 
 }  // namespace zero::gpt

@@ -84,4 +84,10 @@ class Ops {
 // The CPU implementation (fp32, OpenBLAS + OpenMP).
 std::unique_ptr<Ops> make_host_ops();
 
+// The peak MFU is measured against on the host: the best rate of square OpenBLAS sgemm calls
+// with this process's thread setting, in TFLOPs. The size grows until one call takes ~50 ms
+// (so small machines finish in well under a second and large ones are not measured on a
+// product that fits in cache), then the best of three calls counts.
+double measure_host_sgemm_tflops();
+
 }  // namespace zero::gpt

@@ -9,6 +9,9 @@
 // evaluates every run.eval_interval steps and prints a sample at the end. With
 // run.save_interval it checkpoints into <out_dir>/checkpoints; --resume continues from there
 // (at any rank count and stage), --sample only prints a sample from a checkpoint.
+//
+// run() reads as the phases of a run: the command line, the configuration (loaded once), the
+// trainer, the run directory, the header of the log, the training loop, the sample.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -22,11 +25,16 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "data.hpp"
+#include "ops.hpp"
+#include "reporter.hpp"
 #include "trainer.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -38,10 +46,99 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
+using zero::gpt::GptSettings;
+using zero::gpt::GptTrainer;
+using zero::gpt::Reporter;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+// ------------------------------------------------------------------------------ command line
+
+struct Cli {
+  std::string config_path;
+  std::vector<std::string> sets;
+  bool print_config = false, resume = false, sample_only = false;
+  std::string checkpoint_dir, prompt;
+};
+
+// Returns an exit status when the command line asks for no run (--help, a mistake).
+std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cli& cli) {
+  CLI::App app{"zero-gpt: GPT-2 training with ZeRO-sharded data parallelism (stages 0-3).\n"
+               "Launch with mpirun / srun for several ranks; a single process needs no launcher."};
+  app.add_option("-c,--config", cli.config_path,
+                 "YAML or DeepSpeed JSON file: engine keys plus the model/data/run sections")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("--set", cli.sets,
+                 "override one key, e.g. --set zero_optimization.stage=3 --set run.steps=200 "
+                 "(repeatable; validated like the file)")
+      ->take_all();
+  app.add_flag("--print-config", cli.print_config, "print the resolved configuration and exit");
+  app.add_flag("--resume", cli.resume,
+               "continue from the latest checkpoint (in <run.out_dir>/checkpoints, or --checkpoint); "
+               "the rank count and ZeRO stage may differ from the run that saved it");
+  app.add_flag("--sample", cli.sample_only,
+               "load the latest checkpoint and print run.sample_tokens sampled tokens; no training");
+  app.add_option("--checkpoint", cli.checkpoint_dir,
+                 "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
+  app.add_option("--prompt", cli.prompt, "text the sample continues (byte vocabulary only)");
+  app.footer("\n" + zero::gpt::gpt_settings_help() +
+             "\nEngine keys (DeepSpeed names): train_micro_batch_size_per_gpu, "
+             "gradient_accumulation_steps,\ntrain_batch_size, gradient_clipping, steps_per_print, "
+             "zero_optimization.*, fp16.*, bf16.enabled,\noptimizer.{type,params.*}, "
+             "scheduler.{type,params.*}; see the README.\n");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (ctx.is_root()) return app.exit(e);
+    return e.get_exit_code();
+  }
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------------------------ configuration
+
+struct RunConfig {
+  zero::Config cfg;
+  GptSettings settings;
+  std::string resolved_yaml;  // what ran, exactly: the engine's settings and the trainer's
+};
+
+// The scheduler may take its length from the run (total_num_steps: "auto"), and the run's
+// length, run.steps, is in the same file. The file is loaded once, with a placeholder length
+// that no real setting uses; run.steps then takes its place.
+RunConfig load_run_config(const Cli& cli, int world_size) {
+  constexpr std::int64_t kPlaceholder = std::numeric_limits<std::int32_t>::max();
+  zero::LoadOptions opts;
+  opts.extra_sections = zero::gpt::gpt_sections();
+  opts.overrides = cli.sets;
+  opts.total_num_steps = kPlaceholder;
+  RunConfig rc{zero::load_config(cli.config_path, opts), {}, {}};
+  rc.settings = zero::gpt::read_gpt_settings(rc.cfg);
+  zero::SchedulerConfig& sched = rc.cfg.scheduler;
+  if (sched.type != zero::SchedulerType::none && sched.total_num_steps == kPlaceholder) {
+    sched.total_num_steps = rc.settings.steps;
+    const std::string placeholder = std::to_string(kPlaceholder);
+    for (auto& n : rc.cfg.notes)
+      if (n.find(placeholder) != std::string::npos)
+        n = "scheduler.params.total_num_steps: \"auto\" -> " + std::to_string(rc.settings.steps) +
+            " (run.steps)";
+    ZERO_CHECK(sched.total_num_steps >= sched.warmup_num_steps,
+               "scheduler.params.total_num_steps is \"auto\", so it is run.steps = " +
+                   std::to_string(rc.settings.steps) + ", less than warmup_num_steps = " +
+                   std::to_string(sched.warmup_num_steps) +
+                   ": the run would end inside the warmup; raise run.steps or shorten the warmup");
+  }
+  rc.cfg.resolve(world_size);
+  zero::Config shown = rc.cfg;
+  for (auto& [name, yaml] : rc.settings.sections()) shown.extra_sections[name] = yaml;
+  rc.resolved_yaml = shown.to_yaml();
+  return rc;
+}
+
+// ------------------------------------------------------------------------------ machine
 
 // Ranks sharing a machine share its cores; returns a hint for the log, or "".
 // OpenBLAS (pthreads) and OpenMP keep separate thread pools whose idle threads spin, so with
@@ -68,36 +165,6 @@ std::string configure_threads(const zero::Context& ctx, int& threads) {
   return "";
 }
 
-std::string duration(double s) {
-  char buf[64];
-  if (!std::isfinite(s) || s < 0) return "?";
-  const long t = std::lround(s);
-  if (t >= 86400)
-    std::snprintf(buf, sizeof buf, "%ldd%02ldh", t / 86400, (t % 86400) / 3600);
-  else if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-  else if (t >= 60)
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lds", t);
-  return buf;
-}
-
-std::string mib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return buf;
-}
-
-std::string si(double v) {
-  char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.2fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
-
 // Peak resident set size of this process (VmHWM), in bytes; 0 where /proc is unavailable.
 double peak_rss_bytes() {
   std::ifstream in("/proc/self/status");
@@ -107,285 +174,284 @@ double peak_rss_bytes() {
   return 0.0;
 }
 
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.9g", v);
-  return buf;
+// The per-device peak MFU divides by, and where it came from. Every rank measures at once
+// (ranks on one machine share its cores, as they do while training) and the mean counts.
+std::pair<double, std::string> device_peak_tflops(zero::Context& ctx, const GptSettings& s,
+                                                  int threads) {
+  if (s.peak_tflops > 0) return {s.peak_tflops, "run.peak_tflops"};
+  ctx.comm().barrier();
+  const double mine = zero::gpt::measure_host_sgemm_tflops();
+  const double mean = ctx.comm().all_reduce_scalar(mine, zero::ReduceOp::avg);
+  return {mean, "OpenBLAS sgemm measured at start, " + std::to_string(threads) + " thread" +
+                    (threads == 1 ? "" : "s") + " per rank; set run.peak_tflops to state one"};
 }
 
-// Rank 0's output: the log lines, metrics.jsonl, and the one-line progress display on a
-// terminal (overwritten in place, cleared before each regular line).
-class Reporter {
+// ------------------------------------------------------------------------------ phases
+
+std::vector<int> prompt_tokens(const std::string& prompt) {
+  std::vector<int> t;
+  for (unsigned char c : prompt) t.push_back(c);
+  return t;
+}
+
+// Collective (stage 3 gathers); rank 0 prints it and writes <out_dir>/sample.txt if given.
+void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
+                  const std::string& out_dir) {
+  const GptSettings& s = trainer.settings();
+  if (s.sample_tokens <= 0) return;
+  const std::vector<int> out = trainer.sample(prompt_tokens(cli.prompt), s.sample_tokens,
+                                              static_cast<float>(s.temperature), s.top_k,
+                                              s.data_seed);
+  if (!ctx.is_root()) return;
+  std::string text = cli.prompt;
+  if (trainer.model_config().vocab_size == 256) {
+    text += zero::gpt::decode_bytes(out);
+  } else {
+    // No BPE decoder here: print the ids (decode them with the GPT-2 tokenizer).
+    for (int t : out) text += std::to_string(t) + " ";
+  }
+  std::printf("--- sample (%zu tokens, temperature %.2f, top_k %d) ---\n%s\n---\n", out.size(),
+              s.temperature, s.top_k, text.c_str());
+  std::fflush(stdout);
+  if (!out_dir.empty()) std::ofstream(fs::path(out_dir) / "sample.txt") << text << '\n';
+}
+
+// Rank 0 creates out_dir and writes config.yaml; every rank waits for it.
+void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
+  const std::string& dir = rc.settings.out_dir;
+  if (ctx.is_root()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    ZERO_CHECK(!ec, "zero-gpt: cannot create run.out_dir '" + dir + "': " + ec.message() +
+                        "; choose a writable directory");
+    std::ofstream(fs::path(dir) / "config.yaml") << rc.resolved_yaml;
+  }
+  ctx.comm().barrier();
+}
+
+// What a run trains and against what it is measured; fixed for the run.
+struct RunFacts {
+  int world = 1, threads = 1;
+  std::string thread_hint;
+  double params = 0;            // Ψ, padded vocabulary included
+  double samples_per_step = 0;  // global
+  double tokens_per_step = 0;
+  zero::gpt::TokenFlops flops;  // per token
+  double peak_tflops = 0;       // per device
+  std::string peak_source;
+  std::int64_t start_step = 0;
+  std::string checkpoint_dir;
+};
+
+void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
+                   bool resumed) {
+  const zero::Config& cfg = rc.cfg;
+  const auto& mc = trainer.model_config();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "zero-gpt: %d rank%s, ZeRO stage %d, %s parameters (the host model computes in "
+                "fp32), %d thread%s per rank",
+                f.world, f.world == 1 ? "" : "s", cfg.zero_optimization.stage,
+                std::string(zero::dtype_name(cfg.compute_dtype())).c_str(), f.threads,
+                f.threads == 1 ? "" : "s");
+  rep.line(buf);
+  if (!f.thread_hint.empty()) rep.line(f.thread_hint);
+  rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
+  rep.line("data: train " + trainer.train_data().description() + "; validation " +
+           (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
+  std::snprintf(buf, sizeof buf,
+                "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
+                "accumulation %lld x %d ranks); activations %s per rank",
+                static_cast<long long>(cfg.train_batch_size), mc.seq_len,
+                static_cast<long long>(trainer.tokens_per_step()),
+                static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
+                static_cast<long long>(cfg.gradient_accumulation_steps), f.world,
+                zero::gpt::format_mib(static_cast<double>(trainer.activation_bytes())).c_str());
+  rep.line(buf);
+  std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
+  if (f.flops.recompute > 0)
+    flops += " + " + zero::gpt::format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
+  std::snprintf(buf, sizeof buf, "; F = %.2f per parameter; MFU against %.4g TFLOPs per device (%s)",
+                f.flops.total() / f.params, f.peak_tflops, f.peak_source.c_str());
+  rep.line(flops + buf);
+  rep.line("memory: " + trainer.engine().memory().to_string());
+  for (const auto& n : cfg.notes) rep.line("note: " + n);
+  if (resumed)
+    rep.line("resumed from " + f.checkpoint_dir + " at step " + std::to_string(f.start_step));
+  rep.line("--- resolved configuration (saved to " +
+           (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
+           rc.resolved_yaml + "---");
+  rep.record({{"type", "start"},
+              {"step", f.start_step},
+              {"name", fs::path(rc.settings.out_dir).filename().string()},
+              {"model", mc.describe()},
+              {"params", f.params},
+              {"world", f.world},
+              {"stage", cfg.zero_optimization.stage},
+              {"tokens_per_step", f.tokens_per_step},
+              {"flops_per_token", f.flops.total()},
+              {"model_flops_per_token", f.flops.model},
+              {"peak_tflops_per_device", f.peak_tflops}});
+}
+
+// The optimizer steps of one session, with the clocks and counters their log lines need.
+class TrainingLoop {
  public:
-  Reporter(bool root, const std::string& out_dir, bool jsonl, bool progress, bool append)
-      : root_(root), tty_(progress) {
-    if (!root_) return;
-    if (jsonl) {
-      const std::string path = (fs::path(out_dir) / "metrics.jsonl").string();
-      jsonl_.open(path, append ? std::ios::app : std::ios::trunc);
-      ZERO_CHECK(jsonl_, "zero-gpt: cannot write " + path + "; check run.out_dir");
+  TrainingLoop(zero::Context& ctx, GptTrainer& trainer, Reporter& rep, const RunFacts& facts)
+      : ctx_(ctx), trainer_(trainer), rep_(rep), f_(facts), s_(trainer.settings()) {}
+
+  // Trains from facts.start_step to run.steps.
+  void run() {
+    const std::int64_t steps = s_.steps;
+    if (f_.start_step >= steps)
+      rep_.line("the checkpoint is at step " + std::to_string(f_.start_step) + ", run.steps is " +
+                std::to_string(steps) + ": nothing to train (raise run.steps to continue)");
+    for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
+      const auto t0 = Clock::now();
+      const GptTrainer::Step s = trainer_.train_step();
+      const double dt = seconds_since(t0);
+      train_seconds_ += dt;
+      interval_seconds_ += dt;
+      ++interval_steps_;
+      log_step(step, s);
+      if ((s_.eval_interval > 0 && step % s_.eval_interval == 0) || step == steps) evaluate(step);
+      if (s_.save_interval > 0 && (step % s_.save_interval == 0 || step == steps)) save(step);
     }
   }
-  void line(const std::string& s) {
-    if (!root_) return;
-    clear_progress();
-    std::printf("%s\n", s.c_str());
-    std::fflush(stdout);
-  }
-  void record(const std::string& json) {
-    if (!root_ || !jsonl_.is_open()) return;
-    jsonl_ << json << '\n';
-    jsonl_.flush();
-  }
-  void progress(const std::string& s) {
-    if (!root_ || !tty_) return;
-    std::printf("\r\033[K%s", s.c_str());
-    std::fflush(stdout);
-    shown_ = true;
+
+  // The closing line: steps, time, throughput, the last validation loss.
+  void report_done() {
+    const std::int64_t ran = s_.steps - f_.start_step;
+    std::string val = "none (no validation data: data.val is 'none', or shards without data.val)";
+    if (trainer_.has_validation())
+      val = std::isfinite(last_val_) ? zero::gpt::format_significant(last_val_, 5) : "not evaluated";
+    rep_.line("done: " + std::to_string(ran) + " steps in " +
+              zero::gpt::format_duration(seconds_since(start_)) + " (" +
+              zero::gpt::format_significant(
+                  ran > 0 ? f_.samples_per_step * static_cast<double>(ran) / train_seconds_ : 0.0) +
+              " samples/s), final val loss " + val);
   }
 
  private:
-  void clear_progress() {
-    if (shown_) std::printf("\r\033[K");
-    shown_ = false;
+  void log_step(std::int64_t step, const GptTrainer::Step& s) {
+    const std::int64_t steps = s_.steps;
+    const double wall = seconds_since(start_);
+    const double done = static_cast<double>(step - f_.start_step);  // steps in this session
+    const double eta = wall / done * static_cast<double>(steps - step);
+    if (step % trainer_.engine().config().steps_per_print != 0 && step != steps &&
+        step != f_.start_step + 1) {
+      rep_.progress(step, steps, s.loss, eta);
+      return;
+    }
+    zero::gpt::TrainRecord r;
+    r.step = step;
+    r.steps = steps;
+    r.tokens = f_.tokens_per_step * static_cast<double>(step);
+    r.loss = s.loss;
+    r.lr = s.result.lr;
+    r.grad_norm = s.result.grad_norm;
+    r.loss_scale = s.result.loss_scale;
+    r.skipped = s.result.skipped;
+    r.samples_per_s = f_.samples_per_step * static_cast<double>(interval_steps_) / interval_seconds_;
+    r.samples_per_s_avg = f_.samples_per_step * done / train_seconds_;
+    r.tokens_per_s = f_.tokens_per_step * static_cast<double>(interval_steps_) / interval_seconds_;
+    r.tflops_per_device = f_.flops.total() * r.tokens_per_s / f_.world / 1e12;
+    r.flops_factor = f_.flops.total() / f_.params;
+    r.mfu = f_.flops.model * r.tokens_per_s / f_.world / 1e12 / f_.peak_tflops;
+    r.model_state_bytes = static_cast<double>(trainer_.engine().memory().model_state());
+    r.peak_rss_bytes = ctx_.comm().all_reduce_scalar(peak_rss_bytes(), zero::ReduceOp::max);
+    r.eta_s = eta;
+    r.token_budget = s_.token_budget;
+    r.token_budget_days = s_.token_budget / r.tokens_per_s / 86400.0;  // at the current rate
+    r.elapsed_s = wall;
+    rep_.train(r);
+    interval_seconds_ = 0.0;
+    interval_steps_ = 0;
   }
-  bool root_ = false, tty_ = false, shown_ = false;
-  std::ofstream jsonl_;
+
+  void evaluate(std::int64_t step) {
+    if (!trainer_.has_validation()) return;
+    const auto t0 = Clock::now();
+    const GptTrainer::Evaluation e = trainer_.evaluate();
+    last_val_ = e.loss;
+    zero::gpt::EvalRecord r;
+    r.step = step;
+    r.tokens = f_.tokens_per_step * static_cast<double>(step);
+    r.val_loss = e.loss;
+    r.val_sequences = e.sequences;
+    r.val_tokens = e.tokens;
+    r.seconds = seconds_since(t0);
+    r.elapsed_s = seconds_since(start_);
+    rep_.eval(r);
+  }
+
+  void save(std::int64_t step) {
+    const auto t0 = Clock::now();
+    trainer_.save_checkpoint(f_.checkpoint_dir);
+    rep_.line("checkpoint: step " + std::to_string(step) + " saved to " + f_.checkpoint_dir +
+              " (" + zero::gpt::format_duration(seconds_since(t0)) + ")");
+  }
+
+  zero::Context& ctx_;
+  GptTrainer& trainer_;
+  Reporter& rep_;
+  const RunFacts& f_;
+  const GptSettings& s_;
+  const Clock::time_point start_ = Clock::now();
+  double train_seconds_ = 0.0;  // optimizer steps only: evaluation excluded from throughput
+  double interval_seconds_ = 0.0;
+  std::int64_t interval_steps_ = 0;
+  double last_val_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 int run(zero::Context& ctx, int argc, char** argv) {
-  CLI::App app{"zero-gpt: GPT-2 training with ZeRO-sharded data parallelism (stages 0-3).\n"
-               "Launch with mpirun / srun for several ranks; a single process needs no launcher."};
-  std::string config_path;
-  std::vector<std::string> sets;
-  bool print_config = false, resume = false, sample_only = false;
-  std::string checkpoint_dir, prompt;
-  app.add_option("-c,--config", config_path,
-                 "YAML or DeepSpeed JSON file: engine keys plus the model/data/run sections")
-      ->required()
-      ->check(CLI::ExistingFile);
-  app.add_option("--set", sets,
-                 "override one key, e.g. --set zero_optimization.stage=3 --set run.steps=200 "
-                 "(repeatable; validated like the file)")
-      ->take_all();
-  app.add_flag("--print-config", print_config, "print the resolved configuration and exit");
-  app.add_flag("--resume", resume,
-               "continue from the latest checkpoint (in <run.out_dir>/checkpoints, or --checkpoint); "
-               "the rank count and ZeRO stage may differ from the run that saved it");
-  app.add_flag("--sample", sample_only,
-               "load the latest checkpoint and print run.sample_tokens sampled tokens; no training");
-  app.add_option("--checkpoint", checkpoint_dir,
-                 "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
-  app.add_option("--prompt", prompt, "text the sample continues (byte vocabulary only)");
-  app.footer("\n" + zero::gpt::gpt_settings_help() +
-             "\nEngine keys (DeepSpeed names): train_micro_batch_size_per_gpu, "
-             "gradient_accumulation_steps,\ntrain_batch_size, gradient_clipping, steps_per_print, "
-             "zero_optimization.*, fp16.*, bf16.enabled,\noptimizer.{type,params.*}, "
-             "scheduler.{type,params.*}; see the README.\n");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (ctx.is_root()) return app.exit(e);
-    return e.get_exit_code();
-  }
+  Cli cli;
+  if (const std::optional<int> status = parse_cli(ctx, argc, argv, cli)) return *status;
+  RunFacts facts;
+  facts.world = ctx.world_size();
+  facts.thread_hint = configure_threads(ctx, facts.threads);
 
-  int threads = 1;
-  const std::string thread_hint = configure_threads(ctx, threads);
-
-  // The scheduler's total_num_steps may be "auto" (= run.steps), which lives in the same file:
-  // read the file once to learn run.steps, then load it for real.
-  zero::LoadOptions opts;
-  opts.extra_sections = zero::gpt::gpt_sections();
-  opts.overrides = sets;
-  opts.total_num_steps = std::numeric_limits<std::int32_t>::max();
-  zero::gpt::GptSettings settings = zero::gpt::read_gpt_settings(zero::load_config(config_path, opts));
-  opts.total_num_steps = settings.steps;
-  zero::Config cfg = zero::load_config(config_path, opts);
-  cfg.resolve(ctx.world_size());
-  settings = zero::gpt::read_gpt_settings(cfg);
-
-  // What ran, exactly: the engine's resolved settings with the trainer's resolved sections.
-  zero::Config shown = cfg;
-  for (auto& [name, yaml] : settings.sections()) shown.extra_sections[name] = yaml;
-  const std::string resolved_yaml = shown.to_yaml();
-  if (print_config) {
-    if (ctx.is_root()) std::printf("%s", resolved_yaml.c_str());
+  const RunConfig rc = load_run_config(cli, ctx.world_size());
+  const GptSettings& settings = rc.settings;
+  if (cli.print_config) {
+    if (ctx.is_root()) std::printf("%s", rc.resolved_yaml.c_str());
     return 0;
   }
   // Data and engine first: a wrong data path fails before the run directory is created.
-  zero::gpt::GptTrainer trainer(ctx, cfg, settings);
-  const auto& mc = trainer.model_config();
-  if (checkpoint_dir.empty()) checkpoint_dir = (fs::path(settings.out_dir) / "checkpoints").string();
-  ZERO_CHECK(prompt.empty() || mc.vocab_size == 256,
+  GptTrainer trainer(ctx, rc.cfg, settings);
+  ZERO_CHECK(cli.prompt.empty() || trainer.model_config().vocab_size == 256,
              "zero-gpt: --prompt needs the byte vocabulary (model.vocab_size 256); this model's "
              "tokens come from another tokenizer");
-  std::vector<int> prompt_tokens;
-  for (unsigned char c : prompt) prompt_tokens.push_back(c);
-  auto print_sample = [&](const std::string& out_dir) {
-    if (settings.sample_tokens <= 0) return;
-    std::vector<int> out = trainer.sample(prompt_tokens, settings.sample_tokens,
-                                          static_cast<float>(settings.temperature), settings.top_k,
-                                          settings.data_seed);
-    if (!ctx.is_root()) return;
-    std::string text = prompt;
-    if (mc.vocab_size == 256) {
-      text += zero::gpt::decode_bytes(out);
-    } else {
-      // No BPE decoder here: print the ids (decode them with the GPT-2 tokenizer).
-      for (int t : out) text += std::to_string(t) + " ";
-    }
-    std::printf("--- sample (%zu tokens, temperature %.2f, top_k %d) ---\n%s\n---\n", out.size(),
-                settings.temperature, settings.top_k, text.c_str());
-    std::fflush(stdout);
-    if (!out_dir.empty()) std::ofstream(fs::path(out_dir) / "sample.txt") << text << '\n';
-  };
-  if (sample_only) {
-    const std::int64_t at = trainer.load_checkpoint(checkpoint_dir);
-    if (ctx.is_root()) std::printf("loaded %s (step %lld)\n", checkpoint_dir.c_str(), static_cast<long long>(at));
-    print_sample("");
+  facts.checkpoint_dir = cli.checkpoint_dir.empty()
+                             ? (fs::path(settings.out_dir) / "checkpoints").string()
+                             : cli.checkpoint_dir;
+  if (cli.sample_only) {
+    const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir);
+    if (ctx.is_root())
+      std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
+    print_sample(ctx, trainer, cli, "");
     return 0;
   }
-  std::int64_t start_step = 0;
-  if (resume) start_step = trainer.load_checkpoint(checkpoint_dir);
-  if (ctx.is_root()) {
-    std::error_code ec;
-    fs::create_directories(settings.out_dir, ec);
-    ZERO_CHECK(!ec, "zero-gpt: cannot create run.out_dir '" + settings.out_dir + "': " +
-                        ec.message() + "; choose a writable directory");
-    std::ofstream(fs::path(settings.out_dir) / "config.yaml") << resolved_yaml;
-  }
-  ctx.comm().barrier();  // out_dir exists before anyone writes to it
+  if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
+  create_run_dir(ctx, rc);
 
-  zero::Engine& engine = trainer.engine();
-  const int world = ctx.world_size();
-  const double params = static_cast<double>(engine.layout().num_params());
-  const double flops_factor = mc.activation_checkpointing ? 8.0 : 6.0;
-  const double samples_per_step = static_cast<double>(cfg.train_batch_size);
+  facts.params = static_cast<double>(trainer.engine().layout().num_params());
+  facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
+  facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
+  facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());
+  std::tie(facts.peak_tflops, facts.peak_source) = device_peak_tflops(ctx, settings, facts.threads);
 
   const bool progress = settings.progress == "on" ||
-                        (settings.progress == "auto" && world == 1 && ::isatty(STDOUT_FILENO));
-  Reporter rep(ctx.is_root(), settings.out_dir, settings.log_jsonl, progress, resume);
-  {
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "zero-gpt: %d rank%s, ZeRO stage %d, %s parameters (the host model computes in "
-                  "fp32), %d thread%s per rank",
-                  world, world == 1 ? "" : "s", cfg.zero_optimization.stage,
-                  std::string(zero::dtype_name(cfg.compute_dtype())).c_str(), threads,
-                  threads == 1 ? "" : "s");
-    rep.line(buf);
-    if (!thread_hint.empty()) rep.line(thread_hint);
-    rep.line("model: " + mc.describe() + " (preset " + settings.preset + ")");
-    rep.line("data: train " + trainer.train_data().description() + "; validation " +
-             (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
-    std::snprintf(buf, sizeof buf,
-                  "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
-                  "accumulation %lld x %d ranks); activations %s per rank",
-                  static_cast<long long>(cfg.train_batch_size), mc.seq_len,
-                  static_cast<long long>(trainer.tokens_per_step()),
-                  static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                  static_cast<long long>(cfg.gradient_accumulation_steps), world,
-                  mib(static_cast<double>(trainer.activation_bytes())).c_str());
-    rep.line(buf);
-    rep.line("memory: " + engine.memory().to_string());
-    for (const auto& n : cfg.notes) rep.line("note: " + n);
-    if (resume)
-      rep.line("resumed from " + checkpoint_dir + " at step " + std::to_string(start_step));
-    rep.line("--- resolved configuration (saved to " +
-             (fs::path(settings.out_dir) / "config.yaml").string() + ") ---\n" + resolved_yaml +
-             "---");
-  }
+                        (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
+  Reporter rep(ctx.is_root(),
+               settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
+               cli.resume, progress);
+  report_header(rep, rc, trainer, facts, cli.resume);
 
-  const std::int64_t steps = settings.steps;
-  const std::int64_t print_every = cfg.steps_per_print;
-  const auto start = Clock::now();
-  double train_seconds = 0.0;  // optimizer steps only: evaluation excluded from throughput
-  double interval_seconds = 0.0;
-  std::int64_t interval_steps = 0;
-  double last_val = std::numeric_limits<double>::quiet_NaN();
-
-  auto evaluate = [&](std::int64_t step) {
-    if (!trainer.has_validation()) return;
-    const auto t0 = Clock::now();
-    last_val = trainer.evaluate();
-    const double took = seconds_since(t0);
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "eval step %lld | val loss %.4f | %d micro-batches | %.1fs",
-                  static_cast<long long>(step), last_val, settings.eval_batches, took);
-    rep.line(buf);
-    rep.record("{\"type\":\"eval\",\"step\":" + std::to_string(step) + ",\"val_loss\":" +
-               json_number(last_val) + ",\"elapsed_s\":" + json_number(seconds_since(start)) + "}");
-  };
-
-  if (start_step >= steps)
-    rep.line("the checkpoint is at step " + std::to_string(start_step) + ", run.steps is " +
-             std::to_string(steps) + ": nothing to train (raise run.steps to continue)");
-  for (std::int64_t step = start_step + 1; step <= steps; ++step) {
-    const auto t0 = Clock::now();
-    const zero::gpt::GptTrainer::Step s = trainer.train_step();
-    const double dt = seconds_since(t0);
-    train_seconds += dt;
-    interval_seconds += dt;
-    ++interval_steps;
-
-    const double wall = seconds_since(start);
-    const double done = static_cast<double>(step - start_step);  // steps in this session
-    const double eta = wall / done * static_cast<double>(steps - step);
-    if (step % print_every == 0 || step == steps || step == start_step + 1) {
-      const double sps = samples_per_step * static_cast<double>(interval_steps) / interval_seconds;
-      const double sps_avg = samples_per_step * done / train_seconds;
-      const double tps = sps * mc.seq_len;
-      const double tflops = params * flops_factor * tps / world / 1e12;
-      const double budget_days = settings.token_budget / tps / 86400.0;  // at the current rate
-      const double state = static_cast<double>(engine.memory().model_state());
-      const double rss = ctx.comm().all_reduce_scalar(peak_rss_bytes(), zero::ReduceOp::max);
-      char buf[512];
-      std::snprintf(buf, sizeof buf,
-                    "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g%s | "
-                    "%.1f samples/s (avg %.1f) | %s tok/s | %.4f TFLOPs/dev (F=%g) | state %s/rank | "
-                    "peak RSS %s | ETA %s | %s tokens in %.1f days",
-                    static_cast<int>(std::to_string(steps).size()), static_cast<long long>(step),
-                    static_cast<long long>(steps), s.loss, s.result.lr, s.result.grad_norm,
-                    s.result.loss_scale, s.result.skipped ? " (skipped: overflow)" : "", sps,
-                    sps_avg, si(tps).c_str(), tflops, flops_factor, mib(state).c_str(),
-                    mib(rss).c_str(), duration(eta).c_str(), si(settings.token_budget).c_str(),
-                    budget_days);
-      rep.line(buf);
-      rep.record(
-          "{\"type\":\"train\",\"step\":" + std::to_string(step) + ",\"loss\":" +
-          json_number(s.loss) + ",\"lr\":" + json_number(s.result.lr) + ",\"grad_norm\":" +
-          json_number(s.result.grad_norm) + ",\"loss_scale\":" + json_number(s.result.loss_scale) +
-          ",\"skipped\":" + (s.result.skipped ? "true" : "false") + ",\"samples_per_s\":" +
-          json_number(sps) + ",\"samples_per_s_avg\":" + json_number(sps_avg) +
-          ",\"tokens_per_s\":" + json_number(tps) + ",\"tflops_per_device\":" +
-          json_number(tflops) + ",\"flops_factor\":" + json_number(flops_factor) +
-          ",\"model_state_bytes\":" + json_number(state) + ",\"peak_rss_bytes\":" +
-          json_number(rss) + ",\"eta_s\":" + json_number(eta) + ",\"token_budget_days\":" +
-          json_number(budget_days) + ",\"elapsed_s\":" + json_number(wall) + "}");
-      interval_seconds = 0.0;
-      interval_steps = 0;
-    } else {
-      rep.progress("step " + std::to_string(step) + "/" + std::to_string(steps) + " | loss " +
-                   std::to_string(s.loss).substr(0, 6) + " | ETA " + duration(eta));
-    }
-    if ((settings.eval_interval > 0 && step % settings.eval_interval == 0) || step == steps)
-      evaluate(step);
-    if (settings.save_interval > 0 && (step % settings.save_interval == 0 || step == steps)) {
-      const auto t1 = Clock::now();
-      trainer.save_checkpoint(checkpoint_dir);
-      rep.line("checkpoint: step " + std::to_string(step) + " saved to " + checkpoint_dir + " (" +
-               duration(seconds_since(t1)) + ")");
-    }
-  }
-
-  const std::int64_t ran = steps - start_step;
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "done: %lld steps in %s (%.1f samples/s), final val loss %.4f",
-                static_cast<long long>(ran), duration(seconds_since(start)).c_str(),
-                ran > 0 ? samples_per_step * static_cast<double>(ran) / train_seconds : 0.0, last_val);
-  rep.line(buf);
-  print_sample(settings.out_dir);
+  TrainingLoop loop(ctx, trainer, rep, facts);
+  loop.run();
+  loop.report_done();
+  print_sample(ctx, trainer, cli, settings.out_dir);
   return 0;
 }
 

@@ -91,7 +91,11 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     zero::StrictSection r = zero::extra_section(cfg, "run");
     s.steps = r.get_int("steps", s.steps, 1);
     s.eval_interval = r.get_int("eval_interval", s.eval_interval, 0);
-    s.eval_batches = static_cast<int>(r.get_int("eval_batches", s.eval_batches, 1, 1 << 20));
+    // A count of micro-batches meant other tokens at another micro-batch size or rank count.
+    r.reject("eval_batches", "was replaced by run.eval_sequences (validation windows of seq_len "
+                             "tokens, the same at any micro-batch size and rank count; 0: the "
+                             "whole validation split)");
+    s.eval_sequences = r.get_int("eval_sequences", s.eval_sequences, 0);
     s.sample_tokens = static_cast<int>(r.get_int("sample_tokens", s.sample_tokens, 0, 1 << 20));
     s.temperature = r.get_double("temperature", s.temperature, zero::Range::at_least(0));
     s.top_k = static_cast<int>(r.get_int("top_k", s.top_k, 0, 1 << 20));
@@ -101,6 +105,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     s.token_budget = r.get_double("token_budget", s.token_budget, zero::Range::above(0));
     s.log_jsonl = r.get_bool("log_jsonl", s.log_jsonl);
     s.progress = r.get_choice("progress", s.progress, {"auto", "on", "off"});
+    s.peak_tflops = r.get_double("peak_tflops", s.peak_tflops, zero::Range::at_least(0));
     r.finish();
   }
   return s;
@@ -121,7 +126,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "seed: " << data_seed << "\n";
   r << "steps: " << steps << "\n"
     << "eval_interval: " << eval_interval << "\n"
-    << "eval_batches: " << eval_batches << "\n"
+    << "eval_sequences: " << eval_sequences << "\n"
     << "sample_tokens: " << sample_tokens << "\n"
     << "temperature: " << number(temperature) << "\n"
     << "top_k: " << top_k << "\n"
@@ -130,7 +135,8 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "keep_checkpoints: " << keep_checkpoints << "\n"
     << "token_budget: " << number(token_budget) << "\n"
     << "log_jsonl: " << (log_jsonl ? "true" : "false") << "\n"
-    << "progress: " << progress << "\n";
+    << "progress: " << progress << "\n"
+    << "peak_tflops: " << number(peak_tflops) << "\n";
   return {{"model", m.str()}, {"data", d.str()}, {"run", r.str()}};
 }
 
@@ -153,8 +159,9 @@ std::string gpt_settings_help() {
          "run:\n"
          "  steps: 1000                  optimizer steps\n"
          "  eval_interval: 100           validation every N steps (0: only at the end)\n"
-         "  eval_batches: 8              micro-batches per evaluation, over all ranks together\n"
-         "                               (the same validation tokens at any rank count)\n"
+         "  eval_sequences: 0            validation windows (seq_len tokens) per evaluation,\n"
+         "                               the split's first ones; 0: the whole split (the same\n"
+         "                               tokens at any micro-batch size and rank count)\n"
          "  sample_tokens: 200           tokens sampled at the end (0: none)\n"
          "  temperature: 0.8             sampling temperature (0: greedy)\n"
          "  top_k: 40                    sample among the k most likely (0: all)\n"
@@ -165,7 +172,9 @@ std::string gpt_settings_help() {
          "  log_jsonl: true              write metrics.jsonl\n"
          "  progress: auto               live step/ETA line: auto (a single process on a\n"
          "                               terminal: mpirun gives every rank a terminal even\n"
-         "                               when its own output is a file), on, off\n";
+         "                               when its own output is a file), on, off\n"
+         "  peak_tflops: 0               peak TFLOPs per device that MFU divides by; 0: measure\n"
+         "                               OpenBLAS sgemm at start (the host's practical peak)\n";
 }
 
 // ------------------------------------------------------------------------------ trainer
@@ -351,32 +360,38 @@ GptTrainer::Step GptTrainer::train_step() {
   return s;
 }
 
-double GptTrainer::evaluate() {
+GptTrainer::Evaluation GptTrainer::evaluate() {
   ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
                           "training data are shards and data.val names none)");
   EvalScope eval(*engine_);
   const int T = settings_.model.seq_len;
-  const int world = ctx_.world_size(), rank = ctx_.rank();
-  // The validation set is the first eval_batches micro-batches of the (unshuffled) stream,
-  // whatever the number of ranks: rank r takes micro-batches r, r + world, ... Every rank runs
-  // the same number of forward passes, because at stage 3 each one gathers collectively; a
-  // rank past the end repeats a pass and does not count it.
-  const int passes = (settings_.eval_batches + world - 1) / world;
-  double sums[2] = {0.0, 0.0};  // loss sum, micro-batches counted
-  for (int m = 0; m < passes; ++m) {
-    const bool counted = m * world + rank < settings_.eval_batches;
-    val_loader_->seek(counted ? m : 0);
-    val_loader_->next(inputs_.data(), targets_.data());
-    model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
+  const std::int64_t world = ctx_.world_size(), rank = ctx_.rank(), B = micro_batch_;
+  const std::int64_t available = val_loader_->num_samples();
+  const std::int64_t total = settings_.eval_sequences > 0
+                                 ? std::min(settings_.eval_sequences, available)
+                                 : available;
+  // Pass p covers windows [p * B * world, (p + 1) * B * world), rank r its r-th block of B:
+  // which windows are evaluated depends on nothing but `total`. Every rank runs the same
+  // number of forward passes, because at stage 3 each one gathers collectively; a rank with
+  // nothing left repeats window 0 and does not count it.
+  const std::int64_t passes = (total + B * world - 1) / (B * world);
+  double sums[2] = {0.0, 0.0};  // loss x windows, windows
+  for (std::int64_t p = 0; p < passes; ++p) {
+    const std::int64_t first = (p * world + rank) * B;
+    const int count = static_cast<int>(std::clamp<std::int64_t>(total - first, 0, B));
+    val_loader_->read(count > 0 ? first : 0, std::max(count, 1), inputs_.data(), targets_.data());
+    model_->set_batch(inputs_.data(), targets_.data(), std::max(count, 1), T);
     const double loss = run_micro_batch(false);
-    if (counted) {
-      sums[0] += loss;
-      sums[1] += 1.0;
-    }
+    sums[0] += loss * count;
+    sums[1] += count;
   }
-  const double total = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
-  const double count = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
-  return total / count;
+  const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
+  const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
+  Evaluation e;
+  e.loss = loss_sum / counted;
+  e.sequences = total;
+  e.tokens = total * T;
+  return e;
 }
 
 std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,

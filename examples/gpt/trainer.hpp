@@ -41,7 +41,7 @@ struct GptSettings {
   // run:
   std::int64_t steps = 1000;
   std::int64_t eval_interval = 100;   // 0: evaluate only at the end
-  int eval_batches = 8;               // in total, over all ranks
+  std::int64_t eval_sequences = 0;    // validation sequences evaluated (0: the whole split)
   int sample_tokens = 200;
   double temperature = 0.8;
   int top_k = 40;
@@ -51,6 +51,7 @@ struct GptSettings {
   double token_budget = 100e9;
   bool log_jsonl = true;
   std::string progress = "auto";      // the live step/ETA line: "auto", "on", "off"
+  double peak_tflops = 0;             // per device, for MFU (0: measure sgemm at start)
 
   // The three sections as YAML mappings ("model" -> "preset: tiny\nn_layer: 4\n..."), every
   // value resolved (presets expanded), in the form Config::extra_sections keeps them.
@@ -85,9 +86,15 @@ class GptTrainer {
   Step train_step();
 
   bool has_validation() const { return val_loader_ != nullptr; }
-  // Mean validation loss over the first run.eval_batches micro-batches of the validation
-  // stream, shared out over the ranks (the same tokens at any world size). Collective.
-  double evaluate();
+  struct Evaluation {
+    double loss = 0.0;           // mean over every token evaluated
+    std::int64_t sequences = 0;  // the validation split's first `sequences` windows
+    std::int64_t tokens = 0;
+  };
+  // The validation loss over the whole split, or over its first run.eval_sequences windows:
+  // the same tokens whatever the micro-batch size and the number of ranks, which share them
+  // out. Collective.
+  Evaluation evaluate();
   // Continues `prompt` by `n` tokens. Collective (stage 3 gathers); every rank gets the same
   // tokens because every rank draws from the same seeded generator.
   std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,

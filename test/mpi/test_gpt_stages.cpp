@@ -64,7 +64,7 @@ zero::Config make_config(const RunSpec& r) {
        "\n  seq_len: " + std::to_string(r.seq_len) + "\n  vocab_size: 256\n  seed: 7\n";
   if (r.checkpointing) y += "  activation_checkpointing: true\n";
   y += "data:\n  train: shakespeare\n  seed: 11\n";
-  y += "run:\n  eval_batches: 5\n";
+  y += "run:\n  eval_sequences: 9\n";
   zero::LoadOptions o;
   o.extra_sections = gpt_sections();
   zero::Config cfg = zero::parse_config(y, "test_gpt_stages", o);
@@ -266,34 +266,58 @@ TEST_CASE("a resumed run continues the same curve", "[gpt][stages][checkpoint]")
   check_curves(resumed, straight, 1e-5, "resumed at stage 3, micro-batch 1");
 }
 
-TEST_CASE("the validation loss does not depend on the rank count", "[gpt][stages]") {
-  // Reference: the first eval_batches micro-batches (2 sequences each) of the validation stream,
-  // through the host model with the initial parameters.
+TEST_CASE("the validation loss does not depend on the rank count or micro-batch", "[gpt][stages]") {
+  // Reference: the first eval_sequences windows of the validation split, through the host
+  // model with the initial parameters, one window at a time. 9 windows do not split evenly
+  // over 2 ranks with micro-batches of 1 or 2, so the last pass is partial.
   RunSpec spec;
   spec.stage = 3;
   const zero::Config cfg = make_config(spec);
   const GptSettings set = read_gpt_settings(cfg);
   const GptConfig& mc = set.model;
+  REQUIRE(set.eval_sequences == 9);
   TokenSet val = TokenSet::from_text_file(find_shakespeare(), true);
   DataLoader::Options lo;
-  lo.batch = spec.micro;
+  lo.batch = 1;
   lo.seq_len = mc.seq_len;
   lo.shuffle = false;
   DataLoader loader(val, lo);
   auto ops = make_host_ops();
-  GptModel model(mc, spec.micro, *ops);
+  GptModel model(mc, 1, *ops);
   HostParams p(mc);
   p.init(set.init_seed);
-  std::vector<std::int32_t> in(static_cast<std::size_t>(spec.micro * mc.seq_len)), tg(in.size());
+  std::vector<std::int32_t> in(static_cast<std::size_t>(mc.seq_len)), tg(in.size());
   double want = 0;
-  for (int b = 0; b < set.eval_batches; ++b) {
+  for (int b = 0; b < set.eval_sequences; ++b) {
     loader.next(in.data(), tg.data());
-    model.set_batch(in.data(), tg.data(), spec.micro, mc.seq_len);
-    want += forward_all(model, p) / set.eval_batches;
+    model.set_batch(in.data(), tg.data(), 1, mc.seq_len);
+    want += forward_all(model, p) / static_cast<double>(set.eval_sequences);
   }
+  for (int micro : {1, 2}) {
+    spec.micro = micro;
+    const zero::Config c = make_config(spec);
+    GptTrainer trainer(ctx(), c, read_gpt_settings(c));
+    const GptTrainer::Evaluation got = trainer.evaluate();
+    INFO("evaluate() " << got.loss << ", reference " << want << " (" << set.eval_sequences
+                       << " windows, micro-batch " << micro << ", " << ctx().world_size()
+                       << " rank(s))");
+    CHECK(got.loss == Approx(want).epsilon(1e-6));
+    CHECK(got.sequences == 9);
+    CHECK(got.tokens == 9 * mc.seq_len);
+  }
+}
+
+TEST_CASE("by default the validation loss covers the whole split", "[gpt][stages]") {
+  RunSpec spec;
+  const zero::Config cfg = make_config(spec);
+  GptSettings set = read_gpt_settings(cfg);
+  set.eval_sequences = 0;
   GptTrainer trainer(ctx(), cfg, set);
-  const double got = trainer.evaluate();
-  INFO("evaluate() " << got << ", reference " << want << " (" << set.eval_batches
-                     << " micro-batches over " << ctx().world_size() << " rank(s))");
-  CHECK(got == Approx(want).epsilon(1e-6));
+  // The last 10% of the corpus in windows of seq_len + 1 tokens at stride seq_len.
+  const std::int64_t tokens = trainer.val_data()->num_tokens();
+  const GptTrainer::Evaluation e = trainer.evaluate();
+  CHECK(e.sequences == (tokens - 1) / spec.seq_len);
+  CHECK(e.tokens == e.sequences * spec.seq_len);
+  CHECK(std::isfinite(e.loss));
+  CHECK(e.loss > 4.0);  // untrained: near ln 256 = 5.55
 }

@@ -74,6 +74,9 @@ TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]"
   CHECK_THROWS_WITH(read("run:\n  keep_checkpoints: -1\n"), Catch::Contains("run.keep_checkpoints"));
   CHECK_THROWS_WITH(read("data:\n  val: other.txt\n"), Catch::Contains("data.val"));
   CHECK_THROWS_WITH(read("run:\n  steps: 0\n"), Catch::Contains("run.steps"));
+  // A count of micro-batches meant other tokens at another batch size: replaced, and said so.
+  CHECK_THROWS_WITH(read("run:\n  eval_batches: 8\n"),
+                    Catch::Contains("run.eval_batches") && Catch::Contains("eval_sequences"));
   CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}),
                     Catch::Contains("model.n_layr"));
   // Without the trainer's sections registered, the engine's loader rejects them.
@@ -83,8 +86,8 @@ TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]"
 TEST_CASE("--help text covers every key", "[gpt][settings]") {
   const std::string help = gpt_settings_help();
   for (const char* key : {"preset", "n_layer", "seq_len", "vocab_size", "activation_checkpointing",
-                          "train:", "val:", "steps:", "eval_interval", "eval_batches",
+                          "train:", "val:", "steps:", "eval_interval", "eval_sequences",
                           "sample_tokens", "temperature", "top_k", "out_dir", "save_interval", "keep_checkpoints",
-                          "token_budget", "log_jsonl", "progress"})
+                          "token_budget", "log_jsonl", "progress", "peak_tflops"})
     CHECK_THAT(help, Catch::Contains(key));
 }

@@ -1,0 +1,69 @@
+// What a zero-gpt run tells its user: the log lines on rank 0's stdout, the live progress line
+// on a terminal, and <out_dir>/metrics.jsonl, one JSON object per line.
+//
+// The log and the JSONL carry the same records, built once: a TrainRecord or EvalRecord is
+// formatted for a person by the reporter and serialised for a program (zero-plot, pandas) as
+// JSON. Every record has "type" ("start", "train", "eval", "stop") and "step"; the keys of each
+// type are listed in examples/gpt/README.md. Only rank 0 writes; the other ranks' reporters are
+// silent, so the loop can call them unconditionally.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zero::gpt {
+
+// Numbers for people: "1h02m", "12.3 MiB", "1.23M", and a value with `digits` significant
+// digits but no exponent ("0.00123", "12.3", "1234.5").
+std::string format_duration(double seconds);
+std::string format_mib(double bytes);
+std::string format_si(double v);
+std::string format_significant(double v, int digits = 3);
+
+struct TrainRecord {
+  std::int64_t step = 0, steps = 0;
+  double tokens = 0;             // trained since step 0 (resumed runs included)
+  double loss = 0, lr = 0, grad_norm = 0, loss_scale = 0;
+  bool skipped = false;          // an fp16 overflow skipped the update
+  double samples_per_s = 0;      // since the last printed step
+  double samples_per_s_avg = 0;  // over this session's optimizer steps
+  double tokens_per_s = 0;
+  double tflops_per_device = 0;  // what the hardware computed, recompute included
+  double flops_factor = 0;       // FLOPs per token / parameters (6 + attention + recompute)
+  double mfu = 0;                // model FLOPs (6N + 6LTC per token) / peak, per device
+  double model_state_bytes = 0;  // per rank
+  double peak_rss_bytes = 0;     // the largest over the ranks
+  double eta_s = 0, token_budget = 0, token_budget_days = 0, elapsed_s = 0;
+};
+
+struct EvalRecord {
+  std::int64_t step = 0;
+  double tokens = 0;             // trained so far, for plots against tokens
+  double val_loss = 0;
+  std::int64_t val_sequences = 0, val_tokens = 0;
+  double seconds = 0, elapsed_s = 0;
+};
+
+class Reporter {
+ public:
+  // root: this rank writes. jsonl_path "" writes no JSONL; append continues a resumed run's file.
+  // progress: show the overwritten-in-place progress line (a terminal).
+  Reporter(bool root, const std::string& jsonl_path, bool append, bool progress);
+
+  void line(const std::string& text);
+  // Any other record ("start", "stop"): written to the JSONL as given.
+  void record(const nlohmann::ordered_json& object);
+  void train(const TrainRecord& r);
+  void eval(const EvalRecord& r);
+  void progress(std::int64_t step, std::int64_t steps, double loss, double eta_s);
+
+ private:
+  void clear_progress();
+  bool root_ = false, tty_ = false, shown_ = false;
+  std::ofstream jsonl_;
+};
+
+}  // namespace zero::gpt
