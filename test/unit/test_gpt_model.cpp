@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
+#include "ops.hpp"
 #include "zero/error.hpp"
 #include "zero/layout.hpp"
 
@@ -43,6 +45,92 @@ Batch random_batch(const GptConfig& c, int B, std::uint64_t seed) {
 }
 
 double loss_of(GptModel& m, const HostParams& p) { return forward_all(m, p); }
+
+// Host arithmetic that also adds up the floating-point work of every product the model asks
+// for: matrix products exactly (2 per multiply-add, the input gradient only when requested),
+// attention with the causal convention of training_flops_per_token (T/2 keys per query).
+class CountingOps final : public Ops {
+ public:
+  double flops = 0;
+  const char* name() const override { return "counting"; }
+  void* allocate(std::size_t n) override { return host_->allocate(n); }
+  void deallocate(void* p) noexcept override { host_->deallocate(p); }
+  void upload(void* d, const void* s, std::size_t n) override { host_->upload(d, s, n); }
+  void download(void* d, const void* s, std::size_t n) override { host_->download(d, s, n); }
+  void fill_zero(float* p, std::size_t n) override { host_->fill_zero(p, n); }
+  void encoder_forward(float* o, const std::int32_t* t, const float* a, const float* b, int B,
+                       int T, int C) override {
+    host_->encoder_forward(o, t, a, b, B, T, C);
+  }
+  void encoder_backward(float* a, float* b, const float* d, const std::int32_t* t, int B, int T,
+                        int C) override {
+    host_->encoder_backward(a, b, d, t, B, T, C);
+  }
+  void layernorm_forward(float* o, float* m, float* r, const float* i, const float* w,
+                         const float* b, int N, int C) override {
+    host_->layernorm_forward(o, m, r, i, w, b, N, C);
+  }
+  void layernorm_backward(float* di, float* dw, float* db, const float* d, const float* i,
+                          const float* w, const float* m, const float* r, int N, int C) override {
+    host_->layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
+  }
+  void matmul_forward(float* o, const float* i, const float* w, const float* b, int N, int C,
+                      int OC) override {
+    flops += 2.0 * N * C * OC;
+    host_->matmul_forward(o, i, w, b, N, C, OC);
+  }
+  void matmul_backward(float* di, float* dw, float* db, const float* d, const float* i,
+                       const float* w, int N, int C, int OC) override {
+    flops += (di ? 4.0 : 2.0) * N * C * OC;
+    host_->matmul_backward(di, dw, db, d, i, w, N, C, OC);
+  }
+  void attention_forward(float* o, float* a, const float* qkv, int B, int T, int C,
+                         int NH) override {
+    flops += 2.0 * B * T * T * C;
+    host_->attention_forward(o, a, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, float* datt, const float* d, const float* qkv,
+                          const float* a, int B, int T, int C, int NH) override {
+    flops += 4.0 * B * T * T * C;
+    host_->attention_backward(dqkv, datt, d, qkv, a, B, T, C, NH);
+  }
+  void gelu_forward(float* o, const float* i, std::size_t n) override { host_->gelu_forward(o, i, n); }
+  void gelu_backward(float* di, const float* i, const float* d, std::size_t n) override {
+    host_->gelu_backward(di, i, d, n);
+  }
+  void residual_forward(float* o, const float* a, const float* b, std::size_t n) override {
+    host_->residual_forward(o, a, b, n);
+  }
+  void logits_forward(float* l, const float* x, const float* w, int N, int C, int Vp) override {
+    flops += 2.0 * N * C * Vp;
+    host_->logits_forward(l, x, w, N, C, Vp);
+  }
+  void logits_backward(float* dx, float* dw, const float* dl, const float* x, const float* w, int N,
+                       int C, int Vp) override {
+    flops += 4.0 * N * C * Vp;
+    host_->logits_backward(dx, dw, dl, x, w, N, C, Vp);
+  }
+  void softmax_cross_entropy(float* l, float* dl, const float* lg, const std::int32_t* t, int N,
+                             int V, int Vp, float dloss) override {
+    host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
+  }
+
+ private:
+  std::unique_ptr<Ops> host_ = make_host_ops();
+};
+
+// The floating-point work of one training micro-step (forward and backward), per token.
+double counted_flops_per_token(const GptConfig& cfg, int B) {
+  CountingOps ops;
+  GptModel model(cfg, B, ops);
+  HostParams p(cfg), g(cfg);
+  p.init(3);
+  const Batch batch = random_batch(cfg, B, 5);
+  model.set_batch(batch.inputs.data(), batch.targets.data(), B, cfg.seq_len);
+  forward_all(model, p);
+  backward_all(model, p, g);
+  return ops.flops / (static_cast<double>(B) * cfg.seq_len);
+}
 
 }  // namespace
 
@@ -145,6 +233,45 @@ TEST_CASE("activation checkpointing gives the same loss and gradients", "[gpt][m
   for (int u = 0; u < params.num_units(); ++u)
     CHECK(g_ckpt.unit_data(u) == g_plain.unit_data(u));
   CHECK(ckpt.activation_bytes() < plain.activation_bytes());
+}
+
+TEST_CASE("FLOPs per token: what the model computes, recompute included", "[gpt][model][flops]") {
+  GptConfig cfg = small_config();
+  cfg.seq_len = 16;
+  const double plain = counted_flops_per_token(cfg, 2);
+  const TokenFlops f = training_flops_per_token(cfg);
+  CHECK(f.recompute == 0.0);
+  // 6N + 6LTC counts 6 per parameter, the matrix products' weights and also the parameters
+  // that take part in no product (wpe, biases, LayerNorm): with those added to what the
+  // products computed, the two agree.
+  double in_products = 0;
+  for (const UnitSpec& u : gpt_units(cfg))
+    for (const TensorSpec& t : u.tensors)
+      if (t.name == "wte.weight" || t.name.ends_with("c_attn.weight") ||
+          t.name.ends_with("c_proj.weight") || t.name.ends_with("c_fc.weight"))
+        in_products += static_cast<double>(t.numel());
+  const double outside = static_cast<double>(cfg.num_params()) - in_products;
+  CHECK(plain + 6 * outside == Approx(f.model).epsilon(1e-12));
+
+  // With checkpointing the counted extra work is exactly the stated recompute: every block's
+  // forward up to the MLP's output projection, 2/3 of a block's products.
+  cfg.activation_checkpointing = true;
+  const double ckpt = counted_flops_per_token(cfg, 2);
+  const TokenFlops fc = training_flops_per_token(cfg);
+  CHECK(fc.model == f.model);
+  CHECK(ckpt - plain == Approx(fc.recompute).epsilon(1e-12));
+  CHECK(fc.recompute == Approx(cfg.n_layer * block_forward_flops_per_token(cfg, true)));
+
+  // GPT-2 124M (N = 124,475,904 with the vocabulary padded to 50304; L 12, T 1024, C 768),
+  // by hand: 6N + 6LTC = 803.5M per token (F 6.455 of which attention 0.455); the recompute
+  // adds L (16 C^2 + 2 T C) = 132.1M, so F = 7.516 where a flat "8 with checkpointing" said 8.
+  GptConfig gpt2 = gpt_preset("gpt2");
+  gpt2.activation_checkpointing = true;
+  const TokenFlops g = training_flops_per_token(gpt2);
+  const double N = static_cast<double>(gpt2.num_params());
+  CHECK(N == 124475904.0);
+  CHECK(g.model / N == Approx(6.4549).epsilon(1e-4));
+  CHECK(g.total() / N == Approx(7.5163).epsilon(1e-4));
 }
 
 TEST_CASE("backward adds into the gradients (micro-batch accumulation)", "[gpt][model]") {

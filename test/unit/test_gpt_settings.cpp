@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "reporter.hpp"
 #include "trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
@@ -90,4 +91,16 @@ TEST_CASE("--help text covers every key", "[gpt][settings]") {
                           "sample_tokens", "temperature", "top_k", "out_dir", "save_interval", "keep_checkpoints",
                           "token_budget", "log_jsonl", "progress", "peak_tflops"})
     CHECK_THAT(help, Catch::Contains(key));
+}
+
+TEST_CASE("rates keep their significant digits in the log", "[gpt][report]") {
+  // A 1.5B-parameter model on a few devices trains a fraction of a sample per second; "%.1f"
+  // printed that as 0.0.
+  CHECK(format_significant(0.0123) == "0.0123");
+  CHECK(format_significant(0.000456) == "0.000456");
+  CHECK(format_significant(25.71) == "25.7");
+  CHECK(format_significant(1234.56) == "1234.6");
+  CHECK(format_significant(0.0) == "0.00");
+  CHECK(format_duration(3725) == "1h02m");
+  CHECK(format_mib(3 * 1024 * 1024) == "3.0 MiB");
 }
