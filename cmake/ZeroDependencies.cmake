@@ -49,3 +49,18 @@ if(ZERO_BUILD_TESTS)
   find_package(Python3 COMPONENTS Interpreter QUIET)
   zero_require(Python3_FOUND "python3 (for the checkpoint export reader test)" "python3")
 endif()
+
+if(ZERO_BUILD_EXAMPLES)
+  # zero-plot draws with Debian's matplotlib, which belongs to the system Python: a python3
+  # found first on PATH (pyenv, a venv) may not see it. The installed script names the
+  # interpreter that has it.
+  find_package(Python3 COMPONENTS Interpreter QUIET)
+  foreach(py IN ITEMS ${Python3_EXECUTABLE} /usr/bin/python3)
+    execute_process(COMMAND ${py} -c "import matplotlib" RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      set(ZERO_PLOT_PYTHON ${py})
+      break()
+    endif()
+  endforeach()
+  zero_require(ZERO_PLOT_PYTHON "Python 3 with matplotlib (zero-plot)" "python3-matplotlib")
+endif()

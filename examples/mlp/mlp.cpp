@@ -1,6 +1,9 @@
 // The smallest libzero training loop: a two-layer MLP learns a fixed random "teacher" network.
 // Each layer is one engine unit; the same code runs at every ZeRO stage.
-//   mpirun -np 4 build/release/examples/mlp/zero-mlp examples/mlp/mlp.yaml zero_optimization.stage=3
+//   mpirun -np 4 build/release/examples/mlp/zero-mlp --config examples/mlp/mlp.yaml
+//          --set zero_optimization.stage=3 --steps 30
+#include <CLI/CLI.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -34,10 +37,29 @@ void sample(std::int64_t id, float* x, float* y) {
 int main(int argc, char** argv) {
   zero::Context ctx(&argc, &argv);
   return ctx.run([&] {
+    CLI::App app{"zero-mlp: the smallest libzero training loop (a two-layer MLP learns a fixed\n"
+                 "random teacher) at any ZeRO stage. Launch with mpirun / srun for several ranks."};
+    std::string config_path;
     zero::LoadOptions opts;
-    for (int i = 2; i < argc; ++i) opts.overrides.push_back(argv[i]);  // key=value overrides
-    zero::Config cfg = zero::load_config(argc > 1 ? argv[1] : "examples/mlp/mlp.yaml", opts);
+    int steps = 30;
+    app.add_option("-c,--config", config_path, "YAML or DeepSpeed JSON file (engine keys)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    app.add_option("--set", opts.overrides,
+                   "override one key, e.g. --set zero_optimization.stage=3 (repeatable; "
+                   "validated like the file)")
+        ->take_all();
+    app.add_option("--steps", steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      return ctx.is_root() ? app.exit(e) : e.get_exit_code();
+    }
+    opts.total_num_steps = steps;
+    zero::Config cfg = zero::load_config(config_path, opts);
     cfg.resolve(ctx.world_size());
+    if (ctx.is_root())
+      for (const auto& n : cfg.notes) std::printf("note: %s\n", n.c_str());
 
     zero::Layout layout;  // units: the granule of gather / reduce
     int fc1 = layout.add_unit("fc1", {{"w", {kHidden, kIn}}, {"b", {kHidden}}});
@@ -50,7 +72,6 @@ int main(int argc, char** argv) {
 
     const int micro = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
     const int gas = static_cast<int>(cfg.gradient_accumulation_steps);
-    const int steps = 30;
     std::vector<float> x(kIn), y(kOut), h(kHidden), out(kOut), dh(kHidden);
     for (int step = 0; step < steps; ++step) {
       double loss = 0.0;

@@ -10,7 +10,7 @@ mpiexec, flags, ranks, exe, config = sys.argv[1], sys.argv[2].split(";"), int(sy
 
 curves, states = {}, {}
 for stage in range(4):
-    cmd = [mpiexec, *flags, "-n", str(ranks), exe, config, f"zero_optimization.stage={stage}"]
+    cmd = [mpiexec, *flags, "-n", str(ranks), exe, "--config", config, "--set", f"zero_optimization.stage={stage}"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         sys.exit(f"stage {stage} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
