@@ -12,7 +12,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "zero/error.hpp"
 
@@ -26,15 +25,6 @@ std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ZERO_CHECK(in, "data: cannot open '" + path + "': " + std::strerror(errno) +
-                     "; check the path in data.train");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -85,14 +75,36 @@ void write_shard(const std::string& path, std::span<const std::uint16_t> tokens)
   ZERO_CHECK(out, "write_shard: writing '" + path + "' failed (disk full?)");
 }
 
+namespace {
+
+// Data must be a regular file: a FIFO would block the open or the read forever, a device could
+// be read forever, and mmap of a directory fails with the puzzling "No such device".
+void require_regular(const struct stat& st, const std::string& path) {
+  if (S_ISDIR(st.st_mode))
+    ZERO_THROW("data: '" + path + "' is a directory; give a glob of its token shards ('" + path +
+               "/*.bin'), a .txt file or 'shakespeare'");
+  if (!S_ISREG(st.st_mode))
+    ZERO_THROW("data: '" + path + "' is not a regular file (a FIFO, device or socket); copy the "
+               "data into a file and give its path");
+}
+
+}  // namespace
+
 MappedFile::MappedFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ZERO_CHECK(fd >= 0, "data: cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
+  ZERO_CHECK(::stat(path.c_str(), &st) == 0,
+             "data: cannot open '" + path + "': " + std::strerror(errno) + "; check the path");
+  require_regular(st, path);
+  // O_NONBLOCK: should the path become a FIFO after the check, the open still returns, and
+  // fstat refuses it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  ZERO_CHECK(fd >= 0, "data: cannot open '" + path + "': " + std::strerror(errno));
+  const bool stated = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  if (!stated || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    ZERO_THROW("data: cannot stat '" + path + "': " + std::strerror(e));
+    ZERO_CHECK(stated, "data: cannot stat '" + path + "': " + std::strerror(stat_errno));
+    require_regular(st, path);
   }
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ > 0) {
@@ -169,7 +181,9 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
 }
 
 TokenSet TokenSet::from_text_file(const std::string& path, bool validation) {
-  std::vector<std::uint16_t> all = encode_bytes(read_text(path));
+  const MappedFile text(path);
+  std::vector<std::uint16_t> all =
+      encode_bytes({reinterpret_cast<const char*>(text.data()), text.size()});
   // A fixed split: the first 90% trains, the last 10% validates.
   const std::size_t split = all.size() * 9 / 10;
   std::vector<std::uint16_t> part =

@@ -1,7 +1,9 @@
 #include "trainer.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <limits>
 #include <sstream>
 
 #include "zero/checkpoint.hpp"
@@ -248,8 +250,18 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   const auto it = client.find(kSamplesKey);
   ZERO_CHECK(it != client.end(), "load_checkpoint: '" + root + "' has no " + kSamplesKey +
                                      " entry: it was not written by zero-gpt");
-  const std::int64_t samples = std::stoll(it->second);
+  // The checkpoint's checksums cover the bytes, not their meaning: a hand-edited or foreign
+  // value must not send the data stream backwards or past the end of int64.
+  const std::string& text = it->second;
+  std::int64_t samples = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), samples);
   const std::int64_t per = train_loader_->samples_per_micro_step();
+  const std::int64_t most = std::numeric_limits<std::int64_t>::max() / 2;
+  ZERO_CHECK(ec == std::errc() && end == text.data() + text.size() && samples >= 0 && samples <= most,
+             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + text +
+                 "' in '" + root + "' is not a count of samples in [0, " + std::to_string(most) +
+                 "]; the checkpoint was damaged or edited: resume from another step (--checkpoint "
+                 "<root>/step_N)");
   ZERO_CHECK(samples % per == 0,
              "load_checkpoint: the checkpoint stopped after " + std::to_string(samples) +
                  " samples, which is not a whole number of this run's micro-steps (" +

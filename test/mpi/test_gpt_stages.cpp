@@ -20,6 +20,7 @@
 #include "data.hpp"
 #include "gpt_model.hpp"
 #include "trainer.hpp"
+#include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
@@ -320,4 +321,28 @@ TEST_CASE("by default the validation loss covers the whole split", "[gpt][stages
   CHECK(e.tokens == e.sequences * spec.seq_len);
   CHECK(std::isfinite(e.loss));
   CHECK(e.loss > 4.0);  // untrained: near ln 256 = 5.55
+}
+
+TEST_CASE("a damaged data position in a checkpoint is an error naming the key", "[gpt][checkpoint]") {
+  long long id = ::getpid();
+  ctx().comm().broadcast(&id, sizeof id, 0);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("zero_gpt_client_" + std::to_string(id))).string();
+  RunSpec spec;
+  const zero::Config cfg = make_config(spec);
+  GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));
+  // Negative (the stream would run backwards), near 2^63 (the sample index would overflow),
+  // not a number, a number with trailing junk.
+  int n = 0;
+  for (const std::string bad : {"-4", "9223372036854775800", "abc", "12abc", ""}) {
+    const std::string root = dir + "/" + std::to_string(n++);  // one save per root at step 0
+    zero::save_checkpoint(trainer.engine(), root, {{"gpt.samples_read", bad}});
+    INFO("gpt.samples_read = '" << bad << "'");
+    CHECK_THROWS_WITH(trainer.load_checkpoint(root),
+                      Catch::Contains("gpt.samples_read") && Catch::Contains("'" + bad + "'"));
+  }
+  zero::save_checkpoint(trainer.engine(), dir + "/good", {{"gpt.samples_read", "8"}});
+  CHECK(trainer.load_checkpoint(dir + "/good") == 0);
+  ctx().comm().barrier();
+  if (ctx().is_root()) std::filesystem::remove_all(dir);
 }

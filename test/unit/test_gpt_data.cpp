@@ -2,6 +2,7 @@
 // shard boundaries, rank striping, the shuffle permutation, and the embedded corpus.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -241,4 +242,37 @@ TEST_CASE("the embedded corpus splits 90/10 and tokenizes as bytes", "[gpt][data
   std::vector<int> ids(seg.begin(), seg.begin() + static_cast<std::ptrdiff_t>(head.size()));
   CHECK(decode_bytes(ids) == head);
   CHECK(encode_bytes("Az\n") == std::vector<std::uint16_t>{65, 122, 10});
+}
+
+TEST_CASE("data that is not a regular file is refused, not read", "[gpt][data]") {
+  TempDir dir;
+  // A FIFO with no writer: opening it for reading would block forever.
+  const std::string fifo = dir.file("fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(TokenSet::from_shards(fifo),
+                    Catch::Contains(fifo) && Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(TokenSet::from_text_file(fifo, false), Catch::Contains("not a regular file"));
+  // A device would be read forever.
+  CHECK_THROWS_WITH(TokenSet::from_text_file("/dev/zero", false),
+                    Catch::Contains("/dev/zero") && Catch::Contains("not a regular file"));
+  // A directory says so (mmap would fail with "No such device") and suggests a glob.
+  write_shard(dir.file("a.bin"), iota_tokens(100, 0));
+  CHECK_THROWS_WITH(TokenSet::from_shards(dir.path.string()),
+                    Catch::Contains("is a directory") && Catch::Contains("/*.bin"));
+  CHECK_THROWS_WITH(TokenSet::from_text_file(dir.path.string(), false),
+                    Catch::Contains("is a directory"));
+  CHECK(TokenSet::from_shards(dir.file("*.bin")).num_tokens() == 100);
+}
+
+TEST_CASE("a data position outside int64 is refused", "[gpt][data]") {
+  TokenSet set = TokenSet::from_tokens(iota_tokens(200, 0), "t");
+  DataLoader::Options o;
+  o.batch = 4;
+  o.seq_len = 8;
+  o.world = 2;
+  DataLoader loader(set, o);
+  CHECK_THROWS_WITH(loader.seek(-1), Catch::Contains("seek"));
+  CHECK_THROWS_WITH(loader.seek(std::int64_t{1} << 61), Catch::Contains("seek"));
+  loader.seek(1000);
+  CHECK(loader.micro_step() == 1000);
 }
