@@ -10,6 +10,10 @@
 // run.save_interval it checkpoints into <out_dir>/checkpoints; --resume continues from there
 // (at any rank count and stage), --sample only prints a sample from a checkpoint.
 //
+// SIGTERM, SIGINT or SIGUSR1 on any rank stops every rank after the same step: a checkpoint is
+// saved, its place and the command that resumes from it are printed, and the exit status is
+// zero::kExitStopped (75). A second signal ends the process at once.
+//
 // run() reads as the phases of a run: the command line, the configuration (loaded once), the
 // trainer, the run directory, the header of the log, the training loop, the sample.
 #include <unistd.h>
@@ -22,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -41,6 +46,7 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/error.hpp"
+#include "zero/preemption.hpp"
 
 namespace {
 
@@ -88,7 +94,9 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
              "\nEngine keys (DeepSpeed names): train_micro_batch_size_per_gpu, "
              "gradient_accumulation_steps,\ntrain_batch_size, gradient_clipping, steps_per_print, "
              "zero_optimization.*, fp16.*, bf16.enabled,\noptimizer.{type,params.*}, "
-             "scheduler.{type,params.*}; see the README.\n");
+             "scheduler.{type,params.*}; see the README.\n"
+             "\nExit status: 0 done; 75 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a "
+             "checkpoint\n(rerun with --resume); 1 error.\n");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -194,6 +202,24 @@ std::vector<int> prompt_tokens(const std::string& prompt) {
   return t;
 }
 
+// This process's command line with --resume added (once), each word quoted for a shell where
+// it needs to be; the launcher (mpirun, srun) is not visible from here and goes in front.
+std::string resume_command(int argc, char** argv) {
+  std::string cmd;
+  bool has_resume = false;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    has_resume = has_resume || a == "--resume";
+    if (a.find_first_of(" \t'\"*?$") != std::string::npos) {
+      std::string q = "'";
+      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      a = q + "'";
+    }
+    cmd += (i ? " " : "") + a;
+  }
+  return has_resume ? cmd : cmd + " --resume";
+}
+
 // Collective (stage 3 gathers); rank 0 prints it and writes <out_dir>/sample.txt if given.
 void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
                   const std::string& out_dir) {
@@ -241,6 +267,7 @@ struct RunFacts {
   std::string peak_source;
   std::int64_t start_step = 0;
   std::string checkpoint_dir;
+  std::string resume_command;  // this command line with --resume, for the stop message
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
@@ -300,12 +327,14 @@ class TrainingLoop {
   TrainingLoop(zero::Context& ctx, GptTrainer& trainer, Reporter& rep, const RunFacts& facts)
       : ctx_(ctx), trainer_(trainer), rep_(rep), f_(facts), s_(trainer.settings()) {}
 
-  // Trains from facts.start_step to run.steps.
-  void run() {
+  // Trains from facts.start_step to run.steps. Returns false when a stop signal ended the
+  // session early (a checkpoint of the last step taken is then saved).
+  bool run() {
     const std::int64_t steps = s_.steps;
     if (f_.start_step >= steps)
       rep_.line("the checkpoint is at step " + std::to_string(f_.start_step) + ", run.steps is " +
                 std::to_string(steps) + ": nothing to train (raise run.steps to continue)");
+    zero::StopSignal stop_signal;
     for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
       const auto t0 = Clock::now();
       const GptTrainer::Step s = trainer_.train_step();
@@ -315,8 +344,15 @@ class TrainingLoop {
       ++interval_steps_;
       log_step(step, s);
       if ((s_.eval_interval > 0 && step % s_.eval_interval == 0) || step == steps) evaluate(step);
-      if (s_.save_interval > 0 && (step % s_.save_interval == 0 || step == steps)) save(step);
+      const bool saved = s_.save_interval > 0 && (step % s_.save_interval == 0 || step == steps);
+      if (saved) save(step);
+      // Every rank asks after the same step; the last step needs no stop.
+      if (step < steps && zero::stop_requested(ctx_)) {
+        stop(step, saved);
+        return false;
+      }
     }
+    return true;
   }
 
   // The closing line: steps, time, throughput, the last validation loss.
@@ -392,6 +428,17 @@ class TrainingLoop {
               " (" + zero::gpt::format_duration(seconds_since(t0)) + ")");
   }
 
+  void stop(std::int64_t step, bool saved) {
+    if (!saved) save(step);
+    const int signo = zero::StopSignal::received();
+    const std::string by = signo != 0 ? std::string("signal ") + ::strsignal(signo)
+                                      : std::string("a signal on another rank");
+    rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
+              std::to_string(s_.steps) + "; checkpoint in " + f_.checkpoint_dir +
+              "; resume with (behind the same mpirun or srun):\n  " + f_.resume_command);
+    rep_.record({{"type", "stop"}, {"step", step}, {"checkpoint", f_.checkpoint_dir}});
+  }
+
   zero::Context& ctx_;
   GptTrainer& trainer_;
   Reporter& rep_;
@@ -422,6 +469,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   ZERO_CHECK(cli.prompt.empty() || trainer.model_config().vocab_size == 256,
              "zero-gpt: --prompt needs the byte vocabulary (model.vocab_size 256); this model's "
              "tokens come from another tokenizer");
+  facts.resume_command = resume_command(argc, argv);
   facts.checkpoint_dir = cli.checkpoint_dir.empty()
                              ? (fs::path(settings.out_dir) / "checkpoints").string()
                              : cli.checkpoint_dir;
@@ -449,7 +497,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   report_header(rep, rc, trainer, facts, cli.resume);
 
   TrainingLoop loop(ctx, trainer, rep, facts);
-  loop.run();
+  if (!loop.run()) return zero::kExitStopped;
   loop.report_done();
   print_sample(ctx, trainer, cli, settings.out_dir);
   return 0;
