@@ -28,6 +28,12 @@ out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 if out.returncode != 0:
     sys.exit(f"zero-gpt failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
 
+# The scheduler's "auto" length is run.steps, read from the same (once-loaded) file.
+if f'scheduler.params.total_num_steps: "auto" -> {steps} (run.steps)' not in out.stdout:
+    sys.exit(f"no note that total_num_steps became run.steps = {steps}:\n{out.stdout}")
+if f"total_num_steps: {steps}\n" not in open(os.path.join(run_dir, "config.yaml")).read():
+    sys.exit(f"config.yaml does not record total_num_steps: {steps}")
+
 metrics = os.path.join(run_dir, "metrics.jsonl")
 records = [json.loads(line) for line in open(metrics, encoding="utf-8")]
 train = [r for r in records if r["type"] == "train"]
