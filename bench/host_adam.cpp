@@ -32,6 +32,7 @@
 #include "zero/offload/host_adam.hpp"
 
 using zero::DType;
+using namespace zero;
 using namespace zero::offload;
 
 // The yardstick loops add gradient x this factor, which is 0 at run time: they move exactly the

@@ -13,7 +13,7 @@
 
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "zero/optim.hpp"
 
 namespace zero {
 
@@ -101,9 +101,9 @@ class Backend {
   // Optimizer updates over a flat range of backend memory (the host AdamW's semantics and
   // hyper-parameters). param_out (compute dtype) may be null.
   virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out,
-                    DType pt, std::size_t n, const offload::AdamHyper& h) = 0;
+                    DType pt, std::size_t n, const AdamHyper& h) = 0;
   virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-                   std::size_t n, const offload::SgdHyper& h) = 0;
+                   std::size_t n, const SgdHyper& h) = 0;
 
   // True when backend memory is ordinary host memory (the host backend): the host optimizer
   // can then read gradients and write parameters in place, without staging copies.

@@ -7,6 +7,7 @@
 
 #include "backend.hpp"
 #include "zero/error.hpp"
+#include "zero/offload/host_adam.hpp"
 
 namespace zero {
 
@@ -81,11 +82,11 @@ class HostBackend final : public Backend {
   double stats_finish() override { return sumsq_; }
 
   void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt,
-            std::size_t n, const offload::AdamHyper& h) override {
+            std::size_t n, const AdamHyper& h) override {
     offload::adam_step(master, m, v, grad, gt, param_out, pt, n, h);
   }
   void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-           std::size_t n, const offload::SgdHyper& h) override {
+           std::size_t n, const SgdHyper& h) override {
     offload::sgd_step(master, mom, grad, gt, param_out, pt, n, h);
   }
   bool host_accessible() const override { return true; }

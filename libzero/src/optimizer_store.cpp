@@ -9,6 +9,7 @@
 
 #include "engine_impl.hpp"
 #include "zero/error.hpp"
+#include "zero/optim.hpp"
 #include "zero/offload/nvme_swapper.hpp"
 #include "zero/offload/pinned_pool.hpp"
 #include "zero/offload/swap_pipeline.hpp"
@@ -33,7 +34,7 @@ std::vector<SubGroup> make_sub_groups(const EngineImpl& e, std::int64_t sub_grou
   return groups;
 }
 
-int moment_count(const EngineImpl& e) { return e.cfg_.optimizer.type == OptimizerType::sgd ? 1 : 2; }
+int moment_count(const EngineImpl& e) { return optimizer_moments(e.cfg_.optimizer.type); }
 
 // Owned state held in memory the CPU can address directly: backend memory on the host backend
 // (offload "none") or host memory from the pinned pool (offload "cpu"). Only the chunking

@@ -9,6 +9,7 @@
 #include "optimizer_store.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
+#include "zero/optim.hpp"
 
 namespace zero {
 
@@ -40,7 +41,7 @@ StepResult EngineImpl::step() {
   StepResult r;
   r.loss_scale = scale;
   r.grad_norm = norm;
-  r.lr = cfg_.lr_at(applied_);
+  r.lr = lr_at(cfg_, applied_);
 
   if (!overflow) {
     double clip = 1.0;
@@ -51,11 +52,8 @@ StepResult EngineImpl::step() {
     float grad_scale = static_cast<float>(clip / denom);
     const auto& o = cfg_.optimizer;
     ++applied_;
-    offload::AdamHyper adam{static_cast<float>(r.lr), static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                            static_cast<float>(o.eps), static_cast<float>(o.weight_decay),
-                            o.type == OptimizerType::adamw, applied_, grad_scale};
-    offload::SgdHyper sgd{static_cast<float>(r.lr), static_cast<float>(o.momentum), static_cast<float>(o.weight_decay),
-                          grad_scale, applied_ == 1};
+    const AdamHyper adam = adam_hyper(o, r.lr, applied_, grad_scale);
+    const SgdHyper sgd = sgd_hyper(o, r.lr, applied_, grad_scale);
     const bool sgd_type = o.type == OptimizerType::sgd;
     // Offloaded state is stepped by the host AdamW; where backend memory is not host memory,
     // each sub-group's gradients are staged to the host and its parameters copied back.

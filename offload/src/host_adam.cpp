@@ -1,4 +1,4 @@
-// Host Adam/AdamW/SGD: argument checks, per-step constants, CPU dispatch, the OpenMP tiling and
+// Host Adam/AdamW/SGD: argument checks, CPU dispatch, the OpenMP tiling and
 // the portable scalar kernel, which is also the reference the SIMD kernels must match bit for bit.
 #include "zero/offload/host_adam.hpp"
 
@@ -145,27 +145,6 @@ void check_common(const void* master, const void* grad, DType grad_type, const v
 }
 
 }  // namespace
-
-AdamConstants adam_constants(const AdamHyper& h) {
-  // Computed in double and rounded once, so each path (and each thread) uses identical floats.
-  const double t = static_cast<double>(h.step);
-  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
-  AdamConstants c{};
-  c.grad_scale = h.grad_scale;
-  c.weight_decay = h.weight_decay;
-  c.decay = static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay);
-  c.beta1 = h.beta1;
-  c.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(h.beta1));
-  c.beta2 = h.beta2;
-  c.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(h.beta2));
-  c.eps = h.eps;
-  c.neg_step_size = static_cast<float>(-static_cast<double>(h.lr) / bias_c1);
-  c.inv_sqrt_bias_c2 = static_cast<float>(1.0 / std::sqrt(bias_c2));
-  c.l2 = !h.decoupled && h.weight_decay != 0.0f;
-  c.decoupled = h.decoupled;
-  return c;
-}
 
 bool simd_path_supported(SimdPath path) {
   switch (path) {

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "zero/offload/host_adam.hpp"  // AdamConstants (plain data)
+#include "zero/optim.hpp"  // AdamConstants (plain data)
 
 namespace zero::offload::detail {
 

@@ -58,7 +58,7 @@ void check_adam(const AdamCase& c) {
   Buffer dmaster = upload(dev, master), dm = upload(dev, m), dv = upload(dev, v), dgrad = upload(dev, grad);
   Buffer dout = upload(dev, out);
   for (std::int64_t step = 1; step <= 3; ++step) {
-    offload::AdamHyper h;
+    AdamHyper h;
     h.lr = 1e-3f * static_cast<float>(step);
     h.beta1 = 0.9f;
     h.beta2 = 0.95f;
@@ -112,7 +112,7 @@ TEST_CASE("fused SGD equals the host reference bit for bit", "[kernels]") {
           Buffer dmaster = upload(*dev, master), dbuf = upload(*dev, buf), dgrad = upload(*dev, grad),
                  dout = upload(*dev, out);
           for (int step = 1; step <= 3; ++step) {
-            offload::SgdHyper h{0.01f, momentum, wd, 0.5f, step == 1};
+            SgdHyper h{0.01f, momentum, wd, 0.5f, step == 1};
             offload::sgd_step(master.data(), momentum != 0.0f ? buf.data() : nullptr, grad.data(), gt, out.data(), pt, n, h, 1);
             dev->sgd(dmaster.as<float>(), momentum != 0.0f ? dbuf.as<float>() : nullptr, dgrad.get(), gt, dout.get(), pt, n, h);
           }

@@ -137,8 +137,7 @@ struct Config {
   DType compute_dtype() const {
     return fp16.enabled ? DType::f16 : (bf16_enabled ? DType::bf16 : DType::f32);
   }
-  // Steps learning rate for the scheduler at optimizer step `step` (0-based).
-  double lr_at(std::int64_t step) const;
+  // The learning rate at a step: zero::lr_at (zero/optim.hpp).
 
   // Fills the batch triple for `world_size` data-parallel ranks and checks contradictions that
   // need the machine (nvme_path exists and is writable). Throws zero::Error.

@@ -97,17 +97,17 @@ class CudaBackend final : public Backend {
   }
 
   void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
-            const offload::AdamHyper& h) override {
+            const AdamHyper& h) override {
     if (n == 0) return;
     check(master, grad, gt, param_out, pt, "adam");
     ZERO_CHECK(m && v, "cuda adam: the moment buffers m and v must not be null");
     ZERO_CHECK(h.step >= 1, "cuda adam: step is 1-based (got " + std::to_string(h.step) + ")");
     ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
                "cuda adam: betas must lie in [0, 1); check optimizer.params.betas");
-    launch_adam(master, m, v, grad, gt, param_out, pt, n, offload::adam_constants(h), streams_.compute);
+    launch_adam(master, m, v, grad, gt, param_out, pt, n, adam_constants(h), streams_.compute);
   }
   void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
-           const offload::SgdHyper& h) override {
+           const SgdHyper& h) override {
     if (n == 0) return;
     check(master, grad, gt, param_out, pt, "sgd");
     ZERO_CHECK(h.momentum == 0.0f || mom, "cuda sgd: momentum needs a momentum buffer");

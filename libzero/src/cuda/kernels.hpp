@@ -23,19 +23,18 @@
 #include <cstddef>
 
 #include "zero/dtype.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "zero/optim.hpp"
 
 namespace zero::cuda {
 
-// The per-step Adam scalars come from the host reference (offload::adam_constants), so the
-// kernels and the host paths start every update from identical floats.
-using offload::AdamConstants;
+// The per-step Adam scalars come from zero::adam_constants (zero/optim.hpp), so the kernels and
+// the host paths start every update from identical floats.
 
 // Enqueue one update; param_out may be null (no compute-dtype copy).
 void launch_adam(float* master, float* m, float* v, const void* grad, DType grad_type, void* param_out,
                  DType param_type, std::size_t n, const AdamConstants& c, cudaStream_t stream);
 void launch_sgd(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out,
-                DType param_type, std::size_t n, const offload::SgdHyper& h, cudaStream_t stream);
+                DType param_type, std::size_t n, const SgdHyper& h, cudaStream_t stream);
 
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
 void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n,

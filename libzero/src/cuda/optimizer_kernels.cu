@@ -98,7 +98,7 @@ void launch_adam(float* master, float* m, float* v, const void* grad, DType gt, 
 }
 
 void launch_sgd(float* master, float* buf, const void* grad, DType gt, void* out, DType pt, std::size_t n,
-                const offload::SgdHyper& h, cudaStream_t s) {
+                const SgdHyper& h, cudaStream_t s) {
   if (n == 0) return;
   const SgdConstants c{h.lr, h.momentum, h.weight_decay, h.grad_scale, h.first_step};
   const int oc = out_code(out, pt);

@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "zero/dtype.hpp"
+#include "zero/optim.hpp"  // AdamHyper, SgdHyper, adam_constants: the optimizer's home
 
 namespace zero::offload {
 
@@ -29,19 +30,6 @@ SimdPath best_simd_path();
 bool simd_path_supported(SimdPath path);
 std::string_view simd_path_name(SimdPath path);
 
-struct AdamHyper {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  bool decoupled = true;   // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
-  std::int64_t step = 1;   // 1-based count of steps taken, including this one
-  // Multiplies the incoming gradient before anything else: 1/loss_scale x clip coefficient x
-  // 1/(number of summed contributions), folded by the caller into one factor.
-  float grad_scale = 1.0f;
-};
-
 // One Adam/AdamW step over n elements, in place on master, m and v (fp32).
 //   grad      : n gradients of grad_type (fp32, bf16 or fp16)
 //   param_out : when not null, receives the updated weights rounded to param_type
@@ -52,31 +40,6 @@ struct AdamHyper {
 void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type,
                void* param_out, DType param_type, std::size_t n, const AdamHyper& h,
                SimdPath path = best_simd_path(), int threads = 0);
-
-// The per-step scalars of the update, computed once in double from AdamHyper and rounded to
-// float once each. Every implementation (the host paths, every thread, the CUDA kernels) takes
-// them from here, so they all see identical floats.
-struct AdamConstants {
-  float grad_scale;
-  float weight_decay;  // used by Adam's L2 term
-  float decay;         // AdamW: 1 - lr*wd
-  float beta1, one_minus_beta1;
-  float beta2, one_minus_beta2;
-  float eps;
-  float neg_step_size;     // -lr / (1 - beta1^t)
-  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
-  bool l2;                 // Adam with weight_decay != 0
-  bool decoupled;          // AdamW
-};
-AdamConstants adam_constants(const AdamHyper& h);
-
-struct SgdHyper {
-  float lr = 1e-2f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;  // L2: g += wd*p
-  float grad_scale = 1.0f;
-  bool first_step = false;    // the momentum buffer is initialised to g on the first step
-};
 
 // One SGD step (PyTorch semantics, dampening 0, no Nesterov): g = grad*grad_scale + wd*p;
 // with momentum: buf = first_step ? g : momentum*buf + g, g = buf; then p -= lr*g.
