@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "checkpoint_format.hpp"
-#include "engine_impl.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -109,27 +109,28 @@ std::string serialize(const ClientState& c) {
 // This rank's shard: slice `rank` of each unit for the current world size, clipped to the
 // unit's real elements, read from the owned range (at stage 0 the owned range is the whole
 // unit, identical on every rank, so the slices still add up to one copy).
-ckpt::ShardMeta write_shard(EngineImpl& e, const std::string& path, std::int64_t step) {
+ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step) {
   const int moments = e.optimizer_moments();
   std::vector<ckpt::ShardWriter::Range> ranges;
-  for (const auto& u : e.units_) {
-    std::int64_t b = std::min(static_cast<std::int64_t>(e.rank_) * u.slice, u.numel);
-    std::int64_t end = std::min(b + u.slice, u.numel);
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const std::int64_t slice = e.slice(i), numel = e.layout().unit(i).numel;
+    std::int64_t b = std::min(static_cast<std::int64_t>(e.rank()) * slice, numel);
+    std::int64_t end = std::min(b + slice, numel);
     ranges.push_back({b, end - b});
   }
-  ckpt::ShardWriter w(path, e.rank_, e.world_, e.stage_, moments, step, ranges);
+  ckpt::ShardWriter w(path, e.rank(), e.world_size(), e.stage(), moments, step, ranges);
   std::vector<float> owned, section;
-  for (int i = 0; i < e.layout_.num_units(); ++i) {
-    const auto& u = e.units_[static_cast<std::size_t>(i)];
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const OwnedRange u = e.owned_range(i);
     const auto& r = ranges[static_cast<std::size_t>(i)];
-    ZERO_CHECK(r.len == 0 || (r.begin >= u.own_begin && r.begin + r.len <= u.own_begin + u.own_len),
-               "save_checkpoint: unit '" + e.layout_.unit(i).name + "': slice outside the owned range");
-    owned.resize(static_cast<std::size_t>(u.own_len));
+    ZERO_CHECK(r.len == 0 || (r.begin >= u.begin && r.begin + r.len <= u.begin + u.len),
+               "save_checkpoint: unit '" + e.layout().unit(i).name + "': slice outside the owned range");
+    owned.resize(static_cast<std::size_t>(u.len));
     section.resize(static_cast<std::size_t>(r.len) * static_cast<std::size_t>(1 + moments));
     for (int k = 0; k <= moments; ++k) {
       e.read_owned(i, k, owned.data());
       if (r.len > 0)
-        std::copy_n(owned.data() + (r.begin - u.own_begin), r.len,
+        std::copy_n(owned.data() + (r.begin - u.begin), r.len,
                     section.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(r.len));
     }
     w.add_section(section.data());
@@ -138,32 +139,32 @@ ckpt::ShardMeta write_shard(EngineImpl& e, const std::string& path, std::int64_t
   return w.finish();
 }
 
-ckpt::Metadata make_metadata(EngineImpl& e, const EngineImpl::TrainingState& st, const ClientState& client,
+ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const ClientState& client,
                              std::vector<ckpt::ShardMeta> shards) {
   ckpt::Metadata m;
   m.step = st.step;
   m.applied = st.applied;
-  m.world = e.world_;
-  m.stage = e.stage_;
-  m.compute_dtype = e.dtype_;
-  m.optimizer = optimizer_name(e.cfg_.optimizer.type);
+  m.world = e.world_size();
+  m.stage = e.stage();
+  m.compute_dtype = e.compute_dtype();
+  m.optimizer = optimizer_name(e.config().optimizer.type);
   m.moments = e.optimizer_moments();
-  m.scaler_dynamic = e.scaler_.dynamic();
+  m.scaler_dynamic = e.loss_scale_dynamic();
   m.scaler = st.scaler;
-  m.scheduler = scheduler_name(e.cfg_.scheduler.type);
+  m.scheduler = scheduler_name(e.config().scheduler.type);
   m.scheduler_step = st.applied;  // the scheduler is stepped by applied updates
-  for (int i = 0; i < e.layout_.num_units(); ++i) {
-    const UnitInfo& ui = e.layout_.unit(i);
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const UnitInfo& ui = e.layout().unit(i);
     ckpt::UnitMeta u;
     u.name = ui.name;
     u.numel = ui.numel;
-    u.slice = e.units_[static_cast<std::size_t>(i)].slice;
+    u.slice = e.slice(i);
     for (const auto& p : ui.params) u.params.push_back({p.name, p.shape, p.numel, p.offset});
     m.units.push_back(std::move(u));
   }
   m.shards = std::move(shards);
   m.client = client;
-  m.config_yaml = e.cfg_.to_yaml();
+  m.config_yaml = e.config().to_yaml();
   return m;
 }
 
@@ -174,10 +175,10 @@ std::string shape_text(const std::vector<std::int64_t>& s) {
 }
 
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
-void check_compatible(EngineImpl& e, const ckpt::Metadata& m, const std::string& dir, const CheckpointLoadOptions& o) {
+void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const CheckpointLoadOptions& o) {
   const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
   const std::string fix = "; load it into the model it was saved from (the same Layout)";
-  const Layout& l = e.layout_;
+  const Layout& l = e.layout();
   if (static_cast<int>(m.units.size()) != l.num_units())
     ZERO_THROW(file + "units' lists " + std::to_string(m.units.size()) + " units, the engine's layout has " +
                std::to_string(l.num_units()) + fix);
@@ -207,23 +208,23 @@ void check_compatible(EngineImpl& e, const ckpt::Metadata& m, const std::string&
                "), the engine's optimizer keeps " + std::to_string(e.optimizer_moments()) +
                "; use the optimizer the checkpoint was trained with");
   if (o.allow_config_change) return;
-  if (m.compute_dtype != e.dtype_)
+  if (m.compute_dtype != e.compute_dtype())
     ZERO_THROW(file + "compute_dtype' = " + std::string(dtype_name(m.compute_dtype)) + ", the engine computes in " +
-               std::string(dtype_name(e.dtype_)) +
+               std::string(dtype_name(e.compute_dtype())) +
                "; use the same bf16/fp16 settings, or set CheckpointLoadOptions::allow_config_change");
-  if (m.optimizer != optimizer_name(e.cfg_.optimizer.type))
+  if (m.optimizer != optimizer_name(e.config().optimizer.type))
     ZERO_THROW(file + "optimizer' = " + m.optimizer + ", the engine's optimizer is " +
-               optimizer_name(e.cfg_.optimizer.type) +
+               optimizer_name(e.config().optimizer.type) +
                "; use the same optimizer, or set CheckpointLoadOptions::allow_config_change");
 }
 
 }  // namespace
 
 void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client, const CheckpointOptions& opts) {
-  EngineImpl& e = engine.impl();
-  Communicator& comm = e.ctx_.comm();  // host memory: the MPI communicator, whatever the backend uses
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
   agree(comm, [&] {
-    ZERO_CHECK(e.initialized_, "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
+    ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
     e.check_between_steps("save_checkpoint");
     ZERO_CHECK(!root.empty(), "save_checkpoint: the checkpoint root is empty; pass a directory");
     ZERO_CHECK(opts.keep_last >= 0, "save_checkpoint: keep_last = " + std::to_string(opts.keep_last) +
@@ -232,32 +233,32 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   same_on_all_ranks(comm, root, "the checkpoint root");
   same_on_all_ranks(comm, serialize(client), "the client state");
 
-  const EngineImpl::TrainingState st = e.training_state();
+  const TrainingState st = e.training_state();
   const std::string tmp = root + "/.tmp_" + ckpt::step_dir_name(st.step);
   agree(comm, [&] {
-    if (e.rank_ == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
+    if (e.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
   });
   try {
     ckpt::ShardMeta mine;
     agree(comm, [&] {
-      mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank_), st.step);
+      mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
-    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_));
-    for (int r = 0; r < e.world_; ++r) {
+    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()));
+    for (int r = 0; r < e.world_size(); ++r) {
       std::uint64_t v[2] = {mine.bytes, mine.index_checksum};
       comm.broadcast(v, sizeof v, r);
       shards[static_cast<std::size_t>(r)] = {ckpt::shard_file_name(r), v[0], v[1]};
     }
     agree(comm, [&] {
-      if (e.rank_ != 0) return;
+      if (e.rank() != 0) return;
       ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, make_metadata(e, st, client, std::move(shards)));
       ckpt::commit(root, tmp, st.step, opts.keep_last, fail_point);
     });
   } catch (...) {
     // An error (not a crash): remove the partial directory now rather than at the next save.
-    if (e.rank_ == 0) {
+    if (e.rank() == 0) {
       std::error_code ec;
       std::filesystem::remove_all(tmp, ec);
     }
@@ -267,8 +268,8 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {
-  EngineImpl& e = engine.impl();
-  Communicator& comm = e.ctx_.comm();  // host memory: the MPI communicator, whatever the backend uses
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
   same_on_all_ranks(comm, root + "\n" + tag, "the checkpoint root or tag");
   std::unique_ptr<ckpt::Reader> reader;
   std::string dir;
@@ -284,16 +285,16 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
     e.begin_restore();
     const int moments = e.optimizer_moments();
     std::vector<float> buf[3];
-    for (int i = 0; i < e.layout_.num_units(); ++i) {
-      const auto& u = e.units_[static_cast<std::size_t>(i)];
-      for (int k = 0; k <= moments; ++k) buf[k].resize(static_cast<std::size_t>(u.own_len));
-      reader->read_range(i, u.own_begin, u.own_len, buf[0].data(), buf[1].data(), moments >= 2 ? buf[2].data() : nullptr);
+    for (int i = 0; i < e.layout().num_units(); ++i) {
+      const OwnedRange u = e.owned_range(i);
+      for (int k = 0; k <= moments; ++k) buf[k].resize(static_cast<std::size_t>(u.len));
+      reader->read_range(i, u.begin, u.len, buf[0].data(), buf[1].data(), moments >= 2 ? buf[2].data() : nullptr);
       // Master first: a store may reset the moments when the master is written.
       for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
     }
   });
-  EngineImpl::TrainingState st{m.step, m.applied, m.scaler};
-  e.finish_restore(st, m.scaler_dynamic && e.scaler_.dynamic());
+  TrainingState st{m.step, m.applied, m.scaler};
+  e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());
   return m.client;
 }
 

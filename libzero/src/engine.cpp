@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "engine_impl.hpp"
-#include "optimizer_store.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -18,69 +17,40 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
     : ctx_(ctx),
       cfg_(cfg),
       layout_(std::move(layout)),
-      backend_(make_backend(ctx, cfg)),  // host or cuda, as cfg.backend says (backend_factory.cpp)
-      scaler_(cfg.fp16),
-      grad_pool_(*backend_),
-      gather_pool_(*backend_),
-      scratch_pool_(*backend_) {
+      backend_(make_backend(ctx, cfg)),
+      comm_(backend_->comm()),
+      rank_(comm_.rank()),
+      world_(comm_.size()),
+      stage_(cfg.zero_optimization.stage),
+      gas_(static_cast<int>(cfg.gradient_accumulation_steps)),
+      dtype_(cfg.compute_dtype()),
+      shapes_(plan_units()),
+      opt_(make_optimizer_store(*backend_, cfg_, rank_, [this] {
+        std::vector<std::int64_t> owned;
+        for (const auto& s : shapes_) owned.push_back(s.own_len);
+        return owned;
+      }())),
+      params_(*backend_, cfg_, shapes_, rank_, dtype_),
+      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
+      reducer_(*backend_, comm_, shapes_, cfg_.zero_optimization, dtype_, stage_),
+      scaler_(cfg.fp16) {}
+
+std::vector<UnitShape> EngineImpl::plan_units() const {
   ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
   ZERO_CHECK(layout_.num_units() > 0, "Engine: the layout has no units; declare the model with Layout::add_unit");
-  comm_ = &backend_->comm();
-  rank_ = comm_->rank();
-  world_ = comm_->size();
-  stage_ = cfg_.zero_optimization.stage;
-  gas_ = static_cast<int>(cfg_.gradient_accumulation_steps);
-  dtype_ = cfg_.compute_dtype();
   ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
              "Engine: the config was resolved for another world size (train_batch_size " +
                  std::to_string(cfg_.train_batch_size) + " != micro " +
                  std::to_string(cfg_.train_micro_batch_size_per_gpu) + " x accumulation " + std::to_string(gas_) +
                  " x world " + std::to_string(world_) + ")");
-
-  const auto& z = cfg_.zero_optimization;
-  units_.resize(static_cast<std::size_t>(layout_.num_units()));
-  for (int i = 0; i < layout_.num_units(); ++i) {
-    Unit& u = units_[static_cast<std::size_t>(i)];
-    u.numel = layout_.unit(i).numel;
-    u.slice = layout_.slice_numel(i, world_);
-    u.padded = u.slice * world_;
-    u.sharded_params = stage_ == 3 && u.numel >= z.stage3_param_persistence_threshold;
-    u.own_begin = stage_ == 0 ? 0 : static_cast<std::int64_t>(rank_) * u.slice;
-    u.own_len = stage_ == 0 ? u.padded : u.slice;
-  }
   report_inert_settings();
-  // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
-  // cannot fit must fail before anything large is allocated.
-  opt_ = make_optimizer_store(*this);
-  setup_param_offload();
-  for (auto& u : units_) {
-    if (param_on_nvme(u)) {
-      // the slice lives in a swap file
-    } else if (u.sharded_params)
-      u.param_shard = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
-    else
-      u.full_params = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
-    if (stage_ <= 1)
-      u.full_grads = backend_->alloc(static_cast<std::size_t>(u.padded) * esize());
-    else
-      u.grad_slice = backend_->alloc(static_cast<std::size_t>(u.slice) * esize());
-  }
-}
-
-EngineImpl::~EngineImpl() {
-  // Collectives still in flight reference our buffers: complete them before freeing anything.
-  try {
-    for (auto& f : in_flight_)
-      for (auto& w : f.works) w.wait();
-    for (auto& u : units_) u.gather_work.wait();
-  } catch (...) {
-  }
+  return make_unit_shapes(layout_, rank_, world_, stage_, cfg_.zero_optimization.stage3_param_persistence_threshold);
 }
 
 // Settings DeepSpeed users carry over that change nothing here. They are accepted so a
 // ds_config.json loads as is, but a non-default value is said out loud (rank 0, once), never
 // silently ignored.
-void EngineImpl::report_inert_settings() {
+void EngineImpl::report_inert_settings() const {
   const auto& z = cfg_.zero_optimization;
   const ZeroOptimizationConfig dz;
   const AioConfig da;
@@ -107,18 +77,11 @@ void EngineImpl::report_inert_settings() {
     for (const auto& n : notes) std::fprintf(stderr, "libzero: note: %s\n", n.c_str());
 }
 
-void EngineImpl::check_unit(int unit, const char* what) const {
-  ZERO_CHECK(unit >= 0 && unit < layout_.num_units(),
-             std::string(what) + ": unknown unit id " + std::to_string(unit) + " (the layout has " +
-                 std::to_string(layout_.num_units()) + " units, ids 0.." + std::to_string(layout_.num_units() - 1) + ")");
-  ZERO_CHECK(initialized_, std::string(what) + ": parameters are not initialised; call Engine::init_params first");
-}
-
 void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
   std::vector<float> full;
   std::vector<char> staged;
   for (int i = 0; i < layout_.num_units(); ++i) {
-    Unit& u = units_[static_cast<std::size_t>(i)];
+    const UnitShape& u = shape(i);
     full.assign(static_cast<std::size_t>(u.padded), 0.0f);
     for (const auto& p : layout_.unit(i).params)
       init(p, std::span<float>(full.data() + p.offset, static_cast<std::size_t>(p.numel)));
@@ -126,8 +89,8 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
     // silently different models. One scalar all-reduce per unit checks it.
     double sum = 0.0;
     for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
-    double lo = -comm_->all_reduce_scalar(-sum, ReduceOp::max);
-    double hi = comm_->all_reduce_scalar(sum, ReduceOp::max);
+    double lo = -comm_.all_reduce_scalar(-sum, ReduceOp::max);
+    double hi = comm_.all_reduce_scalar(sum, ReduceOp::max);
     ZERO_CHECK(lo == hi, "init_params: unit '" + layout_.unit(i).name +
                              "' got different initial values on different ranks; seed the initialiser "
                              "identically on every rank");
@@ -136,40 +99,25 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
     std::size_t n = static_cast<std::size_t>(u.sharded_params ? u.slice : u.padded);
     staged.resize(n * esize());
     convert(full.data() + (u.sharded_params ? u.own_begin : 0), DType::f32, staged.data(), dtype_, n);
-    checkout_shard(i, false);
-    backend_->from_host(u.sharded_params ? shard(u) : u.full_params.get(), staged.data(), staged.size());
-    checkin_shard(i, true);
+    params_.checkout(i, false);
+    backend_->from_host(u.sharded_params ? params_.shard(i) : params_.full(i), staged.data(), staged.size());
+    params_.checkin(i, true);
   }
   initialized_ = true;
 }
 
-void* EngineImpl::own_grads(Unit& u) {
-  if (stage_ <= 1) return u.full_grads.as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
-  return u.grad_slice.get();
-}
-
-void* EngineImpl::own_params_out(Unit& u) {
-  if (u.sharded_params) return shard(u);
-  return u.full_params.as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
-}
-
 MemoryReport EngineImpl::memory() const {
   MemoryReport r;
-  for (const auto& u : units_) {
-    std::int64_t pbytes = (u.sharded_params ? u.slice : u.padded) * static_cast<std::int64_t>(esize());
-    if (param_on_nvme(u)) r.offloaded_nvme += pbytes;
-    else r.params += pbytes;
-    r.grads += static_cast<std::int64_t>((stage_ <= 1 ? u.padded : u.slice) * static_cast<std::int64_t>(esize()));
-  }
+  params_.report(r);
+  reducer_.report(r);
   opt_->report(r);
-  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
-  r.gathered = gather_pool_.peak();
+  r.gathered = gatherer_.peak_bytes();
   return r;
 }
 
 std::vector<float> EngineImpl::full_master(int unit) {
   check_unit(unit, "full_master");
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  const UnitShape& u = shape(unit);
   std::vector<float> full(static_cast<std::size_t>(u.padded));
   opt_->read_master(unit, full.data() + u.own_begin);
   // `full` is host memory: gather it over the host (MPI) communicator, whatever the backend's
@@ -182,17 +130,17 @@ std::vector<float> EngineImpl::full_master(int unit) {
 
 std::vector<float> EngineImpl::full_params(int unit) {
   check_unit(unit, "full_params");
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  const UnitShape& u = shape(unit);
   std::vector<float> full(static_cast<std::size_t>(u.padded));
   std::vector<char> host(static_cast<std::size_t>(u.padded) * esize());
   if (u.sharded_params) {
     Buffer gathered = backend_->alloc(host.size());
-    checkout_shard(unit, true);
-    comm_->all_gather(shard(u), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
-    checkin_shard(unit, false);
+    params_.checkout(unit, true);
+    comm_.all_gather(params_.shard(unit), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+    params_.checkin(unit, false);
     backend_->to_host(host.data(), gathered.get(), host.size());
   } else {
-    backend_->to_host(host.data(), u.full_params.get(), host.size());
+    backend_->to_host(host.data(), params_.full(unit), host.size());
   }
   convert(host.data(), dtype_, full.data(), DType::f32, full.size());
   full.resize(static_cast<std::size_t>(u.numel));
@@ -250,12 +198,12 @@ void UnitParams::release() {
 }
 TensorRef UnitParams::operator[](int param) const {
   ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
-  return make_ref(engine_->layout_.unit(unit_), data_, engine_->dtype_, param);
+  return make_ref(engine_->layout().unit(unit_), data_, engine_->dtype(), param);
 }
 TensorRef UnitParams::operator[](std::string_view name) const {
   ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
-  const UnitInfo& ui = engine_->layout_.unit(unit_);
-  return make_ref(ui, data_, engine_->dtype_, param_index(ui, name));
+  const UnitInfo& ui = engine_->layout().unit(unit_);
+  return make_ref(ui, data_, engine_->dtype(), param_index(ui, name));
 }
 TensorRef UnitGrads::operator[](int param) const { return make_ref(*unit_, data_, dtype_, param); }
 TensorRef UnitGrads::operator[](std::string_view name) const {
@@ -301,15 +249,17 @@ UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
 StepResult Engine::step() { return impl_->step(); }
-void Engine::set_stream(void* stream) { impl_->backend_->set_compute_stream(stream); }
-void* Engine::stream() const { return impl_->backend_->compute_stream(); }
+Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
+
+void Engine::set_stream(void* stream) { impl_->backend().set_compute_stream(stream); }
+void* Engine::stream() const { return impl_->backend().compute_stream(); }
 void Engine::set_eval(bool on) { impl_->set_eval(on); }
-bool Engine::eval() const { return impl_->eval_mode_; }
-float Engine::loss_scale() const { return static_cast<float>(impl_->scaler_.scale()); }
-const Layout& Engine::layout() const { return impl_->layout_; }
-const Config& Engine::config() const { return impl_->cfg_; }
-int Engine::micro_step() const { return impl_->micro_; }
-std::int64_t Engine::global_step() const { return impl_->step_; }
+bool Engine::eval() const { return impl_->eval(); }
+float Engine::loss_scale() const { return impl_->loss_scale(); }
+const Layout& Engine::layout() const { return impl_->layout(); }
+const Config& Engine::config() const { return impl_->config(); }
+int Engine::micro_step() const { return impl_->micro_step(); }
+std::int64_t Engine::global_step() const { return impl_->global_step(); }
 MemoryReport Engine::memory() const { return impl_->memory(); }
 std::vector<float> Engine::full_master(int unit) { return impl_->full_master(unit); }
 std::vector<float> Engine::full_params(int unit) { return impl_->full_params(unit); }

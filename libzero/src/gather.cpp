@@ -1,137 +1,155 @@
-// Stage-3 parameter gathering.
-//
-// The first micro-step records the order in which units are gathered (forward, then backward).
-// Every later micro-step must repeat it: each gather is checked against the recorded position,
-// so a changed graph is an immediate error on the rank that changed, never a collective that
-// waits forever. Knowing the order lets the engine all-gather ahead: after each gather, units
-// next in the order are started until stage3_prefetch_bucket_size elements are in flight,
-// never exceeding stage3_max_live_parameters gathered elements. A released unit whose next
-// use (cyclically, across micro-steps) is within stage3_max_reuse_distance elements is kept.
+// Stage-3 parameter gathering (see gather.hpp).
+#include "gather.hpp"
+
+#include <algorithm>
 #include <string>
 
-#include "engine_impl.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
 
-std::int64_t EngineImpl::live_elements() const {
+ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
+                             const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype)
+    : backend_(backend),
+      comm_(comm),
+      params_(params),
+      layout_(layout),
+      shapes_(shapes),
+      z_(z),
+      dtype_(dtype),
+      pool_(backend),
+      units_(shapes.size()) {}
+
+ParamGatherer::~ParamGatherer() {
+  try {
+    for (auto& u : units_) u.work.wait();
+  } catch (...) {
+  }
+}
+
+std::int64_t ParamGatherer::live_elements() const {
   std::int64_t n = 0;
-  for (const auto& u : units_)
-    if (u.gathered) n += u.padded;
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].gathered) n += shapes_[i].padded;
   return n;
 }
 
-void EngineImpl::start_gather(int unit) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  u.gathered = gather_pool_.acquire(static_cast<std::size_t>(u.padded) * esize(), false);
-  checkout_shard(unit, true);  // NVMe: read the slice now, ahead of the gather
-  u.gather_work = comm_->all_gather_async(shard(u), u.gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+int ParamGatherer::held_unit() const {
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].refs > 0) return static_cast<int>(i);
+  return -1;
 }
 
-void EngineImpl::finish_gather(int unit) {
+void ParamGatherer::start(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (!u.gather_work.pending()) return;
-  u.gather_work.wait();
-  checkin_shard(unit, false);
+  const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+  u.gathered = pool_.acquire(static_cast<std::size_t>(s.padded) * dtype_size(dtype_), false);
+  params_.checkout(unit, true);  // NVMe: read the slice now, ahead of the gather
+  u.work = comm_.all_gather_async(params_.shard(unit), u.gathered.get(), static_cast<std::size_t>(s.slice), dtype_);
+  ++all_gathers_;
 }
 
-void EngineImpl::set_eval(bool on) {
-  ZERO_CHECK(!on || (micro_ == 0 && reduced_this_micro_ == 0 && pos_ == 0),
-             "set_eval(true) in the middle of a training micro-step; evaluate between steps");
-  eval_mode_ = on;
+void ParamGatherer::finish(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (!u.work.pending()) return;
+  u.work.wait();
+  params_.checkin(unit, false);
 }
 
-UnitParams EngineImpl::gather(int unit) {
-  check_unit(unit, "gather");
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (stage_ == 3 && !eval_mode_) {
-    if (recording_) {
-      order_.push_back(unit);
-    } else {
-      std::size_t expect_pos = pos_ % order_.size();
-      int expected = order_[expect_pos];
-      if (expected != unit)
-        ZERO_THROW("gather order changed: gather #" + std::to_string(pos_ + 1) + " of this micro-step asked for unit '" +
-                   layout_.unit(unit).name + "' but the order recorded in the first micro-step has '" +
-                   layout_.unit(expected).name + "' there (" + std::to_string(order_.size()) +
-                   " gathers per micro-step). Stage 3 prefetches along the recorded order, so every micro-step "
-                   "must gather the same units in the same order; use set_eval(true) for forward-only passes");
-    }
-    ++pos_;
+void ParamGatherer::check_order(int unit) {
+  if (recording_) {
+    order_.push_back(unit);
+  } else {
+    std::size_t expect_pos = pos_ % order_.size();
+    int expected = order_[expect_pos];
+    if (expected != unit)
+      ZERO_THROW("gather order changed: gather #" + std::to_string(pos_ + 1) + " of this micro-step asked for unit '" +
+                 layout_.unit(unit).name + "' but the order recorded in the first micro-step has '" +
+                 layout_.unit(expected).name + "' there (" + std::to_string(order_.size()) +
+                 " gathers per micro-step). Stage 3 prefetches along the recorded order, so every micro-step "
+                 "must gather the same units in the same order; use set_eval(true) for forward-only passes");
   }
-  if (!u.sharded_params) return UnitParams(this, unit, u.full_params.get(), u.token);
+  ++pos_;
+}
+
+ParamGatherer::Lease ParamGatherer::acquire(int unit, bool training, bool wrap) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+  if (training) check_order(unit);
+  if (!s.sharded_params) return Lease{params_.full(unit), u.token};
 
   if (!u.gathered) {
     // Make room: drop kept (unreferenced) units, furthest first would be ideal; any is correct.
-    std::int64_t limit = cfg_.zero_optimization.stage3_max_live_parameters;
-    for (auto& other : units_) {
-      if (live_elements() + u.padded <= limit) break;
-      if (other.gathered && other.refs == 0 && !other.gather_work.pending()) gather_pool_.give_back(std::move(other.gathered));
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      if (live_elements() + s.padded <= z_.stage3_max_live_parameters) break;
+      Unit& other = units_[i];
+      if (other.gathered && other.refs == 0 && !other.work.pending()) pool_.give_back(std::move(other.gathered));
     }
-    start_gather(unit);
+    start(unit);
   }
-  finish_gather(unit);
+  finish(unit);
   ++u.refs;
-  if (!eval_mode_ && !recording_) prefetch_after(pos_);
-  return UnitParams(this, unit, u.gathered.get(), u.token);
+  if (training && !recording_) prefetch_after(pos_, wrap);
+  return Lease{u.gathered.get(), u.token};
 }
 
-void EngineImpl::prefetch_after(std::size_t pos) {
-  const auto& z = cfg_.zero_optimization;
+void ParamGatherer::prefetch_after(std::size_t pos, bool wrap) {
   std::int64_t in_flight = 0;
-  for (const auto& u : units_)
-    if (u.gather_work.pending()) in_flight += u.padded;
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].work.pending()) in_flight += shapes_[i].padded;
   std::int64_t live = live_elements();
-  // Look ahead along the recorded order (cyclically: the next micro-step starts over).
-  for (std::size_t k = 0; k < order_.size(); ++k) {
+  // Look ahead along the recorded order; past its end only when the next micro-step follows.
+  const std::size_t ahead = wrap ? order_.size() : order_.size() - std::min(pos, order_.size());
+  for (std::size_t k = 0; k < ahead; ++k) {
     int next = order_[(pos + k) % order_.size()];
     Unit& n = units_[static_cast<std::size_t>(next)];
-    if (!n.sharded_params || n.gathered) continue;
-    if (in_flight + n.padded > z.stage3_prefetch_bucket_size) break;
-    if (live + n.padded > z.stage3_max_live_parameters) break;
-    start_gather(next);
-    in_flight += n.padded;
-    live += n.padded;
+    const UnitShape& ns = shapes_[static_cast<std::size_t>(next)];
+    if (!ns.sharded_params || n.gathered) continue;
+    if (in_flight + ns.padded > z_.stage3_prefetch_bucket_size) break;
+    if (live + ns.padded > z_.stage3_max_live_parameters) break;
+    start(next);
+    in_flight += ns.padded;
+    live += ns.padded;
   }
 }
 
-void EngineImpl::release(int unit, std::uint64_t token) {
+void ParamGatherer::release(int unit, std::uint64_t token, bool training) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (!u.sharded_params || token != u.token || u.refs == 0) return;
+  if (!shapes_[static_cast<std::size_t>(unit)].sharded_params || token != u.token || u.refs == 0) return;
   if (--u.refs > 0) return;
   // Keep it if it is needed again soon: distance = elements gathered before its next use.
   bool keep = false;
-  if (!eval_mode_ && !recording_ && !order_.empty()) {
+  if (training && !recording_ && !order_.empty()) {
     std::int64_t distance = 0;
     for (std::size_t k = 0; k < order_.size(); ++k) {
       int next = order_[(pos_ + k) % order_.size()];
       if (next == unit) {
-        keep = distance <= cfg_.zero_optimization.stage3_max_reuse_distance;
+        keep = distance <= z_.stage3_max_reuse_distance;
         break;
       }
-      distance += units_[static_cast<std::size_t>(next)].padded;
+      distance += shapes_[static_cast<std::size_t>(next)].padded;
     }
   }
   if (!keep) {
-    gather_pool_.give_back(std::move(u.gathered));
+    pool_.give_back(std::move(u.gathered));
     ++u.token;
   }
 }
 
-void EngineImpl::drop_gathered() {
-  for (auto& u : units_) {
-    finish_gather(static_cast<int>(&u - units_.data()));
+void ParamGatherer::drop_all(const char* what) {
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    finish(static_cast<int>(i));
     if (u.gathered) {
-      ZERO_CHECK(u.refs == 0, "step(): unit '" + layout_.unit(static_cast<int>(&u - units_.data())).name +
+      ZERO_CHECK(u.refs == 0, std::string(what) + ": unit '" + layout_.unit(static_cast<int>(i)).name +
                                   "' is still held by a UnitParams handle; release gathered units before step()");
-      gather_pool_.give_back(std::move(u.gathered));
+      pool_.give_back(std::move(u.gathered));
     }
     ++u.token;
   }
 }
 
-void EngineImpl::finish_micro_step_order() {
-  if (stage_ != 3) return;
+void ParamGatherer::finish_micro_step() {
   if (!recording_ && pos_ != order_.size())
     ZERO_THROW("gather order changed: this micro-step gathered " + std::to_string(pos_) +
                " units but the first micro-step gathered " + std::to_string(order_.size()));

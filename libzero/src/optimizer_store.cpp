@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "engine_impl.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
 #include "zero/offload/nvme_swapper.hpp"
@@ -24,17 +23,15 @@ struct SubGroup {
   std::int64_t begin, len;
 };
 
-std::vector<SubGroup> make_sub_groups(const EngineImpl& e, std::int64_t sub_group) {
+std::vector<SubGroup> make_sub_groups(const std::vector<std::int64_t>& owned_len, std::int64_t sub_group) {
   std::vector<SubGroup> groups;
-  for (std::size_t i = 0; i < e.units_.size(); ++i) {
-    std::int64_t len = e.units_[i].own_len;
+  for (std::size_t i = 0; i < owned_len.size(); ++i) {
+    std::int64_t len = owned_len[i];
     for (std::int64_t b = 0; b < len; b += sub_group)
       groups.push_back({static_cast<int>(i), b, std::min(sub_group, len - b)});
   }
   return groups;
 }
-
-int moment_count(const EngineImpl& e) { return optimizer_moments(e.cfg_.optimizer.type); }
 
 // Owned state held in memory the CPU can address directly: backend memory on the host backend
 // (offload "none") or host memory from the pinned pool (offload "cpu"). Only the chunking
@@ -42,14 +39,15 @@ int moment_count(const EngineImpl& e) { return optimizer_moments(e.cfg_.optimize
 // update makes bit-identical to one pass.
 class ResidentStore final : public OptimizerStore {
  public:
-  ResidentStore(EngineImpl& e, bool offloaded) : e_(e), offloaded_(offloaded) {
-    moments_ = moment_count(e);
-    const auto& z = e.cfg_.zero_optimization;
+  ResidentStore(Backend& backend, const Config& cfg, const std::vector<std::int64_t>& owned_len, bool offloaded)
+      : backend_(backend), offloaded_(offloaded) {
+    moments_ = optimizer_moments(cfg.optimizer.type);
+    const auto& z = cfg.zero_optimization;
     std::int64_t sub_group = offloaded ? std::max<std::int64_t>(1, z.sub_group_size) : INT64_MAX;
-    groups_ = make_sub_groups(e, sub_group);
+    groups_ = make_sub_groups(owned_len, sub_group);
     if (offloaded) pool_ = std::make_unique<offload::PinnedPool>(z.offload_optimizer.pin_memory);
-    for (const auto& u : e.units_) {
-      std::size_t bytes = static_cast<std::size_t>(u.own_len) * sizeof(float);
+    for (std::int64_t len : owned_len) {
+      std::size_t bytes = static_cast<std::size_t>(len) * sizeof(float);
       State s;
       for (int k = 0; k <= moments_; ++k) {
         if (offloaded) {
@@ -57,7 +55,7 @@ class ResidentStore final : public OptimizerStore {
           std::memset(s.host[k].data(), 0, bytes);
           s.ptr[k] = s.host[k].as<float>();
         } else {
-          s.dev[k] = e.backend_->alloc(bytes);
+          s.dev[k] = backend_.alloc(bytes);
           s.ptr[k] = s.dev[k].as<float>();
         }
       }
@@ -102,14 +100,14 @@ class ResidentStore final : public OptimizerStore {
   // Host memory is copied directly; backend memory goes through the backend.
   void put(float* dst, const float* host, std::size_t n) {
     if (offloaded_) std::memcpy(dst, host, n);
-    else e_.backend_->from_host(dst, host, n);
+    else backend_.from_host(dst, host, n);
   }
   void get(float* host, const float* src, std::size_t n) {
     if (offloaded_) std::memcpy(host, src, n);
-    else e_.backend_->to_host(host, src, n);
+    else backend_.to_host(host, src, n);
   }
 
-  EngineImpl& e_;
+  Backend& backend_;
   bool offloaded_;
   std::vector<SubGroup> groups_;
   std::unique_ptr<offload::PinnedPool> pool_;
@@ -121,15 +119,15 @@ class ResidentStore final : public OptimizerStore {
 // when the engine is built, before any step.
 class NvmeStore final : public OptimizerStore {
  public:
-  explicit NvmeStore(EngineImpl& e) {
-    moments_ = moment_count(e);
-    const auto& z = e.cfg_.zero_optimization;
+  NvmeStore(const Config& cfg, int rank, const std::vector<std::int64_t>& owned_len) {
+    moments_ = optimizer_moments(cfg.optimizer.type);
+    const auto& z = cfg.zero_optimization;
     offload::AioOptions aio;
-    aio.block_size = static_cast<std::size_t>(e.cfg_.aio.block_size);
-    aio.queue_depth = e.cfg_.aio.queue_depth;
-    swapper_ = std::make_unique<offload::NvmeSwapper>(z.offload_optimizer.nvme_path, e.rank_, aio);
+    aio.block_size = static_cast<std::size_t>(cfg.aio.block_size);
+    aio.queue_depth = cfg.aio.queue_depth;
+    swapper_ = std::make_unique<offload::NvmeSwapper>(z.offload_optimizer.nvme_path, rank, aio);
     pool_ = std::make_unique<offload::PinnedPool>(z.offload_optimizer.pin_memory);
-    groups_ = make_sub_groups(e, std::max<std::int64_t>(1, z.sub_group_size));
+    groups_ = make_sub_groups(owned_len, std::max<std::int64_t>(1, z.sub_group_size));
     std::vector<std::vector<offload::SwapSegment>> segs;
     for (std::size_t g = 0; g < groups_.size(); ++g) {
       std::vector<offload::SwapSegment> s;
@@ -205,11 +203,12 @@ class NvmeStore final : public OptimizerStore {
 
 }  // namespace
 
-std::unique_ptr<OptimizerStore> make_optimizer_store(EngineImpl& e) {
-  switch (e.cfg_.zero_optimization.offload_optimizer.device) {
-    case OffloadDevice::none: return std::make_unique<ResidentStore>(e, false);
-    case OffloadDevice::cpu: return std::make_unique<ResidentStore>(e, true);
-    case OffloadDevice::nvme: return std::make_unique<NvmeStore>(e);
+std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank,
+                                                     const std::vector<std::int64_t>& owned_len) {
+  switch (cfg.zero_optimization.offload_optimizer.device) {
+    case OffloadDevice::none: return std::make_unique<ResidentStore>(backend, cfg, owned_len, false);
+    case OffloadDevice::cpu: return std::make_unique<ResidentStore>(backend, cfg, owned_len, true);
+    case OffloadDevice::nvme: return std::make_unique<NvmeStore>(cfg, rank, owned_len);
   }
   ZERO_THROW("offload_optimizer.device has an unknown value");
 }

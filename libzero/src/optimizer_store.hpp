@@ -11,12 +11,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
+#include "backend.hpp"
+#include "zero/config.hpp"
 #include "zero/engine.hpp"
 
 namespace zero {
-
-class EngineImpl;
 
 class OptimizerStore {
  public:
@@ -41,6 +42,9 @@ class OptimizerStore {
   int moments_ = 2;
 };
 
-std::unique_ptr<OptimizerStore> make_optimizer_store(EngineImpl& e);
+// The store offload_optimizer.device asks for, holding owned_len[u] fp32 elements of master and
+// of each moment for unit u. With NVMe it checks the free disk space before returning.
+std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank,
+                                                     const std::vector<std::int64_t>& owned_len);
 
 }  // namespace zero

@@ -1,100 +1,99 @@
-// Gradient reduction in buckets.
-//
-// reduce(u) says u's gradient for this micro-step is complete. Ready units are coalesced until
-// reduce_bucket_size elements are pending, then handed to the collectives together:
-//   stage 0: all-reduce (average over ranks) of the full gradient, at the accumulation boundary;
-//   (stages 1-3 with reduce_scatter: false all-reduce instead of reduce-scatter, as DeepSpeed
-//   does, and keep the owned slice: more traffic, the same result;)
-//   stage 1: reduce-scatter at the boundary; the rank's slice is copied back into its range;
-//   stages 2/3: every micro-step, reduce-scatter of the micro-step's gradient buffer, added into
-//               the rank's gradient slice; the full-size buffer then goes back to the pool.
-// With overlap_comm the bucket's collectives run while the backward continues and are waited
-// on only when their buffers are needed (two buckets in flight, then the oldest is completed);
-// without it each bucket completes before reduce() returns.
+// Gradient reduction in buckets (see reduce.hpp).
+#include "reduce.hpp"
+
+#include <memory>
 #include <string>
 
-#include "engine_impl.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
 
-UnitGrads EngineImpl::grads(int unit) {
-  check_unit(unit, "grads");
-  ZERO_CHECK(!eval_mode_, "grads(): the engine is in eval mode (set_eval(true)); gradients exist only in training");
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  const UnitInfo& ui = layout_.unit(unit);
-  ZERO_CHECK(u.reduced == micro_,
-             "grads(): unit '" + ui.name + "' was already reduced in this micro-step; ask for grads before reduce()");
-  ZERO_CHECK(micro_ < gas_, "grads(): all " + std::to_string(gas_) +
-                                " micro-steps of gradient_accumulation_steps are done; call step() first");
-  if (stage_ <= 1) return UnitGrads(&ui, u.full_grads.get(), dtype_);
-  if (!u.micro_grads) u.micro_grads = grad_pool_.acquire(static_cast<std::size_t>(u.padded) * esize(), true);
-  return UnitGrads(&ui, u.micro_grads.get(), dtype_);
+GradReducer::GradReducer(Backend& backend, Communicator& comm, const std::vector<UnitShape>& shapes,
+                         const ZeroOptimizationConfig& z, DType dtype, int stage)
+    : backend_(backend),
+      comm_(comm),
+      shapes_(shapes),
+      z_(z),
+      dtype_(dtype),
+      stage_(stage),
+      units_(shapes.size()),
+      grad_pool_(backend),
+      scratch_pool_(backend) {
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * esize());
+    else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * esize());
+  }
 }
 
-void EngineImpl::reduce(int unit) {
-  check_unit(unit, "reduce");
-  ZERO_CHECK(!eval_mode_, "reduce(): the engine is in eval mode (set_eval(true))");
+GradReducer::~GradReducer() {
+  try {
+    for (auto& f : in_flight_)
+      for (auto& w : f.works) w.wait();
+  } catch (...) {
+  }
+}
+
+void* GradReducer::grads(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  const std::string& name = layout_.unit(unit).name;
-  ZERO_CHECK(micro_ < gas_, "reduce(): unit '" + name + "' reduced after all " + std::to_string(gas_) +
-                                " micro-steps of gradient_accumulation_steps; call step() first");
-  ZERO_CHECK(u.reduced == micro_, "reduce(): unit '" + name + "' was reduced twice in micro-step " +
-                                      std::to_string(micro_ + 1) + "; call reduce() once per unit per micro-step");
+  if (stage_ <= 1) return u.full.get();
+  if (!u.micro) u.micro = grad_pool_.acquire(static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded) * esize(), true);
+  return u.micro.get();
+}
+
+int GradReducer::times_reduced(int unit) const { return units_[static_cast<std::size_t>(unit)].reduced; }
+
+bool GradReducer::ready(int unit, bool boundary) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
   ++u.reduced;
   ++reduced_this_micro_;
-  bool boundary = micro_ == gas_ - 1;
   if (stage_ >= 2 || boundary) {
-    if (stage_ >= 2 && !u.micro_grads)  // no gradient was written: it is zero
-      u.micro_grads = grad_pool_.acquire(static_cast<std::size_t>(u.padded) * esize(), true);
+    (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
     pending_.push_back(unit);
-    pending_elems_ += u.padded;
-    if (pending_elems_ >= cfg_.zero_optimization.reduce_bucket_size) flush_bucket();
+    pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;
+    if (pending_elems_ >= z_.reduce_bucket_size) flush_bucket();
   }
-  if (reduced_this_micro_ == layout_.num_units()) {
-    flush_bucket();
-    finish_micro_step_order();
-    reduced_this_micro_ = 0;
-    ++micro_;
-  }
+  if (reduced_this_micro_ < static_cast<int>(units_.size())) return false;
+  flush_bucket();
+  reduced_this_micro_ = 0;
+  return true;
 }
 
-void EngineImpl::flush_bucket() {
+void GradReducer::flush_bucket() {
   if (pending_.empty()) return;
   InFlight f;
   // One communicator group per bucket: NCCL launches the bucket's collectives together.
-  CommGroup group(*comm_);
+  CommGroup group(comm_);
   for (int unit : pending_) {
     Unit& u = units_[static_cast<std::size_t>(unit)];
-    std::size_t slice_bytes = static_cast<std::size_t>(u.slice) * esize();
+    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();
     if (stage_ == 0) {
-      f.works.push_back(comm_->all_reduce_async(u.full_grads.get(), static_cast<std::size_t>(u.padded), dtype_, ReduceOp::avg));
+      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
     } else if (stage_ == 1) {
-      if (!cfg_.zero_optimization.reduce_scatter) {  // all-reduce in place: the owned range is already there
-        f.works.push_back(
-            comm_->all_reduce_async(u.full_grads.get(), static_cast<std::size_t>(u.padded), dtype_, ReduceOp::avg));
+      if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
+        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
         continue;
       }
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
-      f.works.push_back(comm_->reduce_scatter_async(u.full_grads.get(), out->get(), static_cast<std::size_t>(u.slice),
-                                                    dtype_, ReduceOp::avg));
-      f.finish.push_back([this, &u, out, slice_bytes] {
-        backend_->copy(own_grads(u), out->get(), slice_bytes);
+      f.works.push_back(
+          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::avg));
+      f.finish.push_back([this, unit, out, slice_bytes] {
+        backend_.copy(owned(unit), out->get(), slice_bytes);
         scratch_pool_.give_back(std::move(*out));
       });
     } else {
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
-      auto src = std::make_shared<Buffer>(std::move(u.micro_grads));
+      auto src = std::make_shared<Buffer>(std::move(u.micro));
       const char* reduced = out->as<char>();
-      if (cfg_.zero_optimization.reduce_scatter) {
-        f.works.push_back(comm_->reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(u.slice), dtype_,
-                                                      ReduceOp::avg));
+      if (z_.reduce_scatter) {
+        f.works.push_back(
+            comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::avg));
       } else {
-        f.works.push_back(comm_->all_reduce_async(src->get(), static_cast<std::size_t>(u.padded), dtype_, ReduceOp::avg));
-        reduced = src->as<char>() + static_cast<std::size_t>(u.own_begin) * esize();
+        f.works.push_back(comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
+        reduced = src->as<char>() + static_cast<std::size_t>(s.own_begin) * esize();
       }
-      f.finish.push_back([this, &u, out, src, reduced] {
-        backend_->accumulate(u.grad_slice.get(), reduced, dtype_, static_cast<std::size_t>(u.slice));
+      f.finish.push_back([this, &u, &s, out, src, reduced] {
+        backend_.accumulate(u.slice.get(), reduced, dtype_, static_cast<std::size_t>(s.slice));
         scratch_pool_.give_back(std::move(*out));
         grad_pool_.give_back(std::move(*src));
       });
@@ -104,16 +103,38 @@ void EngineImpl::flush_bucket() {
   pending_.clear();
   pending_elems_ = 0;
   in_flight_.push_back(std::move(f));
-  wait_in_flight(cfg_.zero_optimization.overlap_comm ? 1 : 0);
+  wait_in_flight(z_.overlap_comm ? 1 : 0);
 }
 
-void EngineImpl::wait_in_flight(std::size_t keep) {
+void GradReducer::wait_in_flight(std::size_t keep) {
   while (in_flight_.size() > keep) {
     InFlight& f = in_flight_.front();
     for (auto& w : f.works) w.wait();
     for (auto& fin : f.finish) fin();
     in_flight_.pop_front();
   }
+}
+
+void GradReducer::wait_all() { wait_in_flight(0); }
+
+void* GradReducer::owned(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].own_begin) * esize();
+  return u.slice.get();
+}
+
+void GradReducer::clear() {
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    if (stage_ <= 1) backend_.zero(u.full.get(), static_cast<std::size_t>(shapes_[i].padded) * esize());
+    else backend_.zero(u.slice.get(), static_cast<std::size_t>(shapes_[i].slice) * esize());
+    u.reduced = 0;
+  }
+}
+
+void GradReducer::report(MemoryReport& r) const {
+  for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(esize());
+  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
 }
 
 }  // namespace zero

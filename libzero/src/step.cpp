@@ -1,153 +1,161 @@
-// The optimizer step: global gradient norm, overflow agreement, loss-scale update, clipping,
-// the update of every owned slice, and the re-gathering of updated parameters.
+// The optimizer step, as step() reads: wait for the gradients, their global norm, overflow
+// agreement, clipping, the update of every owned slice, the all-gather of the updated slices,
+// then the loss-scale update and the reset for the next step.
 #include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
 
 #include "engine_impl.hpp"
-#include "optimizer_store.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
-#include "zero/optim.hpp"
 
 namespace zero {
 
 StepResult EngineImpl::step() {
-  ZERO_CHECK(initialized_, "step(): parameters are not initialised; call Engine::init_params first");
-  ZERO_CHECK(!eval_mode_, "step(): the engine is in eval mode; call set_eval(false) before training");
-  if (micro_ < gas_) {
-    std::string missing;
-    for (int i = 0; i < layout_.num_units(); ++i)
-      if (units_[static_cast<std::size_t>(i)].reduced == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
-    ZERO_THROW("step() called before every unit was reduced: " + std::to_string(micro_) + " of " +
-               std::to_string(gas_) + " micro-steps (gradient_accumulation_steps) are complete; units not yet reduced "
-               "in the current micro-step: " + missing);
-  }
-  wait_in_flight(0);
+  check_step_ready();
+  reducer_.wait_all();
 
-  // 1. Global squared norm of the stored gradients (scaled by loss_scale x accumulation).
-  backend_->stats_begin();
-  for (auto& u : units_) backend_->stats_add(own_grads(u), dtype_, static_cast<std::size_t>(u.own_len));
-  double sumsq = backend_->stats_finish();
-  // Stage 0 holds identical full gradients on every rank; otherwise slices add up. An inf/nan
-  // on any rank makes the sum non-finite everywhere, so every rank agrees to skip.
-  if (stage_ > 0) sumsq = comm_->all_reduce_scalar(sumsq, ReduceOp::sum);
-  double scale = scaler_.scale();
-  bool overflow = !std::isfinite(sumsq);
-  double denom = scale * gas_;
-  double norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
+  // The stored gradients are the sum of gas micro-steps, each scaled by the loss scale.
+  const double scale = scaler_.scale();
+  const double denom = scale * gas_;
+  const double sumsq = global_grad_sumsq();
+  const bool overflow = !std::isfinite(sumsq);
 
   StepResult r;
   r.loss_scale = scale;
-  r.grad_norm = norm;
+  r.grad_norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
   r.lr = lr_at(cfg_, applied_);
-
   if (!overflow) {
-    double clip = 1.0;
-    if (cfg_.gradient_clipping > 0.0) {
-      double c = cfg_.gradient_clipping / (norm + 1e-6);
-      if (c < 1.0) clip = c;
-    }
-    float grad_scale = static_cast<float>(clip / denom);
-    const auto& o = cfg_.optimizer;
+    const float grad_scale = static_cast<float>(clip_coefficient(r.grad_norm) / denom);
     ++applied_;
-    const AdamHyper adam = adam_hyper(o, r.lr, applied_, grad_scale);
-    const SgdHyper sgd = sgd_hyper(o, r.lr, applied_, grad_scale);
-    const bool sgd_type = o.type == OptimizerType::sgd;
-    // Offloaded state is stepped by the host AdamW; where backend memory is not host memory,
-    // each sub-group's gradients are staged to the host and its parameters copied back.
-    const bool host_step = opt_->on_host();
-    const bool staged = host_step && !backend_->host_accessible();
-    // Device backends stage asynchronously (OffloadStaging): every owned gradient range starts
-    // its copy to pinned host memory now, sub-group-sized chunks in visiting order, so the host
-    // steps sub-group k while k+1 is still arriving; updated parameters go back the same way.
-    OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
-    if (async_stage) {
-      async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
-      for (auto& u : units_) async_stage->add(own_grads(u), own_params_out(u), static_cast<std::size_t>(u.own_len));
-    }
-    // Parameter slices on NVMe are checked out one unit at a time (sub-groups come in unit
-    // order) and written back when the optimizer moves on.
-    int shard_unit = -1;
-    opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
-      Unit& u = units_[static_cast<std::size_t>(unit)];
-      if (param_swap_ && unit != shard_unit) {
-        if (shard_unit >= 0) checkin_shard(shard_unit, true);
-        checkout_shard(unit, true);
-        shard_unit = unit;
-      }
-      const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
-      const char* g = static_cast<const char*>(own_grads(u)) + static_cast<std::size_t>(begin) * esize();
-      char* p = static_cast<char*>(own_params_out(u)) + static_cast<std::size_t>(begin) * esize();
-      if (!host_step) {
-        if (sgd_type) backend_->sgd(master, m1, g, dtype_, p, dtype_, n, sgd);
-        else backend_->adam(master, m1, m2, g, dtype_, p, dtype_, n, adam);
-        return;
-      }
-      if (async_stage) {
-        const std::size_t ru = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
-        const void* gh = async_stage->host_grads(ru, b, n);
-        void* ph = async_stage->host_params(ru, b);
-        if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
-        else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
-        async_stage->params_ready(ru, b, n);
-        return;
-      }
-      const void* gh = g;
-      void* ph = p;
-      if (staged) {
-        if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
-        backend_->to_host(stage_buf_.data(), g, bytes);
-        gh = stage_buf_.data();
-        ph = stage_buf_.data() + bytes;
-      }
-      if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
-      else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
-      if (staged) backend_->from_host(p, ph, bytes);
-    });
-    if (shard_unit >= 0) checkin_shard(shard_unit, true);
-    if (async_stage) async_stage->finish();  // the all-gather below and the next forward wait on it
-
-    // 2. Every rank updated only its slice of a full parameter buffer: all-gather the slices,
-    //    allgather_bucket_size elements at a time.
-    //    Each bucket is one communicator group (one NCCL launch), closed before its waits.
-    if (stage_ >= 1) {
-      std::vector<Work> works;
-      std::int64_t bucket = 0;
-      std::optional<CommGroup> group;
-      group.emplace(*comm_);
-      for (auto& u : units_) {
-        if (u.sharded_params) continue;
-        works.push_back(comm_->all_gather_async(own_params_out(u), u.full_params.get(), static_cast<std::size_t>(u.slice), dtype_));
-        bucket += u.padded;
-        if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
-          group->end();
-          for (auto& w : works) w.wait();
-          works.clear();
-          bucket = 0;
-          group.emplace(*comm_);
-        }
-      }
-      group->end();
-      for (auto& w : works) w.wait();
-    }
+    update_owned_slices(adam_hyper(cfg_.optimizer, r.lr, applied_, grad_scale),
+                        sgd_hyper(cfg_.optimizer, r.lr, applied_, grad_scale));
+    all_gather_updated();
   }
   // Gathered stage-3 units hold the old values (or were kept for reuse): drop them.
-  drop_gathered();
-  for (auto& u : units_) {
-    if (stage_ <= 1)
-      backend_->zero(u.full_grads.get(), static_cast<std::size_t>(u.padded) * esize());
-    else
-      backend_->zero(u.grad_slice.get(), static_cast<std::size_t>(u.slice) * esize());
-    u.reduced = 0;
-  }
+  gatherer_.drop_all("step()");
+  reducer_.clear();
   micro_ = 0;
-  ++step_;
-  r.step = step_;
+  r.step = ++step_;
   r.skipped = overflow;
   scaler_.update(overflow);  // throws when overflowing at the minimum scale
   return r;
+}
+
+void EngineImpl::check_step_ready() const {
+  ZERO_CHECK(initialized_, "step(): parameters are not initialised; call Engine::init_params first");
+  ZERO_CHECK(!eval_mode_, "step(): the engine is in eval mode; call set_eval(false) before training");
+  if (micro_ == gas_) return;
+  std::string missing;
+  for (int i = 0; i < layout_.num_units(); ++i)
+    if (reducer_.times_reduced(i) == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
+  ZERO_THROW("step() called before every unit was reduced: " + std::to_string(micro_) + " of " + std::to_string(gas_) +
+             " micro-steps (gradient_accumulation_steps) are complete; units not yet reduced in the current "
+             "micro-step: " + missing);
+}
+
+// Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every
+// rank; otherwise the owned slices add up. An inf/nan on any rank makes the sum non-finite
+// everywhere, so every rank agrees to skip.
+double EngineImpl::global_grad_sumsq() {
+  backend_->stats_begin();
+  for (int i = 0; i < layout_.num_units(); ++i)
+    backend_->stats_add(reducer_.owned(i), dtype_, static_cast<std::size_t>(shape(i).own_len));
+  double sumsq = backend_->stats_finish();
+  if (stage_ > 0) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum);
+  return sumsq;
+}
+
+double EngineImpl::clip_coefficient(double norm) const {
+  if (cfg_.gradient_clipping <= 0.0) return 1.0;
+  return std::min(1.0, cfg_.gradient_clipping / (norm + 1e-6));
+}
+
+// Every owned range, sub-group by sub-group as the optimizer store visits them. Offloaded
+// state is stepped by the host AdamW; device backends then stage asynchronously
+// (OffloadStaging): every owned gradient range starts its copy to pinned host memory now,
+// sub-group-sized chunks in visiting order, so the host steps sub-group k while k+1 is still
+// arriving; updated parameters go back the same way. Parameter slices on NVMe are checked out
+// one unit at a time (sub-groups come in unit order) and written back when the optimizer moves on.
+void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd) {
+  const bool staged = opt_->on_host() && !backend_->host_accessible();
+  OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
+  if (async_stage) {
+    async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
+    for (int i = 0; i < layout_.num_units(); ++i)
+      async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
+  }
+  int checked_out = -1;
+  opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
+    if (unit != checked_out) {
+      if (checked_out >= 0) params_.checkin(checked_out, true);
+      params_.checkout(unit, true);
+      checked_out = unit;
+    }
+    update_range(unit, begin, len, master, m1, m2, adam, sgd, async_stage);
+  });
+  if (checked_out >= 0) params_.checkin(checked_out, true);
+  if (async_stage) async_stage->finish();  // the all-gather and the next forward wait on it
+}
+
+// One sub-group [begin, begin + len) of unit's owned range: on the backend, or on the host
+// (in place where the host can address backend memory, else through staging copies).
+void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
+                              const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage) {
+  const bool sgd_type = cfg_.optimizer.type == OptimizerType::sgd;
+  const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
+  const char* g = static_cast<const char*>(reducer_.owned(unit)) + static_cast<std::size_t>(begin) * esize();
+  char* p = static_cast<char*>(params_.owned(unit)) + static_cast<std::size_t>(begin) * esize();
+  if (!opt_->on_host()) {
+    if (sgd_type) backend_->sgd(master, m1, g, dtype_, p, dtype_, n, sgd);
+    else backend_->adam(master, m1, m2, g, dtype_, p, dtype_, n, adam);
+    return;
+  }
+  auto host_step = [&](const void* gh, void* ph) {
+    if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
+    else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
+  };
+  if (async_stage) {
+    const std::size_t r = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
+    host_step(async_stage->host_grads(r, b, n), async_stage->host_params(r, b));
+    async_stage->params_ready(r, b, n);
+    return;
+  }
+  if (backend_->host_accessible()) {
+    host_step(g, p);
+    return;
+  }
+  if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
+  backend_->to_host(stage_buf_.data(), g, bytes);
+  host_step(stage_buf_.data(), stage_buf_.data() + bytes);
+  backend_->from_host(p, stage_buf_.data() + bytes, bytes);
+}
+
+// Every rank updated only its slice of a full parameter buffer: all-gather the slices,
+// allgather_bucket_size elements at a time. Each bucket is one communicator group (one NCCL
+// launch), closed before its waits. Sharded units stay sharded: gather() rebuilds them.
+void EngineImpl::all_gather_updated() {
+  if (stage_ == 0) return;
+  std::vector<Work> works;
+  std::int64_t bucket = 0;
+  std::optional<CommGroup> group;
+  group.emplace(comm_);
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const UnitShape& u = shape(i);
+    if (u.sharded_params) continue;
+    works.push_back(comm_.all_gather_async(params_.owned(i), params_.full(i), static_cast<std::size_t>(u.slice), dtype_));
+    bucket += u.padded;
+    if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
+      group->end();
+      for (auto& w : works) w.wait();
+      works.clear();
+      bucket = 0;
+      group.emplace(comm_);
+    }
+  }
+  group->end();
+  for (auto& w : works) w.wait();
 }
 
 }  // namespace zero

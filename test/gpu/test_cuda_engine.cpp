@@ -127,7 +127,7 @@ struct Run {
 
 Run run(const Case& c, const std::string& kind, int steps = 5) {
   Engine e(ctx(), make_config(c, kind), make_layout());
-  Backend& b = *e.impl().backend_;
+  Backend& b = engine_backend(e);
   REQUIRE(std::string(b.name()) == kind);
   cudaStream_t user = nullptr;
   if (c.user_stream && kind == "cuda") {

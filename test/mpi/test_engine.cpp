@@ -14,6 +14,7 @@
 #include "zero/comm.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -197,4 +198,30 @@ TEST_CASE("loss curve and parameters do not depend on the stage") {
       for (std::size_t i = 0; i < base[u].size(); ++i)
         REQUIRE(got[u][i] == Approx(base[u][i]).epsilon(1e-6).margin(1e-7));
   }
+}
+
+// Stage-3 prefetch must stop at the step boundary: after the last micro-step the optimizer
+// rewrites the slices, so a unit gathered ahead then would be thrown away unread and gathered
+// again by the next forward. Prefetching may move all-gathers earlier but never add any: a step
+// issues exactly the all-gathers of on-demand gathering (stage3_prefetch_bucket_size 0).
+TEST_CASE("stage-3 prefetch issues no all-gather across the step boundary") {
+  auto gathers_in_third_step = [](std::int64_t prefetch_bucket) {
+    Case c;
+    c.stage = 3;
+    c.gas = 2;
+    c.extra = "  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
+              "  stage3_prefetch_bucket_size: " + std::to_string(prefetch_bucket) + "\n";
+    Engine e(ctx(), make_config(c), make_layout());
+    e.init_params(init_value);
+    EngineState state(e);
+    train(e, ctx().rank(), ctx().world_size(), 0, 2);  // the first micro-step records the order
+    const std::int64_t before = state.unit_all_gathers();
+    train(e, ctx().rank(), ctx().world_size(), 2, 1);
+    return state.unit_all_gathers() - before;
+  };
+  const std::int64_t on_demand = gathers_in_third_step(0);
+  const std::int64_t prefetched = gathers_in_third_step(50000000);
+  INFO("all-gathers per step: on demand " << on_demand << ", with prefetch " << prefetched);
+  REQUIRE(on_demand > 0);
+  REQUIRE(prefetched == on_demand);
 }

@@ -159,9 +159,9 @@ class Engine {
   // Collective: the full compute-dtype params of one unit widened to fp32, on every rank.
   std::vector<float> full_params(int unit);
 
-  EngineImpl& impl() { return *impl_; }
-
  private:
+  friend class EngineState;  // zero/engine_state.hpp: the state checkpoints read and restore
+  friend Backend& engine_backend(Engine& e);  // internal, for the backends' tests
   std::unique_ptr<EngineImpl> impl_;
 };
 

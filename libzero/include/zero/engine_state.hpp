@@ -1,0 +1,73 @@
+// EngineState: the engine's state as tools outside the training loop see it (checkpoints,
+// diagnostics), without reaching into the engine's internals.
+//
+// The engine partitions every unit the same way at every stage (zero/engine.hpp): padded to
+// slice(u) x world elements, rank r owns [r x slice, (r+1) x slice), or the whole unit at stage 0.
+// The optimizer's state of the owned range (fp32 master, then its moments) and the counters are
+// all a checkpoint needs: the compute-dtype parameters are the master rounded, so restoring
+// recomputes them and all-gathers the full copies the stage keeps, and a resumed run is
+// bit-identical. A restore is begin_restore(), write_owned() for every unit, then the collective
+// finish_restore(); until it completes the engine refuses to train.
+#pragma once
+
+#include <cstdint>
+
+#include "zero/comm.hpp"
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/engine.hpp"
+#include "zero/layout.hpp"
+#include "zero/loss_scaler.hpp"
+
+namespace zero {
+
+// Where a rank's optimizer state lies in a unit: [begin, begin + len) of the padded unit.
+struct OwnedRange {
+  std::int64_t begin = 0, len = 0;
+};
+
+// The counters a checkpoint carries.
+struct TrainingState {
+  std::int64_t step = 0;     // step() calls, skipped ones included
+  std::int64_t applied = 0;  // updates applied (Adam's t, the scheduler's step)
+  LossScaler::State scaler{1.0, 0, 0, -1};
+};
+
+class EngineState {
+ public:
+  explicit EngineState(Engine& engine);
+
+  int rank() const;
+  int world_size() const;
+  int stage() const;
+  DType compute_dtype() const;
+  const Layout& layout() const;
+  const Config& config() const;
+  // MPI over host memory, whatever communicator the backend moves device buffers with.
+  Communicator& host_comm() const;
+  bool initialized() const;  // init_params or a restore has completed
+
+  std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit
+  OwnedRange owned_range(int unit) const;
+  int optimizer_moments() const;       // fp32 tensors besides the master (Adam 2, SGD 1)
+  bool loss_scale_dynamic() const;
+  TrainingState training_state() const;
+  // All-gathers of stage-3 units started so far, prefetches included.
+  std::int64_t unit_all_gathers() const;
+
+  // Throws unless the engine is between steps: no partial accumulation, no held UnitParams.
+  // `what` names the caller in the message.
+  void check_between_steps(const char* what) const;
+  // The owned range of one tensor of `unit`: which 0 is the master, 1.. the moments.
+  void read_owned(int unit, int which, float* owned) const;
+  void write_owned(int unit, int which, const float* owned);
+  void begin_restore();
+  // Collective: recomputes the parameters from the master and sets the counters (and the loss
+  // scaler's state when restore_scaler).
+  void finish_restore(const TrainingState& s, bool restore_scaler);
+
+ private:
+  EngineImpl* impl_;
+};
+
+}  // namespace zero
