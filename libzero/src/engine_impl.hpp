@@ -8,7 +8,8 @@
 //   OptimizerStore (optimizer_store.hpp) the owned ranges' fp32 master and moments, offload.
 // EngineImpl keeps what ties them together: the micro-step and step counters, eval mode, the
 // loss scaler, and the checks that turn misuse into errors. Files: engine.cpp (construction,
-// init, reports), step.cpp (the optimizer step), engine_state.cpp (checkpoint support).
+// init, reports), engine_loop.cpp (gather, grads, reduce), step.cpp (the optimizer step),
+// engine_state.cpp (checkpoint support: zero::EngineState).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,9 @@ Backend& engine_backend(Engine& e);
 class EngineImpl {
  public:
   EngineImpl(Context& ctx, const Config& cfg, Layout layout);
+  // The roles hold references to the shapes, the store and the backend: the engine stays put.
+  EngineImpl(const EngineImpl&) = delete;
+  EngineImpl& operator=(const EngineImpl&) = delete;
 
   // ---- what zero::Engine forwards (engine.cpp, step.cpp) ----
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
@@ -60,24 +64,11 @@ class EngineImpl {
   int micro_step() const { return micro_; }
   std::int64_t global_step() const { return step_; }
 
-  // ---- what zero::EngineState forwards (engine_state.cpp) ----
-  Context& context() const { return ctx_; }
-  int rank() const { return rank_; }
-  int world_size() const { return world_; }
-  int stage() const { return stage_; }
-  bool initialized() const { return initialized_; }
   const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
-  int optimizer_moments() const { return opt_->moments(); }
-  bool loss_scale_dynamic() const { return scaler_.dynamic(); }
-  std::int64_t unit_all_gathers() const { return gatherer_.all_gathers(); }
-  TrainingState training_state() const;
-  void check_between_steps(const char* what) const;
-  void read_owned(int unit, int which, float* owned) const;
-  void write_owned(int unit, int which, const float* owned);
-  void begin_restore();
-  void finish_restore(const TrainingState& s, bool restore_scaler);
 
  private:
+  friend class EngineState;  // checkpoint support (engine_state.cpp) reads and restores the state
+
   // Called while the members are built: checks the config against the world and the layout,
   // reports inert settings, then partitions the units (before anything large is allocated).
   std::vector<UnitShape> plan_units() const;
