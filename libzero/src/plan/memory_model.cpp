@@ -1,9 +1,10 @@
-// Model-state bytes as the engine accounts them (EngineImpl::memory and the optimizer stores),
-// and the settings a Config asks for.
+// Model-state bytes as the engine accounts them (EngineImpl::memory: ParamStore, GradReducer and
+// the optimizer stores), and the settings a Config asks for.
 #include <algorithm>
 #include <sstream>
 #include <string>
 
+#include "zero/optim.hpp"
 #include "zero/plan.hpp"
 
 namespace zero::plan {
@@ -46,7 +47,7 @@ Settings settings_from(const Config& cfg) {
   s.micro_batch = static_cast<int>(std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu));
   s.grad_accum = static_cast<int>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   s.dtype = cfg.compute_dtype();
-  s.moments = cfg.optimizer.type == OptimizerType::sgd ? 1 : 2;
+  s.moments = optimizer_moments(cfg.optimizer.type);
   s.reduce_bucket_size = z.reduce_bucket_size;
   s.allgather_bucket_size = z.allgather_bucket_size;
   s.prefetch_bucket_size = z.stage3_prefetch_bucket_size;
