@@ -23,6 +23,11 @@ __global__ void accumulate_kernel(void* dst, const void* src, std::size_t n) {
     store<T>(dst, i, __fadd_rn(load<T>(dst, i), load<T>(src, i)));
 }
 
+template <int T>
+__global__ void divide_kernel(void* buf, std::size_t n, float d) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) store<T>(buf, i, __fdiv_rn(load<T>(buf, i), d));
+}
+
 // Fixed-order tree over one block's values; blockDim.x == kThreads.
 __device__ double block_sum(double v) {
   __shared__ double sh[kThreads];
@@ -85,6 +90,16 @@ void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaS
     case DType::f32: accumulate_kernel<kF32><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
     case DType::bf16: accumulate_kernel<kBF16><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
     case DType::f16: accumulate_kernel<kF16><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
+  }
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_divide(void* buf, DType t, std::size_t n, float d, cudaStream_t s) {
+  if (n == 0) return;
+  switch (t) {
+    case DType::f32: divide_kernel<kF32><<<blocks_for(n), kThreads, 0, s>>>(buf, n, d); break;
+    case DType::bf16: divide_kernel<kBF16><<<blocks_for(n), kThreads, 0, s>>>(buf, n, d); break;
+    case DType::f16: divide_kernel<kF16><<<blocks_for(n), kThreads, 0, s>>>(buf, n, d); break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }

@@ -43,6 +43,10 @@ void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, 
 // dst[i] += src[i], rounded once to t.
 void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaStream_t stream);
 
+// buf[i] = buf[i] / d, divided in fp32 and rounded once to t (the average after a summing
+// collective: a 16-bit 1/d would bias every element by the rounding of 1/d).
+void launch_divide(void* buf, DType t, std::size_t n, float d, cudaStream_t stream);
+
 // Sum of squares: partials holds kSumSqBlocks doubles, zeroed before the first add of a step.
 constexpr int kSumSqBlocks = 240;
 void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, cudaStream_t stream);
