@@ -46,8 +46,8 @@ class CudaBackend final : public Backend {
     });
     switch_ = Event::create();
     stats_done_ = Event::create();
-    // Scratch of the gradient statistics: per-block partials, then the total.
-    stats_ = static_cast<double*>(alloc_.allocate((kSumSqBlocks + 1) * sizeof(double)));
+    sumsq_blocks_ = sumsq_blocks();
+    stats_ = static_cast<double*>(alloc_.allocate(stats_bytes()));
     stats_host_ = pinned_.acquire(sizeof(double));
     if (cfg.comm == CommKind::nccl)
       comm_ = std::make_unique<NcclCommunicator>(ctx.comm(), streams_, device_);
@@ -78,7 +78,7 @@ class CudaBackend final : public Backend {
     }
     staging_.reset();
     comm_.reset();
-    if (idle) alloc_.release(stats_, (kSumSqBlocks + 1) * sizeof(double));
+    if (idle) alloc_.release(stats_, stats_bytes());
   }
 
   const char* name() const override { return "cuda"; }
@@ -114,17 +114,18 @@ class CudaBackend final : public Backend {
 
   void stats_begin() override {
     use_device(device_);
-    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, kSumSqBlocks * sizeof(double), streams_.compute));
+    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<std::size_t>(sumsq_blocks_) * sizeof(double),
+                                    streams_.compute));
   }
   void stats_add(const void* g, DType t, std::size_t n) override {
     use_device(device_);
-    launch_sumsq_add(g, t, n, stats_, streams_.compute);
+    launch_sumsq_add(g, t, n, stats_, sumsq_blocks_, streams_.compute);
   }
   double stats_finish() override {
     use_device(device_);
     // The step's one host wait: the norm decides clipping and overflow skipping on the host.
-    launch_sumsq_finish(stats_, stats_ + kSumSqBlocks, streams_.compute);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_ + kSumSqBlocks, sizeof(double), cudaMemcpyDeviceToHost,
+    launch_sumsq_finish(stats_, sumsq_blocks_, stats_ + sumsq_blocks_, streams_.compute);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_ + sumsq_blocks_, sizeof(double), cudaMemcpyDeviceToHost,
                                     streams_.compute));
     ZERO_CUDA_CHECK(cudaEventRecord(stats_done_.get(), streams_.compute));
     ZERO_CUDA_CHECK(cudaEventSynchronize(stats_done_.get()));
@@ -185,6 +186,8 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Scratch of the gradient statistics: per-block partials, then the total.
+  std::size_t stats_bytes() const { return (static_cast<std::size_t>(sumsq_blocks_) + 1) * sizeof(double); }
   static void check(const float* master, const void* grad, DType gt, const void* out, DType pt, const char* who) {
     ZERO_CHECK(master && grad, std::string("cuda ") + who + ": master and grad must not be null");
     ZERO_CHECK(valid(gt) && (!out || valid(pt)),
@@ -200,6 +203,7 @@ class CudaBackend final : public Backend {
   Event switch_, stats_done_;
   DeviceAllocator alloc_;
   offload::PinnedPool pinned_{false};
+  int sumsq_blocks_ = 1;
   double* stats_ = nullptr;
   offload::PinnedBuffer stats_host_;
   std::unique_ptr<Communicator> comm_;
