@@ -5,9 +5,10 @@
 // (SKIP_RETURN_CODE 77): a machine without a GPU must never count these tests as passed. Any
 // other failure to enumerate devices (a driver older than the runtime, a broken installation)
 // is a broken GPU setup and fails: skipping it would hide exactly what the tests are for.
-// ZERO_TEST_PROBE=1 stops after the probe (exit 0 when a device is usable). ZERO_TEST_MIN_GPUS=N also skips when the node has fewer than N devices (NCCL
-// runs with several ranks need one GPU each). Otherwise it is the multi-rank main: every rank
-// runs every test case and the job fails if any rank failed.
+// ZERO_TEST_PROBE=1 stops after the probe (exit 0 when a device is usable).
+// ZERO_TEST_MIN_GPUS=N also skips when the node has fewer than N devices (NCCL runs with several
+// ranks need one GPU each). Otherwise it is the multi-rank main: every rank runs every test case
+// and the job fails if any rank failed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>

@@ -272,34 +272,46 @@ Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue
   return Work(std::make_unique<NcclWork>(this, watchdog_->record(streams_.comm, what, bytes, 1), nullptr));
 }
 
+ncclResult_t NcclCommunicator::settle(ncclResult_t rc) {
+  // The communicator is non-blocking (for the bounded setup), so a call may return while NCCL
+  // is still enqueueing it (ncclInProgress): poll until it is on the stream, or failed.
+  const auto deadline = deadline_after(timeout_s_);
+  while (rc == ncclInProgress) {
+    if (timeout_s_ > 0.0 && Clock::now() > deadline) return ncclInProgress;
+    std::this_thread::yield();
+    if (ncclCommGetAsyncError(comm_, &rc) != ncclSuccess) return ncclInternalError;
+  }
+  return rc;
+}
+
 void NcclCommunicator::run_divide(const Divide& d) {
   if (d.buf) launch_divide(d.buf, d.t, d.n, static_cast<float>(size_), streams_.comm);
 }
 
 Work NcclCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) {
   return launch("all_reduce", count * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
   }, op == ReduceOp::avg ? Divide{buf, t, count} : Divide{});
 }
 
 Work NcclCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
                                             ReduceOp op) {
   return launch("reduce_scatter", recv_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
   }, op == ReduceOp::avg ? Divide{recv, t, recv_count} : Divide{});
 }
 
 Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) {
   // NCCL's in-place form is exactly ours: send == recv + rank * send_count.
   return launch("all_gather", send_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, streams_.comm)));
   });
 }
 
 Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank");
   return launch("broadcast", bytes, [&] {
-    ZERO_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm)));
   });
 }
 
@@ -321,7 +333,7 @@ void NcclCommunicator::group_end() {
   if (--group_depth_ > 0) return;
   use_device(device_);
   std::shared_ptr<std::uint64_t> ticket = std::move(group_ticket_);
-  ZERO_NCCL_CHECK(ncclGroupEnd());
+  ZERO_NCCL_CHECK(settle(ncclGroupEnd()));
   for (const Divide& d : group_divides_) run_divide(d);
   group_divides_.clear();
   if (group_ops_ > 0) *ticket = watchdog_->record(streams_.comm, group_what_, group_bytes_, group_ops_);

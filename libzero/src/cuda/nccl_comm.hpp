@@ -68,6 +68,8 @@ class NcclCommunicator final : public Communicator {
   template <class Issue>
   Work launch(const char* what, std::size_t bytes, Issue&& issue, Divide divide = {});
   void run_divide(const Divide& d);
+  // The final result of an NCCL call on this (non-blocking) communicator.
+  ncclResult_t settle(ncclResult_t rc);
   std::string async_error();
   // Aborts the communicator unless it is already closing or aborted; true when this call did.
   bool abort_once();

@@ -41,8 +41,8 @@ void stream_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t scratc
 
 bool stream_drain(cudaStream_t s, double timeout_s) {
   using Clock = std::chrono::steady_clock;
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(timeout_s, 1e9)));
+  const auto limit = std::chrono::duration<double>(std::min(timeout_s, 1e9));  // 1e9 s: "never"
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
   for (;;) {
     const cudaError_t q = cudaStreamQuery(s);
     if (q == cudaSuccess) return true;
