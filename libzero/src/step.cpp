@@ -25,7 +25,8 @@ StepResult EngineImpl::step() {
   }
   wait_in_flight(0);
 
-  // 1. Global squared norm of the stored gradients (scaled by loss_scale x accumulation).
+  // 1. Global squared norm of the stored gradients (scaled by loss_scale x accumulation x world:
+  //    the collectives sum, and the average's 1/world joins the fp32 gradient scale below).
   backend_->stats_begin();
   for (auto& u : units_) backend_->stats_add(own_grads(u), dtype_, static_cast<std::size_t>(u.own_len));
   double sumsq = backend_->stats_finish();
@@ -34,7 +35,7 @@ StepResult EngineImpl::step() {
   if (stage_ > 0) sumsq = comm_->all_reduce_scalar(sumsq, ReduceOp::sum);
   double scale = scaler_.scale();
   bool overflow = !std::isfinite(sumsq);
-  double denom = scale * gas_;
+  double denom = scale * gas_ * comm_->size();
   double norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
 
   StepResult r;
