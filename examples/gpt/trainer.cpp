@@ -59,6 +59,12 @@ class EvalScope {
 // ------------------------------------------------------------------------------ settings
 
 GptSettings read_gpt_settings(const zero::Config& cfg) {
+  // The model's ops (host_ops.cpp) read and write parameters, gradients and activations as host
+  // memory; with backend: cuda they would be handed device pointers. Refused until the CUDA ops
+  // exist.
+  ZERO_CHECK(cfg.backend != zero::BackendKind::cuda,
+             "zero-gpt: backend: cuda is not supported yet: the GPT model's operations run on the host only (its CUDA "
+             "kernels do not exist yet). Set backend: host (the default) to train on the CPU");
   GptSettings s;
   {
     zero::StrictSection m = zero::extra_section(cfg, "model");

@@ -28,6 +28,7 @@ class MpiCommunicator final : public Communicator {
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;
   Work barrier_async() override;
   double all_reduce_scalar(double v, ReduceOp op) override;
+  MPI_Comm handle() const { return comm_; }
 
   // fp32 scratch reused across calls (collectives in flight each hold their own).
   std::vector<float> take_scratch(std::size_t n);

@@ -45,12 +45,11 @@ Context::Context(int* argc, char*** argv) {
 #if ZERO_WITH_CUDA
   // CUDA backend: one device per local rank, round robin (ranks beyond the device count share,
   // which only comm: mpi supports). No device, or no driver, leaves device_ at -1: a CUDA build
-  // must still run host-backend jobs on machines without a GPU.
+  // must still run host-backend jobs on machines without a GPU. Only chosen here, not made
+  // current: cudaSetDevice creates the device's context, which a host-backend job must not do on
+  // every rank (the CUDA backend makes it current when it starts).
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
-    device_ = local_rank_ % devices;
-    if (cudaSetDevice(device_) != cudaSuccess) device_ = -1;
-  }
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) device_ = local_rank_ % devices;
   cudaGetLastError();  // a failed probe must not surface as a later call's error
 #endif
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);

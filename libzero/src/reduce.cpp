@@ -68,15 +68,15 @@ void GradReducer::flush_bucket() {
     const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
     std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();
     if (stage_ == 0) {
-      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
+      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
     } else if (stage_ == 1) {
       if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
-        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
+        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
         continue;
       }
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
       f.works.push_back(
-          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::avg));
+          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
       f.finish.push_back([this, unit, out, slice_bytes] {
         backend_.copy(owned(unit), out->get(), slice_bytes);
         scratch_pool_.give_back(std::move(*out));
@@ -87,9 +87,9 @@ void GradReducer::flush_bucket() {
       const char* reduced = out->as<char>();
       if (z_.reduce_scatter) {
         f.works.push_back(
-            comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::avg));
+            comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
       } else {
-        f.works.push_back(comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::avg));
+        f.works.push_back(comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
         reduced = src->as<char>() + static_cast<std::size_t>(s.own_begin) * esize();
       }
       f.finish.push_back([this, &u, &s, out, src, reduced] {

@@ -16,9 +16,10 @@ StepResult EngineImpl::step() {
   check_step_ready();
   reducer_.wait_all();
 
-  // The stored gradients are the sum of gas micro-steps, each scaled by the loss scale.
+  // The stored gradients are the sum over gas micro-steps and world ranks (the collectives sum),
+  // each scaled by the loss scale: the average's 1/world joins the fp32 gradient scale here.
   const double scale = scaler_.scale();
-  const double denom = scale * gas_;
+  const double denom = scale * gas_ * world_;
   const double sumsq = global_grad_sumsq();
   const bool overflow = !std::isfinite(sumsq);
 

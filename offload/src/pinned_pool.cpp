@@ -1,19 +1,22 @@
-// PinnedPool: cudaHostAlloc in CUDA builds, posix_memalign + mlock otherwise, with a free list
-// per size class.
+// PinnedPool: cudaHostAlloc once a CUDA backend runs, posix_memalign + mlock otherwise, with a
+// free list per size class.
 #include "zero/offload/pinned_pool.hpp"
 
 #include <sys/mman.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "zero/error.hpp"
@@ -55,18 +58,21 @@ std::string memlock_limit() {
   return std::to_string(rl.rlim_cur / 1024) + " KiB";
 }
 
-// Whether page-locking goes through the CUDA driver. A CUDA build may run where there is no
-// GPU or driver (CI, a CPU-only node); it then pins with mlock like a host-only build. Decided
-// once per process so that every block is freed the way it was allocated.
+// Whether page-locking goes through the CUDA driver: only once a CUDA backend runs in this
+// process (enable_cuda_pinning). cudaHostAlloc creates a GPU context, and a host-backend job in a
+// CUDA build (or a machine without a GPU) must not create one on every rank; it pins with mlock
+// like a host-only build. Each block remembers how it was pinned, so it is freed the same way.
+std::atomic<bool> g_cuda_pinning{false};
+
+std::mutex g_cuda_blocks_mu;
+std::unordered_set<void*>& cuda_blocks() {
+  static std::unordered_set<void*> blocks;  // from cudaHostAlloc
+  return blocks;
+}
+
 bool use_cuda_host_alloc() {
 #if ZERO_WITH_CUDA
-  static const bool usable = [] {
-    int n = 0;
-    bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-    cudaGetLastError();  // clear the "no device" error so later CUDA calls do not report it
-    return ok;
-  }();
-  return usable;
+  return g_cuda_pinning.load(std::memory_order_acquire);
 #else
   return false;
 #endif
@@ -74,13 +80,28 @@ bool use_cuda_host_alloc() {
 
 void free_block(void* p, bool pinned, std::size_t capacity) {
 #if ZERO_WITH_CUDA
-  if (pinned && use_cuda_host_alloc()) {
-    cudaFreeHost(p);
-    return;
+  if (pinned) {
+    bool from_cuda = false;
+    {
+      std::lock_guard<std::mutex> lock(g_cuda_blocks_mu);
+      from_cuda = cuda_blocks().erase(p) > 0;
+    }
+    if (from_cuda) {
+      cudaFreeHost(p);
+      return;
+    }
   }
 #endif
   if (pinned) munlock(p, capacity);
   std::free(p);
+}
+
+// O_DIRECT and the vectorized copies rely on it: a block that is not aligned is a bug here, not
+// a condition to run with.
+void check_aligned(void* p) {
+  ZERO_CHECK(reinterpret_cast<std::uintptr_t>(p) % PinnedPool::kAlignment == 0,
+             "PinnedPool: a block came back from the allocator not aligned to " +
+                 std::to_string(PinnedPool::kAlignment) + " bytes; this is a bug, please report it");
 }
 
 void* aligned_block(std::size_t capacity) {
@@ -99,12 +120,20 @@ std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
 #if ZERO_WITH_CUDA
     void* p = nullptr;
     const cudaError_t e = cudaHostAlloc(&p, capacity, cudaHostAllocPortable);
-    if (e == cudaSuccess) return {p, true};
+    if (e == cudaSuccess) {
+      {
+        std::lock_guard<std::mutex> lock(g_cuda_blocks_mu);
+        cuda_blocks().insert(p);
+      }
+      check_aligned(p);
+      return {p, true};
+    }
     cudaGetLastError();  // reset the error state so the next CUDA call does not report this one
     why = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(e);
 #endif
   } else {
     void* p = aligned_block(capacity);
+    check_aligned(p);
     if (mlock(p, capacity) == 0) return {p, true};
     const int err = errno;
     std::free(p);
@@ -262,5 +291,7 @@ std::size_t PinnedPool::bytes_in_use() const {
 }
 
 bool PinnedPool::require_pinned() const { return state_ && state_->require_pinned; }
+
+void enable_cuda_pinning() { g_cuda_pinning.store(true, std::memory_order_release); }
 
 }  // namespace zero::offload

@@ -1,10 +1,14 @@
 // Catch2 main for GPU tests, single- and multi-rank.
 //
-// Without a usable CUDA device the program exits 77 before anything else (MPI included), which
-// ctest reports as skipped (SKIP_RETURN_CODE 77): a machine without a GPU must never count these
-// tests as passed. ZERO_TEST_MIN_GPUS=N also skips when the node has fewer than N devices (NCCL
-// runs with several ranks need one GPU each). Otherwise it is the multi-rank main: every rank
-// runs every test case and the job fails if any rank failed.
+// On a machine with no CUDA device (no driver installed, or the driver sees no device) the
+// program exits 77 before anything else (MPI included), which ctest reports as skipped
+// (SKIP_RETURN_CODE 77): a machine without a GPU must never count these tests as passed. Any
+// other failure to enumerate devices (a driver older than the runtime, a broken installation)
+// is a broken GPU setup and fails: skipping it would hide exactly what the tests are for.
+// ZERO_TEST_PROBE=1 stops after the probe (exit 0 when a device is usable).
+// ZERO_TEST_MIN_GPUS=N also skips when the node has fewer than N devices (NCCL runs with several
+// ranks need one GPU each). Otherwise it is the multi-rank main: every rank runs every test case
+// and the job fails if any rank failed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
@@ -18,10 +22,25 @@
 int main(int argc, char** argv) {
   int devices = 0;
   const cudaError_t rc = cudaGetDeviceCount(&devices);
-  if (rc != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "skipped: no CUDA device (%s)\n", rc == cudaSuccess ? "0 devices" : cudaGetErrorName(rc));
+  int driver = 0;
+  cudaDriverGetVersion(&driver);  // 0: no driver installed at all (a machine without a GPU)
+  if (rc == cudaErrorNoDevice || (rc == cudaSuccess && devices == 0) || (rc != cudaSuccess && driver == 0)) {
+    std::fprintf(stderr, "skipped: no CUDA device (%s)\n",
+                 rc == cudaSuccess ? "0 devices" : driver == 0 ? "no CUDA driver installed" : cudaGetErrorName(rc));
     return 77;
   }
+  if (rc != cudaSuccess) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    std::fprintf(stderr,
+                 "FAILED: the CUDA driver is installed (version %d) but cannot enumerate devices: %s (%s); runtime "
+                 "version %d. Update the driver to one that supports this runtime, or check the installation "
+                 "(nvidia-smi)\n",
+                 driver, cudaGetErrorName(rc), cudaGetErrorString(rc), runtime);
+    return 1;
+  }
+  // The probe alone (run_sanitizer.sh asks for it before starting compute-sanitizer).
+  if (std::getenv("ZERO_TEST_PROBE")) return 0;
   if (const char* need = std::getenv("ZERO_TEST_MIN_GPUS")) {
     if (devices < std::atoi(need)) {
       std::fprintf(stderr, "skipped: this run needs %s CUDA devices, the node has %d\n", need, devices);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "spin_kernel.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
 
@@ -149,6 +150,8 @@ TEST_CASE("collectives are ordered after the compute stream and before what foll
   Buffer narrow = b->alloc(n * 2);  // zero-filled
   Buffer acc = b->alloc(n * 2);
   for (int iter = 0; iter < 3; ++iter) {
+    // The producer starts ~20 ms late: a collective that does not wait for it reads zeros.
+    spin(static_cast<cudaStream_t>(b->compute_stream()));
     b->convert(wide.get(), DType::f32, narrow.get(), DType::bf16, n);  // compute-stream kernel
     Work w = c.all_reduce_async(narrow.get(), n, DType::bf16, ReduceOp::sum);
     CHECK_NOTHROW(w.done());  // may or may not be finished: a query, not a wait

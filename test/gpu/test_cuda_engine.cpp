@@ -31,6 +31,7 @@
 #include "engine_impl.hpp"
 #include "engine_model.hpp"
 #include "gpu_test_util.hpp"
+#include "spin_kernel.hpp"
 #include "zero/engine.hpp"
 
 using namespace zero;
@@ -49,6 +50,7 @@ struct Case {
   std::string extra;             // more lines under zero_optimization
   int inf_step = -1;             // step at which rank 0 writes an inf into a gradient
   bool user_stream = false;      // run the CUDA engine on a stream of the test's own
+  bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " gas " + std::to_string(gas) +
            (clip > 0 ? " clip" : "") + " " + optimizer + " offload " + offload + (inf_step >= 0 ? " overflow" : "") +
@@ -111,9 +113,15 @@ void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResu
         if (s == c.inf_step && k == 0 && rank == 0 && u == 0)
           store_from_f32(hg.data(), 0, t, std::numeric_limits<float>::infinity());
         b.from_host(g.data(), hg.data(), bytes);
+        // A delayed compute stream: the reduction's kernels (bucket copies, accumulation) run
+        // late, so a collective or a copy that does not wait for them reads old data.
+        if (c.spin && b.compute_stream()) spin(static_cast<cudaStream_t>(b.compute_stream()));
         e.reduce(u);
       }
     }
+    // The optimizer's kernels run late: the all-gather of updated slices and the offload copies
+    // must wait for them, or the parameters come out stale.
+    if (c.spin && b.compute_stream()) spin(static_cast<cudaStream_t>(b.compute_stream()));
     results.push_back(e.step());
   }
 }
@@ -237,6 +245,20 @@ TEST_CASE("CUDA engine parity with the host backend: every stage x dtype x offlo
         c.extra = knobs(idx % 2 == 1);
         SECTION(c.name()) { check_parity(c); }
       }
+}
+
+TEST_CASE("a late compute stream changes nothing: every consumer waits for its producer", "[engine][streams]") {
+  for (int stage = 1; stage <= 3; ++stage)
+    for (const char* offload : {"none", "cpu"}) {
+      Case c;
+      c.stage = stage;
+      c.dtype = DType::bf16;
+      c.offload = offload;
+      c.gas = 2;
+      c.spin = true;
+      c.extra = knobs(true);
+      SECTION(c.name() + " spin") { check_parity(c); }
+    }
 }
 
 TEST_CASE("CUDA engine parity: SGD with momentum, and Adam with L2 decay", "[engine]") {

@@ -42,7 +42,16 @@ struct AdamCase {
   bool with_out, decoupled;
   float wd;
   std::size_t n;
+  std::size_t skip = 0;  // elements before the shard on the device: 1-3 misalign it (scalar path)
 };
+
+// `count` zero values, then v (a shard placed `count` elements into its buffer).
+template <class T>
+std::vector<T> after(std::size_t count, const std::vector<T>& v) {
+  std::vector<T> out(count, T{});
+  out.insert(out.end(), v.begin(), v.end());
+  return out;
+}
 
 void check_adam(const AdamCase& c) {
   auto owned = backend("cuda");
@@ -55,8 +64,9 @@ void check_adam(const AdamCase& c) {
   auto grad = to_dtype(gradf, c.gt);
   std::vector<char> out(n * dtype_size(c.pt), 0);
 
-  Buffer dmaster = upload(dev, master), dm = upload(dev, m), dv = upload(dev, v), dgrad = upload(dev, grad);
-  Buffer dout = upload(dev, out);
+  const std::size_t k = c.skip, gk = k * dtype_size(c.gt), pk = k * dtype_size(c.pt);
+  Buffer dmaster = upload(dev, after(k, master)), dm = upload(dev, after(k, m)), dv = upload(dev, after(k, v));
+  Buffer dgrad = upload(dev, after(gk, grad)), dout = upload(dev, after(pk, out));
   for (std::int64_t step = 1; step <= 3; ++step) {
     AdamHyper h;
     h.lr = 1e-3f * static_cast<float>(step);
@@ -70,16 +80,17 @@ void check_adam(const AdamCase& c) {
     void* host_out = c.with_out ? out.data() : nullptr;
     offload::adam_step(master.data(), m.data(), v.data(), grad.data(), c.gt, host_out, c.pt, n, h,
                        offload::SimdPath::scalar, 1);
-    dev.adam(dmaster.as<float>(), dm.as<float>(), dv.as<float>(), dgrad.get(), c.gt, c.with_out ? dout.get() : nullptr,
-             c.pt, n, h);
+    dev.adam(dmaster.as<float>() + k, dm.as<float>() + k, dv.as<float>() + k, dgrad.as<char>() + gk, c.gt,
+             c.with_out ? dout.as<char>() + pk : nullptr, c.pt, n, h);
   }
   const std::string what = std::string("adam grad ") + std::string(dtype_name(c.gt)) + " out " +
                            (c.with_out ? std::string(dtype_name(c.pt)) : "none") + (c.decoupled ? " AdamW" : " Adam") +
-                           " wd " + std::to_string(c.wd);
-  require_same(download<float>(dev, dmaster, n).data(), master.data(), n, DType::f32, what + " master");
-  require_same(download<float>(dev, dm, n).data(), m.data(), n, DType::f32, what + " m");
-  require_same(download<float>(dev, dv, n).data(), v.data(), n, DType::f32, what + " v");
-  if (c.with_out) require_same(download<char>(dev, dout, out.size()).data(), out.data(), n, c.pt, what + " params");
+                           " wd " + std::to_string(c.wd) + " offset " + std::to_string(k);
+  require_same(download<float>(dev, dmaster, n + k).data() + k, master.data(), n, DType::f32, what + " master");
+  require_same(download<float>(dev, dm, n + k).data() + k, m.data(), n, DType::f32, what + " m");
+  require_same(download<float>(dev, dv, n + k).data() + k, v.data(), n, DType::f32, what + " v");
+  if (c.with_out)
+    require_same(download<char>(dev, dout, out.size() + pk).data() + pk, out.data(), n, c.pt, what + " params");
 }
 
 }  // namespace
@@ -96,6 +107,13 @@ TEST_CASE("fused Adam/AdamW equals the host reference bit for bit", "[kernels]")
   SECTION("no parameter output, no weight decay") { check_adam({DType::bf16, DType::bf16, false, true, 0.0f, 513}); }
   SECTION("a shard larger than one grid") { check_adam({DType::bf16, DType::bf16, true, true, 0.1f, big_n()}); }
   SECTION("one element") { check_adam({DType::f16, DType::f32, true, false, 0.0f, 1}); }
+  // Four-element accesses need aligned buffers: a shard 1-3 elements into its buffer takes the
+  // scalar loop, and sizes that are not a multiple of 4 end in the scalar tail.
+  for (std::size_t skip : {1, 2, 3})
+    SECTION("a misaligned shard, offset " + std::to_string(skip)) {
+      check_adam({DType::bf16, DType::f16, true, true, 0.1f, 1001, skip});
+    }
+  SECTION("a tail of 3") { check_adam({DType::f32, DType::bf16, true, true, 0.1f, 4099}); }
 }
 
 TEST_CASE("fused SGD equals the host reference bit for bit", "[kernels]") {
@@ -146,6 +164,67 @@ TEST_CASE("casts equal zero::convert bit for bit, NaN bits included", "[kernels]
       INFO(dtype_name(st) << " -> " << dtype_name(dt));
       REQUIRE(got == want);  // conversions involve no arithmetic: even NaN bits must match
     }
+}
+
+TEST_CASE("casts and accumulation: misaligned sub-ranges and tails equal the host", "[kernels]") {
+  auto dev = backend("cuda");
+  auto host = backend("host");
+  for (DType st : kTypes)
+    for (DType dt : kTypes)
+      for (std::size_t skip : {0, 1, 2, 3})
+        for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{4096 + 3}}) {
+          INFO(dtype_name(st) << " -> " << dtype_name(dt) << " offset " << skip << " n " << n);
+          const auto src = to_dtype(random_floats(n + skip, 41, 100.0f), st);
+          std::vector<char> want(n * dtype_size(dt));
+          convert(src.data() + skip * dtype_size(st), st, want.data(), dt, n);
+          Buffer dsrc = upload(*dev, src);
+          Buffer ddst = dev->alloc((n + skip) * dtype_size(dt));
+          char* out = ddst.as<char>() + skip * dtype_size(dt);
+          dev->convert(dsrc.as<char>() + skip * dtype_size(st), st, out, dt, n);
+          auto got = download<char>(*dev, ddst, (n + skip) * dtype_size(dt));
+          require_same(got.data() + skip * dtype_size(dt), want.data(), n, dt, "convert");
+          if (st != dt) continue;
+          // Accumulate into the same misaligned range: dst += src.
+          std::vector<char> acc(got.begin() + static_cast<std::ptrdiff_t>(skip * dtype_size(dt)), got.end());
+          host->accumulate(acc.data(), src.data() + skip * dtype_size(st), dt, n);
+          dev->accumulate(out, dsrc.as<char>() + skip * dtype_size(st), dt, n);
+          auto got2 = download<char>(*dev, ddst, (n + skip) * dtype_size(dt));
+          require_same(got2.data() + skip * dtype_size(dt), acc.data(), n, dt, "accumulate");
+        }
+}
+
+TEST_CASE("element-wise kernels beyond 2^31 elements", "[kernels][large]") {
+  // 64-bit indexing end to end: an element past 2^31 must be converted and accumulated like the
+  // first. Needs ~13 GiB free; skipped (with a warning) on smaller devices and under the sanitizer.
+  const std::size_t n = (std::size_t{1} << 31) + 4099;  // ends in a scalar tail of 3
+  std::size_t free_b = 0, total_b = 0;
+  REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
+  const std::size_t need = n * (4 + 2 + 2) + (std::size_t{1} << 30);
+  if (small_run() || free_b < need) {
+    WARN("skipped: needs " << need / (1u << 20) << " MiB of free device memory, the device has " << free_b / (1u << 20));
+    return;
+  }
+  auto dev = backend("cuda");
+  Buffer wide = dev->alloc(n * 4), narrow = dev->alloc(n * 2), acc = dev->alloc(n * 2);
+  const std::size_t probes[] = {0, (std::size_t{1} << 31) - 1, std::size_t{1} << 31, (std::size_t{1} << 31) + 1,
+                                n - 4, n - 2, n - 1};
+  for (std::size_t i : probes) {
+    const float v = 1.0f + static_cast<float>(i % 97) * 0.125f;
+    dev->from_host(wide.as<float>() + i, &v, sizeof v);
+  }
+  dev->convert(wide.get(), DType::f32, narrow.get(), DType::bf16, n);
+  dev->accumulate(acc.get(), narrow.get(), DType::bf16, n);
+  dev->accumulate(acc.get(), narrow.get(), DType::bf16, n);
+  for (std::size_t i : probes) {
+    std::uint16_t h = 0;
+    dev->to_host(&h, acc.as<std::uint16_t>() + i, sizeof h);
+    const float v = 1.0f + static_cast<float>(i % 97) * 0.125f;  // exact in bf16, and so is 2v
+    INFO("element " << i);
+    REQUIRE(load_as_f32(&h, 0, DType::bf16) == 2.0f * v);
+  }
+  std::uint16_t untouched = 1;
+  dev->to_host(&untouched, acc.as<std::uint16_t>() + (std::size_t{1} << 31) + 2, sizeof untouched);
+  REQUIRE(untouched == 0);
 }
 
 TEST_CASE("accumulate equals the host backend", "[kernels]") {

@@ -80,6 +80,9 @@ TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]"
                     Catch::Contains("run.eval_batches") && Catch::Contains("eval_sequences"));
   CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}),
                     Catch::Contains("model.n_layr"));
+  // The model's ops are host code: a CUDA backend is refused with the way out.
+  CHECK_THROWS_WITH(read("backend: cuda\n"), Catch::Contains("backend: cuda is not supported") &&
+                                               Catch::Contains("backend: host"));
   // Without the trainer's sections registered, the engine's loader rejects them.
   CHECK_THROWS_AS(zero::parse_config("model:\n  preset: tiny\n", "run.yaml"), zero::Error);
 }

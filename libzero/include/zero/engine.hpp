@@ -21,6 +21,10 @@
 //      slice; full-size gradient storage is only the buffers in flight.
 //   3: + params sharded: gather(u) all-gathers, prefetching along the order recorded in the first
 //      micro-step; a later micro-step that gathers in another order is an error, not a hang.
+//
+// Threads: one thread at a time drives an engine (it is not thread-safe), but it need not be the
+// thread that built it. With backend: cuda every call makes the engine's device current on the
+// calling thread first (CUDA threads otherwise start on device 0), and leaves it current.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
+#include <exception>
 #include <string>
 
 #include "cuda_check.hpp"
@@ -11,6 +13,7 @@
 #include "nccl_comm.hpp"
 #include "offload_staging.hpp"
 #include "streams.hpp"
+#include "watchdog.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"
@@ -28,14 +31,23 @@ class CudaBackend final : public Backend {
  public:
   CudaBackend(Context& ctx, const Config& cfg) : device_(ctx.device()), alloc_(ctx.device()) {
     ZERO_CUDA_CHECK(cudaSetDevice(device_));
+    offload::enable_cuda_pinning();  // the context exists now; pinned memory may use it
+    timeout_s_ = Watchdog::timeout_from_env();
     comm_stream_ = Stream::create(true);
     copy_stream_ = Stream::create(false);
+    upload_stream_ = Stream::create(false);
     streams_.comm = comm_stream_.get();
     streams_.copy = copy_stream_.get();
+    streams_.upload = upload_stream_.get();
+    alloc_.set_drain([this] {
+      bool idle = true;
+      for (cudaStream_t s : streams_.all()) idle = stream_drain(s, timeout_s_) && idle;
+      return idle;
+    });
     switch_ = Event::create();
     stats_done_ = Event::create();
-    // Scratch of the gradient statistics: per-block partials, then the total.
-    stats_ = static_cast<double*>(alloc_.allocate((kSumSqBlocks + 1) * sizeof(double)));
+    sumsq_blocks_ = sumsq_blocks();
+    stats_ = static_cast<double*>(alloc_.allocate(stats_bytes()));
     stats_host_ = pinned_.acquire(sizeof(double));
     if (cfg.comm == CommKind::nccl)
       comm_ = std::make_unique<NcclCommunicator>(ctx.comm(), streams_, device_);
@@ -45,18 +57,34 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
-    // Kernels and copies may still use our memory; wait for them before anything is freed.
-    cudaStreamSynchronize(streams_.compute);
-    cudaStreamSynchronize(streams_.comm);
-    cudaStreamSynchronize(streams_.copy);
+    use_device(device_);
+    // Unwinding from an error: collectives this rank enqueued may never be matched by the other
+    // ranks, and the streams would wait on them forever. The communicator goes first (NCCL
+    // aborts when destroyed during unwinding), so the waits below can end.
+    const bool unwinding = std::uncaught_exceptions() > 0;
+    if (unwinding) comm_.reset();
+    // Kernels and copies may still use our memory; wait for them before anything is freed, but
+    // no longer than the collective timeout. Past it the device memory is abandoned (freeing it
+    // would synchronize the device and hang the same way); the process is ending with an error.
+    const double limit = timeout_s_;
+    bool idle = true;
+    for (cudaStream_t s : streams_.all()) idle = stream_drain(s, limit) && idle;
+    if (!idle) {
+      std::fprintf(stderr,
+                   "warning: device %d: work on the backend's streams did not finish within %g s "
+                   "(ZERO_NCCL_TIMEOUT_S) at shutdown; its device memory is left to the process exit\n",
+                   device_, limit);
+      alloc_.abandon();
+    }
     staging_.reset();
     comm_.reset();
-    alloc_.release(stats_, (kSumSqBlocks + 1) * sizeof(double));
+    if (idle) alloc_.release(stats_, stats_bytes());
   }
 
   const char* name() const override { return "cuda"; }
 
   Buffer alloc(std::size_t bytes) override {
+    use_device(device_);
     if (bytes == 0) return Buffer();
     void* p = alloc_.allocate(bytes);
     ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, streams_.compute));
@@ -68,28 +96,36 @@ class CudaBackend final : public Backend {
     note_free(bytes);
   }
   void zero(void* p, std::size_t bytes) override {
+    use_device(device_);
     if (bytes) ZERO_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, streams_.compute));
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
+    use_device(device_);
     if (bytes && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_.compute));
   }
   void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
+    use_device(device_);
     launch_convert(src, st, dst, dt, n, streams_.compute);
   }
   void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
+    use_device(device_);
     launch_accumulate(dst, src, t, n, streams_.compute);
   }
 
   void stats_begin() override {
-    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, kSumSqBlocks * sizeof(double), streams_.compute));
+    use_device(device_);
+    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<std::size_t>(sumsq_blocks_) * sizeof(double),
+                                    streams_.compute));
   }
   void stats_add(const void* g, DType t, std::size_t n) override {
-    launch_sumsq_add(g, t, n, stats_, streams_.compute);
+    use_device(device_);
+    launch_sumsq_add(g, t, n, stats_, sumsq_blocks_, streams_.compute);
   }
   double stats_finish() override {
+    use_device(device_);
     // The step's one host wait: the norm decides clipping and overflow skipping on the host.
-    launch_sumsq_finish(stats_, stats_ + kSumSqBlocks, streams_.compute);
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_ + kSumSqBlocks, sizeof(double), cudaMemcpyDeviceToHost,
+    launch_sumsq_finish(stats_, sumsq_blocks_, stats_ + sumsq_blocks_, streams_.compute);
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(stats_host_.data(), stats_ + sumsq_blocks_, sizeof(double), cudaMemcpyDeviceToHost,
                                     streams_.compute));
     ZERO_CUDA_CHECK(cudaEventRecord(stats_done_.get(), streams_.compute));
     ZERO_CUDA_CHECK(cudaEventSynchronize(stats_done_.get()));
@@ -99,6 +135,7 @@ class CudaBackend final : public Backend {
   void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
             const AdamHyper& h) override {
     if (n == 0) return;
+    use_device(device_);
     check(master, grad, gt, param_out, pt, "adam");
     ZERO_CHECK(m && v, "cuda adam: the moment buffers m and v must not be null");
     ZERO_CHECK(h.step >= 1, "cuda adam: step is 1-based (got " + std::to_string(h.step) + ")");
@@ -109,6 +146,7 @@ class CudaBackend final : public Backend {
   void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
            const SgdHyper& h) override {
     if (n == 0) return;
+    use_device(device_);
     check(master, grad, gt, param_out, pt, "sgd");
     ZERO_CHECK(h.momentum == 0.0f || mom, "cuda sgd: momentum needs a momentum buffer");
     launch_sgd(master, mom, grad, gt, param_out, pt, n, h, streams_.compute);
@@ -119,11 +157,13 @@ class CudaBackend final : public Backend {
   // Outside the training loop only: these wait for the compute stream, so the host buffer is
   // complete (to_host) or free to reuse (from_host) when they return.
   void to_host(void* dst, const void* src, std::size_t bytes) override {
+    use_device(device_);
     if (bytes == 0) return;
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streams_.compute));
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
   }
   void from_host(void* dst, const void* src, std::size_t bytes) override {
+    use_device(device_);
     if (bytes == 0) return;
     ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, streams_.compute));
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
@@ -133,15 +173,21 @@ class CudaBackend final : public Backend {
 
   void* compute_stream() const override { return static_cast<void*>(streams_.compute); }
   void set_compute_stream(void* stream) override {
+    use_device(device_);
     cudaStream_t next = stream ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
     stream_after(next, streams_.compute, switch_.get());
     streams_.compute = next;
   }
   OffloadStaging* offload_staging() override { return staging_.get(); }
   std::int64_t bytes_reserved() const override { return static_cast<std::int64_t>(alloc_.bytes_reserved()); }
-  void release_cached() override { alloc_.trim(); }
+  void release_cached() override {
+    use_device(device_);
+    alloc_.trim();
+  }
 
  private:
+  // Scratch of the gradient statistics: per-block partials, then the total.
+  std::size_t stats_bytes() const { return (static_cast<std::size_t>(sumsq_blocks_) + 1) * sizeof(double); }
   static void check(const float* master, const void* grad, DType gt, const void* out, DType pt, const char* who) {
     ZERO_CHECK(master && grad, std::string("cuda ") + who + ": master and grad must not be null");
     ZERO_CHECK(valid(gt) && (!out || valid(pt)),
@@ -151,11 +197,13 @@ class CudaBackend final : public Backend {
   // Declaration order is destruction order reversed: streams and events outlive the allocator
   // and the pinned pool, which outlive the communicator and the staging that use them.
   int device_;
-  Stream comm_stream_, copy_stream_;
+  double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S bounds the shutdown's waits too
+  Stream comm_stream_, copy_stream_, upload_stream_;
   StreamSet streams_;
   Event switch_, stats_done_;
   DeviceAllocator alloc_;
   offload::PinnedPool pinned_{false};
+  int sumsq_blocks_ = 1;
   double* stats_ = nullptr;
   offload::PinnedBuffer stats_host_;
   std::unique_ptr<Communicator> comm_;

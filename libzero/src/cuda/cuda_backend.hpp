@@ -3,9 +3,11 @@
 // Memory comes from one caching DeviceAllocator (pinned host memory from offload::PinnedPool);
 // arithmetic is the kernels of kernels.hpp, all on the compute stream; communication is NCCL
 // (comm: nccl) or MPI through pinned copies (comm: mpi); offloaded optimizer steps are staged
-// asynchronously by CudaOffloadStaging on the copy stream. Nothing here synchronizes the host
-// with the device except to_host / from_host (used outside the training loop: initialization,
-// reports, checkpoints) and stats_finish, which reads the gradient norm once per step.
+// asynchronously by CudaOffloadStaging on the copy (D2H) and upload (H2D) streams. Nothing here
+// synchronizes the host with the device except to_host / from_host (used outside the training
+// loop: initialization, reports, checkpoints) and stats_finish, which reads the gradient norm
+// once per step. Shutdown waits for the streams within ZERO_NCCL_TIMEOUT_S, after aborting the
+// communicator first when an exception is unwinding.
 #pragma once
 
 #include <memory>

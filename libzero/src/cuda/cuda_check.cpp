@@ -44,4 +44,10 @@ void throw_nccl_error(const char* file, int line, const char* call, int rc, cons
   throw_error(file, line, msg);
 }
 
+void use_device(int device) {
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device) return;
+  ZERO_CUDA_CHECK(cudaSetDevice(device));
+}
+
 }  // namespace zero::cuda

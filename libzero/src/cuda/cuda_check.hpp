@@ -16,6 +16,10 @@ namespace zero::cuda {
 [[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int rc,
                                    const char* text, const char* last_error);
 
+// Makes `device` current on the calling thread (cheap when it already is). The engine may be
+// called from a thread other than the one that built it; a CUDA thread starts on device 0.
+void use_device(int device);
+
 }  // namespace zero::cuda
 
 #define ZERO_CUDA_CHECK(call)                                                          \

@@ -48,10 +48,11 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
   }
   void* p = nullptr;
   cudaError_t rc = cudaMalloc(&p, cls);
+  bool kept = false;  // the cache could not be returned: the streams did not drain
   if (rc == cudaErrorMemoryAllocation && bytes_cached() > 0) {
     cudaGetLastError();  // not sticky, but clear it so the retry starts clean
-    trim();
-    rc = cudaMalloc(&p, cls);
+    if (trim()) rc = cudaMalloc(&p, cls);
+    else kept = true;
   }
   if (rc != cudaSuccess) {
     cudaGetLastError();
@@ -61,6 +62,10 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     ZERO_THROW("CUDA out of memory on device " + std::to_string(device_) + ": cudaMalloc of " + mib(cls) + " failed (" +
                cudaGetErrorName(rc) + "); libzero holds " + mib(in_use_) + " in use, the device has " + mib(free_b) +
                " free of " + mib(total_b) +
+               (kept ? " (" + mib(bytes_cached()) + " of cached blocks were not returned to the device: the "
+                       "backend's streams did not finish within ZERO_NCCL_TIMEOUT_S, and freeing would have waited "
+                       "on them)"
+                     : std::string()) +
                ". Lower the micro batch or the bucket sizes (reduce_bucket_size, allgather_bucket_size, "
                "stage3_prefetch_bucket_size, stage3_max_live_parameters), use a higher ZeRO stage, or offload the "
                "optimizer (zero_optimization.offload_optimizer.device: cpu)");
@@ -78,7 +83,9 @@ void DeviceAllocator::release(void* p, std::size_t bytes) {
   free_[cls].push_back(p);
 }
 
-void DeviceAllocator::trim() {
+bool DeviceAllocator::trim() {
+  if (bytes_cached() == 0) return true;
+  if (drain_ && !drain_()) return false;
   for (auto& [cls, blocks] : free_) {
     for (void* p : blocks) {
       cudaFree(p);  // errors here would only repeat an earlier sticky error; nothing to add
@@ -87,6 +94,12 @@ void DeviceAllocator::trim() {
     blocks.clear();
   }
   free_.clear();
+  return true;
+}
+
+void DeviceAllocator::abandon() {
+  free_.clear();
+  in_use_ = reserved_ = 0;
 }
 
 }  // namespace zero::cuda

@@ -12,15 +12,43 @@ namespace {
 
 using namespace dev;
 
+// The element-wise kernels move four elements per access where every buffer is aligned for it
+// (vec), then finish the last n % 4 one at a time; unaligned buffers take the scalar loop.
+// Where the tail starts: after the vector part, or at 0 without one.
+__device__ __forceinline__ std::size_t tail_start(std::size_t n, bool vec) { return vec ? n / 4 * 4 : 0; }
+
 template <int S, int D>
-__global__ void convert_kernel(const void* src, void* dst, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) store<D>(dst, i, load<S>(src, i));
+__global__ void convert_kernel(const void* src, void* dst, std::size_t n, bool vec) {
+  if (vec)
+    for (std::size_t q = first_index(); q < n / 4; q += grid_stride()) store4<D>(dst, q, load4<S>(src, q));
+  for (std::size_t i = tail_start(n, vec) + first_index(); i < n; i += grid_stride()) store<D>(dst, i, load<S>(src, i));
 }
 
 template <int T>
-__global__ void accumulate_kernel(void* dst, const void* src, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride())
+__global__ void accumulate_kernel(void* dst, const void* src, std::size_t n, bool vec) {
+  if (vec)
+    for (std::size_t q = first_index(); q < n / 4; q += grid_stride()) {
+      F4 a = load4<T>(dst, q);
+      const F4 b = load4<T>(src, q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a.v[k] = __fadd_rn(a.v[k], b.v[k]);
+      store4<T>(dst, q, a);
+    }
+  for (std::size_t i = tail_start(n, vec) + first_index(); i < n; i += grid_stride())
     store<T>(dst, i, __fadd_rn(load<T>(dst, i), load<T>(src, i)));
+}
+
+template <int T>
+__global__ void divide_kernel(void* buf, std::size_t n, float d, bool vec) {
+  if (vec)
+    for (std::size_t q = first_index(); q < n / 4; q += grid_stride()) {
+      F4 a = load4<T>(buf, q);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) a.v[k] = __fdiv_rn(a.v[k], d);
+      store4<T>(buf, q, a);
+    }
+  for (std::size_t i = tail_start(n, vec) + first_index(); i < n; i += grid_stride())
+    store<T>(buf, i, __fdiv_rn(load<T>(buf, i), d));
 }
 
 // Fixed-order tree over one block's values; blockDim.x == kThreads.
@@ -35,8 +63,9 @@ __device__ double block_sum(double v) {
   return sh[0];
 }
 
-// Block b adds its elements' squares into partials[b]; the grid is always kSumSqBlocks, so the
-// assignment of elements to blocks and threads, and so the rounding, never changes.
+// Block b adds its elements' squares into partials[b]; the grid is always sumsq_blocks() of the
+// device, so the assignment of elements to blocks and threads, and so the rounding, never
+// changes on a given device.
 template <int T>
 __global__ void sumsq_add_kernel(const void* g, std::size_t n, double* partials) {
   double s = 0.0;
@@ -48,18 +77,23 @@ __global__ void sumsq_add_kernel(const void* g, std::size_t n, double* partials)
   if (threadIdx.x == 0) partials[blockIdx.x] = __dadd_rn(partials[blockIdx.x], total);
 }
 
-__global__ void sumsq_finish_kernel(const double* partials, double* out) {
-  const double v = static_cast<int>(threadIdx.x) < kSumSqBlocks ? partials[threadIdx.x] : 0.0;
+__global__ void sumsq_finish_kernel(const double* partials, int blocks, double* out) {
+  double v = 0.0;
+  for (int b = static_cast<int>(threadIdx.x); b < blocks; b += kThreads) v = __dadd_rn(v, partials[b]);
   const double total = block_sum(v);
   if (threadIdx.x == 0) *out = total;
 }
 
+// aligned4 by the runtime type code.
+bool aligned4_as(DType t, const void* p) { return t == DType::f32 ? aligned4<kF32>(p) : aligned4<kBF16>(p); }
+
 template <int S>
-void convert_from(const void* src, void* dst, DType dt, std::size_t n, cudaStream_t s) {
+void convert_from(const void* src, void* dst, DType dt, std::size_t n, bool vec, cudaStream_t s) {
+  const unsigned b = blocks_for(n, vec);
   switch (dt) {
-    case DType::f32: convert_kernel<S, kF32><<<blocks_for(n), kThreads, 0, s>>>(src, dst, n); break;
-    case DType::bf16: convert_kernel<S, kBF16><<<blocks_for(n), kThreads, 0, s>>>(src, dst, n); break;
-    case DType::f16: convert_kernel<S, kF16><<<blocks_for(n), kThreads, 0, s>>>(src, dst, n); break;
+    case DType::f32: convert_kernel<S, kF32><<<b, kThreads, 0, s>>>(src, dst, n, vec); break;
+    case DType::bf16: convert_kernel<S, kBF16><<<b, kThreads, 0, s>>>(src, dst, n, vec); break;
+    case DType::f16: convert_kernel<S, kF16><<<b, kThreads, 0, s>>>(src, dst, n, vec); break;
   }
 }
 
@@ -71,37 +105,60 @@ void launch_convert(const void* src, DType st, void* dst, DType dt, std::size_t 
     if (src != dst) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dtype_size(st), cudaMemcpyDeviceToDevice, s));
     return;
   }
+  const bool vec = aligned4_as(st, src) && aligned4_as(dt, dst);
   switch (st) {
-    case DType::f32: convert_from<kF32>(src, dst, dt, n, s); break;
-    case DType::bf16: convert_from<kBF16>(src, dst, dt, n, s); break;
-    case DType::f16: convert_from<kF16>(src, dst, dt, n, s); break;
+    case DType::f32: convert_from<kF32>(src, dst, dt, n, vec, s); break;
+    case DType::bf16: convert_from<kBF16>(src, dst, dt, n, vec, s); break;
+    case DType::f16: convert_from<kF16>(src, dst, dt, n, vec, s); break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
+  const bool vec = aligned4_as(t, dst) && aligned4_as(t, src);
+  const unsigned b = blocks_for(n, vec);
   switch (t) {
-    case DType::f32: accumulate_kernel<kF32><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
-    case DType::bf16: accumulate_kernel<kBF16><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
-    case DType::f16: accumulate_kernel<kF16><<<blocks_for(n), kThreads, 0, s>>>(dst, src, n); break;
+    case DType::f32: accumulate_kernel<kF32><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
+    case DType::bf16: accumulate_kernel<kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
+    case DType::f16: accumulate_kernel<kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, cudaStream_t s) {
+void launch_divide(void* buf, DType t, std::size_t n, float d, cudaStream_t s) {
+  if (n == 0) return;
+  const bool vec = aligned4_as(t, buf);
+  const unsigned b = blocks_for(n, vec);
+  switch (t) {
+    case DType::f32: divide_kernel<kF32><<<b, kThreads, 0, s>>>(buf, n, d, vec); break;
+    case DType::bf16: divide_kernel<kBF16><<<b, kThreads, 0, s>>>(buf, n, d, vec); break;
+    case DType::f16: divide_kernel<kF16><<<b, kThreads, 0, s>>>(buf, n, d, vec); break;
+  }
+  ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+int sumsq_blocks() {
+  int device = 0, sms = 0, per_sm = 0;
+  ZERO_CUDA_CHECK(cudaGetDevice(&device));
+  ZERO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // The fp32 instance stands for all three: same block size, same shared memory.
+  ZERO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, sumsq_add_kernel<kF32>, kThreads, 0));
+  return std::max(1, sms * std::max(1, per_sm));
+}
+
+void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, int blocks, cudaStream_t s) {
   if (n == 0) return;
   switch (t) {
-    case DType::f32: sumsq_add_kernel<kF32><<<kSumSqBlocks, kThreads, 0, s>>>(g, n, partials); break;
-    case DType::bf16: sumsq_add_kernel<kBF16><<<kSumSqBlocks, kThreads, 0, s>>>(g, n, partials); break;
-    case DType::f16: sumsq_add_kernel<kF16><<<kSumSqBlocks, kThreads, 0, s>>>(g, n, partials); break;
+    case DType::f32: sumsq_add_kernel<kF32><<<blocks, kThreads, 0, s>>>(g, n, partials); break;
+    case DType::bf16: sumsq_add_kernel<kBF16><<<blocks, kThreads, 0, s>>>(g, n, partials); break;
+    case DType::f16: sumsq_add_kernel<kF16><<<blocks, kThreads, 0, s>>>(g, n, partials); break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_sumsq_finish(const double* partials, double* out, cudaStream_t s) {
-  static_assert(kSumSqBlocks <= kThreads, "the final reduction is one block of kThreads");
-  sumsq_finish_kernel<<<1, kThreads, 0, s>>>(partials, out);
+void launch_sumsq_finish(const double* partials, int blocks, double* out, cudaStream_t s) {
+  sumsq_finish_kernel<<<1, kThreads, 0, s>>>(partials, blocks, out);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,13 +9,15 @@
 // So results equal the host AdamW/SGD bit for bit (0 ulp), NaNs excepted: a NaN stays a NaN,
 // but its payload bits follow each machine's rules.
 //
-// The sum of squares is deterministic: a fixed grid, each block accumulating into its own
+// The sum of squares is deterministic: a fixed grid per device, each block accumulating into its own
 // partial across calls, and one fixed-order final reduction, so the same gradients give the same
 // norm bits on every run. It differs from the host's sequential double sum only in rounding
 // (relative ~1e-16 x elements); squares of fp32 values are exact in double, so inf and nan
 // propagate and finite values never overflow.
 //
 // Every function enqueues on `stream` and returns; n may be 0. No host synchronization.
+// Element-wise kernels move four elements per access where the buffers are aligned for it
+// (always, for the allocator's buffers), with a scalar tail and a scalar fallback otherwise.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,10 +44,16 @@ void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, 
 // dst[i] += src[i], rounded once to t.
 void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaStream_t stream);
 
-// Sum of squares: partials holds kSumSqBlocks doubles, zeroed before the first add of a step.
-constexpr int kSumSqBlocks = 240;
-void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, cudaStream_t stream);
+// buf[i] = buf[i] / d, divided in fp32 and rounded once to t (the average after a summing
+// collective: a 16-bit 1/d would bias every element by the rounding of 1/d).
+void launch_divide(void* buf, DType t, std::size_t n, float d, cudaStream_t stream);
+
+// Sum of squares over a grid of `blocks` = sumsq_blocks() (the current device's multiprocessors
+// x the blocks each keeps resident: the whole device, whatever its size). partials holds
+// `blocks` doubles, zeroed before the first add of a step.
+int sumsq_blocks();
+void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, int blocks, cudaStream_t stream);
 // *out = the fixed-order sum of the partials.
-void launch_sumsq_finish(const double* partials, double* out, cudaStream_t stream);
+void launch_sumsq_finish(const double* partials, int blocks, double* out, cudaStream_t stream);
 
 }  // namespace zero::cuda

@@ -37,6 +37,7 @@ class StagedWork final : public Work::Impl {
 
 MpiStagedCommunicator::MpiStagedCommunicator(Communicator& host, StreamSet& streams, offload::PinnedPool& pool)
     : host_(host), streams_(streams), pool_(pool) {
+  ZERO_CUDA_CHECK(cudaGetDevice(&device_));  // the backend's, current at construction
   ready_ = Event::create();
 }
 
@@ -55,6 +56,7 @@ offload::PinnedBuffer MpiStagedCommunicator::take(std::size_t bytes) {
 
 void MpiStagedCommunicator::stage_in(void* host_dst, const void* dev_src, std::size_t bytes) {
   if (bytes == 0) return;
+  use_device(device_);
   stream_after(streams_.comm, streams_.compute, ready_.get());
   ZERO_CUDA_CHECK(cudaMemcpyAsync(host_dst, dev_src, bytes, cudaMemcpyDefault, streams_.comm));
   ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.comm));
@@ -62,6 +64,7 @@ void MpiStagedCommunicator::stage_in(void* host_dst, const void* dev_src, std::s
 
 void MpiStagedCommunicator::copy_back(void* dev_dst, const void* host_src, std::size_t bytes,
                                       offload::PinnedBuffer&& buf) {
+  use_device(device_);
   ZERO_CUDA_CHECK(cudaMemcpyAsync(dev_dst, host_src, bytes, cudaMemcpyDefault, streams_.compute));
   Event e;
   if (!spare_events_.empty()) {

@@ -51,6 +51,7 @@ class MpiStagedCommunicator final : public Communicator {
   Communicator& host_;
   StreamSet& streams_;
   offload::PinnedPool& pool_;
+  int device_ = 0;
   Event ready_;
   std::deque<std::pair<offload::PinnedBuffer, Event>> retired_;  // buffers of copies in flight
   std::vector<Event> spare_events_;

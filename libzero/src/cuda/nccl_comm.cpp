@@ -1,9 +1,18 @@
 #include "nccl_comm.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <exception>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include <mpi.h>
+
+#include "../comm_mpi.hpp"
 #include "cuda_check.hpp"
+#include "kernels.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {
@@ -19,14 +28,10 @@ ncclDataType_t nccl_type(DType t) {
   ZERO_THROW("NCCL: unsupported dtype " + std::to_string(static_cast<int>(t)));
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::avg: return ncclAvg;
-  }
-  return ncclSum;
-}
+// ncclAvg is never used: it multiplies by 1/size stored in the data type, which for bf16/fp16
+// is off by up to 0.2% (e.g. +0.195% at 3 ranks) for every element alike. An average is a sum
+// followed by an fp32 division (launch_divide).
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::max ? ncclMax : ncclSum; }
 
 // A collective (or a group's member): complete when its ticket is.
 class NcclWork final : public Work::Impl {
@@ -53,32 +58,144 @@ class NcclWork final : public Work::Impl {
 
 }  // namespace
 
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline_after(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(s, 1e9)));
+}
+
+// Who reached ncclCommInitRank: every rank sends a one-byte "arrived" to every other when it
+// starts its NCCL setup and posts a receive from each, all nonblocking, so a rank whose setup
+// timed out can name the ranks it never heard from. Only over an MPI host communicator.
+class Arrivals {
+ public:
+  explicit Arrivals(Communicator& host) {
+    auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
+    if (!mpi) return;
+    comm_ = mpi->handle();
+    const int n = host.size(), me = host.rank();
+    recv_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    send_.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    flags_.assign(static_cast<std::size_t>(n), 0);
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      MPI_Irecv(&flags_[static_cast<std::size_t>(r)], 1, MPI_CHAR, r, kTag, comm_, &recv_[static_cast<std::size_t>(r)]);
+      MPI_Isend(&kOne, 1, MPI_CHAR, r, kTag, comm_, &send_[static_cast<std::size_t>(r)]);
+    }
+  }
+  // Every rank arrived (NCCL's setup succeeded): the messages complete at once.
+  void complete() {
+    if (!recv_.empty()) {
+      MPI_Waitall(static_cast<int>(recv_.size()), recv_.data(), MPI_STATUSES_IGNORE);
+      MPI_Waitall(static_cast<int>(send_.size()), send_.data(), MPI_STATUSES_IGNORE);
+    }
+    recv_.clear();
+    send_.clear();
+  }
+  // The ranks not heard from, as "3, 7"; the pending requests are cancelled.
+  std::string missing() {
+    std::string out;
+    for (std::size_t r = 0; r < recv_.size(); ++r) {
+      if (recv_[r] == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MPI_Test(&recv_[r], &done, MPI_STATUS_IGNORE);
+      if (done) continue;
+      out += (out.empty() ? "" : ", ") + std::to_string(r);
+      MPI_Cancel(&recv_[r]);
+      MPI_Request_free(&recv_[r]);
+    }
+    for (auto& q : send_)
+      if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);
+    recv_.clear();
+    send_.clear();
+    return out;
+  }
+  bool known() const { return comm_ != MPI_COMM_NULL; }
+
+ private:
+  static constexpr int kTag = 0x2e1c;
+  static constexpr char kOne = 1;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::vector<MPI_Request> recv_, send_;
+  std::vector<char> flags_;
+};
+
+}  // namespace
+
 NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int device)
     : host_(host), streams_(streams), rank_(host.rank()), size_(host.size()), device_(device) {
   ready_ = Event::create();
+  timeout_s_ = Watchdog::timeout_from_env();
   ncclUniqueId id{};
   if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
   host_.broadcast(&id, sizeof id, 0);
-  const ncclResult_t rc = ncclCommInitRank(&comm_, size_, id, rank_);
-  if (rc != ncclSuccess) {
-    const char* last = ncclGetLastError(nullptr);
+  // Non-blocking setup, polled against the collective timeout: a rank that never joins (dead,
+  // stuck before this point, on an unreachable node) ends the job with its name instead of a
+  // silent hang inside ncclCommInitRank.
+  Arrivals arrivals(host_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  const auto deadline = deadline_after(timeout_s_);
+  bool timed_out = false;
+  while (rc == ncclInProgress) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+    rc = state;
+    if (rc != ncclInProgress) break;
+    if (timeout_s_ > 0.0 && Clock::now() > deadline) {
+      timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (rc == ncclSuccess) {
+    arrivals.complete();
+  } else {
+    const char* last = ncclGetLastError(comm_);
+    const std::string nccl_says = timed_out ? std::string()
+                                            : std::string(": ") + ncclGetErrorString(rc) +
+                                                  (last && *last ? std::string(": ") + last : "");
+    const std::string missing = arrivals.missing();
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    char limit[64];
+    std::snprintf(limit, sizeof limit, "%g s", timeout_s_);
+    if (timed_out)
+      ZERO_THROW("[rank " + std::to_string(rank_) + "] NCCL could not set up the communicator of " +
+                 std::to_string(size_) + " ranks within the collective timeout of " + limit +
+                 " (ZERO_NCCL_TIMEOUT_S); " +
+                 (!arrivals.known() ? std::string("the host communicator cannot tell which ranks are missing")
+                  : missing.empty() ? std::string("every rank reached the setup, so the network between them is the "
+                                                  "likely cause (NCCL_DEBUG=INFO shows the transports)")
+                                    : "ranks that never reached it: " + missing + " (check their logs)") +
+                 ". Raise ZERO_NCCL_TIMEOUT_S if the cluster is legitimately that slow");
     ZERO_THROW("NCCL could not set up the communicator of " + std::to_string(size_) + " ranks on device " +
-               std::to_string(device_) + ": " + ncclGetErrorString(rc) + (last && *last ? std::string(": ") + last : "") +
+               std::to_string(device_) + nccl_says +
                ". NCCL needs one GPU per rank; to run several ranks on one GPU set comm: mpi. Run with NCCL_DEBUG=WARN "
                "for NCCL's account");
   }
   WatchdogOptions o;
-  o.timeout_s = Watchdog::timeout_from_env();
+  o.timeout_s = timeout_s_;
   o.rank = rank_;
   o.world = size_;
   o.device = device_;
   o.async_error = [this] { return async_error(); };
-  o.abort_comm = [this] {
-    // No lock: the main thread may be stuck inside NCCL holding nothing of ours, and an abort
-    // is exactly what unblocks it.
-    if (comm_) ncclCommAbort(comm_);
-  };
+  // The main thread may be stuck inside NCCL; an abort is exactly what unblocks it. The state
+  // flag keeps it from racing a finalization in progress.
+  o.abort_comm = [this] { abort_once(); };
   watchdog_ = std::make_unique<Watchdog>(std::move(o));
+}
+
+bool NcclCommunicator::abort_once() {
+  // comm_mu_ is never held across a blocking NCCL call, so taking it here cannot deadlock.
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  int expected = kOpen;
+  if (!state_.compare_exchange_strong(expected, kAborted)) return false;
+  ncclCommAbort(comm_);
+  return true;
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -86,24 +203,50 @@ NcclCommunicator::~NcclCommunicator() {
   if (std::uncaught_exceptions() > 0) {
     // Unwinding from an error: collectives this rank enqueued may never be matched by the
     // others, so finalizing could wait forever. Abort instead (the job is ending anyway).
+    abort_once();
     watchdog_.reset();
-    ncclCommAbort(comm_);
     return;
   }
   {
+    // Under the lock, so the watchdog's error polling never overlaps the finalization.
     std::lock_guard<std::mutex> lock(comm_mu_);
-    closing_ = true;
+    int expected = kOpen;
+    if (!state_.compare_exchange_strong(expected, kClosing)) {
+      // The watchdog aborted the communicator and is ending the job; nothing is left to close.
+      watchdog_.reset();
+      return;
+    }
   }
-  // The watchdog keeps checking deadlines while outstanding work is flushed.
-  cudaStreamSynchronize(streams_.comm);
-  ncclCommFinalize(comm_);
+  // Outstanding collectives are flushed, then NCCL finalizes (non-blocking: polled), both
+  // within the collective timeout; past it, the communicator is aborted, from this thread, so
+  // nothing races the finalization.
+  const auto deadline = deadline_after(timeout_s_);
+  bool clean = stream_drain(streams_.comm, timeout_s_);
+  if (clean) {
+    ncclResult_t rc = ncclCommFinalize(comm_);
+    while (rc == ncclInProgress) {
+      if (timeout_s_ > 0.0 && Clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (ncclCommGetAsyncError(comm_, &rc) != ncclSuccess) rc = ncclInternalError;
+    }
+    clean = rc == ncclSuccess;
+  }
   watchdog_.reset();
-  ncclCommDestroy(comm_);
+  if (clean) {
+    ncclCommDestroy(comm_);
+  } else {
+    std::fprintf(stderr,
+                 "warning: [rank %d/%d] the NCCL communicator did not close cleanly within %g s "
+                 "(ZERO_NCCL_TIMEOUT_S); aborting it\n",
+                 rank_, size_, timeout_s_);
+    ncclCommAbort(comm_);
+  }
+  comm_ = nullptr;
 }
 
 std::string NcclCommunicator::async_error() {
   std::lock_guard<std::mutex> lock(comm_mu_);
-  if (closing_) return "";
+  if (state_.load() != kOpen) return "";
   ncclResult_t err = ncclSuccess;
   if (ncclCommGetAsyncError(comm_, &err) != ncclSuccess) return "";
   if (err == ncclSuccess || err == ncclInProgress) return "";
@@ -113,42 +256,62 @@ std::string NcclCommunicator::async_error() {
 }
 
 template <class Issue>
-Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue) {
+Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue, Divide divide) {
+  use_device(device_);
   stream_after(streams_.comm, streams_.compute, ready_.get());
   issue();
   if (group_depth_ > 0) {
+    // Inside a group NCCL enqueues at ncclGroupEnd, so the division must wait until then.
+    if (divide.buf) group_divides_.push_back(divide);
     if (!group_what_) group_what_ = what;
     group_bytes_ += bytes;
     ++group_ops_;
     return Work(std::make_unique<NcclWork>(this, 0, group_ticket_));
   }
+  run_divide(divide);
   return Work(std::make_unique<NcclWork>(this, watchdog_->record(streams_.comm, what, bytes, 1), nullptr));
+}
+
+ncclResult_t NcclCommunicator::settle(ncclResult_t rc) {
+  // The communicator is non-blocking (for the bounded setup), so a call may return while NCCL
+  // is still enqueueing it (ncclInProgress): poll until it is on the stream, or failed.
+  const auto deadline = deadline_after(timeout_s_);
+  while (rc == ncclInProgress) {
+    if (timeout_s_ > 0.0 && Clock::now() > deadline) return ncclInProgress;
+    std::this_thread::yield();
+    if (ncclCommGetAsyncError(comm_, &rc) != ncclSuccess) return ncclInternalError;
+  }
+  return rc;
+}
+
+void NcclCommunicator::run_divide(const Divide& d) {
+  if (d.buf) launch_divide(d.buf, d.t, d.n, static_cast<float>(size_), streams_.comm);
 }
 
 Work NcclCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) {
   return launch("all_reduce", count * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm));
-  });
+    ZERO_NCCL_CHECK(settle(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
+  }, op == ReduceOp::avg ? Divide{buf, t, count} : Divide{});
 }
 
 Work NcclCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
                                             ReduceOp op) {
   return launch("reduce_scatter", recv_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm));
-  });
+    ZERO_NCCL_CHECK(settle(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
+  }, op == ReduceOp::avg ? Divide{recv, t, recv_count} : Divide{});
 }
 
 Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) {
   // NCCL's in-place form is exactly ours: send == recv + rank * send_count.
   return launch("all_gather", send_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, streams_.comm)));
   });
 }
 
 Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank");
   return launch("broadcast", bytes, [&] {
-    ZERO_NCCL_CHECK(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm));
+    ZERO_NCCL_CHECK(settle(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm)));
   });
 }
 
@@ -168,8 +331,11 @@ void NcclCommunicator::group_begin() {
 void NcclCommunicator::group_end() {
   ZERO_CHECK(group_depth_ > 0, "group_end() without a matching group_begin()");
   if (--group_depth_ > 0) return;
+  use_device(device_);
   std::shared_ptr<std::uint64_t> ticket = std::move(group_ticket_);
-  ZERO_NCCL_CHECK(ncclGroupEnd());
+  ZERO_NCCL_CHECK(settle(ncclGroupEnd()));
+  for (const Divide& d : group_divides_) run_divide(d);
+  group_divides_.clear();
   if (group_ops_ > 0) *ticket = watchdog_->record(streams_.comm, group_what_, group_bytes_, group_ops_);
 }
 

@@ -10,8 +10,12 @@
 //     makes the compute stream wait on it, never the host (see zero/comm.hpp).
 // Between group_begin() and group_end() collectives are issued inside ncclGroupStart/End, so a
 // bucket of units is one launch; the group's Works share one completion event, recorded at the
-// outermost group_end(). Averages use ncclAvg; fp32, bf16 and fp16 reduce natively.
+// outermost group_end(). fp32, bf16 and fp16 reduce natively; an average is NCCL's sum
+// divided by the world size in fp32 on the comm stream (never ncclAvg: see nccl_comm.cpp).
 // Scalar reductions and barriers are host operations and go to the host communicator.
+// Setup and teardown are bounded by the collective timeout (ZERO_NCCL_TIMEOUT_S): the setup is
+// non-blocking and polled, and names the ranks that never reached it; the teardown drains the
+// comm stream and finalizes within it, and aborts past it.
 #pragma once
 
 #include <nccl.h>
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "streams.hpp"
 #include "watchdog.hpp"
@@ -54,9 +59,20 @@ class NcclCommunicator final : public Communicator {
  private:
   // Orders the comm stream after the compute stream, runs `issue` (one NCCL call) and returns
   // its Work (or the open group's).
+  // An average's division by the world size, after the summing collective (buf null: none).
+  struct Divide {
+    void* buf = nullptr;
+    DType t = DType::f32;
+    std::size_t n = 0;
+  };
   template <class Issue>
-  Work launch(const char* what, std::size_t bytes, Issue&& issue);
+  Work launch(const char* what, std::size_t bytes, Issue&& issue, Divide divide = {});
+  void run_divide(const Divide& d);
+  // The final result of an NCCL call on this (non-blocking) communicator.
+  ncclResult_t settle(ncclResult_t rc);
   std::string async_error();
+  // Aborts the communicator unless it is already closing or aborted; true when this call did.
+  bool abort_once();
 
   Communicator& host_;
   StreamSet& streams_;
@@ -64,14 +80,19 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_ = nullptr;
   Event ready_;  // compute -> comm ordering, re-recorded per collective
   std::unique_ptr<Watchdog> watchdog_;
-  std::mutex comm_mu_;  // guards comm_ against the watchdog's error polling while closing
-  bool closing_ = false;
+  // Open until one of: closing (the destructor finalizes) or aborted (the watchdog or an error
+  // unwinding). Exactly one transition happens, so an abort never races a finalization.
+  enum State : int { kOpen, kClosing, kAborted };
+  std::atomic<int> state_{kOpen};
+  std::mutex comm_mu_;  // the watchdog's error polling vs the start of the finalization
+  double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S: setup, collectives and teardown
   // The open group: depth, its shared ticket cell (0 until group_end), what it holds.
   int group_depth_ = 0;
   std::shared_ptr<std::uint64_t> group_ticket_;
   const char* group_what_ = nullptr;
   std::size_t group_bytes_ = 0;
   int group_ops_ = 0;
+  std::vector<Divide> group_divides_;  // run after the group's ncclGroupEnd
 };
 
 }  // namespace zero::cuda

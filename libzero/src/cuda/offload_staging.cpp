@@ -17,6 +17,7 @@ CudaOffloadStaging::CudaOffloadStaging(StreamSet& streams, offload::PinnedPool& 
 CudaOffloadStaging::~CudaOffloadStaging() {
   // Copies may still read or write the pinned buffers.
   if (streams_.copy) cudaStreamSynchronize(streams_.copy);
+  if (streams_.upload) cudaStreamSynchronize(streams_.upload);
 }
 
 void CudaOffloadStaging::begin(std::size_t esize, std::size_t chunk) {
@@ -25,6 +26,7 @@ void CudaOffloadStaging::begin(std::size_t esize, std::size_t chunk) {
   esize_ = esize;
   chunk_ = chunk;
   stream_after(streams_.copy, streams_.compute, ready_.get());
+  stream_after(streams_.upload, streams_.compute, ready_.get());
 }
 
 void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
@@ -37,6 +39,7 @@ void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
   if (r.grads.capacity() < bytes || r.params.capacity() < bytes) {
     // Sizes change only if the model does; the old buffers may still be read by copies.
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.copy));
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.upload));
     r.grads = pool_.acquire(bytes);
     r.params = pool_.acquire(bytes);
   }
@@ -74,9 +77,14 @@ void CudaOffloadStaging::params_ready(std::size_t r, std::size_t begin, std::siz
   if (n == 0) return;
   const std::size_t off = begin * esize_;
   ZERO_CUDA_CHECK(
-      cudaMemcpyAsync(rg.dev_params + off, rg.params.as<char>() + off, n * esize_, cudaMemcpyDefault, streams_.copy));
+      cudaMemcpyAsync(rg.dev_params + off, rg.params.as<char>() + off, n * esize_, cudaMemcpyDefault, streams_.upload));
 }
 
-void CudaOffloadStaging::finish() { stream_after(streams_.compute, streams_.copy, done_.get()); }
+void CudaOffloadStaging::finish() {
+  // The compute stream next zeroes the gradients (read by the D2H copies) and reads the
+  // parameters (written by the H2D copies): it waits for both streams.
+  stream_after(streams_.compute, streams_.copy, done_.get());
+  stream_after(streams_.compute, streams_.upload, done_.get());
+}
 
 }  // namespace zero::cuda

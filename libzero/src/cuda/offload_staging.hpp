@@ -1,16 +1,18 @@
 // CudaOffloadStaging: the CUDA backend's OffloadStaging (see backend.hpp for the protocol).
 //
-// At begin() the copy stream waits for the compute stream (the step's gradients are final);
-// each add() then enqueues its range's gradient copies to pinned host memory, one per
-// sub-group-sized chunk, each followed by an event. host_grads() waits only for the events of
-// the chunks it returns, so the host AdamW of sub-group k overlaps the copies of k+1 onwards.
-// params_ready() enqueues the updated parameters' copy back on the same stream, and finish()
-// makes the compute stream wait for all of them (the next forward or the all-gather of updated
-// parameters), without a host wait.
+// At begin() the copy (D2H) and upload (H2D) streams wait for the compute stream (the step's
+// gradients are final); each add() then enqueues its range's gradient copies to pinned host
+// memory on the copy stream, one per sub-group-sized chunk, each followed by an event.
+// host_grads() waits only for the events of the chunks it returns, so the host AdamW of
+// sub-group k overlaps the copies of k+1 onwards. params_ready() enqueues the updated
+// parameters' copy back on the upload stream, which runs alongside the gradient copies still
+// coming out, and finish() makes the compute stream wait for both streams (the next forward or
+// the all-gather of updated parameters), without a host wait.
 //
-// Reusing the pinned buffers next step is safe without further events: the copy stream is in
-// order, so when the host has waited for any gradient chunk of the next step, every parameter
-// copy of this step (enqueued before it) has finished reading its host buffer.
+// Reusing the pinned buffers next step is safe without further events: finish() ordered the
+// compute stream after this step's uploads, and the next begin() orders the copy stream after
+// the compute stream, so when the host has waited for any gradient chunk of the next step,
+// every parameter copy of this step has finished reading its host buffer.
 #pragma once
 
 #include <vector>

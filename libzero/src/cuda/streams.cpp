@@ -1,5 +1,9 @@
 #include "streams.hpp"
 
+#include <algorithm>
+
+#include <thread>
+
 #include "cuda_check.hpp"
 
 namespace zero::cuda {
@@ -33,6 +37,22 @@ void stream_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t scratc
   if (waiter == producer) return;
   ZERO_CUDA_CHECK(cudaEventRecord(scratch, producer));
   ZERO_CUDA_CHECK(cudaStreamWaitEvent(waiter, scratch, 0));
+}
+
+bool stream_drain(cudaStream_t s, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  const auto limit = std::chrono::duration<double>(std::min(timeout_s, 1e9));  // 1e9 s: "never"
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(limit);
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    if (timeout_s > 0.0 && Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 }  // namespace zero::cuda

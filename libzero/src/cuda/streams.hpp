@@ -7,7 +7,10 @@
 //   comm:    collectives. Non-blocking (no implicit ordering with the legacy stream, which
 //            would serialize communication with compute) and high priority (a collective that
 //            is ready should not queue behind compute kernels).
-//   copy:    offload copies between device memory and pinned host memory.
+//   copy:    offload copies from device memory to pinned host memory (D2H: gradients out);
+//   upload:  offload copies from pinned host memory to device memory (H2D: parameters back).
+//            Two streams, so the copy engines run both directions at once: the parameters of
+//            sub-group k go back while the gradients of k+1 onwards still come out.
 // The streams are ordered only by events: a collective's stream waits for the compute stream
 // at the call, and the compute stream waits for the collective's completion event at
 // Work::wait(). No stream or device synchronization happens in gather, reduce or step except
@@ -16,6 +19,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <chrono>
 #include <utility>
 
 namespace zero::cuda {
@@ -72,10 +77,19 @@ struct StreamSet {
   cudaStream_t compute = cudaStreamLegacy;
   cudaStream_t comm = nullptr;
   cudaStream_t copy = nullptr;
+  cudaStream_t upload = nullptr;
+  // Every stream the backend enqueues on (drains at shutdown and before freeing memory).
+  std::array<cudaStream_t, 4> all() const { return {compute, comm, copy, upload}; }
 };
 
 // Makes `waiter` wait for everything enqueued on `producer` so far, through `scratch` (an event
 // re-recorded at each call: a wait binds to the record made just before it).
 void stream_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t scratch);
+
+// Waits, polling, until `s` has no pending work or `timeout_s` seconds have passed (0: no
+// deadline). Returns false on timeout, or when the stream reports an error (the work is then
+// lost anyway). For teardown and the allocator's trim, where a stream stuck behind a collective
+// whose peers are gone must not hang the process the way cudaStreamSynchronize would.
+bool stream_drain(cudaStream_t s, double timeout_s);
 
 }  // namespace zero::cuda

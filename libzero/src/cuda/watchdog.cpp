@@ -13,6 +13,20 @@
 
 namespace zero::cuda {
 
+namespace {
+
+// While another thread captures a stream into a CUDA graph (global capture mode), a query from
+// this thread is an illegal call that invalidates the capture, and the error it returns says so.
+// The thread switches to relaxed capture mode at start, and a capture error still counts as
+// "not complete yet": the event is queried again at the next poll.
+bool capture_error(cudaError_t e) {
+  return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
+         e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread ||
+         e == cudaErrorCapturedEvent || e == cudaErrorStreamCaptureIsolation;
+}
+
+}  // namespace
+
 Watchdog::Watchdog(WatchdogOptions o) : o_(std::move(o)), ring_(kSlots) {
   ZERO_CHECK(o_.timeout_s >= 0.0 && o_.poll_s > 0.0, "Watchdog: the timeout must be >= 0 and the poll interval > 0");
   o_.timeout_s = std::min(o_.timeout_s, 1e9);  // ~30 years: "never", without overflowing the clock
@@ -91,6 +105,10 @@ bool Watchdog::done(std::uint64_t t) {
   if (s.ticket != t) return true;
   const cudaError_t q = cudaEventQuery(s.event);
   if (q == cudaErrorNotReady) return false;
+  if (capture_error(q)) {
+    cudaGetLastError();
+    return false;
+  }
   ZERO_CUDA_CHECK(q);
   return true;
 }
@@ -118,8 +136,11 @@ std::string Watchdog::describe(const Slot& s, Clock::time_point now) const {
   return buf;
 }
 
+
 void Watchdog::run() {
   cudaSetDevice(o_.device);  // event queries need the device's context on this thread
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   const auto poll = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.poll_s));
   for (;;) {
     std::string failure;
@@ -133,6 +154,10 @@ void Watchdog::run() {
         if (q == cudaSuccess) {
           ++tail_;
           continue;
+        }
+        if (capture_error(q)) {
+          cudaGetLastError();
+          break;
         }
         if (q != cudaErrorNotReady) {
           failure = std::string("CUDA error ") + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) +

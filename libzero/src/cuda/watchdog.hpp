@@ -10,6 +10,10 @@
 // been waiting, and by default aborts NCCL (so kernels stuck in it return) and then the job
 // (MPI_Abort): one rank's failure must not leave the others blocked forever.
 //
+// The thread runs in relaxed stream-capture mode, and a query refused because a stream is being
+// captured into a CUDA graph counts as "not complete yet", so capturing the training step
+// neither breaks the capture nor the job.
+//
 // The timeout is measured from the enqueue, so it includes the wait for compute kernels queued
 // before the collective: it is a bound on "nothing happened", not a performance target
 // (ZERO_NCCL_TIMEOUT_S, default 600; 0 disables the deadline, not the error polling).

@@ -1,10 +1,10 @@
 // Page-locked host memory, cached for reuse.
 //
 // Offloaded optimizer state and parameter staging buffers live in host memory that must not be
-// paged out: the GPU copies from it without a bounce buffer (cudaHostAlloc in CUDA builds) and
-// the NVMe swapper reads and writes it with O_DIRECT (page-aligned, so mlock'ed memory in host
-// builds). Pinning is slow and limited (RLIMIT_MEMLOCK), so a PinnedPool keeps freed blocks and
-// hands them out again to requests of the same size class instead of unpinning them.
+// paged out: the GPU copies from it without a bounce buffer (cudaHostAlloc once a CUDA backend
+// runs) and the NVMe swapper reads and writes it with O_DIRECT (page-aligned, so mlock'ed memory
+// otherwise). Pinning is slow and limited (RLIMIT_MEMLOCK), so a PinnedPool keeps freed blocks
+// and hands them out again to requests of the same size class instead of unpinning them.
 //
 // A PinnedBuffer is a move-only handle; destroying it returns its block to the pool. Buffers
 // may outlive their pool: the pool's bookkeeping is shared and the last owner frees the memory.
@@ -84,5 +84,10 @@ class PinnedPool {
  private:
   std::shared_ptr<detail::PinnedPoolState> state_;
 };
+
+// From now on, blocks are pinned by the CUDA driver (cudaHostAlloc: fast asynchronous copies)
+// rather than mlock. The CUDA backend calls it once its device is current: until then no CUDA
+// call is made, so host-backend jobs in a CUDA build never create a GPU context.
+void enable_cuda_pinning();
 
 }  // namespace zero::offload
