@@ -7,6 +7,7 @@
 #include <set>
 #include <system_error>
 
+#include "strings.hpp"
 #include "zero/error.hpp"
 
 namespace zero::json {
@@ -27,7 +28,7 @@ Json parse(std::string_view text, const std::string& origin) {
         if (!open.back().insert(key).second)
           ZERO_THROW(fmt::format("{}: malformed JSON: duplicate member name '{}' (a strict reader cannot tell "
                                  "which one is meant){}",
-                                 origin, key, kFix));
+                                 origin, escape_bytes(key), kFix));
         break;
       }
       case Json::parse_event_t::object_end: open.pop_back(); break;
@@ -69,8 +70,10 @@ std::string to_hex(std::string_view bytes) {
 // ---------------------------------------------------------------- located reading
 
 void Field::fail(const std::string& problem) const {
-  ZERO_THROW(fmt::format("{}: field '{}' {}{}{}", origin_, path_.empty() ? "<document>" : path_, problem,
-                         hint_.empty() ? "" : "; ", hint_));
+  // Paths and problems quote the file's text, which may hold anything: escaped, it cannot
+  // garble the terminal or log that shows the message.
+  ZERO_THROW(fmt::format("{}: field '{}' {}{}{}", origin_, escape_bytes(path_.empty() ? "<document>" : path_),
+                         escape_bytes(problem), hint_.empty() ? "" : "; ", hint_));
 }
 
 void Field::expect(bool ok, const char* what) const {

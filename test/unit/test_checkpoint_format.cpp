@@ -185,6 +185,9 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
            {[](Json& d) { d["compute_params"]["stored"] = true; }, "compute_params.stored"},
            {[](Json& d) { d["loss_scaler"]["scale"] = -1; }, "loss_scaler.scale"},
            {[](Json& d) { d["units"][1]["name"] = "embed"; }, "units[1].name"},
+           {[](Json& d) { d["units"][1]["name"] = "embed"; }, "= \"embed\" repeats"},
+           {[](Json& d) { d["units"][1]["params"][0]["name"] = "big.s"; }, "units[1].params[1].name"},
+           {[](Json& d) { d["format"] = "\x1b[2J"; }, "format' is not"},
            {[](Json& d) { d["shards"][0]["index_checksum"] = "0x12"; }, "shards[0].index_checksum"},
            {[](Json& d) { d["client_state"]["data.position"] = 1234; }, "client_state.data.position"},
            {[](Json& d) { d["client_state"]["data.position"] = "1234x"; }, "client_state.data.position"},
@@ -194,6 +197,12 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
     c.change(d);
     INFO(d.dump());
     require_error([&] { ckpt::Metadata::parse(d.dump(), "dir/metadata.ckpt"); }, {"dir/metadata.ckpt", c.field});
+  }
+  // Text from the file is echoed escaped.
+  {
+    Json d = json::parse(text, "t");
+    d["compute_dtype"] = "\x1b[2J";
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"field 'compute_dtype' = \"\\x1b[2J\" is not"});
   }
   // A duplicate key is refused even where both copies agree.
   require_error([&] { ckpt::Metadata::parse(replaced(text, "\"step\": 7,", "\"step\": 7, \"step\": 7,"), "m"); },
