@@ -197,71 +197,6 @@ void traffic16_scalar(float* p, const std::uint16_t* g, float* m, float* v, std:
   }
 }
 
-// Conversions for the three-pass baseline, exact (RNE), vectorised.
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void bf16_to_f32_avx512(
-    const std::uint16_t* src, float* dst, std::size_t b, std::size_t e) {
-  std::size_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i,
-                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-  }
-  for (; i < e; ++i) dst[i] = zero::bf16_bits_to_f32(src[i]);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void f32_to_bf16_avx512(
-    const float* src, std::uint16_t* dst, std::size_t b, std::size_t e) {
-  std::size_t i = b;
-  for (; i + 16 <= e; i += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
-    const __m512i hi = _mm512_srli_epi32(u, 16);
-    const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                          _mm512_set1_epi32(0x7fff));
-    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    const __m512i q = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q)));
-  }
-  for (; i < e; ++i) dst[i] = zero::f32_to_bf16_bits(src[i]);
-}
-
-__attribute__((target("avx2"))) void bf16_to_f32_avx2(const std::uint16_t* src, float* dst,
-                                                      std::size_t b, std::size_t e) {
-  std::size_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i,
-                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-  for (; i < e; ++i) dst[i] = zero::bf16_bits_to_f32(src[i]);
-}
-
-__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, std::uint16_t* dst,
-                                                      std::size_t b, std::size_t e) {
-  std::size_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(src + i));
-    const __m256i hi = _mm256_srli_epi32(u, 16);
-    const __m256i bias = _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)),
-                                          _mm256_set1_epi32(0x7fff));
-    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                           _mm256_set1_epi32(0x7f800000));
-    const __m256i x = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
-  }
-  for (; i < e; ++i) dst[i] = zero::f32_to_bf16_bits(src[i]);
-}
-
-void bf16_to_f32_scalar(const std::uint16_t* src, float* dst, std::size_t b, std::size_t e) {
-  for (std::size_t i = b; i < e; ++i) dst[i] = zero::bf16_bits_to_f32(src[i]);
-}
-void f32_to_bf16_scalar(const float* src, std::uint16_t* dst, std::size_t b, std::size_t e) {
-  for (std::size_t i = b; i < e; ++i) dst[i] = zero::f32_to_bf16_bits(src[i]);
-}
 
 // Runs every function once as a warm-up (page faults, caches, thread pool), then `reps` rounds
 // of all of them in turn; returns each one's fastest time in seconds.
@@ -328,8 +263,6 @@ int main(int argc, char** argv) {
   const bool use256 = path == SimdPath::avx2;
   auto traffic = use512 ? traffic_avx512 : use256 ? traffic_avx2 : traffic_scalar;
   auto traffic16 = use512 ? traffic16_avx512 : use256 ? traffic16_avx2 : traffic16_scalar;
-  auto to_f32 = use512 ? bf16_to_f32_avx512 : use256 ? bf16_to_f32_avx2 : bf16_to_f32_scalar;
-  auto to_bf16 = use512 ? f32_to_bf16_avx512 : use256 ? f32_to_bf16_avx2 : f32_to_bf16_scalar;
 
   std::printf("bench_host_adam: path %s, %d CPUs, min of %d reps after a warm-up\n",
               std::string(simd_path_name(path)).c_str(), omp_get_num_procs(), reps);
@@ -386,9 +319,10 @@ int main(int argc, char** argv) {
       };
       auto three = [&] {
         h.step = ++step;
-        tiles(n, t, [&](std::size_t b, std::size_t e) { to_f32(g16.p, g.p, b, e); });
+        // The conversions are the library's (zero::convert, exact RNE), split over the threads.
+        tiles(n, t, [&](std::size_t b, std::size_t e) { convert(g16.p + b, DType::bf16, g.p + b, DType::f32, e - b); });
         adam_step(p.p, m.p, v.p, g.p, DType::f32, nullptr, DType::f32, n, h, path, t);
-        tiles(n, t, [&](std::size_t b, std::size_t e) { to_bf16(p.p, out16.p, b, e); });
+        tiles(n, t, [&](std::size_t b, std::size_t e) { convert(p.p + b, DType::f32, out16.p + b, DType::bf16, e - b); });
       };
       auto limit16 = [&] {
         tiles(n, t, [&](std::size_t b, std::size_t e) {

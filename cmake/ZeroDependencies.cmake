@@ -21,6 +21,15 @@ find_package(PkgConfig QUIET)
 zero_require(PKG_CONFIG_FOUND "pkg-config" "pkg-config")
 pkg_check_modules(URING QUIET IMPORTED_TARGET liburing)
 zero_require(URING_FOUND "liburing" "liburing-dev")
+# XXH3-64 checksums in checkpoint and swap files (verifiable with `xxhsum -H3`).
+pkg_check_modules(XXHASH QUIET IMPORTED_TARGET libxxhash)
+zero_require(XXHASH_FOUND "xxHash" "libxxhash-dev")
+
+# Private to the library (none appears in an installed header): consumers need neither.
+find_package(nlohmann_json 3.10 CONFIG QUIET)
+zero_require(nlohmann_json_FOUND "nlohmann-json (3.10 or newer; also zero-plan's JSON output)" "nlohmann-json3-dev")
+find_package(fmt CONFIG QUIET)
+zero_require(fmt_FOUND "fmt" "libfmt-dev")
 
 find_package(OpenMP COMPONENTS CXX QUIET)
 zero_require(OpenMP_CXX_FOUND "OpenMP (libgomp)" "libgomp1 (part of build-essential)")
@@ -28,8 +37,6 @@ zero_require(OpenMP_CXX_FOUND "OpenMP (libgomp)" "libgomp1 (part of build-essent
 if(ZERO_BUILD_EXAMPLES OR ZERO_BUILD_BENCH OR ZERO_BUILD_TESTS)
   find_package(CLI11 CONFIG QUIET)
   zero_require(CLI11_FOUND "CLI11" "libcli11-dev")
-  find_package(nlohmann_json 3 CONFIG QUIET)
-  zero_require(nlohmann_json_FOUND "nlohmann-json (JSON output of zero-plan)" "nlohmann-json3-dev")
   set(BLA_VENDOR OpenBLAS)
   find_package(BLAS QUIET)
   zero_require(BLAS_FOUND "OpenBLAS" "libopenblas-dev")

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "checkpoint_format.hpp"
+#include "strings.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/engine.hpp"
@@ -79,25 +80,6 @@ void fail_point(const char* point) {
              " (a test hook; unset the variable)");
 }
 
-const char* optimizer_name(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::adamw: return "adamw";
-    case OptimizerType::adam: return "adam";
-    case OptimizerType::sgd: return "sgd";
-  }
-  return "?";
-}
-
-const char* scheduler_name(SchedulerType t) {
-  switch (t) {
-    case SchedulerType::none: return "none";
-    case SchedulerType::warmup_lr: return "WarmupLR";
-    case SchedulerType::warmup_decay_lr: return "WarmupDecayLR";
-    case SchedulerType::warmup_cosine_lr: return "WarmupCosineLR";
-  }
-  return "?";
-}
-
 std::string serialize(const ClientState& c) {
   std::string s;
   for (const auto& [k, v] : c) {
@@ -147,11 +129,11 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   m.world = e.world_size();
   m.stage = e.stage();
   m.compute_dtype = e.compute_dtype();
-  m.optimizer = optimizer_name(e.config().optimizer.type);
+  m.optimizer = to_string(e.config().optimizer.type);
   m.moments = e.optimizer_moments();
   m.scaler_dynamic = e.loss_scale_dynamic();
   m.scaler = st.scaler;
-  m.scheduler = scheduler_name(e.config().scheduler.type);
+  m.scheduler = to_string(e.config().scheduler.type);
   m.scheduler_step = st.applied;  // the scheduler is stepped by applied updates
   for (int i = 0; i < e.layout().num_units(); ++i) {
     const UnitInfo& ui = e.layout().unit(i);
@@ -166,12 +148,6 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   m.client = client;
   m.config_yaml = e.config().to_yaml();
   return m;
-}
-
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string t = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
 }
 
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
@@ -212,9 +188,9 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     ZERO_THROW(file + "compute_dtype' = " + std::string(dtype_name(m.compute_dtype)) + ", the engine computes in " +
                std::string(dtype_name(e.compute_dtype())) +
                "; use the same bf16/fp16 settings, or set CheckpointLoadOptions::allow_config_change");
-  if (m.optimizer != optimizer_name(e.config().optimizer.type))
+  if (m.optimizer != to_string(e.config().optimizer.type))
     ZERO_THROW(file + "optimizer' = " + m.optimizer + ", the engine's optimizer is " +
-               optimizer_name(e.config().optimizer.type) +
+               to_string(e.config().optimizer.type) +
                "; use the same optimizer, or set CheckpointLoadOptions::allow_config_change");
 }
 

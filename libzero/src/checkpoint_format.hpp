@@ -20,7 +20,13 @@
 // which is also what the optimizer writes every step.
 //
 // All integers are little-endian; the payload's floats are stored in the host's order, which
-// the build requires to be little-endian too.
+// the build requires to be little-endian too. Every checksum is XXH3-64 (seed 0) of the bytes it
+// covers, so a file can be checked without libzero: `xxhsum -H3` of the header's first 56 bytes,
+// of the index, or of one section (`dd` cuts them out) gives the stored value.
+//
+// The code follows the format's parts: checkpoint_format.cpp (files, names, headers),
+// checkpoint_metadata.cpp, checkpoint_shards.cpp (writer and checked reader) and
+// checkpoint_directory.cpp (latest, tags, the atomic commit).
 #pragma once
 
 #include <cstddef>
@@ -36,7 +42,9 @@
 
 namespace zero::ckpt {
 
-constexpr std::uint32_t kFormatVersion = 1;
+// 1: libzero 0.1.0 (its own 64-bit checksum; client state as escaped strings).
+// 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
+constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::size_t kHeaderBytes = 64;
 enum class FileKind : std::uint32_t { metadata = 1, shard = 2 };
 
@@ -92,9 +100,13 @@ struct FileHeader {
   std::uint64_t index_checksum = 0;
 };
 void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]);
-// Checks the file size, magic, header checksum, version and kind; errors name `path`.
+// Checks the file size, magic, version, header checksum and kind; errors name `path`. A file of
+// another format version is refused with the libzero release that writes that version.
 FileHeader read_header(const Fd& f, FileKind expect);
+// The file's index (its first index_bytes payload bytes), checked against the header.
+std::string read_index(const Fd& f, const FileHeader& h);
 
+// XXH3-64, seed 0 (what `xxhsum -H3` prints).
 std::uint64_t checksum(const void* data, std::size_t bytes);
 
 // ---------------------------------------------------------------- metadata
@@ -119,7 +131,7 @@ struct Metadata {
   std::int64_t step = 0, applied = 0;
   int world = 1, stage = 0;
   DType compute_dtype = DType::f32;
-  std::string optimizer;  // adamw | adam | sgd
+  std::string optimizer;  // to_string(OptimizerType): AdamW | Adam | SGD
   int moments = 2;        // fp32 arrays besides the master: Adam 2 (m, v), SGD 1 (momentum)
   bool scaler_dynamic = false;
   LossScaler::State scaler{1.0, 0, 0, -1};
@@ -205,7 +217,41 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
             void (*fail_point)(const char*));
 // Prepares root for writing step `step`: creates it, removes leftovers of interrupted saves,
 // checks the step is not the latest checkpoint already; returns the temporary directory.
-// `who` names the caller in messages ("save_checkpoint", "reshard").
-std::string prepare(const std::string& root, std::int64_t step, const char* who);
+// `who` names the caller in messages ("save_checkpoint", "reshard"). With refuse_older, a root
+// that already holds a newer step is refused: latest would move back and the next save of the
+// run that owns the root would replace its newer checkpoints (an offline tool's case; a run
+// resumed from an older tag does abandon the newer ones on purpose).
+std::string prepare(const std::string& root, std::int64_t step, const char* who, bool refuse_older = false);
+
+// ---------------------------------------------------------------- shared by the format's files
+
+namespace detail {
+
+// What to do about a file that fails a check.
+inline constexpr const char* kDamaged =
+    "the checkpoint is damaged or incomplete: load an older one (zero-ckpt inspect <root> lists and verifies them)";
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 50;
+
+[[noreturn]] void sys_fail(const std::string& what, const std::string& path, int err);
+[[noreturn]] void file_fail(const std::string& path, const std::string& field, const std::string& problem);
+
+inline void put32(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline void put64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint32_t get32(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline std::uint64_t get64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace detail
 
 }  // namespace zero::ckpt

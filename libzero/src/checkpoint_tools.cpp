@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "checkpoint_format.hpp"
-#include "checkpoint_json.hpp"
 #include "safetensors.hpp"
+#include "strings.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
 #include "zero/layout.hpp"
@@ -28,31 +30,17 @@ std::vector<std::int64_t> list_checkpoints(const std::string& root) {
     std::int64_t s = ckpt::parse_step_dir_name(e.path().filename().string());
     if (s >= 0 && e.is_directory()) steps.push_back(s);
   }
-  if (ec) ZERO_THROW("checkpoint root '" + root + "': cannot list it: " + ec.message() + "; check the path");
+  if (ec) ZERO_THROW(fmt::format("checkpoint root '{}': cannot list it: {}; check the path", root, ec.message()));
   std::sort(steps.begin(), steps.end());
   return steps;
 }
 
 namespace {
 
+// A client-state value: short text quoted, anything else by its size.
 std::string printable(const std::string& v) {
   bool text = std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-  // Built by appends: GCC 12 misreports the operator+ forms here (-Wrestrict).
-  std::string q;
-  if (text && v.size() <= 64) {
-    q.push_back('"');
-    q.append(v);
-    q.push_back('"');
-  } else {
-    q.append("<").append(std::to_string(v.size())).append(" bytes>");
-  }
-  return q;
-}
-
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string t = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
-  return t + "]";
+  return text && v.size() <= 64 ? fmt::format("\"{}\"", v) : fmt::format("<{} bytes>", v.size());
 }
 
 // One step directory: summary, then every file verified. Returns false on any failure.
@@ -136,6 +124,13 @@ bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_co
     out << path << ": latest: " << e.what() << "\n";
     ok = !steps.empty() ? false : ok;
   }
+  // A latest that names no directory makes every resume from this root fail.
+  if (!latest.empty() && !std::binary_search(steps.begin(), steps.end(), ckpt::parse_step_dir_name(latest))) {
+    out << path << ": FAILED: latest names " << latest << ", which does not exist; "
+        << "write the name of a complete checkpoint into " << path << "/" << ckpt::kLatestFile
+        << " (or pass a step as the tag)\n";
+    ok = false;
+  }
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path, ec)) {
     std::string n = e.path().filename().string();
@@ -159,7 +154,7 @@ void export_safetensors(const std::string& path, const std::string& out_file, DT
     for (const auto& p : u.params) tensors.push_back({p.name, dtype, p.shape});
   std::map<std::string, std::string> meta = {
       {"format", "pt"},  // what Hugging Face loaders look for
-      {"libzero.step", std::to_string(m.step)},
+      {"libzero.step", fmt::format("{}", m.step)},
       {"libzero.source", "fp32 master weights" + std::string(dtype == DType::f32 ? "" : ", rounded to nearest even")},
   };
   safetensors::Writer w(out_file, std::move(tensors), meta);
@@ -185,8 +180,8 @@ void export_safetensors(const std::string& path, const std::string& out_file, DT
 
 void reshard_checkpoint(const std::string& path, const std::string& out_root, int world, int stage,
                         const std::string& tag) {
-  ZERO_CHECK(world >= 1 && world <= (1 << 20), "reshard: --world " + std::to_string(world) + " must be in [1, 2^20]");
-  ZERO_CHECK(stage >= -1 && stage <= 3, "reshard: --stage " + std::to_string(stage) + " must be 0, 1, 2 or 3");
+  ZERO_CHECK(world >= 1 && world <= (1 << 20), fmt::format("reshard: --world {} must be in [1, 2^20]", world));
+  ZERO_CHECK(stage >= -1 && stage <= 3, fmt::format("reshard: --stage {} must be 0, 1, 2 or 3", stage));
   ckpt::Reader r(ckpt::resolve(path, tag));
   const ckpt::Metadata& old = r.meta();
   // The new slicing is the engine's: rebuild the layout and ask it.
@@ -202,7 +197,8 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   nm.shards.assign(static_cast<std::size_t>(world), {});
   for (std::size_t i = 0; i < nm.units.size(); ++i) nm.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
 
-  std::string tmp = ckpt::prepare(out_root, old.step, "reshard");
+  // An offline tool never rolls a root back: into a root with newer steps it refuses.
+  std::string tmp = ckpt::prepare(out_root, old.step, "reshard", /*refuse_older=*/true);
   try {
     // One new shard at a time, one unit at a time: memory is one new slice plus the old
     // section being cut, never a whole unit.

@@ -1,5 +1,7 @@
 #include "zero/error.hpp"
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "zero/context.hpp"
@@ -9,7 +11,7 @@ namespace zero {
 std::string rank_prefix() {
   const Context* ctx = Context::current();
   if (!ctx || ctx->world_size() <= 1) return "";
-  return "[rank " + std::to_string(ctx->rank()) + "/" + std::to_string(ctx->world_size()) + "] ";
+  return fmt::format("[rank {}/{}] ", ctx->rank(), ctx->world_size());
 }
 
 void throw_error(const char* file, int line, const std::string& message) {
@@ -21,7 +23,7 @@ void throw_error(const char* file, int line, const std::string& message) {
       break;
     }
   }
-  throw Error(rank_prefix() + message + " (at " + f + ":" + std::to_string(line) + ")");
+  throw Error(fmt::format("{}{} (at {}:{})", rank_prefix(), message, f, line));
 }
 
 }  // namespace zero

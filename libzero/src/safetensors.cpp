@@ -7,6 +7,8 @@
 #include <cstring>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "checkpoint_json.hpp"
 #include "zero/error.hpp"
 
@@ -24,42 +26,29 @@ const char* dtype_tag(DType t) {
 static std::uint64_t tensor_bytes(const TensorSpec& t) {
   std::uint64_t n = dtype_size(t.dtype);
   for (auto d : t.shape) {
-    ZERO_CHECK(d >= 0, "safetensors: tensor '" + t.name + "' has a negative dimension");
+    ZERO_CHECK(d >= 0, fmt::format("safetensors: tensor '{}' has a negative dimension", t.name));
     n *= static_cast<std::uint64_t>(d);
   }
   return n;
 }
 
 std::string header(const std::vector<TensorSpec>& tensors, const std::map<std::string, std::string>& metadata) {
-  using json::Value;
-  Value h = Value::object();
-  if (!metadata.empty()) {
-    Value m = Value::object();
-    for (const auto& [k, v] : metadata) m.set(k, Value::string(v));
-    h.set("__metadata__", std::move(m));
-  }
+  json::Json h = json::Json::object();
+  if (!metadata.empty()) h["__metadata__"] = metadata;
   std::set<std::string> seen;
   std::uint64_t at = 0;
   for (const auto& t : tensors) {
     ZERO_CHECK(!t.name.empty() && t.name != "__metadata__",
-               "safetensors: tensor name '" + t.name + "' is empty or reserved");
+               fmt::format("safetensors: tensor name '{}' is empty or reserved", t.name));
     ZERO_CHECK(seen.insert(t.name).second,
-               "safetensors: two tensors are named '" + t.name +
-                   "'; names must be unique across the model (give parameters globally unique names)");
-    Value d = Value::object();
-    d.set("dtype", Value::string(dtype_tag(t.dtype)));
-    Value shape = Value::array();
-    for (auto s : t.shape) shape.push(Value::integer(s));
-    d.set("shape", std::move(shape));
+               fmt::format("safetensors: two tensors are named '{}'; names must be unique across the model (give "
+                           "parameters globally unique names)",
+                           t.name));
     std::uint64_t end = at + tensor_bytes(t);
-    Value off = Value::array();
-    off.push(Value::integer(static_cast<std::int64_t>(at)));
-    off.push(Value::integer(static_cast<std::int64_t>(end)));
-    d.set("data_offsets", std::move(off));
-    h.set(t.name, std::move(d));
+    h[t.name] = {{"dtype", dtype_tag(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, end}}};
     at = end;
   }
-  std::string text = json::dump(h, 0, json::StringMode::Utf8);
+  std::string text = json::dump_compact(h, "safetensors header");
   // The data that follows starts 8-byte aligned (8 + header length).
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;
@@ -69,7 +58,7 @@ Writer::Writer(const std::string& path, std::vector<TensorSpec> tensors, const s
     : path_(path), tmp_(path + ".tmp"), tensors_(std::move(tensors)) {
   std::string h = header(tensors_, metadata);
   if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT)
-    ZERO_THROW("safetensors: cannot remove the stale '" + tmp_ + "': " + std::strerror(errno));
+    ZERO_THROW(fmt::format("safetensors: cannot remove the stale '{}': {}", tmp_, std::strerror(errno)));
   fd_ = ckpt::Fd::create(tmp_);
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(h.size()) >> (8 * i));
@@ -86,23 +75,23 @@ Writer::~Writer() {
 }
 
 void Writer::write_next(const void* data, std::size_t bytes) {
-  ZERO_CHECK(next_ < tensors_.size(), "safetensors: more tensors written than declared for '" + path_ + "'");
+  ZERO_CHECK(next_ < tensors_.size(), fmt::format("safetensors: more tensors written than declared for '{}'", path_));
   const TensorSpec& t = tensors_[next_];
-  ZERO_CHECK(bytes == tensor_bytes(t), "safetensors: tensor '" + t.name + "' needs " +
-                                           std::to_string(tensor_bytes(t)) + " bytes, got " + std::to_string(bytes));
+  ZERO_CHECK(bytes == tensor_bytes(t),
+             fmt::format("safetensors: tensor '{}' needs {} bytes, got {}", t.name, tensor_bytes(t), bytes));
   fd_.pwrite_all(data, bytes, offset_);
   offset_ += bytes;
   ++next_;
 }
 
 void Writer::finish() {
-  ZERO_CHECK(next_ == tensors_.size(), "safetensors: '" + path_ + "' finished after " + std::to_string(next_) + " of " +
-                                           std::to_string(tensors_.size()) + " tensors");
+  ZERO_CHECK(next_ == tensors_.size(),
+             fmt::format("safetensors: '{}' finished after {} of {} tensors", path_, next_, tensors_.size()));
   fd_.sync();
   fd_.close();
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    ZERO_THROW("safetensors: cannot rename '" + tmp_ + "' to '" + path_ + "': " + std::strerror(errno) +
-               "; check the output directory is writable");
+    ZERO_THROW(fmt::format("safetensors: cannot rename '{}' to '{}': {}; check the output directory is writable", tmp_,
+                           path_, std::strerror(errno)));
 }
 
 }  // namespace zero::safetensors

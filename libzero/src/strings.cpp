@@ -1,5 +1,8 @@
 #include "strings.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -32,6 +35,21 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   // A typo changes a few characters; beyond about a third of the word it is another word.
   std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), best.size()) / 3);
   return best_d <= limit ? best : std::string();
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::string escape_bytes(std::string_view bytes) {
+  std::string out;
+  for (unsigned char c : bytes) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
+  }
+  return out;
 }
 
 }  // namespace zero

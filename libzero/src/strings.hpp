@@ -1,6 +1,7 @@
-// Small string helpers shared by error messages ("did you mean ...?").
+// Small string helpers shared by messages: "did you mean ...?", shapes, and bytes from files.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,5 +12,12 @@ namespace zero {
 std::size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `word`, or "" when none is close enough to be a plausible typo.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+// "[768, 3072]".
+std::string shape_text(const std::vector<std::int64_t>& shape);
+
+// Text read from a file, safe to put in a message: printable ASCII as is, backslash as \\, and
+// any other byte as \n, \t, \r or \xNN, so a damaged file cannot garble a terminal or a log.
+std::string escape_bytes(std::string_view bytes);
 
 }  // namespace zero

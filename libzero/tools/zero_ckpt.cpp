@@ -13,6 +13,7 @@
 
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
+#include "zero/log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Inspect, export and reshard libzero checkpoints"};
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
       return 0;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero-ckpt: %s\n", e.what());
+    zero::log(zero::LogLevel::error, std::string("zero-ckpt: ") + e.what());
     return 1;
   }
   return 1;

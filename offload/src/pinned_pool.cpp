@@ -19,6 +19,9 @@
 #include <unordered_set>
 #include <utility>
 
+#include <fmt/format.h>
+
+#include "../../libzero/src/log.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_WITH_CUDA
@@ -45,17 +48,11 @@ namespace {
 
 using detail::PinnedPoolState;
 
-std::string mib(std::size_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 std::string memlock_limit() {
   rlimit rl{};
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) return "unknown";
   if (rl.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return std::to_string(rl.rlim_cur / 1024) + " KiB";
+  return format_bytes(rl.rlim_cur);
 }
 
 // Whether page-locking goes through the CUDA driver: only once a CUDA backend runs in this
@@ -65,7 +62,7 @@ std::string memlock_limit() {
 std::atomic<bool> g_cuda_pinning{false};
 
 std::mutex g_cuda_blocks_mu;
-std::unordered_set<void*>& cuda_blocks() {
+[[maybe_unused]] std::unordered_set<void*>& cuda_blocks() {  // used by CUDA builds only
   static std::unordered_set<void*> blocks;  // from cudaHostAlloc
   return blocks;
 }
@@ -107,9 +104,9 @@ void check_aligned(void* p) {
 void* aligned_block(std::size_t capacity) {
   void* p = nullptr;
   const int rc = posix_memalign(&p, PinnedPool::kAlignment, capacity);
-  ZERO_CHECK(rc == 0, "PinnedPool: out of host memory allocating " + mib(capacity) +
-                          "; reduce offloaded state (offload_param.max_in_cpu, sub_group_size) "
-                          "or use more ranks");
+  ZERO_CHECK(rc == 0, fmt::format("PinnedPool: out of host memory allocating {}; reduce offloaded state "
+                                  "(offload_param.max_in_cpu, sub_group_size) or use more ranks",
+                                  format_bytes(capacity)));
   return p;
 }
 
@@ -140,19 +137,16 @@ std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
     why = std::string("mlock failed: ") + std::strerror(err);
   }
   if (s.require_pinned) {
-    ZERO_THROW("PinnedPool: could not pin " + mib(capacity) + " of host memory (" +
-               why + "; already pinned by this pool: " + mib(s.pinned) +
-               ", RLIMIT_MEMLOCK: " + memlock_limit() +
-               "). Raise the limit (ulimit -l unlimited, docker --ulimit memlock=-1, or "
-               "LimitMEMLOCK=infinity for systemd/Slurm) or set pin_memory: false.");
+    ZERO_THROW(fmt::format("PinnedPool: could not pin {} of host memory ({}; already pinned by this pool: {}, "
+                           "RLIMIT_MEMLOCK: {}). Raise the limit (ulimit -l unlimited, docker --ulimit memlock=-1, "
+                           "or LimitMEMLOCK=infinity for systemd/Slurm) or set pin_memory: false.",
+                           format_bytes(capacity), why, format_bytes(s.pinned), memlock_limit()));
   }
   if (!s.warned) {
     s.warned = true;
-    std::fprintf(stderr,
-                 "%snote: PinnedPool could not pin %s (%s, RLIMIT_MEMLOCK %s); using pageable "
-                 "memory, which is slower to copy. Raise ulimit -l to pin.\n",
-                 rank_prefix().c_str(), mib(capacity).c_str(), why.c_str(),
-                 memlock_limit().c_str());
+    log_info("PinnedPool could not pin {} ({}, RLIMIT_MEMLOCK {}); using pageable memory, which is slower to "
+             "copy. Raise ulimit -l to pin.",
+             format_bytes(capacity), why, memlock_limit());
   }
   return {aligned_block(capacity), false};
 }

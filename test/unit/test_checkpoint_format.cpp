@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -55,7 +56,7 @@ ckpt::Metadata sample_metadata() {
   m.world = 2;
   m.stage = 3;
   m.compute_dtype = DType::bf16;
-  m.optimizer = "adamw";
+  m.optimizer = "AdamW";
   m.moments = 2;
   m.scaler_dynamic = true;
   m.scaler = {32768.0, 1, 7, 3};
@@ -87,35 +88,58 @@ TEST_CASE("json: strict parsing") {
   json::Field d(v, "t", "", "");
   CHECK(d.at("a")[0].i64() == 1);
   CHECK(d.at("a")[1].f64() == -2500.0);
-  CHECK(d.at("a")[4].str() == "x\n\xff");
-  for (const char* bad : {"[1,]", "{\"a\":1,\"a\":2}", "[1] x", "// c\n1", "NaN", "01", "[1.]", "\"a\tb\"",
-                          "\"\\u0100\"", "\"\\q\"", "{\"a\" 1}", "\"\xc3\xa9\"", "", "[", "tru"}) {
+  CHECK(d.at("a")[4].str() == "x\n\xc3\xbf");  // JSON strings are Unicode text, held as UTF-8
+  for (const char* bad : {"[1,]", "{\"a\":1,\"a\":2}", "{\"o\":{\"k\":1,\"k\":1}}", "[1] x", "// c\n1", "NaN", "01",
+                          "[1.]", "\"a\tb\"", "\"\xff\"", "\"\\ud800\"", "\"\\q\"", "{\"a\" 1}", "", "[", "tru"}) {
     INFO(bad);
     CHECK_THROWS_WITH(json::parse(bad, "doc.json"), Contains("doc.json") && Contains("malformed JSON"));
   }
+  CHECK_THROWS_WITH(json::parse("{\"a\":1,\"a\":2}", "d"), Contains("duplicate member name 'a'"));
+  // The same key in different objects is fine.
+  CHECK(json::parse("{\"a\":{\"k\":1},\"b\":{\"k\":2}}", "d")["b"]["k"] == 2);
   std::string deep(40, '[');
   deep += std::string(40, ']');
   CHECK_THROWS_WITH(json::parse(deep, "d"), Contains("nesting"));
 }
 
-TEST_CASE("json: byte strings and numbers round-trip exactly") {
+TEST_CASE("json: int64, shortest doubles and bytes round-trip exactly") {
   std::string all;
   for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
-  json::Value o = json::Value::object();
-  o.set("s", json::Value::string(all));
-  o.set("i", json::Value::integer(INT64_MIN));
-  o.set("d", json::Value::number(0.1 + 0.2));
-  std::string text = json::dump(o);
+  const std::vector<double> doubles = {0.1 + 0.2, 5e-324, 1.7976931348623157e308, -0.0, 32768.0, 1.0 / 3.0};
+  json::Json o = json::Json::object();
+  o["s"] = json::to_hex(all);
+  o["min"] = INT64_MIN;
+  o["max"] = INT64_MAX;
+  o["d"] = doubles;
+  std::string text = json::dump_pretty(o, "test");
   for (unsigned char c : text) CHECK((c == '\n' || (c >= 0x20 && c < 0x7f)));  // pure printable ASCII
+  CHECK(text.find("\"d\": [\n    0.30000000000000004,") != std::string::npos);  // shortest text
   auto back = json::parse(text, "t");
   json::Field f(back, "t", "", "");
-  CHECK(f.at("s").str() == all);
-  CHECK(f.at("i").i64() == INT64_MIN);
-  CHECK(f.at("d").f64() == 0.1 + 0.2);
+  CHECK(f.at("s").hex_bytes() == all);
+  CHECK(f.at("min").i64() == INT64_MIN);
+  CHECK(f.at("max").i64() == INT64_MAX);
+  for (std::size_t i = 0; i < doubles.size(); ++i) {
+    double x = f.at("d")[i].f64();
+    CHECK(std::memcmp(&x, &doubles[i], sizeof x) == 0);  // bit for bit, sign of zero included
+  }
   CHECK_THROWS_WITH(f.at("s").i64(), Contains("field 's'") && Contains("must be an integer"));
+  CHECK_THROWS_WITH(f.at("d")[0].i64(), Contains("field 'd[0]'") && Contains("must be an integer"));
   CHECK_THROWS_WITH(f.at("nope"), Contains("field 'nope'") && Contains("missing"));
-  auto big = json::parse("{\"x\": 99999999999999999999}", "t");
-  CHECK_THROWS_WITH(json::Field(big, "t", "", "").at("x").i64(), Contains("fits 64 bits"));
+  for (const char* bad : {"{\"x\": 99999999999999999999}", "{\"x\": 9223372036854775808}"}) {
+    auto big = json::parse(bad, "t");
+    CHECK_THROWS_WITH(json::Field(big, "t", "", "").at("x").i64(), Contains("fits 64 bits"));
+  }
+  for (const char* bad : {"{\"x\": \"abc\"}", "{\"x\": \"0g\"}", "{\"x\": \"+1\"}"}) {
+    auto h = json::parse(bad, "t");
+    CHECK_THROWS_WITH(json::Field(h, "t", "", "").at("x").hex_bytes(), Contains("field 'x'") && Contains("hex"));
+  }
+}
+
+// The checksum is XXH3-64 with seed 0: the values `xxhsum -H3` prints for the same bytes.
+TEST_CASE("checksums are standard XXH3-64") {
+  CHECK(ckpt::checksum("", 0) == 0x2d06800538d394c2ULL);
+  CHECK(ckpt::checksum("libzero", 7) == 0xc58ef4271acbdef6ULL);
 }
 
 // ---------------------------------------------------------------- metadata
@@ -129,6 +153,7 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
   CHECK(b.world == 2);
   CHECK(b.stage == 3);
   CHECK(b.compute_dtype == DType::bf16);
+  CHECK(b.optimizer == "AdamW");
   CHECK(b.scaler.scale == 32768.0);
   CHECK(b.scaler.last_overflow_iter == 3);
   CHECK(b.client == m.client);
@@ -138,37 +163,69 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
   CHECK(b.units[1].params[1].offset == 200);
   CHECK(b.shards[0].index_checksum == 0x0123456789abcdefULL);
 
+  using json::Json;
   struct Bad {
-    std::string from, to, field;
+    std::function<void(Json&)> change;
+    std::string field;
   };
   for (const Bad& c : std::vector<Bad>{
-           {"\"format_version\": 1", "\"format_version\": 2", "format_version"},
-           {"\"step\": 7", "\"step\": 7, \"extra\": 1", "'extra'"},
-           {"\"applied_steps\": 6", "\"applied_steps\": 8", "applied_steps"},
-           {"\"world_size\": 2", "\"world_size\": 3", "units[0].padded"},
-           {"\"shard_00001.ckpt\"", "\"../../etc/passwd\"", "shards[1].file"},
-           {"\"numel\": 35", "\"numel\": 36", "units[0].params[0].numel"},
-           {"\"offset\": 35", "\"offset\": 34", "units[0].params[1].offset"},
-           {"\"shape\": [7, 5]", "\"shape\": [7, 0]", "units[0].params[0].shape[1]"},
-           {"\"shape\": [7, 5]", "\"shape\": \"7x5\"", "units[0].params[0].shape"},
-           {"\"slice\": 64", "\"slice\": 16", "units[0].slice"},
-           {"\"compute_dtype\": \"bf16\"", "\"compute_dtype\": \"int8\"", "compute_dtype"},
-           {"\"optimizer_moments\": 2", "\"optimizer_moments\": 1", "optimizer_moments"},
-           {"\"stored\": false", "\"stored\": true", "compute_params.stored"},
-           {"\"scale\": 32768", "\"scale\": -1", "loss_scaler.scale"},
-           {"\"name\": \"big\"", "\"name\": \"embed\"", "units[1].name"},
-           {"\"index_checksum\": \"0x0123456789abcdef\"", "\"index_checksum\": \"0x12\"", "shards[0].index_checksum"},
-           {"\"data.position\": \"1234\"", "\"data.position\": 1234", "client_state.data.position"},
+           {[](Json& d) { d["format_version"] = 1; }, "format_version"},
+           {[](Json& d) { d["extra"] = 1; }, "'extra'"},
+           {[](Json& d) { d["applied_steps"] = 8; }, "applied_steps"},
+           {[](Json& d) { d["world_size"] = 3; }, "units[0].padded"},
+           {[](Json& d) { d["shards"][1]["file"] = "../../etc/passwd"; }, "shards[1].file"},
+           {[](Json& d) { d["units"][0]["params"][0]["numel"] = 36; }, "units[0].params[0].numel"},
+           {[](Json& d) { d["units"][0]["params"][1]["offset"] = 34; }, "units[0].params[1].offset"},
+           {[](Json& d) { d["units"][0]["params"][0]["shape"][1] = 0; }, "units[0].params[0].shape[1]"},
+           {[](Json& d) { d["units"][0]["params"][0]["shape"] = "7x5"; }, "units[0].params[0].shape"},
+           {[](Json& d) { d["units"][0]["slice"] = 16; }, "units[0].slice"},
+           {[](Json& d) { d["compute_dtype"] = "int8"; }, "compute_dtype"},
+           {[](Json& d) { d["optimizer"] = "adamw"; }, "optimizer"},
+           {[](Json& d) { d["optimizer_moments"] = 1; }, "optimizer_moments"},
+           {[](Json& d) { d["compute_params"]["stored"] = true; }, "compute_params.stored"},
+           {[](Json& d) { d["loss_scaler"]["scale"] = -1; }, "loss_scaler.scale"},
+           {[](Json& d) { d["units"][1]["name"] = "embed"; }, "units[1].name"},
+           {[](Json& d) { d["units"][1]["name"] = "embed"; }, "= \"embed\" repeats"},
+           {[](Json& d) { d["units"][1]["params"][0]["name"] = "big.s"; }, "units[1].params[1].name"},
+           {[](Json& d) { d["format"] = "\x1b[2J"; }, "format' is not"},
+           {[](Json& d) { d["shards"][0]["index_checksum"] = "0x12"; }, "shards[0].index_checksum"},
+           {[](Json& d) { d["client_state"]["data.position"] = 1234; }, "client_state.data.position"},
+           {[](Json& d) { d["client_state"]["data.position"] = "1234x"; }, "client_state.data.position"},
+           {[](Json& d) { d["client_state"] = Json::array(); }, "client_state"},
        }) {
-    INFO(c.to);
-    require_error([&] { ckpt::Metadata::parse(replaced(text, c.from, c.to), "dir/metadata.ckpt"); },
-                  {"dir/metadata.ckpt", c.field});
+    Json d = json::parse(text, "t");
+    c.change(d);
+    INFO(d.dump());
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "dir/metadata.ckpt"); }, {"dir/metadata.ckpt", c.field});
   }
-  // The client state must be a map.
-  auto b0 = text.find("\"client_state\": {"), b1 = text.find("\n  },", b0);
-  REQUIRE(b1 != std::string::npos);
-  std::string as_array = text.substr(0, b0) + "\"client_state\": []," + text.substr(b1 + 5);
-  require_error([&] { ckpt::Metadata::parse(as_array, "m"); }, {"field 'client_state'", "must be an object"});
+  // Text from the file is echoed escaped.
+  {
+    Json d = json::parse(text, "t");
+    d["compute_dtype"] = "\x1b[2J";
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"field 'compute_dtype' = \"\\x1b[2J\" is not"});
+  }
+  // A duplicate key is refused even where both copies agree.
+  require_error([&] { ckpt::Metadata::parse(replaced(text, "\"step\": 7,", "\"step\": 7, \"step\": 7,"), "m"); },
+                {"m", "duplicate member name 'step'"});
+}
+
+// Format 1 (libzero 0.1.0, its own checksum) is refused by name, before any checksum is compared.
+TEST_CASE("a checkpoint of format 1 is refused with the release that wrote it") {
+  // Written by libzero 0.1.0 (one unit of 3 elements, AdamW, step 4) and kept as it was.
+  const char* data = std::getenv("ZERO_TEST_DATA");  // set by ctest
+  const std::string root = (data ? fs::path(data) : fs::path(__FILE__).parent_path() / "data") / "checkpoint_v1";
+  for (const auto& fn : std::vector<std::function<void()>>{
+           [&] { ckpt::Reader r(ckpt::resolve(root, "latest")); },
+           [&] { ckpt::read_metadata_file(root + "/step_00000004/metadata.ckpt"); },
+           [&] {
+             ckpt::Fd f = ckpt::Fd::open_read(root + "/step_00000004/shard_00000.ckpt");
+             ckpt::read_header(f, ckpt::FileKind::shard);
+           },
+       })
+    require_error(fn, {"step_00000004", "format_version' = 1", "libzero 0.1.0", "reads format 2"});
+  std::ostringstream out;
+  CHECK_FALSE(inspect_checkpoint(root, out));
+  CHECK_THAT(out.str(), Contains("FAILED") && Contains("libzero 0.1.0"));
 }
 
 // ---------------------------------------------------------------- files
@@ -234,6 +291,68 @@ TEST_CASE("latest pointer and tags are parsed strictly") {
   CHECK(ckpt::parse_step_dir_name("step_0000001") == -1);
   CHECK(ckpt::parse_step_dir_name("step_000000012") == -1);  // one spelling per step
   fs::remove_all(dir);
+}
+
+namespace {
+
+// A complete one-rank checkpoint of one 4-element unit at `step`, committed the way a save is.
+void write_tiny_checkpoint(const std::string& root, std::int64_t step) {
+  std::string tmp = ckpt::prepare(root, step, "test");
+  ckpt::Metadata m;
+  m.step = m.applied = m.scheduler_step = step;
+  m.optimizer = "AdamW";
+  m.scheduler = "none";
+  m.units.push_back({"u", 4, 4, {{"u.w", {4}, 4, 0}}});
+  ckpt::ShardWriter w(tmp + "/" + ckpt::shard_file_name(0), 0, 1, 0, 2, step, {{0, 4}});
+  std::vector<float> section(12, static_cast<float>(step));
+  w.add_section(section.data());
+  m.shards = {w.finish()};
+  ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, m);
+  ckpt::commit(root, tmp, step, 0, [](const char*) {});
+}
+
+}  // namespace
+
+TEST_CASE("reshard never moves latest back: an older step into a root with newer ones is refused") {
+  std::string root = temp_dir("ckpt_reshard_back");
+  write_tiny_checkpoint(root, 20);
+  write_tiny_checkpoint(root, 40);
+  REQUIRE(ckpt::read_latest(root) == "step_00000040");
+  require_error([&] { reshard_checkpoint(root, root, 2, -1, "20"); },
+                {"reshard", "already holds step 40", "newer than step 20", "another directory"});
+  CHECK(ckpt::read_latest(root) == "step_00000040");
+  CHECK(list_checkpoints(root) == std::vector<std::int64_t>{20, 40});
+  CHECK(ckpt::Reader(ckpt::resolve(root, "20")).meta().world == 1);  // the source is untouched
+  // The latest step into its own root is refused as before; into a new root both work.
+  require_error([&] { reshard_checkpoint(root, root, 2, -1, "latest"); }, {"already exists and is the latest"});
+  std::string out = root + "/out";
+  reshard_checkpoint(root, out, 2, -1, "20");
+  reshard_checkpoint(root, out, 2, -1, "40");
+  CHECK(ckpt::read_latest(out) == "step_00000040");
+  require_error([&] { reshard_checkpoint(root, out, 3, -1, "20"); }, {"already holds step 40"});
+  CHECK(ckpt::Reader(ckpt::resolve(out, "latest")).meta().world == 2);
+  fs::remove_all(root);
+}
+
+TEST_CASE("inspect fails when latest names a missing step, and echoes file content escaped") {
+  std::string root = temp_dir("ckpt_inspect_latest");
+  write_tiny_checkpoint(root, 20);
+  std::ostringstream good;
+  CHECK(inspect_checkpoint(root, good));
+  ckpt::write_file_atomic(root, "latest", "step_00000030\n");
+  std::ostringstream bad;
+  CHECK_FALSE(inspect_checkpoint(root, bad));
+  INFO(bad.str());
+  CHECK_THAT(bad.str(), Contains("FAILED") && Contains("latest names step_00000030, which does not exist"));
+  CHECK_THAT(bad.str(), Contains("step_00000020:") && Contains("all checksums ok"));  // the rest is still checked
+
+  ckpt::write_file_atomic(root, "latest", std::string("step_\x1b[2J\x00\xff\n", 11));
+  std::ostringstream esc;
+  CHECK_FALSE(inspect_checkpoint(root, esc));
+  INFO(esc.str());
+  CHECK(esc.str().find('\x1b') == std::string::npos);
+  CHECK_THAT(esc.str(), Contains("\"step_\\x1b[2J\\x00\\xff\""));
+  fs::remove_all(root);
 }
 
 // ---------------------------------------------------------------- safetensors

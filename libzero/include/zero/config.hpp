@@ -30,6 +30,37 @@ enum class BackendKind { host, cuda };
 // several ranks share one GPU).
 enum class CommKind { nccl, mpi };
 
+// Each enum's name as the config file spells it; the one spelling for messages, printed
+// configs and checkpoint metadata.
+constexpr const char* to_string(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::none: return "none";
+    case OffloadDevice::cpu: return "cpu";
+    case OffloadDevice::nvme: return "nvme";
+  }
+  return "?";
+}
+constexpr const char* to_string(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::adamw: return "AdamW";
+    case OptimizerType::adam: return "Adam";
+    case OptimizerType::sgd: return "SGD";
+  }
+  return "?";
+}
+constexpr const char* to_string(SchedulerType t) {
+  switch (t) {
+    case SchedulerType::none: return "none";
+    case SchedulerType::warmup_lr: return "WarmupLR";
+    case SchedulerType::warmup_decay_lr: return "WarmupDecayLR";
+    case SchedulerType::warmup_cosine_lr: return "WarmupCosineLR";
+  }
+  return "?";
+}
+constexpr const char* to_string(WarmupType t) { return t == WarmupType::linear ? "linear" : "log"; }
+constexpr const char* to_string(BackendKind k) { return k == BackendKind::cuda ? "cuda" : "host"; }
+constexpr const char* to_string(CommKind k) { return k == CommKind::mpi ? "mpi" : "nccl"; }
+
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
   std::string nvme_path;
