@@ -1,5 +1,6 @@
 #include "zero/config_schema.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "strings.hpp"
@@ -136,7 +138,7 @@ struct StrictSection::Impl {
     if (!v.IsDefined() || v.IsNull()) return full + " has no value";
     if (v.IsMap()) return full + " is a mapping";
     if (v.IsSequence()) return full + " is a list of " + std::to_string(v.size());
-    return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : v.Scalar());
+    return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : printable(v.Scalar()));
   }
   [[noreturn]] void bad_value(const Entry& e, const std::string& full, const YAML::Node& v,
                               const std::string& expected, const std::string& hint = "") const {
@@ -182,7 +184,7 @@ StrictSection::StrictSection(const YAML::Node& node, std::string key_path, std::
                               ? " (lines " + std::to_string(m1.line + 1) + " and " +
                                     std::to_string(m2.line + 1) + ")"
                               : "";
-      throw Error(impl_->origin + ": " + full + ": key appears twice" + lines +
+      throw Error(impl_->origin + ": " + printable(full) + ": key appears twice" + lines +
                   "; keep one (a later one would not silently win here)");
     }
     impl_->entries.push_back(std::move(e));
@@ -338,13 +340,21 @@ void StrictSection::fail(std::string_view key, std::string_view problem) const {
 }
 
 void StrictSection::finish() {
+  std::vector<std::string> errors;
+  finish(errors, true);
+  if (!errors.empty()) throw Error(errors.front());
+}
+
+void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
   for (const auto& e : impl_->entries) {
     if (e.used) continue;
     std::string full = impl_->path_of(e.key);
     if (auto r = impl_->rejected.find(e.key); r != impl_->rejected.end()) {
-      impl_->fail_at(e.key, full, r->second);
+      errors.push_back(impl_->where(full, e.key) + ": " + printable(full) + " " + r->second);
+      if (first_only) return;
+      continue;
     }
-    std::string msg = "unknown key '" + full + "'";
+    std::string msg = "unknown key '" + printable(full) + "'";
     std::string guess = closest_match(e.key, impl_->known);
     if (!guess.empty()) {
       msg += "; did you mean '" + impl_->path_of(guess) + "'?";
@@ -355,19 +365,55 @@ void StrictSection::finish() {
     }
     std::vector<std::string> others;
     for (const auto& o : impl_->entries) {
-      if (!o.used && &o != &e && !impl_->rejected.count(o.key)) others.push_back(o.key);
+      if (!o.used && &o != &e && !impl_->rejected.count(o.key)) others.push_back(printable(o.key));
     }
-    if (!others.empty()) msg += " (also unknown here: " + join(others, ", ") + ")";
-    if (guess.empty() || !others.empty()) msg += ".";
+    // Reported one by one when collecting, so only the first-only message lists the others.
+    if (first_only && !others.empty()) msg += " (also unknown here: " + join(others, ", ") + ")";
+    if (guess.empty() || (first_only && !others.empty())) msg += ".";
     msg += " Unknown keys are errors rather than ignored: fix the spelling or remove the key";
-    throw Error(impl_->where(full, e.key) + ": " + msg);
+    errors.push_back(impl_->where(full, e.key) + ": " + msg);
+    if (first_only) return;
   }
 }
 
+namespace {
+
+// Counts documents without building them. yaml-cpp 0.7's parser reports a new, empty document
+// forever when the text holds a ',' it cannot place at the top level (LoadAll then never ends),
+// so the count stops at `limit`.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+int count_documents(const std::string& text, int limit) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  int n = 0;
+  while (n < limit && parser.HandleNextDocument(counter)) ++n;
+  return n;
+}
+
+}  // namespace
+
 YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
-  std::vector<YAML::Node> docs;
+  // One document only, and never LoadAll: see DocumentCounter.
+  YAML::Node doc;
+  int documents = 0;
   try {
-    docs = YAML::LoadAll(text);
+    documents = count_documents(text, 3);
+    doc = YAML::Load(text);
   } catch (const YAML::Exception& ex) {
     std::string at = origin;
     if (!ex.mark.is_null()) {
@@ -375,11 +421,18 @@ YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
     }
     throw Error(at + ": not valid YAML or JSON: " + ex.msg + "; fix the syntax there");
   }
-  if (docs.size() > 1) {
-    throw Error(origin + ": holds " + std::to_string(docs.size()) +
-                " YAML documents (separated by ---); a config is one document, so merge them");
+  if (documents == 2) {
+    throw Error(origin +
+                ": holds 2 YAML documents (separated by ---); a config is one document, so merge "
+                "them");
   }
-  return docs.empty() ? YAML::Node(YAML::NodeType::Null) : docs.front();
+  if (documents > 2) {
+    throw Error(origin +
+                ": not valid YAML or JSON: text after the first document that YAML cannot read "
+                "(a ',' outside brackets, or several documents separated by ---); a config is "
+                "one mapping of keys: fix the syntax");
+  }
+  return doc.IsDefined() ? doc : YAML::Node(YAML::NodeType::Null);
 }
 
 YAML::Node extra_section_node(const Config& cfg, const std::string& name) {

@@ -11,5 +11,8 @@ namespace zero {
 std::size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `word`, or "" when none is close enough to be a plausible typo.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+// `text` with control bytes written as \n, \t or \xNN, for messages that echo file content (a
+// value holding a terminal escape or a NUL must not reach the terminal as is).
+std::string printable(std::string_view text);
 
 }  // namespace zero
