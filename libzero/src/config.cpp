@@ -291,7 +291,7 @@ std::string auto_text(const keys::Spec& s) {
          ".";
 }
 
-std::string foreign_list(keys::Policy policy, bool with_why) {
+std::string foreign_list(keys::Policy policy) {
   std::string out;
   for (const auto& f : keys::foreign_keys()) {
     const bool listed = policy == keys::Policy::silent
@@ -300,13 +300,21 @@ std::string foreign_list(keys::Policy policy, bool with_why) {
     if (!listed) continue;
     std::string line = "- `" + std::string(f.path) + "`";
     for (auto a : f.aliases) line += " (or `" + std::string(a) + "`)";
-    if (policy == keys::Policy::silent && f.policy != keys::Policy::silent) {
-      line += f.inert_if ? " when it matches the compute dtype"
-                         : " when `" + std::string(f.inert) + "`";
-    } else if (policy != keys::Policy::silent && !f.inert.empty()) {
-      line += " other than `" + std::string(f.inert) + "`";
+    // "false|0" -> "`false` or `0`"
+    std::string inert;
+    for (std::size_t b = 0; b < f.inert.size();) {
+      auto e = std::min(f.inert.find('|', b), f.inert.size());
+      inert += (inert.empty() ? "`" : " or `") + std::string(f.inert.substr(b, e - b)) + "`";
+      b = e + 1;
     }
-    if (with_why || policy == keys::Policy::silent) line += ": " + std::string(f.why);
+    if (policy == keys::Policy::silent && f.policy != keys::Policy::silent) {
+      line += f.inert_if ? " when it matches the compute dtype" : " when " + inert;
+    } else if (policy != keys::Policy::silent && f.inert_if) {
+      line += " when it differs from the compute dtype";
+    } else if (policy != keys::Policy::silent && !inert.empty()) {
+      line += " other than " + inert;
+    }
+    if (f.policy == policy) line += ": " + std::string(f.why);
     out += line + "\n";
   }
   return out;
@@ -324,12 +332,12 @@ std::string config_reference_markdown() {
            keys::default_text(s) + " | " + meaning + " |\n";
   }
   out += "\nDeepSpeed keys accepted silently (no effect here, or libzero does it anyway):\n\n";
-  out += foreign_list(keys::Policy::silent, true);
+  out += foreign_list(keys::Policy::silent);
   out += "\nDeepSpeed keys that get one note at start (libzero does it another way):\n\n";
-  out += foreign_list(keys::Policy::note, true);
+  out += foreign_list(keys::Policy::note);
   out += "\nDeepSpeed keys and values that are errors (honouring them would change the training "
          "result, and libzero cannot):\n\n";
-  out += foreign_list(keys::Policy::refused, true);
+  out += foreign_list(keys::Policy::refused);
   for (const auto& s : keys::config_keys()) {
     for (const auto& [value, why] : s.refused_values) {
       out += "- `" + std::string(s.path) + ": " + std::string(value) + "`: " + std::string(why) +

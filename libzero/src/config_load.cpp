@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "config_keys.hpp"
+#include "config_tree.hpp"
 #include "strings.hpp"
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
@@ -30,9 +31,6 @@ using keys::Spec;
 
 // A config this large is not a config; reading it whole could exhaust memory.
 constexpr std::uintmax_t kMaxConfigBytes = 16u << 20;
-// Values an application section may expand to through YAML aliases (an alias bomb of a few
-// hundred bytes expands to billions).
-constexpr std::size_t kMaxExpandedValues = 1u << 20;
 
 std::string parent_of(std::string_view path) {
   auto dot = path.rfind('.');
@@ -398,153 +396,6 @@ class Loader {
   std::vector<std::string> errors_;
 };
 
-std::string trim(std::string_view s) {
-  auto b = s.find_first_not_of(" \t");
-  if (b == std::string_view::npos) return "";
-  auto e = s.find_last_not_of(" \t");
-  return std::string(s.substr(b, e - b + 1));
-}
-
-// Sets `root[path] = value` for one "a.b.c=value" override, creating sections on the way.
-// The paths it creates or replaces are recorded in `locations`, so a message about them names
-// the override rather than a line of the file.
-void apply_override(YAML::Node root, const std::string& text, KeyLocations& locations) {
-  const std::string origin = "--set " + printable(text);
-  auto eq = text.find('=');
-  if (eq == std::string::npos) {
-    throw Error(origin + ": expected key.path=value (for example zero_optimization.stage=3)");
-  }
-  std::string path = trim(std::string_view(text).substr(0, eq));
-  std::string value = trim(std::string_view(text).substr(eq + 1));
-  std::vector<std::string> parts;
-  for (std::size_t start = 0;;) {
-    auto dot = path.find('.', start);
-    parts.push_back(path.substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  for (const auto& p : parts) {
-    if (p.empty()) {
-      throw Error(origin + ": the key path '" + printable(path) +
-                  "' has an empty part; write it like zero_optimization.stage=3");
-    }
-  }
-  YAML::Node v = parse_yaml(value, origin);
-
-  YAML::Node cur = root;
-  std::string so_far;
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
-    so_far += (so_far.empty() ? "" : ".") + parts[i];
-    const YAML::Node& view = cur;  // const lookup: does not insert the key
-    YAML::Node child = view[parts[i]];
-    if (!child.IsDefined() || child.IsNull()) {
-      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      locations[so_far] = origin;
-    } else if (!child.IsMap()) {
-      throw Error(origin + ": " + printable(so_far) + " is a value, not a section, so it has no key '" +
-                  printable(parts[i + 1]) + "'; check the key path");
-    }
-    cur.reset(cur[parts[i]]);
-  }
-  cur[parts.back()] = v;
-  locations[path] = origin;
-}
-
-// Records where every key of an application section was set. A node reached again through a
-// YAML alias is visited once (its keys keep the location of the first path; a later path falls
-// back to its alias's line), so the walk is linear in the text. The size the section expands
-// to is counted with the same memo and capped: an application that walks the whole section
-// would otherwise take exponential time on an alias bomb.
-class LocationRecorder {
- public:
-  LocationRecorder(std::string origin, const KeyLocations& overrides, KeyLocations& out)
-      : origin_(std::move(origin)), overrides_(overrides), out_(out) {}
-
-  void record(const YAML::Node& n, const std::string& path, const std::string& owner) {
-    const std::size_t total = visit(n, path, owner);
-    if (total > kMaxExpandedValues) {
-      throw Error(out_.at(path) + ": " + printable(path) + " expands to " +
-                  std::to_string(total) + "+ values through YAML aliases (*name), more than the " +
-                  std::to_string(kMaxExpandedValues) +
-                  " a configuration may hold; write the values out or use fewer aliases");
-    }
-  }
-
- private:
-  // Expanded size of `n` (values, counting repeats through aliases), saturating above the cap.
-  std::size_t visit(const YAML::Node& n, const std::string& path, std::string owner) {
-    if (overrides_.count(path)) owner = path;  // nodes below came from that --set's text
-    if (!n.IsMap() && !n.IsSequence()) return 1;
-    const YAML::Mark m = n.Mark();
-    const std::pair<std::string, std::pair<int, int>> id{owner, {m.pos, m.line}};
-    if (!m.is_null()) {
-      if (auto it = sizes_.find(id); it != sizes_.end()) return it->second;
-    }
-    std::size_t total = 1;
-    auto add = [&](std::size_t k) { total = std::min(kMaxExpandedValues + 1, total + k); };
-    if (n.IsMap()) {
-      for (auto it = n.begin(); it != n.end(); ++it) {
-        if (!it->first.IsScalar()) continue;
-        std::string p = path + "." + it->first.Scalar();
-        out_[p] = where(p, it->first.Mark());
-        add(visit(it->second, p, owner));
-      }
-    } else {
-      for (std::size_t i = 0; i < n.size(); ++i) {
-        add(visit(n[i], path + "[" + std::to_string(i) + "]", owner));
-      }
-    }
-    if (!m.is_null()) sizes_[id] = total;
-    return total;
-  }
-
-  std::string where(const std::string& p, const YAML::Mark& m) const {
-    for (std::string q = p; !q.empty();) {
-      if (auto it = overrides_.find(q); it != overrides_.end()) return it->second;
-      auto cut = q.find_last_of(".[");
-      q = cut == std::string::npos ? std::string() : q.substr(0, cut);
-    }
-    return m.is_null() ? origin_ : origin_ + ":" + std::to_string(m.line + 1);
-  }
-
-  std::string origin_;
-  const KeyLocations& overrides_;
-  KeyLocations& out_;
-  std::map<std::pair<std::string, std::pair<int, int>>, std::size_t> sizes_;
-};
-
-// DeepSpeed's older forms, rewritten to the current ones before reading: a boolean
-// zero_optimization (true: stage 1, false: stage 0, as DeepSpeed reads it) and the bfloat16
-// section (bf16).
-void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLocations& locations) {
-  if (!root.IsMap()) return;
-  const YAML::Node& view = root;
-  if (YAML::Node z = view["zero_optimization"]; z.IsDefined() && z.IsScalar()) {
-    const std::string v = lower(z.Scalar());
-    if (v == "true" || v == "false") {
-      YAML::Node m(YAML::NodeType::Map);
-      m["stage"] = v == "true" ? 1 : 0;
-      root["zero_optimization"] = m;
-    }
-  }
-  for (const auto& a : keys::section_aliases()) {
-    const std::string name(a.path), alias(a.alias);
-    YAML::Node given = view[alias];
-    if (!given.IsDefined()) continue;
-    if (view[name].IsDefined()) {
-      throw Error(origin + ": " + alias + " and " + name +
-                  " are the same section (DeepSpeed's two spellings); keep one");
-    }
-    for (auto it = root.begin(); it != root.end(); ++it) {
-      if (it->first.Scalar() == alias && !it->first.Mark().is_null()) {
-        locations[name] = origin + ":" + std::to_string(it->first.Mark().line + 1);
-      }
-    }
-    root[name] = given;
-    root.remove(alias);
-  }
-}
-
 Config build(YAML::Node root, const std::string& origin, const LoadOptions& opts) {
   Config cfg;
   cfg.source = origin;
@@ -574,7 +425,7 @@ Config build(YAML::Node root, const std::string& origin, const LoadOptions& opts
     YAML::Node n = top.raw(name);
     if (n.IsNull()) n = YAML::Node(YAML::NodeType::Map);
     cfg.extra_locations[name] = top.where(name);
-    recorder.record(n, name, "");
+    recorder.record(n, name);
     YAML::Emitter out;  // writes shared nodes once, as anchor and aliases
     out << n;
     cfg.extra_sections[name] = out.c_str();
