@@ -15,12 +15,7 @@ namespace {
 const std::string kBegin = "<!-- config-reference: generated from libzero/src/config_keys.cpp -->\n";
 const std::string kEnd = "<!-- end of config-reference -->\n";
 
-std::filesystem::path readme_path() {
-  if (const char* dir = std::getenv("ZERO_TEST_DATA")) {
-    return std::filesystem::path(dir) / ".." / ".." / ".." / "README.md";
-  }
-  return std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "README.md";
-}
+std::filesystem::path readme_path() { return ZERO_README; }
 
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
