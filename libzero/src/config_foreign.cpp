@@ -11,8 +11,10 @@ namespace zero::keys {
 
 namespace {
 
-// data_types.grad_accum_dtype: gradients accumulate in the compute dtype here.
-bool accum_dtype_matches(const Config& c, const YAML::Node& v) {
+// data_types.grad_accum_dtype, communication_data_type: gradients accumulate and are reduced
+// in the compute dtype here, so only that value (or none) is inert.
+bool dtype_matches(const Config& c, const YAML::Node& v) {
+  if (v.IsNull()) return true;
   if (!v.IsScalar()) return false;
   const std::string& s = v.Scalar();
   const DType d = c.compute_dtype();
@@ -48,8 +50,8 @@ const std::vector<Foreign>& foreign_keys() {
        "gradients are averaged once, after the reduction, in the compute dtype"},
       {"gradient_predivide_factor", Policy::note, "1|1.0",
        "gradients are averaged once, after the reduction"},
-      {"communication_data_type", Policy::note, "null",
-       "gradients are reduced in the compute dtype (fp32, fp16 or bf16)"},
+      {"communication_data_type", Policy::note, "",
+       "gradients are reduced in the compute dtype (fp32, fp16 or bf16)", {}, dtype_matches},
       {"sparse_gradients", Policy::refused, "false",
        "sparse embedding gradients are not implemented; set it to false"},
       {"amp", Policy::refused, "false", "Apex AMP is not supported; use fp16 or bf16 instead"},
@@ -65,7 +67,7 @@ const std::vector<Foreign>& foreign_keys() {
       {"data_types.grad_accum_dtype", Policy::refused, "",
        "gradients accumulate in the compute dtype (fp16/bf16 or fp32), so another accumulation "
        "dtype would change the result; remove the key or make it match",
-       {}, accum_dtype_matches},
+       {}, dtype_matches},
       {"optimizer.params.bias_correction", Policy::refused, "true",
        "Adam without bias correction changes every update; libzero always corrects"},
       {"optimizer.params.amsgrad", Policy::refused, "false", "AMSGrad is not implemented"},

@@ -273,7 +273,9 @@ class Loader {
       }
     }
     if (inert) return;
-    const std::string shown = v.IsScalar() ? " = " + printable(v.Scalar()) : "";
+    const std::string shown = v.IsScalar()
+                                  ? " = " + printable(v.Scalar())
+                                  : (v.IsMap() && judged.IsDefined() ? " has enabled: " + text : "");
     if (f.policy == keys::Policy::note) {
       cfg_.notes.push_back(sec->path_of(key) + shown + ": handled differently here: " +
                            std::string(f.why));

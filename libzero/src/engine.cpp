@@ -2,6 +2,7 @@
 #include "zero/engine.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -29,6 +30,9 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
   rank_ = comm_->rank();
   world_ = comm_->size();
   stage_ = cfg_.zero_optimization.stage;
+  ZERO_CHECK(cfg_.gradient_accumulation_steps >= 1 && cfg_.gradient_accumulation_steps <= INT32_MAX,
+             "Engine: gradient_accumulation_steps " + std::to_string(cfg_.gradient_accumulation_steps) +
+                 " does not fit the engine's int counter; use the Config that load_config and resolve() give");
   gas_ = static_cast<int>(cfg_.gradient_accumulation_steps);
   dtype_ = cfg_.compute_dtype();
   ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
