@@ -17,6 +17,7 @@
 #include <numbers>
 
 #include "config_keys.hpp"
+#include "strings.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
 
@@ -248,8 +249,8 @@ std::string Config::to_yaml() const {
           } else if constexpr (std::is_same_v<P, bool*>) {
             out << *p;
           } else if constexpr (std::is_same_v<P, keys::PairRef>) {
-            out << YAML::Flow << YAML::BeginSeq << keys::number_text(*p.first)
-                << keys::number_text(*p.second) << YAML::EndSeq;
+            out << YAML::Flow << YAML::BeginSeq << shortest_text(*p.first)
+                << shortest_text(*p.second) << YAML::EndSeq;
           } else {
             out << keys::value_text(s, *this);
           }

@@ -3,9 +3,10 @@
 // optimizer.type before its params), and to_yaml writes the keys in this order.
 #include "config_keys.hpp"
 
-#include <charconv>
 #include <cmath>
 #include <limits>
+
+#include "strings.hpp"
 
 namespace zero::keys {
 
@@ -344,12 +345,6 @@ const std::vector<SectionAlias>& section_aliases() {
   return table;
 }
 
-std::string number_text(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
 Range integer_range(const Spec& s) {
   Range r = s.range;
   double type_max = kI64;
@@ -370,7 +365,7 @@ std::string value_text(const Spec& s, const Config& c) {
         if constexpr (std::is_same_v<P, int*> || std::is_same_v<P, std::int64_t*>) {
           return std::to_string(*p);
         } else if constexpr (std::is_same_v<P, double*>) {
-          return number_text(*p);
+          return shortest_text(*p);
         } else if constexpr (std::is_same_v<P, bool*>) {
           return *p ? "true" : "false";
         } else if constexpr (std::is_same_v<P, std::string*>) {
@@ -379,7 +374,7 @@ std::string value_text(const Spec& s, const Config& c) {
           return std::string(s.choices[static_cast<std::size_t>(p.get(c))]);
         } else {
           std::string out = "[";
-          out.append(number_text(*p.first)).append(", ").append(number_text(*p.second));
+          out.append(shortest_text(*p.first)).append(", ").append(shortest_text(*p.second));
           out.push_back(']');
           return out;
         }
@@ -395,9 +390,9 @@ std::string type_text(const Spec& s) {
       t = "integer";
       bool hi = r.hi < kI64;
       if (hi) {
-        t += " " + number_text(r.lo) + ".." + number_text(r.hi);
+        t += " " + shortest_text(r.lo) + ".." + shortest_text(r.hi);
       } else {
-        t += " >= " + number_text(r.lo);
+        t += " >= " + shortest_text(r.lo);
       }
       break;
     }

@@ -100,7 +100,6 @@ const std::vector<SectionAlias>& section_aliases();
 std::string value_text(const Spec& s, const Config& c);   // "3", "true", "[0.9, 0.999]"
 std::string type_text(const Spec& s);                     // "integer 0..3, or `auto`"
 std::string default_text(const Spec& s);                  // "`500000000`"
-std::string number_text(double v);                        // shortest round-trip text
 // The effective range of an integer key: its Range clipped to the member's type.
 Range integer_range(const Spec& s);
 

@@ -40,10 +40,6 @@ std::string leaf_of(std::string_view path) {
   auto dot = path.rfind('.');
   return std::string(dot == std::string_view::npos ? path : path.substr(dot + 1));
 }
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 const Spec* find_spec(std::string_view path) {
   for (const auto& s : keys::config_keys())
@@ -235,7 +231,7 @@ class Loader {
       if (!c.empty()) names.emplace_back(c);
     if (YAML::Node v = sec.raw(key); v.IsScalar()) {
       for (const auto& [name, why] : s.refused_values) {
-        if (lower(v.Scalar()) == lower(std::string(name))) {
+        if (lower_ascii(v.Scalar()) == lower_ascii(std::string(name))) {
           std::string choices;
           for (const auto& n : names) choices += (choices.empty() ? "" : ", ") + n;
           sec.fail(key, "= " + printable(v.Scalar()) + ": " + std::string(why) +
@@ -260,7 +256,7 @@ class Loader {
     YAML::Node v = sec->raw(key);
     YAML::Node judged = v.IsMap() ? v["enabled"] : v;
     std::string text = !judged.IsDefined() ? "false" : (judged.IsNull() ? "null" : "");
-    if (judged.IsScalar()) text = lower(judged.Scalar());
+    if (judged.IsScalar()) text = lower_ascii(judged.Scalar());
     bool inert = false;
     if (f.inert_if) {
       inert = f.inert_if(cfg_, v);

@@ -19,19 +19,6 @@ namespace zero {
 
 namespace {
 
-// Shortest text that reads back as the same double ("0.001", "5e-05").
-std::string number_text(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 // A whole-string decimal number. std::from_chars takes no leading '+' and reads "inf"/"nan",
 // neither of which a setting wants.
 std::optional<double> parse_real(std::string_view s) {
@@ -70,11 +57,11 @@ bool Range::contains(double v) const {
 std::string Range::describe() const {
   bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
   if (has_lo && has_hi) {
-    return std::string("in ") + (lo_open ? "(" : "[") + number_text(lo) + ", " + number_text(hi) +
+    return std::string("in ") + (lo_open ? "(" : "[") + shortest_text(lo) + ", " + shortest_text(hi) +
            (hi_open ? ")" : "]");
   }
-  if (has_lo) return (lo_open ? "> " : ">= ") + number_text(lo);
-  if (has_hi) return (hi_open ? "< " : "<= ") + number_text(hi);
+  if (has_lo) return (lo_open ? "> " : ">= ") + shortest_text(lo);
+  if (has_hi) return (hi_open ? "< " : "<= ") + shortest_text(hi);
   return "any value";
 }
 
@@ -261,7 +248,7 @@ bool StrictSection::get_bool(std::string_view key, bool def) {
   Impl::Entry* e = impl_->take(key);
   if (!e) return def;
   std::string full = impl_->path_of(key);
-  std::string s = lower(impl_->scalar(*e, full, e->value, "true or false"));
+  std::string s = lower_ascii(impl_->scalar(*e, full, e->value, "true or false"));
   if (s == "true" || s == "yes" || s == "on") return true;
   if (s == "false" || s == "no" || s == "off") return false;
   impl_->bad_value(*e, full, e->value, "true or false");
@@ -282,7 +269,7 @@ std::string StrictSection::get_choice(std::string_view key, const std::string& d
   if (ignore_case) expected += " (any case)";
   const std::string& s = impl_->scalar(*e, full, e->value, expected);
   for (const auto& c : choices) {
-    if (s == c || (ignore_case && lower(s) == lower(c))) return c;
+    if (s == c || (ignore_case && lower_ascii(s) == lower_ascii(c))) return c;
   }
   std::string guess = closest_match(s, choices);
   impl_->bad_value(*e, full, e->value, expected,

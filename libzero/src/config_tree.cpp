@@ -14,11 +14,6 @@ namespace zero {
 
 namespace {
 
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 std::string trim(std::string_view s) {
   auto b = s.find_first_not_of(" \t");
   if (b == std::string_view::npos) return "";
@@ -122,7 +117,7 @@ void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLo
   if (!root.IsMap()) return;
   const YAML::Node& view = root;
   if (YAML::Node z = view["zero_optimization"]; z.IsDefined() && z.IsScalar()) {
-    const std::string v = lower(z.Scalar());
+    const std::string v = lower_ascii(z.Scalar());
     if (v == "true" || v == "false") {
       YAML::Node m(YAML::NodeType::Map);
       m["stage"] = v == "true" ? 1 : 0;
