@@ -353,6 +353,7 @@ std::string config_keys_help() {
   for (const auto& s : keys::config_keys()) {
     std::string type = keys::type_text(s), def = keys::default_text(s);
     std::erase(type, '`');
+    std::erase(type, '\\');  // the Markdown escape of '|'
     std::erase(def, '`');
     std::string line = "  " + std::string(s.path);
     line += std::string(line.size() < 56 ? 56 - line.size() : 1, ' ');
