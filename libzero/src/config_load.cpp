@@ -57,9 +57,9 @@ class Loader {
 
   void load() {
     for (const auto& s : keys::config_keys()) attempt(s.path, [&] { read(s); });
-    for (const auto& f : keys::foreign_keys()) attempt(f.path, [&] { judge(f); });
     StrictSection& top = sections_.at("");
     for (const auto& name : opts_.extra_sections) top.allow(name);
+    for (const auto& f : keys::foreign_keys()) attempt(f.path, [&] { judge(f); });
     attempt("", [&] { cross_checks(); });
     // Unknown keys first: a misspelt section name explains the later messages.
     std::vector<std::string> unknown;

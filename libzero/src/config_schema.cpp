@@ -346,9 +346,16 @@ void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
     if (!guess.empty()) {
       msg += "; did you mean '" + impl_->path_of(guess) + "'?";
     } else if (!impl_->known.empty()) {
+      // Own keys are asked for first; the tail is DeepSpeed's keys, too many to list.
+      constexpr std::size_t kListed = 20;
+      std::vector<std::string> listed(impl_->known.begin(),
+                                      impl_->known.begin() + std::min(kListed, impl_->known.size()));
       msg += "; the keys known " +
              (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
-             " are: " + join(impl_->known, ", ");
+             " are: " + join(listed, ", ") +
+             (impl_->known.size() > kListed
+                  ? " and " + std::to_string(impl_->known.size() - kListed) + " more (see the README)"
+                  : std::string());
     }
     std::vector<std::string> others;
     for (const auto& o : impl_->entries) {
