@@ -309,9 +309,9 @@ std::string foreign_list(keys::Policy policy) {
       b = e + 1;
     }
     if (policy == keys::Policy::silent && f.policy != keys::Policy::silent) {
-      line += f.inert_if ? " when it matches the compute dtype" : " when " + inert;
+      line += f.inert_if ? " when it " + std::string(f.inert_when) : " when " + inert;
     } else if (policy != keys::Policy::silent && f.inert_if) {
-      line += " when it differs from the compute dtype";
+      line += " unless it " + std::string(f.inert_when);
     } else if (policy != keys::Policy::silent && !inert.empty()) {
       line += " other than " + inert;
     }

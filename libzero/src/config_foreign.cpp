@@ -22,6 +22,14 @@ bool dtype_matches(const Config& c, const YAML::Node& v) {
          (s == "bf16" && d == DType::bf16);
 }
 
+// optimizer.params.adam_w_mode: libzero's AdamW decouples the decay and its Adam adds it to
+// the gradient, so the value that agrees with optimizer.type is inert.
+bool adam_mode_matches(const Config& c, const YAML::Node& v) {
+  if (!v.IsScalar()) return false;
+  const bool decoupled = v.Scalar() == "true";
+  return decoupled == (c.optimizer.type == OptimizerType::adamw);
+}
+
 }  // namespace
 
 const std::vector<Foreign>& foreign_keys() {
@@ -51,7 +59,8 @@ const std::vector<Foreign>& foreign_keys() {
       {"gradient_predivide_factor", Policy::note, "1|1.0",
        "gradients are averaged once, after the reduction"},
       {"communication_data_type", Policy::note, "",
-       "gradients are reduced in the compute dtype (fp32, fp16 or bf16)", {}, dtype_matches},
+       "gradients are reduced in the compute dtype (fp32, fp16 or bf16)", {}, dtype_matches,
+       "matches the compute dtype"},
       {"sparse_gradients", Policy::refused, "false",
        "sparse embedding gradients are not implemented; set it to false"},
       {"amp", Policy::refused, "false", "Apex AMP is not supported; use fp16 or bf16 instead"},
@@ -67,14 +76,15 @@ const std::vector<Foreign>& foreign_keys() {
       {"data_types.grad_accum_dtype", Policy::refused, "",
        "gradients accumulate in the compute dtype (fp16/bf16 or fp32), so another accumulation "
        "dtype would change the result; remove the key or make it match",
-       {}, dtype_matches},
+       {}, dtype_matches, "matches the compute dtype"},
       {"optimizer.params.bias_correction", Policy::refused, "true",
        "Adam without bias correction changes every update; libzero always corrects"},
       {"optimizer.params.amsgrad", Policy::refused, "false", "AMSGrad is not implemented"},
       {"optimizer.params.torch_adam", Policy::silent, "", "DeepSpeed's implementation choice"},
       {"optimizer.params.fused", Policy::silent, "", "DeepSpeed's implementation choice"},
       {"optimizer.params.adam_w_mode", Policy::note, "",
-       "the decay follows optimizer.type: AdamW decoupled, Adam added to the gradient"},
+       "the decay follows optimizer.type: AdamW decoupled, Adam added to the gradient",
+       {}, adam_mode_matches, "agrees with optimizer.type (true for AdamW, false for Adam)"},
       {"optimizer.params.nesterov", Policy::refused, "false", "Nesterov momentum is not implemented"},
       {"optimizer.params.dampening", Policy::refused, "0|0.0", "SGD dampening is not implemented"},
       {"scheduler.params.last_batch_iteration", Policy::silent, "",

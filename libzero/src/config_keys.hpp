@@ -86,6 +86,7 @@ struct Foreign {
   // Decides instead of `inert` where the answer depends on other settings; returns true when
   // the value is inert.
   bool (*inert_if)(const Config&, const YAML::Node&) = nullptr;
+  std::string_view inert_when{};  // what inert_if checks, for the README ("matches the compute dtype")
 };
 
 const std::vector<Foreign>& foreign_keys();

@@ -164,6 +164,10 @@ TEST_CASE("DeepSpeed keys that would change the result are errors that say why",
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {bias_correction: false}}\n"),
                       Contains("optimizer.params.bias_correction") && Contains("bias correction"));
   CHECK(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n").notes.empty());
+  // adam_w_mode that agrees with the type is silent; one that does not gets a note.
+  CHECK(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n").notes.empty());
+  CHECK(has_note(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n"),
+                 "optimizer.params.adam_w_mode = true: handled differently here"));
   REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n"),
                       Contains("data_types.grad_accum_dtype = fp32") &&
                           Contains("accumulate in the compute dtype"));
