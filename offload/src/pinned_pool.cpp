@@ -65,7 +65,7 @@ std::string memlock_limit() {
 std::atomic<bool> g_cuda_pinning{false};
 
 std::mutex g_cuda_blocks_mu;
-std::unordered_set<void*>& cuda_blocks() {
+[[maybe_unused]] std::unordered_set<void*>& cuda_blocks() {
   static std::unordered_set<void*> blocks;  // from cudaHostAlloc
   return blocks;
 }
