@@ -91,10 +91,8 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
                  "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
   app.add_option("--prompt", cli.prompt, "text the sample continues (byte vocabulary only)");
   app.footer("\n" + zero::gpt::gpt_settings_help() +
-             "\nEngine keys (DeepSpeed names): train_micro_batch_size_per_gpu, "
-             "gradient_accumulation_steps,\ntrain_batch_size, gradient_clipping, steps_per_print, "
-             "zero_optimization.*, fp16.*, bf16.enabled,\noptimizer.{type,params.*}, "
-             "scheduler.{type,params.*}; see the README.\n"
+             "\nEngine keys (DeepSpeed names; the README explains each):\n" +
+             zero::config_keys_help() +
              "\nExit status: 0 done; 75 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a "
              "checkpoint\n(rerun with --resume); 1 error.\n");
   try {
@@ -133,6 +131,8 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
       if (n.find(placeholder) != std::string::npos)
         n = "scheduler.params.total_num_steps: \"auto\" -> " + std::to_string(rc.settings.steps) +
             " (run.steps)";
+    for (auto& a : rc.cfg.autos)
+      if (a.value == placeholder) a = {a.path, std::to_string(rc.settings.steps), "run.steps"};
     ZERO_CHECK(sched.total_num_steps >= sched.warmup_num_steps,
                "scheduler.params.total_num_steps is \"auto\", so it is run.steps = " +
                    std::to_string(rc.settings.steps) + ", less than warmup_num_steps = " +
@@ -461,7 +461,10 @@ int run(zero::Context& ctx, int argc, char** argv) {
   const RunConfig rc = load_run_config(cli, ctx.world_size());
   const GptSettings& settings = rc.settings;
   if (cli.print_config) {
-    if (ctx.is_root()) std::printf("%s", rc.resolved_yaml.c_str());
+    // The "auto" block as YAML comments, so the output still loads as a config.
+    std::string autos = rc.cfg.auto_block();
+    for (std::size_t at = 0; at < autos.size(); at = autos.find('\n', at) + 1) autos.insert(at, "# ");
+    if (ctx.is_root()) std::printf("%s%s", autos.c_str(), rc.resolved_yaml.c_str());
     return 0;
   }
   // Data and engine first: a wrong data path fails before the run directory is created.

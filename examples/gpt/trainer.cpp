@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <sstream>
@@ -191,6 +192,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
     : ctx_(ctx), settings_(settings) {
   const GptConfig& mc = settings_.model;
   mc.validate();
+  ZERO_CHECK(cfg.train_micro_batch_size_per_gpu >= 1 && cfg.train_micro_batch_size_per_gpu <= INT32_MAX &&
+                 cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
+             "GptTrainer: the micro batch and accumulation steps must fit an int; use a resolved Config");
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();

@@ -38,7 +38,7 @@ std::vector<std::int64_t> list_checkpoints(const std::string& root) {
 namespace {
 
 // A client-state value: short text quoted, anything else by its size.
-std::string printable(const std::string& v) {
+std::string client_value_text(const std::string& v) {
   bool text = std::all_of(v.begin(), v.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
   return text && v.size() <= 64 ? fmt::format("\"{}\"", v) : fmt::format("<{} bytes>", v.size());
 }
@@ -64,7 +64,7 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       << m.scaler.last_overflow_iter << "; scheduler " << m.scheduler << " at step " << m.scheduler_step << "\n";
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
-  for (const auto& [k, v] : m.client) out << "\n    " << k << " = " << printable(v);
+  for (const auto& [k, v] : m.client) out << "\n    " << k << " = " << client_value_text(v);
   out << "\n  " << m.units.size() << " units, " << params << " parameters:\n";
   for (const auto& u : m.units) {
     out << "    " << u.name << ": " << u.numel << " elements, slice " << u.slice << ", padding "

@@ -1,5 +1,6 @@
 #include "zero/config_schema.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 #include <charconv>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include "strings.hpp"
@@ -16,19 +18,6 @@
 namespace zero {
 
 namespace {
-
-// Shortest text that reads back as the same double ("0.001", "5e-05").
-std::string number_text(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 // A whole-string decimal number. std::from_chars takes no leading '+' and reads "inf"/"nan",
 // neither of which a setting wants.
@@ -68,11 +57,11 @@ bool Range::contains(double v) const {
 std::string Range::describe() const {
   bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
   if (has_lo && has_hi) {
-    return std::string("in ") + (lo_open ? "(" : "[") + number_text(lo) + ", " + number_text(hi) +
+    return std::string("in ") + (lo_open ? "(" : "[") + shortest_text(lo) + ", " + shortest_text(hi) +
            (hi_open ? ")" : "]");
   }
-  if (has_lo) return (lo_open ? "> " : ">= ") + number_text(lo);
-  if (has_hi) return (hi_open ? "< " : "<= ") + number_text(hi);
+  if (has_lo) return (lo_open ? "> " : ">= ") + shortest_text(lo);
+  if (has_hi) return (hi_open ? "< " : "<= ") + shortest_text(hi);
   return "any value";
 }
 
@@ -136,7 +125,7 @@ struct StrictSection::Impl {
     if (!v.IsDefined() || v.IsNull()) return full + " has no value";
     if (v.IsMap()) return full + " is a mapping";
     if (v.IsSequence()) return full + " is a list of " + std::to_string(v.size());
-    return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : v.Scalar());
+    return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : escape_bytes(v.Scalar()));
   }
   [[noreturn]] void bad_value(const Entry& e, const std::string& full, const YAML::Node& v,
                               const std::string& expected, const std::string& hint = "") const {
@@ -182,7 +171,7 @@ StrictSection::StrictSection(const YAML::Node& node, std::string key_path, std::
                               ? " (lines " + std::to_string(m1.line + 1) + " and " +
                                     std::to_string(m2.line + 1) + ")"
                               : "";
-      throw Error(impl_->origin + ": " + full + ": key appears twice" + lines +
+      throw Error(impl_->origin + ": " + escape_bytes(full) + ": key appears twice" + lines +
                   "; keep one (a later one would not silently win here)");
     }
     impl_->entries.push_back(std::move(e));
@@ -259,7 +248,7 @@ bool StrictSection::get_bool(std::string_view key, bool def) {
   Impl::Entry* e = impl_->take(key);
   if (!e) return def;
   std::string full = impl_->path_of(key);
-  std::string s = lower(impl_->scalar(*e, full, e->value, "true or false"));
+  std::string s = lower_ascii(impl_->scalar(*e, full, e->value, "true or false"));
   if (s == "true" || s == "yes" || s == "on") return true;
   if (s == "false" || s == "no" || s == "off") return false;
   impl_->bad_value(*e, full, e->value, "true or false");
@@ -280,7 +269,7 @@ std::string StrictSection::get_choice(std::string_view key, const std::string& d
   if (ignore_case) expected += " (any case)";
   const std::string& s = impl_->scalar(*e, full, e->value, expected);
   for (const auto& c : choices) {
-    if (s == c || (ignore_case && lower(s) == lower(c))) return c;
+    if (s == c || (ignore_case && lower_ascii(s) == lower_ascii(c))) return c;
   }
   std::string guess = closest_match(s, choices);
   impl_->bad_value(*e, full, e->value, expected,
@@ -338,36 +327,87 @@ void StrictSection::fail(std::string_view key, std::string_view problem) const {
 }
 
 void StrictSection::finish() {
+  std::vector<std::string> errors;
+  finish(errors, true);
+  if (!errors.empty()) throw Error(errors.front());
+}
+
+void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
   for (const auto& e : impl_->entries) {
     if (e.used) continue;
     std::string full = impl_->path_of(e.key);
     if (auto r = impl_->rejected.find(e.key); r != impl_->rejected.end()) {
-      impl_->fail_at(e.key, full, r->second);
+      errors.push_back(impl_->where(full, e.key) + ": " + escape_bytes(full) + " " + r->second);
+      if (first_only) return;
+      continue;
     }
-    std::string msg = "unknown key '" + full + "'";
+    std::string msg = "unknown key '" + escape_bytes(full) + "'";
     std::string guess = closest_match(e.key, impl_->known);
     if (!guess.empty()) {
       msg += "; did you mean '" + impl_->path_of(guess) + "'?";
     } else if (!impl_->known.empty()) {
+      // Own keys are asked for first; the tail is DeepSpeed's keys, too many to list.
+      constexpr std::size_t kListed = 20;
+      std::vector<std::string> listed(impl_->known.begin(),
+                                      impl_->known.begin() + std::min(kListed, impl_->known.size()));
       msg += "; the keys known " +
              (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
-             " are: " + join(impl_->known, ", ");
+             " are: " + join(listed, ", ") +
+             (impl_->known.size() > kListed
+                  ? " and " + std::to_string(impl_->known.size() - kListed) + " more (see the README)"
+                  : std::string());
     }
     std::vector<std::string> others;
     for (const auto& o : impl_->entries) {
-      if (!o.used && &o != &e && !impl_->rejected.count(o.key)) others.push_back(o.key);
+      if (!o.used && &o != &e && !impl_->rejected.count(o.key)) others.push_back(escape_bytes(o.key));
     }
-    if (!others.empty()) msg += " (also unknown here: " + join(others, ", ") + ")";
-    if (guess.empty() || !others.empty()) msg += ".";
+    // Reported one by one when collecting, so only the first-only message lists the others.
+    if (first_only && !others.empty()) msg += " (also unknown here: " + join(others, ", ") + ")";
+    if (guess.empty() || (first_only && !others.empty())) msg += ".";
     msg += " Unknown keys are errors rather than ignored: fix the spelling or remove the key";
-    throw Error(impl_->where(full, e.key) + ": " + msg);
+    errors.push_back(impl_->where(full, e.key) + ": " + msg);
+    if (first_only) return;
   }
 }
 
+namespace {
+
+// Counts documents without building them. yaml-cpp 0.7's parser reports a new, empty document
+// forever when the text holds a ',' it cannot place at the top level (LoadAll then never ends),
+// so the count stops at `limit`.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+int count_documents(const std::string& text, int limit) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  DocumentCounter counter;
+  int n = 0;
+  while (n < limit && parser.HandleNextDocument(counter)) ++n;
+  return n;
+}
+
+}  // namespace
+
 YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
-  std::vector<YAML::Node> docs;
+  // One document only, and never LoadAll: see DocumentCounter.
+  YAML::Node doc;
+  int documents = 0;
   try {
-    docs = YAML::LoadAll(text);
+    documents = count_documents(text, 3);
+    doc = YAML::Load(text);
   } catch (const YAML::Exception& ex) {
     std::string at = origin;
     if (!ex.mark.is_null()) {
@@ -375,11 +415,18 @@ YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
     }
     throw Error(at + ": not valid YAML or JSON: " + ex.msg + "; fix the syntax there");
   }
-  if (docs.size() > 1) {
-    throw Error(origin + ": holds " + std::to_string(docs.size()) +
-                " YAML documents (separated by ---); a config is one document, so merge them");
+  if (documents == 2) {
+    throw Error(origin +
+                ": holds 2 YAML documents (separated by ---); a config is one document, so merge "
+                "them");
   }
-  return docs.empty() ? YAML::Node(YAML::NodeType::Null) : docs.front();
+  if (documents > 2) {
+    throw Error(origin +
+                ": not valid YAML or JSON: text after the first document that YAML cannot read "
+                "(a ',' outside brackets, or several documents separated by ---); a config is "
+                "one mapping of keys: fix the syntax");
+  }
+  return doc.IsDefined() ? doc : YAML::Node(YAML::NodeType::Null);
 }
 
 YAML::Node extra_section_node(const Config& cfg, const std::string& name) {

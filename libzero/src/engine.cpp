@@ -2,6 +2,7 @@
 #include "zero/engine.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -13,6 +14,18 @@ namespace zero {
 
 // ---------------------------------------------------------------- EngineImpl
 
+namespace {
+
+// The engine counts micro-steps in an int; a Config built by hand could hold more.
+int accumulation_steps(const Config& cfg) {
+  ZERO_CHECK(cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
+             "Engine: gradient_accumulation_steps " + std::to_string(cfg.gradient_accumulation_steps) +
+                 " does not fit the engine's int counter; use the Config that load_config and resolve() give");
+  return static_cast<int>(cfg.gradient_accumulation_steps);
+}
+
+}  // namespace
+
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
     : ctx_(ctx),
       cfg_(cfg),
@@ -22,7 +35,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
-      gas_(static_cast<int>(cfg.gradient_accumulation_steps)),
+      gas_(accumulation_steps(cfg)),
       dtype_(cfg.compute_dtype()),
       shapes_(plan_units()),
       opt_(make_optimizer_store(*backend_, cfg_, rank_, [this] {

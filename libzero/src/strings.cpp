@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 
 namespace zero {
 
@@ -35,6 +36,18 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   // A typo changes a few characters; beyond about a third of the word it is another word.
   std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), best.size()) / 3);
   return best_d <= limit ? best : std::string();
+}
+
+std::string lower_ascii(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string shortest_text(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }

@@ -1,11 +1,15 @@
 // The engine's configuration: DeepSpeed's key names and defaults, loaded strictly.
 //
-// A YAML file or a DeepSpeed ds_config.json loads into a Config. Unlike DeepSpeed, nothing is
-// silently ignored: an unknown key is an error naming its full path, file:line and the closest
-// known key; a wrong type or range names the path, the value and what is expected. Values may
-// be overridden with "a.b.c=value" strings (the trainers' --set), validated the same way.
-// A Config is resolved once (batch triple against the world size, "auto" values) and is then
-// immutable.
+// A YAML file or a DeepSpeed ds_config.json loads into a Config. An unknown or misspelt key is
+// an error naming its full path, file:line and the closest known key; a wrong type or range
+// names the path, the value and what is expected. DeepSpeed keys follow one policy: a key with
+// no effect here is accepted silently, one that libzero handles another way gets a note at
+// start, and one whose effect libzero cannot give (it would change the training result) is an
+// error saying why. Every problem of a file is reported in one error. Values may be overridden
+// with "a.b.c=value" strings (the trainers' --set), validated the same way. A Config is
+// resolved once (batch triple against the world size, "auto" values) and is then immutable.
+// Every key is described once, in a table (src/config_keys.cpp) that drives loading, to_yaml,
+// the --help text and the README's key table.
 #pragma once
 
 #include <cstdint>
@@ -161,8 +165,16 @@ struct Config {
 
   bool resolved = false;
   // What loading and resolve() decided on the user's behalf ("auto" values, the derived batch
-  // triple), one line each, printed at start.
+  // triple, DeepSpeed keys handled another way), one line each, printed at start.
   std::vector<std::string> notes;
+  // What each "auto" became and where the value came from ("the application", "DeepSpeed
+  // default", "optimizer.params.lr", "derived from the world size").
+  struct AutoValue {
+    std::string path, value, source;
+  };
+  std::vector<AutoValue> autos;
+  // The block applications print at start: one line per "auto" (empty when there was none).
+  std::string auto_block() const;
 
   // Compute dtype implied by fp16 / bf16.
   DType compute_dtype() const {
@@ -186,11 +198,21 @@ struct LoadOptions {
   // The run length in optimizer steps, when the application knows it: what
   // scheduler.params.total_num_steps "auto" becomes. 0: unknown ("auto" there is an error).
   std::int64_t total_num_steps = 0;
+  // The application's values for "auto", by key path ("optimizer.params.lr" -> "3e-4"), as
+  // Hugging Face's Trainer fills them from its arguments. Each is validated like the file's
+  // value; a key that is "auto" and missing here gets DeepSpeed's default.
+  std::map<std::string, std::string> auto_values;
 };
 
 // Loads a YAML or JSON file. Throws zero::Error with path/line/suggestion on any bad input.
 Config load_config(const std::string& path, const LoadOptions& opts = {});
 // Same, from text; `origin` names the source in messages.
 Config parse_config(const std::string& text, const std::string& origin, const LoadOptions& opts = {});
+
+// The configuration reference generated from the key table: the README's key table and its
+// lists of DeepSpeed keys accepted silently, noted, and refused (Markdown).
+std::string config_reference_markdown();
+// One line per key (path, type, default) for an application's --help.
+std::string config_keys_help();
 
 }  // namespace zero

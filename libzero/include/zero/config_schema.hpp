@@ -115,6 +115,9 @@ class StrictSection {
   // Fails on the first key that no accessor asked for (or that was rejected), naming its
   // path, place, and the closest known key. Call after reading everything.
   void finish();
+  // The same, but every problem is appended to `errors` (one message each) instead of thrown,
+  // so a loader can report all problems of a file at once; `first_only` stops at the first.
+  void finish(std::vector<std::string>& errors, bool first_only = false);
 
  private:
   struct Impl;
