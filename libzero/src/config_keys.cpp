@@ -22,7 +22,7 @@ std::string sgd_only(const Config& c) {
   return c.optimizer.type == OptimizerType::sgd
              ? std::string()
              : "applies to SGD only (optimizer.type is " +
-                   std::string(c.optimizer.type == OptimizerType::adam ? "Adam" : "AdamW") +
+                   std::string(to_string(c.optimizer.type)) +
                    "; Adam's momentum is betas[0])";
 }
 std::string adam_only(const Config& c) {

@@ -300,15 +300,12 @@ class Loader {
       });
     }
     StrictSection* zs = section("zero_optimization");
-    const auto device_name = [](OffloadDevice d) {
-      return d == OffloadDevice::cpu ? "cpu" : (d == OffloadDevice::nvme ? "nvme" : "none");
-    };
     // Only stage 3 partitions parameters, so only there is a parameter shard to move off the
     // GPU; an optimizer shard exists from stage 1 on.
     check([&] {
       if (zs && z.offload_param.device != OffloadDevice::none && z.stage < 3) {
         section("zero_optimization.offload_param")
-            ->fail("device", std::string("= ") + device_name(z.offload_param.device) +
+            ->fail("device", std::string("= ") + to_string(z.offload_param.device) +
                                  " needs zero_optimization.stage 3, but stage is " +
                                  std::to_string(z.stage) + " (" + zs->where("stage") +
                                  "); parameter offload exists only at stage 3: set stage: 3 or "
@@ -318,7 +315,7 @@ class Loader {
     check([&] {
       if (zs && z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
         section("zero_optimization.offload_optimizer")
-            ->fail("device", std::string("= ") + device_name(z.offload_optimizer.device) +
+            ->fail("device", std::string("= ") + to_string(z.offload_optimizer.device) +
                                  " needs zero_optimization.stage >= 1, but stage is 0 (" +
                                  zs->where("stage") +
                                  "); set stage: 1 or higher, or offload_optimizer.device: none");

@@ -13,10 +13,6 @@ namespace zero {
 
 namespace {
 
-const char* device_name(OffloadDevice d) {
-  return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
-}
-
 // The base config with the candidate's changes, resolved for `world` ranks at the base's
 // global batch. Throws (zero::Error) when the micro-batch does not divide the global batch.
 Config apply(const Config& base, const TuneCandidate& c, int world) {
@@ -51,7 +47,7 @@ std::string TuneCandidate::label() const {
   if (micro_batch) { l << sep << "mb " << *micro_batch; sep = ", "; }
   if (bucket_size) { l << sep << "bucket " << *bucket_size; sep = ", "; }
   if (overlap_comm) { l << sep << (*overlap_comm ? "overlap" : "no overlap"); sep = ", "; }
-  if (offload_optimizer) { l << sep << "offload " << device_name(*offload_optimizer); sep = ", "; }
+  if (offload_optimizer) { l << sep << "offload " << to_string(*offload_optimizer); sep = ", "; }
   std::string s = l.str();
   return s.empty() ? "base" : s;
 }
