@@ -6,6 +6,7 @@
 #include <numbers>
 
 #include "zero/error.hpp"
+#include "zero/plan.hpp"
 
 namespace zero::gpt {
 
@@ -150,39 +151,28 @@ std::int64_t TensorSpec::numel() const {
   return n;
 }
 
-std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
+// The shapes come from the library's GPT layout (zero/plan.hpp), the one the planner counts,
+// so the trainer and zero-plan cannot disagree about what a GPT holds.
+zero::Layout build_layout(const GptConfig& cfg) {
   cfg.validate();
-  const std::int64_t C = cfg.n_embd, Vp = cfg.padded_vocab_size(), T = cfg.seq_len;
-  std::vector<UnitSpec> units;
-  units.push_back({"embeddings", {{"wte.weight", {Vp, C}}, {"wpe.weight", {T, C}}}});
-  for (int l = 0; l < cfg.n_layer; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    units.push_back({"h." + std::to_string(l),
-                     {{p + "ln_1.weight", {C}},
-                      {p + "ln_1.bias", {C}},
-                      {p + "attn.c_attn.weight", {C, 3 * C}},
-                      {p + "attn.c_attn.bias", {3 * C}},
-                      {p + "attn.c_proj.weight", {C, C}},
-                      {p + "attn.c_proj.bias", {C}},
-                      {p + "ln_2.weight", {C}},
-                      {p + "ln_2.bias", {C}},
-                      {p + "mlp.c_fc.weight", {C, 4 * C}},
-                      {p + "mlp.c_fc.bias", {4 * C}},
-                      {p + "mlp.c_proj.weight", {4 * C, C}},
-                      {p + "mlp.c_proj.bias", {C}}}});
-  }
-  units.push_back({"ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}}});
-  return units;
+  zero::plan::GptShape shape;
+  shape.n_layer = cfg.n_layer;
+  shape.n_head = cfg.n_head;
+  shape.n_embd = cfg.n_embd;
+  shape.seq_len = cfg.seq_len;
+  shape.vocab_size = cfg.vocab_size;
+  return zero::plan::gpt_layout(shape);
 }
 
-zero::Layout build_layout(const GptConfig& cfg) {
-  zero::Layout layout;
-  for (auto& u : gpt_units(cfg)) {
-    std::vector<std::pair<std::string, zero::Layout::Shape>> params;
-    for (auto& t : u.tensors) params.emplace_back(std::move(t.name), std::move(t.shape));
-    layout.add_unit(std::move(u.name), std::move(params));
+std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
+  const zero::Layout layout = build_layout(cfg);
+  std::vector<UnitSpec> units;
+  for (const zero::UnitInfo& u : layout.units()) {
+    UnitSpec spec{u.name, {}};
+    for (const zero::ParamInfo& p : u.params) spec.tensors.push_back({p.name, p.shape});
+    units.push_back(std::move(spec));
   }
-  return layout;
+  return units;
 }
 
 void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values,
