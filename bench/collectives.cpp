@@ -1,6 +1,6 @@
 // bench_collectives: how close does libzero's NCCL communicator come to NCCL itself for the
-// collectives the engine issues (all-reduce at stage 0, reduce-scatter of gradient buckets,
-// all-gather of parameters), at bucket sizes from 1 MiB to 1 GiB?
+// collectives the engine issues (all-reduce at stage 0, reduce-scatter of gradient buckets, both
+// summing as the engine does, all-gather of parameters), at bucket sizes from 1 MiB to 1 GiB?
 //
 // "ours" goes through the engine's path: Communicator::*_async on the backend's communication
 // stream, ordered after the compute stream and waited on with Work::wait() (the compute stream
@@ -63,8 +63,8 @@ void ours_once(Setup& s, Op op, std::size_t bytes) {
   const std::size_t es = dtype_size(s.t), count = bytes / es, slice = count / static_cast<std::size_t>(s.world);
   Work w;
   switch (op) {
-    case Op::all_reduce: w = s.ours.all_reduce_async(s.a, count, s.t, ReduceOp::avg); break;
-    case Op::reduce_scatter: w = s.ours.reduce_scatter_async(s.a, s.b, slice, s.t, ReduceOp::avg); break;
+    case Op::all_reduce: w = s.ours.all_reduce_async(s.a, count, s.t, ReduceOp::sum); break;
+    case Op::reduce_scatter: w = s.ours.reduce_scatter_async(s.a, s.b, slice, s.t, ReduceOp::sum); break;
     case Op::all_gather:
       w = s.ours.all_gather_async(static_cast<char*>(s.b) + static_cast<std::size_t>(s.rank) * slice * es, s.b, slice, s.t);
       break;
@@ -76,10 +76,10 @@ void ref_once(Setup& s, Op op, std::size_t bytes) {
   const std::size_t es = dtype_size(s.t), count = bytes / es, slice = count / static_cast<std::size_t>(s.world);
   switch (op) {
     case Op::all_reduce:
-      ZERO_NCCL_CHECK(ncclAllReduce(s.a, s.a, count, nccl_type(s.t), ncclAvg, s.ref, s.ref_stream));
+      ZERO_NCCL_CHECK(ncclAllReduce(s.a, s.a, count, nccl_type(s.t), ncclSum, s.ref, s.ref_stream));
       break;
     case Op::reduce_scatter:
-      ZERO_NCCL_CHECK(ncclReduceScatter(s.a, s.b, slice, nccl_type(s.t), ncclAvg, s.ref, s.ref_stream));
+      ZERO_NCCL_CHECK(ncclReduceScatter(s.a, s.b, slice, nccl_type(s.t), ncclSum, s.ref, s.ref_stream));
       break;
     case Op::all_gather:
       ZERO_NCCL_CHECK(ncclAllGather(static_cast<char*>(s.b) + static_cast<std::size_t>(s.rank) * slice * es, s.b, slice,
