@@ -27,6 +27,7 @@ ck::Metadata fixed_metadata() {
   m.optimizer = "adamw";
   m.moments = 2;
   m.scheduler = "constant";
+  m.scheduler_step = 3;
   m.units = {ck::UnitMeta{"embed", 6, 6, {ck::ParamMeta{"wte", {2, 3}, 6, 0}}},
              ck::UnitMeta{"head", 3, 3, {ck::ParamMeta{"bias", {3}, 3, 0}}}};
   m.shards = {ck::ShardMeta{ck::shard_file_name(0), 0, 0}};
