@@ -24,7 +24,7 @@ ck::Metadata fixed_metadata() {
   ck::Metadata m;
   m.step = 3;
   m.applied = 3;
-  m.optimizer = "adamw";
+  m.optimizer = "AdamW";
   m.moments = 2;
   m.scheduler = "constant";
   m.scheduler_step = 3;
