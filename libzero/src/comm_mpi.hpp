@@ -3,10 +3,18 @@
 // 16-bit reductions are staged through fp32 scratch: the payload is widened, reduced with
 // MPI's float sum, and rounded once on completion. That costs a copy, but the result is the
 // correctly rounded sum, independent of the order MPI combines ranks in as far as fp32 allows.
+//
+// Every wait has a deadline (collective_timeout_s()). A rank whose deadline passes asks every
+// peer, over a private duplicate of the communicator, which collective it is waiting in; ranks
+// that are waiting answer (and report too), a stopped or hung rank cannot. The message names
+// the collective, its size and the ranks that did not arrive, and the job ends with
+// kCollectiveTimeoutExit. Collectives are numbered in issue order, which every rank shares, so
+// "waiting in #12" on two ranks means the same call.
 #pragma once
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <mutex>
 #include <vector>
 
@@ -34,8 +42,26 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> take_scratch(std::size_t n);
   void give_scratch(std::vector<float>&& v);
 
+  // One collective as messages describe it: its issue number, kind and payload.
+  struct Call {
+    std::int64_t seq = 0;
+    int kind = 0;  // index into the kind names in comm_mpi.cpp
+    std::size_t count = 0;
+    DType dtype = DType::f32;  // of count; broadcast and barrier count bytes
+  };
+  // Polls `req` until it completes (backing off), or ends the job when the deadline passes.
+  void wait(MPI_Request& req, const Call& call);
+
  private:
+  Call next_call(int kind, std::size_t count, DType t) { return Call{seq_++, kind, count, t}; }
+  // Answers peers' queries about what this rank waits in; true if any came.
+  bool answer_queries(const Call& waiting);
+  [[noreturn]] void report_stall(const Call& call, double waited_s);
+
   MPI_Comm comm_;
+  MPI_Comm side_;  // the stall queries, apart from user traffic
+  double timeout_s_ = 600.0;
+  std::int64_t seq_ = 0;
   int rank_ = 0, size_ = 1;
   std::mutex scratch_mu_;
   std::vector<std::vector<float>> scratch_;

@@ -146,17 +146,25 @@ void check_common(const void* master, const void* grad, DType grad_type, const v
 
 }  // namespace
 
+// clang before 15 does not know "f16c" in __builtin_cpu_supports; every x86 CPU with AVX2 and
+// FMA (the weaker path's other needs) also has F16C.
+#if defined(__clang__) && __clang_major__ < 15
+#define ZERO_CPU_HAS_F16C() true
+#else
+#define ZERO_CPU_HAS_F16C() __builtin_cpu_supports("f16c")
+#endif
+
 bool simd_path_supported(SimdPath path) {
   switch (path) {
     case SimdPath::scalar: return true;
 #if ZERO_OFFLOAD_X86
     case SimdPath::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             ZERO_CPU_HAS_F16C();
     case SimdPath::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             ZERO_CPU_HAS_F16C();
 #else
     case SimdPath::avx2:
     case SimdPath::avx512: return false;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "../collective_timeout.hpp"
 #include "cuda_check.hpp"
 #include "zero/error.hpp"
 
@@ -45,17 +46,7 @@ Watchdog::~Watchdog() {
     if (s.event) cudaEventDestroy(s.event);
 }
 
-double Watchdog::timeout_from_env() {
-  const char* v = std::getenv("ZERO_NCCL_TIMEOUT_S");
-  if (!v || !*v) return 600.0;
-  char* end = nullptr;
-  errno = 0;
-  const double t = std::strtod(v, &end);
-  ZERO_CHECK(end && *end == '\0' && errno == 0 && std::isfinite(t) && t >= 0.0,
-             std::string("ZERO_NCCL_TIMEOUT_S='") + v +
-                 "' is not a number of seconds >= 0; set it to e.g. 600 (0 disables the collective deadline)");
-  return t;
-}
+double Watchdog::timeout_from_env() { return collective_timeout_s(); }
 
 void Watchdog::retire_completed_locked(int limit) {
   for (int k = 0; k < limit && tail_ < head_; ++k) {
