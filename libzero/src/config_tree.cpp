@@ -82,9 +82,16 @@ std::size_t LocationRecorder::visit(const YAML::Node& n, const std::string& path
   if (overrides_.count(path)) owner = path;
   if (!n.IsMap() && !n.IsSequence()) return 1;
   const YAML::Mark m = n.Mark();
-  const std::pair<std::string, std::pair<int, int>> id{owner, {m.pos, m.line}};
+  const NodeId id{owner, {m.pos, m.line}};
   if (!m.is_null()) {
     if (auto it = sizes_.find(id); it != sizes_.end()) return it->second;
+    // An alias inside the node it names (`model: &m {self: *m}`) makes the tree a cycle, which
+    // every later walk would follow forever.
+    if (!open_.insert(id).second) {
+      throw Error(where(path, m) + ": " + escape_bytes(path) +
+                  " refers to a YAML anchor that contains it (an alias *name inside &name's own value); a "
+                  "configuration must be a tree: write the value out instead");
+    }
   }
   std::size_t total = 1;
   auto add = [&](std::size_t k) { total = std::min(kMaxExpandedValues + 1, total + k); };
@@ -100,7 +107,10 @@ std::size_t LocationRecorder::visit(const YAML::Node& n, const std::string& path
       add(visit(n[i], path + "[" + std::to_string(i) + "]", owner));
     }
   }
-  if (!m.is_null()) sizes_[id] = total;
+  if (!m.is_null()) {
+    open_.erase(id);
+    sizes_[id] = total;
+  }
   return total;
 }
 

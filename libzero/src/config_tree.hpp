@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -49,7 +50,9 @@ class LocationRecorder {
   std::string origin_;
   const KeyLocations& overrides_;
   KeyLocations& out_;
-  std::map<std::pair<std::string, std::pair<int, int>>, std::size_t> sizes_;
+  using NodeId = std::pair<std::string, std::pair<int, int>>;
+  std::map<NodeId, std::size_t> sizes_;
+  std::set<NodeId> open_;  // nodes whose children are being visited: meeting one again is a cycle
 };
 
 }  // namespace zero

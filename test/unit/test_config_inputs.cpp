@@ -85,6 +85,17 @@ TEST_CASE("D2: an alias bomb in an application section fails fast with a clear e
   CHECK(run.sub("copy")->get_int("steps", 0) == 2);
 }
 
+TEST_CASE("An alias inside the anchor it names is an error, not endless recursion", "[config]") {
+  LoadOptions o;
+  o.extra_sections = {"model", "run"};
+  const auto t0 = std::chrono::steady_clock::now();
+  // Found by the config fuzzer: the map contains itself through *m.
+  REQUIRE_THROWS_WITH(parse("model: &m {x: 1, self: *m}\n", o),
+                      Contains("in.yaml:1") && Contains("model.self") && Contains("anchor that contains it"));
+  REQUIRE_THROWS_WITH(parse("run:\n  a: &l [1, [2, *l]]\n", o), Contains("anchor that contains it"));
+  CHECK(seconds_since(t0) < 0.5);
+}
+
 TEST_CASE("D3: integers are range-checked against the member that stores them", "[config]") {
   // 2^32 + 16 would wrap to 16 in an int.
   REQUIRE_THROWS_WITH(parse("train_micro_batch_size_per_gpu: 4294967312\n"),
