@@ -88,9 +88,11 @@ OffloadDevice offload_device(const std::string& name) {
   return OffloadDevice::none;
 }
 
+// Small models differ by fractions of a MiB; large ones need no more than a tenth.
 std::string mib(double bytes) {
+  const double m = bytes / (1 << 20);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1 << 20));
+  std::snprintf(buf, sizeof buf, m < 100 ? "%.3f MiB" : "%.1f MiB", m);
   return buf;
 }
 
@@ -125,11 +127,11 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
     const std::int64_t states = m.states.device() + m.states.host;
     const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
     const double need = static_cast<double>(states + activations + buffers);
-    if (need <= budget) return true;
+    // Said for the candidates that run too: the table then shows how close each came.
     why = "memory per rank: " + mib(need) + " (model states " + mib(static_cast<double>(states)) +
           " + activations " + mib(static_cast<double>(activations)) + " + buffers " +
-          mib(static_cast<double>(buffers)) + ") > " + mib(budget);
-    return false;
+          mib(static_cast<double>(buffers)) + (need <= budget ? ") of " : ") > ") + mib(budget);
+    return need <= budget;
   };
 }
 
