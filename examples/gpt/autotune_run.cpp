@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 void add_autotune_options(CLI::App& app, AutotuneRequest& r) {
   CLI::Option_group* g = app.add_option_group(
       "Autotune", "--autotune: time a few steps of every candidate that fits and keep the fastest");
-  g->add_flag("--autotune", r.enabled,
+  CLI::Option* flag = g->add_flag("--autotune", r.enabled,
               "try the combinations of the lists below at the configured global batch; write "
               "<run.out_dir>/autotune.yaml (the fastest, a complete config file) and autotune.txt "
               "(every candidate: its step time, or why it was skipped)");
@@ -54,6 +54,9 @@ void add_autotune_options(CLI::App& app, AutotuneRequest& r) {
   g->add_option("--autotune-then", r.then, "after tuning: exit, or train with the winner")
       ->check(CLI::IsMember({"exit", "train"}))
       ->capture_default_str();
+  // An --autotune-* option without --autotune would be silently ignored: refuse it instead.
+  for (CLI::Option* o : g->get_options())
+    if (o != flag) o->needs(flag);
 }
 
 namespace {
