@@ -37,6 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "autotune_run.hpp"
 #include "data.hpp"
 #include "ops.hpp"
 #include "reporter.hpp"
@@ -67,6 +68,7 @@ struct Cli {
   std::vector<std::string> sets;
   bool print_config = false, resume = false, sample_only = false;
   std::string checkpoint_dir, prompt;
+  zero::gpt::AutotuneRequest autotune;
 };
 
 // Returns an exit status when the command line asks for no run (--help, a mistake).
@@ -90,6 +92,7 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
   app.add_option("--checkpoint", cli.checkpoint_dir,
                  "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
   app.add_option("--prompt", cli.prompt, "text the sample continues (byte vocabulary only)");
+  zero::gpt::add_autotune_options(app, cli.autotune);
   app.footer("\n" + zero::gpt::gpt_settings_help() +
              "\nEngine keys (DeepSpeed names; the README explains each):\n" +
              zero::config_keys_help() +
@@ -111,6 +114,12 @@ struct RunConfig {
   GptSettings settings;
   std::string resolved_yaml;  // what ran, exactly: the engine's settings and the trainer's
 };
+
+std::string resolved_yaml(const zero::Config& cfg, const GptSettings& settings) {
+  zero::Config shown = cfg;
+  for (auto& [name, yaml] : settings.sections()) shown.extra_sections[name] = yaml;
+  return shown.to_yaml();
+}
 
 // The scheduler may take its length from the run (total_num_steps: "auto"), and the run's
 // length, run.steps, is in the same file. The file is loaded once, with a placeholder length
@@ -140,9 +149,7 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
   rc.cfg.resolve(world_size);
-  zero::Config shown = rc.cfg;
-  for (auto& [name, yaml] : rc.settings.sections()) shown.extra_sections[name] = yaml;
-  rc.resolved_yaml = shown.to_yaml();
+  rc.resolved_yaml = resolved_yaml(rc.cfg, rc.settings);
   return rc;
 }
 
@@ -458,7 +465,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.world = ctx.world_size();
   facts.thread_hint = configure_threads(ctx, facts.threads);
 
-  const RunConfig rc = load_run_config(cli, ctx.world_size());
+  RunConfig rc = load_run_config(cli, ctx.world_size());
   const GptSettings& settings = rc.settings;
   if (cli.print_config) {
     // The "auto" block as YAML comments, so the output still loads as a config.
@@ -466,6 +473,22 @@ int run(zero::Context& ctx, int argc, char** argv) {
     for (std::size_t at = 0; at < autos.size(); at = autos.find('\n', at) + 1) autos.insert(at, "# ");
     if (ctx.is_root()) std::printf("%s%s", autos.c_str(), rc.resolved_yaml.c_str());
     return 0;
+  }
+  if (cli.autotune.enabled) {
+    ZERO_CHECK(!cli.resume && !cli.sample_only,
+               "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
+               "with --resume or --sample (tune first, then resume with the winner's config file)");
+    const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
+    if (ctx.is_root()) {
+      std::printf("%s", zero::gpt::autotune_report(tuned).c_str());
+      std::fflush(stdout);
+    }
+    ZERO_CHECK(tuned.result.found, "zero-gpt --autotune: no candidate ran (" + tuned.table_path +
+                                       " says why each was skipped or failed); widen the lists or "
+                                       "raise --autotune-memory");
+    if (cli.autotune.then == "exit") return 0;
+    rc.cfg = tuned.result.best;
+    rc.resolved_yaml = resolved_yaml(rc.cfg, settings);
   }
   // Data and engine first: a wrong data path fails before the run directory is created.
   GptTrainer trainer(ctx, rc.cfg, settings);

@@ -189,6 +189,13 @@ std::string gpt_settings_help() {
 // ------------------------------------------------------------------------------ trainer
 
 GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings)
+    : GptTrainer(ctx, cfg, settings, nullptr) {}
+
+GptTrainer::GptTrainer(zero::Context& ctx, zero::Engine& engine, const GptSettings& settings)
+    : GptTrainer(ctx, engine.config(), settings, &engine) {}
+
+GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
+                       zero::Engine* borrowed)
     : ctx_(ctx), settings_(settings) {
   const GptConfig& mc = settings_.model;
   mc.validate();
@@ -225,10 +232,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
     val_loader_ = std::make_unique<DataLoader>(*val_set_, lo);
   }
 
-  engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
-  engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
-    init_parameter(mc, p.name, v, settings_.init_seed);
-  });
+  if (borrowed) {
+    const zero::Layout expected = build_layout(mc);
+    ZERO_CHECK(borrowed->layout().num_units() == expected.num_units() &&
+                   borrowed->layout().num_params() == expected.num_params(),
+               "GptTrainer: the engine it was given holds another model (" +
+                   std::to_string(borrowed->layout().num_params()) + " parameters, this GPT has " +
+                   std::to_string(expected.num_params()) + "); build the engine from build_layout(settings.model)");
+    engine_ = borrowed;
+  } else {
+    owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+    engine_ = owned_engine_.get();
+    engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
+      init_parameter(mc, p.name, v, settings_.init_seed);
+    });
+  }
   ops_ = make_host_ops();
   model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
   const std::size_t n = static_cast<std::size_t>(micro_batch_) * mc.seq_len;

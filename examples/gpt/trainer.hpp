@@ -74,6 +74,10 @@ class GptTrainer {
  public:
   // cfg must be resolved for ctx.world_size().
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings);
+  // Trains on an engine someone else owns and has initialised (the autotuner builds one per
+  // candidate): the batch settings come from engine.config(), the parameters are left as they
+  // are, and the engine must outlive the trainer.
+  GptTrainer(zero::Context& ctx, zero::Engine& engine, const GptSettings& settings);
   ~GptTrainer();
   GptTrainer(const GptTrainer&) = delete;
   GptTrainer& operator=(const GptTrainer&) = delete;
@@ -131,9 +135,12 @@ class GptTrainer {
   // One micro-batch (already set on the model): forward, and backward when training.
   double run_micro_batch(bool train);
 
+  GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
+
   zero::Context& ctx_;
   GptSettings settings_;
-  std::unique_ptr<zero::Engine> engine_;
+  std::unique_ptr<zero::Engine> owned_engine_;
+  zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<TokenSet> train_set_, val_set_;

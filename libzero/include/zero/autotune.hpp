@@ -82,4 +82,14 @@ TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, cons
                     const TrainStepFn& train_step, const std::vector<TuneCandidate>& candidates,
                     const TuneOptions& options = {});
 
+// For a loop with state of its own per engine (buffers sized by the micro-batch, a data
+// loader): called once per candidate, after the engine is built and initialised and before any
+// timed step, and returns that engine's step. Building that state is not timed; an error while
+// building it fails the candidate like an error in a step. The step is destroyed before its engine.
+// (A name of its own: a lambda returning the step also converts to TrainStepFn.)
+using MakeTrainStepFn = std::function<TrainStepFn(Engine& engine)>;
+TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
+                               const MakeTrainStepFn& make_train_step,
+                               const std::vector<TuneCandidate>& candidates, const TuneOptions& options = {});
+
 }  // namespace zero

@@ -85,6 +85,13 @@ FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster) {
 TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
                     const TrainStepFn& train_step, const std::vector<TuneCandidate>& candidates,
                     const TuneOptions& options) {
+  return autotune_per_engine(
+      ctx, base, layout, init, [&train_step](Engine&) { return train_step; }, candidates, options);
+}
+
+TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
+                               const MakeTrainStepFn& make_train_step,
+                               const std::vector<TuneCandidate>& candidates, const TuneOptions& options) {
   ZERO_CHECK(!candidates.empty(), "autotune: no candidates; build some with tune_grid()");
   ZERO_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0,
              "autotune: timed_steps must be >= 1 and warmup_steps >= 0");
@@ -113,6 +120,7 @@ TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, cons
     try {
       Engine engine(ctx, cfg, layout);
       engine.init_params(init);
+      const TrainStepFn train_step = make_train_step(engine);
       for (int s = 0; s < options.warmup_steps; ++s) train_step(engine);
       comm.barrier();
       const auto start = std::chrono::steady_clock::now();

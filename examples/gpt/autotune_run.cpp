@@ -1,0 +1,214 @@
+#include "autotune_run.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "zero/comm.hpp"
+#include "zero/error.hpp"
+#include "zero/plan.hpp"
+
+namespace zero::gpt {
+
+namespace fs = std::filesystem;
+
+void add_autotune_options(CLI::App& app, AutotuneRequest& r) {
+  CLI::Option_group* g = app.add_option_group(
+      "Autotune", "--autotune: time a few steps of every candidate that fits and keep the fastest");
+  CLI::Option* flag = g->add_flag("--autotune", r.enabled,
+              "try the combinations of the lists below at the configured global batch; write "
+              "<run.out_dir>/autotune.yaml (the fastest, a complete config file) and autotune.txt "
+              "(every candidate: its step time, or why it was skipped)");
+  g->add_option("--autotune-stages", r.stages, "ZeRO stages to try")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 3))
+      ->capture_default_str();
+  g->add_option("--autotune-micro-batches", r.micro_batches,
+                "micro-batches per rank to try (default: the powers of two that divide the batch per rank)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  g->add_option("--autotune-buckets", r.bucket_sizes,
+                "reduce/allgather bucket sizes in elements to try (default: the config's)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  g->add_option("--autotune-overlap", r.overlap, "overlap_comm values to try: on, off (default: the config's)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}));
+  g->add_option("--autotune-offload", r.offload, "offload_optimizer devices to try: none, cpu, nvme")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "cpu", "nvme"}))
+      ->capture_default_str();
+  g->add_option("--autotune-warmup", r.warmup_steps, "untimed optimizer steps per candidate")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  g->add_option("--autotune-steps", r.timed_steps, "timed optimizer steps per candidate")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  g->add_option("--autotune-memory", r.memory_bytes,
+                "memory one rank may use, e.g. 2GiB (default: the node's available memory shared by its ranks)")
+      ->transform(CLI::AsSizeValue(false));
+  g->add_option("--autotune-then", r.then, "after tuning: exit, or train with the winner")
+      ->check(CLI::IsMember({"exit", "train"}))
+      ->capture_default_str();
+  // An --autotune-* option without --autotune would be silently ignored: refuse it instead.
+  for (CLI::Option* o : g->get_options())
+    if (o != flag) o->needs(flag);
+}
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes; 0 where it cannot be read.
+double mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  return 0;
+}
+
+// The budget every rank holds candidates against: the same on every rank (the smallest), so
+// that all ranks skip the same candidates.
+double rank_memory_budget(Context& ctx, double requested) {
+  if (requested > 0) return requested;
+  const double mine = mem_available_bytes() / ctx.local_size();
+  ZERO_CHECK(ctx.comm().all_reduce_scalar(mine > 0 ? 0.0 : 1.0, ReduceOp::max) == 0.0,
+             "zero-gpt --autotune: cannot read MemAvailable from /proc/meminfo on some rank; state the "
+             "memory one rank may use with --autotune-memory (e.g. 8GiB)");
+  return -ctx.comm().all_reduce_scalar(-mine, ReduceOp::max);
+}
+
+OffloadDevice offload_device(const std::string& name) {
+  if (name == "cpu") return OffloadDevice::cpu;
+  if (name == "nvme") return OffloadDevice::nvme;
+  return OffloadDevice::none;
+}
+
+// Small models differ by fractions of a MiB; large ones need no more than a tenth.
+std::string mib(double bytes) {
+  const double m = bytes / (1 << 20);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, m < 100 ? "%.3f MiB" : "%.1f MiB", m);
+  return buf;
+}
+
+// The planner's memory for one candidate, summed for the host backend: the engine's "device"
+// memory and the offloaded states are the same RAM, and the host model keeps fp32 activations
+// whatever the parameters' dtype. The planner's stated per-process overheads (a CUDA context,
+// the process and MPI) are left out: the budget is measured with the processes running.
+FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double budget) {
+  plan::GptShape shape;
+  shape.n_layer = model.n_layer;
+  shape.n_head = model.n_head;
+  shape.n_embd = model.n_embd;
+  shape.seq_len = model.seq_len;
+  shape.vocab_size = model.vocab_size;
+  plan::Cluster cluster;
+  cluster.gpus = world;
+  cluster.gpus_per_node = ranks_per_node;
+  // Only the memory side of the plan is used (the time is measured); nonzero rates keep the
+  // unused time model finite.
+  cluster.gpu.name = "host";
+  cluster.gpu.memory_bytes = budget;
+  cluster.gpu.peak_flops = cluster.gpu.efficiency = 1;
+  cluster.gpu.hbm_bytes_per_s = cluster.gpu.pcie_bytes_per_s = cluster.gpu.nvlink_bytes_per_s = 1;
+  cluster.host_bytes_per_gpu = budget;
+  cluster.nvme_bytes_per_node = 1e18;  // NVMe space is the engine's to check (aio.nvme_path)
+  const bool ckpt = model.activation_checkpointing;
+  return [shape, cluster, ckpt, budget](const Config& cfg, std::string& why) {
+    plan::Settings s = plan::settings_from(cfg);
+    s.activation_checkpointing = ckpt;
+    const plan::MemoryPlan m = plan::make_plan(shape, cluster, s).memory;
+    const std::int64_t activations = plan::activation_bytes(shape, s.micro_batch, ckpt, 4);
+    const std::int64_t states = m.states.device() + m.states.host;
+    const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
+    const double need = static_cast<double>(states + activations + buffers);
+    // Said for the candidates that run too: the table then shows how close each came.
+    why = "memory per rank: " + mib(need) + " (model states " + mib(static_cast<double>(states)) +
+          " + activations " + mib(static_cast<double>(activations)) + " + buffers " +
+          mib(static_cast<double>(buffers)) + (need <= budget ? ") of " : ") > ") + mib(budget);
+    return need <= budget;
+  };
+}
+
+}  // namespace
+
+AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings& settings,
+                             const AutotuneRequest& req) {
+  ZERO_CHECK(base.resolved, "run_autotune: the base config must be resolved for the world size");
+  const int world = ctx.world_size();
+  const std::int64_t per_rank = base.train_batch_size / world;
+  std::vector<std::int64_t> micro = req.micro_batches;
+  if (micro.empty())
+    for (std::int64_t mb = 1; mb <= per_rank; mb *= 2)
+      if (per_rank % mb == 0) micro.push_back(mb);
+  std::vector<bool> overlap;
+  for (const auto& o : req.overlap) overlap.push_back(o == "on");
+  std::vector<OffloadDevice> offload;
+  for (const auto& o : req.offload) offload.push_back(offload_device(o));
+  const std::vector<TuneCandidate> candidates = tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload);
+
+  AutotuneOutcome out;
+  out.memory_bytes = rank_memory_budget(ctx, req.memory_bytes);
+  const fs::path dir = settings.out_dir;
+  out.config_path = (dir / "autotune.yaml").string();
+  out.table_path = (dir / "autotune.txt").string();
+  if (ctx.is_root()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    ZERO_CHECK(!ec, "zero-gpt --autotune: cannot create run.out_dir '" + dir.string() + "': " + ec.message() +
+                        "; choose a writable directory");
+    fs::remove(out.config_path, ec);  // a stale winner must not survive a run where nothing fits
+  }
+  ctx.comm().barrier();
+
+  // The winner's file is a whole zero-gpt config: the engine's keys and the trainer's sections.
+  Config tuned = base;
+  for (const auto& [name, yaml] : settings.sections()) tuned.extra_sections[name] = yaml;
+  TuneOptions opt;
+  opt.warmup_steps = req.warmup_steps;
+  opt.timed_steps = req.timed_steps;
+  opt.fits = host_fits(settings.model, world, ctx.local_size(), out.memory_bytes);
+  opt.config_out = out.config_path;
+  const GptConfig model = settings.model;
+  const std::uint64_t seed = settings.init_seed;
+  auto init = [model, seed](const ParamInfo& p, std::span<float> v) { init_parameter(model, p.name, v, seed); };
+  // Each candidate trains with its own trainer on the autotuner's engine: activations sized by
+  // its micro-batch, the data stream from the start, so every candidate sees the same batches.
+  auto make_step = [&ctx, &settings](Engine& engine) -> TrainStepFn {
+    auto trainer = std::make_shared<GptTrainer>(ctx, engine, settings);
+    return [trainer](Engine&) { trainer->train_step(); };
+  };
+  out.result = autotune_per_engine(ctx, tuned, build_layout(model), init, make_step, candidates, opt);
+
+  if (ctx.is_root()) {
+    std::ofstream f(out.table_path);
+    ZERO_CHECK(f, "zero-gpt --autotune: cannot write " + out.table_path + "; check the directory is writable");
+    f << "# zero-gpt --autotune: " << model.describe() << ", " << world << " rank" << (world == 1 ? "" : "s")
+      << ", global batch " << base.train_batch_size << ", " << req.warmup_steps << " warm-up + "
+      << req.timed_steps << " timed steps per candidate, memory per rank " << mib(out.memory_bytes) << "\n"
+      << out.result.table();
+  }
+  ctx.comm().barrier();
+  return out;
+}
+
+std::string autotune_report(const AutotuneOutcome& o) {
+  std::string r = "--- autotune (memory per rank " + mib(o.memory_bytes) + ") ---\n" + o.result.table();
+  if (!o.result.found) return r + "no candidate ran; the table is in " + o.table_path + "\n";
+  char step[64];
+  std::snprintf(step, sizeof step, "%.4g s per step, %.4g samples/s", o.result.best_trial.step_s,
+                o.result.best_trial.samples_per_s);
+  return r + "fastest: " + o.result.best_trial.candidate.label() + " (" + step + ")\nwritten: " +
+         o.config_path + " (train with: zero-gpt --config " + o.config_path + ", at the same rank count), " +
+         o.table_path + "\n";
+}
+
+}  // namespace zero::gpt

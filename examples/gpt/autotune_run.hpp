@@ -1,0 +1,66 @@
+// zero-gpt --autotune: measure, on this machine and with zero-gpt's own training step, a few
+// steps of every candidate setting that fits, and keep the fastest.
+//
+// The candidates are the combinations of ZeRO stage, micro-batch (at the configured global
+// batch: accumulation follows), bucket size, overlap and optimizer offload that the command
+// line lists (zero::tune_grid). Before a candidate costs any time, the planner's memory model
+// (zero/plan.hpp: model states exactly as the engine counts them, the trainer's activations,
+// communication and offload buffers) is checked against the memory this rank can use. On the
+// host backend the "device" is the host itself, so device and offloaded bytes are one sum held
+// against one budget: the memory available on the node (MemAvailable, measured with the ranks
+// already running, so their baseline is not counted twice) shared by its ranks, or the budget
+// given with --autotune-memory. Every candidate that fits is timed by zero::autotune on a
+// fresh engine, the same initial parameters and the same data.
+//
+// The run directory receives autotune.yaml (the winner: a complete zero-gpt config file,
+// resolved for the rank count it was tuned at) and autotune.txt (every candidate with its
+// time, or why it was skipped or failed). Then zero-gpt exits (the default, as DeepSpeed's
+// `--autotuning tune`) or trains with the winner (--autotune-then train).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainer.hpp"
+#include "zero/autotune.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+
+namespace CLI {
+class App;
+}
+
+namespace zero::gpt {
+
+struct AutotuneRequest {
+  bool enabled = false;
+  std::vector<int> stages{0, 1, 2, 3};
+  std::vector<std::int64_t> micro_batches;  // empty: powers of two dividing the per-rank batch
+  std::vector<std::int64_t> bucket_sizes;   // empty: the config's
+  std::vector<std::string> overlap;         // "on" / "off"; empty: the config's
+  std::vector<std::string> offload{"none", "cpu"};
+  int warmup_steps = 1;
+  int timed_steps = 3;
+  double memory_bytes = 0;     // per rank; 0: the node's MemAvailable over its ranks
+  std::string then = "exit";   // "exit" or "train"
+};
+
+// The --autotune flag and its --autotune-* options, in their own group of --help.
+void add_autotune_options(CLI::App& app, AutotuneRequest& request);
+
+struct AutotuneOutcome {
+  zero::TuneResult result;
+  std::string config_path;  // <out_dir>/autotune.yaml (written only when a candidate ran)
+  std::string table_path;   // <out_dir>/autotune.txt
+  double memory_bytes = 0;  // the per-rank budget the candidates were held against
+};
+
+// Collective. `base` is zero-gpt's resolved config; `settings` its model/data/run sections,
+// which the winner's file carries too. Creates settings.out_dir (rank 0) if needed.
+AutotuneOutcome run_autotune(zero::Context& ctx, const zero::Config& base, const GptSettings& settings,
+                             const AutotuneRequest& request);
+// What rank 0 prints: the table, the winner, where the files are and how to train with it.
+std::string autotune_report(const AutotuneOutcome& outcome);
+
+}  // namespace zero::gpt

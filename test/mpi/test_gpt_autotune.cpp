@@ -1,0 +1,184 @@
+// zero-gpt --autotune (examples/gpt/autotune_run.hpp) at 2 ranks on the host backend, with a
+// small GPT and a small candidate set:
+//   - with room for everything, every candidate whose micro-batch divides the batch is timed
+//     and the one that does not fails with the config's message;
+//   - with a budget between the smallest and the largest need, exactly the candidates needing
+//     more than the budget are skipped, each with the reason, and none of them is timed;
+//   - autotune.txt lists every candidate with its time or its reason, the winner is the fastest
+//     timed one, and autotune.yaml loads with zero::load_config as a zero-gpt config file
+//     carrying the winner's settings, and trains.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "autotune_run.hpp"
+#include "trainer.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+
+using namespace zero::gpt;
+
+namespace {
+
+zero::Context& ctx() { return *zero::Context::current(); }
+
+struct Setup {
+  zero::Config cfg;
+  GptSettings settings;
+};
+
+Setup make_setup(const std::string& out_dir) {
+  const int world = ctx().world_size();
+  std::string y = "train_batch_size: " + std::to_string(4 * world) + "\ntrain_micro_batch_size_per_gpu: 4\n";
+  y += "zero_optimization:\n  stage: 1\n";
+  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+  y += "model:\n  n_layer: 1\n  n_head: 2\n  n_embd: 64\n  seq_len: 32\n  vocab_size: 256\n";
+  y += "data:\n  train: shakespeare\n";
+  y += "run:\n  steps: 2\n  out_dir: " + out_dir + "\n";
+  zero::LoadOptions o;
+  o.extra_sections = gpt_sections();
+  Setup s{zero::parse_config(y, "test_gpt_autotune", o), {}};
+  s.cfg.resolve(world);
+  s.settings = read_gpt_settings(s.cfg);
+  return s;
+}
+
+AutotuneRequest small_request() {
+  AutotuneRequest r;
+  r.enabled = true;
+  r.stages = {0, 3};
+  r.micro_batches = {1, 4, 3};  // 3 does not divide the 4 sequences per rank
+  r.offload = {"none", "cpu"};
+  r.warmup_steps = 1;
+  r.timed_steps = 1;
+  return r;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The memory the note says the candidate needs, in MiB (NaN when the note has none).
+double need_mib(const std::string& note) {
+  std::smatch m;
+  static const std::regex re("memory per rank: ([0-9.]+) MiB");
+  return std::regex_search(note, m, re) ? std::stod(m[1]) : std::nan("");
+}
+
+// The table's row for a candidate: "<label>[ (best)] | <outcome> | ...".
+std::string row(const std::string& table, const std::string& label) {
+  std::istringstream in(table);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(label + " |", 0) == 0 || line.rfind(label + " (best) |", 0) == 0) return line;
+  return "";
+}
+
+void check_files(const AutotuneOutcome& o) {
+  const std::string table = read_text(o.table_path);
+  for (std::size_t i = 0; i < o.result.trials.size(); ++i) {
+    const zero::TuneTrial& t = o.result.trials[i];
+    const std::string r = row(table, t.candidate.label());
+    INFO(t.candidate.label() << " -> '" << r << "'");
+    REQUIRE(!r.empty());
+    switch (t.outcome) {
+      case zero::TuneTrial::Outcome::timed:
+        CHECK(std::regex_search(r, std::regex(" \\| timed \\| [0-9]+\\.[0-9]+ \\| [0-9.]+ \\| ")));
+        break;
+      case zero::TuneTrial::Outcome::does_not_fit:
+        CHECK_THAT(r, Catch::Contains("does not fit") && Catch::Contains("memory per rank"));
+        break;
+      case zero::TuneTrial::Outcome::failed:
+        CHECK_THAT(r, Catch::Contains("failed") && Catch::Contains("do not divide"));
+        break;
+    }
+    CHECK((r.find("(best)") != std::string::npos) == (static_cast<int>(i) == o.result.best_index));
+  }
+
+  // The winner's file is a zero-gpt config: the engine's keys and the model/data/run sections.
+  zero::LoadOptions lo;
+  lo.extra_sections = gpt_sections();
+  zero::Config loaded = zero::load_config(o.config_path, lo);
+  loaded.resolve(ctx().world_size());
+  const zero::TuneCandidate& best = o.result.best_trial.candidate;
+  CHECK(loaded.zero_optimization.stage == *best.stage);
+  CHECK(loaded.train_micro_batch_size_per_gpu == *best.micro_batch);
+  CHECK(loaded.zero_optimization.offload_optimizer.device == *best.offload_optimizer);
+  CHECK(loaded.train_batch_size == 4 * ctx().world_size());
+  const GptSettings s = read_gpt_settings(loaded);
+  CHECK(s.model.n_layer == 1);
+  CHECK(s.model.n_embd == 64);
+  GptTrainer trainer(ctx(), loaded, s);
+  CHECK(std::isfinite(trainer.train_step().loss));
+}
+
+}  // namespace
+
+TEST_CASE("zero-gpt autotune times what fits and writes a loadable winner", "[gpt][autotune][mpi]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zero_gpt_autotune_np" + std::to_string(ctx().world_size()));
+  const Setup setup = make_setup(dir.string());
+  AutotuneRequest req = small_request();
+
+  // Room for every candidate.
+  req.memory_bytes = 1e12;
+  const AutotuneOutcome all = run_autotune(ctx(), setup.cfg, setup.settings, req);
+  // stage 0: mb 1, 4, 3 (no offload at stage 0); stage 3: the same, with and without offload.
+  REQUIRE(all.result.trials.size() == 9);
+  double least = 1e300, most = 0;
+  for (const auto& t : all.result.trials) {
+    INFO(t.candidate.label() << ": " << t.note);
+    if (*t.candidate.micro_batch == 3) {
+      CHECK(t.outcome == zero::TuneTrial::Outcome::failed);
+      continue;
+    }
+    REQUIRE(t.outcome == zero::TuneTrial::Outcome::timed);
+    CHECK(t.step_s > 0);
+    CHECK(all.result.best_trial.step_s <= t.step_s);
+    least = std::min(least, need_mib(t.note));
+    most = std::max(most, need_mib(t.note));
+  }
+  REQUIRE(all.result.found);
+  check_files(all);
+
+  // A budget between the smallest and the largest need: some are skipped, the rest run.
+  REQUIRE(most > least + 0.01);
+  req.memory_bytes = (least + most) / 2 * (1 << 20);
+  const AutotuneOutcome some = run_autotune(ctx(), setup.cfg, setup.settings, req);
+  REQUIRE(some.result.trials.size() == all.result.trials.size());
+  int timed = 0, skipped = 0;
+  for (std::size_t i = 0; i < some.result.trials.size(); ++i) {
+    const zero::TuneTrial& t = some.result.trials[i];
+    INFO(t.candidate.label() << ": " << t.note);
+    if (*t.candidate.micro_batch == 3) continue;
+    const double need = need_mib(all.result.trials[i].note);
+    CHECK(need_mib(t.note) == need);
+    if (need > req.memory_bytes / (1 << 20) + 0.001) {
+      CHECK(t.outcome == zero::TuneTrial::Outcome::does_not_fit);
+      CHECK(t.step_s == 0);
+      ++skipped;
+    } else if (need < req.memory_bytes / (1 << 20) - 0.001) {
+      CHECK(t.outcome == zero::TuneTrial::Outcome::timed);
+      ++timed;
+    }
+    // A micro-batch of 4 needs more than one of 1 at the same stage and offload.
+    if (*t.candidate.micro_batch == 4)
+      for (const auto& o : all.result.trials)
+        if (o.candidate.stage == t.candidate.stage && o.candidate.offload_optimizer == t.candidate.offload_optimizer &&
+            *o.candidate.micro_batch == 1)
+          CHECK(need > need_mib(o.note));
+  }
+  CHECK(timed >= 1);
+  CHECK(skipped >= 1);
+  REQUIRE(some.result.found);
+  CHECK(some.result.best_trial.outcome == zero::TuneTrial::Outcome::timed);
+  check_files(some);
+}
