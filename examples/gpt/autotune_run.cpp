@@ -104,12 +104,7 @@ std::string mib(double bytes) {
 // whatever the parameters' dtype. The planner's stated per-process overheads (a CUDA context,
 // the process and MPI) are left out: the budget is measured with the processes running.
 FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double budget) {
-  plan::GptShape shape;
-  shape.n_layer = model.n_layer;
-  shape.n_head = model.n_head;
-  shape.n_embd = model.n_embd;
-  shape.seq_len = model.seq_len;
-  shape.vocab_size = model.vocab_size;
+  const plan::GptShape shape = model.plan_shape();
   plan::Cluster cluster;
   cluster.gpus = world;
   cluster.gpus_per_node = ranks_per_node;

@@ -153,15 +153,19 @@ std::int64_t TensorSpec::numel() const {
 
 // The shapes come from the library's GPT layout (zero/plan.hpp), the one the planner counts,
 // so the trainer and zero-plan cannot disagree about what a GPT holds.
+zero::plan::GptShape GptConfig::plan_shape() const {
+  zero::plan::GptShape shape;
+  shape.n_layer = n_layer;
+  shape.n_head = n_head;
+  shape.n_embd = n_embd;
+  shape.seq_len = seq_len;
+  shape.vocab_size = vocab_size;
+  return shape;
+}
+
 zero::Layout build_layout(const GptConfig& cfg) {
   cfg.validate();
-  zero::plan::GptShape shape;
-  shape.n_layer = cfg.n_layer;
-  shape.n_head = cfg.n_head;
-  shape.n_embd = cfg.n_embd;
-  shape.seq_len = cfg.seq_len;
-  shape.vocab_size = cfg.vocab_size;
-  return zero::plan::gpt_layout(shape);
+  return zero::plan::gpt_layout(cfg.plan_shape());
 }
 
 std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
