@@ -7,6 +7,7 @@
 
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
+#include "zero/strings.hpp"
 
 namespace zero::gpt {
 
@@ -40,21 +41,6 @@ const std::vector<Preset>& presets() {
   return p;
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0u : 1u)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // FNV-1a: a stable hash of the parameter name, so the stream a tensor draws from does not
 // depend on how many tensors came before it (or on which rank asks).
 std::uint64_t fnv1a(std::string_view s) {
@@ -77,10 +63,6 @@ struct SplitMix64 {
   // Uniform in (0, 1]: never 0, so log() below is finite.
   double uniform() { return (static_cast<double>(next() >> 11) + 1.0) * 0x1p-53; }
 };
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 }  // namespace
 
@@ -129,16 +111,12 @@ const std::vector<std::string>& gpt_preset_names() {
 GptConfig gpt_preset(std::string_view name) {
   for (const auto& p : presets())
     if (name == p.name) return p.cfg;
-  std::string list, best;
-  std::size_t best_d = 3;  // farther than this is not a typo
+  std::string list;
   for (const auto& p : presets()) {
     list += list.empty() ? "" : ", ";
     list += p.name;
-    if (std::size_t d = edit_distance(name, p.name); d < best_d) {
-      best_d = d;
-      best = p.name;
-    }
   }
+  const std::string best = closest_match(name, gpt_preset_names());
   std::string msg = "unknown GPT preset '" + std::string(name) + "'";
   if (!best.empty()) msg += " (did you mean '" + best + "'?)";
   ZERO_THROW(msg + "; choose one of: " + list +
@@ -181,18 +159,18 @@ std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
 
 void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values,
                     std::uint64_t seed) {
-  if (ends_with(name, ".bias")) {
+  if (name.ends_with(".bias")) {
     std::fill(values.begin(), values.end(), 0.0f);
     return;
   }
-  if (ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") || name == "ln_f.weight") {
+  if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name == "ln_f.weight") {
     std::fill(values.begin(), values.end(), 1.0f);
     return;
   }
   double std_dev = 0.02;
   // GPT-2 scales the projections that write into the residual stream so the stream's variance
   // does not grow with depth (two such writes per block).
-  if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight"))
+  if (name.ends_with("attn.c_proj.weight") || name.ends_with("mlp.c_proj.weight"))
     std_dev /= std::sqrt(2.0 * cfg.n_layer);
   std::size_t n = values.size();
   if (name == "wte.weight") {

@@ -16,10 +16,6 @@ namespace zero::gpt {
 
 namespace {
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths.
 std::string quoted(const std::string& s) {
   std::string q = "\"";
@@ -91,7 +87,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     s.val = d.get_string("val", s.val);
     s.data_seed = static_cast<std::uint64_t>(d.get_int("seed", 1337, 0));
     if (s.train.empty()) d.fail("train", "is empty; give 'shakespeare', a .txt file or a glob of .bin shards");
-    if (!s.val.empty() && s.val != "none" && ends_with(s.val, ".txt"))
+    if (!s.val.empty() && s.val != "none" && s.val.ends_with(".txt"))
       d.fail("val", "a text file's validation part is its last 10% and is taken automatically; "
                     "leave data.val empty, or give a glob of .bin shards, or 'none'");
     d.finish();
@@ -208,7 +204,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 
   // Data first: a bad path should fail before any memory is committed.
   const std::string& train = settings_.train;
-  if (train == "shakespeare" || ends_with(train, ".txt")) {
+  if (train == "shakespeare" || train.ends_with(".txt")) {
     const std::string path = train == "shakespeare" ? find_shakespeare() : train;
     train_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, false));
     if (settings_.val.empty())

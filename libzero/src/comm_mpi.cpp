@@ -1,5 +1,7 @@
 #include "comm_mpi.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -17,9 +19,9 @@ namespace {
 
 int checked_count(std::size_t n, const char* what) {
   ZERO_CHECK(n <= static_cast<std::size_t>(INT_MAX),
-             std::string(what) + ": " + std::to_string(n) +
-                 " elements exceed MPI's int count; use smaller buckets (reduce_bucket_size / "
-                 "allgather_bucket_size)");
+             fmt::format("{}: {} elements exceed MPI's int count; use smaller buckets (reduce_bucket_size / "
+                         "allgather_bucket_size)",
+                         what, n));
   return static_cast<int>(n);
 }
 
@@ -298,7 +300,7 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv, std::size_t
 }
 
 Work MpiCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
-  ZERO_CHECK(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank");
+  ZERO_CHECK(root >= 0 && root < size_, fmt::format("broadcast: root {} is not a rank", root));
   const int n = checked_count(bytes, "broadcast (bytes)");
   const Call call = next_call(kBroadcast, bytes, DType::f32);
   MPI_Request req;

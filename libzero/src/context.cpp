@@ -2,10 +2,11 @@
 
 #include <mpi.h>
 
-#include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "comm_mpi.hpp"
+#include "log.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_WITH_CUDA
@@ -67,11 +68,12 @@ Context::~Context() {
 }
 
 void Context::abort(const std::string& message, int code) const {
-  std::string text = message;
-  if (world_ > 1 && text.rfind("[rank ", 0) != 0)
-    text = "[rank " + std::to_string(rank_) + "/" + std::to_string(world_) + "] " + text;
-  std::fprintf(stderr, "error: %s\n", text.c_str());
-  std::fflush(stderr);
+  // zero::Error's messages open with this rank's prefix; the line names the rank once, before the level.
+  std::string_view text = message;
+  if (const std::string own = rank_prefix(); !own.empty() && text.starts_with(own)) text.remove_prefix(own.size());
+  // The log's line format, but not log(): the job ends next, so the line must get out whatever
+  // ZERO_LOG_LEVEL says, and without waiting on stdio's lock (another thread may hold it for good).
+  write_last_words(log_line_text(LogLevel::error, text) + '\n');
   if (world_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }

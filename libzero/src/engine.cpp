@@ -1,13 +1,14 @@
 // Engine construction, parameter initialisation and reports.
 #include "zero/engine.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
-#include <sstream>
 
 #include "engine_impl.hpp"
+#include "log.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -19,8 +20,9 @@ namespace {
 // The engine counts micro-steps in an int; a Config built by hand could hold more.
 int accumulation_steps(const Config& cfg) {
   ZERO_CHECK(cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
-             "Engine: gradient_accumulation_steps " + std::to_string(cfg.gradient_accumulation_steps) +
-                 " does not fit the engine's int counter; use the Config that load_config and resolve() give");
+             fmt::format("Engine: gradient_accumulation_steps {} does not fit the engine's int counter; use the "
+                         "Config that load_config and resolve() give",
+                         cfg.gradient_accumulation_steps));
   return static_cast<int>(cfg.gradient_accumulation_steps);
 }
 
@@ -52,10 +54,9 @@ std::vector<UnitShape> EngineImpl::plan_units() const {
   ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
   ZERO_CHECK(layout_.num_units() > 0, "Engine: the layout has no units; declare the model with Layout::add_unit");
   ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
-             "Engine: the config was resolved for another world size (train_batch_size " +
-                 std::to_string(cfg_.train_batch_size) + " != micro " +
-                 std::to_string(cfg_.train_micro_batch_size_per_gpu) + " x accumulation " + std::to_string(gas_) +
-                 " x world " + std::to_string(world_) + ")");
+             fmt::format("Engine: the config was resolved for another world size (train_batch_size {} != micro {} x "
+                         "accumulation {} x world {})",
+                         cfg_.train_batch_size, cfg_.train_micro_batch_size_per_gpu, gas_, world_));
   report_inert_settings();
   return make_unit_shapes(layout_, rank_, world_, stage_, cfg_.zero_optimization.stage3_param_persistence_threshold);
 }
@@ -87,7 +88,7 @@ void EngineImpl::report_inert_settings() const {
     notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
                     "memory");
   if (rank_ == 0)
-    for (const auto& n : notes) std::fprintf(stderr, "libzero: note: %s\n", n.c_str());
+    for (const auto& n : notes) log_info("{}", n);
 }
 
 void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
@@ -170,8 +171,7 @@ float* TensorRef::f32() const {
 
 static TensorRef make_ref(const UnitInfo& ui, void* base, DType t, int param) {
   ZERO_CHECK(param >= 0 && param < static_cast<int>(ui.params.size()),
-             "unit '" + ui.name + "' has no parameter #" + std::to_string(param) + " (it has " +
-                 std::to_string(ui.params.size()) + ")");
+             fmt::format("unit '{}' has no parameter #{} (it has {})", ui.name, param, ui.params.size()));
   const ParamInfo& p = ui.params[static_cast<std::size_t>(param)];
   return TensorRef{static_cast<char*>(base) + static_cast<std::size_t>(p.offset) * dtype_size(t), t, p.numel, &p};
 }
@@ -224,27 +224,14 @@ TensorRef UnitGrads::operator[](std::string_view name) const {
 }
 
 std::string MemoryReport::to_string() const {
-  auto mb = [](std::int64_t b) {
-    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    double v = static_cast<double>(b);
-    int k = 0;
-    while (v >= 1024.0 && k < 4) {
-      v /= 1024.0;
-      ++k;
-    }
-    std::ostringstream s;
-    s.setf(std::ios::fixed);
-    s.precision(k == 0 ? 0 : 2);
-    s << v << " " << units[k];
-    return s.str();
-  };
-  std::ostringstream o;
-  o << "model state " << mb(model_state()) << " (params " << mb(params) << ", grads " << mb(grads) << ", master "
-    << mb(master) << ", optimizer " << mb(optimizer) << "); buffers: comm " << mb(comm_buffers) << ", gathered "
-    << mb(gathered);
-  if (offloaded_host) o << "; offloaded to host " << mb(offloaded_host);
-  if (offloaded_nvme) o << "; on nvme " << mb(offloaded_nvme);
-  return o.str();
+  // Two decimals: scripts compare the stages' model state against the ZeRO formula to 1%.
+  auto b = [](std::int64_t n) { return format_bytes(static_cast<std::uint64_t>(n), 2); };
+  std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}, gathered {}",
+                              b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
+                              b(gathered));
+  if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
+  if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
+  return s;
 }
 
 // ---------------------------------------------------------------- Engine

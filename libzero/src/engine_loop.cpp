@@ -1,6 +1,8 @@
 // The training loop's calls per unit: gather, grads, reduce, and eval mode. Each checks the
 // call against the micro-step schedule (so misuse is an error naming the unit, never a hang)
 // and hands the work to the role that owns it.
+#include <fmt/format.h>
+
 #include <string>
 
 #include "engine_impl.hpp"
@@ -10,8 +12,8 @@ namespace zero {
 
 void EngineImpl::check_unit(int unit, const char* what) const {
   ZERO_CHECK(unit >= 0 && unit < layout_.num_units(),
-             std::string(what) + ": unknown unit id " + std::to_string(unit) + " (the layout has " +
-                 std::to_string(layout_.num_units()) + " units, ids 0.." + std::to_string(layout_.num_units() - 1) + ")");
+             fmt::format("{}: unknown unit id {} (the layout has {} units, ids 0..{})", what, unit, layout_.num_units(),
+                         layout_.num_units() - 1));
   ZERO_CHECK(initialized_, std::string(what) + ": parameters are not initialised; call Engine::init_params first");
 }
 
@@ -38,8 +40,8 @@ UnitGrads EngineImpl::grads(int unit) {
   const UnitInfo& ui = layout_.unit(unit);
   ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
              "grads(): unit '" + ui.name + "' was already reduced in this micro-step; ask for grads before reduce()");
-  ZERO_CHECK(micro_ < gas_, "grads(): all " + std::to_string(gas_) +
-                                " micro-steps of gradient_accumulation_steps are done; call step() first");
+  ZERO_CHECK(micro_ < gas_,
+             fmt::format("grads(): all {} micro-steps of gradient_accumulation_steps are done; call step() first", gas_));
   return UnitGrads(&ui, reducer_.grads(unit), dtype_);
 }
 
@@ -47,11 +49,13 @@ void EngineImpl::reduce(int unit) {
   check_unit(unit, "reduce");
   ZERO_CHECK(!eval_mode_, "reduce(): the engine is in eval mode (set_eval(true))");
   const std::string& name = layout_.unit(unit).name;
-  ZERO_CHECK(micro_ < gas_, "reduce(): unit '" + name + "' reduced after all " + std::to_string(gas_) +
-                                " micro-steps of gradient_accumulation_steps; call step() first");
-  ZERO_CHECK(reducer_.times_reduced(unit) == micro_, "reduce(): unit '" + name + "' was reduced twice in micro-step " +
-                                                         std::to_string(micro_ + 1) +
-                                                         "; call reduce() once per unit per micro-step");
+  ZERO_CHECK(micro_ < gas_, fmt::format("reduce(): unit '{}' reduced after all {} micro-steps of "
+                                        "gradient_accumulation_steps; call step() first",
+                                        name, gas_));
+  ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
+             fmt::format("reduce(): unit '{}' was reduced twice in micro-step {}; call reduce() once per unit per "
+                         "micro-step",
+                         name, micro_ + 1));
   const bool boundary = micro_ == gas_ - 1;
   if (!reducer_.ready(unit, boundary)) return;
   // Every unit is reduced: the micro-step is complete.

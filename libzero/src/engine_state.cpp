@@ -6,6 +6,8 @@
 // all-gathers the full copies the stage keeps, which makes a resumed run bit-identical.
 #include "zero/engine_state.hpp"
 
+#include <fmt/format.h>
+
 #include <string>
 #include <vector>
 
@@ -57,9 +59,9 @@ std::int64_t EngineState::unit_all_gathers() const { return impl_->gatherer_.all
 void EngineState::check_between_steps(const char* what) const {
   const EngineImpl& e = *impl_;
   ZERO_CHECK(e.micro_ == 0 && !e.reducer_.mid_micro_step() && !e.gatherer_.mid_micro_step(),
-             std::string(what) + ": called in the middle of a step (" + std::to_string(e.micro_) + " of " +
-                 std::to_string(e.gas_) + " micro-steps done, " + std::to_string(e.reducer_.reduced_this_micro()) +
-                 " units reduced in the current one); call it right after step()");
+             fmt::format("{}: called in the middle of a step ({} of {} micro-steps done, {} units reduced in the "
+                         "current one); call it right after step()",
+                         what, e.micro_, e.gas_, e.reducer_.reduced_this_micro()));
   const int held = e.gatherer_.held_unit();
   ZERO_CHECK(held < 0, std::string(what) + ": unit '" + (held < 0 ? std::string() : e.layout_.unit(held).name) +
                            "' is still held by a UnitParams handle; release it first");

@@ -1,6 +1,8 @@
 // Stage-3 parameter gathering (see gather.hpp).
 #include "gather.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 
@@ -63,11 +65,11 @@ void ParamGatherer::check_order(int unit) {
     std::size_t expect_pos = pos_ % order_.size();
     int expected = order_[expect_pos];
     if (expected != unit)
-      ZERO_THROW("gather order changed: gather #" + std::to_string(pos_ + 1) + " of this micro-step asked for unit '" +
-                 layout_.unit(unit).name + "' but the order recorded in the first micro-step has '" +
-                 layout_.unit(expected).name + "' there (" + std::to_string(order_.size()) +
-                 " gathers per micro-step). Stage 3 prefetches along the recorded order, so every micro-step "
-                 "must gather the same units in the same order; use set_eval(true) for forward-only passes");
+      ZERO_THROW(fmt::format("gather order changed: gather #{} of this micro-step asked for unit '{}' but the order "
+                             "recorded in the first micro-step has '{}' there ({} gathers per micro-step). Stage 3 "
+                             "prefetches along the recorded order, so every micro-step must gather the same units in "
+                             "the same order; use set_eval(true) for forward-only passes",
+                             pos_ + 1, layout_.unit(unit).name, layout_.unit(expected).name, order_.size()));
   }
   ++pos_;
 }
@@ -151,8 +153,8 @@ void ParamGatherer::drop_all(const char* what) {
 
 void ParamGatherer::finish_micro_step() {
   if (!recording_ && pos_ != order_.size())
-    ZERO_THROW("gather order changed: this micro-step gathered " + std::to_string(pos_) +
-               " units but the first micro-step gathered " + std::to_string(order_.size()));
+    ZERO_THROW(fmt::format("gather order changed: this micro-step gathered {} units but the first micro-step gathered {}",
+                           pos_, order_.size()));
   recording_ = false;
   pos_ = 0;
 }

@@ -1,5 +1,7 @@
 // HostBackend: the engine on host memory and MPI. Optimizer arithmetic is the offload
 // engine's fused host Adam (one implementation for plain host training and for offload).
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -44,8 +46,8 @@ class HostBackend final : public Backend {
     // 128-byte alignment keeps every slice start on a cache line for the vector paths.
     std::size_t rounded = (bytes + 127) / 128 * 128;
     void* p = std::aligned_alloc(128, rounded);
-    ZERO_CHECK(p != nullptr, "host allocation of " + std::to_string(bytes) +
-                                 " bytes failed; reduce the model, micro-batch or bucket sizes");
+    ZERO_CHECK(p != nullptr,
+               fmt::format("host allocation of {} bytes failed; reduce the model, micro-batch or bucket sizes", bytes));
     std::memset(p, 0, rounded);
     note_alloc(bytes);
     return Buffer(this, p, bytes);

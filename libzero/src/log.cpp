@@ -1,12 +1,15 @@
 #include "zero/log.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 
+#include "log.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -39,7 +42,16 @@ void log(LogLevel l, std::string_view message) {
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
-std::string format_bytes(std::uint64_t bytes) {
+void write_last_words(std::string_view line) {
+  while (!line.empty()) {
+    const ssize_t n = ::write(STDERR_FILENO, line.data(), line.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // nowhere left to say it
+    line.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+std::string format_bytes(std::uint64_t bytes, int decimals) {
   static constexpr std::array<const char*, 5> kUnits = {"B", "KiB", "MiB", "GiB", "TiB"};
   if (bytes < 1024) return fmt::format("{} B", bytes);
   double x = static_cast<double>(bytes);
@@ -48,7 +60,7 @@ std::string format_bytes(std::uint64_t bytes) {
     x /= 1024.0;
     ++u;
   }
-  return fmt::format("{:.1f} {}", x, kUnits[u]);
+  return fmt::format("{:.{}f} {}", x, decimals, kUnits[u]);
 }
 
 }  // namespace zero

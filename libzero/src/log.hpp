@@ -29,4 +29,10 @@ void log_error(fmt::format_string<A...> f, A&&... args) {
   log_at(LogLevel::error, f, std::forward<A>(args)...);
 }
 
+// The last words of a process about to abort (a line with its newline, built by the caller in
+// the format above). Written with write(2), not through log(): stdio's lock may be held by a
+// thread that will never release it (stuck in a collective, or interrupted), and ZERO_LOG_LEVEL
+// must not hide why a job died.
+void write_last_words(std::string_view line);
+
 }  // namespace zero

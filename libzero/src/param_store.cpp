@@ -1,8 +1,9 @@
 // Parameter storage and stage-3 parameter offload to NVMe (see param_store.hpp).
 #include "param_store.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
-#include <cstdio>
 #include <string>
 
 #include "zero/error.hpp"
@@ -42,9 +43,7 @@ std::size_t ParamStore::slice_bytes(int unit) const {
 }
 
 std::string ParamStore::swap_key(int unit) const {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "e%d_param%d", instance_, unit);
-  return buf;
+  return fmt::format("e{}_param{}", instance_, unit);
 }
 
 void* ParamStore::full(int unit) const { return units_[static_cast<std::size_t>(unit)].full.get(); }

@@ -1,6 +1,8 @@
 // The optimizer step, as step() reads: wait for the gradients, their global norm, overflow
 // agreement, clipping, the update of every owned slice, the all-gather of the updated slices,
 // then the loss-scale update and the reset for the next step.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -51,9 +53,9 @@ void EngineImpl::check_step_ready() const {
   std::string missing;
   for (int i = 0; i < layout_.num_units(); ++i)
     if (reducer_.times_reduced(i) == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
-  ZERO_THROW("step() called before every unit was reduced: " + std::to_string(micro_) + " of " + std::to_string(gas_) +
-             " micro-steps (gradient_accumulation_steps) are complete; units not yet reduced in the current "
-             "micro-step: " + missing);
+  ZERO_THROW(fmt::format("step() called before every unit was reduced: {} of {} micro-steps "
+                         "(gradient_accumulation_steps) are complete; units not yet reduced in the current micro-step: {}",
+                         micro_, gas_, missing));
 }
 
 // Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every

@@ -6,12 +6,12 @@
 #include <string_view>
 #include <vector>
 
+#include "zero/strings.hpp"  // closest_match
+
 namespace zero {
 
 // Levenshtein distance between two strings.
 std::size_t edit_distance(std::string_view a, std::string_view b);
-// The candidate closest to `word`, or "" when none is close enough to be a plausible typo.
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 // ASCII lower case (key and choice names compare case-insensitively where DeepSpeed does).
 std::string lower_ascii(std::string_view text);
 // Shortest text that reads back as the same double ("0.001", "5e-05"), so emitted settings

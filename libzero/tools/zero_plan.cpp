@@ -4,15 +4,18 @@
 // days for a token budget; settings left open (several values, or "any") give a ranked table of
 // every combination that fits; --max-model searches a GPT shape family for the largest model
 // that fits. --json prints one JSON object instead of the tables.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include "zero/config.hpp"
 #include "zero/error.hpp"
+#include "zero/log.hpp"
 #include "zero/plan.hpp"
 
 using namespace zero;
@@ -22,17 +25,12 @@ namespace {
 
 constexpr double GB = 1e9;
 
-std::string gib(double b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
-  return buf;
-}
+// Plans count bytes in integers, capacities (from GB flags and presets) in doubles.
+std::string bytes(std::int64_t b) { return format_bytes(static_cast<std::uint64_t>(b)); }
+std::string bytes(double b) { return format_bytes(static_cast<std::uint64_t>(b)); }
 
 std::string human_params(double p) {
-  char buf[32];
-  if (p >= 1e9) std::snprintf(buf, sizeof buf, "%.2fB", p / 1e9);
-  else std::snprintf(buf, sizeof buf, "%.1fM", p / 1e6);
-  return buf;
+  return p >= 1e9 ? fmt::format("{:.2f}B", p / 1e9) : fmt::format("{:.1f}M", p / 1e6);
 }
 
 OffloadDevice device_of(const std::string& s) {
@@ -73,46 +71,40 @@ nlohmann::json plan_json(const Plan& p) {
 
 void print_plan(const Plan& p, const Cluster& c) {
   const auto& m = p.memory;
-  std::printf("model: %s parameters (n_layer %d, n_head %d, n_embd %d, seq_len %d, vocab %d)\n",
-              human_params(static_cast<double>(p.params)).c_str(), p.shape.n_layer, p.shape.n_head, p.shape.n_embd,
-              p.shape.seq_len, p.shape.vocab_size);
-  std::printf("cluster: %d x %s, %d per node, efficiency %.0f%% of %.0f TFLOP/s\n", c.gpus, c.gpu.name.c_str(),
-              c.gpus_per_node, 100 * c.gpu.efficiency, c.gpu.peak_flops / 1e12);
-  std::printf("settings: %s, %s\n", p.settings.label().c_str(), std::string(dtype_name(p.settings.dtype)).c_str());
-  std::printf("fits: %s%s%s\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why.c_str());
-  std::printf("GPU  %10s = model states %s (params %s, grads %s, master+optimizer %s) + activations %s\n"
-              "                 + comm buffers %s + stage-3 gathers %s + overhead %s   (of %s)\n",
-              gib(static_cast<double>(m.gpu_bytes)).c_str(), gib(static_cast<double>(m.states.device())).c_str(),
-              gib(static_cast<double>(m.states.params)).c_str(), gib(static_cast<double>(m.states.grads)).c_str(),
-              gib(static_cast<double>(m.states.master + m.states.optimizer)).c_str(),
-              gib(static_cast<double>(m.activations)).c_str(), gib(static_cast<double>(m.comm_buffers)).c_str(),
-              gib(static_cast<double>(m.gathered)).c_str(), gib(static_cast<double>(m.device_overhead)).c_str(),
-              gib(c.gpu.memory_bytes).c_str());
-  std::printf("host %10s per GPU = offloaded states %s + pinned buffers %s + overhead %s   (of %s)\n",
-              gib(static_cast<double>(m.host_bytes)).c_str(), gib(static_cast<double>(m.states.host)).c_str(),
-              gib(static_cast<double>(m.pinned)).c_str(), gib(static_cast<double>(m.host_overhead)).c_str(),
-              gib(c.host_bytes_per_gpu).c_str());
-  std::printf("NVMe %10s per node   (of %s)\n", gib(static_cast<double>(m.nvme_bytes)).c_str(),
-              gib(c.nvme_bytes_per_node).c_str());
-  std::printf("step %.3f s = compute %.3f s + exposed comm %.3f s + optimizer %.3f s + offload %.3f s"
-              " (comm %.3f s in all)\n",
-              p.time.step_s, p.time.compute_s, p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s,
-              p.time.comm_s);
-  std::printf("%.0f tokens/s, %.1f TFLOP/s per GPU, %.1f days for %.3g tokens\n", p.tokens_per_s, p.tflops_per_gpu,
-              p.days, p.token_budget);
+  fmt::print("model: {} parameters (n_layer {}, n_head {}, n_embd {}, seq_len {}, vocab {})\n",
+             human_params(static_cast<double>(p.params)), p.shape.n_layer, p.shape.n_head, p.shape.n_embd,
+             p.shape.seq_len, p.shape.vocab_size);
+  fmt::print("cluster: {} x {}, {} per node, efficiency {:.0f}% of {:.0f} TFLOP/s\n", c.gpus, c.gpu.name,
+             c.gpus_per_node, 100 * c.gpu.efficiency, c.gpu.peak_flops / 1e12);
+  fmt::print("settings: {}, {}\n", p.settings.label(), dtype_name(p.settings.dtype));
+  fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
+  fmt::print("GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
+             "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",
+             bytes(m.gpu_bytes), bytes(m.states.device()), bytes(m.states.params), bytes(m.states.grads),
+             bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers),
+             bytes(m.gathered), bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
+  fmt::print("host {:>10} per GPU = offloaded states {} + pinned buffers {} + overhead {}   (of {})\n",
+             bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
+             bytes(c.host_bytes_per_gpu));
+  fmt::print("NVMe {:>10} per node   (of {})\n", bytes(m.nvme_bytes), bytes(c.nvme_bytes_per_node));
+  fmt::print("step {:.3f} s = compute {:.3f} s + exposed comm {:.3f} s + optimizer {:.3f} s + offload {:.3f} s (comm "
+             "{:.3f} s in all)\n",
+             p.time.step_s, p.time.compute_s, p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s,
+             p.time.comm_s);
+  fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
+             p.tflops_per_gpu, p.days, p.token_budget);
 }
 
 void print_table(const std::vector<Plan>& ranked, std::size_t top) {
-  std::printf("%-4s %-36s %10s %10s %10s %9s %12s %8s %8s\n", "rank", "settings", "GPU", "host/GPU", "NVMe/node",
-              "step s", "tokens/s", "TFLOP/s", "days");
+  fmt::print("{:<4} {:<36} {:>10} {:>10} {:>10} {:>9} {:>12} {:>8} {:>8}\n", "rank", "settings", "GPU", "host/GPU",
+             "NVMe/node", "step s", "tokens/s", "TFLOP/s", "days");
   for (std::size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Plan& p = ranked[i];
-    std::printf("%-4zu %-36s %10s %10s %10s %9.3f %12.0f %8.1f %8.1f\n", i + 1, p.settings.label().c_str(),
-                gib(static_cast<double>(p.memory.gpu_bytes)).c_str(), gib(static_cast<double>(p.memory.host_bytes)).c_str(),
-                gib(static_cast<double>(p.memory.nvme_bytes)).c_str(), p.time.step_s, p.tokens_per_s, p.tflops_per_gpu,
-                p.days);
+    fmt::print("{:<4} {:<36} {:>10} {:>10} {:>10} {:>9.3f} {:>12.0f} {:>8.1f} {:>8.1f}\n", i + 1, p.settings.label(),
+               bytes(p.memory.gpu_bytes), bytes(p.memory.host_bytes), bytes(p.memory.nvme_bytes), p.time.step_s,
+               p.tokens_per_s, p.tflops_per_gpu, p.days);
   }
-  if (ranked.size() > top) std::printf("... %zu more (--top)\n", ranked.size() - top);
+  if (ranked.size() > top) fmt::print("... {} more (--top)\n", ranked.size() - top);
 }
 
 }  // namespace
@@ -245,11 +237,11 @@ int main(int argc, char** argv) {
       if (json) {
         nlohmann::json j = r.found ? plan_json(r.best) : nlohmann::json{{"fits", false}};
         j["max_params"] = r.found ? r.best.params : 0;
-        std::printf("%s\n", j.dump(2).c_str());
+        fmt::print("{}\n", j.dump(2));
       } else if (!r.found) {
-        std::printf("no model of the family fits any of the settings considered\n");
+        fmt::print("no model of the family fits any of the settings considered\n");
       } else {
-        std::printf("largest model that fits: %s parameters\n\n", human_params(static_cast<double>(r.best.params)).c_str());
+        fmt::print("largest model that fits: {} parameters\n\n", human_params(static_cast<double>(r.best.params)));
         print_plan(r.best, c);
       }
       return r.found ? 0 : 1;
@@ -260,7 +252,7 @@ int main(int argc, char** argv) {
                                     "optimizer offload needs stage >= 1)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
-      if (json) std::printf("%s\n", plan_json(p).dump(2).c_str());
+      if (json) fmt::print("{}\n", plan_json(p).dump(2));
       else print_plan(p, c);
       return 0;
     }
@@ -269,17 +261,17 @@ int main(int argc, char** argv) {
       nlohmann::json j = ranked.empty() ? nlohmann::json{{"fits", false}} : plan_json(ranked.front());
       j["candidates"] = candidates.size();
       j["fitting"] = ranked.size();
-      std::printf("%s\n", j.dump(2).c_str());
+      fmt::print("{}\n", j.dump(2));
       return 0;
     }
-    std::printf("model: %s parameters (n_layer %d, n_head %d, n_embd %d, seq_len %d); %d x %s\n",
-                human_params(static_cast<double>(shape.num_params())).c_str(), shape.n_layer, shape.n_head,
-                shape.n_embd, shape.seq_len, c.gpus, c.gpu.name.c_str());
-    std::printf("%zu of %zu combinations fit; fastest first:\n", ranked.size(), candidates.size());
+    fmt::print("model: {} parameters (n_layer {}, n_head {}, n_embd {}, seq_len {}); {} x {}\n",
+               human_params(static_cast<double>(shape.num_params())), shape.n_layer, shape.n_head, shape.n_embd,
+               shape.seq_len, c.gpus, c.gpu.name);
+    fmt::print("{} of {} combinations fit; fastest first:\n", ranked.size(), candidates.size());
     print_table(ranked, top);
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zero-plan: %s\n", e.what());
+    fmt::print(stderr, "zero-plan: {}\n", e.what());
     return 2;
   }
 }

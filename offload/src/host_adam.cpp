@@ -2,6 +2,7 @@
 // the portable scalar kernel, which is also the reference the SIMD kernels must match bit for bit.
 #include "zero/offload/host_adam.hpp"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -24,7 +25,7 @@ int elem_code(DType t) { return static_cast<int>(t); }
 
 std::string describe(DType t) {
   return valid_dtype(t) ? std::string(dtype_name(t))
-                        : "invalid DType " + std::to_string(static_cast<int>(t));
+                        : fmt::format("invalid DType {}", static_cast<int>(t));
 }
 
 // Runs body(begin, end) over [0, n) in tiles. schedule(static) gives each thread one contiguous
@@ -210,14 +211,15 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
   check_common(master, grad, grad_type, param_out, param_type, "adam_step");
   ZERO_CHECK(m != nullptr && v != nullptr,
              "adam_step: the moment buffers m and v must not be null");
-  ZERO_CHECK(h.step >= 1, "adam_step: step is 1-based (got " + std::to_string(h.step) +
-                              "); pass the number of steps taken including this one");
+  ZERO_CHECK(h.step >= 1,
+             fmt::format("adam_step: step is 1-based (got {}); pass the number of steps taken including this one",
+                         h.step));
   ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
-             "adam_step: betas must lie in [0, 1) (got beta1=" + std::to_string(h.beta1) +
-                 ", beta2=" + std::to_string(h.beta2) + "); check optimizer.params.betas");
+             fmt::format("adam_step: betas must lie in [0, 1) (got beta1={}, beta2={}); check optimizer.params.betas",
+                         h.beta1, h.beta2));
   ZERO_CHECK(simd_path_supported(path),
-             "adam_step: the " + std::string(simd_path_name(path)) +
-                 " path is not supported by this CPU; pass best_simd_path()");
+             fmt::format("adam_step: the {} path is not supported by this CPU; pass best_simd_path()",
+                         simd_path_name(path)));
 
   detail::AdamRangeFn fn = detail::adam_range_scalar;
 #if ZERO_OFFLOAD_X86
@@ -238,8 +240,7 @@ void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_t
   if (n == 0) return;
   check_common(master, grad, grad_type, param_out, param_type, "sgd_step");
   ZERO_CHECK(h.momentum == 0.0f || momentum_buf != nullptr,
-             "sgd_step: momentum " + std::to_string(h.momentum) +
-                 " needs a momentum buffer; pass one of n floats");
+             fmt::format("sgd_step: momentum {} needs a momentum buffer; pass one of n floats", h.momentum));
   const SgdConsts c{h.lr, h.momentum, h.weight_decay, h.grad_scale, h.first_step};
   const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
   auto range = grad_type == DType::f32    ? sgd_range_out<detail::kF32>

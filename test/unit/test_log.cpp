@@ -40,4 +40,7 @@ TEST_CASE("byte counts use binary units") {
   CHECK(zero::format_bytes((5ull << 30) / 2) == "2.5 GiB");
   CHECK(zero::format_bytes(3ull << 40) == "3.0 TiB");
   CHECK(zero::format_bytes(4096ull << 40) == "4096.0 TiB");
+  CHECK(zero::format_bytes(1023, 2) == "1023 B");
+  CHECK(zero::format_bytes((3ull << 20) + (3ull << 20) / 4, 2) == "3.75 MiB");
+  CHECK(zero::format_bytes(1025, 0) == "1 KiB");
 }

@@ -196,6 +196,19 @@ TEST_CASE("fitting names what does not fit", "[plan]") {
   CHECK_THAT(p.why, Catch::Contains("NVMe"));
 }
 
+TEST_CASE("a near miss says by how much it does not fit", "[plan]") {
+  Cluster c;
+  c.gpu = gpu_preset("A100-80GB");
+  const Settings s = bf16_stage(3);
+  const Plan fits = make_plan(gpt_preset("gpt2"), c, s);
+  REQUIRE(fits.fits);
+  // 4 KiB short of what the plan needs: both sides print alike, so the excess is named.
+  c.gpu.memory_bytes = static_cast<double>(fits.memory.gpu_bytes - 4096);
+  const Plan p = make_plan(gpt_preset("gpt2"), c, s);
+  CHECK_FALSE(p.fits);
+  CHECK_THAT(p.why, Catch::Contains("GPU memory: ") && Catch::Contains("(by 4.0 KiB)"));
+}
+
 TEST_CASE("ranked plans and the largest model", "[plan]") {
   Cluster c;
   c.gpu = gpu_preset("H100-SXM");

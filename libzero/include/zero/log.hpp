@@ -37,7 +37,8 @@ std::string log_line_text(LogLevel l, std::string_view message);
 // Writes the line to stderr when the level is enabled.
 void log(LogLevel l, std::string_view message);
 
-// A byte count for people: "512 B", "1.5 KiB", "12.0 MiB", "3.2 GiB" (binary units).
-std::string format_bytes(std::uint64_t bytes);
+// A byte count for people: "512 B", "1.5 KiB", "12.0 MiB", "3.2 GiB" (binary units), with
+// `decimals` digits after the point above 1 KiB (a report whose ratios are checked wants two).
+std::string format_bytes(std::uint64_t bytes, int decimals = 1);
 
 }  // namespace zero

@@ -2,10 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <exception>
 #include <string>
 
+#include "../log.hpp"
 #include "cuda_check.hpp"
 #include "device_allocator.hpp"
 #include "kernels.hpp"
@@ -70,10 +72,9 @@ class CudaBackend final : public Backend {
     bool idle = true;
     for (cudaStream_t s : streams_.all()) idle = stream_drain(s, limit) && idle;
     if (!idle) {
-      std::fprintf(stderr,
-                   "warning: device %d: work on the backend's streams did not finish within %g s "
-                   "(ZERO_NCCL_TIMEOUT_S) at shutdown; its device memory is left to the process exit\n",
-                   device_, limit);
+      log_warning("device {}: work on the backend's streams did not finish within {:g} s (ZERO_NCCL_TIMEOUT_S) at "
+                  "shutdown; its device memory is left to the process exit",
+                  device_, limit);
       alloc_.abandon();
     }
     staging_.reset();
@@ -138,7 +139,7 @@ class CudaBackend final : public Backend {
     use_device(device_);
     check(master, grad, gt, param_out, pt, "adam");
     ZERO_CHECK(m && v, "cuda adam: the moment buffers m and v must not be null");
-    ZERO_CHECK(h.step >= 1, "cuda adam: step is 1-based (got " + std::to_string(h.step) + ")");
+    ZERO_CHECK(h.step >= 1, fmt::format("cuda adam: step is 1-based (got {})", h.step));
     ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
                "cuda adam: betas must lie in [0, 1); check optimizer.params.betas");
     launch_adam(master, m, v, grad, gt, param_out, pt, n, adam_constants(h), streams_.compute);
@@ -219,9 +220,9 @@ std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
     int count = 0;
     const cudaError_t rc = cudaGetDeviceCount(&count);
     cudaGetLastError();
-    ZERO_THROW("backend: cuda, but rank " + std::to_string(ctx.rank()) + " has no CUDA device (cudaGetDeviceCount: " +
-               (rc == cudaSuccess ? std::to_string(count) + " devices" : std::string(cudaGetErrorName(rc))) +
-               "); run on a GPU node, check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host");
+    ZERO_THROW(fmt::format("backend: cuda, but rank {} has no CUDA device (cudaGetDeviceCount: {}); run on a GPU node, "
+                           "check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host",
+                           ctx.rank(), rc == cudaSuccess ? fmt::format("{} devices", count) : cudaGetErrorName(rc)));
   }
   return std::make_unique<cuda::CudaBackend>(ctx, cfg);
 }

@@ -1,5 +1,7 @@
 #include "cuda_check.hpp"
 
+#include <fmt/format.h>
+
 #include "zero/error.hpp"
 
 namespace zero::cuda {
@@ -32,13 +34,12 @@ const char* cuda_hint(cudaError_t rc) {
 
 void throw_cuda_error(const char* file, int line, const char* call, cudaError_t rc) {
   throw_error(file, line,
-              std::string(call) + " failed: " + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")" +
-                  cuda_hint(rc));
+              fmt::format("{} failed: {} ({}){}", call, cudaGetErrorName(rc), cudaGetErrorString(rc), cuda_hint(rc)));
 }
 
 void throw_nccl_error(const char* file, int line, const char* call, int rc, const char* text,
                       const char* last_error) {
-  std::string msg = std::string(call) + " failed: NCCL error " + std::to_string(rc) + " (" + (text ? text : "?") + ")";
+  std::string msg = fmt::format("{} failed: NCCL error {} ({})", call, rc, text ? text : "?");
   if (last_error && *last_error) msg += ": " + std::string(last_error);
   msg += "; run with NCCL_DEBUG=WARN for NCCL's own account";
   throw_error(file, line, msg);

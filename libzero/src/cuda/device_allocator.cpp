@@ -2,24 +2,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <fmt/format.h>
+
 #include <bit>
-#include <cstdio>
 #include <string>
 
 #include "cuda_check.hpp"
 #include "zero/error.hpp"
+#include "zero/log.hpp"
 
 namespace zero::cuda {
-
-namespace {
-
-std::string mib(std::size_t b) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(b) / (1024.0 * 1024.0));
-  return buf;
-}
-
-}  // namespace
 
 DeviceAllocator::~DeviceAllocator() {
   // Blocks still in use belong to Buffers that outlived their backend, which the engine's member
@@ -59,16 +51,18 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     std::size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     cudaGetLastError();
-    ZERO_THROW("CUDA out of memory on device " + std::to_string(device_) + ": cudaMalloc of " + mib(cls) + " failed (" +
-               cudaGetErrorName(rc) + "); libzero holds " + mib(in_use_) + " in use, the device has " + mib(free_b) +
-               " free of " + mib(total_b) +
-               (kept ? " (" + mib(bytes_cached()) + " of cached blocks were not returned to the device: the "
-                       "backend's streams did not finish within ZERO_NCCL_TIMEOUT_S, and freeing would have waited "
-                       "on them)"
-                     : std::string()) +
-               ". Lower the micro batch or the bucket sizes (reduce_bucket_size, allgather_bucket_size, "
-               "stage3_prefetch_bucket_size, stage3_max_live_parameters), use a higher ZeRO stage, or offload the "
-               "optimizer (zero_optimization.offload_optimizer.device: cpu)");
+    const std::string unreturned =
+        kept ? fmt::format(" ({} of cached blocks were not returned to the device: the backend's streams did not "
+                           "finish within ZERO_NCCL_TIMEOUT_S, and freeing would have waited on them)",
+                           format_bytes(bytes_cached()))
+             : std::string();
+    ZERO_THROW(fmt::format("CUDA out of memory on device {}: cudaMalloc of {} failed ({}); libzero holds {} in use, the "
+                           "device has {} free of {}{}. Lower the micro batch or the bucket sizes (reduce_bucket_size, "
+                           "allgather_bucket_size, stage3_prefetch_bucket_size, stage3_max_live_parameters), use a "
+                           "higher ZeRO stage, or offload the optimizer (zero_optimization.offload_optimizer.device: "
+                           "cpu)",
+                           device_, format_bytes(cls), cudaGetErrorName(rc), format_bytes(in_use_),
+                           format_bytes(free_b), format_bytes(total_b), unreturned));
   }
   reserved_ += cls;
   if (reserved_ > max_reserved_) max_reserved_ = reserved_;

@@ -1,5 +1,7 @@
 #include "mpi_staged_comm.hpp"
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "cuda_check.hpp"
@@ -110,7 +112,7 @@ Work MpiStagedCommunicator::all_gather_async(const void* send, void* recv, std::
 }
 
 Work MpiStagedCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
-  ZERO_CHECK(root >= 0 && root < size(), "broadcast: root " + std::to_string(root) + " is not a rank");
+  ZERO_CHECK(root >= 0 && root < size(), fmt::format("broadcast: root {} is not a rank", root));
   offload::PinnedBuffer h = take(bytes);
   if (rank() == root) stage_in(h.data(), buf, bytes);
   Work w = host_.broadcast_async(h.data(), bytes, root);

@@ -1,8 +1,9 @@
 #include "nccl_comm.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <exception>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include <mpi.h>
 
 #include "../comm_mpi.hpp"
+#include "../log.hpp"
 #include "cuda_check.hpp"
 #include "kernels.hpp"
 #include "zero/error.hpp"
@@ -25,7 +27,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::bf16: return ncclBfloat16;
     case DType::f16: return ncclFloat16;
   }
-  ZERO_THROW("NCCL: unsupported dtype " + std::to_string(static_cast<int>(t)));
+  ZERO_THROW(fmt::format("NCCL: unsupported dtype {}", static_cast<int>(t)));
 }
 
 // ncclAvg is never used: it multiplies by 1/size stored in the data type, which for bf16/fp16
@@ -102,7 +104,7 @@ class Arrivals {
       int done = 0;
       MPI_Test(&recv_[r], &done, MPI_STATUS_IGNORE);
       if (done) continue;
-      out += (out.empty() ? "" : ", ") + std::to_string(r);
+      out += fmt::format("{}{}", out.empty() ? "" : ", ", r);
       MPI_Cancel(&recv_[r]);
       MPI_Request_free(&recv_[r]);
     }
@@ -161,21 +163,19 @@ NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int d
     const std::string missing = arrivals.missing();
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
-    char limit[64];
-    std::snprintf(limit, sizeof limit, "%g s", timeout_s_);
     if (timed_out)
-      ZERO_THROW("[rank " + std::to_string(rank_) + "] NCCL could not set up the communicator of " +
-                 std::to_string(size_) + " ranks within the collective timeout of " + limit +
-                 " (ZERO_NCCL_TIMEOUT_S); " +
-                 (!arrivals.known() ? std::string("the host communicator cannot tell which ranks are missing")
-                  : missing.empty() ? std::string("every rank reached the setup, so the network between them is the "
-                                                  "likely cause (NCCL_DEBUG=INFO shows the transports)")
-                                    : "ranks that never reached it: " + missing + " (check their logs)") +
-                 ". Raise ZERO_NCCL_TIMEOUT_S if the cluster is legitimately that slow");
-    ZERO_THROW("NCCL could not set up the communicator of " + std::to_string(size_) + " ranks on device " +
-               std::to_string(device_) + nccl_says +
-               ". NCCL needs one GPU per rank; to run several ranks on one GPU set comm: mpi. Run with NCCL_DEBUG=WARN "
-               "for NCCL's account");
+      ZERO_THROW(fmt::format(
+          "[rank {}] NCCL could not set up the communicator of {} ranks within the collective timeout of {:g} s "
+          "(ZERO_NCCL_TIMEOUT_S); {}. Raise ZERO_NCCL_TIMEOUT_S if the cluster is legitimately that slow",
+          rank_, size_, timeout_s_,
+          !arrivals.known() ? std::string("the host communicator cannot tell which ranks are missing")
+          : missing.empty() ? std::string("every rank reached the setup, so the network between them is the likely "
+                                          "cause (NCCL_DEBUG=INFO shows the transports)")
+                            : fmt::format("ranks that never reached it: {} (check their logs)", missing)));
+    ZERO_THROW(fmt::format("NCCL could not set up the communicator of {} ranks on device {}{}. NCCL needs one GPU per "
+                           "rank; to run several ranks on one GPU set comm: mpi. Run with NCCL_DEBUG=WARN for NCCL's "
+                           "account",
+                           size_, device_, nccl_says));
   }
   WatchdogOptions o;
   o.timeout_s = timeout_s_;
@@ -235,10 +235,8 @@ NcclCommunicator::~NcclCommunicator() {
   if (clean) {
     ncclCommDestroy(comm_);
   } else {
-    std::fprintf(stderr,
-                 "warning: [rank %d/%d] the NCCL communicator did not close cleanly within %g s "
-                 "(ZERO_NCCL_TIMEOUT_S); aborting it\n",
-                 rank_, size_, timeout_s_);
+    log_warning("the NCCL communicator did not close cleanly within {:g} s (ZERO_NCCL_TIMEOUT_S); aborting it",
+                timeout_s_);
     ncclCommAbort(comm_);
   }
   comm_ = nullptr;
@@ -309,7 +307,7 @@ Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_
 }
 
 Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
-  ZERO_CHECK(root >= 0 && root < size_, "broadcast: root " + std::to_string(root) + " is not a rank");
+  ZERO_CHECK(root >= 0 && root < size_, fmt::format("broadcast: root {} is not a rank", root));
   return launch("broadcast", bytes, [&] {
     ZERO_NCCL_CHECK(settle(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm)));
   });

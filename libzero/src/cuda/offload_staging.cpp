@@ -1,5 +1,7 @@
 #include "offload_staging.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 
@@ -55,8 +57,8 @@ void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
 CudaOffloadStaging::Range& CudaOffloadStaging::range(std::size_t r, std::size_t begin, std::size_t n,
                                                      const char* who) {
   ZERO_CHECK(r < count_ && begin + n <= ranges_[r].n,
-             std::string("OffloadStaging::") + who + ": range " + std::to_string(r) + " [" + std::to_string(begin) +
-                 ", " + std::to_string(begin + n) + ") was not declared by add() in this step");
+             fmt::format("OffloadStaging::{}: range {} [{}, {}) was not declared by add() in this step", who, r, begin,
+                         begin + n));
   return ranges_[r];
 }
 

@@ -1,14 +1,15 @@
 #include "watchdog.hpp"
 
+#include <fmt/format.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 
 #include "../collective_timeout.hpp"
+#include "../log.hpp"
 #include "cuda_check.hpp"
 #include "zero/error.hpp"
 
@@ -115,16 +116,11 @@ void Watchdog::host_wait(std::uint64_t t) {
 }
 
 std::string Watchdog::describe(const Slot& s, Clock::time_point now) const {
-  char buf[256];
-  const double mib = static_cast<double>(s.bytes) / (1024.0 * 1024.0);
   const double waited = std::chrono::duration<double>(now - s.enqueued).count();
   if (s.ops > 1)
-    std::snprintf(buf, sizeof buf, "a group of %d collectives (first: %s; %.1f MiB in all; #%llu), enqueued %.1f s ago",
-                  s.ops, s.what, mib, static_cast<unsigned long long>(s.ticket), waited);
-  else
-    std::snprintf(buf, sizeof buf, "%s of %.1f MiB (#%llu), enqueued %.1f s ago", s.what, mib,
-                  static_cast<unsigned long long>(s.ticket), waited);
-  return buf;
+    return fmt::format("a group of {} collectives (first: {}; {} in all; #{}), enqueued {:.1f} s ago", s.ops, s.what,
+                       format_bytes(s.bytes), s.ticket, waited);
+  return fmt::format("{} of {} (#{}), enqueued {:.1f} s ago", s.what, format_bytes(s.bytes), s.ticket, waited);
 }
 
 
@@ -151,13 +147,12 @@ void Watchdog::run() {
           break;
         }
         if (q != cudaErrorNotReady) {
-          failure = std::string("CUDA error ") + cudaGetErrorName(q) + " (" + cudaGetErrorString(q) +
-                    ") while waiting for " + describe(s, now);
+          failure = fmt::format("CUDA error {} ({}) while waiting for {}", cudaGetErrorName(q), cudaGetErrorString(q),
+                                describe(s, now));
         } else if (o_.timeout_s > 0.0 && now > s.deadline) {
-          char limit[64];
-          std::snprintf(limit, sizeof limit, "%g s", o_.timeout_s);
-          failure = describe(s, now) + ", did not complete within the collective timeout of " + limit +
-                    " (ZERO_NCCL_TIMEOUT_S): a rank is missing from it, stalled or dead";
+          failure = fmt::format("{}, did not complete within the collective timeout of {:g} s (ZERO_NCCL_TIMEOUT_S): a "
+                                "rank is missing from it, stalled or dead",
+                                describe(s, now), o_.timeout_s);
         }
         cudaGetLastError();
         break;
@@ -172,18 +167,21 @@ void Watchdog::run() {
 }
 
 void Watchdog::fail(const std::string& what) {
-  char who[64];
-  std::snprintf(who, sizeof who, "[rank %d/%d] ", o_.rank, o_.world);
-  const std::string message = std::string(who) + "collective watchdog: " + what +
-                              ". Aborting the job so that no rank waits forever; run with NCCL_DEBUG=WARN "
-                              "to see NCCL's account, or raise ZERO_NCCL_TIMEOUT_S if the collective is "
-                              "legitimately that slow";
+  // The log's line format ("[rank r/n] error: ..."), but with the rank named even in a job of
+  // one: the options carry it (this thread must not depend on the Context), and a collective
+  // timeout is the one message where "which rank" is the first question.
+  const std::string message = fmt::format(
+      "[rank {}/{}] error: collective watchdog: {}. Aborting the job so that no rank waits forever; run with "
+      "NCCL_DEBUG=WARN to see NCCL's account, or raise ZERO_NCCL_TIMEOUT_S if the collective is legitimately that "
+      "slow",
+      o_.rank, o_.world, what);
   if (o_.on_failure) {
     o_.on_failure(message);
     return;
   }
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  std::fflush(stderr);
+  // Not log(): the job aborts next, so the line must get out even if the main thread, stuck in
+  // the collective, holds stderr's lock, and whatever ZERO_LOG_LEVEL says.
+  write_last_words(message + '\n');
   if (o_.abort_comm) o_.abort_comm();
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);

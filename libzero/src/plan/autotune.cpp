@@ -1,7 +1,8 @@
 #include "zero/autotune.hpp"
 
+#include <fmt/format.h>
+
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -169,12 +170,8 @@ std::string TuneResult::table() const {
   for (std::size_t i = 0; i < trials.size(); ++i) {
     const TuneTrial& t = trials[i];
     o << t.candidate.label() << (static_cast<int>(i) == best_index ? " (best)" : "") << " | ";
-    char nums[64];
     switch (t.outcome) {
-      case TuneTrial::Outcome::timed:
-        std::snprintf(nums, sizeof nums, "%.6f | %.1f", t.step_s, t.samples_per_s);
-        o << "timed | " << nums << " | ";
-        break;
+      case TuneTrial::Outcome::timed: o << fmt::format("timed | {:.6f} | {:.1f} | ", t.step_s, t.samples_per_s); break;
       case TuneTrial::Outcome::does_not_fit: o << "does not fit | - | - | "; break;
       case TuneTrial::Outcome::failed: o << "failed | - | - | "; break;
     }

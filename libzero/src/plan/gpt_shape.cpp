@@ -1,7 +1,9 @@
 // GPT shapes for planning: presets, the trainer's unit structure, shape families and the
 // trainer's activation memory.
-#include <cmath>
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "../strings.hpp"
@@ -20,16 +22,17 @@ GptShape make(const char* name, int layers, int heads, int embd, int seq, int vo
 
 void GptShape::validate() const {
   auto positive = [this](int v, const char* field) {
-    ZERO_CHECK(v > 0, "GPT shape" + (name.empty() ? std::string() : " '" + name + "'") + ": " + field +
-                          " must be positive (got " + std::to_string(v) + ")");
+    ZERO_CHECK(v > 0, fmt::format("GPT shape{}: {} must be positive (got {})",
+                                  name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
   };
   positive(n_layer, "n_layer");
   positive(n_head, "n_head");
   positive(n_embd, "n_embd");
   positive(seq_len, "seq_len");
   positive(vocab_size, "vocab_size");
-  ZERO_CHECK(n_embd % n_head == 0, "GPT shape: n_embd " + std::to_string(n_embd) + " is not a multiple of n_head " +
-                                       std::to_string(n_head) + "; pick a head count that divides the width");
+  ZERO_CHECK(n_embd % n_head == 0,
+             fmt::format("GPT shape: n_embd {} is not a multiple of n_head {}; pick a head count that divides the width",
+                         n_embd, n_head));
 }
 
 std::int64_t GptShape::num_params() const {
@@ -73,19 +76,19 @@ Layout gpt_layout(const GptShape& s) {
   Layout layout;
   layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab(), C}}, {"wpe.weight", {s.seq_len, C}}});
   for (int l = 0; l < s.n_layer; ++l) {
-    const std::string p = "h." + std::to_string(l) + ".";
-    layout.add_unit("h." + std::to_string(l), {{p + "ln_1.weight", {C}},
-                                               {p + "ln_1.bias", {C}},
-                                               {p + "attn.c_attn.weight", {C, 3 * C}},
-                                               {p + "attn.c_attn.bias", {3 * C}},
-                                               {p + "attn.c_proj.weight", {C, C}},
-                                               {p + "attn.c_proj.bias", {C}},
-                                               {p + "ln_2.weight", {C}},
-                                               {p + "ln_2.bias", {C}},
-                                               {p + "mlp.c_fc.weight", {C, 4 * C}},
-                                               {p + "mlp.c_fc.bias", {4 * C}},
-                                               {p + "mlp.c_proj.weight", {4 * C, C}},
-                                               {p + "mlp.c_proj.bias", {C}}});
+    const std::string unit = fmt::format("h.{}", l), p = unit + ".";
+    layout.add_unit(unit, {{p + "ln_1.weight", {C}},
+                            {p + "ln_1.bias", {C}},
+                            {p + "attn.c_attn.weight", {C, 3 * C}},
+                            {p + "attn.c_attn.bias", {3 * C}},
+                            {p + "attn.c_proj.weight", {C, C}},
+                            {p + "attn.c_proj.bias", {C}},
+                            {p + "ln_2.weight", {C}},
+                            {p + "ln_2.bias", {C}},
+                            {p + "mlp.c_fc.weight", {C, 4 * C}},
+                            {p + "mlp.c_fc.bias", {4 * C}},
+                            {p + "mlp.c_proj.weight", {4 * C, C}},
+                            {p + "mlp.c_proj.bias", {C}}});
   }
   layout.add_unit("ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}});
   return layout;
@@ -103,7 +106,7 @@ GptShape GptFamily::shape(int n_embd) const {
 }
 
 GptShape GptFamily::closest(double params) const {
-  ZERO_CHECK(params > 0, "a parameter count must be positive (got " + std::to_string(params) + ")");
+  ZERO_CHECK(params > 0, fmt::format("a parameter count must be positive (got {})", params));
   GptShape best = shape(128);
   for (int c = 256; c <= 128 * 4096; c += 128) {
     GptShape s = shape(c);
@@ -117,7 +120,7 @@ GptShape GptFamily::closest(double params) const {
 
 std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, int element_bytes) {
   s.validate();
-  ZERO_CHECK(micro >= 1, "activation_bytes: the micro-batch must be >= 1 (got " + std::to_string(micro) + ")");
+  ZERO_CHECK(micro >= 1, fmt::format("activation_bytes: the micro-batch must be >= 1 (got {})", micro));
   const std::int64_t B = micro, T = s.seq_len, C = s.n_embd, NH = s.n_head, L = s.n_layer;
   const std::int64_t N = B * T, att = B * NH * T * T;
   // ln1, qkv (3), attention output, res2, ln2, fc (4), gelu(fc) (4): 15 widths; 4 row statistics.

@@ -1,8 +1,9 @@
 // GPU presets, user presets from YAML, and the ring bandwidth of a cluster.
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <string>
-
-#include <yaml-cpp/yaml.h>
 
 #include "../strings.hpp"
 #include "zero/error.hpp"
@@ -68,7 +69,7 @@ std::vector<GpuSpec> load_gpu_presets(const std::string& path) {
                                                 "hbm_gbps", "pcie_gbps", "nvlink_gbps"};
   std::vector<GpuSpec> out;
   for (const auto& e : list) {
-    const std::string where = path + ":" + std::to_string(e.Mark().line + 1);
+    const std::string where = fmt::format("{}:{}", path, e.Mark().line + 1);
     ZERO_CHECK(e.IsMap(), where + ": a GPU entry must be a map with name, memory_gb, peak_tflops, ...");
     for (const auto& kv : e) {
       const auto key = kv.first.as<std::string>();

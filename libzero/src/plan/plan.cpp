@@ -1,10 +1,13 @@
 // The whole plan for one configuration (memory in each place, step time, days), the ranked
 // enumeration of open settings and the largest model of a family that fits.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "zero/error.hpp"
+#include "zero/log.hpp"
 #include "zero/plan.hpp"
 
 namespace zero::plan {
@@ -35,12 +38,13 @@ UnitSizes unit_sizes(const Layout& layout, int world) {
   return u;
 }
 
-// Small figures in MiB so that a near miss still shows which side is larger.
-std::string gib(double b) {
-  char buf[32];
-  if (b < 10.0 * (1 << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1 << 20));
-  else std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
-  return buf;
+// "GPU memory: 81.2 GiB > 80.0 GiB". A near miss can round both sides to the same text; the
+// excess is then named too, so the reader still sees by how much it does not fit.
+std::string over_text(const char* what, double need, double have) {
+  auto text = [](double b) { return format_bytes(static_cast<std::uint64_t>(std::max(0.0, std::ceil(b)))); };
+  const std::string n = text(need), h = text(have);
+  if (n == h) return fmt::format("{}: {} > {} (by {})", what, n, h, text(need - have));
+  return fmt::format("{}: {} > {}", what, n, h);
 }
 
 MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluster& c, const Settings& s) {
@@ -144,10 +148,10 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
 
 Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, double token_budget) {
   ZERO_CHECK(c.gpus >= 1 && c.gpus_per_node >= 1, "zero-plan: the cluster needs at least one GPU and one GPU per node");
-  ZERO_CHECK(s.stage >= 0 && s.stage <= 3, "zero-plan: stage must be 0..3 (got " + std::to_string(s.stage) + ")");
+  ZERO_CHECK(s.stage >= 0 && s.stage <= 3, fmt::format("zero-plan: stage must be 0..3 (got {})", s.stage));
   ZERO_CHECK(s.micro_batch >= 1 && s.grad_accum >= 1, "zero-plan: micro-batch and accumulation must be >= 1");
   ZERO_CHECK(s.offload_param == OffloadDevice::none || s.stage == 3,
-             "zero-plan: parameter offload exists only at stage 3 (got stage " + std::to_string(s.stage) + ")");
+             fmt::format("zero-plan: parameter offload exists only at stage 3 (got stage {})", s.stage));
   ZERO_CHECK(s.offload_optimizer == OffloadDevice::none || s.stage >= 1,
              "zero-plan: optimizer offload needs stage >= 1, as the engine does");
   const Layout layout = gpt_layout(shape);
@@ -161,13 +165,11 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
 
   std::vector<std::string> over;
   if (static_cast<double>(p.memory.gpu_bytes) > c.gpu.memory_bytes)
-    over.push_back("GPU memory: " + gib(static_cast<double>(p.memory.gpu_bytes)) + " > " + gib(c.gpu.memory_bytes));
+    over.push_back(over_text("GPU memory", static_cast<double>(p.memory.gpu_bytes), c.gpu.memory_bytes));
   if (static_cast<double>(p.memory.host_bytes) > c.host_bytes_per_gpu)
-    over.push_back("host memory per GPU: " + gib(static_cast<double>(p.memory.host_bytes)) + " > " +
-                   gib(c.host_bytes_per_gpu));
+    over.push_back(over_text("host memory per GPU", static_cast<double>(p.memory.host_bytes), c.host_bytes_per_gpu));
   if (static_cast<double>(p.memory.nvme_bytes) > c.nvme_bytes_per_node)
-    over.push_back("NVMe per node: " + gib(static_cast<double>(p.memory.nvme_bytes)) + " > " +
-                   gib(c.nvme_bytes_per_node));
+    over.push_back(over_text("NVMe per node", static_cast<double>(p.memory.nvme_bytes), c.nvme_bytes_per_node));
   p.fits = over.empty();
   for (const auto& o : over) p.why += (p.why.empty() ? "" : "; ") + o;
 

@@ -1,0 +1,18 @@
+// "Did you mean ...?": the nearest of the names a program knows to one a user typed.
+//
+// libzero answers an unknown config key, choice, unit or preset with the closest known name when
+// it is near enough to be a typo; programs built on it (the GPT example's presets) give the same
+// answer with the same rule.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace zero {
+
+// The candidate closest to `word` by edit distance, or "" when none is close enough to be a
+// plausible typo (more than about a third of the word changed).
+std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+
+}  // namespace zero
