@@ -6,11 +6,12 @@
 #include <array>
 #include <chrono>
 #include <climits>
-#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "collective_timeout.hpp"
+#include "log.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -42,17 +43,16 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
   return s;
 }
 
 std::string describe(const MpiCommunicator::Call& c) {
-  std::string s = std::string(kind_name(c.kind)) + " #" + std::to_string(c.seq);
+  const std::string s = fmt::format("{} #{}", kind_name(c.kind), c.seq);
   if (c.kind == kBarrier) return s;
   if (c.kind == kAllReduceScalar) return s + " of one double";
-  if (c.kind == kBroadcast) return s + " of " + std::to_string(c.count) + " bytes";
-  return s + " of " + std::to_string(c.count) + " " + std::string(dtype_name(c.dtype)) + " (" +
-         std::to_string(c.count * dtype_size(c.dtype)) + " bytes)";
+  if (c.kind == kBroadcast) return fmt::format("{} of {} bytes", s, c.count);
+  return fmt::format("{} of {} {} ({} bytes)", s, c.count, dtype_name(c.dtype), c.count * dtype_size(c.dtype));
 }
 
 // A request plus what must happen once it completes (narrowing staged 16-bit results,
@@ -191,27 +191,25 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
     else if (r == rank_ || (a[0] == call.seq && a[1] == call.kind))
       with_me.push_back(r);
     else
-      elsewhere += "; rank " + std::to_string(r) + " waits in " + kind_name(a[1]) + " #" + std::to_string(a[0]) +
-                   " instead (the ranks issue different collectives)";
+      elsewhere += fmt::format("; rank {} waits in {} #{} instead (the ranks issue different collectives)", r,
+                               kind_name(a[1]), a[0]);
   }
-  char head[96];
-  std::snprintf(head, sizeof head, "[rank %d/%d] ", rank_, size_);
-  char limit[160];
-  if (timeout_s_ > 0.0)
-    std::snprintf(limit, sizeof limit, "did not complete within the collective deadline (ZERO_TIMEOUT_S=%g s; waited %.1f s)",
-                  timeout_s_, waited_s);
-  else
-    std::snprintf(limit, sizeof limit, "was abandoned after %.1f s: a peer's collective deadline passed", waited_s);
-  std::string msg = std::string(head) + describe(call) + " " + limit + ": ";
-  if (!missing.empty())
-    msg += rank_list(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
-  else
-    msg += "every rank answered";
-  msg += "; waiting in it: " + rank_list(with_me) + elsewhere +
-         ". Find what the missing ranks are doing (gdb -p PID, or their last log lines), or raise ZERO_TIMEOUT_S "
-         "if such a wait is expected (0 disables the deadline)";
-  std::fprintf(stderr, "error: %s\n", msg.c_str());
-  std::fflush(stderr);
+  const std::string limit =
+      timeout_s_ > 0.0
+          ? fmt::format("did not complete within the collective deadline (ZERO_TIMEOUT_S={:g} s; waited {:.1f} s)",
+                        timeout_s_, waited_s)
+          : fmt::format("was abandoned after {:.1f} s: a peer's collective deadline passed", waited_s);
+  const std::string arrivals =
+      missing.empty() ? std::string("every rank answered")
+                      : rank_list(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
+  // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
+  // without waiting on stdio's lock. Its layout keeps the rank directly before the collective
+  // ("error: [rank 0/3] all_reduce #1 ..."), as test/tools/stall.py and log searches expect,
+  // rather than the log's "[rank r/n] error: ..." order.
+  write_last_words(fmt::format(
+      "error: [rank {}/{}] {} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or "
+      "their last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline)\n",
+      rank_, size_, describe(call), limit, arrivals, rank_list(with_me), elsewhere));
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.
   const Clock::time_point printed = Clock::now();
