@@ -203,13 +203,14 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
       missing.empty() ? std::string("every rank answered")
                       : rank_list(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
   // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
-  // without waiting on stdio's lock. Its layout keeps the rank directly before the collective
-  // ("error: [rank 0/3] all_reduce #1 ..."), as test/tools/stall.py and log searches expect,
-  // rather than the log's "[rank r/n] error: ..." order.
-  write_last_words(fmt::format(
-      "error: [rank {}/{}] {} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or "
-      "their last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline)\n",
-      rank_, size_, describe(call), limit, arrivals, rank_list(with_me), elsewhere));
+  // without waiting on stdio's lock. The layout is the log's ("[rank r/n] error: ..."), as the
+  // CUDA watchdog's report.
+  write_last_words(log_line_text(
+      LogLevel::error,
+      fmt::format("{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
+                  "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline)",
+                  describe(call), limit, arrivals, rank_list(with_me), elsewhere)) +
+                   '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.
   const Clock::time_point printed = Clock::now();

@@ -41,10 +41,10 @@ check(p.returncode != 0, f"stop: exit status {p.returncode}, expected non-zero",
 check(took < 20, f"stop: the job took {took:.1f} s to end with ZERO_TIMEOUT_S=2", p)
 check("completed without the stopped rank" not in p.stderr, "stop: a collective completed without a rank", p)
 for r in (0, 1):
-    m = re.search(rf"\[rank {r}/3\] all_reduce #1 of 1024 fp32 \(4096 bytes\) did not complete within the "
+    m = re.search(rf"\[rank {r}/3\] error: all_reduce #1 of 1024 fp32 \(4096 bytes\) did not complete within the "
                   rf"collective deadline \(ZERO_TIMEOUT_S=2 s; waited [0-9.]+ s\): rank 2 did not arrive", p.stderr)
     check(m is not None, f"stop: no exact report from rank {r}", p)
-reports = re.findall(r"\[rank \d/3\] all_reduce #1 .*", p.stderr)
+reports = re.findall(r"\[rank \d/3\] error: all_reduce #1 .*", p.stderr)
 check(reports and all("waiting in it: ranks 0, 1" in line for line in reports),
       "stop: the reports do not name ranks 0 and 1 as waiting", p)
 check(reports and all("ZERO_TIMEOUT_S" in line.split("did not arrive")[1] for line in reports),
