@@ -63,6 +63,18 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
                             const CheckpointLoadOptions& opts = {});
 
+// One job per checkpoint root. A root is locked (flock on <root>/zero.lock) by the first save
+// into it (exclusively) or load from it (shared, so several jobs may start from one published
+// checkpoint), and stays locked until the process ends; the lock is taken by rank 0 only, so
+// the ranks of one job never refuse each other. A job that finds the root locked by another
+// job gets a zero::Error naming the lock file and the holder's host and pid, instead of
+// deleting that job's save in progress. The kernel releases the lock of a killed job.
+//
+// Collective: locks `root` (created if missing) for this job now, exclusively, so that a
+// second job on the same root is refused at its start rather than at its first save. Call it
+// before load_checkpoint in a run that will save into the root it resumes from.
+void lock_checkpoint_root(Engine& engine, const std::string& root);
+
 // ---- offline ----
 
 // The step directory `tag` names under `root` ("latest" or a step number); root may itself be a
