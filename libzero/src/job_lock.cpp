@@ -140,7 +140,10 @@ void JobLock::upgrade(const std::string& what, const std::string& fix) {
   }
   const int err = errno;
   if (err != EWOULDBLOCK) return;  // no locks on this filesystem: warned when it was taken
-  const std::string holder = read_holder(fd_);
+  std::string holder = read_holder(fd_);
+  // Shared holders each write their line; when ours is the last one, the holder is a reader
+  // that came before us.
+  if (holder == holder_text()) holder = "another job that reads it";
   // Converting a flock is not atomic: the shared lock may be gone; take it back if it can be.
   (void)::flock(fd_, LOCK_SH | LOCK_NB);
   refuse(what, file_, holder, fix);
