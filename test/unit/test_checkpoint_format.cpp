@@ -597,3 +597,17 @@ TEST_CASE("jobs that only read a checkpoint root share it; a writer is refused w
   CHECK(fs::is_directory(ckpt::prepare(root, 5, "save_checkpoint")));
   fs::remove_all(root);
 }
+
+TEST_CASE("lock_checkpoint_root takes a root at a job's start, before its first save") {
+  std::string root = temp_dir("ckpt_lock_start") + "/run/checkpoints";  // created by the call
+  zero::test::HoldingChild first([&] {
+    Context cx;
+    Engine e(cx, make_config(kill_case(), 1), make_ckpt_layout());
+    lock_checkpoint_root(e, root);
+  });
+  CHECK(fs::is_directory(root));
+  CHECK_THROWS_WITH(ckpt::lock_root(root, false), Contains("pid " + std::to_string(first.pid())));
+  first.kill();
+  ckpt::lock_root(root, false);
+  fs::remove_all(fs::path(root).parent_path().parent_path());
+}
