@@ -501,7 +501,8 @@ int run(zero::Context& ctx, int argc, char** argv) {
                              ? (fs::path(settings.out_dir) / "checkpoints").string()
                              : cli.checkpoint_dir;
   if (cli.sample_only) {
-    const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir);
+    // Only reads: a sample may be taken beside the job that is writing the checkpoints.
+    const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
     if (ctx.is_root())
       std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
     print_sample(ctx, trainer, cli, "");

@@ -267,7 +267,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
   agree(comm, [&] {
     e.check_between_steps("load_checkpoint");
     dir = ckpt::resolve(root, tag);
-    if (e.rank() == 0) ckpt::lock_root(root, false);
+    if (e.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
     reader = std::make_unique<ckpt::Reader>(dir);
     check_compatible(e, reader->meta(), dir, opts);
   });

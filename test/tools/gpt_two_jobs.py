@@ -3,9 +3,10 @@
 
 A first job (optimizer state swapped to NVMe) trains and is then frozen with SIGSTOP. A second
 job on the same run directory (checkpoint root) and one on the same nvme_path must each stop at
-start, naming the lock file and the first job's host and pid. After the first job is killed
-(SIGKILL: it cleans up nothing), a new job on both directories runs: it removes the swap files
-the killed job left, says so, and leaves none of its own.
+start, naming the lock file and the first job's host and pid; a --sample, which only reads, may
+run beside it. After the first job is killed (SIGKILL: it cleans up nothing), a new job on both
+directories runs: it removes the swap files the killed job left, says so, and leaves none of its
+own.
 
     gpt_two_jobs.py ZERO_GPT CONFIG WORKDIR
 """
@@ -22,7 +23,7 @@ shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 
 
-def command(out_dir, nvme, steps):
+def command(out_dir, nvme, steps, *extra):
     os.makedirs(nvme, exist_ok=True)
     return [exe, "--config", config, "--set", f"run.steps={steps}", "--set", "steps_per_print=1",
             "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.n_head=2",
@@ -31,7 +32,7 @@ def command(out_dir, nvme, steps):
             "--set", "run.sample_tokens=0", "--set", "run.peak_tflops=1",
             "--set", "zero_optimization.offload_optimizer.device=nvme",
             "--set", f"zero_optimization.offload_optimizer.nvme_path={nvme}",
-            "--set", f"run.out_dir={out_dir}"]
+            "--set", f"run.out_dir={out_dir}", *extra]
 
 
 def run(cmd):
@@ -41,17 +42,17 @@ def run(cmd):
 run_dir, nvme = os.path.join(work, "run"), os.path.join(work, "nvme")
 swap_dir = os.path.join(nvme, "zero_rank0")
 log = open(os.path.join(work, "first.log"), "w+")
-first = subprocess.Popen(command(run_dir, nvme, 100000), stdout=log, stderr=subprocess.STDOUT)
+first = subprocess.Popen(command(run_dir, nvme, 100000, "--set", "run.save_interval=1"), stdout=log,
+                         stderr=subprocess.STDOUT)
 deadline = time.time() + 60
 while time.time() < deadline and first.poll() is None:
-    metrics = os.path.join(run_dir, "metrics.jsonl")
-    if os.path.exists(metrics) and '"type":"train"' in open(metrics).read().replace(" ", ""):
+    if os.path.exists(os.path.join(run_dir, "checkpoints", "latest")):
         break
     time.sleep(0.05)
 else:
     first.kill()
     log.seek(0)
-    sys.exit(f"the first job ended or logged no step in 60 s:\n{log.read()}")
+    sys.exit(f"the first job ended or saved no checkpoint in 60 s:\n{log.read()}")
 os.kill(first.pid, signal.SIGSTOP)
 try:
     holder = f"host {socket.gethostname()} pid {first.pid}"
@@ -65,6 +66,11 @@ try:
             sys.exit(f"a second job on the first one's {what} was not refused with '{lock}' and '{holder}' "
                      f"(exit status {second.returncode}):\n{out}")
         print(f"second job on the same {what}: refused, naming {lock} and {holder}")
+    # Reading is no writing: a sample from the checkpoints of the running job is allowed.
+    sample = run(command(run_dir, os.path.join(work, "nvme3"), 5, "--sample"))
+    if sample.returncode != 0 or "loaded " not in sample.stdout:
+        sys.exit(f"--sample beside the running job failed ({sample.returncode}):\n{sample.stdout}{sample.stderr}")
+    print("a sample from the running job's checkpoint: allowed")
     if not os.listdir(swap_dir):
         sys.exit("the first job's swap files are gone: a refused job deleted them")
 finally:

@@ -46,6 +46,10 @@ struct CheckpointLoadOptions {
   // By default a checkpoint must come from the same compute dtype and optimizer; set this to
   // continue from one trained otherwise (the fp32 master and moments are loaded as they are).
   bool allow_config_change = false;
+  // A load locks the root shared (see lock_checkpoint_root), so a job that writes it cannot
+  // start meanwhile. A job that only reads and may run beside the one writing the root
+  // (sampling, evaluation) sets this false; a checkpoint pruned while it reads is then an error.
+  bool lock_root = true;
 };
 
 // Collective over all ranks: writes <root>/step_<global_step>/ and points <root>/latest at it.
