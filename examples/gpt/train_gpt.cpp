@@ -42,6 +42,7 @@
 #include "ops.hpp"
 #include "reporter.hpp"
 #include "trainer.hpp"
+#include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
@@ -500,12 +501,16 @@ int run(zero::Context& ctx, int argc, char** argv) {
                              ? (fs::path(settings.out_dir) / "checkpoints").string()
                              : cli.checkpoint_dir;
   if (cli.sample_only) {
-    const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir);
+    // Only reads: a sample may be taken beside the job that is writing the checkpoints.
+    const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
     if (ctx.is_root())
       std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
     print_sample(ctx, trainer, cli, "");
     return 0;
   }
+  // A run may save into its checkpoint root at any step (a stop signal saves too): take the
+  // root now, so a second job on it is refused before it trains or writes anything.
+  zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
   if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
   create_run_dir(ctx, rc);
 

@@ -269,8 +269,10 @@ void GptTrainer::save_checkpoint(const std::string& root) {
   zero::save_checkpoint(*engine_, root, {{kSamplesKey, std::to_string(samples)}}, o);
 }
 
-std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag) {
-  const zero::ClientState client = zero::load_checkpoint(*engine_, root, tag);
+std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag, bool read_only) {
+  zero::CheckpointLoadOptions o;
+  o.lock_root = !read_only;
+  const zero::ClientState client = zero::load_checkpoint(*engine_, root, tag, o);
   const auto it = client.find(kSamplesKey);
   ZERO_CHECK(it != client.end(), "load_checkpoint: '" + root + "' has no " + kSamplesKey +
                                      " entry: it was not written by zero-gpt");

@@ -242,6 +242,21 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   }
 }
 
+void lock_checkpoint_root(Engine& engine, const std::string& root) {
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();
+  same_on_all_ranks(comm, root, "the checkpoint root");
+  agree(comm, [&] {
+    ZERO_CHECK(!root.empty(), "lock_checkpoint_root: the checkpoint root is empty; pass a directory");
+    if (e.rank() != 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    ZERO_CHECK(!ec, "lock_checkpoint_root: cannot create the checkpoint root '" + root + "': " + ec.message() +
+                        "; choose a writable directory");
+    ckpt::lock_root(root, true);
+  });
+}
+
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {
   EngineState e(engine);
@@ -252,6 +267,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
   agree(comm, [&] {
     e.check_between_steps("load_checkpoint");
     dir = ckpt::resolve(root, tag);
+    if (e.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
     reader = std::make_unique<ckpt::Reader>(dir);
     check_compatible(e, reader->meta(), dir, opts);
   });

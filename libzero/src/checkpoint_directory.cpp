@@ -8,10 +8,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <string_view>
 #include <system_error>
 
 #include "checkpoint_format.hpp"
+#include "job_lock.hpp"
 #include "log.hpp"
 #include "strings.hpp"
 #include "zero/error.hpp"
@@ -54,6 +57,26 @@ void move_to_trash_and_remove(const std::string& root, const std::string& name, 
 }
 
 }  // namespace
+
+void lock_root(const std::string& root, bool exclusive) {
+  // Held until the process exits: a job keeps its root for its whole run, and a library
+  // without a "run" object has no earlier moment at which the job is known to be done with it.
+  static std::mutex mutex;
+  static std::vector<std::shared_ptr<JobLock>> held;
+  std::string dir = root;
+  if (fs::exists(fs::path(root) / kMetadataFile)) {
+    fs::path p = fs::path(root).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();  // "ckpt/step_00000010/"
+    dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  }
+  JobLock::Taken t = JobLock::take(
+      dir + "/" + kLockFile, exclusive ? LockMode::exclusive : LockMode::shared,
+      fmt::format("the checkpoint root '{}'", dir),
+      "wait for it to end or stop it, or give this job another checkpoint directory (a resumed run must "
+      "not run twice)");
+  std::lock_guard guard(mutex);
+  if (t.first) held.push_back(std::move(t.lock));
+}
 
 std::string read_latest(const std::string& root) {
   std::string path = root + "/" + kLatestFile;
@@ -111,6 +134,7 @@ std::string prepare(const std::string& root, std::int64_t step, const char* who,
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) sys_fail("create the checkpoint root", root, ec.value());
+  lock_root(root, true);
   std::string name = step_dir_name(step);
   if (refuse_older) {
     auto steps = steps_in(root);

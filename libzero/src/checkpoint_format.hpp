@@ -223,6 +223,14 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
 // resumed from an older tag does abandon the newer ones on purpose).
 std::string prepare(const std::string& root, std::int64_t step, const char* who, bool refuse_older = false);
 
+// The lock file of a checkpoint root (see job_lock.hpp).
+inline constexpr const char* kLockFile = "zero.lock";
+// Locks `root` for this process until it exits: exclusive before writing (prepare takes it),
+// shared for reading (a resume), so a second job is refused instead of deleting the first
+// one's save in progress. `root` may be a step directory: its parent is locked then. Called by
+// one process per job (rank 0): the root is one directory every rank sees.
+void lock_root(const std::string& root, bool exclusive);
+
 // ---------------------------------------------------------------- shared by the format's files
 
 namespace detail {

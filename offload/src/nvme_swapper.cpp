@@ -13,8 +13,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
+#include "../../libzero/src/job_lock.hpp"
 #include "../../libzero/src/log.hpp"
+#include "../../libzero/src/strings.hpp"
 #include "swap_core.hpp"
 #include "zero/error.hpp"
 
@@ -38,6 +41,33 @@ std::string file_name_for(const std::string& key) {
 
 // "1.50 GiB (1610612736 bytes)": the exact count too, for comparing with df.
 std::string bytes_text(std::uint64_t b) { return fmt::format("{} ({} bytes)", format_bytes(b), b); }
+
+// Swap files in a rank directory whose lock nobody held: a job that ended without running its
+// destructors (SIGKILL, a node crash, an MPI abort) left them. They would count against the
+// free-space check and fill the disk, and no live job reads them.
+void reclaim_stale(const std::string& dir, const std::string& previous_holder) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::size_t count = 0;
+  std::uint64_t bytes = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool ours = name == ".direct_probe" || (name.size() > 4 && name.compare(name.size() - 4, 4, ".swp") == 0);
+    struct stat st{};
+    if (!ours || ::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (::unlink(e.path().c_str()) != 0) {
+      ZERO_THROW(fmt::format("cannot remove the stale swap file {} left by an earlier job: {}; delete it by hand",
+                             e.path().string(), errno_text(errno)));
+    }
+    ++count;
+    bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  if (count > 0) {
+    log_warning("removed {} swap file{} ({}) from {}, left by a job that ended without cleaning up ({})", count,
+                count == 1 ? "" : "s", bytes_text(bytes), dir,
+                previous_holder.empty() ? std::string("holder unknown") : escape_bytes(previous_holder));
+  }
+}
 
 }  // namespace
 }  // namespace detail
@@ -110,6 +140,16 @@ NvmeSwapper::NvmeSwapper(const std::string& nvme_path, int rank, const AioOption
     ZERO_THROW("cannot create the swap directory " + c.dir + ": " +
                detail::errno_text(errno) + "; check permissions on " + nvme_path);
   }
+  // The lock sits beside the directory, so the directory holds swap files only and can be
+  // removed while the lock is still held. Swappers of one process (the parameter and the
+  // optimizer swapper of one rank) share it.
+  JobLock::Taken taken = JobLock::take(
+      c.dir + ".lock", LockMode::exclusive, "the NVMe swap directory " + c.dir,
+      "wait for it to end or stop it, or give this job its own nvme_path (offload_optimizer.nvme_path, "
+      "offload_param.nvme_path)",
+      /*remove_file=*/true);
+  c.lock = std::move(taken.lock);
+  if (taken.first) detail::reclaim_stale(c.dir, taken.previous_holder);
 
   // O_DIRECT support is a property of the filesystem: probe it once with a real aligned write.
   if (options.direct_io) {
@@ -173,6 +213,7 @@ NvmeSwapper::~NvmeSwapper() {
     }
     ::rmdir(c.dir.c_str());  // only succeeds when empty; other files are not ours to remove
   }
+  c.lock.reset();  // last: the directory is clean before another job may take it
 }
 
 void NvmeSwapper::reserve(const std::string& key, std::size_t bytes) {

@@ -22,6 +22,10 @@
 
 #include "zero/offload/nvme_swapper.hpp"
 
+namespace zero {
+class JobLock;
+}  // namespace zero
+
 namespace zero::offload::detail {
 
 constexpr std::size_t kPage = 4096;
@@ -88,6 +92,7 @@ struct Chunk {
 struct SwapCore {
   AioOptions opt;
   std::string dir;
+  std::shared_ptr<JobLock> lock;  // of dir, against a second job on the same nvme_path
   bool uring = false;
   bool direct = false;
   io_uring ring{};

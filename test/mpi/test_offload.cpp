@@ -4,10 +4,12 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "engine_model.hpp"
+#include "scratch_dir.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 
@@ -16,13 +18,7 @@ using namespace zero::test;
 
 namespace {
 
-// One directory per world size, so the 1- and 4-rank runs of this test can run side by side.
-std::string nvme_dir() {
-  auto d = std::filesystem::temp_directory_path() /
-           ("zero_offload_test_np" + std::to_string(Context::current()->world_size()));
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+std::string nvme_dir() { return test::process_scratch_dir("offload_test"); }
 
 struct Result {
   std::vector<std::vector<float>> params, master;
@@ -110,4 +106,26 @@ TEST_CASE("nvme offload checks free space before any step") {
   Layout big;
   big.add_unit("huge", {{"w", {n}}});
   REQUIRE_THROWS_WITH(Engine(ctx, cfg, big), Catch::Contains("free") && Catch::Contains(nvme_dir()));
+}
+
+TEST_CASE("an exception leaving the training loop removes every rank's NVMe swap files") {
+  Context& ctx = *Context::current();
+  const std::string rank_dir = nvme_dir() + "/zero_rank" + std::to_string(ctx.rank());
+  std::string y = "zero_optimization:\n  stage: 3\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
+                  "  offload_optimizer:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n" +
+                  "  offload_param:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n" +
+                  "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n";
+  Config cfg = parse_config(y, "test_offload");
+  cfg.resolve(ctx.world_size());
+  try {
+    Engine e(ctx, cfg, make_layout());  // its parameter and optimizer swappers share the rank's lock
+    e.init_params(init_value);
+    train(e, ctx.rank(), ctx.world_size(), 0, 2);
+    REQUIRE_FALSE(std::filesystem::is_empty(rank_dir));
+    throw std::runtime_error("the loss is nan");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "the loss is nan");
+  }
+  CHECK_FALSE(std::filesystem::exists(rank_dir));
+  CHECK_FALSE(std::filesystem::exists(rank_dir + ".lock"));
 }

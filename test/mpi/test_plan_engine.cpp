@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "scratch_dir.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/plan.hpp"
@@ -15,12 +16,7 @@ using namespace zero;
 
 namespace {
 
-std::string nvme_dir() {
-  auto d = std::filesystem::temp_directory_path() /
-           ("zero_plan_engine_np" + std::to_string(Context::current()->world_size()));
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+std::string nvme_dir() { return test::process_scratch_dir("plan_engine"); }
 
 Config make_config(int stage, const std::string& opt_dev, const std::string& param_dev, const std::string& dtype) {
   std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 1\n";

@@ -22,6 +22,7 @@
 #include "../mpi/test_checkpoint_common.hpp"
 #include "checkpoint_format.hpp"
 #include "checkpoint_json.hpp"
+#include "holding_child.hpp"
 #include "safetensors.hpp"
 
 using namespace zero;
@@ -529,4 +530,84 @@ TEST_CASE("SIGKILL at arbitrary moments during repeated saves never breaks lates
   CHECK_FALSE(inspect_checkpoint(root, bad));
   CHECK_THAT(bad.str(), Contains("shard_00000.ckpt  ") && Contains("FAILED") && Contains("checksum"));
   fs::remove_all(root);
+}
+
+// ---------------------------------------------------------------- two jobs, one root
+
+TEST_CASE("a second job on a checkpoint root is refused, naming the holder's host and pid") {
+  std::string root = temp_dir("ckpt_lock");
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  const std::string lock_file = root + "/" + ckpt::kLockFile;
+  std::int64_t step = 0;
+  {
+    // The first job saves (which takes the root) and keeps training.
+    zero::test::HoldingChild first([&] {
+      Context cx;
+      Case c = kill_case();
+      Engine e(cx, make_config(c, 1), make_ckpt_layout());
+      e.init_params(init_value);
+      for (int s = 0; s < 2; ++s) train_step(e, c);
+      save_checkpoint(e, root, {{"at", "2"}});
+    });
+    const std::string holder = std::string("host ") + host + " pid " + std::to_string(first.pid());
+    // A second job's save (prepare is its first step on rank 0) and its resume (load locks the
+    // root shared, as load_checkpoint does on rank 0) are both refused.
+    for (bool save : {true, false}) {
+      INFO((save ? "save" : "resume"));
+      try {
+        if (save) (void)ckpt::prepare(root, 5, "save_checkpoint");
+        else ckpt::lock_root(root, false);
+        FAIL("a second job took a checkpoint root another process holds");
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        INFO(msg);
+        CHECK_THAT(msg, Contains(lock_file) && Contains("in use by another job") && Contains(holder));
+      }
+    }
+    // Nothing of the first job's was touched: no temporary of step 5, latest still its save.
+    CHECK_FALSE(fs::exists(root + "/.tmp_step_00000005"));
+    CHECK(verified_latest(root).at("at") == "2");
+    step = ckpt::parse_step_dir_name(ckpt::read_latest(root));
+  }  // the first job is killed: the kernel releases its lock
+  CHECK(step == 2);
+  ckpt::lock_root(root, false);                                // resume
+  std::string tmp = ckpt::prepare(root, 3, "save_checkpoint");  // and save: shared becomes exclusive
+  CHECK(fs::is_directory(tmp));
+  fs::remove_all(root);
+}
+
+TEST_CASE("jobs that only read a checkpoint root share it; a writer is refused while they read") {
+  std::string root = temp_dir("ckpt_share");
+  const std::string step_dir = root + "/" + ckpt::step_dir_name(4);
+  fs::create_directories(step_dir);
+  std::ofstream(step_dir + "/" + ckpt::kMetadataFile) << "{}";
+  // Two reading jobs (forked before this process locks anything, so they share nothing of it):
+  // the second one's setup fails if readers exclude each other. A step directory locks its root.
+  zero::test::HoldingChild reader1([&] { ckpt::lock_root(root, false); });
+  zero::test::HoldingChild reader2([&] { ckpt::lock_root(step_dir, false); });
+  try {
+    (void)ckpt::prepare(root, 5, "save_checkpoint");
+    FAIL("a writer took a root that other jobs read");
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Contains("pid " + std::to_string(reader2.pid())));
+  }
+  reader1.kill();
+  reader2.kill();
+  CHECK(fs::is_directory(ckpt::prepare(root, 5, "save_checkpoint")));
+  fs::remove_all(root);
+}
+
+TEST_CASE("lock_checkpoint_root takes a root at a job's start, before its first save") {
+  std::string root = temp_dir("ckpt_lock_start") + "/run/checkpoints";  // created by the call
+  zero::test::HoldingChild first([&] {
+    Context cx;
+    Engine e(cx, make_config(kill_case(), 1), make_ckpt_layout());
+    lock_checkpoint_root(e, root);
+  });
+  CHECK(fs::is_directory(root));
+  CHECK_THROWS_WITH(ckpt::lock_root(root, false), Contains("pid " + std::to_string(first.pid())));
+  first.kill();
+  ckpt::lock_root(root, false);
+  fs::remove_all(fs::path(root).parent_path().parent_path());
 }

@@ -17,9 +17,11 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "holding_child.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/nvme_swapper.hpp"
 #include "zero/offload/pinned_pool.hpp"
@@ -502,4 +504,115 @@ TEST_CASE("SwapPipeline streams sub-groups through three buffers", "[nvme_swappe
   pipe.run(SwapPipeline::Mode::read_only, [&](std::size_t g, SwapGroupView& view) {
     REQUIRE(view.as<float>(0)[5] == value(g, 0, 5) + 2.0f);
   });
+}
+
+// ---------------------------------------------------------------- two jobs, one nvme_path
+
+namespace {
+
+std::string this_host() {
+  char host[256] = {};
+  REQUIRE(::gethostname(host, sizeof host - 1) == 0);
+  return host;
+}
+
+bool exists(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("a second job on the same nvme_path is refused, naming the holder's host and pid", "[nvme_swapper]") {
+  TempDir tmp;
+  std::string held_file;
+  zero::test::HoldingChild first([&] {
+    // The first job: swaps a tensor and keeps running (the swapper is never destroyed).
+    auto* sw = new NvmeSwapper(tmp.path(), 0);
+    PinnedPool pool(false);
+    PinnedBuffer buf = pool.acquire(8192);
+    std::memset(buf.data(), 7, 8192);
+    sw->reserve("unit0/master", 8192);
+    sw->write_async("unit0/master", buf.data(), 8192).wait();
+  });
+  const std::string file = tmp.path() + "/zero_rank0/unit0%2Fmaster.swp";
+  REQUIRE(exists(file));
+  try {
+    NvmeSwapper second(tmp.path(), 0);
+    FAIL("a second swapper took a rank directory another process holds");
+  } catch (const zero::Error& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK_THAT(msg, Catch::Contains(tmp.path() + "/zero_rank0.lock") && Catch::Contains("in use by another job") &&
+                        Catch::Contains("host " + this_host() + " pid " + std::to_string(first.pid())) &&
+                        Catch::Contains("nvme_path"));
+  }
+  CHECK(exists(file));  // the refused job touched nothing of the first one's
+  {
+    // Another rank's directory is free: the ranks of one job never refuse each other.
+    NvmeSwapper other_rank(tmp.path(), 1);
+    // Within one process, swappers share the lock (a rank's parameter and optimizer swappers).
+    NvmeSwapper a(tmp.path(), 1);
+    CHECK(a.directory() == other_rank.directory());
+  }
+  first.kill();
+  // The kernel dropped the killed job's lock; its leftover file is reclaimed by the next job.
+  NvmeSwapper after(tmp.path(), 0);
+  CHECK_FALSE(exists(file));
+}
+
+TEST_CASE("swap files of a killed job are reclaimed at start, so the space check passes", "[nvme_swapper]") {
+  TempDir tmp;
+  // On a 1 MiB tmpfs (when this runs as root) the stale files leave too little space for the
+  // new job's: without the reclaim its space check fails. Elsewhere the files must still go.
+  const bool small_fs =
+      geteuid() == 0 && ::mount("zero_swap_test", tmp.path().c_str(), "tmpfs", 0, "size=1m") == 0;
+  struct Unmount {
+    std::string path;
+    bool mounted;
+    ~Unmount() {
+      if (mounted) ::umount2(path.c_str(), MNT_DETACH);
+    }
+  } unmount{tmp.path(), small_fs};
+  if (!small_fs) WARN("no small tmpfs (not root): the space check is not at its limit here");
+  const std::size_t bytes = 640 << 10;
+  {
+    zero::test::HoldingChild killed([&] {
+      auto* sw = new NvmeSwapper(tmp.path(), 0);
+      sw->reserve("old/master", bytes);
+      sw->reserve("old/m", 4096);
+      sw->check_space();  // preallocates: the files hold their space
+    });
+  }  // SIGKILL: no destructor ran
+  const std::string dir = tmp.path() + "/zero_rank0";
+  REQUIRE(list_dir(dir).size() == 2);
+  NvmeSwapper sw(tmp.path(), 0);
+  CHECK(list_dir(dir).empty());
+  sw.reserve("new/master", bytes);
+  sw.check_space();
+  PinnedPool pool(false);
+  round_trip(sw, pool, "new/master", bytes, 21);
+}
+
+TEST_CASE("an exception unwinding through a swapper removes its files and its lock", "[nvme_swapper]") {
+  TempDir tmp;
+  PinnedPool pool(false);
+  std::string dir;
+  try {
+    NvmeSwapper sw(tmp.path(), 0);
+    dir = sw.directory();
+    sw.reserve("unit0/master", 1 << 20);
+    sw.reserve("unit0/m", 1 << 20);
+    sw.check_space();
+    PinnedBuffer buf = pool.acquire(1 << 20);
+    fill_random(buf.data(), 1 << 20, 5);
+    SwapHandle pending = sw.write_async("unit0/master", buf.data(), 1 << 20);  // in flight at the throw
+    REQUIRE(list_dir(dir).size() == 2);
+    throw std::runtime_error("the step failed");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "the step failed");
+  }
+  CHECK_FALSE(exists(dir));
+  CHECK_FALSE(exists(dir + ".lock"));
+  CHECK(list_dir(tmp.path()).empty());
 }

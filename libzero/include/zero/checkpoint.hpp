@@ -46,6 +46,10 @@ struct CheckpointLoadOptions {
   // By default a checkpoint must come from the same compute dtype and optimizer; set this to
   // continue from one trained otherwise (the fp32 master and moments are loaded as they are).
   bool allow_config_change = false;
+  // A load locks the root shared (see lock_checkpoint_root), so a job that writes it cannot
+  // start meanwhile. A job that only reads and may run beside the one writing the root
+  // (sampling, evaluation) sets this false; a checkpoint pruned while it reads is then an error.
+  bool lock_root = true;
 };
 
 // Collective over all ranks: writes <root>/step_<global_step>/ and points <root>/latest at it.
@@ -62,6 +66,18 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 // same zero::Error and the engine refuses to train until a load or init_params succeeds.
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
                             const CheckpointLoadOptions& opts = {});
+
+// One job per checkpoint root. A root is locked (flock on <root>/zero.lock) by the first save
+// into it (exclusively) or load from it (shared, so several jobs may start from one published
+// checkpoint), and stays locked until the process ends; the lock is taken by rank 0 only, so
+// the ranks of one job never refuse each other. A job that finds the root locked by another
+// job gets a zero::Error naming the lock file and the holder's host and pid, instead of
+// deleting that job's save in progress. The kernel releases the lock of a killed job.
+//
+// Collective: locks `root` (created if missing) for this job now, exclusively, so that a
+// second job on the same root is refused at its start rather than at its first save. Call it
+// before load_checkpoint in a run that will save into the root it resumes from.
+void lock_checkpoint_root(Engine& engine, const std::string& root);
 
 // ---- offline ----
 

@@ -16,6 +16,13 @@
 // reserved total with the free space and preallocates the files before training, so a full disk
 // is reported up front instead of halfway through a step.
 //
+// One job per rank directory: a swapper holds an flock on <nvme_path>/zero_rank<r>.lock for its
+// lifetime, so a second job given the same nvme_path is refused with the holder's host and pid
+// instead of overwriting swap files under a running optimizer. The files are removed on every
+// exit that runs destructors (normal end, an exception, a preemption stop); a job killed
+// outright leaves them, and the next swapper that takes the lock removes them before its
+// space check, since nothing alive can be using them.
+//
 // Fallbacks, each announced once on stderr: no io_uring (old kernel, seccomp profile in a
 // container) -> pread/pwrite in the I/O thread, one request at a time; no O_DIRECT (tmpfs on
 // older kernels, some network filesystems) -> buffered I/O.
@@ -41,7 +48,8 @@ struct AioOptions {
   int queue_depth = 8;                            // requests in flight
   bool direct_io = true;     // O_DIRECT when the filesystem supports it
   bool use_io_uring = true;  // false forces the pread/pwrite path
-  bool keep_files = false;   // leave the swap files behind at destruction (for inspection)
+  bool keep_files = false;   // leave the swap files behind at destruction (for inspection;
+                             // the next swapper on the directory removes them)
 };
 
 // A pending transfer. Move-only; destroying a handle that was not waited for waits for the
@@ -81,7 +89,9 @@ using SwapFaultHook = std::function<std::optional<int>(const SwapIoEvent&)>;
 
 class NvmeSwapper {
  public:
-  // Creates <nvme_path>/zero_rank<rank>/ (nvme_path must exist). Throws zero::Error.
+  // Creates <nvme_path>/zero_rank<rank>/ (nvme_path must exist) and locks it; removes swap
+  // files a killed job left there. Throws zero::Error, naming the holder when another job
+  // holds the directory.
   NvmeSwapper(const std::string& nvme_path, int rank, const AioOptions& options = {});
   ~NvmeSwapper();  // waits for outstanding transfers; removes the files unless keep_files
   NvmeSwapper(const NvmeSwapper&) = delete;
