@@ -31,6 +31,7 @@
 #include "engine_impl.hpp"
 #include "engine_model.hpp"
 #include "gpu_test_util.hpp"
+#include "scratch_dir.hpp"
 #include "spin_kernel.hpp"
 #include "zero/engine.hpp"
 
@@ -58,12 +59,8 @@ struct Case {
   }
 };
 
-std::string nvme_dir() {
-  auto d = std::filesystem::temp_directory_path() /
-           ("zero_gpu_engine_" + test_comm() + "_np" + std::to_string(ctx().world_size()));
-  std::filesystem::create_directories(d);
-  return d.string();
-}
+// Unique per run: NVMe swap directories are locked by the job using them.
+std::string nvme_dir() { return zero::test::process_scratch_dir("gpu_engine"); }
 
 Config make_config(const Case& c, const std::string& kind) {
   std::string y;
