@@ -143,7 +143,11 @@ zero::plan::GptShape GptConfig::plan_shape() const {
 
 zero::Layout build_layout(const GptConfig& cfg) {
   cfg.validate();
-  return zero::plan::gpt_layout(cfg.plan_shape());
+  zero::Layout layout = zero::plan::gpt_layout(cfg.plan_shape());
+  // As GPT-2, nanoGPT and llm.c: weight decay on the matrices and the embeddings (wte, wpe),
+  // not on biases or LayerNorm parameters.
+  layout.decay_matrices_only();
+  return layout;
 }
 
 std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {

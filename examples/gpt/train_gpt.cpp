@@ -150,6 +150,9 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
   rc.cfg.resolve(world_size);
+  // The resolved sections replace what the file said (a preset name becomes its shape), so a
+  // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
+  for (auto& [name, yaml] : rc.settings.sections()) rc.cfg.extra_sections[name] = yaml;
   rc.resolved_yaml = resolved_yaml(rc.cfg, rc.settings);
   return rc;
 }
@@ -343,6 +346,8 @@ class TrainingLoop {
       rep_.line("the checkpoint is at step " + std::to_string(f_.start_step) + ", run.steps is " +
                 std::to_string(steps) + ": nothing to train (raise run.steps to continue)");
     zero::StopSignal stop_signal;
+    // Imported weights are evaluated before they change: the loss they bring (step 0).
+    if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
     for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
       const auto t0 = Clock::now();
       const GptTrainer::Step s = trainer_.train_step();

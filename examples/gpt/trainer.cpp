@@ -5,12 +5,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
+#include "zero/hf_gpt2.hpp"
 
 namespace zero::gpt {
 
@@ -74,6 +76,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
     c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
     s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
+    s.init_from = m.get_string("init_from", "");
     if (c.n_embd % c.n_head != 0)
       m.fail(m.has("n_head") ? "n_head" : "n_embd",
              "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
@@ -126,6 +129,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "vocab_size: " << model.vocab_size << "\n"
     << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
     << "seed: " << init_seed << "\n";
+  if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
   d << "train: " << quoted(train) << "\n"
     << "val: " << quoted(val) << "\n"
     << "seed: " << data_seed << "\n";
@@ -156,6 +160,9 @@ std::string gpt_settings_help() {
          "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
          "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
          "  seed: 42                     initialisation seed (same model at any world size)\n"
+         "  init_from: \"\"                Hugging Face GPT-2 weights to start from: a directory\n"
+         "                               (model.safetensors, config.json) or a .safetensors\n"
+         "                               file; shapes must match the model section\n"
          "data:\n"
          "  train: shakespeare           'shakespeare' (embedded), a .txt file (bytes), or a\n"
          "                               glob of llm.c .bin token shards\n"
@@ -237,10 +244,17 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
                    std::to_string(expected.num_params()) + "); build the engine from build_layout(settings.model)");
     engine_ = borrowed;
   } else {
+    // Pretrained weights are checked against the model before any memory is committed.
+    std::optional<zero::hf::Gpt2Weights> weights;
+    if (!settings_.init_from.empty()) {
+      weights.emplace(settings_.init_from);
+      weights->check({mc.n_layer, mc.n_head, mc.n_embd, mc.seq_len, mc.vocab_size});
+    }
     owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
     engine_ = owned_engine_.get();
     engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
-      init_parameter(mc, p.name, v, settings_.init_seed);
+      if (weights) weights->read(p.name, p.shape, v);
+      else init_parameter(mc, p.name, v, settings_.init_seed);
     });
   }
   ops_ = make_host_ops();

@@ -22,14 +22,6 @@ bool dtype_matches(const Config& c, const YAML::Node& v) {
          (s == "bf16" && d == DType::bf16);
 }
 
-// optimizer.params.adam_w_mode: libzero's AdamW decouples the decay and its Adam adds it to
-// the gradient, so the value that agrees with optimizer.type is inert.
-bool adam_mode_matches(const Config& c, const YAML::Node& v) {
-  if (!v.IsScalar()) return false;
-  const bool decoupled = v.Scalar() == "true";
-  return decoupled == (c.optimizer.type == OptimizerType::adamw);
-}
-
 }  // namespace
 
 const std::vector<Foreign>& foreign_keys() {
@@ -82,9 +74,6 @@ const std::vector<Foreign>& foreign_keys() {
       {"optimizer.params.amsgrad", Policy::refused, "false", "AMSGrad is not implemented"},
       {"optimizer.params.torch_adam", Policy::silent, "", "DeepSpeed's implementation choice"},
       {"optimizer.params.fused", Policy::silent, "", "DeepSpeed's implementation choice"},
-      {"optimizer.params.adam_w_mode", Policy::note, "",
-       "the decay follows optimizer.type: AdamW decoupled, Adam added to the gradient",
-       {}, adam_mode_matches, "agrees with optimizer.type (true for AdamW, false for Adam)"},
       {"optimizer.params.nesterov", Policy::refused, "false", "Nesterov momentum is not implemented"},
       {"optimizer.params.dampening", Policy::refused, "0|0.0", "SGD dampening is not implemented"},
       {"scheduler.params.last_batch_iteration", Policy::silent, "",

@@ -254,7 +254,9 @@ const std::vector<Spec>& config_keys() {
        }},
       {.path = "optimizer.params.weight_decay", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.weight_decay; }, .range = ge(0),
-       .auto_rule = Auto::fallback, .doc = "Weight decay (decoupled for AdamW).",
+       .auto_rule = Auto::fallback,
+       .doc = "Weight decay: decoupled for AdamW (and Adam with adam_w_mode), on the parameters the "
+              "layout marks (Layout::set_decay; zero-gpt: matrices and embeddings only).",
        .default_text = "AdamW `0.01`, Adam and SGD `0`",
        // PyTorch's defaults, which DeepSpeed passes through: decoupled decay 0.01 for AdamW,
        // none for Adam and SGD.
@@ -262,6 +264,11 @@ const std::vector<Spec>& config_keys() {
          c.optimizer.weight_decay = c.optimizer.type == OptimizerType::adamw ? 0.01 : 0.0;
        },
        .default_depends_on = "optimizer.type"},
+      {.path = "optimizer.params.adam_w_mode", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.adam_w_mode; },
+       .doc = "With type Adam: true (DeepSpeed's default) decouples the weight decay as AdamW "
+              "does, false adds it to the gradient (L2). AdamW always decouples, as in DeepSpeed.",
+       .inapplicable = adam_only},
       {.path = "optimizer.params.momentum", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.momentum; },
        .range = Range::closed_open(0, 1), .doc = "SGD momentum.", .inapplicable = sgd_only},

@@ -342,6 +342,7 @@ class Loader {
         o->fail("type", "is missing; the optimizer section needs type: AdamW, Adam or SGD");
       }
     });
+    check([&] { adam_mode_note(); });
     check([&] { scheduler_checks(top); });
     // The host backend always communicates over MPI, so comm: nccl next to backend: host would
     // be a setting with no effect: an error, not ignored.
@@ -354,6 +355,25 @@ class Loader {
                              "set backend: cuda");
       }
     });
+  }
+
+  // DeepSpeed's type Adam decays decoupled unless adam_w_mode says otherwise, and its AdamW
+  // ignores adam_w_mode: libzero follows both rules and says so where the choice matters.
+  void adam_mode_note() {
+    const OptimizerConfig& o = cfg_.optimizer;
+    StrictSection* p = section("optimizer.params");
+    const bool given = p && p->has("adam_w_mode");
+    if (o.type == OptimizerType::adam && !given && o.weight_decay != 0.0) {
+      cfg_.notes.push_back(
+          "optimizer.type: Adam decays decoupled (AdamW-style), as DeepSpeed's adam_w_mode "
+          "defaults to true; set optimizer.params.adam_w_mode: false to add the decay to the "
+          "gradient instead");
+    }
+    if (o.type == OptimizerType::adamw && given && !o.adam_w_mode) {
+      cfg_.notes.push_back(
+          "optimizer.params.adam_w_mode: false has no effect with type AdamW (as in DeepSpeed): "
+          "the decay stays decoupled; use type: Adam for decay added to the gradient");
+    }
   }
 
   void scheduler_checks(StrictSection& top) {

@@ -54,6 +54,25 @@ int Layout::find_unit(std::string_view name) const {
   ZERO_THROW(msg);
 }
 
+void Layout::set_decay(int id, std::string_view param, bool decay) {
+  unit(id);  // range check with its message
+  UnitInfo& u = units_[static_cast<std::size_t>(id)];
+  const int k = u.find_param(param);
+  if (k < 0) {
+    std::vector<std::string> names;
+    for (const auto& p : u.params) names.push_back(p.name);
+    std::string msg = "Layout::set_decay: unit '" + u.name + "' has no parameter '" + std::string(param) + "'";
+    if (auto best = closest_match(param, names); !best.empty()) msg += "; did you mean '" + best + "'?";
+    ZERO_THROW(msg);
+  }
+  u.params[static_cast<std::size_t>(k)].decay = decay;
+}
+
+void Layout::decay_matrices_only() {
+  for (auto& u : units_)
+    for (auto& p : u.params) p.decay = p.shape.size() >= 2;
+}
+
 std::int64_t Layout::num_params() const {
   std::int64_t n = 0;
   for (const auto& u : units_) n += u.numel;

@@ -103,36 +103,50 @@ void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd)
 }
 
 // One sub-group [begin, begin + len) of unit's owned range: on the backend, or on the host
-// (in place where the host can address backend memory, else through staging copies).
+// (in place where the host can address backend memory, else through staging copies). The
+// sub-group is stepped in runs of parameters that agree on weight decay (Layout::set_decay),
+// the runs without it with weight_decay 0.
 void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
                               const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage) {
   const bool sgd_type = cfg_.optimizer.type == OptimizerType::sgd;
+  const bool on_host = opt_->on_host();
   const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
-  const char* g = static_cast<const char*>(reducer_.owned(unit)) + static_cast<std::size_t>(begin) * esize();
-  char* p = static_cast<char*>(params_.owned(unit)) + static_cast<std::size_t>(begin) * esize();
-  if (!opt_->on_host()) {
-    if (sgd_type) backend_->sgd(master, m1, g, dtype_, p, dtype_, n, sgd);
-    else backend_->adam(master, m1, m2, g, dtype_, p, dtype_, n, adam);
-    return;
+  const std::size_t r = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
+  const char* g = static_cast<const char*>(reducer_.owned(unit)) + b * esize();
+  char* p = static_cast<char*>(params_.owned(unit)) + b * esize();
+  // Where this path reads the gradient and writes the parameter.
+  const bool copied = on_host && !async_stage && !backend_->host_accessible();
+  if (on_host && async_stage) {
+    g = static_cast<const char*>(async_stage->host_grads(r, b, n));
+    p = static_cast<char*>(async_stage->host_params(r, b));
+  } else if (copied) {
+    if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
+    backend_->to_host(stage_buf_.data(), static_cast<const void*>(g), bytes);
+    g = stage_buf_.data();
+    p = stage_buf_.data() + bytes;
   }
-  auto host_step = [&](const void* gh, void* ph) {
-    if (sgd_type) offload::sgd_step(master, m1, gh, dtype_, ph, dtype_, n, sgd);
-    else offload::adam_step(master, m1, m2, gh, dtype_, ph, dtype_, n, adam);
-  };
-  if (async_stage) {
-    const std::size_t r = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
-    host_step(async_stage->host_grads(r, b, n), async_stage->host_params(r, b));
-    async_stage->params_ready(r, b, n);
-    return;
-  }
-  if (backend_->host_accessible()) {
-    host_step(g, p);
-    return;
-  }
-  if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
-  backend_->to_host(stage_buf_.data(), g, bytes);
-  host_step(stage_buf_.data(), stage_buf_.data() + bytes);
-  backend_->from_host(p, stage_buf_.data() + bytes, bytes);
+  char* const p_out = p;
+  for_each_decay_run(layout_.unit(unit), shape(unit), begin, len, [&](std::int64_t at, std::int64_t count, bool decay) {
+    const std::size_t o = static_cast<std::size_t>(at - begin), k = static_cast<std::size_t>(count);
+    AdamHyper a = adam;
+    SgdHyper s = sgd;
+    if (!decay) a.weight_decay = s.weight_decay = 0.0f;
+    float* mw = master + o;
+    float* v1 = m1 ? m1 + o : nullptr;
+    float* v2 = m2 ? m2 + o : nullptr;
+    const void* gr = g + o * esize();
+    void* pw = p + o * esize();
+    if (!on_host) {
+      if (sgd_type) backend_->sgd(mw, v1, gr, dtype_, pw, dtype_, k, s);
+      else backend_->adam(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+    } else if (sgd_type) {
+      offload::sgd_step(mw, v1, gr, dtype_, pw, dtype_, k, s);
+    } else {
+      offload::adam_step(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+    }
+  });
+  if (on_host && async_stage) async_stage->params_ready(r, b, n);
+  else if (copied) backend_->from_host(static_cast<char*>(params_.owned(unit)) + b * esize(), p_out, bytes);
 }
 
 // Every rank updated only its slice of a full parameter buffer: all-gather the slices,

@@ -5,6 +5,7 @@
 // so gradients, parameters and optimizer state of one unit always line up slice for slice.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -34,6 +35,28 @@ inline std::vector<UnitShape> make_unit_shapes(const Layout& layout, int rank, i
     u.own_len = stage == 0 ? u.padded : u.slice;
   }
   return shapes;
+}
+
+// Splits [begin, begin + len) of unit's owned range (offsets relative to own_begin) into the
+// maximal runs whose parameters agree on weight decay, calling fn(run_begin, run_len, decay)
+// in order. Padding past the last parameter joins the run before it. Allocates nothing: the
+// optimizer step calls it for every sub-group.
+template <class Fn>
+void for_each_decay_run(const UnitInfo& ui, const UnitShape& u, std::int64_t begin, std::int64_t len, Fn&& fn) {
+  const std::int64_t lo = u.own_begin + begin, hi = lo + len;
+  const auto& ps = ui.params;
+  std::size_t k = 0;  // the parameter holding `pos` (or the last one, for padding)
+  std::int64_t pos = lo;
+  while (pos < hi) {
+    while (k + 1 < ps.size() && ps[k].offset + ps[k].numel <= pos) ++k;
+    const bool decay = ps[k].decay;
+    std::size_t e = k;
+    while (e + 1 < ps.size() && ps[e + 1].decay == decay) ++e;
+    const std::int64_t end = e + 1 == ps.size() ? hi : std::min(hi, ps[e].offset + ps[e].numel);
+    fn(pos - u.own_begin, end - pos, decay);
+    pos = end;
+    k = e + 1 < ps.size() ? e + 1 : e;
+  }
 }
 
 }  // namespace zero

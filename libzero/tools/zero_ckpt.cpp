@@ -2,6 +2,8 @@
 //
 //   zero-ckpt inspect ckpt/                      every checkpoint under the root, verified
 //   zero-ckpt export ckpt/ --format safetensors [--dtype bf16] -o model.safetensors
+//   zero-ckpt export ckpt/ --format hf -o gpt2-dir/   model.safetensors + config.json for
+//                                                     transformers' GPT2LMHeadModel
 //   zero-ckpt reshard ckpt/ --world 8 [--stage 3] -o ckpt8/
 //
 // <dir> is a checkpoint root (its `latest`, or --tag N) or one step directory.
@@ -13,6 +15,7 @@
 
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
+#include "zero/hf_gpt2.hpp"
 #include "zero/log.hpp"
 
 int main(int argc, char** argv) {
@@ -21,7 +24,7 @@ int main(int argc, char** argv) {
 
   std::string dir, out, format = "safetensors", dtype = "fp32", tag = "latest";
   bool show_config = false;
-  int world = 0, stage = -1;
+  int world = 0, stage = -1, n_head = 0, vocab_size = 0;
 
   auto* inspect = app.add_subcommand("inspect", "Print metadata and sizes; verify every file's checksums");
   inspect->add_option("dir", dir, "Checkpoint root or step directory")->required();
@@ -29,9 +32,16 @@ int main(int argc, char** argv) {
 
   auto* exp = app.add_subcommand("export", "Write the consolidated fp32 master weights (or bf16) as one file");
   exp->add_option("dir", dir, "Checkpoint root or step directory")->required();
-  exp->add_option("--format", format, "Output format")->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("--format", format,
+                  "safetensors: every parameter as stored (any model); hf: a Hugging Face GPT-2 directory "
+                  "(model.safetensors without padding rows, config.json)")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
   exp->add_option("--dtype", dtype, "Tensor type in the file")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  exp->add_option("-o,--output", out, "Output file")->required();
+  exp->add_option("-o,--output", out, "Output file (--format hf: output directory)")->required();
+  exp->add_option("--n-head", n_head, "hf: attention heads (default: the checkpoint's model.n_head)")
+      ->check(CLI::Range(1, 1 << 20));
+  exp->add_option("--vocab-size", vocab_size, "hf: true vocabulary (default: the checkpoint's model.vocab_size)")
+      ->check(CLI::Range(1, 1 << 30));
   exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
   auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks");
@@ -46,6 +56,13 @@ int main(int argc, char** argv) {
     if (*inspect) return zero::inspect_checkpoint(dir, std::cout, show_config) ? 0 : 2;
     if (*exp) {
       zero::DType t = dtype == "bf16" ? zero::DType::bf16 : (dtype == "fp16" ? zero::DType::f16 : zero::DType::f32);
+      if (format == "hf") {
+        const zero::hf::Gpt2Config c = zero::hf::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
+        std::printf("wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
+                    "n_positions %d vocab_size %d)\n",
+                    out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size);
+        return 0;
+      }
       zero::export_safetensors(dir, out, t, tag);
       std::printf("wrote %s (%s)\n", out.c_str(), dtype.c_str());
       return 0;

@@ -52,10 +52,11 @@ struct Case {
   int inf_step = -1;             // step at which rank 0 writes an inf into a gradient
   bool user_stream = false;      // run the CUDA engine on a stream of the test's own
   bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
+  bool mixed_decay = false;      // make_mixed_decay_layout(): weight decay on some parameters only
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " gas " + std::to_string(gas) +
            (clip > 0 ? " clip" : "") + " " + optimizer + " offload " + offload + (inf_step >= 0 ? " overflow" : "") +
-           (user_stream ? " user-stream" : "");
+           (user_stream ? " user-stream" : "") + (mixed_decay ? " mixed-decay" : "");
   }
 };
 
@@ -76,6 +77,7 @@ Config make_config(const Case& c, const std::string& kind) {
   if (c.dtype == DType::f16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
   y += "optimizer:\n  type: " + c.optimizer + "\n  params:\n    lr: 0.01\n    weight_decay: 0.1\n";
   if (c.optimizer == "SGD") y += "    momentum: 0.9\n";
+  if (c.optimizer == "Adam") y += "    adam_w_mode: false\n";  // the L2 path (DeepSpeed's Adam decouples by default)
   else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
   y += "backend: " + kind + "\n";
   if (kind == "cuda") y += "comm: " + test_comm() + "\n";
@@ -131,7 +133,7 @@ struct Run {
 };
 
 Run run(const Case& c, const std::string& kind, int steps = 5) {
-  Engine e(ctx(), make_config(c, kind), make_layout());
+  Engine e(ctx(), make_config(c, kind), c.mixed_decay ? make_mixed_decay_layout() : make_layout());
   Backend& b = engine_backend(e);
   REQUIRE(std::string(b.name()) == kind);
   cudaStream_t user = nullptr;
@@ -242,6 +244,24 @@ TEST_CASE("CUDA engine parity with the host backend: every stage x dtype x offlo
         c.extra = knobs(idx % 2 == 1);
         SECTION(c.name()) { check_parity(c); }
       }
+}
+
+// The CUDA kernels step each owned range in runs that agree on weight decay, as the host does.
+TEST_CASE("CUDA engine parity with per-parameter weight decay", "[engine]") {
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const char* offload : {"none", "cpu"}) {
+      if (stage == 0 && std::string(offload) != "none") continue;
+      for (const char* opt : {"AdamW", "Adam", "SGD"}) {
+        Case c;
+        c.stage = stage;
+        c.dtype = DType::bf16;
+        c.offload = offload;
+        c.optimizer = opt;
+        c.mixed_decay = true;
+        c.extra = knobs(stage % 2 == 1);
+        SECTION(c.name()) { check_parity(c); }
+      }
+    }
 }
 
 TEST_CASE("a late compute stream changes nothing: every consumer waits for its producer", "[engine][streams]") {

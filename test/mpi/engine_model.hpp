@@ -27,6 +27,16 @@ inline Layout make_layout() {
   return l;
 }
 
+// The same units with weight decay on some parameters only: the GPT-2 rule (1-D parameters
+// undecayed), then big.w decayed again, so decayed and undecayed runs alternate inside units
+// and the rank slice boundaries at 2-4 ranks cut through both kinds.
+inline Layout make_mixed_decay_layout() {
+  Layout l = make_layout();
+  l.decay_matrices_only();
+  l.set_decay(l.find_unit("big"), "w", true);
+  return l;
+}
+
 // Deterministic values in [-1, 1) from two integers.
 inline float hash_unit(std::uint64_t a, std::uint64_t b) {
   std::uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
@@ -68,14 +78,21 @@ inline std::vector<float> micro_grad(int unit, const std::vector<float>& w, std:
 }
 
 // The independent reference of the engine tests: full-precision Adam(W) over full units, with
-// the hyper-parameters the tests configure (lr 0.01, betas 0.9/0.95, eps 1e-8, weight decay 0.1).
+// the hyper-parameters the tests configure (lr 0.01, betas 0.9/0.95, eps 1e-8, weight decay 0.1
+// on the parameters the layout marks as decayed).
 struct ReferenceAdam {
   std::vector<std::vector<double>> w, m, v;
+  std::vector<std::vector<bool>> decayed;
 
   explicit ReferenceAdam(const Layout& l) {
     for (const auto& ui : l.units()) {
       std::vector<float> init(static_cast<std::size_t>(ui.numel));
-      for (const auto& p : ui.params) init_value(p, std::span<float>(init.data() + p.offset, static_cast<std::size_t>(p.numel)));
+      std::vector<bool> d(init.size());
+      for (const auto& p : ui.params) {
+        init_value(p, std::span<float>(init.data() + p.offset, static_cast<std::size_t>(p.numel)));
+        for (std::int64_t i = 0; i < p.numel; ++i) d[static_cast<std::size_t>(p.offset + i)] = p.decay;
+      }
+      decayed.push_back(std::move(d));
       w.emplace_back(init.begin(), init.end());
       m.emplace_back(init.size(), 0.0);
       v.emplace_back(init.size(), 0.0);
@@ -84,9 +101,10 @@ struct ReferenceAdam {
 
   // Update number t (1-based) with the mean gradient g; AdamW decays decoupled, Adam adds L2.
   void update(const std::vector<std::vector<double>>& g, int t, bool decoupled) {
-    const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8;
     for (std::size_t u = 0; u < w.size(); ++u)
       for (std::size_t i = 0; i < w[u].size(); ++i) {
+        const double wd = decayed[u][i] ? 0.1 : 0.0;
         double gi = g[u][i];
         if (decoupled) w[u][i] *= 1.0 - lr * wd;
         else gi += wd * w[u][i];

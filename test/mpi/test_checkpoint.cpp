@@ -30,8 +30,15 @@ std::unique_ptr<Engine> make_engine(const Case& c, Layout layout = make_ckpt_lay
   }
 }
 
+// The case's layout: make_ckpt_layout(), with the GPT-2 decay rule when the case asks for it.
+Layout case_layout(const Case& c) {
+  Layout l = make_ckpt_layout();
+  if (c.mixed_decay) l.decay_matrices_only();
+  return l;
+}
+
 std::unique_ptr<Engine> fresh_engine(const Case& c) {
-  auto e = make_engine(c);
+  auto e = make_engine(c, case_layout(c));
   if (e) e->init_params(init_value);
   return e;
 }
@@ -71,7 +78,7 @@ void check_resume(const Case& c, const std::string& root) {
     at_save = snapshot(*e);
     save_checkpoint(*e, root, client);
   }
-  auto e = make_engine(c);
+  auto e = make_engine(c, case_layout(c));
   ClientState got = load_checkpoint(*e, root);
   CHECK(got == client);
   CHECK(e->global_step() == 5);
@@ -120,6 +127,13 @@ TEST_CASE("resume is bit-exact: 10 steps == 5 + save + new engine + load + 5") {
     c.stage = 2;
     c.optimizer = "SGD";
     c.offload = "cpu";
+    cases.push_back(c);
+  }
+  for (const char* off : {"none", "cpu"}) {
+    Case c;  // weight decay on some parameters only: the resumed steps decay the same ones
+    c.stage = 2;
+    c.offload = off;
+    c.mixed_decay = true;
     cases.push_back(c);
   }
   {

@@ -53,12 +53,13 @@ struct Case {
   std::string optimizer = "AdamW";
   bool dynamic_fp16 = false;  // small window: the scale grows until it overflows, steps are skipped
   bool scheduler = false;
+  bool mixed_decay = false;  // weight decay on the 2-D parameters only (Layout::decay_matrices_only)
   std::string nvme_dir;
 
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " offload " + offload +
            (gas > 1 ? " gas " + std::to_string(gas) : "") + (optimizer != "AdamW" ? " " + optimizer : "") +
-           (scheduler ? " WarmupLR" : "");
+           (scheduler ? " WarmupLR" : "") + (mixed_decay ? " mixed-decay" : "");
   }
 };
 

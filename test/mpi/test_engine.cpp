@@ -31,7 +31,13 @@ struct Case {
   double clip = 0.0;
   std::string optimizer = "AdamW";
   std::string extra;  // more YAML lines under zero_optimization
+  bool mixed_decay = false;  // make_mixed_decay_layout() instead of make_layout()
+  std::string adam_w_mode;   // optimizer.params.adam_w_mode when not empty
+  // As DeepSpeed: AdamW, and Adam unless adam_w_mode is false, decay decoupled.
+  bool decoupled() const { return optimizer == "AdamW" || adam_w_mode != "false"; }
 };
+
+Layout case_layout(const Case& c) { return c.mixed_decay ? make_mixed_decay_layout() : make_layout(); }
 
 Config make_config(const Case& c) {
   std::string y;
@@ -43,6 +49,7 @@ Config make_config(const Case& c) {
   if (c.dtype == DType::f16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
   y += "optimizer:\n  type: " + c.optimizer + "\n  params:\n    lr: 0.01\n    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
   y += "    weight_decay: 0.1\n";
+  if (!c.adam_w_mode.empty()) y += "    adam_w_mode: " + c.adam_w_mode + "\n";
   Config cfg = parse_config(y, "test_engine");
   cfg.resolve(ctx().world_size());
   return cfg;
@@ -50,7 +57,7 @@ Config make_config(const Case& c) {
 
 // Runs `steps` steps of the test model through the engine; returns each unit's full params.
 std::vector<std::vector<float>> run_engine(const Case& c, int steps, std::vector<StepResult>* results = nullptr) {
-  Engine e(ctx(), make_config(c), make_layout());
+  Engine e(ctx(), make_config(c), case_layout(c));
   e.init_params(init_value);
   train(e, ctx().rank(), ctx().world_size(), 0, steps, results);
   int n = e.layout().num_units();
@@ -61,7 +68,7 @@ std::vector<std::vector<float>> run_engine(const Case& c, int steps, std::vector
 
 // Independent reference: full-batch mean gradient, clipping, AdamW in double precision.
 std::vector<std::vector<double>> run_reference(const Case& c, int steps) {
-  ReferenceAdam ref(make_layout());
+  ReferenceAdam ref(case_layout(c));
   int world = ctx().world_size();
   for (int s = 0; s < steps; ++s) {
     std::vector<std::vector<double>> g(ref.w.size());
@@ -84,7 +91,7 @@ std::vector<std::vector<double>> run_reference(const Case& c, int steps) {
     if (c.clip > 0) coef = std::min(1.0, c.clip / (std::sqrt(sumsq) + 1e-6));
     for (auto& gu : g)
       for (auto& x : gu) x *= coef;
-    ref.update(g, s + 1, c.optimizer == "AdamW");
+    ref.update(g, s + 1, c.decoupled());
   }
   return ref.w;
 }
@@ -158,8 +165,30 @@ TEST_CASE("Adam (L2 weight decay) matches the reference at stage 2") {
   Case c;
   c.stage = 2;
   c.optimizer = "Adam";
+  c.adam_w_mode = "false";
   c.gas = 2;
   check_parity(c);
+}
+
+TEST_CASE("type Adam without adam_w_mode decays decoupled, as in DeepSpeed") {
+  Case c;
+  c.stage = 1;
+  c.optimizer = "Adam";
+  c.gas = 2;
+  check_parity(c);  // against the decoupled reference (Case::decoupled)
+}
+
+TEST_CASE("weight decay on some parameters only matches the reference at every stage") {
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const char* opt : {"AdamW", "Adam"}) {
+      Case c;
+      c.stage = stage;
+      c.optimizer = opt;
+      c.adam_w_mode = "false";  // Adam: the L2 path, decay added to the gradient
+      c.mixed_decay = true;
+      c.extra = "  reduce_bucket_size: 64\n";
+      SECTION(std::string("stage ") + std::to_string(stage) + " " + opt) { check_parity(c); }
+    }
 }
 
 TEST_CASE("reduce_scatter: false (all-reduce, keep the owned slice) matches the reference") {

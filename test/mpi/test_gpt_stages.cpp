@@ -82,7 +82,7 @@ std::vector<double> engine_curve(const RunSpec& r, int steps) {
 }
 
 // One process, no engine: the whole global batch in one forward/backward of the host model,
-// then PyTorch's AdamW (or SGD with momentum) in double precision.
+// then PyTorch's AdamW (or SGD with momentum) in double precision, decaying the 2-D parameters.
 std::vector<double> reference_curve(const RunSpec& r, int steps) {
   const zero::Config cfg = make_config(r);
   const GptSettings set = read_gpt_settings(cfg);
@@ -98,14 +98,20 @@ std::vector<double> reference_curve(const RunSpec& r, int steps) {
   HostParams p(mc), g(mc);
   p.init(set.init_seed);
   std::vector<std::vector<double>> master, m, v;
+  // Weight decay as GPT-2 and nanoGPT apply it: matrices and embeddings only.
+  const zero::Layout layout = build_layout(mc);
+  std::vector<std::vector<bool>> decayed;
   for (int u = 0; u < p.num_units(); ++u) {
+    std::vector<bool> d(p.unit_data(u).size(), false);
+    for (const auto& pi : layout.unit(u).params)
+      for (std::int64_t i = 0; i < pi.numel; ++i) d[static_cast<std::size_t>(pi.offset + i)] = pi.shape.size() >= 2;
+    decayed.push_back(std::move(d));
     master.emplace_back(p.unit_data(u).begin(), p.unit_data(u).end());
     m.emplace_back(master.back().size(), 0.0);
     v.emplace_back(master.back().size(), 0.0);
   }
   const double lr = cfg.optimizer.lr, b1 = cfg.optimizer.beta1, b2 = cfg.optimizer.beta2,
-               eps = cfg.optimizer.eps, wd = cfg.optimizer.weight_decay,
-               momentum = cfg.optimizer.momentum;
+               eps = cfg.optimizer.eps, momentum = cfg.optimizer.momentum;
   std::vector<std::int32_t> in(static_cast<std::size_t>(r.global_batch * mc.seq_len)), tg(in.size());
   std::vector<double> losses;
   for (int t = 1; t <= steps; ++t) {
@@ -122,6 +128,7 @@ std::vector<double> reference_curve(const RunSpec& r, int steps) {
         double& mi = m[static_cast<std::size_t>(u)][i];
         double& vi = v[static_cast<std::size_t>(u)][i];
         const double gi = gu[i];
+        const double wd = decayed[static_cast<std::size_t>(u)][i] ? cfg.optimizer.weight_decay : 0.0;
         if (r.sgd) {
           // L2 decay into the gradient; the momentum buffer starts as the first gradient.
           const double d = gi + wd * x;

@@ -9,6 +9,7 @@
 
 #include "zero/config.hpp"
 #include "zero/error.hpp"
+#include "zero/optim.hpp"
 
 using Catch::Matchers::Contains;
 using zero::Config;
@@ -126,7 +127,11 @@ TEST_CASE("a DeepSpeedExamples-style config loads unchanged", "[config][deepspee
   CHECK(c.fp16.loss_scale_window == 500);
   CHECK(c.zero_optimization.stage == 2);
   CHECK(c.zero_optimization.allgather_bucket_size == 50000000);
-  CHECK(c.notes.empty());  // every DeepSpeed-only key there is at its inert value
+  // Every DeepSpeed-only key there is at its inert value; the one note says that type Adam
+  // decays decoupled, as DeepSpeed's adam_w_mode default does.
+  CHECK(c.optimizer.decoupled_decay());
+  REQUIRE(c.notes.size() == 1);
+  CHECK_THAT(c.notes[0], Contains("optimizer.type: Adam decays decoupled"));
   CHECK(c.autos.empty());
   c.resolve(4);
   CHECK(c.gradient_accumulation_steps == 2);
@@ -158,16 +163,40 @@ TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") 
                       Contains("bfloat16") && Contains("same section"));
 }
 
+TEST_CASE("type Adam decays decoupled unless adam_w_mode is false, as in DeepSpeed", "[config][deepspeed]") {
+  const Config plain = parse("optimizer: {type: Adam, params: {lr: 0.001, weight_decay: 0.1}}\n");
+  CHECK(plain.optimizer.decoupled_decay());
+  REQUIRE(plain.notes.size() == 1);
+  CHECK_THAT(plain.notes[0], Contains("optimizer.type: Adam decays decoupled") && Contains("adam_w_mode: false"));
+  // The JSON form a DeepSpeed user brings, and the hyper-parameters the update receives.
+  const Config json = parse("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"weight_decay\": 0.1}}}\n");
+  CHECK(zero::adam_hyper(json.optimizer, 1e-3, 1, 1.0f).decoupled);
+  const Config l2 = parse("optimizer: {type: Adam, params: {weight_decay: 0.1, adam_w_mode: false}}\n");
+  CHECK_FALSE(l2.optimizer.decoupled_decay());
+  CHECK_FALSE(zero::adam_hyper(l2.optimizer, 1e-3, 1, 1.0f).decoupled);
+  CHECK(l2.notes.empty());
+  const Config adamw = parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n");
+  CHECK(zero::adam_hyper(adamw.optimizer, 1e-3, 1, 1.0f).decoupled);
+  // No decay, no difference, no note.
+  CHECK(parse("optimizer: {type: Adam, params: {lr: 0.001}}\n").notes.empty());
+  // Not an SGD key.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: SGD, params: {adam_w_mode: true}}\n"),
+                      Contains("optimizer.params.adam_w_mode") && Contains("not SGD"));
+}
+
 TEST_CASE("DeepSpeed keys that would change the result are errors that say why", "[config][deepspeed]") {
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb}\n"),
                       Contains("optimizer.type = Lamb") && Contains("does not implement"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {bias_correction: false}}\n"),
                       Contains("optimizer.params.bias_correction") && Contains("bias correction"));
   CHECK(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n").notes.empty());
-  // adam_w_mode that agrees with the type is silent; one that does not gets a note.
+  // adam_w_mode as DeepSpeed reads it: type Adam decays decoupled unless adam_w_mode is false;
+  // AdamW always decouples. Given explicitly it is silent where it takes effect.
   CHECK(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n").notes.empty());
-  CHECK(has_note(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n"),
-                 "optimizer.params.adam_w_mode = true: handled differently here"));
+  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n").notes.empty());
+  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: false}}\n").notes.empty());
+  CHECK(has_note(parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n"),
+                 "optimizer.params.adam_w_mode: false has no effect with type AdamW"));
   REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n"),
                       Contains("data_types.grad_accum_dtype = fp32") &&
                           Contains("accumulate in the compute dtype"));

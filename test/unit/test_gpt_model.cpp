@@ -388,3 +388,25 @@ TEST_CASE("initialisation is GPT-2's and depends only on seed and name", "[gpt][
   auto ref = a.tensor("h.5.attn.c_proj.weight");
   CHECK(std::equal(alone.begin(), alone.end(), ref.begin()));
 }
+
+TEST_CASE("weight decay: matrices and embeddings only, as GPT-2 and nanoGPT", "[gpt]") {
+  GptConfig cfg;
+  cfg.n_layer = 2;
+  const zero::Layout layout = build_layout(cfg);
+  int decayed = 0, kept = 0;
+  for (const auto& u : layout.units())
+    for (const auto& p : u.params) {
+      INFO(p.name);
+      const bool matrix = p.name == "wte.weight" || p.name == "wpe.weight" || p.name.ends_with("c_attn.weight") ||
+                          p.name.ends_with("c_proj.weight") || p.name.ends_with("c_fc.weight");
+      CHECK(p.decay == matrix);
+      (p.decay ? decayed : kept) += 1;
+    }
+  CHECK(decayed == 2 + 4 * cfg.n_layer);         // wte, wpe; c_attn, attn.c_proj, c_fc, mlp.c_proj
+  CHECK(kept == 8 * cfg.n_layer + 2);            // biases and LayerNorm gains/shifts, ln_f
+  // The per-parameter switch any loop can use, with a did-you-mean on a typo.
+  zero::Layout l = layout;
+  l.set_decay(0, "wpe.weight", false);
+  CHECK_FALSE(l.unit(0).params[1].decay);
+  CHECK_THROWS_WITH(l.set_decay(0, "wpe.weigth", false), Catch::Contains("did you mean 'wpe.weight'"));
+}

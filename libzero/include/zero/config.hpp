@@ -121,6 +121,11 @@ struct OptimizerConfig {
   double eps = 1e-8;
   double weight_decay = 0.01;  // DeepSpeed/PyTorch: AdamW 0.01, Adam 0, SGD 0 (set per type when absent)
   double momentum = 0.0;       // SGD only
+  // DeepSpeed's switch for type Adam: true (its default) decays decoupled, as AdamW; false adds
+  // the decay to the gradient. AdamW always decouples.
+  bool adam_w_mode = true;
+  // True when the update decays decoupled from the gradient (AdamW, or Adam in adam_w_mode).
+  bool decoupled_decay() const { return type == OptimizerType::adamw || (type == OptimizerType::adam && adam_w_mode); }
 };
 
 struct SchedulerConfig {

@@ -5,6 +5,10 @@
 // slices over the ranks with every slice starting on a 128-byte boundary; rank r owns slice r of
 // every unit. The same partitioning serves stages 1, 2 and 3, so optimizer state, gradients and
 // parameters are always "slice r of unit u", and a checkpoint can be re-sliced for any world size.
+//
+// Each parameter also says whether the optimizer's weight decay applies to it. GPT-2, nanoGPT
+// and llm.c decay matrices and embeddings but not biases or LayerNorm parameters; the layout
+// carries that choice so the engine can honour it for any model (decay_matrices_only()).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,7 @@ struct ParamInfo {
   std::vector<std::int64_t> shape;
   std::int64_t numel = 0;
   std::int64_t offset = 0;  // element offset inside the unit's flat storage
+  bool decay = true;        // the optimizer's weight decay applies to it
 };
 
 struct UnitInfo {
@@ -41,6 +46,13 @@ class Layout {
   int find_unit(std::string_view name) const;
   std::int64_t num_params() const;  // Ψ: every parameter element, no padding
   const std::vector<UnitInfo>& units() const { return units_; }
+
+  // Weight decay per parameter (every parameter decays unless told otherwise). Throws
+  // zero::Error naming the closest unit or parameter when absent.
+  void set_decay(int unit, std::string_view param, bool decay);
+  // The GPT-2 rule: parameters with fewer than two dimensions (biases, LayerNorm gains and
+  // shifts) get no weight decay; matrices and embeddings keep it.
+  void decay_matrices_only();
 
   // Elements per rank slice of `unit` for `world` ranks: numel rounded up so that
   // slice * world >= numel and the slice is a multiple of kSliceAlign elements.

@@ -33,7 +33,7 @@ AdamHyper adam_hyper(const OptimizerConfig& o, double lr, std::int64_t step, flo
                    static_cast<float>(o.beta2),
                    static_cast<float>(o.eps),
                    static_cast<float>(o.weight_decay),
-                   o.type == OptimizerType::adamw,
+                   o.decoupled_decay(),
                    step,
                    grad_scale};
 }
