@@ -24,6 +24,7 @@
 #include "checkpoint_json.hpp"
 #include "holding_child.hpp"
 #include "safetensors.hpp"
+#include "test_data.hpp"
 
 using namespace zero;
 using Catch::Matchers::Contains;
@@ -213,8 +214,7 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
 // Format 1 (libzero 0.1.0, its own checksum) is refused by name, before any checksum is compared.
 TEST_CASE("a checkpoint of format 1 is refused with the release that wrote it") {
   // Written by libzero 0.1.0 (one unit of 3 elements, AdamW, step 4) and kept as it was.
-  const char* data = std::getenv("ZERO_TEST_DATA");  // set by ctest
-  const std::string root = (data ? fs::path(data) : fs::path(__FILE__).parent_path() / "data") / "checkpoint_v1";
+  const std::string root = zero::test::data_path("checkpoint_v1");
   for (const auto& fn : std::vector<std::function<void()>>{
            [&] { ckpt::Reader r(ckpt::resolve(root, "latest")); },
            [&] { ckpt::read_metadata_file(root + "/step_00000004/metadata.ckpt"); },

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <string>
 
+#include "test_data.hpp"
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
@@ -22,11 +23,7 @@ using zero::LoadOptions;
 
 namespace {
 
-// ctest sets ZERO_TEST_DATA; run by hand, the data folder sits next to this source file.
-std::string data(const std::string& name) {
-  if (const char* dir = std::getenv("ZERO_TEST_DATA")) return std::string(dir) + "/" + name;
-  return (std::filesystem::path(__FILE__).parent_path() / "data" / name).string();
-}
+std::string data(const std::string& name) { return zero::test::data_path(name); }
 
 Config parse(const std::string& text, const LoadOptions& opts = {}) {
   return zero::parse_config(text, "test.yaml", opts);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "test_data.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
@@ -17,10 +18,7 @@ using zero::LoadOptions;
 
 namespace {
 
-std::string data(const std::string& name) {
-  if (const char* dir = std::getenv("ZERO_TEST_DATA")) return std::string(dir) + "/" + name;
-  return (std::filesystem::path(__FILE__).parent_path() / "data" / name).string();
-}
+std::string data(const std::string& name) { return zero::test::data_path(name); }
 
 Config parse(const std::string& text, const LoadOptions& opts = {}) {
   return zero::parse_config(text, "ds.json", opts);
