@@ -514,8 +514,10 @@ int run(zero::Context& ctx, int argc, char** argv) {
     return 0;
   }
   // A run may save into its checkpoint root at any step (a stop signal saves too): take the
-  // root now, so a second job on it is refused before it trains or writes anything.
+  // root now, and the run directory its logs go to, so a second job on either is refused
+  // before it trains or writes anything.
   zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
+  zero::lock_run_directory(trainer.engine(), settings.out_dir);
   if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
   create_run_dir(ctx, rc);
 

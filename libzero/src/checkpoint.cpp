@@ -3,6 +3,7 @@
 // Every phase that touches files runs on each rank inside agree(): if it fails anywhere, every
 // rank throws the message of the lowest failing rank, so no rank waits in a collective for a
 // peer that gave up (a corrupted shard read by rank 2 alone must not hang ranks 0, 1 and 3).
+#include <fmt/format.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -242,20 +243,31 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   }
 }
 
-void lock_checkpoint_root(Engine& engine, const std::string& root) {
+namespace {
+
+// Collective: rank 0 creates `dir` and holds its lock exclusively until the process exits.
+void lock_job_directory(Engine& engine, const std::string& dir, const char* kind) {
   EngineState e(engine);
   Communicator& comm = e.host_comm();
-  same_on_all_ranks(comm, root, "the checkpoint root");
+  same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
   agree(comm, [&] {
-    ZERO_CHECK(!root.empty(), "lock_checkpoint_root: the checkpoint root is empty; pass a directory");
+    ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
     if (e.rank() != 0) return;
     std::error_code ec;
-    std::filesystem::create_directories(root, ec);
-    ZERO_CHECK(!ec, "lock_checkpoint_root: cannot create the checkpoint root '" + root + "': " + ec.message() +
-                        "; choose a writable directory");
-    ckpt::lock_root(root, true);
+    std::filesystem::create_directories(dir, ec);
+    ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
+                                ec.message()));
+    ckpt::lock_root(dir, true, kind);
   });
 }
+
+}  // namespace
+
+void lock_checkpoint_root(Engine& engine, const std::string& root) {
+  lock_job_directory(engine, root, "checkpoint root");
+}
+
+void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_directory(engine, dir, "run directory"); }
 
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {

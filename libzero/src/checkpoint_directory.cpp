@@ -58,7 +58,7 @@ void move_to_trash_and_remove(const std::string& root, const std::string& name, 
 
 }  // namespace
 
-void lock_root(const std::string& root, bool exclusive) {
+void lock_root(const std::string& root, bool exclusive, const char* kind) {
   // Held until the process exits: a job keeps its root for its whole run, and a library
   // without a "run" object has no earlier moment at which the job is known to be done with it.
   static std::mutex mutex;
@@ -71,9 +71,9 @@ void lock_root(const std::string& root, bool exclusive) {
   }
   JobLock::Taken t = JobLock::take(
       dir + "/" + kLockFile, exclusive ? LockMode::exclusive : LockMode::shared,
-      fmt::format("the checkpoint root '{}'", dir),
-      "wait for it to end or stop it, or give this job another checkpoint directory (a resumed run must "
-      "not run twice)");
+      fmt::format("the {} '{}'", kind, dir),
+      fmt::format("wait for it to end or stop it, or give this job another {} (a resumed run must not run twice)",
+                  kind));
   std::lock_guard guard(mutex);
   if (t.first) held.push_back(std::move(t.lock));
 }

@@ -228,8 +228,9 @@ inline constexpr const char* kLockFile = "zero.lock";
 // Locks `root` for this process until it exits: exclusive before writing (prepare takes it),
 // shared for reading (a resume), so a second job is refused instead of deleting the first
 // one's save in progress. `root` may be a step directory: its parent is locked then. Called by
-// one process per job (rank 0): the root is one directory every rank sees.
-void lock_root(const std::string& root, bool exclusive);
+// one process per job (rank 0): the root is one directory every rank sees. `kind` names the
+// directory in the refusal ("checkpoint root", "run directory").
+void lock_root(const std::string& root, bool exclusive, const char* kind = "checkpoint root");
 
 // ---------------------------------------------------------------- shared by the format's files
 

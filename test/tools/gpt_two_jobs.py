@@ -2,8 +2,8 @@
 """Two zero-gpt jobs on one directory, end to end.
 
 A first job (optimizer state swapped to NVMe) trains and is then frozen with SIGSTOP. A second
-job on the same run directory (checkpoint root) and one on the same nvme_path must each stop at
-start, naming the lock file and the first job's host and pid; a --sample, which only reads, may
+job on the same run directory (checkpoint root), one on the same nvme_path, and one on the same
+run directory with its checkpoints elsewhere must each stop at start, naming the lock file and the first job's host and pid; a --sample, which only reads, may
 run beside it. After the first job is killed (SIGKILL: it cleans up nothing), a new job on both
 directories runs: it removes the swap files the killed job left, says so, and leaves none of its
 own.
@@ -59,7 +59,10 @@ try:
     for what, cmd, lock in [
             ("checkpoint root", command(run_dir, os.path.join(work, "nvme2"), 5),
              os.path.join(run_dir, "checkpoints", "zero.lock")),
-            ("NVMe swap directory", command(os.path.join(work, "run2"), nvme, 5), swap_dir + ".lock")]:
+            ("NVMe swap directory", command(os.path.join(work, "run2"), nvme, 5), swap_dir + ".lock"),
+            ("run directory (its checkpoints elsewhere)",
+             command(run_dir, os.path.join(work, "nvme4"), 5, "--checkpoint", os.path.join(work, "ckpt4")),
+             os.path.join(run_dir, "zero.lock"))]:
         second = run(cmd)
         out = second.stdout + second.stderr
         if second.returncode == 0 or "in use by another job" not in out or holder not in out or lock not in out:

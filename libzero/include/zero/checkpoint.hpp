@@ -78,6 +78,9 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
 // second job on the same root is refused at its start rather than at its first save. Call it
 // before load_checkpoint in a run that will save into the root it resumes from.
 void lock_checkpoint_root(Engine& engine, const std::string& root);
+// The same for a job's own run directory (logs, metrics, the config it wrote), which two jobs
+// must not share either, wherever their checkpoints go.
+void lock_run_directory(Engine& engine, const std::string& dir);
 
 // ---- offline ----
 
