@@ -16,6 +16,7 @@
 #include "checkpoint_format.hpp"
 #include "checkpoint_json.hpp"
 #include "safetensors.hpp"
+#include "strings.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
 
@@ -26,8 +27,6 @@ namespace zero::hf {
 namespace {
 
 constexpr const char* kWte = "wte.weight";
-
-std::string shape_text(const std::vector<std::int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 plan::GptShape gpt_shape(const Gpt2Config& c) {
   plan::GptShape s;
