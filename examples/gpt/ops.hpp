@@ -3,80 +3,126 @@
 //
 // The model (gpt_model.hpp) owns the schedule and the buffers; an Ops owns the arithmetic and
 // the memory it runs in. HostOps computes in fp32 on the CPU (matrix products through OpenBLAS,
-// the rest OpenMP loops); a CUDA implementation of the same interface would take device
-// pointers and launch kernels, and the model would not change.
+// the rest OpenMP loops); CudaOps (cuda/cuda_ops.hpp) computes in bf16 with fp32 accumulation
+// on the GPU (cuBLASLt products, fused kernels, flash-style attention). The model is the same
+// for both.
 //
 // Conventions shared by every implementation:
+//   - Parameters, gradients and activations hold elements of the Ops' dtype() (fp32 for
+//     HostOps, bf16 for CudaOps). The model never reads an element: it carves buffers and hands
+//     out pointers, so they are typed `Act*`, an incomplete type that the implementation casts
+//     to its own element type. Statistics (LayerNorm mean/rstd, attention statistics, losses)
+//     are always fp32 (`float*`).
 //   - Activations are row-major [N, C] with N = B*T rows (one per token).
 //   - Weights use HF's Conv1D layout: W is [in, out] and y = x W + b.
 //   - Backward functions ADD (+=) into every gradient they produce, activation gradients
 //     included: a residual branch's gradient is then simply accumulated into the running
 //     residual gradient, and parameter gradients accumulate over micro-batches and over the
-//     two uses of the tied embedding, as the engine's contract requires.
+//     two uses of the tied embedding, as the engine's contract requires. The one exception is
+//     said where it applies (the GELU-fused matmul_backward).
+//   - Every call is enqueued in order on the Ops' stream (CudaOps) or runs at once (HostOps);
+//     only download() waits for the results.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 
+#include "zero/dtype.hpp"
+
 namespace zero::gpt {
+
+// One element of an Ops' dtype(); never defined (see above).
+struct Act;
+
+inline Act* act_offset(Act* p, std::size_t elements, std::size_t elem_bytes) {
+  return reinterpret_cast<Act*>(reinterpret_cast<std::byte*>(p) + elements * elem_bytes);
+}
+inline const Act* act_offset(const Act* p, std::size_t elements, std::size_t elem_bytes) {
+  return reinterpret_cast<const Act*>(reinterpret_cast<const std::byte*>(p) +
+                                      elements * elem_bytes);
+}
 
 class Ops {
  public:
   virtual ~Ops() = default;
   virtual const char* name() const = 0;
+  // The element type of parameters, gradients and activations.
+  virtual DType dtype() const = 0;
+  std::size_t elem_bytes() const { return dtype_size(dtype()); }
+  // True when pointers are host memory (HostOps); false for device memory.
+  virtual bool host_memory() const = 0;
 
-  // Memory where this Ops computes (host RAM for HostOps).
+  // Memory where this Ops computes. Allocation happens while the model is built, never in the
+  // forward or backward.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* p) noexcept = 0;
+  // Host -> Ops memory. `host_src` must stay valid until the next download() or synchronize().
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Ops memory -> host; returns when the bytes are there.
   virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
-  virtual void fill_zero(float* p, std::size_t n) = 0;
+  virtual void fill_zero(void* p, std::size_t bytes) = 0;
+  // Waits for every call enqueued so far.
+  virtual void synchronize() = 0;
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-  virtual void encoder_forward(float* out, const std::int32_t* tokens, const float* wte,
-                               const float* wpe, int B, int T, int C) = 0;
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
+  virtual void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte,
+                               const Act* wpe, int B, int T, int C) = 0;
+  // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic: the
+  // order of the additions does not depend on scheduling.
+  virtual void encoder_backward(Act* dwte, Act* dwpe, const Act* dout,
                                 const std::int32_t* tokens, int B, int T, int C) = 0;
 
   // LayerNorm over the last dimension (eps 1e-5); mean and rstd [N] are kept for the backward.
-  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                                 const float* w, const float* b, int N, int C) = 0;
-  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
-                                  const float* inp, const float* w, const float* mean,
-                                  const float* rstd, int N, int C) = 0;
+  virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp,
+                                 const Act* w, const Act* b, int N, int C) = 0;
+  // residual = a + b, then out = LayerNorm(residual): the residual add fused with the norm
+  // that reads it (residual may alias a or b).
+  virtual void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd,
+                                          const Act* a, const Act* b, const Act* w,
+                                          const Act* bias, int N, int C) = 0;
+  // Deterministic (dw and db are summed over rows in a fixed order).
+  virtual void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
+                                  const Act* w, const float* mean, const float* rstd, int N,
+                                  int C) = 0;
 
-  // out[N,OC] = inp[N,C] W[C,OC] + bias[OC] (bias may be null).
-  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
-                              int N, int C, int OC) = 0;
-  // dinp may be null (not needed); dbias may be null when there is no bias.
-  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
-                               const float* inp, const float* w, int N, int C, int OC) = 0;
+  // out[N,OC] = inp[N,C] W[C,OC] + bias[OC] (bias may be null). With pre_gelu non-null, the
+  // product plus bias goes to pre_gelu [N,OC] and out receives GELU (tanh approximation) of it.
+  virtual void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N,
+                              int C, int OC, Act* pre_gelu = nullptr) = 0;
+  // dinp += dout W^T, dw += inp^T dout, dbias += column sums of dout. dinp may be null (not
+  // needed); dbias may be null when there is no bias. With pre_gelu non-null (the output of a
+  // GELU-fused forward whose input gradient is wanted), dinp is OVERWRITTEN with
+  // (dout W^T) * GELU'(pre_gelu): the gradient of the GELU's input, which the model uses once.
+  virtual void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
+                               const Act* w, int N, int C, int OC,
+                               const Act* pre_gelu = nullptr) = 0;
 
   // Causal self-attention. qkv [B,T,3C] holds q | k | v, head h in columns h*hs .. (h+1)*hs of
-  // each; out [B,T,C]; att [B,NH,T,T] receives the softmax probabilities (zero above the
-  // diagonal) for the backward; datt is scratch of the same size.
-  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  // each; out [B,T,C]. `stats` (attention_stats_floats) keeps what the backward needs besides
+  // qkv and out: the T x T probabilities for HostOps, one log-sum-exp per row for CudaOps.
+  virtual std::size_t attention_stats_floats(int B, int T, int NH) const = 0;
+  // Scratch the backward may overwrite (attention_scratch_floats fp32 elements).
+  virtual std::size_t attention_scratch_floats(int B, int T, int NH) const = 0;
+  virtual void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
                                  int NH) = 0;
-  virtual void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                                  const float* att, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv,
+                                  const Act* out, const float* stats, int B, int T, int C,
+                                  int NH) = 0;
 
-  // GELU, tanh approximation.
-  virtual void gelu_forward(float* out, const float* inp, std::size_t n) = 0;
-  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) = 0;
-
-  virtual void residual_forward(float* out, const float* a, const float* b, std::size_t n) = 0;
+  virtual void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
 
   // LM head tied to the token embedding: logits[N,Vp] = x[N,C] wte[Vp,C]^T.
-  virtual void logits_forward(float* logits, const float* x, const float* wte, int N, int C,
+  virtual void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C,
                               int Vp) = 0;
-  virtual void logits_backward(float* dx, float* dwte, const float* dlogits, const float* x,
-                               const float* wte, int N, int C, int Vp) = 0;
+  virtual void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x,
+                               const Act* wte, int N, int C, int Vp) = 0;
 
-  // Softmax cross-entropy over the first V of Vp logits per row. losses[n] = -log p(target);
-  // if dlogits is non-null it receives (p - onehot) * dloss for ids < V and exactly 0 for the
-  // padded ids (it may alias logits: the gradient then overwrites them). Targets are in [0, V).
-  virtual void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
+  // Softmax cross-entropy over the first V of Vp logits per row, computed in fp32.
+  // losses[n] = -log p(target); if dlogits is non-null it receives (p - onehot) * dloss for ids
+  // < V and exactly 0 for the padded ids (it may alias logits: the gradient then overwrites
+  // them, and no probabilities are stored anywhere). Targets are in [0, V).
+  virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
                                      const std::int32_t* targets, int N, int V, int Vp,
                                      float dloss) = 0;
 };
