@@ -121,7 +121,8 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
     plan::Settings s = plan::settings_from(cfg);
     s.activation_checkpointing = ckpt;
     const plan::MemoryPlan m = plan::make_plan(shape, cluster, s).memory;
-    const std::int64_t activations = plan::activation_bytes(shape, s.micro_batch, ckpt, 4);
+    const std::int64_t activations = plan::activation_bytes(shape, s.micro_batch, ckpt, 4,
+                                                                   plan::AttentionStore::probabilities);
     const std::int64_t states = m.states.device() + m.states.host;
     const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
     const double need = static_cast<double>(states + activations + buffers);

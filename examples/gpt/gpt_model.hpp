@@ -27,21 +27,21 @@
 
 namespace zero::gpt {
 
-// An array of T in an Ops' memory (RAII, move-only).
-template <class T>
+// Memory in an Ops' space (RAII, move-only), viewed as elements of one type: std::int32_t,
+// float, or Act (the Ops' element type, whose size the Ops knows).
 class OpsBuffer {
  public:
   OpsBuffer() = default;
-  OpsBuffer(Ops& ops, std::size_t n)
-      : ops_(&ops), data_(static_cast<T*>(ops.allocate(n * sizeof(T)))), size_(n) {}
+  OpsBuffer(Ops& ops, std::size_t bytes)
+      : ops_(&ops), data_(ops.allocate(bytes)), bytes_(bytes) {}
   OpsBuffer(OpsBuffer&& o) noexcept
-      : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   OpsBuffer& operator=(OpsBuffer&& o) noexcept {
     if (this != &o) {
       reset();
       ops_ = o.ops_;
       data_ = std::exchange(o.data_, nullptr);
-      size_ = std::exchange(o.size_, 0);
+      bytes_ = std::exchange(o.bytes_, 0);
     }
     return *this;
   }
@@ -49,18 +49,21 @@ class OpsBuffer {
   OpsBuffer& operator=(const OpsBuffer&) = delete;
   ~OpsBuffer() { reset(); }
 
-  T* get() const { return data_; }
-  std::size_t size() const { return size_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const { return bytes_; }
   void reset() {
     if (data_) ops_->deallocate(data_);
     data_ = nullptr;
-    size_ = 0;
+    bytes_ = 0;
   }
 
  private:
   Ops* ops_ = nullptr;
-  T* data_ = nullptr;
-  std::size_t size_ = 0;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 class GptModel {
@@ -80,9 +83,9 @@ class GptModel {
   void set_batch(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
 
   // Forward, in unit order. Each pointer array lists the unit's tensors in gpt_units() order.
-  void forward_embeddings(const float* const* emb);
-  void forward_block(int layer, const float* const* block);
-  void forward_head(const float* const* ln_f, const float* const* emb);
+  void forward_embeddings(const Act* const* emb);
+  void forward_block(int layer, const Act* const* block);
+  void forward_head(const Act* const* ln_f, const Act* const* emb);
   // Mean cross-entropy (nats/token) of the last forward; needs targets.
   double loss() const { return loss_; }
   // The first vocab_size logits at (b, t) of the last forward, copied to `out`. Only valid
@@ -92,40 +95,46 @@ class GptModel {
   // Backward, in reverse unit order; every gradient is added into the given pointers.
   // dloss is the derivative of the objective with respect to loss(): 1 for plain training,
   // loss_scale / micro-steps under the engine.
-  void backward_head(const float* const* ln_f, float* const* d_ln_f, const float* const* emb,
-                     float* const* d_emb, float dloss);
-  void backward_block(int layer, const float* const* block, float* const* d_block);
-  void backward_embeddings(float* const* d_emb);
+  void backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
+                     Act* const* d_emb, float dloss);
+  void backward_block(int layer, const Act* const* block, Act* const* d_block);
+  void backward_embeddings(Act* const* d_emb);
 
  private:
+  // One block's activations: Act buffers of the Ops' dtype, fp32 statistics. fch is the MLP's
+  // pre-GELU product, fch_gelu its GELU.
   struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch,
-        *fch_gelu;
+    Act *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
+    float *ln1_mean, *ln1_rstd, *att_stats, *ln2_mean, *ln2_rstd;
   };
-  void block_forward(const BlockActs& a, const float* in, float* out, const float* const* p);
+  void block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p);
   const BlockActs& acts(int layer) const {
     return blocks_[cfg_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
   }
-  float* residual(int layer) const {
-    return residual_.get() + static_cast<std::size_t>(layer) * max_b_ * cfg_.seq_len * cfg_.n_embd;
+  // [B,T,C] slices of the Ops' element type.
+  Act* residual(int layer) const { return at(residual_, static_cast<std::size_t>(layer) * nc_max_); }
+  Act* at(const OpsBuffer& b, std::size_t elements) const {
+    return act_offset(b.as<Act>(), elements, es_);
   }
   void check_layer(int layer, const char* what) const;
 
   GptConfig cfg_;
   Ops* ops_;
+  std::size_t es_;  // bytes per element of ops_->dtype()
   int max_b_;
+  std::size_t nc_max_;  // max_batch * seq_len * n_embd
   int b_ = 0, t_ = 0;
   bool has_targets_ = false;
   double loss_ = 0.0;
   std::size_t activation_bytes_ = 0;
 
-  OpsBuffer<std::int32_t> inputs_, targets_;
-  OpsBuffer<float> block_store_;  // every BlockActs, carved
+  OpsBuffer inputs_, targets_;
+  OpsBuffer block_store_, block_stats_;  // every BlockActs, carved
   std::vector<BlockActs> blocks_;
-  OpsBuffer<float> residual_;     // [L+1][B,T,C]: the input of each block, then the last output
-  OpsBuffer<float> lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  OpsBuffer residual_;  // [L+1][B,T,C]: the input of each block, then the last output
+  OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   // Gradient scratch, one block's worth, reused layer after layer.
-  OpsBuffer<float> dres_, dtmp_, dqkv_, dfch_gelu_, dfch_, datt_;
+  OpsBuffer dres_, dtmp_, dqkv_, dfch_, att_scratch_;
   mutable std::vector<float> host_losses_;
 };
 
@@ -159,6 +168,9 @@ class HostParams {
   const std::vector<float>& unit_data(int u) const { return data_[static_cast<std::size_t>(u)]; }
   float* const* unit(int u) { return ptrs_[static_cast<std::size_t>(u)].data(); }
   const float* const* unit(int u) const { return ptrs_[static_cast<std::size_t>(u)].data(); }
+  // The same pointers as the model takes them (HostOps: Act is float).
+  Act* const* acts(int u) { return acts_[static_cast<std::size_t>(u)].data(); }
+  const Act* const* acts(int u) const { return acts_[static_cast<std::size_t>(u)].data(); }
   // The tensor called `name` ("h.0.ln_1.weight"); throws zero::Error when there is none.
   std::span<float> tensor(std::string_view name);
 
@@ -167,10 +179,11 @@ class HostParams {
   std::vector<UnitSpec> specs_;
   std::vector<std::vector<float>> data_;
   std::vector<std::vector<float*>> ptrs_;
+  std::vector<std::vector<Act*>> acts_;
 };
 
 // The whole forward with parameters in `p` (after model.set_batch); returns the loss when the
-// batch has targets, else 0.
+// batch has targets, else 0. The model's Ops must compute in host fp32 memory (HostOps).
 double forward_all(GptModel& model, const HostParams& p);
 // The whole backward, adding into `grads`; call after forward_all with targets.
 void backward_all(GptModel& model, const HostParams& p, HostParams& grads, float dloss = 1.0f);

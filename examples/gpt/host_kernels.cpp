@@ -280,17 +280,25 @@ void gelu_forward(T* out, const T* inp, std::size_t n) {
   }
 }
 
+// d GELU(x) / dx for the tanh approximation.
+template <class T>
+inline T gelu_grad(T x) {
+  const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
+  const T th = tanh_fast(u);
+  const T du = kGeluScale<T> * (T(1) + T(3 * 0.044715) * x * x);
+  return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
+}
+
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n) {
 #pragma omp parallel for simd
-  for (std::size_t i = 0; i < n; ++i) {
-    const T x = inp[i];
-    const T u = kGeluScale<T> * (x + T(0.044715) * x * x * x);
-    const T th = tanh_fast(u);
-    const T du = kGeluScale<T> * (T(1) + T(3 * 0.044715) * x * x);
-    const T g = T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * du;
-    dinp[i] += g * dout[i];
-  }
+  for (std::size_t i = 0; i < n; ++i) dinp[i] += gelu_grad(inp[i]) * dout[i];
+}
+
+template <class T>
+void gelu_backward_inplace(T* d, const T* inp, std::size_t n) {
+#pragma omp parallel for simd
+  for (std::size_t i = 0; i < n; ++i) d[i] = gelu_grad(inp[i]) * d[i];
 }
 
 template <class T>
@@ -345,6 +353,7 @@ void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::in
   template void attention_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);  \
   template void gelu_forward<T>(T*, const T*, std::size_t);                                       \
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t);                            \
+  template void gelu_backward_inplace<T>(T*, const T*, std::size_t);                              \
   template void residual_forward<T>(T*, const T*, const T*, std::size_t);                         \
   template void logits_forward<T>(T*, const T*, const T*, int, int, int);                         \
   template void logits_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);          \

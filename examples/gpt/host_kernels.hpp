@@ -40,6 +40,9 @@ template <class T>
 void gelu_forward(T* out, const T* inp, std::size_t n);
 template <class T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, std::size_t n);
+// d = GELU'(inp) * d (overwrites: the gradient of the GELU's input from that of its output).
+template <class T>
+void gelu_backward_inplace(T* d, const T* inp, std::size_t n);
 
 template <class T>
 void residual_forward(T* out, const T* a, const T* b, std::size_t n);

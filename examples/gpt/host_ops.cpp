@@ -16,9 +16,15 @@ namespace zero::gpt {
 
 namespace {
 
+// HostOps computes in fp32: Act is float.
+inline float* F(Act* p) { return reinterpret_cast<float*>(p); }
+inline const float* F(const Act* p) { return reinterpret_cast<const float*>(p); }
+
 class HostOps final : public Ops {
  public:
   const char* name() const override { return "host-fp32"; }
+  DType dtype() const override { return DType::f32; }
+  bool host_memory() const override { return true; }
 
   void* allocate(std::size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -36,64 +42,79 @@ class HostOps final : public Ops {
   void download(void* dst, const void* src, std::size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
-  void fill_zero(float* p, std::size_t n) override {
-    if (n) std::memset(p, 0, n * sizeof(float));
+  void fill_zero(void* p, std::size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
   }
+  void synchronize() override {}
 
-  void encoder_forward(float* out, const std::int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) override {
-    host::encoder_forward(out, tokens, wte, wpe, B, T, C);
+  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B,
+                       int T, int C) override {
+    host::encoder_forward(F(out), tokens, F(wte), F(wpe), B, T, C);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const std::int32_t* tokens,
-                        int B, int T, int C) override {
-    host::encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B,
+                        int T, int C) override {
+    host::encoder_backward(F(dwte), F(dwpe), F(dout), tokens, B, T, C);
   }
-  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
-                         const float* b, int N, int C) override {
-    host::layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
+                         const Act* b, int N, int C) override {
+    host::layernorm_forward(F(out), mean, rstd, F(inp), F(w), F(b), N, C);
   }
-  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                          const float* w, const float* mean, const float* rstd, int N,
+  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a,
+                                  const Act* b, const Act* w, const Act* bias, int N,
+                                  int C) override {
+    host::residual_forward(F(residual), F(a), F(b), static_cast<std::size_t>(N) * C);
+    host::layernorm_forward(F(out), mean, rstd, F(residual), F(w), F(bias), N, C);
+  }
+  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
+                          const Act* w, const float* mean, const float* rstd, int N,
                           int C) override {
-    host::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    host::layernorm_backward(F(dinp), F(dw), F(db), F(dout), F(inp), F(w), mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
-    host::matmul_forward(out, inp, w, bias, N, C, OC);
+  void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C,
+                      int OC, Act* pre_gelu) override {
+    if (!pre_gelu) {
+      host::matmul_forward(F(out), F(inp), F(w), F(bias), N, C, OC);
+      return;
+    }
+    host::matmul_forward(F(pre_gelu), F(inp), F(w), F(bias), N, C, OC);
+    host::gelu_forward(F(out), F(pre_gelu), static_cast<std::size_t>(N) * OC);
   }
-  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
-                       const float* w, int N, int C, int OC) override {
-    host::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
+                       const Act* w, int N, int C, int OC, const Act* pre_gelu) override {
+    if (pre_gelu && dinp) std::memset(dinp, 0, static_cast<std::size_t>(N) * C * sizeof(float));
+    host::matmul_backward(F(dinp), F(dw), F(dbias), F(dout), F(inp), F(w), N, C, OC);
+    if (pre_gelu && dinp)
+      host::gelu_backward_inplace(F(dinp), F(pre_gelu), static_cast<std::size_t>(N) * C);
   }
-  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+  std::size_t attention_stats_floats(int B, int T, int NH) const override {
+    return static_cast<std::size_t>(B) * NH * T * T;  // the probabilities
+  }
+  std::size_t attention_scratch_floats(int B, int T, int NH) const override {
+    return static_cast<std::size_t>(B) * NH * T * T;  // their gradient
+  }
+  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
                          int NH) override {
-    host::attention_forward(out, att, qkv, B, T, C, NH);
+    host::attention_forward(F(out), stats, F(qkv), B, T, C, NH);
   }
-  void attention_backward(float* dqkv, float* datt, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int NH) override {
-    host::attention_backward(dqkv, datt, dout, qkv, att, B, T, C, NH);
+  void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv,
+                          const Act* /*out*/, const float* stats, int B, int T, int C,
+                          int NH) override {
+    host::attention_backward(F(dqkv), scratch, F(dout), F(qkv), stats, B, T, C, NH);
   }
-  void gelu_forward(float* out, const float* inp, std::size_t n) override {
-    host::gelu_forward(out, inp, n);
+  void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
+    host::residual_forward(F(out), F(a), F(b), n);
   }
-  void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t n) override {
-    host::gelu_backward(dinp, inp, dout, n);
+  void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) override {
+    host::logits_forward(F(logits), F(x), F(wte), N, C, Vp);
   }
-  void residual_forward(float* out, const float* a, const float* b, std::size_t n) override {
-    host::residual_forward(out, a, b, n);
+  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N,
+                       int C, int Vp) override {
+    host::logits_backward(F(dx), F(dwte), F(dlogits), F(x), F(wte), N, C, Vp);
   }
-  void logits_forward(float* logits, const float* x, const float* wte, int N, int C,
-                      int Vp) override {
-    host::logits_forward(logits, x, wte, N, C, Vp);
-  }
-  void logits_backward(float* dx, float* dwte, const float* dlogits, const float* x,
-                       const float* wte, int N, int C, int Vp) override {
-    host::logits_backward(dx, dwte, dlogits, x, wte, N, C, Vp);
-  }
-  void softmax_cross_entropy(float* losses, float* dlogits, const float* logits,
+  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
                              const std::int32_t* targets, int N, int V, int Vp,
                              float dloss) override {
-    host::softmax_cross_entropy(losses, dlogits, logits, targets, N, V, Vp, dloss);
+    host::softmax_cross_entropy(losses, F(dlogits), F(logits), targets, N, V, Vp, dloss);
   }
 };
 

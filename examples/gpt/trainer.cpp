@@ -318,37 +318,37 @@ int GptTrainer::start_token() const {
   return 0;
 }
 
-float* const* GptTrainer::param_ptrs(const zero::UnitParams& p, Fp32Slot& slot) {
+const Act* const* GptTrainer::param_ptrs(const zero::UnitParams& p, UnitSlot& slot) {
   const zero::UnitInfo& ui = engine_->layout().unit(p.unit());
-  float* base = nullptr;
-  if (dtype_ == zero::DType::f32) {
-    base = static_cast<float*>(p.data());
-  } else {
+  Act* base = static_cast<Act*>(p.data());
+  if (widen()) {
     slot.scratch.resize(static_cast<std::size_t>(ui.numel));
     zero::convert(p.data(), dtype_, slot.scratch.data(), zero::DType::f32, slot.scratch.size());
-    base = slot.scratch.data();
+    base = reinterpret_cast<Act*>(slot.scratch.data());
   }
+  const std::size_t es = widen() ? sizeof(float) : ops_->elem_bytes();
   slot.ptrs.resize(ui.params.size());
-  for (std::size_t i = 0; i < ui.params.size(); ++i) slot.ptrs[i] = base + ui.params[i].offset;
+  for (std::size_t i = 0; i < ui.params.size(); ++i)
+    slot.ptrs[i] = act_offset(base, static_cast<std::size_t>(ui.params[i].offset), es);
   return slot.ptrs.data();
 }
 
-float* const* GptTrainer::grad_ptrs(int unit, const zero::UnitGrads& g, Fp32Slot& slot) {
+Act* const* GptTrainer::grad_ptrs(int unit, const zero::UnitGrads& g, UnitSlot& slot) {
   const zero::UnitInfo& ui = engine_->layout().unit(unit);
-  float* base = nullptr;
-  if (dtype_ == zero::DType::f32) {
-    base = static_cast<float*>(g.data());
-  } else {
+  Act* base = static_cast<Act*>(g.data());
+  if (widen()) {
     slot.scratch.assign(static_cast<std::size_t>(ui.numel), 0.0f);
-    base = slot.scratch.data();
+    base = reinterpret_cast<Act*>(slot.scratch.data());
   }
+  const std::size_t es = widen() ? sizeof(float) : ops_->elem_bytes();
   slot.ptrs.resize(ui.params.size());
-  for (std::size_t i = 0; i < ui.params.size(); ++i) slot.ptrs[i] = base + ui.params[i].offset;
+  for (std::size_t i = 0; i < ui.params.size(); ++i)
+    slot.ptrs[i] = act_offset(base, static_cast<std::size_t>(ui.params[i].offset), es);
   return slot.ptrs.data();
 }
 
-void GptTrainer::commit_grads(int unit, const zero::UnitGrads& g, const Fp32Slot& slot) {
-  if (dtype_ == zero::DType::f32) return;  // the backward wrote into the engine's storage
+void GptTrainer::commit_grads(int unit, const zero::UnitGrads& g, const UnitSlot& slot) {
+  if (!widen()) return;  // the backward wrote into the engine's storage
   const std::size_t n = static_cast<std::size_t>(engine_->layout().unit(unit).numel);
   for (std::size_t i = 0; i < n; ++i)
     zero::store_from_f32(g.data(), i, dtype_, zero::load_as_f32(g.data(), i, dtype_) + slot.scratch[i]);
@@ -360,7 +360,7 @@ double GptTrainer::run_micro_batch(bool train) {
   // The embeddings stay gathered for the whole micro-step: the tied head needs wte at the end
   // of the forward, and its gradient is added to at both ends of the backward.
   zero::UnitParams E = engine_->gather(emb);
-  float* const* pe = param_ptrs(E, emb_params_);
+  const Act* const* pe = param_ptrs(E, emb_params_);
   model_->forward_embeddings(pe);
   for (int l = 0; l < c.n_layer; ++l) {
     zero::UnitParams P = engine_->gather(block_unit(l));
@@ -376,7 +376,7 @@ double GptTrainer::run_micro_batch(bool train) {
   // The engine divides by loss_scale x gradient_accumulation_steps and averages over ranks.
   const float dloss = engine_->loss_scale();
   zero::UnitGrads GE = engine_->grads(emb);
-  float* const* ge = grad_ptrs(emb, GE, emb_grads_);
+  Act* const* ge = grad_ptrs(emb, GE, emb_grads_);
   {
     zero::UnitParams P = engine_->gather(lnf);
     zero::UnitGrads G = engine_->grads(lnf);

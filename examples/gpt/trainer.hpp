@@ -127,15 +127,18 @@ class GptTrainer {
   std::size_t activation_bytes() const { return model_->activation_bytes(); }
 
  private:
-  // fp32 pointer arrays for the model, one "slot" per unit in use at once (the embeddings,
-  // and the unit currently gathered), widening 16-bit units into scratch.
-  struct Fp32Slot {
-    std::vector<float*> ptrs;
+  // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the
+  // unit currently gathered). When the engine's compute dtype is the Ops' (fp32 on the host,
+  // bf16 on CUDA) they point into the engine's storage; otherwise (16-bit compute with HostOps)
+  // units are widened into fp32 scratch and gradients added back.
+  struct UnitSlot {
+    std::vector<Act*> ptrs;
     std::vector<float> scratch;
   };
-  float* const* param_ptrs(const zero::UnitParams& p, Fp32Slot& slot);
-  float* const* grad_ptrs(int unit, const zero::UnitGrads& g, Fp32Slot& slot);
-  void commit_grads(int unit, const zero::UnitGrads& g, const Fp32Slot& slot);
+  const Act* const* param_ptrs(const zero::UnitParams& p, UnitSlot& slot);
+  Act* const* grad_ptrs(int unit, const zero::UnitGrads& g, UnitSlot& slot);
+  void commit_grads(int unit, const zero::UnitGrads& g, const UnitSlot& slot);
+  bool widen() const { return dtype_ != ops_->dtype(); }
   // One micro-batch (already set on the model): forward, and backward when training.
   double run_micro_batch(bool train);
 
@@ -152,7 +155,7 @@ class GptTrainer {
   int micro_batch_ = 1, gas_ = 1;
   zero::DType dtype_ = zero::DType::f32;
   std::vector<std::int32_t> inputs_, targets_;
-  Fp32Slot emb_params_, emb_grads_, unit_params_, unit_grads_;
+  UnitSlot emb_params_, emb_grads_, unit_params_, unit_grads_;
 };
 
 }  // namespace zero::gpt

@@ -279,9 +279,11 @@ TEST_CASE("HostOps (fp32) agrees with the double-precision kernels", "[gpt][laye
 
   auto xf = to_f(x), wf = to_f(w), bf = to_f(bias), gf = to_f(g), betaf = to_f(beta);
   std::vector<float> lnf(N * C), meanf(N), rstdf(N), qkvf(N * 3 * C), yf(N * C), attf(B * NH * T * T);
-  ops->layernorm_forward(lnf.data(), meanf.data(), rstdf.data(), xf.data(), gf.data(), betaf.data(), N, C);
-  ops->matmul_forward(qkvf.data(), lnf.data(), wf.data(), bf.data(), N, C, 3 * C);
-  ops->attention_forward(yf.data(), attf.data(), qkvf.data(), B, T, C, NH);
+  auto A = [](std::vector<float>& v) { return reinterpret_cast<zero::gpt::Act*>(v.data()); };
+  ops->layernorm_forward(A(lnf), meanf.data(), rstdf.data(), A(xf), A(gf), A(betaf), N, C);
+  ops->matmul_forward(A(qkvf), A(lnf), A(wf), A(bf), N, C, 3 * C);
+  REQUIRE(ops->attention_stats_floats(B, T, NH) == attf.size());
+  ops->attention_forward(A(yf), attf.data(), A(qkvf), B, T, C, NH);
   double worst = 0;
   for (std::size_t i = 0; i < y.size(); ++i)
     worst = std::max(worst, std::abs(y[i] - yf[i]) / (1.0 + std::abs(y[i])));

@@ -120,17 +120,21 @@ TEST_CASE("GPT shapes: parameter count and the trainer's layout", "[plan]") {
 }
 
 TEST_CASE("activation bytes: the trainer's buffers, worked by hand", "[plan]") {
-  // B=1, T=2, C=2, NH=1, L=1, V=100 (padded 128): N=2, att=4.
-  // per block 15*4 + 4*2 + 4 = 72; residual 2*4 = 8; ln_f 4 + stats 4 + logits 256 + losses 2
-  // = 266; backward 13*4 + 4 = 56; 402 floats = 1608 bytes, + 2*2 int32 ids = 1624.
+  // B=1, T=2, C=2, NH=1, L=1, V=100 (padded 128): N=2, NC=4.
+  // Elements: block 15*4 = 60; residual 2*4 = 8; ln_f 4; logits 256; backward 9*4 = 36: 364.
+  // fp32 (host, probabilities att = 4): block 4*2 + 4 = 12; ln_f stats + losses 6; scratch 4: 22.
+  // 386 floats = 1544 bytes, + 2*2 int32 ids = 1560.
+  using zero::plan::AttentionStore;
+  const auto probs = AttentionStore::probabilities, rows = AttentionStore::row_statistics;
   GptShape s{"", 1, 1, 2, 2, 100};
-  CHECK(activation_bytes(s, 1, false, 4) == 1624);
+  CHECK(activation_bytes(s, 1, false, 4, probs) == 1560);
   // Three blocks without checkpointing keep two more blocks (2*72) and two more residuals (2*4).
   s.n_layer = 3;
-  CHECK(activation_bytes(s, 1, false, 4) == 1624 + 4 * (2 * 72 + 2 * 4));
-  CHECK(activation_bytes(s, 1, true, 4) == 1624 + 4 * (2 * 4));
-  // 16-bit elements halve the float part; ids stay int32.
-  CHECK(activation_bytes(s, 1, true, 2) == (1624 - 16 + 4 * 8) / 2 + 16);
+  CHECK(activation_bytes(s, 1, false, 4, probs) == 1560 + 4 * (2 * 72 + 2 * 4));
+  CHECK(activation_bytes(s, 1, true, 4, probs) == 1560 + 4 * (2 * 4));
+  // bf16 elements with row statistics (B*NH*T = 2 per block and 2 of scratch): 372 elements
+  // (two more residuals) at 2 bytes, fp32 (8 + 2) + 6 + 2 = 18 at 4, ids 16.
+  CHECK(activation_bytes(s, 1, true, 2, rows) == 372 * 2 + 18 * 4 + 16);
 }
 
 TEST_CASE("step time: compute at the stated efficiency, exposed collectives, the optimizer", "[plan]") {

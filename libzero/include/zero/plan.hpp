@@ -59,14 +59,22 @@ struct GptFamily {
   GptShape closest(double params) const;
 };
 
+// How the GPT trainer's attention keeps what its backward needs.
+enum class AttentionStore {
+  probabilities,  // the host trainer: [B, NH, T, T] fp32 probabilities, and their gradient
+  row_statistics  // the CUDA trainer (flash-style): one fp32 log-sum-exp per row, recomputed
+};
+
 // Activation bytes per rank of the GPT trainer's forward + backward for a micro-batch of `micro`
-// sequences, elements of `element_bytes` (4 for the fp32 trainer, 2 for 16-bit activations).
+// sequences, elements of `element_bytes` (4 for the host trainer's fp32, 2 for the CUDA
+// trainer's bf16); LayerNorm and attention statistics and the losses are fp32 in both.
 // Mirrors what GptModel allocates: per block the LayerNorm outputs and statistics, qkv, the
-// attention output and probabilities [B, NH, T, T], the MLP hidden layer (before and after GELU)
-// — kept for every block, or for one block with activation checkpointing — plus the residual
-// stream at each block boundary, ln_f, the logits over the padded vocabulary and the backward's
-// scratch. Token ids are int32.
-std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointing, int element_bytes);
+// attention output and statistics, the MLP hidden layer (before and after GELU) — kept for
+// every block, or for one block with activation checkpointing — plus the residual stream at
+// each block boundary, ln_f, the logits over the padded vocabulary and the backward's scratch.
+// Token ids are int32.
+std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointing, int element_bytes,
+                              AttentionStore attention);
 
 // ---- Hardware ------------------------------------------------------------------------------
 

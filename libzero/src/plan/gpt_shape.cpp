@@ -118,19 +118,23 @@ GptShape GptFamily::closest(double params) const {
   return best;
 }
 
-std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, int element_bytes) {
+std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, int element_bytes,
+                              AttentionStore attention) {
   s.validate();
   ZERO_CHECK(micro >= 1, fmt::format("activation_bytes: the micro-batch must be >= 1 (got {})", micro));
   const std::int64_t B = micro, T = s.seq_len, C = s.n_embd, NH = s.n_head, L = s.n_layer;
-  const std::int64_t N = B * T, att = B * NH * T * T;
-  // ln1, qkv (3), attention output, res2, ln2, fc (4), gelu(fc) (4): 15 widths; 4 row statistics.
-  const std::int64_t per_block = 15 * N * C + 4 * N + att;
+  const std::int64_t N = B * T, NC = N * C;
+  // What the attention keeps per block and the backward's scratch beside it, in floats.
+  const std::int64_t att = attention == AttentionStore::probabilities ? B * NH * T * T : B * NH * T;
   const std::int64_t blocks = checkpointing ? 1 : L;
-  const std::int64_t residual = (L + 1) * N * C;
-  const std::int64_t head = N * C + 2 * N + N * s.padded_vocab() + N;  // ln_f, its statistics, logits, losses
-  const std::int64_t backward = 13 * N * C + att;                       // dres, dtmp, dqkv, dfc, dgelu, datt
-  const std::int64_t elements = per_block * blocks + residual + head + backward;
-  return elements * element_bytes + 2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
+  // Elements: per block ln1, qkv (3), attention output, res2, ln2, fc (4), gelu(fc) (4): 15
+  // widths; the residual stream; ln_f; the logits; the backward's dres, dtmp, dqkv (3), dfc (4).
+  const std::int64_t elements = blocks * 15 * NC + (L + 1) * NC + NC + N * s.padded_vocab() + 9 * NC;
+  // fp32: per block 4 LayerNorm statistics per row and the attention's; ln_f's statistics and
+  // the losses; the attention backward's scratch.
+  const std::int64_t floats = blocks * (4 * N + att) + 3 * N + att;
+  return elements * element_bytes + floats * static_cast<std::int64_t>(sizeof(float)) +
+         2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
 }
 
 }  // namespace zero::plan

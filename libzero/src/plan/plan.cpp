@@ -53,7 +53,9 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluste
   const UnitSizes u = unit_sizes(layout, N);
   MemoryPlan m;
   m.states = model_states(layout, s, N);
-  m.activations = activation_bytes(shape, s.micro_batch, s.activation_checkpointing, static_cast<int>(es));
+  // A plan is for GPUs: the CUDA trainer's flash-style attention.
+  m.activations = activation_bytes(shape, s.micro_batch, s.activation_checkpointing, static_cast<int>(es),
+                                   AttentionStore::row_statistics);
   // Reduce staging: one bucket at stages 0/1 (gradients are full-size already); two buckets in
   // flight at stages 2/3, each at least one whole unit (a unit is never split across buckets).
   const std::int64_t bucket = std::min(s.reduce_bucket_size, u.total_padded);
