@@ -252,3 +252,23 @@ TEST_CASE("user GPU presets from YAML", "[plan]") {
   CHECK_THROWS_WITH(load_gpu_presets(path), Catch::Contains("lacks peak_tflops"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("a CUDA device's name finds its preset, and only when one describes it", "[plan]") {
+  const double GiB = 1024.0 * 1024.0 * 1024.0;
+  auto kind = [&](const char* name, double gib) {
+    const auto g = zero::plan::gpu_preset_for_device(name, gib * GiB);
+    return g ? g->name : std::string("none");
+  };
+  // Names as the driver reports them (cudaDeviceProp::name) and their usable memory.
+  CHECK(kind("NVIDIA H100 80GB HBM3", 79.1) == "H100-SXM");
+  CHECK(kind("NVIDIA H200", 139.8) == "H200");
+  CHECK(kind("NVIDIA A100-SXM4-80GB", 79.2) == "A100-80GB");
+  CHECK(kind("NVIDIA A100-SXM4-40GB", 39.4) == "A100-40GB");
+  CHECK(kind("Tesla V100-SXM2-32GB", 31.7) == "V100-32GB");
+  CHECK(kind("Tesla V100-SXM2-16GB", 15.8) == "V100-16GB");
+  // Other peaks than the presets': the PCIe and NVL H100s, and unknown kinds.
+  CHECK(kind("NVIDIA H100 PCIe", 79.1) == "none");
+  CHECK(kind("NVIDIA H100 NVL", 93.0) == "none");
+  CHECK(kind("NVIDIA GeForce RTX 4090", 23.6) == "none");
+  CHECK(zero::plan::gpu_preset_for_device("NVIDIA H100 80GB HBM3", 79.1 * GiB)->peak_flops == 989e12);
+}

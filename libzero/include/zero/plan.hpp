@@ -94,6 +94,11 @@ struct GpuSpec {
 const std::vector<GpuSpec>& gpu_presets();
 // A preset by name, first among `extra` (user YAML), then the built-in ones.
 GpuSpec gpu_preset(std::string_view name, const std::vector<GpuSpec>& extra = {});
+// The built-in preset of a CUDA device, from the name and memory the driver reports
+// (cudaDeviceProp::name, totalGlobalMem): "NVIDIA H100 80GB HBM3" is H100-SXM, "NVIDIA A100-SXM4-40GB"
+// A100-40GB. Empty when no preset describes it (an H100 PCIe, whose peak differs from the SXM
+// part's, or any other kind): callers then ask the user for the figure.
+std::optional<GpuSpec> gpu_preset_for_device(std::string_view device_name, double memory_bytes);
 // User presets from YAML: a list (or a map under `gpus:`) of entries with name, memory_gb,
 // peak_tflops, efficiency, hbm_gbps, pcie_gbps, nvlink_gbps; a field left out copies `base`
 // (a built-in preset name) or is an error. Throws with the file and the bad key.

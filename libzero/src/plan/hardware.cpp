@@ -56,6 +56,20 @@ GpuSpec gpu_preset(std::string_view name, const std::vector<GpuSpec>& extra) {
   ZERO_THROW(msg + "; choose one of: " + list + ", or define it in a --gpu-file YAML");
 }
 
+std::optional<GpuSpec> gpu_preset_for_device(std::string_view device_name, double memory_bytes) {
+  auto has = [&](std::string_view part) { return device_name.find(part) != std::string_view::npos; };
+  const double gib = memory_bytes / GiB;
+  const char* preset = nullptr;
+  if (has("H200")) preset = "H200";
+  // The SXM H100 reports HBM3 memory; the PCIe card (HBM2e, 756 TFLOP/s) and the NVL part are
+  // other devices with other peaks.
+  else if (has("H100") && (has("HBM3") || has("SXM")) && !has("PCIe") && !has("NVL")) preset = "H100-SXM";
+  else if (has("A100")) preset = gib > 48 ? "A100-80GB" : "A100-40GB";
+  else if (has("V100")) preset = gib > 20 ? "V100-32GB" : "V100-16GB";
+  if (!preset) return std::nullopt;
+  return gpu_preset(preset);
+}
+
 std::vector<GpuSpec> load_gpu_presets(const std::string& path) {
   YAML::Node root;
   try {
