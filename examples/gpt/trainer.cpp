@@ -58,12 +58,19 @@ class EvalScope {
 // ------------------------------------------------------------------------------ settings
 
 GptSettings read_gpt_settings(const zero::Config& cfg) {
-  // The model's ops (host_ops.cpp) read and write parameters, gradients and activations as host
-  // memory; with backend: cuda they would be handed device pointers. Refused until the CUDA ops
-  // exist.
-  ZERO_CHECK(cfg.backend != zero::BackendKind::cuda,
-             "zero-gpt: backend: cuda is not supported yet: the GPT model's operations run on the host only (its CUDA "
-             "kernels do not exist yet). Set backend: host (the default) to train on the CPU");
+  // With backend: cuda the model runs on CudaOps (cuda/cuda_ops.hpp), which compute in bf16 on
+  // the engine's device storage: the engine's compute dtype must be the same.
+  if (cfg.backend == zero::BackendKind::cuda) {
+#if !ZERO_GPT_CUDA
+    ZERO_THROW("zero-gpt: backend: cuda, but this build has no CUDA support (configure with "
+               "-DZERO_CUDA=ON on a machine with the CUDA toolkit), or set backend: host");
+#endif
+    ZERO_CHECK(cfg.compute_dtype() == zero::DType::bf16,
+               std::string("zero-gpt: backend: cuda trains in bf16 (the GPT CUDA kernels take bf16 parameters, "
+                           "gradients and activations), but the config computes in ") +
+                   std::string(zero::dtype_name(cfg.compute_dtype())) +
+                   "; set bf16.enabled: true" + (cfg.fp16.enabled ? " and fp16.enabled: false" : ""));
+  }
   GptSettings s;
   {
     zero::StrictSection m = zero::extra_section(cfg, "model");

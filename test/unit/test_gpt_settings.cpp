@@ -80,9 +80,6 @@ TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]"
                     Catch::Contains("run.eval_batches") && Catch::Contains("eval_sequences"));
   CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}),
                     Catch::Contains("model.n_layr"));
-  // The model's ops are host code: a CUDA backend is refused with the way out.
-  CHECK_THROWS_WITH(read("backend: cuda\n"), Catch::Contains("backend: cuda is not supported") &&
-                                               Catch::Contains("backend: host"));
   // Without the trainer's sections registered, the engine's loader rejects them.
   CHECK_THROWS_AS(zero::parse_config("model:\n  preset: tiny\n", "run.yaml"), zero::Error);
 }
@@ -106,4 +103,16 @@ TEST_CASE("rates keep their significant digits in the log", "[gpt][report]") {
   CHECK(format_significant(0.0) == "0.00");
   CHECK(format_duration(3725) == "1h02m");
   CHECK(format_mib(3 * 1024 * 1024) == "3.0 MiB");
+}
+
+TEST_CASE("backend: cuda trains in bf16 and says so otherwise", "[gpt][settings]") {
+  using Catch::Matchers::Contains;
+#if ZERO_GPT_CUDA
+  CHECK_THROWS_WITH(read("backend: cuda\n"), Contains("trains in bf16") && Contains("bf16.enabled: true"));
+  CHECK_THROWS_WITH(read("backend: cuda\nfp16:\n  enabled: true\n"),
+                    Contains("fp16") && Contains("fp16.enabled: false"));
+  CHECK(read("backend: cuda\nbf16:\n  enabled: true\n").preset == "tiny");
+#else
+  CHECK_THROWS_WITH(read("backend: cuda\nbf16:\n  enabled: true\n"), Contains("no CUDA support"));
+#endif
 }
