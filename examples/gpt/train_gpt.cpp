@@ -40,6 +40,10 @@
 #include "autotune_run.hpp"
 #include "data.hpp"
 #include "ops.hpp"
+#include "zero/plan.hpp"
+#if ZERO_GPT_CUDA
+#include <cuda_runtime_api.h>
+#endif
 #include "reporter.hpp"
 #include "trainer.hpp"
 #include "zero/checkpoint.hpp"
@@ -196,8 +200,24 @@ double peak_rss_bytes() {
 // The per-device peak MFU divides by, and where it came from. Every rank measures at once
 // (ranks on one machine share its cores, as they do while training) and the mean counts.
 std::pair<double, std::string> device_peak_tflops(zero::Context& ctx, const GptSettings& s,
-                                                  int threads) {
+                                                  const zero::Config& cfg, int threads) {
   if (s.peak_tflops > 0) return {s.peak_tflops, "run.peak_tflops"};
+#if ZERO_GPT_CUDA
+  if (cfg.backend == zero::BackendKind::cuda) {
+    // The dense bf16 tensor peak of the device's preset; a device no preset describes (an H100
+    // PCIe, a consumer card) needs the figure from the user.
+    int device = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+      if (auto g = zero::plan::gpu_preset_for_device(prop.name, static_cast<double>(prop.totalGlobalMem)))
+        return {g->peak_flops / 1e12, "dense bf16 peak of " + g->name + " (" + prop.name + ")"};
+      ZERO_THROW(std::string("zero-gpt: no peak is known for the GPU '") + prop.name +
+                 "', which MFU divides by; set run.peak_tflops to its dense bf16 tensor peak (TFLOP/s)");
+    }
+  }
+#else
+  (void)cfg;
+#endif
   ctx.comm().barrier();
   const double mine = zero::gpt::measure_host_sgemm_tflops();
   const double mean = ctx.comm().all_reduce_scalar(mine, zero::ReduceOp::avg);
@@ -525,7 +545,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());
-  std::tie(facts.peak_tflops, facts.peak_source) = device_peak_tflops(ctx, settings, facts.threads);
+  std::tie(facts.peak_tflops, facts.peak_source) = device_peak_tflops(ctx, settings, rc.cfg, facts.threads);
 
   const bool progress = settings.progress == "on" ||
                         (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
