@@ -5,9 +5,8 @@
 // the device's own libm (tanhf, expf, rsqrtf there are within 2 ulp of the host's). Tolerances:
 // a few fp32 rounding steps (2^-24 relative each) on the magnitude of the terms involved, with
 // room to spare; a wrong term or sign is off by orders of magnitude more.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -91,12 +90,12 @@ TEST_CASE("layernorm_dinp over a row matches the fp64 host backward", "[gpt][mat
     const float mean_dn_xhat = sum_dn_xhat / static_cast<float>(C);
     for (int c = 0; c < C; ++c) {
       const float xhat = (static_cast<float>(x[c]) - mf) * sf;
-      const float got = m::layernorm_dinp(static_cast<float>(dy[c]), static_cast<float>(w[c]),
-                                          xhat, mean_dn, mean_dn_xhat, sf);
+      const float got = m::layernorm_dinp(static_cast<float>(dy[c]), static_cast<float>(w[c]), xhat,
+                                          mean_dn, mean_dn_xhat, sf);
       // Terms of size rstd (|dy w| + |mean_dn| + |xhat mean_dn_xhat|); the row sums add about
       // C rounding steps to the means.
-      const double scale = sd * (std::abs(dy[c] * w[c]) + std::abs(mean_dn) +
-                                 std::abs(xhat * mean_dn_xhat) + 1.0);
+      const double scale =
+          sd * (std::abs(dy[c] * w[c]) + std::abs(mean_dn) + std::abs(xhat * mean_dn_xhat) + 1.0);
       INFO("c = " << c);
       CHECK(std::abs(got - dinp[c]) <= 0x1p-24 * (C + 8) * scale);
     }
@@ -107,7 +106,7 @@ TEST_CASE("online softmax statistics merge to the row's log-sum-exp", "[gpt][mat
   const int V = 1000;
   auto l = normals(V, 7, 4.0);
   l[3] = -std::numeric_limits<double>::infinity();  // probability 0, must not poison the sum
-  l[500] = 30.0;                                     // one dominant logit
+  l[500] = 30.0;                                    // one dominant logit
   double mx = -INFINITY;
   for (double v : l) mx = std::max(mx, v);
   double s = 0;
@@ -120,7 +119,8 @@ TEST_CASE("online softmax statistics merge to the row's log-sum-exp", "[gpt][mat
 
   // The kernels' split: thread t takes t, t + 32, ...; then a butterfly over 32 partials.
   std::vector<m::SoftmaxStats> part(32, m::softmax_stats_empty());
-  for (int i = 0; i < V; ++i) part[i % 32] = m::softmax_stats_add(part[i % 32], static_cast<float>(l[i]));
+  for (int i = 0; i < V; ++i)
+    part[i % 32] = m::softmax_stats_add(part[i % 32], static_cast<float>(l[i]));
   for (int offset = 16; offset > 0; offset >>= 1) {
     std::vector<m::SoftmaxStats> next(32);
     for (int t = 0; t < 32; ++t) next[t] = m::softmax_stats_merge(part[t], part[t ^ offset]);
@@ -165,8 +165,8 @@ TEST_CASE("cross_entropy_dlogit matches the fp64 host softmax cross-entropy", "[
 }
 
 TEST_CASE("column reductions split rows into fixed blocks", "[gpt][math]") {
-  for (const int n : {1, 63, 64, 65, 1000, 65536, 65537, 1 << 20, 5'000'000,
-                      std::numeric_limits<int>::max()}) {
+  for (const int n :
+       {1, 63, 64, 65, 1000, 65536, 65537, 1 << 20, 5'000'000, std::numeric_limits<int>::max()}) {
     INFO("n = " << n);
     const int r = m::column_reduce_rows_per_block(n);
     const int g = m::column_reduce_blocks(n);

@@ -97,9 +97,9 @@ inline void add_column_partials(bf16* out, const float* partials, int blocks, in
 
 }  // namespace zero::gpt::cuda::detail
 
-#define ZERO_GPT_LAUNCH_CHECK(op)                                                      \
-  do {                                                                                 \
-    const cudaError_t zero_gpt_rc_ = cudaGetLastError();                               \
-    if (zero_gpt_rc_ != cudaSuccess)                                                   \
+#define ZERO_GPT_LAUNCH_CHECK(op)                                                            \
+  do {                                                                                       \
+    const cudaError_t zero_gpt_rc_ = cudaGetLastError();                                     \
+    if (zero_gpt_rc_ != cudaSuccess)                                                         \
       ::zero::gpt::cuda::detail::throw_launch_error(__FILE__, __LINE__, (op), zero_gpt_rc_); \
   } while (0)

@@ -30,8 +30,7 @@ using math::SoftmaxStats;
 constexpr int kThreads = 512;
 
 __device__ __forceinline__ SoftmaxStats shfl_xor(SoftmaxStats s, int offset) {
-  return {__shfl_xor_sync(0xffffffffu, s.max, offset),
-          __shfl_xor_sync(0xffffffffu, s.sum, offset)};
+  return {__shfl_xor_sync(0xffffffffu, s.max, offset), __shfl_xor_sync(0xffffffffu, s.sum, offset)};
 }
 
 // The merged statistics of the whole block, in every thread. Called once per kernel (its shared
@@ -42,7 +41,8 @@ __device__ SoftmaxStats block_merge(SoftmaxStats s) {
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) s = math::softmax_stats_merge(s, shfl_xor(s, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    s = math::softmax_stats_merge(s, shfl_xor(s, offset));
   if (lane == 0) per_warp[warp] = s;
   __syncthreads();
   if (warp == 0) {
@@ -78,7 +78,8 @@ __global__ void softmax_cross_entropy_kernel(float* losses, bf16* dlogits, const
   const float target_logit = threadIdx.x == 0 && valid ? __bfloat162float(l[target]) : 0.0f;
   st = block_merge(st);
   const float lse = math::softmax_stats_lse(st);
-  if (threadIdx.x == 0) losses[blockIdx.x] = valid ? lse - target_logit : __int_as_float(0x7fc00000);
+  if (threadIdx.x == 0)
+    losses[blockIdx.x] = valid ? lse - target_logit : __int_as_float(0x7fc00000);
   if (dlogits == nullptr) return;
 
   bf16* d = dlogits + off;

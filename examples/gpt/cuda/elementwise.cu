@@ -19,8 +19,8 @@ namespace zero::gpt::cuda {
 
 namespace {
 
-using detail::aligned16;
 using detail::align_up;
+using detail::aligned16;
 using detail::ceil_div;
 using detail::load_bf16;
 using detail::store_bf16;
@@ -45,8 +45,8 @@ struct GeluBackward {
 template <bool VEC, class F>
 __global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, std::size_t n, F f) {
   const std::size_t chunks = (n + kChunk - 1) / kChunk;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-       i < chunks; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t e0 = i * kChunk;
     if (VEC && e0 + kChunk <= n) {
       float xv[kChunk], yv[kChunk];
@@ -110,8 +110,7 @@ void check_bias_shape(const char* op, int N, int OC) {
 
 }  // namespace
 
-void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n,
-                      cudaStream_t stream) {
+void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream) {
   launch_map("residual_forward", out, a, b, n, Add{}, stream);
 }
 
@@ -136,8 +135,8 @@ void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
   check_bias_shape("bias_backward", N, OC);
   const std::size_t need = bias_backward_scratch_bytes(N, OC);
   ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
-             "bias_backward: scratch of " + std::to_string(scratch_bytes) + " bytes for N=" +
-                 std::to_string(N) + ", OC=" + std::to_string(OC) + ", needs " +
+             "bias_backward: scratch of " + std::to_string(scratch_bytes) +
+                 " bytes for N=" + std::to_string(N) + ", OC=" + std::to_string(OC) + ", needs " +
                  std::to_string(need) + " (bias_backward_scratch_bytes)");
   auto* partial =
       reinterpret_cast<float*>(align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));

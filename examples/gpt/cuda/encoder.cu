@@ -10,7 +10,6 @@
 // row once. dwpe[t] is a plain column sum over b in b order. All scratch (the sorted keys,
 // position values and CUB's temporary storage) lives in the caller's buffer.
 #include <cub/device/device_radix_sort.cuh>
-
 #include <string>
 
 #include "bf16_io.cuh"
@@ -21,8 +20,8 @@ namespace zero::gpt::cuda {
 
 namespace {
 
-using detail::aligned16;
 using detail::align_up;
+using detail::aligned16;
 using detail::ceil_div;
 using detail::load_bf16;
 using detail::store_bf16;
@@ -34,9 +33,9 @@ std::string shape_text(int B, int T, int C) {
 }
 
 void check_shape(const char* op, int B, int T, int C) {
-  ZERO_CHECK(B >= 1 && T >= 1 && C >= 1,
-             std::string(op) + ": unsupported shape " + shape_text(B, T, C) +
-                 " (B, T and C must be at least 1)");
+  ZERO_CHECK(B >= 1 && T >= 1 && C >= 1, std::string(op) + ": unsupported shape " +
+                                             shape_text(B, T, C) +
+                                             " (B, T and C must be at least 1)");
   ZERO_CHECK(static_cast<long long>(B) * T <= 0x7fffffffLL,
              std::string(op) + ": B*T = " + std::to_string(static_cast<long long>(B) * T) +
                  " positions exceed the 2^31-1 the sort supports (" + shape_text(B, T, C) + ")");
@@ -47,8 +46,8 @@ template <int VEC>
 __global__ void encoder_forward_kernel(bf16* out, const std::int32_t* tokens, const bf16* wte,
                                        const bf16* wpe, int T, int C, std::size_t chunks) {
   const std::size_t per_row = static_cast<std::size_t>(C / VEC);
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-       i < chunks; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t n = i / per_row;
     const std::size_t c = (i % per_row) * VEC;
     const std::size_t t = n % static_cast<std::size_t>(T);
@@ -78,7 +77,8 @@ __global__ void encoder_backward_wte_kernel(bf16* dwte, const bf16* dout,
   const std::int32_t id = sorted_ids[i];
   if (i > 0 && sorted_ids[i - 1] == id) return;
   bf16* row = dwte + static_cast<std::size_t>(id) * C;
-  for (int c = static_cast<int>(threadIdx.x) * VEC; c < C; c += static_cast<int>(blockDim.x) * VEC) {
+  for (int c = static_cast<int>(threadIdx.x) * VEC; c < C;
+       c += static_cast<int>(blockDim.x) * VEC) {
     float acc[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
@@ -101,8 +101,8 @@ template <int VEC>
 __global__ void encoder_backward_wpe_kernel(bf16* dwpe, const bf16* dout, int B, int T, int C) {
   const std::size_t per_row = static_cast<std::size_t>(C / VEC);
   const std::size_t chunks = static_cast<std::size_t>(T) * per_row;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-       i < chunks; i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t t = i / per_row;
     const std::size_t c = (i % per_row) * VEC;
     float acc[VEC];
@@ -156,19 +156,19 @@ BackwardScratch backward_scratch(int N) {
 
 }  // namespace
 
-void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe,
-                     int B, int T, int C, cudaStream_t stream) {
+void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
+                     int T, int C, cudaStream_t stream) {
   check_shape("encoder_forward", B, T, C);
   constexpr int kThreads = 256;
   const std::size_t N = static_cast<std::size_t>(B) * T;
   if (C % 8 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe)) {
     const std::size_t chunks = N * (C / 8);
-    encoder_forward_kernel<8><<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(
-        out, tokens, wte, wpe, T, C, chunks);
+    encoder_forward_kernel<8>
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks);
   } else {
     const std::size_t chunks = N * C;
-    encoder_forward_kernel<1><<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(
-        out, tokens, wte, wpe, T, C, chunks);
+    encoder_forward_kernel<1>
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks);
   }
   ZERO_GPT_LAUNCH_CHECK("encoder_forward");
 }
@@ -178,9 +178,8 @@ std::size_t encoder_backward_scratch_bytes(int B, int T, int C) {
   return backward_scratch(B * T).total;
 }
 
-void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens,
-                      int B, int T, int C, void* scratch, std::size_t scratch_bytes,
-                      cudaStream_t stream) {
+void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens, int B,
+                      int T, int C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
   check_shape("encoder_backward", B, T, C);
   const int N = B * T;
   const BackwardScratch s = backward_scratch(N);
@@ -198,14 +197,14 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
 
   constexpr int kThreads = 256;
   iota_kernel<<<grid_for(static_cast<std::size_t>(N), kThreads), kThreads, 0, stream>>>(positions,
-                                                                                          N);
+                                                                                        N);
   ZERO_GPT_LAUNCH_CHECK("encoder_backward (positions)");
   const cudaError_t rc = cub::DeviceRadixSort::SortPairs(
       sort_temp, sort_bytes, tokens, sorted_ids, positions, sorted_pos, N, 0,
       static_cast<int>(sizeof(std::int32_t) * 8), stream);
-  ZERO_CHECK(rc == cudaSuccess, std::string("encoder_backward: CUB radix sort of ") +
-                                    std::to_string(N) + " token ids failed: " +
-                                    cudaGetErrorName(rc) + " (" + shape_text(B, T, C) + ")");
+  ZERO_CHECK(rc == cudaSuccess,
+             std::string("encoder_backward: CUB radix sort of ") + std::to_string(N) +
+                 " token ids failed: " + cudaGetErrorName(rc) + " (" + shape_text(B, T, C) + ")");
 
   const bool vec = C % 8 == 0 && aligned16(dwte) && aligned16(dwpe) && aligned16(dout);
   // Enough threads for one pass over the row's chunks, a whole number of warps, at most 256.
@@ -221,11 +220,11 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
   ZERO_GPT_LAUNCH_CHECK("encoder_backward (wte)");
   const std::size_t wpe_chunks = static_cast<std::size_t>(T) * row_chunks;
   if (vec) {
-    encoder_backward_wpe_kernel<8><<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(
-        dwpe, dout, B, T, C);
+    encoder_backward_wpe_kernel<8>
+        <<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   } else {
-    encoder_backward_wpe_kernel<1><<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(
-        dwpe, dout, B, T, C);
+    encoder_backward_wpe_kernel<1>
+        <<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   }
   ZERO_GPT_LAUNCH_CHECK("encoder_backward (wpe)");
 }

@@ -23,8 +23,8 @@ namespace zero::gpt::cuda {
 
 namespace {
 
-using detail::aligned16;
 using detail::align_up;
+using detail::aligned16;
 using detail::ceil_div;
 using detail::load_bf16;
 using detail::store_bf16;
@@ -49,7 +49,8 @@ template <int VEC, bool RESIDUAL>
 __global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean, float* rstd,
                                          const bf16* a, const bf16* b, const bf16* w,
                                          const bf16* bias, int N, int C) {
-  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+  const int row =
+      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= N) return;
   const std::size_t off = static_cast<std::size_t>(row) * C;
@@ -100,9 +101,10 @@ __global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean,
 // dinp += rstd (dy w - mean(dy w) - xhat mean(dy w xhat)), one warp per row.
 template <int VEC>
 __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp,
-                                               const bf16* w, const float* mean,
-                                               const float* rstd, int N, int C) {
-  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+                                               const bf16* w, const float* mean, const float* rstd,
+                                               int N, int C) {
+  const int row =
+      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= N) return;
   const std::size_t off = static_cast<std::size_t>(row) * C;
@@ -139,10 +141,10 @@ __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, con
 
 // Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order. Writes the
 // block's partial sums of dy * xhat (dw) and dy (db) to row g of each partial matrix [G, C].
-__global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_db,
-                                                   const bf16* dout, const bf16* inp,
-                                                   const float* mean, const float* rstd, int N,
-                                                   int C, int rows_per_block) {
+__global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_db, const bf16* dout,
+                                                   const bf16* inp, const float* mean,
+                                                   const float* rstd, int N, int C,
+                                                   int rows_per_block) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
   const int g = static_cast<int>(blockIdx.y);
@@ -176,11 +178,11 @@ void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, floa
   if (RESIDUAL) vec = vec && aligned16(residual) && aligned16(b);
   constexpr int threads = 32 * kWarpsPerBlock;
   if (vec) {
-    layernorm_forward_kernel<8, RESIDUAL><<<row_grid(N), threads, 0, stream>>>(
-        residual, out, mean, rstd, a, b, w, bias, N, C);
+    layernorm_forward_kernel<8, RESIDUAL>
+        <<<row_grid(N), threads, 0, stream>>>(residual, out, mean, rstd, a, b, w, bias, N, C);
   } else {
-    layernorm_forward_kernel<1, RESIDUAL><<<row_grid(N), threads, 0, stream>>>(
-        residual, out, mean, rstd, a, b, w, bias, N, C);
+    layernorm_forward_kernel<1, RESIDUAL>
+        <<<row_grid(N), threads, 0, stream>>>(residual, out, mean, rstd, a, b, w, bias, N, C);
   }
   ZERO_GPT_LAUNCH_CHECK(op);
 }
@@ -193,11 +195,11 @@ void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, con
                         stream);
 }
 
-void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd,
-                                const bf16* a, const bf16* b, const bf16* w, const bf16* bias,
-                                int N, int C, cudaStream_t stream) {
-  launch_forward<true>("residual_layernorm_forward", residual, out, mean, rstd, a, b, w, bias, N,
-                       C, stream);
+void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a,
+                                const bf16* b, const bf16* w, const bf16* bias, int N, int C,
+                                cudaStream_t stream) {
+  launch_forward<true>("residual_layernorm_forward", residual, out, mean, rstd, a, b, w, bias, N, C,
+                       stream);
 }
 
 std::size_t layernorm_backward_scratch_bytes(int N, int C) {
@@ -211,23 +213,23 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
   check_shape("layernorm_backward", N, C);
   const std::size_t need = layernorm_backward_scratch_bytes(N, C);
   ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
-             "layernorm_backward: scratch of " + std::to_string(scratch_bytes) + " bytes for N=" +
-                 std::to_string(N) + ", C=" + std::to_string(C) + ", needs " +
+             "layernorm_backward: scratch of " + std::to_string(scratch_bytes) +
+                 " bytes for N=" + std::to_string(N) + ", C=" + std::to_string(C) + ", needs " +
                  std::to_string(need) + " (layernorm_backward_scratch_bytes)");
   auto* base = reinterpret_cast<std::byte*>(
       align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
   auto* part_dw = reinterpret_cast<float*>(base);
   auto* part_db = reinterpret_cast<float*>(base + partial_bytes(N, C));
 
-  const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
-                   aligned16(w);
+  const bool vec =
+      C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
   constexpr int threads = 32 * kWarpsPerBlock;
   if (vec) {
-    layernorm_backward_dinp_kernel<8><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w,
-                                                                          mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<8>
+        <<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   } else {
-    layernorm_backward_dinp_kernel<1><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w,
-                                                                          mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<1>
+        <<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   }
   ZERO_GPT_LAUNCH_CHECK("layernorm_backward (dinp)");
 
