@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -35,6 +36,11 @@ using g::bf16;
 namespace {
 
 #define CUDA_OK(call) REQUIRE((call) == cudaSuccess)
+
+// Under compute-sanitizer (ZERO_TEST_SMALL=1) the largest shapes are left out: instrumented
+// kernels run far slower, and the small shapes exercise the same code paths.
+bool small_run() { return std::getenv("ZERO_TEST_SMALL") != nullptr; }
+constexpr std::size_t kLargeElements = 1u << 18;
 
 constexpr double kBf16Round = 0x1p-8;  // twice the largest relative rounding error of bf16
 constexpr double kF32 = 0x1p-24;
@@ -324,6 +330,7 @@ void check_layernorm_outputs(const LnShape& s, const std::vector<double>& x, con
 
 TEST_CASE("layernorm_forward matches the fp64 host forward", "[gpt][kernels]") {
   for (const LnShape& s : kLnShapes) {
+    if (small_run() && static_cast<std::size_t>(s.N) * s.C > kLargeElements) continue;
     INFO(text(s));
     const std::size_t n = static_cast<std::size_t>(s.N) * s.C, off = s.misaligned ? 1 : 0;
     const auto x = random_bf16(n, 21, 2.0, 0.5);
@@ -348,6 +355,7 @@ TEST_CASE("residual_layernorm_forward writes bf16(a + b) and normalises it, in p
           "[gpt][kernels]") {
   enum Where { kSeparate, kInA, kInB };
   for (const LnShape& s : kLnShapes) {
+    if (small_run() && static_cast<std::size_t>(s.N) * s.C > kLargeElements) continue;
     for (const Where where : {kSeparate, kInA, kInB}) {
       INFO(text(s) << (where == kSeparate ? " residual separate"
                        : where == kInA    ? " residual == a"
@@ -381,6 +389,7 @@ TEST_CASE("residual_layernorm_forward writes bf16(a + b) and normalises it, in p
 TEST_CASE("layernorm_backward matches the fp64 host backward, deterministically",
           "[gpt][kernels]") {
   for (const LnShape& s : kLnShapes) {
+    if (small_run() && static_cast<std::size_t>(s.N) * s.C > kLargeElements) continue;
     INFO(text(s));
     const std::size_t n = static_cast<std::size_t>(s.N) * s.C, off = s.misaligned ? 1 : 0;
     const auto x = random_bf16(n, 41, 2.0, 0.5);
@@ -483,6 +492,7 @@ const EwShape kEwShapes[] = {{1, false},    {8, false},   {1000, false},
 
 TEST_CASE("residual_forward is the fp32 sum rounded once, out may alias a", "[gpt][kernels]") {
   for (const EwShape& s : kEwShapes) {
+    if (small_run() && s.n > kLargeElements) continue;
     for (const bool in_place : {false, true}) {
       INFO("n=" << s.n << (s.misaligned ? " misaligned" : "") << (in_place ? " out == a" : ""));
       const std::size_t off = s.misaligned ? 1 : 0;
@@ -508,6 +518,7 @@ TEST_CASE("residual_forward is the fp32 sum rounded once, out may alias a", "[gp
 
 TEST_CASE("gelu_forward matches the fp64 host GELU", "[gpt][kernels]") {
   for (const EwShape& s : kEwShapes) {
+    if (small_run() && s.n > kLargeElements) continue;
     INFO("n=" << s.n << (s.misaligned ? " misaligned" : ""));
     const std::size_t off = s.misaligned ? 1 : 0;
     const auto x = random_bf16(s.n, 61, 3.0);
@@ -528,6 +539,7 @@ TEST_CASE("gelu_forward matches the fp64 host GELU", "[gpt][kernels]") {
 TEST_CASE("gelu_backward_inplace overwrites dinp with dout * GELU'(inp), dinp may alias dout",
           "[gpt][kernels]") {
   for (const EwShape& s : kEwShapes) {
+    if (small_run() && s.n > kLargeElements) continue;
     for (const bool in_place : {false, true}) {
       INFO("n=" << s.n << (s.misaligned ? " misaligned" : "") << (in_place ? " dinp == dout" : ""));
       const std::size_t off = s.misaligned ? 1 : 0;
@@ -551,6 +563,7 @@ TEST_CASE("gelu_backward_inplace overwrites dinp with dout * GELU'(inp), dinp ma
 
 TEST_CASE("bias_backward adds column sums, deterministically", "[gpt][kernels]") {
   for (const LnShape& s : kLnShapes) {
+    if (small_run() && static_cast<std::size_t>(s.N) * s.C > kLargeElements) continue;
     INFO(text(s));
     const std::size_t n = static_cast<std::size_t>(s.N) * s.C, off = s.misaligned ? 1 : 0;
     const auto dout = random_bf16(n, 81, 1.0);
@@ -590,8 +603,10 @@ TEST_CASE("softmax_cross_entropy: losses, gradients, zero padding, in place", "[
     int N, V, Vp;
   };
   enum Grad { kNone, kSeparate, kInPlace };
-  for (const CeShape s : {CeShape{4, 1000, 1008}, CeShape{1, 1, 1}, CeShape{3, 37, 40},
-                          CeShape{5, 50, 53}, CeShape{2, 64, 64}, CeShape{64, 50257, 50304}}) {
+  for (const CeShape s :
+       {CeShape{4, 1000, 1008}, CeShape{1, 1, 1}, CeShape{3, 37, 40}, CeShape{5, 50, 53},
+        CeShape{2, 64, 64}, CeShape{2, 50257, 50304}, CeShape{64, 50257, 50304}}) {
+    if (small_run() && static_cast<std::size_t>(s.N) * s.Vp > kLargeElements) continue;
     for (const Grad grad : {kNone, kSeparate, kInPlace}) {
       INFO("N=" << s.N << " V=" << s.V << " Vp=" << s.Vp
                 << (grad == kNone       ? " losses only"
@@ -629,7 +644,7 @@ TEST_CASE("softmax_cross_entropy: losses, gradients, zero padding, in place", "[
       const auto got = (grad == kSeparate ? d_dlogits : d_logits).download();
       // p = exp(l - lse) with lse off by the loss tolerance above: relative error ~1e-6 in p.
       expect_close("dlogits", values(got), dlogits, [&](std::size_t i) {
-        return kBf16Round * std::abs(dlogits[i]) + 0x1p-16 * dloss;
+        return kBf16Round * std::abs(dlogits[i]) + 0x1p-15 * dloss;
       });
       std::size_t padded_nonzero = 0;
       for (int r = 0; r < s.N; ++r)
