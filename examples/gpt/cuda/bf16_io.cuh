@@ -74,6 +74,7 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// Internal linkage: each file that uses them has its own copy of the kernel and its launcher.
 namespace {
 
 // out[c] += sum over g of partials[g * C + c], g in increasing order: the second half of every
@@ -86,14 +87,14 @@ __global__ void add_column_partials_kernel(bf16* out, const float* partials, int
   out[c] = __float2bfloat16_rn(__bfloat162float(out[c]) + acc);
 }
 
-}  // namespace
-
 inline void add_column_partials(bf16* out, const float* partials, int blocks, int C,
                                 cudaStream_t stream) {
   constexpr int kThreads = 256;
   add_column_partials_kernel<<<ceil_div(static_cast<std::size_t>(C), kThreads), kThreads, 0,
                                stream>>>(out, partials, blocks, C);
 }
+
+}  // namespace
 
 }  // namespace zero::gpt::cuda::detail
 

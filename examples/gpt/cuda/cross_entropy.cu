@@ -37,6 +37,7 @@ __device__ __forceinline__ SoftmaxStats shfl_xor(SoftmaxStats s, int offset) {
 // memory is not reused afterwards).
 __device__ SoftmaxStats block_merge(SoftmaxStats s) {
   __shared__ SoftmaxStats per_warp[32];
+  __shared__ SoftmaxStats total;  // apart from per_warp, so no lane writes what another reads
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
@@ -50,10 +51,10 @@ __device__ SoftmaxStats block_merge(SoftmaxStats s) {
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1)
       s = math::softmax_stats_merge(s, shfl_xor(s, offset));
-    if (lane == 0) per_warp[0] = s;
+    if (lane == 0) total = s;
   }
   __syncthreads();
-  return per_warp[0];
+  return total;
 }
 
 template <int VEC>
