@@ -1,1 +1,153 @@
-// (being written)
+// Element-wise kernels (residual add, GELU and its backward) and the deterministic bias gradient.
+//
+// The element-wise maps split the n elements into 8-wide chunks, one per thread in a
+// grid-stride loop: a whole chunk is one 16-byte access when every pointer is 16-byte aligned,
+// and the last partial chunk (or every chunk, for a misaligned pointer) goes element by element.
+// Each thread reads its elements before it writes them, so an output may alias an input.
+//
+// The bias gradient is a column sum over N rows and must not depend on scheduling: fixed row
+// blocks (gpt_math.cuh's column_reduce_*) write fp32 partial column sums to scratch, then one
+// ordered pass adds them into the bf16 gradient, as for LayerNorm's dw and db.
+#include <string>
+
+#include "bf16_io.cuh"
+#include "gpt_kernels.hpp"
+#include "gpt_math.cuh"
+#include "zero/error.hpp"
+
+namespace zero::gpt::cuda {
+
+namespace {
+
+using detail::align_up;
+using detail::aligned16;
+using detail::ceil_div;
+using detail::load_bf16;
+using detail::store_bf16;
+
+constexpr int kThreads = 256;
+constexpr int kChunk = 8;
+constexpr int kColumnThreads = 128;
+constexpr std::size_t kScratchAlign = 256;
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+struct Gelu {
+  __device__ float operator()(float x, float) const { return math::gelu(x); }
+};
+// (inp, dout) -> dout * GELU'(inp)
+struct GeluBackward {
+  __device__ float operator()(float x, float dy) const { return dy * math::gelu_grad(x); }
+};
+
+// out[i] = f(x[i], y[i]); y may be null (then f's second argument is 0).
+template <bool VEC, class F>
+__global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, std::size_t n, F f) {
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t e0 = i * kChunk;
+    if (VEC && e0 + kChunk <= n) {
+      float xv[kChunk], yv[kChunk];
+      load_bf16<kChunk>(x + e0, xv);
+      if (y) {
+        load_bf16<kChunk>(y + e0, yv);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kChunk; ++k) yv[k] = 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kChunk; ++k) xv[k] = f(xv[k], yv[k]);
+      store_bf16<kChunk>(out + e0, xv);
+    } else {
+      const std::size_t e1 = e0 + kChunk < n ? e0 + kChunk : n;
+      for (std::size_t e = e0; e < e1; ++e) {
+        const float xe = __bfloat162float(x[e]);
+        const float ye = y ? __bfloat162float(y[e]) : 0.0f;
+        out[e] = __float2bfloat16_rn(f(xe, ye));
+      }
+    }
+  }
+}
+
+template <class F>
+void launch_map(const char* op, bf16* out, const bf16* x, const bf16* y, std::size_t n, F f,
+                cudaStream_t stream) {
+  if (n == 0) return;
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  const std::size_t blocks = (chunks + kThreads - 1) / kThreads;
+  // A grid-stride loop: more blocks than this only add scheduling work.
+  const auto grid = static_cast<unsigned>(blocks < (1u << 20) ? blocks : (1u << 20));
+  const bool vec = aligned16(out) && aligned16(x) && (y == nullptr || aligned16(y));
+  if (vec) {
+    map_kernel<true><<<grid, kThreads, 0, stream>>>(out, x, y, n, f);
+  } else {
+    map_kernel<false><<<grid, kThreads, 0, stream>>>(out, x, y, n, f);
+  }
+  ZERO_GPT_LAUNCH_CHECK(op);
+}
+
+// Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order; the column
+// sums go to row g of partial [G, OC].
+__global__ void bias_backward_partials_kernel(float* partial, const bf16* dout, int N, int OC,
+                                              int rows_per_block) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= OC) return;
+  const int g = static_cast<int>(blockIdx.y);
+  const int r0 = g * rows_per_block;
+  const int r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc = 0.0f;
+  for (int r = r0; r < r1; ++r) acc += __bfloat162float(dout[static_cast<std::size_t>(r) * OC + c]);
+  partial[static_cast<std::size_t>(g) * OC + c] = acc;
+}
+
+void check_bias_shape(const char* op, int N, int OC) {
+  ZERO_CHECK(N >= 1 && OC >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
+                                    ", OC=" + std::to_string(OC) +
+                                    " (N and OC must be at least 1)");
+}
+
+}  // namespace
+
+void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream) {
+  launch_map("residual_forward", out, a, b, n, Add{}, stream);
+}
+
+void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream) {
+  launch_map("gelu_forward", out, inp, nullptr, n, Gelu{}, stream);
+}
+
+void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n,
+                           cudaStream_t stream) {
+  launch_map("gelu_backward_inplace", dinp, inp, dout, n, GeluBackward{}, stream);
+}
+
+std::size_t bias_backward_scratch_bytes(int N, int OC) {
+  check_bias_shape("bias_backward_scratch_bytes", N, OC);
+  return kScratchAlign +
+         align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * OC * sizeof(float),
+                  kScratchAlign);
+}
+
+void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
+                   std::size_t scratch_bytes, cudaStream_t stream) {
+  check_bias_shape("bias_backward", N, OC);
+  const std::size_t need = bias_backward_scratch_bytes(N, OC);
+  ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
+             "bias_backward: scratch of " + std::to_string(scratch_bytes) +
+                 " bytes for N=" + std::to_string(N) + ", OC=" + std::to_string(OC) + ", needs " +
+                 std::to_string(need) + " (bias_backward_scratch_bytes)");
+  auto* partial =
+      reinterpret_cast<float*>(align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+  const int rows = math::column_reduce_rows_per_block(N);
+  const int blocks = math::column_reduce_blocks(N);
+  const dim3 grid(ceil_div(static_cast<std::size_t>(OC), kColumnThreads),
+                  static_cast<unsigned>(blocks));
+  bias_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(partial, dout, N, OC, rows);
+  ZERO_GPT_LAUNCH_CHECK("bias_backward (partials)");
+  detail::add_column_partials(dbias, partial, blocks, OC, stream);
+  ZERO_GPT_LAUNCH_CHECK("bias_backward (sum)");
+}
+
+}  // namespace zero::gpt::cuda
