@@ -24,6 +24,7 @@ struct Vec {
   __m512 grad_scale, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
       neg_step_size, inv_sqrt_bias_c2;
   bool l2, decoupled;
+  std::size_t prefetch;  // software prefetch distance, elements (prefetch_elements())
 };
 
 template <bool Masked>
@@ -134,13 +135,13 @@ inline void step16(float* master, float* m, float* v, const void* grad, void* ou
   store_param<O, Masked>(out, i, k, p);
 }
 
-// One cache line of each stream, kPrefetchElems ahead (see host_adam_kernels.hpp).
+// One cache line of each stream, `ahead` elements ahead (see host_adam_kernels.hpp).
 template <int G>
 inline void prefetch_ahead(const float* master, const float* m, const float* v, const void* grad,
-                           std::size_t i) {
+                           std::size_t i, std::size_t ahead) {
   // Addresses are formed as integers: they may lie past the end of the arrays, where a
   // prefetch is harmless but pointer arithmetic would not be.
-  const std::uintptr_t j = i + kPrefetchElems;
+  const std::uintptr_t j = i + ahead;
   const std::uintptr_t gsize = G == kF32 ? 4 : 2;
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(master) + 4 * j),
                _MM_HINT_T0);
@@ -157,7 +158,7 @@ void range(float* master, float* m, float* v, const void* grad, void* out, std::
            std::size_t end, const Vec& c) {
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    prefetch_ahead<G>(master, m, v, grad, i);
+    prefetch_ahead<G>(master, m, v, grad, i, c.prefetch);
     step16<G, O, false>(master, m, v, grad, out, i, 0xffff, c);
   }
   if (i < end) {
@@ -181,13 +182,14 @@ void range_out(float* master, float* m, float* v, const void* grad, void* out, i
 
 void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConstants& s) {
+                       const AdamConstants& s, std::size_t prefetch) {
   const Vec c{_mm512_set1_ps(s.grad_scale),      _mm512_set1_ps(s.weight_decay),
               _mm512_set1_ps(s.decay),           _mm512_set1_ps(s.beta1),
               _mm512_set1_ps(s.one_minus_beta1), _mm512_set1_ps(s.beta2),
               _mm512_set1_ps(s.one_minus_beta2), _mm512_set1_ps(s.eps),
               _mm512_set1_ps(s.neg_step_size),   _mm512_set1_ps(s.inv_sqrt_bias_c2),
-              s.l2,                              s.decoupled};
+              s.l2,                              s.decoupled,
+              prefetch};
   switch (grad_code) {
     case kF32: return range_out<kF32>(master, m, v, grad, out, out_code, begin, end, c);
     case kBF16: return range_out<kBF16>(master, m, v, grad, out, out_code, begin, end, c);

@@ -13,29 +13,26 @@
 
 namespace zero::offload::detail {
 
-// Software prefetch distance of the SIMD kernels, in elements (2 KiB of each fp32 stream).
-// Adam spends enough cycles on sqrt and division per line that the hardware prefetchers, which
-// also stop at every 4 KiB page boundary, leave part of the bandwidth unused; prefetching this
-// far ahead measured at the bandwidth of a plain copy loop (bench_host_adam).
-constexpr std::size_t kPrefetchElems = 512;
 
 // Element type codes for the kernels (mirrors zero::DType; kNone: no parameter output).
 enum ElemCode : int { kF32 = 0, kBF16 = 1, kF16 = 2, kNone = 3 };
 
 
-// Updates elements [begin, end). grad and out are the whole buffers (indexed from 0).
+// Updates elements [begin, end). grad and out are the whole buffers (indexed from 0). The SIMD
+// kernels prefetch `prefetch` elements ahead (zero::offload::adam_prefetch_elements()); the
+// scalar one ignores it.
 using AdamRangeFn = void (*)(float* master, float* m, float* v, const void* grad, int grad_code,
                              void* out, int out_code, std::size_t begin, std::size_t end,
-                             const AdamConstants& c);
+                             const AdamConstants& c, std::size_t prefetch);
 
 void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConstants& c);
+                       const AdamConstants& c, std::size_t prefetch);
 void adam_range_avx2(float* master, float* m, float* v, const void* grad, int grad_code,
                      void* out, int out_code, std::size_t begin, std::size_t end,
-                     const AdamConstants& c);
+                     const AdamConstants& c, std::size_t prefetch);
 void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code,
                        void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConstants& c);
+                       const AdamConstants& c, std::size_t prefetch);
 
 }  // namespace zero::offload::detail
