@@ -1,1 +1,209 @@
-// (being written)
+// CudaOps: the Ops interface over the launchers of gpt_kernels.hpp and the cuBLASLt products
+// of matmul.hpp.
+//
+// The class is glue: it casts the model's untyped Act pointers to bf16 and forwards each call
+// with its stream. What it owns besides the Matmul is one scratch buffer for the launchers
+// that need one (encoder, LayerNorm and bias backward, and attention when the model's buffer
+// is too small, see attention_scratch_floats). The buffer grows to the largest size asked for
+// and is then reused: all calls run in order on the one stream, so no two launchers ever use
+// it at once. Only the first training step can grow it; later steps ask for sizes already seen
+// and allocate nothing.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "cuda/cuda_ops.hpp"
+#include "cuda/gpt_kernels.hpp"
+#include "cuda/matmul.hpp"
+#include "cuda/status_check.hpp"
+#include "ops.hpp"
+#include "zero/dtype.hpp"
+#include "zero/error.hpp"
+
+namespace zero::gpt {
+namespace {
+
+using cuda::bf16;
+
+bf16* dev(Act* p) { return reinterpret_cast<bf16*>(p); }
+const bf16* dev(const Act* p) { return reinterpret_cast<const bf16*>(p); }
+
+// cudaMalloc with a message that says how much was asked, how much was free and what to do.
+void* device_malloc(std::size_t bytes, const char* what) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  const cudaError_t rc = cudaMalloc(&p, bytes);
+  if (rc == cudaSuccess) return p;
+  cudaGetLastError();  // an allocation failure is not sticky: clear it for the next call
+  std::size_t free_bytes = 0, total_bytes = 0;
+  const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::ostringstream s;
+  s << "CudaOps: cudaMalloc of " << bytes << " bytes (" << static_cast<double>(bytes) / kMiB
+    << " MiB) for " << what << " failed: " << cudaGetErrorName(rc) << " (" << cudaGetErrorString(rc)
+    << ")";
+  if (have_info)
+    s << "; the device has " << static_cast<double>(free_bytes) / kMiB << " MiB free of "
+      << static_cast<double>(total_bytes) / kMiB << " MiB";
+  s << ". Lower the micro-batch size or enable activation checkpointing";
+  ZERO_THROW(s.str());
+}
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(cudaStream_t stream) : stream_(stream), matmul_(stream) {}
+  ~CudaOps() override {
+    if (scratch_) {
+      cudaStreamSynchronize(stream_);
+      cudaFree(scratch_);
+    }
+  }
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  DType dtype() const override { return DType::bf16; }
+  bool host_memory() const override { return false; }
+
+  void* allocate(std::size_t bytes) override { return device_malloc(bytes, "model buffers"); }
+  void deallocate(void* p) noexcept override {
+    if (p) cudaFree(p);
+  }
+  void upload(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes == 0) return;
+    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes != 0)
+      GPT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void fill_zero(void* p, std::size_t bytes) override {
+    if (bytes == 0) return;
+    GPT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void synchronize() override { GPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B,
+                       int T, int C) override {
+    cuda::encoder_forward(dev(out), tokens, dev(wte), dev(wpe), B, T, C, stream_);
+  }
+  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B,
+                        int T, int C) override {
+    void* s = scratch(cuda::encoder_backward_scratch_bytes(B, T, C));
+    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_,
+                           stream_);
+  }
+
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
+                         const Act* b, int N, int C) override {
+    cuda::layernorm_forward(dev(out), mean, rstd, dev(inp), dev(w), dev(b), N, C, stream_);
+  }
+  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a,
+                                  const Act* b, const Act* w, const Act* bias, int N,
+                                  int C) override {
+    cuda::residual_layernorm_forward(dev(residual), dev(out), mean, rstd, dev(a), dev(b), dev(w),
+                                     dev(bias), N, C, stream_);
+  }
+  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
+                          const Act* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    void* s = scratch(cuda::layernorm_backward_scratch_bytes(N, C));
+    cuda::layernorm_backward(dev(dinp), dev(dw), dev(db), dev(dout), dev(inp), dev(w), mean, rstd,
+                             N, C, s, scratch_bytes_, stream_);
+  }
+
+  void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C, int OC,
+                      Act* pre_gelu) override {
+    matmul_.forward(dev(out), dev(inp), dev(w), dev(bias), N, C, OC, dev(pre_gelu));
+  }
+  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
+                       const Act* w, int N, int C, int OC, const Act* pre_gelu) override {
+    matmul_.backward(dev(dinp), dev(dw), dev(dout), dev(inp), dev(w), N, C, OC, dev(pre_gelu));
+    if (dbias) {
+      void* s = scratch(cuda::bias_backward_scratch_bytes(N, OC));
+      cuda::bias_backward(dev(dbias), dev(dout), N, OC, s, scratch_bytes_, stream_);
+    }
+  }
+
+  std::size_t attention_stats_floats(int B, int T, int NH) const override {
+    return static_cast<std::size_t>(B) * static_cast<std::size_t>(NH) *
+           static_cast<std::size_t>(T);  // one log-sum-exp per (b, h, t) row
+  }
+  // ops.hpp asks without C, and cuda::attention_backward_scratch_floats needs it. What is
+  // promised here is one float per (b, h, t) row, the per-row dot(dout, out) the backward
+  // computes first; attention_backward checks the launcher's real need and, when the model's
+  // buffer is smaller, runs in this object's scratch instead (grown once, on the first step).
+  std::size_t attention_scratch_floats(int B, int T, int NH) const override {
+    return attention_stats_floats(B, T, NH);
+  }
+  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
+                         int NH) override {
+    cuda::attention_forward(dev(out), stats, dev(qkv), B, T, C, NH, stream_);
+  }
+  void attention_backward(Act* dqkv, float* scratch_floats, const Act* dout, const Act* qkv,
+                          const Act* out, const float* stats, int B, int T, int C,
+                          int NH) override {
+    const std::size_t need = cuda::attention_backward_scratch_floats(B, T, C, NH);
+    float* s = scratch_floats;
+    if (need > attention_scratch_floats(B, T, NH))
+      s = static_cast<float*>(scratch(need * sizeof(float)));
+    cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, B, T, C, NH,
+                             stream_);
+  }
+
+  void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
+    cuda::residual_forward(dev(out), dev(a), dev(b), n, stream_);
+  }
+
+  void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) override {
+    matmul_.logits_forward(dev(logits), dev(x), dev(wte), N, C, Vp);
+  }
+  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N,
+                       int C, int Vp) override {
+    matmul_.logits_backward(dev(dx), dev(dwte), dev(dlogits), dev(x), dev(wte), N, C, Vp);
+  }
+
+  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
+                             const std::int32_t* targets, int N, int V, int Vp,
+                             float dloss) override {
+    cuda::softmax_cross_entropy(losses, dev(dlogits), dev(logits), targets, N, V, Vp, dloss,
+                                stream_);
+  }
+
+ private:
+  // The shared scratch, at least `bytes` long (scratch_bytes_ is what the launchers are told).
+  void* scratch(std::size_t bytes) {
+    if (bytes <= scratch_bytes_) return scratch_;
+    // Rounded up so that near sizes (the bias backward of each width) share one growth.
+    constexpr std::size_t kGranule = std::size_t{1} << 20;
+    const std::size_t grown = (bytes + kGranule - 1) / kGranule * kGranule;
+    if (scratch_) {
+      // Work already enqueued may still read the old buffer.
+      GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      GPT_CUDA_CHECK(cudaFree(scratch_));
+      scratch_ = nullptr;
+      scratch_bytes_ = 0;
+    }
+    scratch_ = device_malloc(grown, "kernel scratch");
+    scratch_bytes_ = grown;
+    return scratch_;
+  }
+
+  cudaStream_t stream_;
+  cuda::Matmul matmul_;
+  void* scratch_ = nullptr;
+  std::size_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Ops> make_cuda_ops(cudaStream_t stream) {
+  return std::make_unique<CudaOps>(stream);
+}
+
+}  // namespace zero::gpt
