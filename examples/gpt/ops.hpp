@@ -64,6 +64,9 @@ class Ops {
   virtual void fill_zero(void* p, std::size_t bytes) = 0;
   // Waits for every call enqueued so far.
   virtual void synchronize() = 0;
+  // The stream the calls are enqueued on (a cudaStream_t for CudaOps; null for HostOps), for
+  // the engine: Engine::set_stream(ops.stream()) orders its collectives after the model's work.
+  virtual void* stream() const { return nullptr; }
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
   virtual void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte,

@@ -1,5 +1,9 @@
 #include "trainer.hpp"
 
+#if ZERO_GPT_CUDA
+#include "cuda/cuda_ops.hpp"
+#endif
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -264,7 +268,15 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
       else init_parameter(mc, p.name, v, settings_.init_seed);
     });
   }
-  ops_ = make_host_ops();
+#if ZERO_GPT_CUDA
+  if (engine_->config().backend == zero::BackendKind::cuda) {
+    // The model's kernels run on a stream of the Ops' own; the engine orders its collectives
+    // after them (and the next kernels after its gathers) through it.
+    ops_ = make_cuda_ops(nullptr);
+    engine_->set_stream(ops_->stream());
+  }
+#endif
+  if (!ops_) ops_ = make_host_ops();
   model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
   const std::size_t n = static_cast<std::size_t>(micro_batch_) * mc.seq_len;
   inputs_.resize(n);

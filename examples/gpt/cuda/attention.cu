@@ -35,6 +35,7 @@
 
 #include "attention_math.cuh"
 #include "gpt_kernels.hpp"
+#include "status_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {
@@ -474,13 +475,6 @@ __global__ void __launch_bounds__(kThreads)
 // Host side
 // ---------------------------------------------------------------------------------------------
 
-void check_cuda(cudaError_t rc, const char* what, const char* file, int line) {
-  if (rc != cudaSuccess)
-    zero::throw_error(file, line,
-                      std::string("attention: ") + what + " failed: " + cudaGetErrorName(rc) +
-                          " (" + cudaGetErrorString(rc) + ")");
-}
-#define ATTN_CUDA_CHECK(call) check_cuda((call), #call, __FILE__, __LINE__)
 
 std::string shape_text(int B, int T, int C, int NH) {
   return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
@@ -508,13 +502,13 @@ void check_aligned(const char* op, const char* name, const void* p) {
 template <class Kernel>
 void use_shared_memory(const char* op, Kernel kernel, std::size_t bytes) {
   int device = 0, optin = 0;
-  ATTN_CUDA_CHECK(cudaGetDevice(&device));
-  ATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  GPT_CUDA_CHECK(cudaGetDevice(&device));
+  GPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   ZERO_CHECK(bytes <= static_cast<std::size_t>(optin),
              std::string(op) + ": needs " + std::to_string(bytes) +
                  " bytes of shared memory per block, the device allows " + std::to_string(optin) +
                  " (built for sm_80 / sm_90)");
-  ATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
 }
 
@@ -528,7 +522,7 @@ void forward_hs(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int
   const dim3 grid(attn::tile_count(T, kRows), B * NH);
   attention_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(
       out, lse, qkv, T, C, NH, scale_of(HS) * attn::kLog2e);
-  ATTN_CUDA_CHECK(cudaGetLastError());
+  GPT_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HS>
@@ -540,7 +534,7 @@ void backward_hs(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, con
       static_cast<unsigned>((rows * 32 + kDrowThreads - 1) / kDrowThreads);
   attention_drow_kernel<HS><<<drow_blocks, kDrowThreads, 0, stream>>>(drow, dout, out, T, C, NH,
                                                                       rows);
-  ATTN_CUDA_CHECK(cudaGetLastError());
+  GPT_CUDA_CHECK(cudaGetLastError());
 
   constexpr std::size_t bytes = Smem<HS>::bwd_bytes;
   const float scale = scale_of(HS), scale_log2 = scale * attn::kLog2e;
@@ -548,11 +542,11 @@ void backward_hs(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, con
   use_shared_memory("attention_backward", attention_dkdv_kernel<HS>, bytes);
   attention_dkdv_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C,
                                                                NH, scale, scale_log2);
-  ATTN_CUDA_CHECK(cudaGetLastError());
+  GPT_CUDA_CHECK(cudaGetLastError());
   use_shared_memory("attention_backward", attention_dq_kernel<HS>, bytes);
   attention_dq_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C,
                                                              NH, scale, scale_log2);
-  ATTN_CUDA_CHECK(cudaGetLastError());
+  GPT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

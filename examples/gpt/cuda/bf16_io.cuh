@@ -1,8 +1,8 @@
 // Device-side plumbing shared by the bf16 kernels: 16-byte vector loads and stores of eight
 // bf16 values (with a one-element form so a kernel is written once for both widths), warp sums
 // that leave the same bits in every lane, the ordered reduction of per-block column partials
-// that makes dw/db/dbias deterministic, and the launch check that turns a failed launch into a
-// zero::Error naming the operation.
+// that makes dw/db/dbias deterministic, and (through status_check.hpp) the launch check that
+// turns a failed launch into a zero::Error naming the operation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,20 +10,12 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
-#include "zero/error.hpp"
+#include "status_check.hpp"
 
 namespace zero::gpt::cuda::detail {
 
 using bf16 = __nv_bfloat16;
-
-[[noreturn]] inline void throw_launch_error(const char* file, int line, const char* op,
-                                            cudaError_t rc) {
-  zero::throw_error(file, line,
-                    std::string(op) + ": kernel launch failed: " + cudaGetErrorName(rc) + " (" +
-                        cudaGetErrorString(rc) + ")");
-}
 
 inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
@@ -98,9 +90,3 @@ inline void add_column_partials(bf16* out, const float* partials, int blocks, in
 
 }  // namespace zero::gpt::cuda::detail
 
-#define ZERO_GPT_LAUNCH_CHECK(op)                                                            \
-  do {                                                                                       \
-    const cudaError_t zero_gpt_rc_ = cudaGetLastError();                                     \
-    if (zero_gpt_rc_ != cudaSuccess)                                                         \
-      ::zero::gpt::cuda::detail::throw_launch_error(__FILE__, __LINE__, (op), zero_gpt_rc_); \
-  } while (0)

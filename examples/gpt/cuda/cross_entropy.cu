@@ -111,7 +111,7 @@ void softmax_cross_entropy(float* losses, bf16* dlogits, const bf16* logits,
     softmax_cross_entropy_kernel<1><<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
         losses, dlogits, logits, targets, V, Vp, dloss);
   }
-  ZERO_GPT_LAUNCH_CHECK("softmax_cross_entropy");
+  GPT_LAUNCH_CHECK("softmax_cross_entropy");
 }
 
 }  // namespace zero::gpt::cuda

@@ -32,6 +32,12 @@ using cuda::bf16;
 bf16* dev(Act* p) { return reinterpret_cast<bf16*>(p); }
 const bf16* dev(const Act* p) { return reinterpret_cast<const bf16*>(p); }
 
+cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  GPT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
 // cudaMalloc with a message that says how much was asked, how much was free and what to do.
 void* device_malloc(std::size_t bytes, const char* what) {
   if (bytes == 0) return nullptr;
@@ -55,17 +61,21 @@ void* device_malloc(std::size_t bytes, const char* what) {
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(cudaStream_t stream) : stream_(stream), matmul_(stream) {}
+  // A null stream: the Ops creates its own non-blocking stream and destroys it at the end.
+  explicit CudaOps(cudaStream_t stream)
+      : owned_stream_(stream ? nullptr : new_stream()),
+        stream_(stream ? stream : owned_stream_),
+        matmul_(stream_) {}
   ~CudaOps() override {
-    if (scratch_) {
-      cudaStreamSynchronize(stream_);
-      cudaFree(scratch_);
-    }
+    cudaStreamSynchronize(stream_);
+    if (scratch_) cudaFree(scratch_);
+    if (owned_stream_) cudaStreamDestroy(owned_stream_);
   }
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
 
   const char* name() const override { return "cuda"; }
+  void* stream() const override { return stream_; }
   DType dtype() const override { return DType::bf16; }
   bool host_memory() const override { return false; }
 
@@ -194,6 +204,7 @@ class CudaOps final : public Ops {
     return scratch_;
   }
 
+  cudaStream_t owned_stream_;  // null when the caller's stream is used
   cudaStream_t stream_;
   cuda::Matmul matmul_;
   void* scratch_ = nullptr;

@@ -14,7 +14,9 @@
 namespace zero::gpt {
 
 // Ops on the current device. Every call is enqueued on `stream`, which the caller keeps
-// alive until the Ops is destroyed. Throws zero::Error when cuBLASLt cannot be set up.
+// alive until the Ops is destroyed; with a null stream the Ops creates (and later destroys) a
+// non-blocking stream of its own, which Ops::stream() returns. Throws zero::Error when
+// cuBLASLt cannot be set up.
 std::unique_ptr<Ops> make_cuda_ops(cudaStream_t stream);
 
 }  // namespace zero::gpt

@@ -85,7 +85,7 @@ void launch_map(const char* op, bf16* out, const bf16* x, const bf16* y, std::si
   } else {
     map_kernel<false><<<grid, kThreads, 0, stream>>>(out, x, y, n, f);
   }
-  ZERO_GPT_LAUNCH_CHECK(op);
+  GPT_LAUNCH_CHECK(op);
 }
 
 // Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order; the column
@@ -145,9 +145,9 @@ void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
   const dim3 grid(ceil_div(static_cast<std::size_t>(OC), kColumnThreads),
                   static_cast<unsigned>(blocks));
   bias_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(partial, dout, N, OC, rows);
-  ZERO_GPT_LAUNCH_CHECK("bias_backward (partials)");
+  GPT_LAUNCH_CHECK("bias_backward (partials)");
   detail::add_column_partials(dbias, partial, blocks, OC, stream);
-  ZERO_GPT_LAUNCH_CHECK("bias_backward (sum)");
+  GPT_LAUNCH_CHECK("bias_backward (sum)");
 }
 
 }  // namespace zero::gpt::cuda

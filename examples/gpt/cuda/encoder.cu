@@ -170,7 +170,7 @@ void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, con
     encoder_forward_kernel<1>
         <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks);
   }
-  ZERO_GPT_LAUNCH_CHECK("encoder_forward");
+  GPT_LAUNCH_CHECK("encoder_forward");
 }
 
 std::size_t encoder_backward_scratch_bytes(int B, int T, int C) {
@@ -198,7 +198,7 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
   constexpr int kThreads = 256;
   iota_kernel<<<grid_for(static_cast<std::size_t>(N), kThreads), kThreads, 0, stream>>>(positions,
                                                                                         N);
-  ZERO_GPT_LAUNCH_CHECK("encoder_backward (positions)");
+  GPT_LAUNCH_CHECK("encoder_backward (positions)");
   const cudaError_t rc = cub::DeviceRadixSort::SortPairs(
       sort_temp, sort_bytes, tokens, sorted_ids, positions, sorted_pos, N, 0,
       static_cast<int>(sizeof(std::int32_t) * 8), stream);
@@ -217,7 +217,7 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
     encoder_backward_wte_kernel<1><<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(
         dwte, dout, sorted_ids, sorted_pos, N, C);
   }
-  ZERO_GPT_LAUNCH_CHECK("encoder_backward (wte)");
+  GPT_LAUNCH_CHECK("encoder_backward (wte)");
   const std::size_t wpe_chunks = static_cast<std::size_t>(T) * row_chunks;
   if (vec) {
     encoder_backward_wpe_kernel<8>
@@ -226,7 +226,7 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
     encoder_backward_wpe_kernel<1>
         <<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   }
-  ZERO_GPT_LAUNCH_CHECK("encoder_backward (wpe)");
+  GPT_LAUNCH_CHECK("encoder_backward (wpe)");
 }
 
 }  // namespace zero::gpt::cuda

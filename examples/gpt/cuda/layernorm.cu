@@ -184,7 +184,7 @@ void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, floa
     layernorm_forward_kernel<1, RESIDUAL>
         <<<row_grid(N), threads, 0, stream>>>(residual, out, mean, rstd, a, b, w, bias, N, C);
   }
-  ZERO_GPT_LAUNCH_CHECK(op);
+  GPT_LAUNCH_CHECK(op);
 }
 
 }  // namespace
@@ -231,7 +231,7 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
     layernorm_backward_dinp_kernel<1>
         <<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   }
-  ZERO_GPT_LAUNCH_CHECK("layernorm_backward (dinp)");
+  GPT_LAUNCH_CHECK("layernorm_backward (dinp)");
 
   const int rows = math::column_reduce_rows_per_block(N);
   const int blocks = math::column_reduce_blocks(N);
@@ -239,11 +239,11 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
                   static_cast<unsigned>(blocks));
   layernorm_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(
       part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
-  ZERO_GPT_LAUNCH_CHECK("layernorm_backward (dw/db partials)");
+  GPT_LAUNCH_CHECK("layernorm_backward (dw/db partials)");
   detail::add_column_partials(dw, part_dw, blocks, C, stream);
-  ZERO_GPT_LAUNCH_CHECK("layernorm_backward (dw)");
+  GPT_LAUNCH_CHECK("layernorm_backward (dw)");
   detail::add_column_partials(db, part_db, blocks, C, stream);
-  ZERO_GPT_LAUNCH_CHECK("layernorm_backward (db)");
+  GPT_LAUNCH_CHECK("layernorm_backward (db)");
 }
 
 }  // namespace zero::gpt::cuda

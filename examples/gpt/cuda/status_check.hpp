@@ -1,4 +1,4 @@
-// CUDA runtime status checks for the GPT example's CUDA operations (matmul.cu, cuda_ops.cu).
+// CUDA runtime status checks for the GPT example's CUDA operations (every launcher in this folder).
 //
 // libzero's ZERO_CUDA_CHECK lives in its private sources, out of this library's include path,
 // so this is the same idea in a few lines: a failed call becomes a zero::Error naming the call
@@ -22,6 +22,14 @@ namespace zero::gpt::cuda {
 }
 
 }  // namespace zero::gpt::cuda
+
+// After a kernel launch: the launch error, if any, named after the operation that launched it.
+#define GPT_LAUNCH_CHECK(op)                                                              \
+  do {                                                                                    \
+    const cudaError_t gpt_launch_rc_ = cudaGetLastError();                                \
+    if (gpt_launch_rc_ != cudaSuccess)                                                    \
+      ::zero::gpt::cuda::throw_cuda_status(__FILE__, __LINE__, (op), gpt_launch_rc_);     \
+  } while (0)
 
 #define GPT_CUDA_CHECK(call)                                                         \
   do {                                                                               \
