@@ -116,10 +116,8 @@ GptConfig gpt_preset(std::string_view name) {
     list += list.empty() ? "" : ", ";
     list += p.name;
   }
-  const std::string best = closest_match(name, gpt_preset_names());
-  std::string msg = "unknown GPT preset '" + std::string(name) + "'";
-  if (!best.empty()) msg += " (did you mean '" + best + "'?)";
-  ZERO_THROW(msg + "; choose one of: " + list +
+  ZERO_THROW("unknown GPT preset '" + std::string(name) + "'" +
+             did_you_mean(name, gpt_preset_names()) + "; choose one of: " + list +
              ", or give n_layer / n_head / n_embd / seq_len / vocab_size explicitly");
 }
 

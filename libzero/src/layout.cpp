@@ -49,9 +49,7 @@ int Layout::find_unit(std::string_view name) const {
     if (units_[i].name == name) return static_cast<int>(i);
     names.push_back(units_[i].name);
   }
-  std::string msg = "unknown unit '" + std::string(name) + "'";
-  if (auto best = closest_match(name, names); !best.empty()) msg += "; did you mean '" + best + "'?";
-  ZERO_THROW(msg);
+  ZERO_THROW("unknown unit '" + std::string(name) + "'" + did_you_mean(name, names));
 }
 
 void Layout::set_decay(int id, std::string_view param, bool decay) {
@@ -61,9 +59,8 @@ void Layout::set_decay(int id, std::string_view param, bool decay) {
   if (k < 0) {
     std::vector<std::string> names;
     for (const auto& p : u.params) names.push_back(p.name);
-    std::string msg = "Layout::set_decay: unit '" + u.name + "' has no parameter '" + std::string(param) + "'";
-    if (auto best = closest_match(param, names); !best.empty()) msg += "; did you mean '" + best + "'?";
-    ZERO_THROW(msg);
+    ZERO_THROW("Layout::set_decay: unit '" + u.name + "' has no parameter '" + std::string(param) + "'" +
+               did_you_mean(param, names));
   }
   u.params[static_cast<std::size_t>(k)].decay = decay;
 }

@@ -38,6 +38,11 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   return best_d <= limit ? best : std::string();
 }
 
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates) {
+  const std::string best = closest_match(word, candidates);
+  return best.empty() ? std::string() : " (did you mean '" + best + "'?)";
+}
+
 std::string lower_ascii(std::string_view text) {
   std::string out(text);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

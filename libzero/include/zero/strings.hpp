@@ -15,4 +15,7 @@ namespace zero {
 // plausible typo (more than about a third of the word changed).
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// The same, as the suffix messages append: " (did you mean 'gpt2'?)", or "" when nothing is close.
+std::string did_you_mean(std::string_view word, const std::vector<std::string>& candidates);
+
 }  // namespace zero

@@ -63,8 +63,7 @@ GptShape gpt_preset(std::string_view name) {
     if (p.name == name) return p;
     names.push_back(p.name);
   }
-  std::string msg = "unknown GPT preset '" + std::string(name) + "'";
-  if (auto best = closest_match(name, names); !best.empty()) msg += " (did you mean '" + best + "'?)";
+  std::string msg = "unknown GPT preset '" + std::string(name) + "'" + did_you_mean(name, names);
   std::string list;
   for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
   ZERO_THROW(msg + "; choose one of: " + list + ", or give --n-layer/--n-head/--n-embd, or --params");

@@ -49,8 +49,7 @@ GpuSpec gpu_preset(std::string_view name, const std::vector<GpuSpec>& extra) {
       if (g.name == name) return g;
       names.push_back(g.name);
     }
-  std::string msg = "unknown GPU kind '" + std::string(name) + "'";
-  if (auto best = closest_match(name, names); !best.empty()) msg += " (did you mean '" + best + "'?)";
+  std::string msg = "unknown GPU kind '" + std::string(name) + "'" + did_you_mean(name, names);
   std::string list;
   for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
   ZERO_THROW(msg + "; choose one of: " + list + ", or define it in a --gpu-file YAML");
@@ -88,9 +87,7 @@ std::vector<GpuSpec> load_gpu_presets(const std::string& path) {
     for (const auto& kv : e) {
       const auto key = kv.first.as<std::string>();
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-        std::string msg = where + ": unknown key '" + key + "'";
-        if (auto best = closest_match(key, keys); !best.empty()) msg += " (did you mean '" + best + "'?)";
-        ZERO_THROW(msg);
+        ZERO_THROW(where + ": unknown key '" + key + "'" + did_you_mean(key, keys));
       }
     }
     ZERO_CHECK(e["name"], where + ": a GPU entry needs a name");
