@@ -62,6 +62,8 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   lnf_rstd_ = OpsBuffer(ops, N * f4);
   logits_ = OpsBuffer(ops, N * Vp * es_);
   losses_ = OpsBuffer(ops, N * f4);
+  loss_total_ = OpsBuffer(ops, sizeof(double));
+  ops.fill_zero(loss_total_.as<void>(), sizeof(double));
   dres_ = OpsBuffer(ops, N * C * es_);
   dtmp_ = OpsBuffer(ops, N * C * es_);
   dqkv_ = OpsBuffer(ops, 3 * N * C * es_);
@@ -87,7 +89,7 @@ void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets
   ops_->upload(inputs_.as<void>(), inputs, bytes);
   has_targets_ = targets != nullptr;
   if (has_targets_) ops_->upload(targets_.as<void>(), targets, bytes);
-  loss_ = 0.0;
+  loss_ready_ = false;
 }
 
 void GptModel::check_layer(int layer, const char* what) const {
@@ -150,11 +152,34 @@ void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   if (!has_targets_) return;
   ops_->softmax_cross_entropy(losses_.as<float>(), nullptr, logits_.as<Act>(),
                               targets_.as<std::int32_t>(), N, cfg_.vocab_size, Vp, 0.0f);
+  ops_->add_mean(loss_total_.as<double>(), losses_.as<float>(), N);
+  ++loss_terms_;
+  loss_ready_ = true;
+}
+
+double GptModel::loss() const {
+  if (!has_targets_) return 0.0;  // sampling: no loss
+  ZERO_CHECK(loss_ready_, "GptModel::loss: no forward since the last set_batch");
+  const int N = b_ * t_;
   ops_->download(host_losses_.data(), losses_.as<float>(),
                  static_cast<std::size_t>(N) * sizeof(float));
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += host_losses_[static_cast<std::size_t>(i)];
-  loss_ = sum / N;
+  return sum / N;
+}
+
+void GptModel::reset_loss_total() {
+  ops_->fill_zero(loss_total_.as<void>(), sizeof(double));
+  loss_terms_ = 0;
+}
+
+double GptModel::take_mean_loss() {
+  ZERO_CHECK(loss_terms_ > 0, "GptModel::take_mean_loss: no forward with targets since the reset");
+  double total = 0.0;
+  ops_->download(&total, loss_total_.as<double>(), sizeof total);
+  const double mean = total / loss_terms_;
+  reset_loss_total();
+  return mean;
 }
 
 void GptModel::logits_at(int b, int t, std::vector<float>& out) const {

@@ -86,8 +86,13 @@ class GptModel {
   void forward_embeddings(const Act* const* emb);
   void forward_block(int layer, const Act* const* block);
   void forward_head(const Act* const* ln_f, const Act* const* emb);
-  // Mean cross-entropy (nats/token) of the last forward; needs targets.
-  double loss() const { return loss_; }
+  // Mean cross-entropy (nats/token) of the last forward, 0 for a batch without targets. Waits
+  // for the forward.
+  double loss() const;
+  // Every forward with targets also adds its mean loss to a running total kept in the Ops'
+  // memory, without waiting: the training step reads the mean over its micro-batches once.
+  void reset_loss_total();
+  double take_mean_loss();  // waits; the mean of the means added since the reset, then resets
   // The first vocab_size logits at (b, t) of the last forward, copied to `out`. Only valid
   // before backward_head, which overwrites the logits with their gradient.
   void logits_at(int b, int t, std::vector<float>& out) const;
@@ -125,14 +130,15 @@ class GptModel {
   std::size_t nc_max_;  // max_batch * seq_len * n_embd
   int b_ = 0, t_ = 0;
   bool has_targets_ = false;
-  double loss_ = 0.0;
+  bool loss_ready_ = false;  // a forward with targets ran since set_batch
+  int loss_terms_ = 0;       // means added to loss_total_
   std::size_t activation_bytes_ = 0;
 
   OpsBuffer inputs_, targets_;
   OpsBuffer block_store_, block_stats_;  // every BlockActs, carved
   std::vector<BlockActs> blocks_;
   OpsBuffer residual_;  // [L+1][B,T,C]: the input of each block, then the last output
-  OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, loss_total_;
   // Gradient scratch, one block's worth, reused layer after layer.
   OpsBuffer dres_, dtmp_, dqkv_, dfch_, att_scratch_;
   mutable std::vector<float> host_losses_;

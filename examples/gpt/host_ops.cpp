@@ -116,6 +116,11 @@ class HostOps final : public Ops {
                              float dloss) override {
     host::softmax_cross_entropy(losses, F(dlogits), F(logits), targets, N, V, Vp, dloss);
   }
+  void add_mean(double* total, const float* values, int n) override {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += values[i];
+    *total += sum / n;
+  }
 };
 
 }  // namespace

@@ -57,7 +57,8 @@ class Ops {
   // forward or backward.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* p) noexcept = 0;
-  // Host -> Ops memory. `host_src` must stay valid until the next download() or synchronize().
+  // Host -> Ops memory. `host_src` may be reused as soon as the call returns (CudaOps copies it
+  // into pinned staging memory first, so the transfer itself stays asynchronous).
   virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
   // Ops memory -> host; returns when the bytes are there.
   virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
@@ -128,6 +129,10 @@ class Ops {
   virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
                                      const std::int32_t* targets, int N, int V, int Vp,
                                      float dloss) = 0;
+  // total[0] += (values[0] + ... + values[n-1]) / n, summed in double in a fixed order; total
+  // is in the Ops' memory. The training loss adds up here, so reading it costs one wait per
+  // step instead of one per micro-step.
+  virtual void add_mean(double* total, const float* values, int n) = 0;
 };
 
 // The CPU implementation (fp32, OpenBLAS + OpenMP).

@@ -389,8 +389,7 @@ double GptTrainer::run_micro_batch(bool train) {
     zero::UnitParams P = engine_->gather(lnf);
     model_->forward_head(param_ptrs(P, unit_params_), pe);
   }
-  const double loss = model_->loss();
-  if (!train) return loss;
+  if (!train) return model_->loss();
 
   // The engine divides by loss_scale x gradient_accumulation_steps and averages over ranks.
   const float dloss = engine_->loss_scale();
@@ -414,20 +413,21 @@ double GptTrainer::run_micro_batch(bool train) {
   model_->backward_embeddings(ge);
   commit_grads(emb, GE, emb_grads_);
   engine_->reduce(emb);
-  return loss;
+  return 0.0;  // the training loss is read once per step (GptModel::take_mean_loss)
 }
 
 GptTrainer::Step GptTrainer::train_step() {
   const int T = settings_.model.seq_len;
-  double loss = 0.0;
+  model_->reset_loss_total();
   for (int k = 0; k < gas_; ++k) {
     train_loader_->next(inputs_.data(), targets_.data());
     model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
-    loss += run_micro_batch(true);
+    run_micro_batch(true);
   }
   Step s;
   s.result = engine_->step();
-  s.loss = ctx_.comm().all_reduce_scalar(loss / gas_, zero::ReduceOp::avg);
+  // The sum of the micro-batches' means over gas, as the engine averages the gradients.
+  s.loss = ctx_.comm().all_reduce_scalar(model_->take_mean_loss(), zero::ReduceOp::avg);
   return s;
 }
 

@@ -139,7 +139,9 @@ class GptTrainer {
   Act* const* grad_ptrs(int unit, const zero::UnitGrads& g, UnitSlot& slot);
   void commit_grads(int unit, const zero::UnitGrads& g, const UnitSlot& slot);
   bool widen() const { return dtype_ != ops_->dtype(); }
-  // One micro-batch (already set on the model): forward, and backward when training.
+  // One micro-batch (already set on the model): forward, and backward when training. Returns
+  // the loss of an evaluation pass (a wait for the device); a training pass returns 0 and
+  // leaves its loss in the model's running total.
   double run_micro_batch(bool train);
 
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);

@@ -123,6 +123,7 @@ class CountingOps final : public Ops {
                              int Vp, float dloss) override {
     host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
   }
+  void add_mean(double* total, const float* values, int n) override { host_->add_mean(total, values, n); }
 
  private:
   std::unique_ptr<Ops> host_ = make_host_ops();

@@ -10,8 +10,10 @@
 // and allocate nothing.
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -68,6 +70,10 @@ class CudaOps final : public Ops {
         matmul_(stream_) {}
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
+    for (Staging& s : staging_) {
+      if (s.host) cudaFreeHost(s.host);
+      if (s.done) cudaEventDestroy(s.done);
+    }
     if (scratch_) cudaFree(scratch_);
     if (owned_stream_) cudaStreamDestroy(owned_stream_);
   }
@@ -83,9 +89,26 @@ class CudaOps final : public Ops {
   void deallocate(void* p) noexcept override {
     if (p) cudaFree(p);
   }
+  // Through a ring of pinned staging buffers: from pageable memory cudaMemcpyAsync first waits
+  // for the stream, which would cost a host synchronisation per micro-batch. A slot is reused
+  // kStagingSlots uploads later, after the copy that last read it (its event) is done, which
+  // in a training loop has long happened.
   void upload(void* dst, const void* host_src, std::size_t bytes) override {
     if (bytes == 0) return;
-    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    Staging& s = staging_[next_slot_];
+    next_slot_ = (next_slot_ + 1) % kStagingSlots;
+    if (s.done) GPT_CUDA_CHECK(cudaEventSynchronize(s.done));
+    else GPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    if (s.bytes < bytes) {
+      if (s.host) GPT_CUDA_CHECK(cudaFreeHost(s.host));
+      s.host = nullptr;
+      s.bytes = 0;
+      GPT_CUDA_CHECK(cudaMallocHost(&s.host, bytes));
+      s.bytes = bytes;
+    }
+    std::memcpy(s.host, host_src, bytes);
+    GPT_CUDA_CHECK(cudaMemcpyAsync(dst, s.host, bytes, cudaMemcpyHostToDevice, stream_));
+    GPT_CUDA_CHECK(cudaEventRecord(s.done, stream_));
   }
   void download(void* host_dst, const void* src, std::size_t bytes) override {
     if (bytes != 0)
@@ -184,6 +207,9 @@ class CudaOps final : public Ops {
     cuda::softmax_cross_entropy(losses, dev(dlogits), dev(logits), targets, N, V, Vp, dloss,
                                 stream_);
   }
+  void add_mean(double* total, const float* values, int n) override {
+    cuda::add_mean(total, values, n, stream_);
+  }
 
  private:
   // The shared scratch, at least `bytes` long (scratch_bytes_ is what the launchers are told).
@@ -204,6 +230,14 @@ class CudaOps final : public Ops {
     return scratch_;
   }
 
+  struct Staging {
+    void* host = nullptr;  // pinned
+    std::size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded after the copy that last read `host`
+  };
+  static constexpr int kStagingSlots = 4;  // two uploads (inputs, targets) per micro-batch
+  std::array<Staging, kStagingSlots> staging_{};
+  int next_slot_ = 0;
   cudaStream_t owned_stream_;  // null when the caller's stream is used
   cudaStream_t stream_;
   cuda::Matmul matmul_;

@@ -1,4 +1,5 @@
-// Element-wise kernels (residual add, GELU and its backward) and the deterministic bias gradient.
+// Element-wise kernels (residual add, GELU and its backward), the deterministic bias gradient,
+// and the loss means that stay on the device until the step ends.
 //
 // The element-wise maps split the n elements into 8-wide chunks, one per thread in a
 // grid-stride loop: a whole chunk is one 16-byte access when every pointer is 16-byte aligned,
@@ -102,6 +103,22 @@ __global__ void bias_backward_partials_kernel(float* partial, const bf16* dout, 
   partial[static_cast<std::size_t>(g) * OC + c] = acc;
 }
 
+// One block: thread t sums values t, t + blockDim, ... in double, then a tree over the block in
+// a fixed order; the mean is added to *total. The same bits on every run.
+constexpr int kSumThreads = 256;
+__global__ void add_mean_kernel(double* total, const float* values, int n) {
+  __shared__ double part[kSumThreads];
+  double acc = 0.0;
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += kSumThreads) acc += values[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = kSumThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *total += part[0] / n;
+}
+
 void check_bias_shape(const char* op, int N, int OC) {
   ZERO_CHECK(N >= 1 && OC >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
                                     ", OC=" + std::to_string(OC) +
@@ -112,6 +129,14 @@ void check_bias_shape(const char* op, int N, int OC) {
 
 void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream) {
   launch_map("residual_forward", out, a, b, n, Add{}, stream);
+}
+
+void add_mean(double* total, const float* values, int n, cudaStream_t stream) {
+  ZERO_CHECK(n >= 0 && total != nullptr && (n == 0 || values != nullptr),
+             "add_mean: needs a total and n >= 0 values (got n=" + std::to_string(n) + ")");
+  if (n == 0) return;
+  add_mean_kernel<<<1, kSumThreads, 0, stream>>>(total, values, n);
+  GPT_LAUNCH_CHECK("add_mean");
 }
 
 void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream) {

@@ -56,6 +56,10 @@ std::size_t bias_backward_scratch_bytes(int N, int OC);
 void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
                    std::size_t scratch_bytes, cudaStream_t stream);
 
+// *total += the mean of values[0, n), summed in double in a fixed order (one block; n is a
+// micro-batch's token count, so one block is plenty).
+void add_mean(double* total, const float* values, int n, cudaStream_t stream);
+
 // --- loss (cross_entropy.cu) ---
 // Fused softmax cross-entropy over the first V of Vp logits per row (fp32 inside): losses[n]
 // and, if dlogits is non-null, dlogits = (softmax - onehot) * dloss for ids < V, 0 for the
