@@ -21,6 +21,26 @@ class Backend;
 class Context;
 struct Config;
 
+// Where one offloaded optimizer step's time went, sub-group by sub-group (a measurement aid:
+// bench/offload_timeline.cpp sets it with OffloadStaging::set_timeline). Each group is one
+// host_grads(range, begin, n) call, the engine's sub-group. Times are milliseconds from the
+// origin: the moment the gradient copies could start in begin(). Copy times are device events
+// measured from an origin event; host times are steady_clock readings from the instant the host
+// saw that event complete, so the two clocks agree to within one event wait's latency.
+struct OffloadTimeline {
+  struct Group {
+    std::size_t range = 0, begin = 0, n = 0;
+    double d2h_start = -1, d2h_end = -1;  // its gradient chunks' copies out (device); -1: none
+    double wait_start = 0;              // host_grads called: the host waits for those copies
+    double host_start = 0;              // host_grads returned: the host optimizer starts
+    double host_end = 0;                // params_ready called: the host optimizer is done
+    double h2d_start = -1, h2d_end = -1;  // its parameters' copy back (device); -1: none
+  };
+  double origin_s = 0;  // the origin on steady_clock, in seconds since that clock's epoch
+  double finish = 0;    // finish() called (host)
+  std::vector<Group> groups;
+};
+
 // Offloaded optimizer steps on a backend whose memory the host cannot address (CUDA): the
 // gradients of the owned ranges travel to pinned host memory and the updated parameters travel
 // back, asynchronously on a copy stream, so the host AdamW steps one sub-group while the next
@@ -44,6 +64,12 @@ class OffloadStaging {
   virtual void params_ready(std::size_t r, std::size_t begin, std::size_t n) = 0;
   // Work enqueued on the compute stream from now on sees every parameter copied back.
   virtual void finish() = 0;
+  // Records each step from the next begin() on into `sink` (null: stop), overwriting the
+  // previous step's record; call it between steps. While a sink is set, begin() waits for the
+  // origin event and finish() for both copy streams, so that every time can be read when
+  // finish() returns; the step then loses its overlap with the next forward, which a benchmark
+  // times separately. Without a sink nothing is recorded and nothing waits.
+  virtual void set_timeline(OffloadTimeline* sink) { (void)sink; }
 };
 
 // Move-only storage owned by a backend (device memory for CUDA, host memory for the host).

@@ -13,8 +13,13 @@
 // compute stream after this step's uploads, and the next begin() orders the copy stream after
 // the compute stream, so when the host has waited for any gradient chunk of the next step,
 // every parameter copy of this step has finished reading its host buffer.
+//
+// With a timeline sink set (set_timeline, for benchmarks) each chunk copy and each parameter copy
+// is bracketed by timing events and each host_grads / params_ready call is stamped on the host;
+// without one, every hot-path call pays a single null test.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "../backend.hpp"
@@ -34,8 +39,10 @@ class CudaOffloadStaging final : public OffloadStaging {
   void* host_params(std::size_t r, std::size_t begin) override;
   void params_ready(std::size_t r, std::size_t begin, std::size_t n) override;
   void finish() override;
+  void set_timeline(OffloadTimeline* sink) override;
 
  private:
+  struct Trace;
   struct Range {
     const char* dev_grads = nullptr;
     char* dev_params = nullptr;
@@ -50,6 +57,9 @@ class CudaOffloadStaging final : public OffloadStaging {
   std::vector<Range> ranges_;  // kept across steps, with their buffers and events
   std::size_t count_ = 0, esize_ = 0, chunk_ = 1;
   Event ready_, done_;
+  OffloadTimeline* sink_ = nullptr;  // set_timeline's; applies from the next begin()
+  std::unique_ptr<Trace> trace_;     // created by the first traced step, kept for its events
+  Trace* active_ = nullptr;          // trace_ from a traced step's begin() to its finish()
 };
 
 }  // namespace zero::cuda
