@@ -16,29 +16,21 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "cuda/cuda_check.hpp"
 #include "zero/comm.hpp"
 #include "zero/context.hpp"
 
 int main(int argc, char** argv) {
-  int devices = 0;
-  const cudaError_t rc = cudaGetDeviceCount(&devices);
-  int driver = 0;
-  cudaDriverGetVersion(&driver);  // 0: no driver installed at all (a machine without a GPU)
-  if (rc == cudaErrorNoDevice || (rc == cudaSuccess && devices == 0) || (rc != cudaSuccess && driver == 0)) {
-    std::fprintf(stderr, "skipped: no CUDA device (%s)\n",
-                 rc == cudaSuccess ? "0 devices" : driver == 0 ? "no CUDA driver installed" : cudaGetErrorName(rc));
+  const zero::cuda::DeviceProbe probe = zero::cuda::probe_devices();
+  if (probe.kind == zero::cuda::DeviceProbe::none) {
+    std::fprintf(stderr, "skipped: %s\n", probe.message.c_str());
     return 77;
   }
-  if (rc != cudaSuccess) {
-    int runtime = 0;
-    cudaRuntimeGetVersion(&runtime);
-    std::fprintf(stderr,
-                 "FAILED: the CUDA driver is installed (version %d) but cannot enumerate devices: %s (%s); runtime "
-                 "version %d. Update the driver to one that supports this runtime, or check the installation "
-                 "(nvidia-smi)\n",
-                 driver, cudaGetErrorName(rc), cudaGetErrorString(rc), runtime);
+  if (probe.kind == zero::cuda::DeviceProbe::broken) {
+    std::fprintf(stderr, "FAILED: %s\n", probe.message.c_str());
     return 1;
   }
+  const int devices = probe.devices;
   // The probe alone (run_sanitizer.sh asks for it before starting compute-sanitizer).
   if (std::getenv("ZERO_TEST_PROBE")) return 0;
   if (const char* need = std::getenv("ZERO_TEST_MIN_GPUS")) {

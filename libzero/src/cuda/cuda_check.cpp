@@ -32,6 +32,32 @@ const char* cuda_hint(cudaError_t rc) {
 
 }  // namespace
 
+DeviceProbe probe_devices() {
+  DeviceProbe p;
+  const cudaError_t rc = cudaGetDeviceCount(&p.devices);
+  int driver = 0;
+  cudaDriverGetVersion(&driver);  // 0: no driver installed at all (a machine without a GPU)
+  cudaGetLastError();             // a failed probe must not surface as a later call's error
+  if (rc == cudaErrorNoDevice || (rc == cudaSuccess && p.devices == 0) || (rc != cudaSuccess && driver == 0)) {
+    p.kind = DeviceProbe::none;
+    p.devices = 0;
+    p.message = fmt::format("no CUDA device ({})", rc == cudaSuccess ? "0 devices"
+                                                   : driver == 0    ? "no CUDA driver installed"
+                                                                    : cudaGetErrorName(rc));
+  } else if (rc != cudaSuccess) {
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
+    p.kind = DeviceProbe::broken;
+    p.message = fmt::format(
+        "the CUDA driver is installed (version {}) but cannot enumerate devices: {} ({}); runtime version {}. "
+        "Update the driver to one that supports this runtime, or check the installation (nvidia-smi)",
+        driver, cudaGetErrorName(rc), cudaGetErrorString(rc), runtime);
+  } else {
+    p.kind = DeviceProbe::usable;
+  }
+  return p;
+}
+
 void throw_cuda_error(const char* file, int line, const char* call, cudaError_t rc) {
   throw_error(file, line,
               fmt::format("{} failed: {} ({}){}", call, cudaGetErrorName(rc), cudaGetErrorString(rc), cuda_hint(rc)));

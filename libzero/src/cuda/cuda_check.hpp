@@ -16,6 +16,17 @@ namespace zero::cuda {
 [[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int rc,
                                    const char* text, const char* last_error);
 
+// What a process finds before it uses CUDA. No device, or no driver at all, means "no GPU on
+// this machine" (GPU tests and benchmarks then skip with exit 77); a driver that is installed
+// but cannot enumerate devices (one older than the runtime, say) is a broken setup, which must
+// fail rather than skip. `message` says which, for the user.
+struct DeviceProbe {
+  enum Kind { usable, none, broken } kind = none;
+  int devices = 0;
+  std::string message;
+};
+DeviceProbe probe_devices();
+
 // Makes `device` current on the calling thread (cheap when it already is). The engine may be
 // called from a thread other than the one that built it; a CUDA thread starts on device 0.
 void use_device(int device);
