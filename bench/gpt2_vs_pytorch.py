@@ -31,7 +31,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--zero-gpt", required=True, help="the zero-gpt binary (built with CUDA)")
     p.add_argument("--config", default=None,
-                   help="zero-gpt config to start from (default: examples/gpt/configs/gpt2.yaml)")
+                   help="zero-gpt config to start from (default: examples/gpt/configs/gpt2-cuda.yaml, "
+                        "gpt2.yaml with --backend host)")
     p.add_argument("--shards", default=None,
                    help="glob of llm.c .bin token shards (default: a shard of random tokens)")
     p.add_argument("--batch", type=int, default=16, help="micro-batch (sequences per step)")
@@ -103,8 +104,9 @@ def run_zero_gpt(a, shard_glob):
     metrics = os.path.join(out_dir, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
+    default = "gpt2-cuda.yaml" if a.backend == "cuda" else "gpt2.yaml"
     config = a.config or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples",
-                                      "gpt", "configs", "gpt2.yaml")
+                                      "gpt", "configs", default)
     steps = a.warmup + a.steps
     sets = {
         "backend": a.backend,
