@@ -44,12 +44,13 @@ float yardstick_factor = 0.0f;
 namespace {
 
 constexpr std::size_t kTile = std::size_t{1} << 15;  // same tiling as the library
-constexpr std::uintptr_t kAhead = 512;  // the library's software prefetch distance (elements)
+// The library's software prefetch distance on this CPU (elements), set in main.
+std::uintptr_t prefetch_ahead = 512;
 
-// Prefetches one line of each stream kAhead elements ahead, as the library's kernels do.
+// Prefetches one line of each stream prefetch_ahead elements ahead, as the library's kernels do.
 inline void ahead(std::size_t i, const void* a, const void* b, const void* c, const void* d,
                   std::uintptr_t d_size) {
-  const std::uintptr_t j = i + kAhead;
+  const std::uintptr_t j = i + prefetch_ahead;
   auto at = [](const void* base, std::uintptr_t offset) {
     return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base) + offset);
   };
@@ -332,8 +333,11 @@ int main(int argc, char** argv) {
   auto traffic = use512 ? traffic_avx512 : use256 ? traffic_avx2 : traffic_scalar;
   auto traffic16 = use512 ? traffic16_avx512 : use256 ? traffic16_avx2 : traffic16_scalar;
 
-  std::printf("bench_host_adam: path %s, %d CPUs, min of %d reps after a warm-up\n",
-              std::string(simd_path_name(path)).c_str(), omp_get_num_procs(), reps);
+  prefetch_ahead = adam_prefetch_elements();
+  std::printf("bench_host_adam: path %s, %d CPUs, software prefetch %zu elements ahead, min of %d "
+              "reps after a warm-up\n",
+              std::string(simd_path_name(path)).c_str(), omp_get_num_procs(),
+              static_cast<std::size_t>(prefetch_ahead), reps);
   std::printf("limit = loop with AdamW's memory traffic "
               "(28 B/param: read p,g,m,v; write p,m,v)\n\n");
   if (use512)
