@@ -121,6 +121,9 @@ class Bf16RoundingOps final : public Ops {
     host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
     round_all(dl, size(N) * Vp);
   }
+  void add_mean(double* total, const float* values, int n) override {
+    host_->add_mean(total, values, n);
+  }
 
  private:
   static std::size_t size(int n) { return static_cast<std::size_t>(n); }
