@@ -21,7 +21,8 @@
 #   5. ctest      ctest -L gpu (sanitizer entries excluded), junit + log saved
 #   6. sanitizer  ctest's compute-sanitizer entries (memcheck, racecheck) + initcheck/synccheck
 #                 of the kernel tests + memcheck of the MPI-staged communicator test
-#   7. bench      bench_collectives (one rank per GPU), 1..256 MiB
+#   7. bench      bench_collectives (one rank per GPU), 1..256 MiB; with --engine-bench also
+#                 bench_offload_timeline and bench_engine_overhead (about a minute each)
 #   8. gpt_bench  (--gpt-bench) bench/gpt2_vs_pytorch.py: GPT-2 124M, zero-gpt against PyTorch,
 #                 in the time left (GPT_BENCH_S of it kept free by the steps before)
 #   9. summary    a table of steps, rc and seconds; ctest's own summary lines (passed / failed
@@ -43,7 +44,7 @@
 #   OUT             if set, the main logs (at most 8 files, the rest as logs.tar.gz) and the
 #                   GPT-2 result (gpt2_result.json) are also copied into this folder
 # Flags: --no-gpu-ok (continue without a GPU: every gpu test must then report skipped),
-#        --no-sanitizer, --no-bench, --gpt-bench,
+#        --no-sanitizer, --no-bench, --gpt-bench, --engine-bench,
 #        --system-deps (never unpack the carried .debs),
 #        --carried-deps (treat every dependency as missing: unpack all carried .debs, OpenMPI
 #                        included, and point CMake at them; checks the carried set on a machine
@@ -55,13 +56,14 @@
 set -uo pipefail
 
 # ------------------------------------------------------------------------------ arguments
-NO_GPU_OK=0 RUN_SAN=1 RUN_BENCH=1 RUN_GPT=0 SYSTEM_DEPS=0 CARRIED_DEPS=0 CONFIGURE_ONLY=0
+NO_GPU_OK=0 RUN_SAN=1 RUN_BENCH=1 RUN_GPT=0 RUN_ENGINE=0 SYSTEM_DEPS=0 CARRIED_DEPS=0 CONFIGURE_ONLY=0
 for a in "$@"; do
   case "$a" in
     --no-gpu-ok) NO_GPU_OK=1 ;;
     --no-sanitizer) RUN_SAN=0 ;;
     --no-bench) RUN_BENCH=0 ;;
     --gpt-bench) RUN_GPT=1 ;;
+    --engine-bench) RUN_ENGINE=1 ;;
     --system-deps) SYSTEM_DEPS=1 ;;
     --carried-deps) CARRIED_DEPS=1 ;;
     --configure-only) CONFIGURE_ONLY=1 ;;
@@ -539,6 +541,9 @@ fi
 TARGETS=(zero "${TARGETS[@]}")
 [ "$RUN_BENCH" = 1 ] && has_target bench_collectives && TARGETS+=(bench_collectives)
 [ "$RUN_GPT" = 1 ] && TARGETS+=(zero-gpt)
+if [ "$RUN_ENGINE" = 1 ]; then
+  for t in bench_offload_timeline bench_engine_overhead; do has_target "$t" && TARGETS+=("$t"); done
+fi
 step build "${BUILD_CAP_S:-300}" 230 "$LOG_DIR/build.log" -- \
   cmake --build "$BUILD_DIR" -j "$JOBS" --target "${TARGETS[@]}" -- -k 0
 BUILD_RC=$?
@@ -607,6 +612,15 @@ if [ "$RUN_BENCH" = 1 ] && [ "$PROBE_RC" = 0 ] && [ -x "$BUILD_DIR/bench/bench_c
       --dtype bf16 --min-mib 1 --max-mib 256 --iters 10 --warmup 3
 else
   record bench skip 0 "run=$RUN_BENCH gpu_probe=$PROBE_RC"
+fi
+if [ "$RUN_ENGINE" = 1 ] && [ "$PROBE_RC" = 0 ]; then
+  for b in bench_offload_timeline bench_engine_overhead; do
+    if [ -x "$BUILD_DIR/bench/$b" ]; then
+      step "$b" 150 "$GPT_RESERVE" "$LOG_DIR/$b.log" -- "$BUILD_DIR/bench/$b"
+    else
+      record "$b" skip 0 "not built"
+    fi
+  done
 fi
 
 # ------------------------------------------------------------------------------ 8. gpt_bench
