@@ -119,6 +119,7 @@ TEST_CASE("attention forward and backward match the double reference", "[attenti
   SECTION("one full tile, head size 64") { run_case(2, 64, 128, 2, 11); }
   SECTION("T = 1") { run_case(2, 1, 128, 2, 12); }
   SECTION("T = 100, not a tile multiple") { run_case(2, 100, 128, 2, 13); }
+  SECTION("T = 65, one valid row and key in the last tile") { run_case(2, 65, 128, 2, 19); }
   SECTION("T = 100, sharp softmax") { run_case(1, 100, 128, 2, 14, 3.0f); }
   SECTION("T = 256, GPT-2 head size 64") { run_case(2, 256, 256, 4, 15); }
   SECTION("GPT-2 small heads: NH = 12, C = 768, T = 128") { run_case(1, 128, 768, 12, 16); }

@@ -29,13 +29,20 @@ struct Emulated {
   std::vector<float> out, lse, dqkv;
 };
 
-// What the kernels compute, tile by tile. `mask_bug` widens the mask by one key (j <= i + 1),
-// a deliberate error the bounds must catch.
-Emulated emulate(const at::Case& c, int q_rows, int k_rows, bool mask_bug = false) {
+// Deliberate errors the bounds must catch, one per class of mistake a kernel could make:
+// the mask one key too wide (j <= i + 1), the scale 1/hs instead of 1/sqrt(hs), the lse left
+// in log2 (the forward forgetting the ln 2; the backward then rebuilds wrong probabilities),
+// and the output accumulator not rescaled when a later tile raises the row maximum.
+enum class Bug { none, mask_off_by_one, scale_no_sqrt, lse_log2, no_output_rescale };
+
+// What the kernels compute, tile by tile, with `bug` injected.
+Emulated emulate(const at::Case& c, int q_rows, int k_rows, Bug bug = Bug::none) {
   const int B = c.B, T = c.T, C = c.C, NH = c.NH, hs = c.hs();
   const std::size_t C3 = 3 * static_cast<std::size_t>(C);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const float scale = bug == Bug::scale_no_sqrt ? 1.0f / static_cast<float>(hs)
+                                                : 1.0f / std::sqrt(static_cast<float>(hs));
   const float scale_log2 = scale * attn::kLog2e;
+  const bool mask_bug = bug == Bug::mask_off_by_one;
   auto attends = [&](int i, int j) {
     return mask_bug ? (j <= i + 1 && j < T && i < T) : attn::attends(i, j, T);
   };
@@ -70,7 +77,8 @@ Emulated emulate(const at::Case& c, int q_rows, int k_rows, bool mask_bug = fals
             }
             const float alpha = attn::online_rescale(st, tile_max);
             float tile_sum = 0;
-            for (auto& x : o) x *= alpha;
+            if (bug != Bug::no_output_rescale)
+              for (auto& x : o) x *= alpha;
             for (int c2 = 0; c2 < k_rows; ++c2) {
               const float p = attn::online_prob(st, s2[c2]);
               tile_sum += p;
@@ -84,7 +92,8 @@ Emulated emulate(const at::Case& c, int q_rows, int k_rows, bool mask_bug = fals
           for (int d = 0; d < hs; ++d)
             r.out[(static_cast<std::size_t>(b) * T + i) * C + h * hs + d] =
                 at::round_bf16(o[d] / st.sum);
-          r.lse[bh * T + i] = attn::online_lse(st);
+          r.lse[bh * T + i] =
+              bug == Bug::lse_log2 ? attn::online_lse(st) / attn::kLn2 : attn::online_lse(st);
         }
       }
       // Backward: D from the bf16 output.
@@ -224,8 +233,11 @@ TEST_CASE("the kernels' tile loops match the double reference within the stated 
     int B, T, C, NH;
     float q_scale;
   };
-  const Shape shapes[] = {{2, 64, 128, 2, 1.0f}, {2, 1, 128, 2, 1.0f}, {1, 100, 128, 2, 1.0f},
-                          {1, 100, 128, 4, 3.0f}, {1, 130, 256, 2, 1.0f}};
+  // With the kernels' 64 x 64 tiles: T = 65 leaves one valid row (and key) in the last tile,
+  // T = 128 is two full tiles (no tail at all).
+  const Shape shapes[] = {{2, 64, 128, 2, 1.0f},  {2, 1, 128, 2, 1.0f},  {1, 100, 128, 2, 1.0f},
+                          {1, 100, 128, 4, 3.0f}, {1, 130, 256, 2, 1.0f}, {1, 65, 64, 1, 1.0f},
+                          {1, 128, 128, 4, 1.0f}};
   const int tiles[][2] = {{64, 64}, {32, 16}, {16, 32}};
   std::uint64_t seed = 100;
   for (const auto& s : shapes) {
@@ -251,8 +263,32 @@ TEST_CASE("the kernels' tile loops match the double reference within the stated 
 TEST_CASE("the bounds catch a mask off by one key", "[attention]") {
   const at::Case c = at::make_case(1, 40, 128, 2, 5);
   const at::Expect e = at::expect(c);
-  const Emulated r = emulate(c, 16, 16, /*mask_bug=*/true);
+  const Emulated r = emulate(c, 16, 16, Bug::mask_off_by_one);
   CHECK(at::check(r.out, e.out, e.out_tol, "out").bad > 0);
   CHECK(at::check(r.lse, e.lse, e.lse_tol, "lse").bad > 0);
   CHECK(at::check(r.dqkv, e.dqkv, e.dqkv_tol, "dqkv").bad > 0);
+}
+
+// The GPU test shares these bounds: each wrong constant or skipped step must fail them, or that
+// test could pass a kernel with the same mistake.
+TEST_CASE("the bounds catch a wrong scale, a log2 lse and a skipped rescale", "[attention]") {
+  const at::Case c = at::make_case(1, 40, 128, 2, 6);
+  const at::Expect e = at::expect(c);
+  SECTION("scale 1/hs") {
+    const Emulated r = emulate(c, 16, 16, Bug::scale_no_sqrt);
+    CHECK(at::check(r.out, e.out, e.out_tol, "out").bad > 0);
+    CHECK(at::check(r.lse, e.lse, e.lse_tol, "lse").bad > 0);
+    CHECK(at::check(r.dqkv, e.dqkv, e.dqkv_tol, "dqkv").bad > 0);
+  }
+  SECTION("lse in log2") {
+    const Emulated r = emulate(c, 16, 16, Bug::lse_log2);
+    CHECK(at::check(r.out, e.out, e.out_tol, "out").bad == 0);  // the forward output is right
+    CHECK(at::check(r.lse, e.lse, e.lse_tol, "lse").bad > 0);
+    CHECK(at::check(r.dqkv, e.dqkv, e.dqkv_tol, "dqkv").bad > 0);
+  }
+  SECTION("output not rescaled") {
+    const Emulated r = emulate(c, 16, 16, Bug::no_output_rescale);
+    CHECK(at::check(r.out, e.out, e.out_tol, "out").bad > 0);
+    CHECK(at::check(r.lse, e.lse, e.lse_tol, "lse").bad == 0);  // the sum is still rescaled
+  }
 }
