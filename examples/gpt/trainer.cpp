@@ -57,6 +57,19 @@ class EvalScope {
   zero::Engine& e_;
 };
 
+// The engine outlives the trainer's Ops (owned_engine_ is declared before ops_; a borrowed
+// engine lives on, and the autotuner builds the next trainer on it) but holds the Ops' stream as
+// its compute stream, which ~CudaOps destroys. Before that, the engine gets the default stream
+// back (ordered after the Ops' work), so its teardown and any later use never touch a destroyed
+// stream.
+void return_engine_stream(zero::Engine* engine, const Ops* ops) noexcept {
+  if (!engine || !ops || !ops->stream()) return;
+  try {
+    engine->set_stream(nullptr);
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------ settings
@@ -277,13 +290,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   }
 #endif
   if (!ops_) ops_ = make_host_ops();
-  model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
+  try {
+    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
+  } catch (...) {
+    // No destructor runs for a constructor that throws (out of memory is expected while the
+    // autotuner tries micro-batch sizes), and ops_ is about to go.
+    model_.reset();
+    return_engine_stream(engine_, ops_.get());
+    throw;
+  }
   const std::size_t n = static_cast<std::size_t>(micro_batch_) * mc.seq_len;
   inputs_.resize(n);
   targets_.resize(n);
 }
 
-GptTrainer::~GptTrainer() = default;
+GptTrainer::~GptTrainer() { return_engine_stream(engine_, ops_.get()); }
 
 std::int64_t GptTrainer::tokens_per_step() const {
   return engine_->config().train_batch_size * settings_.model.seq_len;

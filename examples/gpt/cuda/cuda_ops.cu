@@ -65,8 +65,8 @@ class CudaOps final : public Ops {
  public:
   // A null stream: the Ops creates its own non-blocking stream and destroys it at the end.
   explicit CudaOps(cudaStream_t stream)
-      : owned_stream_(stream ? nullptr : new_stream()),
-        stream_(stream ? stream : owned_stream_),
+      : owned_stream_{stream ? nullptr : new_stream()},
+        stream_(stream ? stream : owned_stream_.s),
         matmul_(stream_) {}
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
@@ -75,7 +75,6 @@ class CudaOps final : public Ops {
       if (s.done) cudaEventDestroy(s.done);
     }
     if (scratch_) cudaFree(scratch_);
-    if (owned_stream_) cudaStreamDestroy(owned_stream_);
   }
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;
@@ -238,7 +237,16 @@ class CudaOps final : public Ops {
   static constexpr int kStagingSlots = 4;  // two uploads (inputs, targets) per micro-batch
   std::array<Staging, kStagingSlots> staging_{};
   int next_slot_ = 0;
-  cudaStream_t owned_stream_;  // null when the caller's stream is used
+  // Destroyed after matmul_ (members go in reverse order), whose destructor still synchronizes
+  // on the stream: destroying it in ~CudaOps' body left matmul_ a dangling stream handle. Null
+  // when the caller's stream is used.
+  struct OwnedStream {
+    cudaStream_t s = nullptr;
+    ~OwnedStream() {
+      if (s) cudaStreamDestroy(s);
+    }
+  };
+  OwnedStream owned_stream_;
   cudaStream_t stream_;
   cuda::Matmul matmul_;
   void* scratch_ = nullptr;
