@@ -71,6 +71,7 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   att_scratch_ =
       OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, cfg_.n_head) * f4);
   host_losses_.resize(N);
+  ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
 
   for (const OpsBuffer* b : {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_,
                              &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dtmp_, &dqkv_,

@@ -65,6 +65,10 @@ class Ops {
   virtual void fill_zero(void* p, std::size_t bytes) = 0;
   // Waits for every call enqueued so far.
   virtual void synchronize() = 0;
+  // Called once by the model when it is built, with its largest shapes: an Ops that needs
+  // scratch for its backward passes allocates it here, so no step allocates (or frees, which
+  // on a GPU waits for the whole device).
+  virtual void reserve(int /*max_rows*/, int /*T*/, int /*C*/, int /*NH*/) {}
   // The stream the calls are enqueued on (a cudaStream_t for CudaOps; null for HostOps), for
   // the engine: Engine::set_stream(ops.stream()) orders its collectives after the model's work.
   virtual void* stream() const { return nullptr; }

@@ -6,10 +6,11 @@
 // that need one (encoder, LayerNorm and bias backward, and attention when the model's buffer
 // is too small, see attention_scratch_floats). The buffer grows to the largest size asked for
 // and is then reused: all calls run in order on the one stream, so no two launchers ever use
-// it at once. Only the first training step can grow it; later steps ask for sizes already seen
-// and allocate nothing.
+// it at once. The model reserves it at its largest shapes when it is built (Ops::reserve), so
+// no step allocates or frees it; a call at a larger shape would still grow it.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -211,6 +212,19 @@ class CudaOps final : public Ops {
   }
 
  private:
+  // The largest scratch any launcher asks for at these shapes: the encoder's sort over B*T
+  // positions, the LayerNorm and bias column sums over N rows (widths C, 3C and 4C), and the
+  // attention backward beyond what the model hands it.
+  void reserve(int max_rows, int T, int C, int NH) override {
+    const int B = std::max(1, max_rows / std::max(T, 1));
+    std::size_t need = cuda::encoder_backward_scratch_bytes(B, T, C);
+    need = std::max(need, cuda::layernorm_backward_scratch_bytes(max_rows, C));
+    for (int oc : {C, 3 * C, 4 * C}) need = std::max(need, cuda::bias_backward_scratch_bytes(max_rows, oc));
+    const std::size_t att = cuda::attention_backward_scratch_floats(B, T, C, NH);
+    if (att > attention_scratch_floats(B, T, NH)) need = std::max(need, att * sizeof(float));
+    scratch(need);
+  }
+
   // The shared scratch, at least `bytes` long (scratch_bytes_ is what the launchers are told).
   void* scratch(std::size_t bytes) {
     if (bytes <= scratch_bytes_) return scratch_;
