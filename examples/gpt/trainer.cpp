@@ -272,7 +272,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
     std::optional<zero::hf::Gpt2Weights> weights;
     if (!settings_.init_from.empty()) {
       weights.emplace(settings_.init_from);
-      weights->check({mc.n_layer, mc.n_head, mc.n_embd, mc.seq_len, mc.vocab_size});
+      weights->check(mc.plan_shape());
     }
     owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
     engine_ = owned_engine_.get();

@@ -84,7 +84,7 @@ void fail_point(const char* point) {
 std::string serialize(const ClientState& c) {
   std::string s;
   for (const auto& [k, v] : c) {
-    s += std::to_string(k.size()) + ":" + k + std::to_string(v.size()) + ":" + v;
+    s += fmt::format("{}:{}{}:{}", k.size(), k, v.size(), v);
   }
   return s;
 }
@@ -157,21 +157,21 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
   const std::string fix = "; load it into the model it was saved from (the same Layout)";
   const Layout& l = e.layout();
   if (static_cast<int>(m.units.size()) != l.num_units())
-    ZERO_THROW(file + "units' lists " + std::to_string(m.units.size()) + " units, the engine's layout has " +
-               std::to_string(l.num_units()) + fix);
+    ZERO_THROW(fmt::format("{}units' lists {} units, the engine's layout has {}{}", file, m.units.size(),
+                           l.num_units(), fix));
   for (int i = 0; i < l.num_units(); ++i) {
     const UnitInfo& ui = l.unit(i);
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
-    std::string at = file + "units[" + std::to_string(i) + "]";
+    std::string at = fmt::format("{}units[{}]", file, i);
     if (cu.name != ui.name)
-      ZERO_THROW(at + ".name' = \"" + cu.name + "\", the engine's unit " + std::to_string(i) + " is \"" + ui.name + "\"" + fix);
+      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, cu.name, i, ui.name, fix));
     if (cu.params.size() != ui.params.size())
-      ZERO_THROW(at + ".params' lists " + std::to_string(cu.params.size()) + " parameters for unit '" + ui.name +
-                 "', the engine has " + std::to_string(ui.params.size()) + fix);
+      ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at,
+                             cu.params.size(), ui.name, ui.params.size(), fix));
     for (std::size_t k = 0; k < ui.params.size(); ++k) {
       const auto& cp = cu.params[k];
       const auto& p = ui.params[k];
-      std::string pat = at + ".params[" + std::to_string(k) + "]";
+      std::string pat = fmt::format("{}.params[{}]", at, k);
       if (cp.name != p.name)
         ZERO_THROW(pat + ".name' = \"" + cp.name + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
                    ui.name + "')" + fix);
@@ -181,9 +181,9 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     }
   }
   if (m.moments != e.optimizer_moments())
-    ZERO_THROW(file + "optimizer_moments' = " + std::to_string(m.moments) + " (" + m.optimizer +
-               "), the engine's optimizer keeps " + std::to_string(e.optimizer_moments()) +
-               "; use the optimizer the checkpoint was trained with");
+    ZERO_THROW(fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
+                           "checkpoint was trained with",
+                           file, m.moments, m.optimizer, e.optimizer_moments()));
   if (o.allow_config_change) return;
   if (m.compute_dtype != e.compute_dtype())
     ZERO_THROW(file + "compute_dtype' = " + std::string(dtype_name(m.compute_dtype)) + ", the engine computes in " +
@@ -204,8 +204,9 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
     e.check_between_steps("save_checkpoint");
     ZERO_CHECK(!root.empty(), "save_checkpoint: the checkpoint root is empty; pass a directory");
-    ZERO_CHECK(opts.keep_last >= 0, "save_checkpoint: keep_last = " + std::to_string(opts.keep_last) +
-                                        " is negative; use 0 to keep every checkpoint");
+    ZERO_CHECK(opts.keep_last >= 0, fmt::format("save_checkpoint: keep_last = {} is negative; use 0 to keep every "
+                                                "checkpoint",
+                                                opts.keep_last));
   });
   same_on_all_ranks(comm, root, "the checkpoint root");
   same_on_all_ranks(comm, serialize(client), "the client state");

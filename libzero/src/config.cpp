@@ -3,6 +3,7 @@
 // README's reference and the --help lines. Loading is in config_load.cpp.
 #include "zero/config.hpp"
 
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -71,25 +72,27 @@ void check_nvme_dir(const std::string& key, const std::string& path, const std::
 
 void Config::resolve(int world_size) {
   if (world_size < 1) {
-    throw Error("Config::resolve: world size " + std::to_string(world_size) +
-                " is not a number of ranks; pass the data-parallel world size (>= 1)");
+    throw Error(fmt::format("Config::resolve: world size {} is not a number of ranks; pass the "
+                            "data-parallel world size (>= 1)",
+                            world_size));
   }
   const std::int64_t w = world_size;
   std::int64_t& tbs = train_batch_size;
   std::int64_t& mbs = train_micro_batch_size_per_gpu;
   std::int64_t& gas = gradient_accumulation_steps;
-  auto val = [](std::int64_t v) { return v > 0 ? std::to_string(v) : std::string("auto"); };
-  const std::string shown =
-      "train_batch_size=" + val(tbs) + ", train_micro_batch_size_per_gpu=" + val(mbs) +
-      ", gradient_accumulation_steps=" + val(gas) + ", world size=" + std::to_string(w);
+  auto val = [](std::int64_t v) { return v > 0 ? fmt::format("{}", v) : std::string("auto"); };
+  const std::string shown = fmt::format(
+      "train_batch_size={}, train_micro_batch_size_per_gpu={}, gradient_accumulation_steps={}, "
+      "world size={}",
+      val(tbs), val(mbs), val(gas), w);
   const std::string rule =
       "train_batch_size must equal train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
       "world size";
   auto derive = [&](std::int64_t whole, std::int64_t part, const char* what) {
     if (whole % part != 0) {
-      throw Error(source + ": batch sizes do not divide: " + shown + "; " + rule + ", so " + what +
-                  " would be " + std::to_string(whole) + " / " + std::to_string(part) +
-                  "; change train_batch_size or the other given number");
+      throw Error(fmt::format("{}: batch sizes do not divide: {}; {}, so {} would be {} / {}; "
+                              "change train_batch_size or the other given number",
+                              source, shown, rule, what, whole, part));
     }
     return whole / part;
   };
@@ -97,9 +100,9 @@ void Config::resolve(int world_size) {
   if (tbs > 0 && mbs > 0 && gas > 0) {
     std::int64_t product = checked_mul(checked_mul(mbs, gas, shown), w, shown);
     if (product != tbs) {
-      throw Error(source + ": inconsistent batch sizes: " + shown + "; " + rule +
-                  " (= " + std::to_string(product) +
-                  "). Fix one of them, or set one to \"auto\" to derive it");
+      throw Error(fmt::format("{}: inconsistent batch sizes: {}; {} (= {}). Fix one of them, or "
+                              "set one to \"auto\" to derive it",
+                              source, shown, rule, product));
     }
   } else if (tbs > 0 && mbs > 0) {
     gas = derive(tbs, checked_mul(mbs, w, shown), "gradient_accumulation_steps");
@@ -133,9 +136,9 @@ void Config::resolve(int world_size) {
   for (auto [name, v] : {std::pair{"train_micro_batch_size_per_gpu", mbs},
                          std::pair{"gradient_accumulation_steps", gas}}) {
     if (v > std::numeric_limits<int>::max()) {
-      throw Error(source + ": " + name + " would be " + std::to_string(v) + " (" + shown +
-                  "), more than " + std::to_string(std::numeric_limits<int>::max()) +
-                  " per step; check the batch settings");
+      throw Error(fmt::format("{}: {} would be {} ({}), more than {} per step; check the batch "
+                              "settings",
+                              source, name, v, shown, std::numeric_limits<int>::max()));
     }
   }
   if (!derived.empty()) {
@@ -146,14 +149,13 @@ void Config::resolve(int world_size) {
         const std::int64_t v = a.path == "train_batch_size"
                                    ? tbs
                                    : (a.path == "gradient_accumulation_steps" ? gas : mbs);
-        a.value = std::to_string(v);
-        a.source = "derived for world size " + std::to_string(w);
+        a.value = fmt::format("{}", v);
+        a.source = fmt::format("derived for world size {}", w);
       }
     }
-    notes.push_back("batch: train_batch_size " + std::to_string(tbs) +
-                    " = train_micro_batch_size_per_gpu " + std::to_string(mbs) +
-                    " x gradient_accumulation_steps " + std::to_string(gas) + " x world size " +
-                    std::to_string(w) + " (" + derived + ")");
+    notes.push_back(fmt::format("batch: train_batch_size {} = train_micro_batch_size_per_gpu {} x "
+                                "gradient_accumulation_steps {} x world size {} ({})",
+                                tbs, mbs, gas, w, derived));
   }
 
   const auto& z = zero_optimization;

@@ -3,6 +3,8 @@
 // optimizer.type before its params), and to_yaml writes the keys in this order.
 #include "config_keys.hpp"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 
@@ -370,7 +372,7 @@ std::string value_text(const Spec& s, const Config& c) {
       [&](auto p) -> std::string {
         using P = decltype(p);
         if constexpr (std::is_same_v<P, int*> || std::is_same_v<P, std::int64_t*>) {
-          return std::to_string(*p);
+          return fmt::format("{}", *p);
         } else if constexpr (std::is_same_v<P, double*>) {
           return shortest_text(*p);
         } else if constexpr (std::is_same_v<P, bool*>) {

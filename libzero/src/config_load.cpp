@@ -2,6 +2,7 @@
 // every key of the table in config_keys.cpp read through StrictSection, the DeepSpeed keys of
 // foreign_keys() judged by their policy, and the rules that need several keys. Problems are
 // collected and thrown together, so one run shows everything wrong with a file.
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
 
@@ -69,8 +70,9 @@ class Loader {
     errors_.insert(errors_.begin(), unknown.begin(), unknown.end());
     if (errors_.size() == 1) throw Error(errors_.front());
     if (!errors_.empty()) {
-      std::string msg = cfg_.source + ": " + std::to_string(errors_.size()) +
-                        " problems in the configuration (fix them all, then load again):";
+      std::string msg = fmt::format(
+          "{}: {} problems in the configuration (fix them all, then load again):", cfg_.source,
+          errors_.size());
       for (const auto& e : errors_) msg += "\n  - " + e;
       throw Error(msg);
     }
@@ -305,11 +307,11 @@ class Loader {
     check([&] {
       if (zs && z.offload_param.device != OffloadDevice::none && z.stage < 3) {
         section("zero_optimization.offload_param")
-            ->fail("device", std::string("= ") + to_string(z.offload_param.device) +
-                                 " needs zero_optimization.stage 3, but stage is " +
-                                 std::to_string(z.stage) + " (" + zs->where("stage") +
-                                 "); parameter offload exists only at stage 3: set stage: 3 or "
-                                 "offload_param.device: none");
+            ->fail("device", fmt::format("= {} needs zero_optimization.stage 3, but stage is {} "
+                                         "({}); parameter offload exists only at stage 3: set "
+                                         "stage: 3 or offload_param.device: none",
+                                         to_string(z.offload_param.device), z.stage,
+                                         zs->where("stage")));
       }
     });
     check([&] {
@@ -323,9 +325,10 @@ class Loader {
     });
     check([&] {
       if (cfg_.aio.block_size % 4096 != 0) {
-        section("aio")->fail("block_size", "= " + std::to_string(cfg_.aio.block_size) +
-                                               " must be a multiple of 4096 (O_DIRECT transfers "
-                                               "are 4 KiB aligned)");
+        section("aio")->fail("block_size",
+                             fmt::format("= {} must be a multiple of 4096 (O_DIRECT transfers "
+                                         "are 4 KiB aligned)",
+                                         cfg_.aio.block_size));
       }
     });
     check([&] {
@@ -395,11 +398,10 @@ class Loader {
                                      "the run length");
     }
     if (c.total_num_steps < c.warmup_num_steps) {
-      p->fail("total_num_steps", "= " + std::to_string(c.total_num_steps) +
-                                     " is less than warmup_num_steps = " +
-                                     std::to_string(c.warmup_num_steps) +
-                                     ": the run would end inside the warmup; raise "
-                                     "total_num_steps or shorten the warmup");
+      p->fail("total_num_steps",
+              fmt::format("= {} is less than warmup_num_steps = {}: the run would end inside the "
+                          "warmup; raise total_num_steps or shorten the warmup",
+                          c.total_num_steps, c.warmup_num_steps));
     }
   }
 
@@ -468,9 +470,9 @@ Config load_config(const std::string& path, const LoadOptions& opts) {
                 "); a config is a YAML or JSON file: give its path");
   }
   if (static_cast<std::uintmax_t>(st.st_size) > kMaxConfigBytes) {
-    throw Error(path + ": is " + std::to_string(st.st_size) + " bytes, more than the " +
-                std::to_string(kMaxConfigBytes >> 20) +
-                " MiB a config file may have; is this the right file?");
+    throw Error(fmt::format("{}: is {} bytes, more than the {} MiB a config file may have; is this "
+                            "the right file?",
+                            path, st.st_size, kMaxConfigBytes >> 20));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -1,5 +1,6 @@
 #include "zero/config_schema.hpp"
 
+#include <fmt/format.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
@@ -114,7 +115,7 @@ struct StrictSection::Impl {
     const Entry* e = find(entry_key);
     if (!e && !self_where.empty()) return self_where;
     YAML::Mark m = e ? e->key_node.Mark() : node.Mark();
-    return m.is_null() ? origin : origin + ":" + std::to_string(m.line + 1);
+    return m.is_null() ? origin : fmt::format("{}:{}", origin, m.line + 1);
   }
   [[noreturn]] void fail_at(std::string_view entry_key, const std::string& full,
                             const std::string& problem) const {
@@ -124,7 +125,7 @@ struct StrictSection::Impl {
   static std::string shown(const std::string& full, const YAML::Node& v) {
     if (!v.IsDefined() || v.IsNull()) return full + " has no value";
     if (v.IsMap()) return full + " is a mapping";
-    if (v.IsSequence()) return full + " is a list of " + std::to_string(v.size());
+    if (v.IsSequence()) return fmt::format("{} is a list of {}", full, v.size());
     return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : escape_bytes(v.Scalar()));
   }
   [[noreturn]] void bad_value(const Entry& e, const std::string& full, const YAML::Node& v,
@@ -168,8 +169,7 @@ StrictSection::StrictSection(const YAML::Node& node, std::string key_path, std::
       YAML::Mark m1 = first->key_node.Mark();
       YAML::Mark m2 = e.key_node.Mark();
       std::string lines = (!m1.is_null() && !m2.is_null())
-                              ? " (lines " + std::to_string(m1.line + 1) + " and " +
-                                    std::to_string(m2.line + 1) + ")"
+                              ? fmt::format(" (lines {} and {})", m1.line + 1, m2.line + 1)
                               : "";
       throw Error(impl_->origin + ": " + escape_bytes(full) + ": key appears twice" + lines +
                   "; keep one (a later one would not silently win here)");
@@ -210,11 +210,11 @@ std::int64_t StrictSection::get_int(std::string_view key, std::int64_t def, std:
   constexpr auto hi_limit = std::numeric_limits<std::int64_t>::max();
   std::string expected = "an integer";
   if (min != lo_limit && max != hi_limit) {
-    expected += " in " + std::to_string(min) + ".." + std::to_string(max);
+    expected += fmt::format(" in {}..{}", min, max);
   } else if (min != lo_limit) {
-    expected += " >= " + std::to_string(min);
+    expected += fmt::format(" >= {}", min);
   } else if (max != hi_limit) {
-    expected += " <= " + std::to_string(max);
+    expected += fmt::format(" <= {}", max);
   }
   std::string full = impl_->path_of(key);
   std::string_view s = impl_->scalar(*e, full, e->value, expected);
@@ -283,14 +283,14 @@ std::vector<double> StrictSection::get_doubles(std::string_view key, const std::
   std::string full = impl_->path_of(key);
   std::string one = "a number";
   if (std::isfinite(each.lo) || std::isfinite(each.hi)) one += " " + each.describe();
-  std::string expected = "a list of " + (count ? std::to_string(count) + " numbers" : "numbers");
+  std::string expected = count ? fmt::format("a list of {} numbers", count) : "a list of numbers";
   if (std::isfinite(each.lo) || std::isfinite(each.hi)) expected += ", each " + each.describe();
   if (!e->value.IsSequence() || (count && e->value.size() != count)) {
     impl_->bad_value(*e, full, e->value, expected + " (like [0.9, 0.999])");
   }
   std::vector<double> out;
   for (std::size_t i = 0; i < e->value.size(); ++i) {
-    std::string item = full + "[" + std::to_string(i) + "]";
+    std::string item = fmt::format("{}[{}]", full, i);
     YAML::Node v = e->value[i];
     std::optional<double> d = v.IsScalar() ? parse_real(v.Scalar()) : std::nullopt;
     if (!d || !each.contains(*d)) impl_->bad_value(*e, item, v, one);
@@ -354,7 +354,7 @@ void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
              (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
              " are: " + join(listed, ", ") +
              (impl_->known.size() > kListed
-                  ? " and " + std::to_string(impl_->known.size() - kListed) + " more (see the README)"
+                  ? fmt::format(" and {} more (see the README)", impl_->known.size() - kListed)
                   : std::string());
     }
     std::vector<std::string> others;
@@ -411,7 +411,7 @@ YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
   } catch (const YAML::Exception& ex) {
     std::string at = origin;
     if (!ex.mark.is_null()) {
-      at += ":" + std::to_string(ex.mark.line + 1) + ":" + std::to_string(ex.mark.column + 1);
+      at += fmt::format(":{}:{}", ex.mark.line + 1, ex.mark.column + 1);
     }
     throw Error(at + ": not valid YAML or JSON: " + ex.msg + "; fix the syntax there");
   }

@@ -1,5 +1,6 @@
 #include "config_tree.hpp"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -68,10 +69,10 @@ void apply_override(YAML::Node root, const std::string& text, KeyLocations& loca
 void LocationRecorder::record(const YAML::Node& n, const std::string& path) {
   const std::size_t total = visit(n, path, "");
   if (total > kMaxExpandedValues) {
-    throw Error(out_.at(path) + ": " + escape_bytes(path) + " expands to " +
-                std::to_string(total) + "+ values through YAML aliases (*name), more than the " +
-                std::to_string(kMaxExpandedValues) +
-                " a configuration may hold; write the values out or use fewer aliases");
+    throw Error(fmt::format("{}: {} expands to {}+ values through YAML aliases (*name), more than "
+                            "the {} a configuration may hold; write the values out or use fewer "
+                            "aliases",
+                            out_.at(path), escape_bytes(path), total, kMaxExpandedValues));
   }
 }
 
@@ -104,7 +105,7 @@ std::size_t LocationRecorder::visit(const YAML::Node& n, const std::string& path
     }
   } else {
     for (std::size_t i = 0; i < n.size(); ++i) {
-      add(visit(n[i], path + "[" + std::to_string(i) + "]", owner));
+      add(visit(n[i], fmt::format("{}[{}]", path, i), owner));
     }
   }
   if (!m.is_null()) {
@@ -120,7 +121,7 @@ std::string LocationRecorder::where(const std::string& p, const YAML::Mark& m) c
     auto cut = q.find_last_of(".[");
     q = cut == std::string::npos ? std::string() : q.substr(0, cut);
   }
-  return m.is_null() ? origin_ : origin_ + ":" + std::to_string(m.line + 1);
+  return m.is_null() ? origin_ : fmt::format("{}:{}", origin_, m.line + 1);
 }
 
 void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLocations& locations) {
@@ -144,7 +145,7 @@ void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLo
     }
     for (auto it = root.begin(); it != root.end(); ++it) {
       if (it->first.Scalar() == alias && !it->first.Mark().is_null()) {
-        locations[name] = origin + ":" + std::to_string(it->first.Mark().line + 1);
+        locations[name] = fmt::format("{}:{}", origin, it->first.Mark().line + 1);
       }
     }
     root[name] = given;

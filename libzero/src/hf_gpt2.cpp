@@ -28,16 +28,6 @@ namespace {
 
 constexpr const char* kWte = "wte.weight";
 
-plan::GptShape gpt_shape(const Gpt2Config& c) {
-  plan::GptShape s;
-  s.n_layer = c.n_layer;
-  s.n_head = c.n_head;
-  s.n_embd = c.n_embd;
-  s.seq_len = c.n_positions;
-  s.vocab_size = c.vocab_size;
-  return s;
-}
-
 // n_head / vocab_size: the caller's, else the checkpoint's saved `model` section.
 int model_key(const std::string& config_yaml, const char* key, int given, const std::string& where) {
   if (given > 0) return given;
@@ -67,7 +57,7 @@ std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadat
 
 }  // namespace
 
-std::string config_json(const Gpt2Config& c, DType dtype) {
+std::string config_json(const plan::GptShape& c, DType dtype) {
   json::Json j = json::Json::object();
   j["architectures"] = {"GPT2LMHeadModel"};
   j["model_type"] = "gpt2";
@@ -76,8 +66,8 @@ std::string config_json(const Gpt2Config& c, DType dtype) {
   j["n_layer"] = c.n_layer;
   j["n_head"] = c.n_head;
   j["n_embd"] = c.n_embd;
-  j["n_positions"] = c.n_positions;
-  j["n_ctx"] = c.n_positions;
+  j["n_positions"] = c.seq_len;
+  j["n_ctx"] = c.seq_len;
   j["vocab_size"] = c.vocab_size;
   j["initializer_range"] = 0.02;
   // The trainer uses no dropout; a fine-tuning run in transformers should not add any silently.
@@ -94,7 +84,7 @@ std::string config_json(const Gpt2Config& c, DType dtype) {
   return json::dump_pretty(j, "config.json");
 }
 
-Gpt2Config export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& o) {
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& o) {
   const std::string step_dir = ckpt::resolve(checkpoint, o.tag);
   ckpt::Reader r(step_dir);
   const ckpt::Metadata& m = r.meta();
@@ -105,21 +95,21 @@ Gpt2Config export_gpt2(const std::string& checkpoint, const std::string& out_dir
              fmt::format("export hf: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format hf is for "
                          "GPT-2-shaped models, use --format safetensors for any model",
                          step_dir));
-  Gpt2Config c;
+  plan::GptShape c;
+  c.n_layer = 0;  // counted from the blocks present
   while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
   c.n_embd = static_cast<int>(wte->second->shape[1]);
-  c.n_positions = static_cast<int>(wpe->second->shape[0]);
+  c.seq_len = static_cast<int>(wpe->second->shape[0]);
   c.n_head = model_key(m.config_yaml, "n_head", o.n_head, step_dir);
   c.vocab_size = model_key(m.config_yaml, "vocab_size", o.vocab_size, step_dir);
-  const plan::GptShape shape = gpt_shape(c);
-  shape.validate();
-  ZERO_CHECK(shape.padded_vocab() == wte->second->shape[0],
+  c.validate();
+  ZERO_CHECK(c.padded_vocab() == wte->second->shape[0],
              fmt::format("export hf: vocab_size {} pads to {} rows, but wte.weight has {}; give the vocabulary the "
                          "model was trained with (--vocab-size)",
-                         c.vocab_size, shape.padded_vocab(), wte->second->shape[0]));
+                         c.vocab_size, c.padded_vocab(), wte->second->shape[0]));
 
   // Every tensor must be GPT-2's, name for name and shape for shape, and nothing else.
-  const Layout want = plan::gpt_layout(shape);
+  const Layout want = plan::gpt_layout(c);
   std::vector<safetensors::TensorSpec> tensors;
   std::set<std::string> expected;
   for (const auto& u : want.units())
@@ -230,11 +220,11 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
                    fmt::format("model.init_from: {} says model_type '{}'; only GPT-2 weights (model_type gpt2) load "
                                "into this model",
                                cj, f.at("model_type").str()));
-      Gpt2Config c;
+      plan::GptShape c;
       c.n_layer = config_int(f, "n_layer");
       c.n_head = config_int(f, "n_head");
       c.n_embd = config_int(f, "n_embd");
-      c.n_positions = config_int(f, "n_positions", "n_ctx");
+      c.seq_len = config_int(f, "n_positions", "n_ctx");
       c.vocab_size = config_int(f, "vocab_size");
       config_ = c;
     }
@@ -293,10 +283,10 @@ Gpt2Weights::~Gpt2Weights() = default;
 Gpt2Weights::Gpt2Weights(Gpt2Weights&&) noexcept = default;
 Gpt2Weights& Gpt2Weights::operator=(Gpt2Weights&&) noexcept = default;
 
-void Gpt2Weights::check(const Gpt2Config& model) const {
+void Gpt2Weights::check(const plan::GptShape& model) const {
   std::vector<std::string> problems;
   if (config_) {
-    const Gpt2Config& c = *config_;
+    const plan::GptShape& c = *config_;
     auto field = [&](const char* what, int file, int mine, const char* key) {
       if (file != mine)
         problems.push_back(fmt::format("config.json {} = {}, the model has {} = {} (set model.{}: {})", what, file,
@@ -305,11 +295,10 @@ void Gpt2Weights::check(const Gpt2Config& model) const {
     field("n_layer", c.n_layer, model.n_layer, "n_layer");
     field("n_head", c.n_head, model.n_head, "n_head");
     field("n_embd", c.n_embd, model.n_embd, "n_embd");
-    field("n_positions", c.n_positions, model.n_positions, "seq_len");
+    field("n_positions", c.seq_len, model.seq_len, "seq_len");
     field("vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
   }
-  const plan::GptShape shape = gpt_shape(model);
-  const Layout want = plan::gpt_layout(shape);
+  const Layout want = plan::gpt_layout(model);
   std::set<std::string> needed;
   for (const auto& u : want.units())
     for (const auto& p : u.params) {
@@ -334,7 +323,7 @@ void Gpt2Weights::check(const Gpt2Config& model) const {
   if (problems.empty()) return;
   ZERO_THROW(fmt::format("model.init_from: '{}' does not fit the model (n_layer {}, n_head {}, n_embd {}, seq_len {}, "
                          "vocab_size {}):\n  {}\nset the model section to the weights' shape",
-                         path_, model.n_layer, model.n_head, model.n_embd, model.n_positions, model.vocab_size,
+                         path_, model.n_layer, model.n_head, model.n_embd, model.seq_len, model.vocab_size,
                          fmt::join(problems, "\n  ")));
 }
 

@@ -1,5 +1,7 @@
 #include "zero/layout.hpp"
 
+#include <fmt/format.h>
+
 #include <string>
 
 #include "strings.hpp"
@@ -26,8 +28,8 @@ int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>
     ZERO_CHECK(!shape.empty(), "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name + "' has an empty shape");
     std::int64_t n = 1;
     for (auto d : shape) {
-      ZERO_CHECK(d > 0, "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name +
-                            "' has a non-positive dimension " + std::to_string(d));
+      ZERO_CHECK(d > 0, fmt::format("Layout::add_unit: parameter '{}' in unit '{}' has a non-positive dimension {}",
+                                    pname, u.name, d));
       n *= d;
     }
     u.params.push_back(ParamInfo{pname, shape, n, u.numel});
@@ -38,8 +40,8 @@ int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>
 }
 
 const UnitInfo& Layout::unit(int id) const {
-  ZERO_CHECK(id >= 0 && id < num_units(), "unknown unit id " + std::to_string(id) + " (the layout has " +
-                                              std::to_string(num_units()) + " units)");
+  ZERO_CHECK(id >= 0 && id < num_units(),
+             fmt::format("unknown unit id {} (the layout has {} units)", id, num_units()));
   return units_[static_cast<std::size_t>(id)];
 }
 

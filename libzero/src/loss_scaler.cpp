@@ -1,5 +1,7 @@
 #include "zero/loss_scaler.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -29,9 +31,10 @@ void LossScaler::update(bool overflow) {
   if (overflow) {
     if (hysteresis_left_ <= 1) {
       if (scale_ <= min_scale_)
-        ZERO_THROW("fp16 gradients overflowed at the minimum loss scale (" + std::to_string(min_scale_) +
-                   "): the run has diverged. Lower the learning rate, enable gradient_clipping, "
-                   "use bf16, or lower fp16.min_loss_scale");
+        ZERO_THROW(fmt::format("fp16 gradients overflowed at the minimum loss scale ({:f}): the run has diverged. "
+                               "Lower the learning rate, enable gradient_clipping, use bf16, or lower "
+                               "fp16.min_loss_scale",
+                               min_scale_));
       scale_ = std::max(scale_ / 2.0, min_scale_);
     } else {
       --hysteresis_left_;

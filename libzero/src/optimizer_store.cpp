@@ -1,5 +1,7 @@
 #include "optimizer_store.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -93,7 +95,7 @@ class ResidentStore final : public OptimizerStore {
     std::size_t bytes = 0;
   };
   float* slot(int unit, int k) {
-    ZERO_CHECK(k <= moments_, "optimizer moment " + std::to_string(k - 1) + " does not exist for this optimizer");
+    ZERO_CHECK(k <= moments_, fmt::format("optimizer moment {} does not exist for this optimizer", k - 1));
     return state_[static_cast<std::size_t>(unit)].ptr[k];
   }
   std::size_t bytes(int unit) const { return state_[static_cast<std::size_t>(unit)].bytes; }
@@ -188,7 +190,7 @@ class NvmeStore final : public OptimizerStore {
     }
   }
   void read_tensor(int unit, int k, float* owned) {
-    ZERO_CHECK(k <= moments_, "optimizer moment " + std::to_string(k - 1) + " does not exist for this optimizer");
+    ZERO_CHECK(k <= moments_, fmt::format("optimizer moment {} does not exist for this optimizer", k - 1));
     for_unit_groups(unit, [&](std::size_t g, std::int64_t begin, std::size_t bytes, void* buf) {
       swapper_->read_async(key(g, k), buf, bytes).wait();
       std::memcpy(owned + begin, buf, bytes);

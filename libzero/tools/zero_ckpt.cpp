@@ -57,10 +57,10 @@ int main(int argc, char** argv) {
     if (*exp) {
       zero::DType t = dtype == "bf16" ? zero::DType::bf16 : (dtype == "fp16" ? zero::DType::f16 : zero::DType::f32);
       if (format == "hf") {
-        const zero::hf::Gpt2Config c = zero::hf::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
+        const zero::plan::GptShape c = zero::hf::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
         std::printf("wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
                     "n_positions %d vocab_size %d)\n",
-                    out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size);
+                    out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size);
         return 0;
       }
       zero::export_safetensors(dir, out, t, tag);

@@ -97,8 +97,9 @@ void free_block(void* p, bool pinned, std::size_t capacity) {
 // a condition to run with.
 void check_aligned(void* p) {
   ZERO_CHECK(reinterpret_cast<std::uintptr_t>(p) % PinnedPool::kAlignment == 0,
-             "PinnedPool: a block came back from the allocator not aligned to " +
-                 std::to_string(PinnedPool::kAlignment) + " bytes; this is a bug, please report it");
+             fmt::format("PinnedPool: a block came back from the allocator not aligned to {} bytes; this is a "
+                         "bug, please report it",
+                         PinnedPool::kAlignment));
 }
 
 void* aligned_block(std::size_t capacity) {

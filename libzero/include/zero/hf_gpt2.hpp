@@ -11,6 +11,9 @@
 // The LM head is tied to wte, so no lm_head tensor is written; on import "transformer."
 // prefixes (save_pretrained of GPT2LMHeadModel), a tied lm_head.weight and the attention-mask
 // buffers older files carry are accepted and skipped.
+//
+// A model's shape is zero::plan::GptShape, as everywhere else; config.json spells its fields
+// the Hugging Face way (seq_len is n_positions there, and n_ctx in older files).
 #pragma once
 
 #include <cstdint>
@@ -22,17 +25,9 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
+#include "zero/plan.hpp"
 
 namespace zero::hf {
-
-struct Gpt2Config {
-  int n_layer = 0;
-  int n_head = 0;
-  int n_embd = 0;
-  int n_positions = 0;  // the trainer's seq_len (wpe rows)
-  int vocab_size = 0;   // the true vocabulary, without padding rows
-  bool operator==(const Gpt2Config&) const = default;
-};
 
 struct ExportOptions {
   DType dtype = DType::f32;
@@ -45,11 +40,12 @@ struct ExportOptions {
 
 // Writes out_dir/model.safetensors and out_dir/config.json (out_dir is created). Throws
 // zero::Error when the checkpoint's layout is not GPT-2's (names and shapes are compared with
-// zero::plan::gpt_layout) or n_head / vocab_size are unknown.
-Gpt2Config export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opts = {});
+// zero::plan::gpt_layout) or n_head / vocab_size are unknown. Returns the exported shape
+// (vocab_size the true vocabulary, without padding rows; no name).
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opts = {});
 
 // The config.json text export_gpt2 writes for `c` (GPT2Config fields).
-std::string config_json(const Gpt2Config& c, DType dtype);
+std::string config_json(const plan::GptShape& c, DType dtype);
 
 // GPT-2 weights to initialise from: a directory holding model.safetensors (and config.json,
 // checked when present), or a .safetensors file (Hugging Face's or zero-ckpt's raw export).
@@ -63,7 +59,7 @@ class Gpt2Weights {
   const std::string& path() const { return path_; }
   // Checks config.json (when present) and every tensor's name and shape against the model to
   // be trained; throws zero::Error listing every difference, with what to change.
-  void check(const Gpt2Config& model) const;
+  void check(const plan::GptShape& model) const;
   // Fills `out` (the full parameter `name` of the layout, `shape`) as fp32; wte rows past the
   // file's vocabulary are zero.
   void read(const std::string& name, const std::vector<std::int64_t>& shape, std::span<float> out) const;
@@ -71,7 +67,7 @@ class Gpt2Weights {
  private:
   struct File;
   std::string path_;
-  std::optional<Gpt2Config> config_;
+  std::optional<plan::GptShape> config_;  // config.json's, when the directory has one
   std::unique_ptr<File> file_;
 };
 

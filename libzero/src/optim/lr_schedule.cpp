@@ -1,4 +1,6 @@
 // Learning-rate schedules (see zero/optim.hpp).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -25,8 +27,8 @@ namespace zero {
 //   cos_min_ratio instead of climbing back up the cosine.
 double lr_at(const Config& cfg, std::int64_t step) {
   if (step < 0) {
-    throw Error("lr_at: step " + std::to_string(step) +
-                " is negative; steps count optimizer steps from 0");
+    throw Error(
+        fmt::format("lr_at: step {} is negative; steps count optimizer steps from 0", step));
   }
   const SchedulerConfig& s = cfg.scheduler;
   const double base_lr = cfg.optimizer.lr;
