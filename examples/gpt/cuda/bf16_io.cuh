@@ -1,8 +1,9 @@
 // Device-side plumbing shared by the bf16 kernels: 16-byte vector loads and stores of eight
 // bf16 values (with a one-element form so a kernel is written once for both widths), warp sums
 // that leave the same bits in every lane, the ordered reduction of per-block column partials
-// that makes dw/db/dbias deterministic, and (through status_check.hpp) the launch check that
-// turns a failed launch into a zero::Error naming the operation.
+// that makes dw/db/dbias deterministic, the scratch alignment and size checks of the launchers
+// that take scratch, and (through status_check.hpp) the launch check that turns a failed launch
+// into a zero::Error naming the operation.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,8 +11,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include "gpt_math.cuh"
 #include "status_check.hpp"
+#include "zero/error.hpp"
 
 namespace zero::gpt::cuda::detail {
 
@@ -23,6 +27,32 @@ inline std::size_t align_up(std::size_t x, std::size_t a) { return (x + a - 1) /
 
 inline unsigned ceil_div(std::size_t a, std::size_t b) {
   return static_cast<unsigned>((a + b - 1) / b);
+}
+
+// Scratch handed to a launcher may have any alignment: every *_scratch_bytes size includes
+// kScratchAlign bytes of slack, and the launcher carves its buffers from scratch_base().
+constexpr std::size_t kScratchAlign = 256;
+
+inline std::byte* scratch_base(void* scratch) {
+  return reinterpret_cast<std::byte*>(
+      align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+}
+
+// The launcher's own check that the caller's scratch is the size its *_scratch_bytes asked for.
+inline void check_scratch(const char* op, const void* scratch, std::size_t scratch_bytes,
+                          std::size_t need, const std::string& shape) {
+  ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
+             std::string(op) + ": scratch of " + std::to_string(scratch_bytes) + " bytes for " +
+                 shape + ", needs " + std::to_string(need) + " (" + op + "_scratch_bytes)");
+}
+
+// The deterministic column sums (dw, db, dbias): threads per block over the columns, and the
+// bytes of one [row blocks, C] array of fp32 partial sums, padded to kScratchAlign.
+constexpr int kColumnThreads = 128;
+
+inline std::size_t column_partial_bytes(int N, int C) {
+  return align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * C * sizeof(float),
+                  kScratchAlign);
 }
 
 // VEC = 8: one 16-byte access (p must be 16-byte aligned); VEC = 1: one element.

@@ -20,7 +20,6 @@ namespace zero::gpt::cuda {
 
 namespace {
 
-using detail::align_up;
 using detail::aligned16;
 using detail::ceil_div;
 using detail::load_bf16;
@@ -28,8 +27,8 @@ using detail::store_bf16;
 
 constexpr int kThreads = 256;
 constexpr int kChunk = 8;
-constexpr int kColumnThreads = 128;
-constexpr std::size_t kScratchAlign = 256;
+using detail::kColumnThreads;
+using detail::kScratchAlign;
 
 struct Add {
   __device__ float operator()(float a, float b) const { return a + b; }
@@ -150,21 +149,16 @@ void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::s
 
 std::size_t bias_backward_scratch_bytes(int N, int OC) {
   check_bias_shape("bias_backward_scratch_bytes", N, OC);
-  return kScratchAlign +
-         align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * OC * sizeof(float),
-                  kScratchAlign);
+  return kScratchAlign + detail::column_partial_bytes(N, OC);
 }
 
 void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
                    std::size_t scratch_bytes, cudaStream_t stream) {
   check_bias_shape("bias_backward", N, OC);
   const std::size_t need = bias_backward_scratch_bytes(N, OC);
-  ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
-             "bias_backward: scratch of " + std::to_string(scratch_bytes) +
-                 " bytes for N=" + std::to_string(N) + ", OC=" + std::to_string(OC) + ", needs " +
-                 std::to_string(need) + " (bias_backward_scratch_bytes)");
-  auto* partial =
-      reinterpret_cast<float*>(align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+  detail::check_scratch("bias_backward", scratch, scratch_bytes, need,
+                        "N=" + std::to_string(N) + ", OC=" + std::to_string(OC));
+  auto* partial = reinterpret_cast<float*>(detail::scratch_base(scratch));
   const int rows = math::column_reduce_rows_per_block(N);
   const int blocks = math::column_reduce_blocks(N);
   const dim3 grid(ceil_div(static_cast<std::size_t>(OC), kColumnThreads),

@@ -26,7 +26,7 @@ using detail::ceil_div;
 using detail::load_bf16;
 using detail::store_bf16;
 
-constexpr std::size_t kScratchAlign = 256;
+using detail::kScratchAlign;
 
 std::string shape_text(int B, int T, int C) {
   return "B=" + std::to_string(B) + ", T=" + std::to_string(T) + ", C=" + std::to_string(C);
@@ -183,12 +183,8 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
   check_shape("encoder_backward", B, T, C);
   const int N = B * T;
   const BackwardScratch s = backward_scratch(N);
-  ZERO_CHECK(scratch != nullptr && scratch_bytes >= s.total,
-             "encoder_backward: scratch of " + std::to_string(scratch_bytes) + " bytes for " +
-                 shape_text(B, T, C) + ", needs " + std::to_string(s.total) +
-                 " (encoder_backward_scratch_bytes)");
-  auto* base = reinterpret_cast<std::byte*>(
-      align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+  detail::check_scratch("encoder_backward", scratch, scratch_bytes, s.total, shape_text(B, T, C));
+  std::byte* base = detail::scratch_base(scratch);
   auto* sorted_ids = reinterpret_cast<std::int32_t*>(base);
   auto* positions = reinterpret_cast<std::int32_t*>(base + s.ids_bytes);
   auto* sorted_pos = reinterpret_cast<std::int32_t*>(base + 2 * s.ids_bytes);

@@ -23,7 +23,6 @@ namespace zero::gpt::cuda {
 
 namespace {
 
-using detail::align_up;
 using detail::aligned16;
 using detail::ceil_div;
 using detail::load_bf16;
@@ -31,8 +30,8 @@ using detail::store_bf16;
 using detail::warp_sum;
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kColumnThreads = 128;
-constexpr std::size_t kScratchAlign = 256;
+using detail::kColumnThreads;
+using detail::kScratchAlign;
 
 void check_shape(const char* op, int N, int C) {
   ZERO_CHECK(N >= 1 && C >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
@@ -164,11 +163,6 @@ __global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_d
 
 unsigned row_grid(int N) { return ceil_div(static_cast<std::size_t>(N), kWarpsPerBlock); }
 
-std::size_t partial_bytes(int N, int C) {
-  return align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * C * sizeof(float),
-                  kScratchAlign);
-}
-
 template <bool RESIDUAL>
 void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, float* rstd,
                     const bf16* a, const bf16* b, const bf16* w, const bf16* bias, int N, int C,
@@ -204,7 +198,7 @@ void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* r
 
 std::size_t layernorm_backward_scratch_bytes(int N, int C) {
   check_shape("layernorm_backward_scratch_bytes", N, C);
-  return kScratchAlign + 2 * partial_bytes(N, C);
+  return kScratchAlign + 2 * detail::column_partial_bytes(N, C);
 }
 
 void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const bf16* inp,
@@ -212,14 +206,11 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
                         void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
   check_shape("layernorm_backward", N, C);
   const std::size_t need = layernorm_backward_scratch_bytes(N, C);
-  ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
-             "layernorm_backward: scratch of " + std::to_string(scratch_bytes) +
-                 " bytes for N=" + std::to_string(N) + ", C=" + std::to_string(C) + ", needs " +
-                 std::to_string(need) + " (layernorm_backward_scratch_bytes)");
-  auto* base = reinterpret_cast<std::byte*>(
-      align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+  detail::check_scratch("layernorm_backward", scratch, scratch_bytes, need,
+                        "N=" + std::to_string(N) + ", C=" + std::to_string(C));
+  std::byte* base = detail::scratch_base(scratch);
   auto* part_dw = reinterpret_cast<float*>(base);
-  auto* part_db = reinterpret_cast<float*>(base + partial_bytes(N, C));
+  auto* part_db = reinterpret_cast<float*>(base + detail::column_partial_bytes(N, C));
 
   const bool vec =
       C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
