@@ -46,6 +46,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/cuda_ops.hpp"
 #include "cuda_probe.hpp"
+#include "timing.hpp"
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
 #include "unit_shape.hpp"
@@ -62,18 +63,11 @@ using namespace zero::gpt;
 
 namespace {
 
+using zero::bench::median;
+using zero::bench::now_s;
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kClip = 1.0;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
 
 std::size_t device_used() {
   std::size_t free = 0, total = 0;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "timing.hpp"
 #include "zero/offload/nvme_swapper.hpp"
 #include "zero/offload/pinned_pool.hpp"
 
@@ -26,10 +27,7 @@ using namespace zero::offload;
 
 namespace {
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using zero::bench::now_s;
 
 [[noreturn]] void die(const std::string& what, int err) {
   std::fprintf(stderr, "bench_nvme_swap: %s: %s\n", what.c_str(), std::strerror(err));
@@ -161,18 +159,18 @@ int main(int argc, char** argv) {
   raw.run(true, buf.as<unsigned char>(), bytes, block);
   swap_all(true);
   for (int r = 0; r < reps; ++r) {
-    double t = now();
+    double t = now_s();
     raw.run(true, buf.as<unsigned char>(), bytes, block);
-    raw_w = std::min(raw_w, now() - t);
-    t = now();
+    raw_w = std::min(raw_w, now_s() - t);
+    t = now_s();
     swap_all(true);
-    sw_w = std::min(sw_w, now() - t);
-    t = now();
+    sw_w = std::min(sw_w, now_s() - t);
+    t = now_s();
     raw.run(false, buf.as<unsigned char>(), bytes, block);
-    raw_r = std::min(raw_r, now() - t);
-    t = now();
+    raw_r = std::min(raw_r, now_s() - t);
+    t = now_s();
     swap_all(false);  // verifies every block's checksum
-    sw_r = std::min(sw_r, now() - t);
+    sw_r = std::min(sw_r, now_s() - t);
   }
   ::unlink(raw_file.c_str());
 

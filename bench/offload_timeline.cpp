@@ -35,6 +35,7 @@
 #include "backend.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda_probe.hpp"
+#include "timing.hpp"
 #include "engine_impl.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -48,19 +49,12 @@ using namespace zero;
 
 namespace {
 
+using zero::bench::median;
+using zero::bench::now_s;
+
 constexpr std::int64_t kCols = 1024;
 // Every gradient element becomes bf16 0x3C3C (about 0.0115): finite, so no step is skipped.
 constexpr int kGradByte = 0x3C;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
 
 struct Options {
   double params_m = 300;
