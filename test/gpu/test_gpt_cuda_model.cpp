@@ -174,11 +174,7 @@ TEST_CASE("the CUDA model matches the fp32 host model on the same bf16 weights",
     const cmp::Batch batch = cmp::random_batch(cfg, cmp::kBatch, 17);
 
     auto host_ops = make_host_ops();
-    GptModel host(cfg, cmp::kBatch, *host_ops);
-    HostParams g_host(cfg);
-    host.set_batch(batch.inputs.data(), batch.targets.data(), cmp::kBatch, cfg.seq_len);
-    const double loss_host = forward_all(host, params);
-    backward_all(host, params, g_host);
+    const cmp::HostStep host = cmp::host_step(*host_ops, cfg, params, batch);
 
     auto cuda_ops = make_cuda_ops(nullptr);
     GptModel dev(cfg, cmp::kBatch, *cuda_ops);
@@ -189,10 +185,10 @@ TEST_CASE("the CUDA model matches the fp32 host model on the same bf16 weights",
     const double loss_dev = micro_step(dev, p, g, batch);
     const Values g_dev = g.values();
 
-    const auto t = cmp::agreement_per_tensor(params.specs(), g_dev, cmp::units_of(g_host));
-    cmp::print_summary("CUDA vs host fp32", what, loss_dev, loss_host, t);
+    const auto t = cmp::agreement_per_tensor(params.specs(), g_dev, cmp::units_of(host.grads));
+    cmp::print_summary("CUDA vs host fp32", what, loss_dev, host.loss, t);
     CHECK(std::isfinite(loss_dev));
-    CHECK(std::abs(loss_dev - loss_host) <= cmp::kLossRel * loss_host);
+    CHECK(std::abs(loss_dev - host.loss) <= cmp::kLossRel * host.loss);
     for (const auto& x : t) {
       INFO(x.name << ": |g_host| " << x.a.norm << ", rel " << x.a.rel << ", cosine " << x.a.cosine);
       CHECK(x.a.finite);

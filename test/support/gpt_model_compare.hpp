@@ -154,6 +154,22 @@ inline std::vector<TensorAgreement> agreement_per_tensor(
   return out;
 }
 
+// One micro-step of a model on host Ops (HostOps or an instrumented one): the loss and the
+// gradients, added into zeroed HostParams.
+struct HostStep {
+  double loss = 0;
+  HostParams grads;
+};
+inline HostStep host_step(Ops& ops, const GptConfig& cfg, const HostParams& params,
+                          const Batch& batch) {
+  GptModel model(cfg, kBatch, ops);
+  HostStep r{0.0, HostParams(cfg)};
+  model.set_batch(batch.inputs.data(), batch.targets.data(), kBatch, cfg.seq_len);
+  r.loss = forward_all(model, params);
+  backward_all(model, params, r.grads);
+  return r;
+}
+
 inline std::vector<std::vector<float>> units_of(const HostParams& p) {
   std::vector<std::vector<float>> v;
   for (int u = 0; u < p.num_units(); ++u) v.push_back(p.unit_data(u));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpt_model.hpp"
+#include "forwarding_ops.hpp"
 #include "gpt_model_compare.hpp"
 #include "ops.hpp"
 
@@ -32,25 +33,17 @@ void round_all(Act* p, std::size_t n) {
 // HostOps, then every Act tensor the operation wrote rounded to bf16 (statistics and losses stay
 // fp32, as on the GPU). A gradient that is added into is rounded after the addition, which is
 // what a bf16 read-add-write does.
-class Bf16RoundingOps final : public Ops {
+class Bf16RoundingOps final : public test::ForwardingOps {
  public:
   const char* name() const override { return "host-bf16-rounding"; }
-  zero::DType dtype() const override { return zero::DType::f32; }
-  bool host_memory() const override { return true; }
-  void* allocate(std::size_t n) override { return host_->allocate(n); }
-  void deallocate(void* p) noexcept override { host_->deallocate(p); }
-  void upload(void* d, const void* s, std::size_t n) override { host_->upload(d, s, n); }
-  void download(void* d, const void* s, std::size_t n) override { host_->download(d, s, n); }
-  void fill_zero(void* p, std::size_t n) override { host_->fill_zero(p, n); }
-  void synchronize() override {}
   void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T,
                        int C) override {
-    host_->encoder_forward(o, t, a, b, B, T, C);
+    ForwardingOps::encoder_forward(o, t, a, b, B, T, C);
     round_all(o, size(B) * T * C);
   }
   void encoder_backward(Act* dwte, Act* dwpe, const Act* d, const std::int32_t* t, int B, int T,
                         int C) override {
-    host_->encoder_backward(dwte, dwpe, d, t, B, T, C);
+    ForwardingOps::encoder_backward(dwte, dwpe, d, t, B, T, C);
     // Only the rows of the ids present were written (the padded ones must stay exactly 0).
     for (std::size_t i = 0; i < size(B) * T; ++i)
       round_all(act_offset(dwte, size(t[i]) * C, sizeof(float)), size(C));
@@ -58,76 +51,66 @@ class Bf16RoundingOps final : public Ops {
   }
   void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b,
                          int N, int C) override {
-    host_->layernorm_forward(o, m, r, i, w, b, N, C);
+    ForwardingOps::layernorm_forward(o, m, r, i, w, b, N, C);
     round_all(o, size(N) * C);
   }
   void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b,
                                   const Act* w, const Act* bias, int N, int C) override {
-    host_->residual_layernorm_forward(res, o, m, r, a, b, w, bias, N, C);
+    ForwardingOps::residual_layernorm_forward(res, o, m, r, a, b, w, bias, N, C);
     round_all(res, size(N) * C);
     round_all(o, size(N) * C);
   }
   void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w,
                           const float* m, const float* r, int N, int C) override {
-    host_->layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
+    ForwardingOps::layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
     round_all(di, size(N) * C);
     round_all(dw, size(C));
     round_all(db, size(C));
   }
   void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC,
                       Act* pre_gelu) override {
-    host_->matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
+    ForwardingOps::matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
     round_all(o, size(N) * OC);
     round_all(pre_gelu, size(N) * OC);
   }
   void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N,
                        int C, int OC, const Act* pre_gelu) override {
-    host_->matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
+    ForwardingOps::matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
     round_all(di, size(N) * C);
     round_all(dw, size(C) * OC);
     round_all(db, size(OC));
   }
-  std::size_t attention_stats_floats(int B, int T, int NH) const override {
-    return host_->attention_stats_floats(B, T, NH);
-  }
-  std::size_t attention_scratch_floats(int B, int T, int NH) const override {
-    return host_->attention_scratch_floats(B, T, NH);
-  }
   void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
-    host_->attention_forward(o, st, qkv, B, T, C, NH);
+    ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
     round_all(o, size(B) * T * C);
   }
   void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o,
                           const float* st, int B, int T, int C, int NH) override {
-    host_->attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
+    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
     round_all(dqkv, size(B) * T * 3 * C);
   }
   void residual_forward(Act* o, const Act* a, const Act* b, std::size_t n) override {
-    host_->residual_forward(o, a, b, n);
+    ForwardingOps::residual_forward(o, a, b, n);
     round_all(o, n);
   }
   void logits_forward(Act* l, const Act* x, const Act* w, int N, int C, int Vp) override {
-    host_->logits_forward(l, x, w, N, C, Vp);
+    ForwardingOps::logits_forward(l, x, w, N, C, Vp);
     round_all(l, size(N) * Vp);
   }
   void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C,
                        int Vp) override {
-    host_->logits_backward(dx, dw, dl, x, w, N, C, Vp);
+    ForwardingOps::logits_backward(dx, dw, dl, x, w, N, C, Vp);
     round_all(dx, size(N) * C);
     round_all(dw, size(Vp) * C);
   }
   void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V,
                              int Vp, float dloss) override {
-    host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
+    ForwardingOps::softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
     round_all(dl, size(N) * Vp);
-  }
-  void add_mean(double* total, const float* values, int n) override {
-    host_->add_mean(total, values, n);
   }
 
  private:
   static std::size_t size(int n) { return static_cast<std::size_t>(n); }
-  std::unique_ptr<Ops> host_ = make_host_ops();
 };
 
 }  // namespace
@@ -141,23 +124,14 @@ TEST_CASE("bf16 rounding alone stays within the GPU model test's tolerances", "[
     const cmp::Batch batch = cmp::random_batch(cfg, cmp::kBatch, 17);
 
     auto fp32_ops = make_host_ops();
-    GptModel exact(cfg, cmp::kBatch, *fp32_ops);
-    HostParams g_exact(cfg);
-    exact.set_batch(batch.inputs.data(), batch.targets.data(), cmp::kBatch, cfg.seq_len);
-    const double loss_exact = forward_all(exact, params);
-    backward_all(exact, params, g_exact);
-
+    const cmp::HostStep exact = cmp::host_step(*fp32_ops, cfg, params, batch);
     Bf16RoundingOps bf16_ops;
-    GptModel rounded(cfg, cmp::kBatch, bf16_ops);
-    HostParams g_rounded(cfg);
-    rounded.set_batch(batch.inputs.data(), batch.targets.data(), cmp::kBatch, cfg.seq_len);
-    const double loss_rounded = forward_all(rounded, params);
-    backward_all(rounded, params, g_rounded);
+    const cmp::HostStep rounded = cmp::host_step(bf16_ops, cfg, params, batch);
 
-    const auto t =
-        cmp::agreement_per_tensor(params.specs(), cmp::units_of(g_rounded), cmp::units_of(g_exact));
-    cmp::print_summary("bf16 emulation", cmp::describe(mc), loss_rounded, loss_exact, t);
-    CHECK(std::abs(loss_rounded - loss_exact) <= cmp::kLossRel * loss_exact);
+    const auto t = cmp::agreement_per_tensor(params.specs(), cmp::units_of(rounded.grads),
+                                             cmp::units_of(exact.grads));
+    cmp::print_summary("bf16 emulation", cmp::describe(mc), rounded.loss, exact.loss, t);
+    CHECK(std::abs(rounded.loss - exact.loss) <= cmp::kLossRel * exact.loss);
     bool any_rounding = false;
     for (const auto& x : t) {
       INFO(x.name << ": |g| " << x.a.norm << ", rel " << x.a.rel << ", cosine " << x.a.cosine);

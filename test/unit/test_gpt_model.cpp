@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "forwarding_ops.hpp"
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
 #include "ops.hpp"
@@ -49,84 +50,39 @@ double loss_of(GptModel& m, const HostParams& p) { return forward_all(m, p); }
 // Host arithmetic that also adds up the floating-point work of every product the model asks
 // for: matrix products exactly (2 per multiply-add, the input gradient only when requested),
 // attention with the causal convention of training_flops_per_token (T/2 keys per query).
-class CountingOps final : public Ops {
+class CountingOps final : public zero::gpt::test::ForwardingOps {
  public:
   double flops = 0;
   const char* name() const override { return "counting"; }
-  zero::DType dtype() const override { return host_->dtype(); }
-  bool host_memory() const override { return true; }
-  void* allocate(std::size_t n) override { return host_->allocate(n); }
-  void deallocate(void* p) noexcept override { host_->deallocate(p); }
-  void upload(void* d, const void* s, std::size_t n) override { host_->upload(d, s, n); }
-  void download(void* d, const void* s, std::size_t n) override { host_->download(d, s, n); }
-  void fill_zero(void* p, std::size_t n) override { host_->fill_zero(p, n); }
-  void synchronize() override {}
-  void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T,
-                       int C) override {
-    host_->encoder_forward(o, t, a, b, B, T, C);
-  }
-  void encoder_backward(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T,
-                        int C) override {
-    host_->encoder_backward(a, b, d, t, B, T, C);
-  }
-  void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b,
-                         int N, int C) override {
-    host_->layernorm_forward(o, m, r, i, w, b, N, C);
-  }
-  void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b,
-                                  const Act* w, const Act* bias, int N, int C) override {
-    host_->residual_layernorm_forward(res, o, m, r, a, b, w, bias, N, C);
-  }
-  void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w,
-                          const float* m, const float* r, int N, int C) override {
-    host_->layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
-  }
   void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC,
                       Act* pre_gelu) override {
     flops += 2.0 * N * C * OC;
-    host_->matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
+    ForwardingOps::matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
   }
   void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N,
                        int C, int OC, const Act* pre_gelu) override {
     flops += (di ? 4.0 : 2.0) * N * C * OC;
-    host_->matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
-  }
-  std::size_t attention_stats_floats(int B, int T, int NH) const override {
-    return host_->attention_stats_floats(B, T, NH);
-  }
-  std::size_t attention_scratch_floats(int B, int T, int NH) const override {
-    return host_->attention_scratch_floats(B, T, NH);
+    ForwardingOps::matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
   }
   void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C,
                          int NH) override {
     flops += 2.0 * B * T * T * C;
-    host_->attention_forward(o, st, qkv, B, T, C, NH);
+    ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
   }
   void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o,
                           const float* st, int B, int T, int C, int NH) override {
     flops += 4.0 * B * T * T * C;
-    host_->attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
-  }
-  void residual_forward(Act* o, const Act* a, const Act* b, std::size_t n) override {
-    host_->residual_forward(o, a, b, n);
+    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
   }
   void logits_forward(Act* l, const Act* x, const Act* w, int N, int C, int Vp) override {
     flops += 2.0 * N * C * Vp;
-    host_->logits_forward(l, x, w, N, C, Vp);
+    ForwardingOps::logits_forward(l, x, w, N, C, Vp);
   }
   void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C,
                        int Vp) override {
     flops += 4.0 * N * C * Vp;
-    host_->logits_backward(dx, dw, dl, x, w, N, C, Vp);
+    ForwardingOps::logits_backward(dx, dw, dl, x, w, N, C, Vp);
   }
-  void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V,
-                             int Vp, float dloss) override {
-    host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
-  }
-  void add_mean(double* total, const float* values, int n) override { host_->add_mean(total, values, n); }
-
- private:
-  std::unique_ptr<Ops> host_ = make_host_ops();
 };
 
 // The floating-point work of one training micro-step (forward and backward), per token.
