@@ -4,7 +4,7 @@
 //
 // "ours" goes through the engine's path: Communicator::*_async on the backend's communication
 // stream, ordered after the compute stream and waited on with Work::wait() (the compute stream
-// waits on the completion event, as in reduce.cpp / gather.cpp), iteration after iteration. The
+// waits on the completion event, as in engine/reduce.cpp / engine/gather.cpp), iteration after iteration. The
 // reference is the same NCCL call on a communicator and stream of its own, back to back, with
 // no events in between: the limit of what the wrapper could reach. Both use the same buffers and
 // run in the same process, taking turns per size. Bandwidth is NCCL's "bus bandwidth" (bytes a
@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "backend/backend.hpp"
 #include "cuda/cuda_check.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"

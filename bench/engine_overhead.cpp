@@ -49,7 +49,7 @@
 #include "timing.hpp"
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
-#include "unit_shape.hpp"
+#include "engine/unit_shape.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"

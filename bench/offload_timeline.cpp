@@ -32,11 +32,11 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "backend/backend.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda_probe.hpp"
 #include "timing.hpp"
-#include "engine_impl.hpp"
+#include "engine/engine_impl.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
@@ -88,7 +88,7 @@ Config make_config(const Options& o, int stage, int world) {
   return cfg;
 }
 
-// The sub-groups the optimizer store visits (optimizer_store.cpp): each unit's owned range cut
+// The sub-groups the optimizer store visits (engine/optimizer_store.cpp): each unit's owned range cut
 // into sub_group_size pieces, units in order.
 struct SubGroup {
   int unit;

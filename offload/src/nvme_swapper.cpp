@@ -15,9 +15,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "../../libzero/src/job_lock.hpp"
-#include "../../libzero/src/log.hpp"
-#include "../../libzero/src/strings.hpp"
+#include "../../libzero/src/comm/job_lock.hpp"
+#include "../../libzero/src/runtime/log.hpp"
+#include "../../libzero/src/runtime/strings.hpp"
 #include "swap_core.hpp"
 #include "zero/error.hpp"
 

@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "../../libzero/src/log.hpp"
+#include "../../libzero/src/runtime/log.hpp"
 #include "zero/error.hpp"
 
 #if ZERO_WITH_CUDA

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 #include "fuzz_files.hpp"
 #include "zero/error.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 #include "fuzz_files.hpp"
 #include "zero/error.hpp"
 

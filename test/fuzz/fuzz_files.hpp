@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "checkpoint_format.hpp"
+#include "checkpoint/format.hpp"
 
 namespace zero::fuzz {
 

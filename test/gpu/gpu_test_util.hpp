@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
+#include "backend/backend.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/dtype.hpp"

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "engine_impl.hpp"
+#include "engine/engine_impl.hpp"
 #include "engine_model.hpp"
 #include "gpu_test_util.hpp"
 #include "scratch_dir.hpp"

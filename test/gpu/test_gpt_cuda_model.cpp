@@ -4,7 +4,7 @@
 // bf16 (the host gets those values widened to fp32), so what differs is only that the GPU
 // stores activations, activation gradients and parameter gradients in bf16 and sums in another
 // order. The tolerances and why they are what they are: test/support/gpt_model_compare.hpp;
-// test/unit/test_gpt_bf16_model.cpp checks on any machine that bf16 rounding alone stays within
+// test/unit/gpt/test_gpt_bf16_model.cpp checks on any machine that bf16 rounding alone stays within
 // them (the printed summaries of both tests can be read side by side).
 //
 // Then what the engine relies on: two identical backward passes give bit-identical gradients

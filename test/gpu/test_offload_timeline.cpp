@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "backend.hpp"
-#include "engine_impl.hpp"
+#include "backend/backend.hpp"
+#include "engine/engine_impl.hpp"
 #include "gpu_test_util.hpp"
 #include "zero/engine.hpp"
 

@@ -1,5 +1,5 @@
 // Reference results and per-element error bounds for the flash-style attention kernels, shared
-// by the host test of their tile arithmetic (test/unit/test_gpt_attention_math.cpp) and the
+// by the host test of their tile arithmetic (test/unit/gpt/test_gpt_attention_math.cpp) and the
 // GPU test of the kernels (test/gpu/test_gpt_attention.cpp).
 //
 // Inputs are bf16-representable floats. The reference is the host kernels' double

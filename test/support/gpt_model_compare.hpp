@@ -1,7 +1,7 @@
 // The whole GPT model computed two ways and compared tensor by tensor: the bf16 CUDA model
 // against the fp32 host model on the same bf16-rounded weights (test/gpu/test_gpt_cuda_model.cpp),
 // and, on any machine, the fp32 host model with every stored activation and gradient rounded
-// to bf16 against the plain one (test/unit/test_gpt_bf16_model.cpp), which shows that the
+// to bf16 against the plain one (test/unit/gpt/test_gpt_bf16_model.cpp), which shows that the
 // tolerances below leave room for bf16 rounding alone and nothing else.
 //
 // Why these tolerances. bf16 keeps 8 significant bits: rounding to nearest moves a value by at

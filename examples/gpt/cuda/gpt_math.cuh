@@ -3,7 +3,7 @@
 // Each function is the whole formula one thread applies to one element (GELU and its
 // derivative, the LayerNorm input gradient, the softmax cross-entropy gradient) or one step of
 // a reduction (merging two online-softmax partial statistics). Kept free of CUDA headers so the
-// host unit tests (test/unit/test_gpt_math.cpp) compile it with the host compiler alone and
+// host unit tests (test/unit/gpt/test_gpt_math.cpp) compile it with the host compiler alone and
 // compare it with the fp64 reference in host_kernels.cpp; the kernels in this folder call the
 // very same functions.
 #pragma once

@@ -8,7 +8,7 @@
 // error saying why. Every problem of a file is reported in one error. Values may be overridden
 // with "a.b.c=value" strings (the trainers' --set), validated the same way. A Config is
 // resolved once (batch triple against the world size, "auto" values) and is then immutable.
-// Every key is described once, in a table (src/config_keys.cpp) that drives loading, to_yaml,
+// Every key is described once, in a table (src/config/keys.cpp) that drives loading, to_yaml,
 // the --help text and the README's key table.
 #pragma once
 

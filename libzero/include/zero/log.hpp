@@ -4,7 +4,7 @@
 // it cannot throw), so the logger is a function, not a framework: each message is written with
 // one write so lines of different ranks and threads do not interleave, and ZERO_LOG_LEVEL
 // (debug, info, warning, error, off; default info) silences what a job does not want to see.
-// The library formats its messages with fmt (libzero/src/log.hpp); this header needs nothing
+// The library formats its messages with fmt (libzero/src/runtime/log.hpp); this header needs nothing
 // beyond the standard library, so programs that include it need no extra package.
 #pragma once
 

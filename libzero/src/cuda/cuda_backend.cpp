@@ -1,4 +1,4 @@
-#include "cuda_backend.hpp"
+#include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -7,15 +7,15 @@
 #include <exception>
 #include <string>
 
-#include "../log.hpp"
-#include "cuda_check.hpp"
-#include "device_allocator.hpp"
-#include "kernels.hpp"
-#include "mpi_staged_comm.hpp"
-#include "nccl_comm.hpp"
-#include "offload_staging.hpp"
-#include "streams.hpp"
-#include "watchdog.hpp"
+#include "runtime/log.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_allocator.hpp"
+#include "cuda/kernels.hpp"
+#include "cuda/mpi_staged_comm.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "cuda/offload_staging.hpp"
+#include "cuda/streams.hpp"
+#include "cuda/watchdog.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"

@@ -12,7 +12,7 @@
 
 #include <memory>
 
-#include "../backend.hpp"
+#include "backend/backend.hpp"
 
 namespace zero {
 

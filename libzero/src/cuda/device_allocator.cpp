@@ -1,4 +1,4 @@
-#include "device_allocator.hpp"
+#include "cuda/device_allocator.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -7,7 +7,7 @@
 #include <bit>
 #include <string>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 #include "zero/error.hpp"
 #include "zero/log.hpp"
 

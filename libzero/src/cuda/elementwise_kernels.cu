@@ -1,9 +1,9 @@
 // Casts, accumulation and the sum of squares (see kernels.hpp for the contracts).
 #include <algorithm>
 
-#include "cuda_check.hpp"
-#include "device_math.cuh"
-#include "kernels.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/kernels.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

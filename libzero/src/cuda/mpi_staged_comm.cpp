@@ -1,10 +1,10 @@
-#include "mpi_staged_comm.hpp"
+#include "cuda/mpi_staged_comm.hpp"
 
 #include <fmt/format.h>
 
 #include <string>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "streams.hpp"
+#include "cuda/streams.hpp"
 #include "zero/comm.hpp"
 #include "zero/offload/pinned_pool.hpp"
 

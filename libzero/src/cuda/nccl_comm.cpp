@@ -1,4 +1,4 @@
-#include "nccl_comm.hpp"
+#include "cuda/nccl_comm.hpp"
 
 #include <fmt/format.h>
 
@@ -11,10 +11,10 @@
 
 #include <mpi.h>
 
-#include "../comm_mpi.hpp"
-#include "../log.hpp"
-#include "cuda_check.hpp"
-#include "kernels.hpp"
+#include "comm/mpi_comm.hpp"
+#include "runtime/log.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/kernels.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

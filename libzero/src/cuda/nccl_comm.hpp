@@ -26,8 +26,8 @@
 #include <mutex>
 #include <vector>
 
-#include "streams.hpp"
-#include "watchdog.hpp"
+#include "cuda/streams.hpp"
+#include "cuda/watchdog.hpp"
 #include "zero/comm.hpp"
 
 namespace zero::cuda {

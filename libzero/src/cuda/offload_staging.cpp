@@ -1,4 +1,4 @@
-#include "offload_staging.hpp"
+#include "cuda/offload_staging.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <chrono>
 #include <string>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

@@ -1,4 +1,4 @@
-// CudaOffloadStaging: the CUDA backend's OffloadStaging (see backend.hpp for the protocol).
+// CudaOffloadStaging: the CUDA backend's OffloadStaging (see backend/backend.hpp for the protocol).
 //
 // At begin() the copy (D2H) and upload (H2D) streams wait for the compute stream (the step's
 // gradients are final); each add() then enqueues its range's gradient copies to pinned host
@@ -22,8 +22,8 @@
 #include <memory>
 #include <vector>
 
-#include "../backend.hpp"
-#include "streams.hpp"
+#include "backend/backend.hpp"
+#include "cuda/streams.hpp"
 #include "zero/offload/pinned_pool.hpp"
 
 namespace zero::cuda {

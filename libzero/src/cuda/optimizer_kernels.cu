@@ -4,9 +4,9 @@
 // round-to-nearest intrinsics; see kernels.hpp for why that makes the results bitwise equal.
 #include <algorithm>
 
-#include "cuda_check.hpp"
-#include "device_math.cuh"
-#include "kernels.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/device_math.cuh"
+#include "cuda/kernels.hpp"
 
 namespace zero::cuda {
 

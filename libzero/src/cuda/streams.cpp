@@ -1,10 +1,10 @@
-#include "streams.hpp"
+#include "cuda/streams.hpp"
 
 #include <algorithm>
 
 #include <thread>
 
-#include "cuda_check.hpp"
+#include "cuda/cuda_check.hpp"
 
 namespace zero::cuda {
 

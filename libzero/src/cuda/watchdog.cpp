@@ -1,4 +1,4 @@
-#include "watchdog.hpp"
+#include "cuda/watchdog.hpp"
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "../collective_timeout.hpp"
-#include "../log.hpp"
-#include "cuda_check.hpp"
+#include "comm/collective_timeout.hpp"
+#include "runtime/log.hpp"
+#include "cuda/cuda_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {

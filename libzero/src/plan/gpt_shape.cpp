@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "../strings.hpp"
+#include "runtime/strings.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../strings.hpp"
+#include "runtime/strings.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
 

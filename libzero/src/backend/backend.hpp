@@ -1,0 +1,199 @@
+// Backend: the memory, arithmetic and communication the engine needs, behind one interface.
+//
+// The engine's logic (what to gather, when to reduce, how to step) is written once against
+// this interface. HostBackend runs it on host memory over MPI, which is how every stage is
+// proved in CI; the CUDA backend supplies device memory, streams, kernels and NCCL.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "zero/comm.hpp"
+#include "zero/dtype.hpp"
+#include "zero/optim.hpp"
+
+namespace zero {
+
+class Backend;
+class Context;
+struct Config;
+
+// Where one offloaded optimizer step's time went, sub-group by sub-group (a measurement aid:
+// bench/offload_timeline.cpp sets it with OffloadStaging::set_timeline). Each group is one
+// host_grads(range, begin, n) call, the engine's sub-group. Times are milliseconds from the
+// origin: the moment the gradient copies could start in begin(). Copy times are device events
+// measured from an origin event; host times are steady_clock readings from the instant the host
+// saw that event complete, so the two clocks agree to within one event wait's latency.
+struct OffloadTimeline {
+  struct Group {
+    std::size_t range = 0, begin = 0, n = 0;
+    double d2h_start = -1, d2h_end = -1;  // its gradient chunks' copies out (device); -1: none
+    double wait_start = 0;              // host_grads called: the host waits for those copies
+    double host_start = 0;              // host_grads returned: the host optimizer starts
+    double host_end = 0;                // params_ready called: the host optimizer is done
+    double h2d_start = -1, h2d_end = -1;  // its parameters' copy back (device); -1: none
+  };
+  double origin_s = 0;  // the origin on steady_clock, in seconds since that clock's epoch
+  double finish = 0;    // finish() called (host)
+  std::vector<Group> groups;
+};
+
+// Offloaded optimizer steps on a backend whose memory the host cannot address (CUDA): the
+// gradients of the owned ranges travel to pinned host memory and the updated parameters travel
+// back, asynchronously on a copy stream, so the host AdamW steps one sub-group while the next
+// one's gradients are still arriving and the next forward waits only on an event.
+// One step: begin(), add() once per range (range r = the r-th add), then any number of
+// host_grads / host_params / params_ready over sub-ranges, then finish().
+class OffloadStaging {
+ public:
+  virtual ~OffloadStaging() = default;
+  // A new step over elements of `esize` bytes; gradient copies are issued in chunks of
+  // `chunk` elements (the optimizer's sub_group_size), so a sub-group waits for its own chunk.
+  virtual void begin(std::size_t esize, std::size_t chunk) = 0;
+  // Declares range r: n gradient elements to step and where its updated parameters go. Starts
+  // the gradient copies after the work already enqueued on the compute stream.
+  virtual void add(const void* grads, void* params, std::size_t n) = 0;
+  // Host copy of range r's gradients [begin, begin + n), waiting for the chunks holding them.
+  virtual const void* host_grads(std::size_t r, std::size_t begin, std::size_t n) = 0;
+  // Host buffer for range r's updated parameters, element `begin` on.
+  virtual void* host_params(std::size_t r, std::size_t begin) = 0;
+  // The host wrote host_params(r, begin)[0, n): copy them back (asynchronously).
+  virtual void params_ready(std::size_t r, std::size_t begin, std::size_t n) = 0;
+  // Work enqueued on the compute stream from now on sees every parameter copied back.
+  virtual void finish() = 0;
+  // Records each step from the next begin() on into `sink` (null: stop), overwriting the
+  // previous step's record; call it between steps. While a sink is set, begin() waits for the
+  // origin event and finish() for both copy streams, so that every time can be read when
+  // finish() returns; the step then loses its overlap with the next forward, which a benchmark
+  // times separately. Without a sink nothing is recorded and nothing waits.
+  virtual void set_timeline(OffloadTimeline* sink) { (void)sink; }
+};
+
+// Move-only storage owned by a backend (device memory for CUDA, host memory for the host).
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* ptr, std::size_t bytes) : owner_(owner), ptr_(ptr), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { swap(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    Buffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  void* get() const { return ptr_; }
+  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+  explicit operator bool() const { return ptr_ != nullptr; }
+
+ private:
+  void swap(Buffer& o) noexcept {
+    std::swap(owner_, o.owner_);
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  Backend* owner_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Zero-filled storage. Freed through Buffer's destructor.
+  virtual Buffer alloc(std::size_t bytes) = 0;
+  virtual void release(void* ptr, std::size_t bytes) = 0;
+
+  virtual void zero(void* p, std::size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) = 0;
+  // dst[i] += src[i], both of dtype t, rounded once to t.
+  virtual void accumulate(void* dst, const void* src, DType t, std::size_t n) = 0;
+
+  // Gradient statistics for one step: begin, add every owned range, finish (the one place the
+  // host waits for the device per step). Returns the sum of squares (inf/nan on overflow).
+  virtual void stats_begin() = 0;
+  virtual void stats_add(const void* g, DType t, std::size_t n) = 0;
+  virtual double stats_finish() = 0;
+
+  // Optimizer updates over a flat range of backend memory (the host AdamW's semantics and
+  // hyper-parameters). param_out (compute dtype) may be null.
+  virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out,
+                    DType pt, std::size_t n, const AdamHyper& h) = 0;
+  virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
+                   std::size_t n, const SgdHyper& h) = 0;
+
+  // True when backend memory is ordinary host memory (the host backend): the host optimizer
+  // can then read gradients and write parameters in place, without staging copies.
+  virtual bool host_accessible() const = 0;
+
+  // Copies between backend memory and host memory (identity copies on the host backend).
+  virtual void to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+
+  virtual Communicator& comm() = 0;
+
+  // Device backends: the stream the backend's own work and the user's kernels are ordered on
+  // (a cudaStream_t; the legacy default stream unless set). Setting it orders the new stream
+  // after everything already enqueued on the old one. Host backend: null, and setting is an error.
+  virtual void* compute_stream() const { return nullptr; }
+  virtual void set_compute_stream(void* stream);
+  // Staging for offloaded optimizer steps; null where host_accessible() (nothing to stage).
+  virtual OffloadStaging* offload_staging() { return nullptr; }
+
+  // Bytes requested and not yet released, and the peak of that.
+  std::int64_t bytes_allocated() const { return allocated_; }
+  std::int64_t max_bytes_allocated() const { return max_allocated_; }
+  // Bytes held from the system (a caching allocator keeps freed blocks for reuse).
+  virtual std::int64_t bytes_reserved() const { return allocated_; }
+  // Returns cached, unused blocks to the system.
+  virtual void release_cached() {}
+
+ protected:
+  void note_alloc(std::size_t b) {
+    allocated_ += static_cast<std::int64_t>(b);
+    if (allocated_ > max_allocated_) max_allocated_ = allocated_;
+  }
+  void note_free(std::size_t b) { allocated_ -= static_cast<std::int64_t>(b); }
+
+ private:
+  std::int64_t allocated_ = 0, max_allocated_ = 0;
+};
+
+inline Buffer::~Buffer() {
+  if (owner_ && ptr_) owner_->release(ptr_, bytes_);
+}
+
+// Reuses buffers of equal size (units of a transformer share sizes), and reports the peak.
+class BufferPool {
+ public:
+  explicit BufferPool(Backend& b) : backend_(&b) {}
+  // Zero-filled when zeroed is true.
+  Buffer acquire(std::size_t bytes, bool zeroed);
+  void give_back(Buffer&& b);
+  std::int64_t in_use() const { return in_use_; }
+  std::int64_t peak() const { return peak_; }
+  void trim() { free_.clear(); }
+
+ private:
+  Backend* backend_;
+  std::multimap<std::size_t, Buffer> free_;
+  std::int64_t in_use_ = 0, peak_ = 0;
+};
+
+std::unique_ptr<Backend> make_host_backend(Communicator& comm);
+
+// The backend the config names (Config::backend): host, or cuda (with the communicator of
+// Config::comm). backend cuda in a build without CUDA, or on a rank without a device, throws a
+// zero::Error saying what to change. Defined in backend/factory.cpp.
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg);
+
+}  // namespace zero

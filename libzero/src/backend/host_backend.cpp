@@ -1,0 +1,108 @@
+// HostBackend: the engine on host memory and MPI. Optimizer arithmetic is the offload
+// engine's fused host Adam (one implementation for plain host training and for offload).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "zero/error.hpp"
+#include "zero/offload/host_adam.hpp"
+
+namespace zero {
+
+Buffer BufferPool::acquire(std::size_t bytes, bool zeroed) {
+  Buffer b;
+  if (auto it = free_.find(bytes); it != free_.end()) {
+    b = std::move(it->second);
+    free_.erase(it);
+    if (zeroed) backend_->zero(b.get(), bytes);
+  } else {
+    b = backend_->alloc(bytes);  // alloc zero-fills
+  }
+  in_use_ += static_cast<std::int64_t>(bytes);
+  if (in_use_ > peak_) peak_ = in_use_;
+  return b;
+}
+
+void BufferPool::give_back(Buffer&& b) {
+  if (!b) return;
+  in_use_ -= static_cast<std::int64_t>(b.bytes());
+  std::size_t bytes = b.bytes();
+  free_.emplace(bytes, std::move(b));
+}
+
+namespace {
+
+class HostBackend final : public Backend {
+ public:
+  explicit HostBackend(Communicator& c) : comm_(c) {}
+  const char* name() const override { return "host"; }
+
+  Buffer alloc(std::size_t bytes) override {
+    if (bytes == 0) return Buffer();
+    // 128-byte alignment keeps every slice start on a cache line for the vector paths.
+    std::size_t rounded = (bytes + 127) / 128 * 128;
+    void* p = std::aligned_alloc(128, rounded);
+    ZERO_CHECK(p != nullptr,
+               fmt::format("host allocation of {} bytes failed; reduce the model, micro-batch or bucket sizes", bytes));
+    std::memset(p, 0, rounded);
+    note_alloc(bytes);
+    return Buffer(this, p, bytes);
+  }
+  void release(void* p, std::size_t bytes) override {
+    std::free(p);
+    note_free(bytes);
+  }
+  void zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
+  void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
+    zero::convert(src, st, dst, dt, n);
+  }
+  void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
+    if (t == DType::f32) {
+      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
+      for (std::size_t i = 0; i < n; ++i) d[i] += s[i];
+      return;
+    }
+    for (std::size_t i = 0; i < n; ++i)
+      store_from_f32(dst, i, t, load_as_f32(dst, i, t) + load_as_f32(src, i, t));
+  }
+
+  void stats_begin() override { sumsq_ = 0.0; }
+  void stats_add(const void* g, DType t, std::size_t n) override {
+    double s = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      double v = load_as_f32(g, i, t);
+      s += v * v;
+    }
+    sumsq_ += s;
+  }
+  double stats_finish() override { return sumsq_; }
+
+  void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt,
+            std::size_t n, const AdamHyper& h) override {
+    offload::adam_step(master, m, v, grad, gt, param_out, pt, n, h);
+  }
+  void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
+           std::size_t n, const SgdHyper& h) override {
+    offload::sgd_step(master, mom, grad, gt, param_out, pt, n, h);
+  }
+  bool host_accessible() const override { return true; }
+  void to_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
+  void from_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
+  Communicator& comm() override { return comm_; }
+
+ private:
+  Communicator& comm_;
+  double sumsq_ = 0.0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend(Communicator& comm) { return std::make_unique<HostBackend>(comm); }
+
+}  // namespace zero

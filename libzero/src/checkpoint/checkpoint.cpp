@@ -1,0 +1,306 @@
+// save_checkpoint / load_checkpoint: the collective parts.
+//
+// Every phase that touches files runs on each rank inside agree(): if it fails anywhere, every
+// rank throws the message of the lowest failing rank, so no rank waits in a collective for a
+// peer that gave up (a corrupted shard read by rank 2 alone must not hang ranks 0, 1 and 3).
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "checkpoint/format.hpp"
+#include "runtime/strings.hpp"
+#include "zero/checkpoint.hpp"
+#include "zero/comm.hpp"
+#include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+namespace {
+
+// Runs fn on every rank; when it throws on any rank, every rank throws the same zero::Error.
+template <class F>
+void agree(Communicator& comm, F&& fn) {
+  std::string err;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+    if (err.empty()) err = "checkpoint: unknown error";
+  }
+  const int world = comm.size(), rank = comm.rank();
+  double who = comm.all_reduce_scalar(err.empty() ? 0.0 : static_cast<double>(world - rank), ReduceOp::max);
+  if (who == 0.0) return;
+  const int root = world - static_cast<int>(who);  // the lowest failing rank
+  std::uint64_t len = rank == root ? err.size() : 0;
+  comm.broadcast(&len, sizeof len, root);
+  std::string msg = rank == root ? err : std::string(static_cast<std::size_t>(len), '\0');
+  if (len > 0) comm.broadcast(msg.data(), static_cast<std::size_t>(len), root);
+  throw Error(msg);
+}
+
+// Every rank must pass the same value (a root path, the client state): a difference would
+// scatter shards over several directories or silently save one rank's view.
+void same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what) {
+  // 52 bits of the checksum are exact in a double.
+  auto h = static_cast<double>(ckpt::checksum(value.data(), value.size()) >> 12);
+  double hi = comm.all_reduce_scalar(h, ReduceOp::max);
+  double lo = -comm.all_reduce_scalar(-h, ReduceOp::max);
+  if (hi != lo)
+    ZERO_THROW("checkpoint: " + what + " differs between ranks; pass the same value on every rank" +
+               (what.find("client") != std::string::npos
+                    ? " (the client state is saved once: derive per-rank values such as RNG states from a seed, "
+                      "the rank and the step)"
+                    : ""));
+}
+
+// Test hook: ZERO_CKPT_FAIL_AT=<point>[:exit|:kill] stops a save at a named point, as a crash
+// would there (exit: _exit(86); kill: SIGKILL) or as an error every rank agrees on (default).
+void fail_point(const char* point) {
+  const char* env = std::getenv("ZERO_CKPT_FAIL_AT");
+  if (!env || !*env) return;
+  std::string_view v(env);
+  auto colon = v.find(':');
+  if (v.substr(0, colon) != point) return;
+  std::string_view mode = colon == std::string_view::npos ? "throw" : v.substr(colon + 1);
+  if (mode == "exit") {
+    std::fflush(nullptr);
+    ::_exit(86);
+  }
+  if (mode == "kill") ::raise(SIGKILL);
+  ZERO_THROW("checkpoint save stopped at '" + std::string(point) + "' by ZERO_CKPT_FAIL_AT=" + std::string(v) +
+             " (a test hook; unset the variable)");
+}
+
+std::string serialize(const ClientState& c) {
+  std::string s;
+  for (const auto& [k, v] : c) {
+    s += fmt::format("{}:{}{}:{}", k.size(), k, v.size(), v);
+  }
+  return s;
+}
+
+// This rank's shard: slice `rank` of each unit for the current world size, clipped to the
+// unit's real elements, read from the owned range (at stage 0 the owned range is the whole
+// unit, identical on every rank, so the slices still add up to one copy).
+ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step) {
+  const int moments = e.optimizer_moments();
+  std::vector<ckpt::ShardWriter::Range> ranges;
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const std::int64_t slice = e.slice(i), numel = e.layout().unit(i).numel;
+    std::int64_t b = std::min(static_cast<std::int64_t>(e.rank()) * slice, numel);
+    std::int64_t end = std::min(b + slice, numel);
+    ranges.push_back({b, end - b});
+  }
+  ckpt::ShardWriter w(path, e.rank(), e.world_size(), e.stage(), moments, step, ranges);
+  std::vector<float> owned, section;
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const OwnedRange u = e.owned_range(i);
+    const auto& r = ranges[static_cast<std::size_t>(i)];
+    ZERO_CHECK(r.len == 0 || (r.begin >= u.begin && r.begin + r.len <= u.begin + u.len),
+               "save_checkpoint: unit '" + e.layout().unit(i).name + "': slice outside the owned range");
+    owned.resize(static_cast<std::size_t>(u.len));
+    section.resize(static_cast<std::size_t>(r.len) * static_cast<std::size_t>(1 + moments));
+    for (int k = 0; k <= moments; ++k) {
+      e.read_owned(i, k, owned.data());
+      if (r.len > 0)
+        std::copy_n(owned.data() + (r.begin - u.begin), r.len,
+                    section.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(r.len));
+    }
+    w.add_section(section.data());
+    if (i == 0) fail_point("mid_shard");
+  }
+  return w.finish();
+}
+
+ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const ClientState& client,
+                             std::vector<ckpt::ShardMeta> shards) {
+  ckpt::Metadata m;
+  m.step = st.step;
+  m.applied = st.applied;
+  m.world = e.world_size();
+  m.stage = e.stage();
+  m.compute_dtype = e.compute_dtype();
+  m.optimizer = to_string(e.config().optimizer.type);
+  m.moments = e.optimizer_moments();
+  m.scaler_dynamic = e.loss_scale_dynamic();
+  m.scaler = st.scaler;
+  m.scheduler = to_string(e.config().scheduler.type);
+  m.scheduler_step = st.applied;  // the scheduler is stepped by applied updates
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const UnitInfo& ui = e.layout().unit(i);
+    ckpt::UnitMeta u;
+    u.name = ui.name;
+    u.numel = ui.numel;
+    u.slice = e.slice(i);
+    for (const auto& p : ui.params) u.params.push_back({p.name, p.shape, p.numel, p.offset});
+    m.units.push_back(std::move(u));
+  }
+  m.shards = std::move(shards);
+  m.client = client;
+  m.config_yaml = e.config().to_yaml();
+  return m;
+}
+
+// The checkpoint must describe the engine's model exactly; errors name the metadata field.
+void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const CheckpointLoadOptions& o) {
+  const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
+  const std::string fix = "; load it into the model it was saved from (the same Layout)";
+  const Layout& l = e.layout();
+  if (static_cast<int>(m.units.size()) != l.num_units())
+    ZERO_THROW(fmt::format("{}units' lists {} units, the engine's layout has {}{}", file, m.units.size(),
+                           l.num_units(), fix));
+  for (int i = 0; i < l.num_units(); ++i) {
+    const UnitInfo& ui = l.unit(i);
+    const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
+    std::string at = fmt::format("{}units[{}]", file, i);
+    if (cu.name != ui.name)
+      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, cu.name, i, ui.name, fix));
+    if (cu.params.size() != ui.params.size())
+      ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at,
+                             cu.params.size(), ui.name, ui.params.size(), fix));
+    for (std::size_t k = 0; k < ui.params.size(); ++k) {
+      const auto& cp = cu.params[k];
+      const auto& p = ui.params[k];
+      std::string pat = fmt::format("{}.params[{}]", at, k);
+      if (cp.name != p.name)
+        ZERO_THROW(pat + ".name' = \"" + cp.name + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
+                   ui.name + "')" + fix);
+      if (cp.shape != p.shape)
+        ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
+                   shape_text(p.shape) + fix);
+    }
+  }
+  if (m.moments != e.optimizer_moments())
+    ZERO_THROW(fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
+                           "checkpoint was trained with",
+                           file, m.moments, m.optimizer, e.optimizer_moments()));
+  if (o.allow_config_change) return;
+  if (m.compute_dtype != e.compute_dtype())
+    ZERO_THROW(file + "compute_dtype' = " + std::string(dtype_name(m.compute_dtype)) + ", the engine computes in " +
+               std::string(dtype_name(e.compute_dtype())) +
+               "; use the same bf16/fp16 settings, or set CheckpointLoadOptions::allow_config_change");
+  if (m.optimizer != to_string(e.config().optimizer.type))
+    ZERO_THROW(file + "optimizer' = " + m.optimizer + ", the engine's optimizer is " +
+               to_string(e.config().optimizer.type) +
+               "; use the same optimizer, or set CheckpointLoadOptions::allow_config_change");
+}
+
+}  // namespace
+
+void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client, const CheckpointOptions& opts) {
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
+  agree(comm, [&] {
+    ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
+    e.check_between_steps("save_checkpoint");
+    ZERO_CHECK(!root.empty(), "save_checkpoint: the checkpoint root is empty; pass a directory");
+    ZERO_CHECK(opts.keep_last >= 0, fmt::format("save_checkpoint: keep_last = {} is negative; use 0 to keep every "
+                                                "checkpoint",
+                                                opts.keep_last));
+  });
+  same_on_all_ranks(comm, root, "the checkpoint root");
+  same_on_all_ranks(comm, serialize(client), "the client state");
+
+  const TrainingState st = e.training_state();
+  const std::string tmp = root + "/.tmp_" + ckpt::step_dir_name(st.step);
+  agree(comm, [&] {
+    if (e.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
+  });
+  try {
+    ckpt::ShardMeta mine;
+    agree(comm, [&] {
+      mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
+      fail_point("after_shard");
+    });
+    // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
+    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()));
+    for (int r = 0; r < e.world_size(); ++r) {
+      std::uint64_t v[2] = {mine.bytes, mine.index_checksum};
+      comm.broadcast(v, sizeof v, r);
+      shards[static_cast<std::size_t>(r)] = {ckpt::shard_file_name(r), v[0], v[1]};
+    }
+    agree(comm, [&] {
+      if (e.rank() != 0) return;
+      ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, make_metadata(e, st, client, std::move(shards)));
+      ckpt::commit(root, tmp, st.step, opts.keep_last, fail_point);
+    });
+  } catch (...) {
+    // An error (not a crash): remove the partial directory now rather than at the next save.
+    if (e.rank() == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(tmp, ec);
+    }
+    throw;
+  }
+}
+
+namespace {
+
+// Collective: rank 0 creates `dir` and holds its lock exclusively until the process exits.
+void lock_job_directory(Engine& engine, const std::string& dir, const char* kind) {
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();
+  same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
+  agree(comm, [&] {
+    ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
+    if (e.rank() != 0) return;
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
+                                ec.message()));
+    ckpt::lock_root(dir, true, kind);
+  });
+}
+
+}  // namespace
+
+void lock_checkpoint_root(Engine& engine, const std::string& root) {
+  lock_job_directory(engine, root, "checkpoint root");
+}
+
+void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_directory(engine, dir, "run directory"); }
+
+ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
+                            const CheckpointLoadOptions& opts) {
+  EngineState e(engine);
+  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
+  same_on_all_ranks(comm, root + "\n" + tag, "the checkpoint root or tag");
+  std::unique_ptr<ckpt::Reader> reader;
+  std::string dir;
+  agree(comm, [&] {
+    e.check_between_steps("load_checkpoint");
+    dir = ckpt::resolve(root, tag);
+    if (e.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
+    reader = std::make_unique<ckpt::Reader>(dir);
+    check_compatible(e, reader->meta(), dir, opts);
+  });
+  same_on_all_ranks(comm, dir, "the checkpoint directory that '" + tag + "' names (was it replaced during the load?)");
+  const ckpt::Metadata& m = reader->meta();
+  agree(comm, [&] {
+    e.begin_restore();
+    const int moments = e.optimizer_moments();
+    std::vector<float> buf[3];
+    for (int i = 0; i < e.layout().num_units(); ++i) {
+      const OwnedRange u = e.owned_range(i);
+      for (int k = 0; k <= moments; ++k) buf[k].resize(static_cast<std::size_t>(u.len));
+      reader->read_range(i, u.begin, u.len, buf[0].data(), buf[1].data(), moments >= 2 ? buf[2].data() : nullptr);
+      // Master first: a store may reset the moments when the master is written.
+      for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
+    }
+  });
+  TrainingState st{m.step, m.applied, m.scaler};
+  e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());
+  return m.client;
+}
+
+}  // namespace zero

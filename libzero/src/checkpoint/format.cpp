@@ -1,0 +1,234 @@
+// Checkpoint files: names, the Fd wrapper, atomic small files, and the 64-byte header.
+#include "checkpoint/format.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+
+#include "checkpoint/json.hpp"
+#include "zero/error.hpp"
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint shards store floats in host order and the format is little-endian");
+
+namespace zero::ckpt {
+
+using namespace detail;
+
+namespace {
+
+constexpr char kMagic[8] = {'Z', 'E', 'R', 'O', 'C', 'K', 'P', 'T'};
+
+const char* kind_name(FileKind k) { return k == FileKind::metadata ? "metadata" : "shard"; }
+
+// Which libzero release writes a format version other than this build's.
+std::string writer_of(std::uint32_t version) {
+  if (version == 1) return "libzero 0.1.0 (format 1, before XXH3 checksums)";
+  if (version > kFormatVersion) return fmt::format("a libzero newer than this one (format {})", version);
+  return fmt::format("no libzero release (format {}): the file is damaged", version);
+}
+
+}  // namespace
+
+void detail::sys_fail(const std::string& what, const std::string& path, int err) {
+  ZERO_THROW(fmt::format("checkpoint: cannot {} '{}': {}; check that the directory exists, is writable and has "
+                         "free space",
+                         what, path, std::strerror(err)));
+}
+
+void detail::file_fail(const std::string& path, const std::string& field, const std::string& problem) {
+  ZERO_THROW(fmt::format("checkpoint file '{}': field '{}' {}; {}", path, field, problem, kDamaged));
+}
+
+std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
+
+std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.ckpt", rank); }
+
+std::string step_dir_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
+
+std::int64_t parse_step_dir_name(const std::string& name) {
+  if (name.size() < 13 || name.size() > 23 || name.compare(0, 5, "step_") != 0) return -1;
+  std::int64_t v = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return step_dir_name(v) == name ? v : -1;  // one spelling per step
+}
+
+// ---------------------------------------------------------------- Fd
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Fd::close() {
+  if (fd_ < 0) return;
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) sys_fail("close", path_, errno);
+}
+
+Fd Fd::open_read(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int err = errno;
+    ZERO_THROW(fmt::format("checkpoint file '{}': cannot open: {}; {}", path, std::strerror(err),
+                           err == ENOENT ? kDamaged : "check its permissions"));
+  }
+  return Fd(fd, path);
+}
+
+Fd Fd::create(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) sys_fail("create", path, errno);
+  return Fd(fd, path);
+}
+
+std::uint64_t Fd::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) sys_fail("stat", path_, errno);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+void Fd::pwrite_all(const void* data, std::size_t bytes, std::uint64_t offset) const {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd_, p, std::min<std::size_t>(bytes, 1u << 30), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("write", path_, errno);
+    }
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+}
+
+void Fd::pread_all(void* data, std::size_t bytes, std::uint64_t offset) const {
+  char* p = static_cast<char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pread(fd_, p, std::min<std::size_t>(bytes, 1u << 30), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      sys_fail("read", path_, errno);
+    }
+    if (n == 0)
+      ZERO_THROW(fmt::format("checkpoint file '{}': ends at byte {} while reading; the file is truncated; {}", path_,
+                             offset, kDamaged));
+    p += n;
+    bytes -= static_cast<std::size_t>(n);
+    offset += static_cast<std::uint64_t>(n);
+  }
+}
+
+void Fd::sync() const {
+  if (::fsync(fd_) != 0) sys_fail("fsync", path_, errno);
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) sys_fail("open the directory", dir, errno);
+  Fd f(fd, dir);
+  // Some filesystems cannot sync a directory (EINVAL); they also give no stronger guarantee.
+  if (::fsync(fd) != 0 && errno != EINVAL) sys_fail("fsync the directory", dir, errno);
+}
+
+void write_file_atomic(const std::string& dir, const std::string& name, const std::string& content) {
+  std::string tmp = fmt::format("{}/.{}.tmp", dir, name);
+  std::string dst = fmt::format("{}/{}", dir, name);
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) sys_fail("remove the stale", tmp, errno);
+  Fd f = Fd::create(tmp);
+  f.pwrite_all(content.data(), content.size(), 0);
+  f.sync();
+  f.close();
+  if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail("rename " + tmp + " to", dst, errno);
+  fsync_dir(dir);
+}
+
+// ---------------------------------------------------------------- header
+
+void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]) {
+  std::memset(out, 0, kHeaderBytes);
+  std::memcpy(out, kMagic, 8);
+  put32(out + 8, kFormatVersion);
+  put32(out + 12, static_cast<std::uint32_t>(h.kind));
+  put64(out + 16, h.payload_bytes);
+  put64(out + 24, h.index_bytes);
+  put64(out + 32, h.index_checksum);
+  put64(out + 56, checksum(out, 56));
+}
+
+FileHeader read_header(const Fd& f, FileKind expect) {
+  const std::string& p = f.path();
+  std::uint64_t size = f.size();
+  if (size < kHeaderBytes)
+    file_fail(p, "header",
+              fmt::format("is truncated: the file has {} bytes, less than the {}-byte header", size, kHeaderBytes));
+  unsigned char h[kHeaderBytes];
+  f.pread_all(h, kHeaderBytes, 0);
+  if (std::memcmp(h, kMagic, 8) != 0) file_fail(p, "header.magic", "is not \"ZEROCKPT\": this is not a libzero checkpoint file");
+  // The version comes before the checksum: another version may checksum its header differently.
+  std::uint32_t version = get32(h + 8);
+  if (version != kFormatVersion)
+    ZERO_THROW(fmt::format("checkpoint file '{}': field 'header.format_version' = {}: written by {}; this build reads "
+                           "format {} only. Load it with the libzero that wrote it (or convert it there to "
+                           "safetensors with zero-ckpt export)",
+                           p, version, writer_of(version), kFormatVersion));
+  std::uint64_t stored = get64(h + 56), computed = checksum(h, 56);
+  if (stored != computed)
+    file_fail(p, "header.checksum",
+              fmt::format("does not match (stored {}, computed {}): the header is corrupted", json::hex64(stored),
+                          json::hex64(computed)));
+  std::uint32_t kind = get32(h + 12);
+  if (kind != static_cast<std::uint32_t>(expect))
+    file_fail(p, "header.kind",
+              fmt::format("= {}, expected {} ({}): the file is in the wrong place", kind,
+                          static_cast<std::uint32_t>(expect), kind_name(expect)));
+  for (int i = 40; i < 56; ++i)
+    if (h[i] != 0) file_fail(p, "header.reserved", "is not zero");
+  FileHeader r;
+  r.kind = expect;
+  r.payload_bytes = get64(h + 16);
+  r.index_bytes = get64(h + 24);
+  r.index_checksum = get64(h + 32);
+  if (r.payload_bytes != size - kHeaderBytes)
+    file_fail(p, "header.payload_bytes",
+              fmt::format("says the file has {} payload bytes after the header, but it has {}: the file is truncated "
+                          "or extended",
+                          r.payload_bytes, size - kHeaderBytes));
+  if (r.index_bytes > r.payload_bytes)
+    file_fail(p, "header.index_bytes",
+              fmt::format("= {} exceeds the payload ({} bytes)", r.index_bytes, r.payload_bytes));
+  return r;
+}
+
+std::string read_index(const Fd& f, const FileHeader& h) {
+  std::string index(static_cast<std::size_t>(h.index_bytes), '\0');
+  f.pread_all(index.data(), index.size(), kHeaderBytes);
+  std::uint64_t c = checksum(index.data(), index.size());
+  if (c != h.index_checksum)
+    file_fail(f.path(), "header.index_checksum",
+              fmt::format("does not match the {} index (stored {}, computed {}): the file is corrupted",
+                          kind_name(h.kind), json::hex64(h.index_checksum), json::hex64(c)));
+  return index;
+}
+
+}  // namespace zero::ckpt

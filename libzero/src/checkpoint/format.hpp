@@ -1,0 +1,266 @@
+// The on-disk checkpoint format: files, headers, metadata, shards, and a reader that trusts nothing.
+//
+// A checkpoint is one directory per step, <root>/step_00000010/, holding
+//   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
+//   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
+// and <root>/latest names the newest complete one ("step_00000010\n").
+//
+// Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
+// size, the size and checksum of the payload's index, and a checksum of the header itself. For
+// metadata the index is the whole payload. A shard's index lists, per unit, the element range it
+// holds and the offset and checksum of that unit's section (master, then each moment), so a
+// loader verifies exactly the sections it reads, one unit at a time, and never needs the whole
+// model in memory.
+//
+// A shard of a checkpoint saved by N ranks holds slice r of each unit for world N, clipped to the
+// unit's real elements: the slices of all shards, concatenated, are the full unit. That is true
+// at every stage (at stage 0 each rank saves its slice of the replicated state), so a checkpoint
+// loads into any world size and stage by cutting new ranges out of the old slices.
+// Compute-dtype parameters are not stored: they are the master rounded to the compute dtype,
+// which is also what the optimizer writes every step.
+//
+// All integers are little-endian; the payload's floats are stored in the host's order, which
+// the build requires to be little-endian too. Every checksum is XXH3-64 (seed 0) of the bytes it
+// covers, so a file can be checked without libzero: `xxhsum -H3` of the header's first 56 bytes,
+// of the index, or of one section (`dd` cuts them out) gives the stored value.
+//
+// The code follows the format's parts: checkpoint/format.cpp (files, names, headers),
+// checkpoint/metadata.cpp, checkpoint/shards.cpp (writer and checked reader) and
+// checkpoint/directory.cpp (latest, tags, the atomic commit).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/checkpoint.hpp"
+#include "zero/dtype.hpp"
+#include "zero/loss_scaler.hpp"
+
+namespace zero::ckpt {
+
+// 1: libzero 0.1.0 (its own 64-bit checksum; client state as escaped strings).
+// 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
+constexpr std::uint32_t kFormatVersion = 2;
+constexpr std::size_t kHeaderBytes = 64;
+enum class FileKind : std::uint32_t { metadata = 1, shard = 2 };
+
+inline const char* kMetadataFile = "metadata.ckpt";
+inline const char* kLatestFile = "latest";
+std::string shard_file_name(int rank);     // shard_00003.ckpt
+std::string step_dir_name(std::int64_t step);  // step_00000010
+// The step of a directory name "step_<digits>" (8 or more digits), or -1.
+std::int64_t parse_step_dir_name(const std::string& name);
+
+// ---------------------------------------------------------------- files
+
+// An open file descriptor, closed on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  Fd(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  Fd(Fd&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd();
+  int get() const { return fd_; }
+  const std::string& path() const { return path_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  void close();  // reports a failing close (delayed write errors) as a zero::Error
+
+  static Fd open_read(const std::string& path);
+  // Creates a new file (fails if it exists).
+  static Fd create(const std::string& path);
+
+  std::uint64_t size() const;
+  void pwrite_all(const void* data, std::size_t bytes, std::uint64_t offset) const;
+  void pread_all(void* data, std::size_t bytes, std::uint64_t offset) const;
+  void sync() const;
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+void fsync_dir(const std::string& dir);
+// Writes `content` to dir/name through a temporary file, fsync, rename and a directory fsync,
+// so a reader sees the old content or the new one, never a mix.
+void write_file_atomic(const std::string& dir, const std::string& name, const std::string& content);
+
+// ---------------------------------------------------------------- headers
+
+struct FileHeader {
+  FileKind kind = FileKind::metadata;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t index_bytes = 0;
+  std::uint64_t index_checksum = 0;
+};
+void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]);
+// Checks the file size, magic, version, header checksum and kind; errors name `path`. A file of
+// another format version is refused with the libzero release that writes that version.
+FileHeader read_header(const Fd& f, FileKind expect);
+// The file's index (its first index_bytes payload bytes), checked against the header.
+std::string read_index(const Fd& f, const FileHeader& h);
+
+// XXH3-64, seed 0 (what `xxhsum -H3` prints).
+std::uint64_t checksum(const void* data, std::size_t bytes);
+
+// ---------------------------------------------------------------- metadata
+
+struct ParamMeta {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::int64_t numel = 0, offset = 0;
+};
+struct UnitMeta {
+  std::string name;
+  std::int64_t numel = 0, slice = 0;  // slice: elements per rank slice at the saving world size
+  std::vector<ParamMeta> params;
+};
+struct ShardMeta {
+  std::string file;
+  std::uint64_t bytes = 0;           // whole file
+  std::uint64_t index_checksum = 0;  // binds the shard to this metadata
+};
+
+struct Metadata {
+  std::int64_t step = 0, applied = 0;
+  int world = 1, stage = 0;
+  DType compute_dtype = DType::f32;
+  std::string optimizer;  // to_string(OptimizerType): AdamW | Adam | SGD
+  int moments = 2;        // fp32 arrays besides the master: Adam 2 (m, v), SGD 1 (momentum)
+  bool scaler_dynamic = false;
+  LossScaler::State scaler{1.0, 0, 0, -1};
+  std::string scheduler;
+  std::int64_t scheduler_step = 0;
+  std::vector<UnitMeta> units;
+  std::vector<ShardMeta> shards;
+  ClientState client;
+  std::string config_yaml;
+
+  std::string to_json() const;
+  // Strict: every field present with its type and range, nothing unknown; errors name
+  // `origin` and the field.
+  static Metadata parse(const std::string& text, const std::string& origin);
+};
+
+void write_metadata_file(const std::string& path, const Metadata& m);
+Metadata read_metadata_file(const std::string& path);
+
+// ---------------------------------------------------------------- shards
+
+// Writes one shard: sections in unit order, then the index and header, then fsync.
+class ShardWriter {
+ public:
+  struct Range {
+    std::int64_t begin = 0, len = 0;
+  };
+  ShardWriter(const std::string& path, int rank, int world, int stage, int moments, std::int64_t step,
+              std::vector<Range> ranges);
+  // The next unit's section: (1 + moments) * len floats, master first then each moment.
+  void add_section(const float* section);
+  int next_unit() const { return next_; }
+  // Completes the file; returns {file bytes, index checksum}.
+  ShardMeta finish();
+
+ private:
+  Fd fd_;
+  std::string path_;
+  int rank_, world_, stage_, moments_;
+  std::int64_t step_;
+  std::vector<Range> ranges_;
+  std::vector<std::uint64_t> sums_;
+  std::uint64_t offset_ = 0;  // payload offset of the next section
+  std::uint64_t index_bytes_ = 0;
+  int next_ = 0;
+};
+
+// Reads a checkpoint directory: metadata parsed and every shard's header and index checked
+// against it on open; sections are verified when read.
+class Reader {
+ public:
+  explicit Reader(const std::string& step_dir);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const Metadata& meta() const { return meta_; }
+  const std::string& dir() const { return dir_; }
+
+  // Elements [begin, begin + len) of unit's state (positions >= numel read as 0) into master
+  // and the moments (m2 only with 2 moments); any output may be null.
+  void read_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2);
+  // Reads and checks every section of shard `rank` (inspect); one section in memory at a time.
+  void verify_shard(int rank);
+
+ private:
+  struct Shard;
+  void read_section(Shard& s, int unit, std::vector<float>& buf);
+  std::string dir_;
+  Metadata meta_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+};
+
+// The step directory for `tag` under `root`: "latest" follows the latest file; digits name a
+// step. `root` may also be a step directory itself (then tag must be "latest").
+std::string resolve(const std::string& root, const std::string& tag);
+std::string read_latest(const std::string& root);  // the directory name latest points to
+
+// Completes a checkpoint written into `tmp_dir` (files already fsync'd): directory fsync,
+// rename to root/step_..., root fsync, latest update, then pruning of old ones. `fail_point`
+// is called at each named point (tests stop the save there).
+void commit(const std::string& root, const std::string& tmp_dir, std::int64_t step, int keep_last,
+            void (*fail_point)(const char*));
+// Prepares root for writing step `step`: creates it, removes leftovers of interrupted saves,
+// checks the step is not the latest checkpoint already; returns the temporary directory.
+// `who` names the caller in messages ("save_checkpoint", "reshard"). With refuse_older, a root
+// that already holds a newer step is refused: latest would move back and the next save of the
+// run that owns the root would replace its newer checkpoints (an offline tool's case; a run
+// resumed from an older tag does abandon the newer ones on purpose).
+std::string prepare(const std::string& root, std::int64_t step, const char* who, bool refuse_older = false);
+
+// The lock file of a checkpoint root (see comm/job_lock.hpp).
+inline constexpr const char* kLockFile = "zero.lock";
+// Locks `root` for this process until it exits: exclusive before writing (prepare takes it),
+// shared for reading (a resume), so a second job is refused instead of deleting the first
+// one's save in progress. `root` may be a step directory: its parent is locked then. Called by
+// one process per job (rank 0): the root is one directory every rank sees. `kind` names the
+// directory in the refusal ("checkpoint root", "run directory").
+void lock_root(const std::string& root, bool exclusive, const char* kind = "checkpoint root");
+
+// ---------------------------------------------------------------- shared by the format's files
+
+namespace detail {
+
+// What to do about a file that fails a check.
+inline constexpr const char* kDamaged =
+    "the checkpoint is damaged or incomplete: load an older one (zero-ckpt inspect <root> lists and verifies them)";
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 50;
+
+[[noreturn]] void sys_fail(const std::string& what, const std::string& path, int err);
+[[noreturn]] void file_fail(const std::string& path, const std::string& field, const std::string& problem);
+
+inline void put32(unsigned char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline void put64(unsigned char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+inline std::uint32_t get32(const unsigned char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+inline std::uint64_t get64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace detail
+
+}  // namespace zero::ckpt

@@ -1,0 +1,350 @@
+// Hugging Face GPT-2 export and import (see zero/hf_gpt2.hpp).
+#include "zero/hf_gpt2.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "checkpoint/format.hpp"
+#include "checkpoint/json.hpp"
+#include "checkpoint/safetensors.hpp"
+#include "runtime/strings.hpp"
+#include "zero/error.hpp"
+#include "zero/plan.hpp"
+
+namespace fs = std::filesystem;
+
+namespace zero::hf {
+
+namespace {
+
+constexpr const char* kWte = "wte.weight";
+
+// n_head / vocab_size: the caller's, else the checkpoint's saved `model` section.
+int model_key(const std::string& config_yaml, const char* key, int given, const std::string& where) {
+  if (given > 0) return given;
+  YAML::Node model;
+  try {
+    model = YAML::Load(config_yaml)["model"];
+  } catch (const YAML::Exception& e) {
+    ZERO_THROW(fmt::format("export hf: the config saved in {} does not parse ({})", where, e.what()));
+  }
+  if (model && model.IsMap() && model[key] && model[key].IsScalar()) {
+    try {
+      return model[key].as<int>();
+    } catch (const YAML::Exception&) {
+    }
+  }
+  ZERO_THROW(fmt::format("export hf: {} is not in the config saved in {} (section model, key {}); pass it with "
+                         "--{} (zero-gpt checkpoints record it)",
+                         key, where, key, key == std::string("n_head") ? "n-head" : "vocab-size"));
+}
+
+std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadata& m) {
+  std::map<std::string, const ckpt::ParamMeta*> out;
+  for (const auto& u : m.units)
+    for (const auto& p : u.params) out[p.name] = &p;
+  return out;
+}
+
+}  // namespace
+
+std::string config_json(const plan::GptShape& c, DType dtype) {
+  json::Json j = json::Json::object();
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["activation_function"] = "gelu_new";  // the tanh approximation the trainer computes
+  j["layer_norm_epsilon"] = 1e-5;
+  j["n_layer"] = c.n_layer;
+  j["n_head"] = c.n_head;
+  j["n_embd"] = c.n_embd;
+  j["n_positions"] = c.seq_len;
+  j["n_ctx"] = c.seq_len;
+  j["vocab_size"] = c.vocab_size;
+  j["initializer_range"] = 0.02;
+  // The trainer uses no dropout; a fine-tuning run in transformers should not add any silently.
+  j["attn_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["resid_pdrop"] = 0.0;
+  j["tie_word_embeddings"] = true;
+  j["scale_attn_weights"] = true;
+  j["torch_dtype"] = dtype == DType::f32 ? "float32" : (dtype == DType::bf16 ? "bfloat16" : "float16");
+  if (c.vocab_size == 50257) {  // GPT-2's tokenizer: <|endoftext|> begins and ends
+    j["bos_token_id"] = 50256;
+    j["eos_token_id"] = 50256;
+  }
+  return json::dump_pretty(j, "config.json");
+}
+
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& o) {
+  const std::string step_dir = ckpt::resolve(checkpoint, o.tag);
+  ckpt::Reader r(step_dir);
+  const ckpt::Metadata& m = r.meta();
+  const auto by_name = params_by_name(m);
+  const auto wte = by_name.find(kWte), wpe = by_name.find("wpe.weight");
+  ZERO_CHECK(wte != by_name.end() && wpe != by_name.end() && wte->second->shape.size() == 2 &&
+                 wpe->second->shape.size() == 2,
+             fmt::format("export hf: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format hf is for "
+                         "GPT-2-shaped models, use --format safetensors for any model",
+                         step_dir));
+  plan::GptShape c;
+  c.n_layer = 0;  // counted from the blocks present
+  while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
+  c.n_embd = static_cast<int>(wte->second->shape[1]);
+  c.seq_len = static_cast<int>(wpe->second->shape[0]);
+  c.n_head = model_key(m.config_yaml, "n_head", o.n_head, step_dir);
+  c.vocab_size = model_key(m.config_yaml, "vocab_size", o.vocab_size, step_dir);
+  c.validate();
+  ZERO_CHECK(c.padded_vocab() == wte->second->shape[0],
+             fmt::format("export hf: vocab_size {} pads to {} rows, but wte.weight has {}; give the vocabulary the "
+                         "model was trained with (--vocab-size)",
+                         c.vocab_size, c.padded_vocab(), wte->second->shape[0]));
+
+  // Every tensor must be GPT-2's, name for name and shape for shape, and nothing else.
+  const Layout want = plan::gpt_layout(c);
+  std::vector<safetensors::TensorSpec> tensors;
+  std::set<std::string> expected;
+  for (const auto& u : want.units())
+    for (const auto& p : u.params) {
+      expected.insert(p.name);
+      auto it = by_name.find(p.name);
+      ZERO_CHECK(it != by_name.end(), fmt::format("export hf: {} has no tensor '{}' of GPT-2 (n_layer {}); use --format "
+                                                  "safetensors for other models",
+                                                  step_dir, p.name, c.n_layer));
+      ZERO_CHECK(it->second->shape == p.shape,
+                 fmt::format("export hf: '{}' in {} is {}, GPT-2 with n_embd {} needs {}", p.name, step_dir,
+                             shape_text(it->second->shape), c.n_embd, shape_text(p.shape)));
+      std::vector<std::int64_t> s = p.shape;
+      if (p.name == kWte) s[0] = c.vocab_size;  // the padding rows stay behind
+      tensors.push_back({p.name, o.dtype, s});
+    }
+  for (const auto& [name, p] : by_name)
+    ZERO_CHECK(expected.count(name), fmt::format("export hf: {} holds '{}', which GPT-2 does not have; use --format "
+                                                 "safetensors for other models",
+                                                 step_dir, name));
+
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  ZERO_CHECK(!ec, fmt::format("export hf: cannot create '{}': {}", out_dir, ec.message()));
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"libzero.step", fmt::format("{}", m.step)}};
+  safetensors::Writer w((fs::path(out_dir) / "model.safetensors").string(), tensors, meta);
+  std::vector<float> master;
+  std::vector<std::uint16_t> half;
+  std::size_t next = 0;
+  for (std::size_t i = 0; i < m.units.size(); ++i) {
+    const auto& u = m.units[i];
+    master.resize(static_cast<std::size_t>(u.numel));
+    r.read_range(static_cast<int>(i), 0, u.numel, master.data(), nullptr, nullptr);
+    for (const auto& p : u.params) {
+      // The file lists tensors in layout order; the checkpoint's units are in the same order
+      // when it was written by a gpt_layout, which the name check above does not promise.
+      ZERO_CHECK(next < tensors.size() && tensors[next].name == p.name,
+                 fmt::format("export hf: '{}' in {} is out of GPT-2's order", p.name, step_dir));
+      std::size_t n = 1;
+      for (auto d : tensors[next].shape) n *= static_cast<std::size_t>(d);
+      const float* src = master.data() + p.offset;
+      if (o.dtype == DType::f32) {
+        w.write_next(src, n * sizeof(float));
+      } else {
+        half.resize(n);
+        convert(src, DType::f32, half.data(), o.dtype, n);
+        w.write_next(half.data(), n * sizeof(std::uint16_t));
+      }
+      ++next;
+    }
+  }
+  w.finish();
+  ckpt::write_file_atomic(out_dir, "config.json", config_json(c, o.dtype));
+  return c;
+}
+
+// ---------------------------------------------------------------- import
+
+struct Gpt2Weights::File {
+  ckpt::Fd fd;
+  std::uint64_t data_start = 0;
+  struct Tensor {
+    DType dtype = DType::f32;
+    std::vector<std::int64_t> shape;
+    std::uint64_t begin = 0, end = 0;
+  };
+  std::map<std::string, Tensor> tensors;  // by layout name (prefix removed)
+  std::vector<std::string> skipped;       // tied lm_head, attention-mask buffers
+};
+
+namespace {
+
+bool is_buffer(const std::string& name) {
+  auto ends = [&](const char* s) {
+    const std::string t(s);
+    return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+  };
+  return ends(".attn.bias") || ends(".attn.masked_bias");
+}
+
+int config_int(const json::Field& f, const char* key, const char* alt = nullptr) {
+  if (f.has(key)) return static_cast<int>(f.at(key).i64(1, 1 << 30));
+  if (alt && f.has(alt)) return static_cast<int>(f.at(alt).i64(1, 1 << 30));
+  f.at(key);  // throws: names the missing field
+  return 0;
+}
+
+}  // namespace
+
+Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+  std::string file = path;
+  if (fs::is_directory(path)) {
+    file = (fs::path(path) / "model.safetensors").string();
+    ZERO_CHECK(fs::exists(file),
+               fmt::format("model.init_from: '{}' is a directory without model.safetensors; give a Hugging Face GPT-2 "
+                           "model directory (zero-ckpt export --format hf writes one) or a .safetensors file",
+                           path));
+    const std::string cj = (fs::path(path) / "config.json").string();
+    if (fs::exists(cj)) {
+      std::ifstream in(cj, std::ios::binary);
+      ZERO_CHECK(in, fmt::format("model.init_from: cannot read '{}'", cj));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const json::Json doc = json::parse(text, cj);
+      const json::Field f(doc, cj, "", "give the config.json of a GPT-2 model");
+      if (f.has("model_type"))
+        ZERO_CHECK(f.at("model_type").str() == "gpt2",
+                   fmt::format("model.init_from: {} says model_type '{}'; only GPT-2 weights (model_type gpt2) load "
+                               "into this model",
+                               cj, f.at("model_type").str()));
+      plan::GptShape c;
+      c.n_layer = config_int(f, "n_layer");
+      c.n_head = config_int(f, "n_head");
+      c.n_embd = config_int(f, "n_embd");
+      c.seq_len = config_int(f, "n_positions", "n_ctx");
+      c.vocab_size = config_int(f, "vocab_size");
+      config_ = c;
+    }
+  }
+  File& F = *file_;
+  F.fd = ckpt::Fd::open_read(file);
+  const std::uint64_t size = F.fd.size();
+  unsigned char len[8];
+  ZERO_CHECK(size >= 8, fmt::format("model.init_from: '{}' is too short for a safetensors file", file));
+  F.fd.pread_all(len, 8, 0);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  ZERO_CHECK(n <= size - 8 && n <= (std::uint64_t{1} << 30),
+             fmt::format("model.init_from: '{}' is not a safetensors file (header length {} for {} bytes)", file, n,
+                         size));
+  std::string header(static_cast<std::size_t>(n), '\0');
+  F.fd.pread_all(header.data(), header.size(), 8);
+  F.data_start = 8 + n;
+  const json::Json doc = json::parse(header, file + " (safetensors header)");
+  const json::Field root(doc, file, "", "the file is not a valid safetensors file");
+  for (const auto& key : root.keys()) {
+    if (key == "__metadata__") continue;
+    const json::Field t = root.at(key);
+    std::string name = key;
+    if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+    if (name == "lm_head.weight" || is_buffer(name)) {
+      F.skipped.push_back(key);
+      continue;
+    }
+    File::Tensor x;
+    const std::string& dt = t.at("dtype").str();
+    if (dt == "F32") x.dtype = DType::f32;
+    else if (dt == "BF16") x.dtype = DType::bf16;
+    else if (dt == "F16") x.dtype = DType::f16;
+    else t.at("dtype").fail("is not F32, BF16 or F16 (the types the trainer reads)");
+    const json::Field sh = t.at("shape");
+    std::uint64_t count = 1;
+    for (std::size_t i = 0; i < sh.size(); ++i) {
+      x.shape.push_back(sh[i].i64(0, INT64_MAX));
+      count *= static_cast<std::uint64_t>(x.shape.back());
+    }
+    const json::Field off = t.at("data_offsets");
+    x.begin = static_cast<std::uint64_t>(off[0].i64(0));
+    x.end = static_cast<std::uint64_t>(off[1].i64(0));
+    ZERO_CHECK(x.end >= x.begin && x.end - x.begin == count * dtype_size(x.dtype) && F.data_start + x.end <= size,
+               fmt::format("model.init_from: tensor '{}' in '{}' has data_offsets that do not match its shape or the "
+                           "file size; the file is damaged",
+                           key, file));
+    ZERO_CHECK(F.tensors.emplace(name, std::move(x)).second,
+               fmt::format("model.init_from: '{}' holds '{}' twice (with and without the transformer. prefix)", file,
+                           name));
+  }
+}
+
+Gpt2Weights::~Gpt2Weights() = default;
+Gpt2Weights::Gpt2Weights(Gpt2Weights&&) noexcept = default;
+Gpt2Weights& Gpt2Weights::operator=(Gpt2Weights&&) noexcept = default;
+
+void Gpt2Weights::check(const plan::GptShape& model) const {
+  std::vector<std::string> problems;
+  if (config_) {
+    const plan::GptShape& c = *config_;
+    auto field = [&](const char* what, int file, int mine, const char* key) {
+      if (file != mine)
+        problems.push_back(fmt::format("config.json {} = {}, the model has {} = {} (set model.{}: {})", what, file,
+                                       key, mine, key, file));
+    };
+    field("n_layer", c.n_layer, model.n_layer, "n_layer");
+    field("n_head", c.n_head, model.n_head, "n_head");
+    field("n_embd", c.n_embd, model.n_embd, "n_embd");
+    field("n_positions", c.seq_len, model.seq_len, "seq_len");
+    field("vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
+  }
+  const Layout want = plan::gpt_layout(model);
+  std::set<std::string> needed;
+  for (const auto& u : want.units())
+    for (const auto& p : u.params) {
+      needed.insert(p.name);
+      auto it = file_->tensors.find(p.name);
+      if (it == file_->tensors.end()) {
+        problems.push_back(fmt::format("tensor '{}' is missing", p.name));
+        continue;
+      }
+      const auto& s = it->second.shape;
+      // wte: the true vocabulary, or the padded rows of a raw export.
+      const bool wte_ok = p.name == kWte && s.size() == 2 && s[1] == p.shape[1] &&
+                          (s[0] == model.vocab_size || s[0] == p.shape[0]);
+      if (s != p.shape && !wte_ok)
+        problems.push_back(fmt::format("tensor '{}' is {}, the model needs {}{}", p.name, shape_text(s),
+                                       shape_text(p.shape),
+                                       p.name == kWte ? fmt::format(" (or [{}, {}])", model.vocab_size, p.shape[1])
+                                                      : std::string()));
+    }
+  for (const auto& [name, t] : file_->tensors)
+    if (!needed.count(name)) problems.push_back(fmt::format("tensor '{}' is not part of the model", name));
+  if (problems.empty()) return;
+  ZERO_THROW(fmt::format("model.init_from: '{}' does not fit the model (n_layer {}, n_head {}, n_embd {}, seq_len {}, "
+                         "vocab_size {}):\n  {}\nset the model section to the weights' shape",
+                         path_, model.n_layer, model.n_head, model.n_embd, model.seq_len, model.vocab_size,
+                         fmt::join(problems, "\n  ")));
+}
+
+void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>& shape, std::span<float> out) const {
+  auto it = file_->tensors.find(name);
+  ZERO_CHECK(it != file_->tensors.end(), fmt::format("model.init_from: '{}' has no tensor '{}'", path_, name));
+  const File::Tensor& t = it->second;
+  std::size_t want = 1;
+  for (auto d : shape) want *= static_cast<std::size_t>(d);
+  ZERO_CHECK(out.size() == want, fmt::format("Gpt2Weights::read: '{}' needs {} values, got room for {}", name, want,
+                                             out.size()));
+  std::size_t have = 1;
+  for (auto d : t.shape) have *= static_cast<std::size_t>(d);
+  // Fewer elements only for wte with the true vocabulary: the rows that follow are padding.
+  ZERO_CHECK(have <= want && (have == want || name == kWte),
+             fmt::format("model.init_from: tensor '{}' is {}, the model needs {}", name, shape_text(t.shape),
+                         shape_text(shape)));
+  std::vector<unsigned char> raw(t.end - t.begin);
+  file_->fd.pread_all(raw.data(), raw.size(), file_->data_start + t.begin);
+  convert(raw.data(), t.dtype, out.data(), DType::f32, have);
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(have), out.end(), 0.0f);
+}
+
+}  // namespace zero::hf

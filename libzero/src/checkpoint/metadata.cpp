@@ -1,0 +1,215 @@
+// Checkpoint metadata: the JSON document (written from Metadata, read back strictly) and its file.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "checkpoint/format.hpp"
+#include "checkpoint/json.hpp"
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+
+namespace zero::ckpt {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
+const char* kMetaHint = "the metadata is damaged or was not written by libzero; load an older checkpoint";
+
+DType dtype_from(const json::Field& f) {
+  const std::string& s = f.str();
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    if (s == dtype_name(t)) return t;
+  f.fail(fmt::format("= \"{}\" is not one of fp32, bf16, fp16", s));
+}
+
+}  // namespace
+
+std::string Metadata::to_json() const {
+  using json::Json;
+  ZERO_CHECK(std::isfinite(scaler.scale), fmt::format("checkpoint: the loss scale {} is not finite", scaler.scale));
+  Json d = Json::object();
+  d["format"] = "libzero-checkpoint";
+  d["format_version"] = kFormatVersion;
+  d["step"] = step;
+  d["applied_steps"] = applied;
+  d["world_size"] = world;
+  d["stage"] = stage;
+  d["compute_dtype"] = dtype_name(compute_dtype);
+  d["master_dtype"] = "fp32";
+  d["optimizer"] = optimizer;
+  d["optimizer_moments"] = moments;
+  d["compute_params"] = {{"stored", false},
+                         {"derivation", "round-to-nearest-even of the fp32 master to compute_dtype"}};
+  d["loss_scaler"] = {{"dynamic", scaler_dynamic},
+                      {"scale", scaler.scale},
+                      {"hysteresis_left", scaler.hysteresis_left},
+                      {"iter", scaler.iter},
+                      {"last_overflow_iter", scaler.last_overflow_iter}};
+  d["scheduler"] = {{"type", scheduler}, {"step", scheduler_step}};
+  Json& us = d["units"] = Json::array();
+  for (const auto& u : units) {
+    Json ps = Json::array();
+    for (const auto& p : u.params)
+      ps.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", "fp32"}, {"numel", p.numel}, {"offset", p.offset}});
+    us.push_back({{"name", u.name},
+                  {"numel", u.numel},
+                  {"slice", u.slice},
+                  {"padded", u.slice * world},
+                  {"padding", u.slice * world - u.numel},
+                  {"params", std::move(ps)}});
+  }
+  Json& ss = d["shards"] = Json::array();
+  for (std::size_t r = 0; r < shards.size(); ++r)
+    ss.push_back({{"rank", r},
+                  {"file", shards[r].file},
+                  {"bytes", shards[r].bytes},
+                  {"index_checksum", json::hex64(shards[r].index_checksum)}});
+  // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
+  Json& cs = d["client_state"] = Json::object();
+  for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
+  d["config_yaml"] = config_yaml;
+  return json::dump_pretty(d, "checkpoint metadata");
+}
+
+Metadata Metadata::parse(const std::string& text, const std::string& origin) {
+  json::Json doc = json::parse(text, origin);
+  json::Field d(doc, origin, "", kMetaHint);
+  d.expect_keys({"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype",
+                 "master_dtype", "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler",
+                 "units", "shards", "client_state", "config_yaml"});
+  Metadata m;
+  if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
+  if (d.at("format_version").i64() != kFormatVersion)
+    d.at("format_version").fail(fmt::format("is not {} (this build's format)", kFormatVersion));
+  m.step = d.at("step").i64(0);
+  m.applied = d.at("applied_steps").i64(0, m.step);
+  m.world = static_cast<int>(d.at("world_size").i64(1, 1 << 20));
+  m.stage = static_cast<int>(d.at("stage").i64(0, 3));
+  m.compute_dtype = dtype_from(d.at("compute_dtype"));
+  if (d.at("master_dtype").str() != "fp32") d.at("master_dtype").fail("must be \"fp32\"");
+  m.optimizer = d.at("optimizer").str();
+  int need = 0;
+  for (OptimizerType t : {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd})
+    if (m.optimizer == to_string(t)) need = t == OptimizerType::sgd ? 1 : 2;
+  if (need == 0)
+    d.at("optimizer").fail(fmt::format("= \"{}\" is not one of {}, {}, {}", m.optimizer, to_string(OptimizerType::adamw),
+                                       to_string(OptimizerType::adam), to_string(OptimizerType::sgd)));
+  m.moments = static_cast<int>(d.at("optimizer_moments").i64(need, need));
+
+  json::Field cp = d.at("compute_params");
+  cp.expect_keys({"stored", "derivation"});
+  if (cp.at("stored").boolean()) cp.at("stored").fail("is true, but this format version never stores compute params");
+  (void)cp.at("derivation").str();
+
+  json::Field ls = d.at("loss_scaler");
+  ls.expect_keys({"dynamic", "scale", "hysteresis_left", "iter", "last_overflow_iter"});
+  m.scaler_dynamic = ls.at("dynamic").boolean();
+  m.scaler.scale = ls.at("scale").f64();
+  if (!(m.scaler.scale > 0)) ls.at("scale").fail("must be positive");
+  m.scaler.hysteresis_left = static_cast<int>(ls.at("hysteresis_left").i64(0, 1 << 30));
+  m.scaler.iter = ls.at("iter").i64(0);
+  m.scaler.last_overflow_iter = ls.at("last_overflow_iter").i64(-1, m.scaler.iter);
+
+  json::Field sc = d.at("scheduler");
+  sc.expect_keys({"type", "step"});
+  m.scheduler = sc.at("type").str();
+  m.scheduler_step = sc.at("step").i64(m.applied, m.applied);
+
+  json::Field us = d.at("units");
+  if (us.size() == 0 || us.size() > (1u << 24)) us.fail("must list between 1 and 2^24 units");
+  for (std::size_t i = 0; i < us.size(); ++i) {
+    json::Field uf = us[i];
+    uf.expect_keys({"name", "numel", "slice", "padded", "padding", "params"});
+    UnitMeta u;
+    u.name = uf.at("name").str();
+    if (u.name.empty()) uf.at("name").fail("is empty");
+    for (const auto& prev : m.units)
+      if (prev.name == u.name) uf.at("name").fail(fmt::format("= \"{}\" repeats an earlier unit's name", u.name));
+    u.numel = uf.at("numel").i64(1, kMaxElements);
+    u.slice = uf.at("slice").i64(0, kMaxElements / m.world);
+    if (u.slice * m.world < u.numel)
+      uf.at("slice").fail(fmt::format("x world_size is smaller than numel ({})", u.numel));
+    uf.at("padded").i64(u.slice * m.world, u.slice * m.world);
+    uf.at("padding").i64(u.slice * m.world - u.numel, u.slice * m.world - u.numel);
+    json::Field ps = uf.at("params");
+    if (ps.size() == 0) ps.fail("is empty");
+    std::int64_t offset = 0;
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      json::Field pf = ps[k];
+      pf.expect_keys({"name", "shape", "dtype", "numel", "offset"});
+      ParamMeta p;
+      p.name = pf.at("name").str();
+      if (p.name.empty()) pf.at("name").fail("is empty");
+      for (const auto& prev : u.params)
+        if (prev.name == p.name)
+          pf.at("name").fail(fmt::format("= \"{}\" repeats an earlier parameter's name", p.name));
+      if (pf.at("dtype").str() != "fp32") pf.at("dtype").fail("must be \"fp32\" (the master's type)");
+      json::Field sh = pf.at("shape");
+      if (sh.size() > 16) sh.fail("has more than 16 dimensions");
+      std::int64_t n = 1;
+      for (std::size_t j = 0; j < sh.size(); ++j) {
+        std::int64_t dim = sh[j].i64(1, kMaxElements);
+        if (n > kMaxElements / dim) sh.fail("has more than 2^50 elements");
+        n *= dim;
+        p.shape.push_back(dim);
+      }
+      p.numel = pf.at("numel").i64(n, n);
+      p.offset = pf.at("offset").i64(offset, offset);
+      offset += n;
+      if (offset > u.numel) pf.at("numel").fail(fmt::format("runs past the unit's numel ({})", u.numel));
+      u.params.push_back(std::move(p));
+    }
+    if (offset != u.numel) uf.at("numel").fail(fmt::format("= {} but the parameters hold {}", u.numel, offset));
+    m.units.push_back(std::move(u));
+  }
+
+  json::Field ss = d.at("shards");
+  if (ss.size() != static_cast<std::size_t>(m.world))
+    ss.fail(fmt::format("lists {} shards for world_size {}", ss.size(), m.world));
+  for (std::size_t r = 0; r < ss.size(); ++r) {
+    json::Field sf = ss[r];
+    sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
+    sf.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
+    ShardMeta s;
+    s.file = sf.at("file").str();
+    // Only the canonical name: a path in here must never lead the reader outside the checkpoint.
+    if (s.file != shard_file_name(static_cast<int>(r)))
+      sf.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, shard_file_name(static_cast<int>(r))));
+    s.bytes = static_cast<std::uint64_t>(sf.at("bytes").i64(kHeaderBytes));
+    s.index_checksum = sf.at("index_checksum").hex64();
+    m.shards.push_back(std::move(s));
+  }
+
+  json::Field cs = d.at("client_state");
+  for (const auto& k : cs.keys()) m.client[k] = cs.at(k).hex_bytes();
+  m.config_yaml = d.at("config_yaml").str();
+  return m;
+}
+
+void write_metadata_file(const std::string& path, const Metadata& m) {
+  std::string payload = m.to_json();
+  FileHeader h;
+  h.kind = FileKind::metadata;
+  h.payload_bytes = h.index_bytes = payload.size();
+  h.index_checksum = checksum(payload.data(), payload.size());
+  unsigned char head[kHeaderBytes];
+  encode_header(h, head);
+  Fd f = Fd::create(path);
+  f.pwrite_all(head, kHeaderBytes, 0);
+  f.pwrite_all(payload.data(), payload.size(), kHeaderBytes);
+  f.sync();
+  f.close();
+}
+
+Metadata read_metadata_file(const std::string& path) {
+  Fd f = Fd::open_read(path);
+  FileHeader h = read_header(f, FileKind::metadata);
+  if (h.index_bytes != h.payload_bytes)
+    file_fail(path, "header.index_bytes", "must equal payload_bytes in a metadata file");
+  if (h.payload_bytes > kMaxMetadataBytes) file_fail(path, "header.payload_bytes", "is larger than 1 GiB");
+  return Metadata::parse(read_index(f, h), path);
+}
+
+}  // namespace zero::ckpt

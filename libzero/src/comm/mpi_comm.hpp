@@ -1,0 +1,70 @@
+// MpiCommunicator: the host-memory Communicator over an MPI communicator.
+//
+// 16-bit reductions are staged through fp32 scratch: the payload is widened, reduced with
+// MPI's float sum, and rounded once on completion. That costs a copy, but the result is the
+// correctly rounded sum, independent of the order MPI combines ranks in as far as fp32 allows.
+//
+// Every wait has a deadline (collective_timeout_s()). A rank whose deadline passes asks every
+// peer, over a private duplicate of the communicator, which collective it is waiting in; ranks
+// that are waiting answer (and report too), a stopped or hung rank cannot. The message names
+// the collective, its size and the ranks that did not arrive, and the job ends with
+// kCollectiveTimeoutExit. Collectives are numbered in issue order, which every rank shares, so
+// "waiting in #12" on two ranks means the same call.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "zero/comm.hpp"
+
+namespace zero {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm);
+  ~MpiCommunicator() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) override;
+  Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
+                            ReduceOp op) override;
+  Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) override;
+  Work broadcast_async(void* buf, std::size_t bytes, int root) override;
+  Work barrier_async() override;
+  double all_reduce_scalar(double v, ReduceOp op) override;
+  MPI_Comm handle() const { return comm_; }
+
+  // fp32 scratch reused across calls (collectives in flight each hold their own).
+  std::vector<float> take_scratch(std::size_t n);
+  void give_scratch(std::vector<float>&& v);
+
+  // One collective as messages describe it: its issue number, kind and payload.
+  struct Call {
+    std::int64_t seq = 0;
+    int kind = 0;  // index into the kind names in comm/mpi_comm.cpp
+    std::size_t count = 0;
+    DType dtype = DType::f32;  // of count; broadcast and barrier count bytes
+  };
+  // Polls `req` until it completes (backing off), or ends the job when the deadline passes.
+  void wait(MPI_Request& req, const Call& call);
+
+ private:
+  Call next_call(int kind, std::size_t count, DType t) { return Call{seq_++, kind, count, t}; }
+  // Answers peers' queries about what this rank waits in; true if any came.
+  bool answer_queries(const Call& waiting);
+  [[noreturn]] void report_stall(const Call& call, double waited_s);
+
+  MPI_Comm comm_;
+  MPI_Comm side_;  // the stall queries, apart from user traffic
+  double timeout_s_ = 600.0;
+  std::int64_t seq_ = 0;
+  int rank_ = 0, size_ = 1;
+  std::mutex scratch_mu_;
+  std::vector<std::vector<float>> scratch_;
+};
+
+}  // namespace zero

@@ -1,0 +1,440 @@
+// The table of libzero's configuration keys (config/keys.hpp). Order matters: a key is read
+// after the keys its default or applicability depends on (stage before overlap_comm,
+// optimizer.type before its params), and to_yaml writes the keys in this order.
+#include "config/keys.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "runtime/strings.hpp"
+
+namespace zero::keys {
+
+namespace {
+
+constexpr double kI64 = 9.2e18;  // "no upper bound" for an int64 member (clipped to the type)
+constexpr double kI32 = 2147483647.0;
+
+Range ge(double lo) { return Range::at_least(lo); }
+Range between(double lo, double hi) { return Range::closed(lo, hi); }
+
+std::string sgd_only(const Config& c) {
+  return c.optimizer.type == OptimizerType::sgd
+             ? std::string()
+             : "applies to SGD only (optimizer.type is " +
+                   std::string(to_string(c.optimizer.type)) +
+                   "; Adam's momentum is betas[0])";
+}
+std::string adam_only(const Config& c) {
+  return c.optimizer.type != OptimizerType::sgd ? std::string()
+                                                : "applies to Adam and AdamW, not SGD (use momentum)";
+}
+std::string no_scheduler(const Config& c) {
+  return c.scheduler.type == SchedulerType::none ? "needs a scheduler (scheduler.type)" : "";
+}
+std::string cosine_only(const Config& c) {
+  if (!no_scheduler(c).empty()) return no_scheduler(c);
+  return c.scheduler.type == SchedulerType::warmup_cosine_lr
+             ? std::string()
+             : "applies to WarmupCosineLR only (scheduler.type is " +
+                   std::string(c.scheduler.type == SchedulerType::warmup_lr ? "WarmupLR"
+                                                                            : "WarmupDecayLR") +
+                   ")";
+}
+std::string not_cosine(const Config& c) {
+  if (!no_scheduler(c).empty()) return no_scheduler(c);
+  return c.scheduler.type != SchedulerType::warmup_cosine_lr
+             ? std::string()
+             : "does not apply to WarmupCosineLR, which scales optimizer.params.lr by ratios "
+               "(warmup_min_ratio, cos_min_ratio); set optimizer.params.lr instead";
+}
+std::string decaying_only(const Config& c) {
+  if (!no_scheduler(c).empty()) return no_scheduler(c);
+  return c.scheduler.type != SchedulerType::warmup_lr
+             ? std::string()
+             : "does not apply to WarmupLR, which stays at warmup_max_lr after the warmup; use "
+               "WarmupDecayLR or WarmupCosineLR to decay";
+}
+
+
+}  // namespace
+
+const std::vector<Spec>& config_keys() {
+  static const std::vector<Spec> table = {
+      // ---- batch and top level
+      {.path = "train_batch_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.train_batch_size; }, .range = ge(1),
+       .auto_rule = Auto::derived,
+       .doc = "Samples per optimizer step over all ranks: micro batch x accumulation x world size.",
+       .default_text = "derived"},
+      {.path = "train_micro_batch_size_per_gpu", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.train_micro_batch_size_per_gpu; },
+       .range = between(1, kI32), .auto_rule = Auto::derived,
+       .doc = "Samples per forward/backward on one rank.", .default_text = "derived"},
+      {.path = "gradient_accumulation_steps", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.gradient_accumulation_steps; },
+       .range = between(1, kI32), .auto_rule = Auto::derived,
+       .doc = "Micro batches accumulated before each optimizer step.", .default_text = "derived"},
+      {.path = "steps_per_print", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.steps_per_print; }, .range = ge(1),
+       .doc = "Print progress every this many optimizer steps."},
+      {.path = "gradient_clipping", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.gradient_clipping; }, .range = ge(0),
+       .auto_rule = Auto::fallback, .doc = "Clip the global gradient norm to this value; 0: off."},
+
+      // ---- zero_optimization
+      {.path = "zero_optimization.stage", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.stage; }, .range = between(0, 3),
+       .doc = "0: plain data parallel; 1: optimizer state sharded; 2: + gradients; 3: + parameters."},
+      {.path = "zero_optimization.reduce_bucket_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.reduce_bucket_size; },
+       .range = ge(0), .auto_rule = Auto::fallback,
+       .doc = "Elements per gradient reduce(-scatter) bucket (0: one bucket per unit)."},
+      {.path = "zero_optimization.allgather_bucket_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.allgather_bucket_size; },
+       .range = ge(0), .auto_rule = Auto::fallback,
+       .doc = "Elements per all-gather bucket (stages 1 and 2, updated parameters; 0: per unit)."},
+      {.path = "zero_optimization.overlap_comm", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.overlap_comm; },
+       .auto_rule = Auto::fallback, .doc = "Overlap gradient reduction with the backward pass.",
+       .default_text = "`true` at stage 3, else `false`",
+       // DeepSpeed turns overlap_comm on by default at stage 3 only (its config validator does
+       // this; the docs' table says false).
+       .dynamic_default = [](Config& c) {
+         c.zero_optimization.overlap_comm = c.zero_optimization.stage == 3;
+       },
+       .default_depends_on = "zero_optimization.stage"},
+      {.path = "zero_optimization.contiguous_gradients", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.contiguous_gradients; },
+       .auto_rule = Auto::fallback,
+       .doc = "Accepted for DeepSpeed; each unit's gradient is always one contiguous buffer."},
+      {.path = "zero_optimization.reduce_scatter", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.reduce_scatter; },
+       .auto_rule = Auto::fallback,
+       .doc = "Reduce gradients with reduce-scatter instead of all-reduce."},
+      {.path = "zero_optimization.stage3_prefetch_bucket_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.stage3_prefetch_bucket_size; },
+       .range = ge(0), .auto_rule = Auto::fallback, .aliases = {"prefetch_bucket_size"},
+       .doc = "Stage 3: elements of parameters to all-gather ahead of use."},
+      {.path = "zero_optimization.stage3_param_persistence_threshold", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot {
+         return &c.zero_optimization.stage3_param_persistence_threshold;
+       },
+       .range = ge(0), .auto_rule = Auto::fallback, .aliases = {"param_persistence_threshold"},
+       .doc = "Stage 3: units with fewer elements stay gathered."},
+      {.path = "zero_optimization.stage3_max_live_parameters", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.stage3_max_live_parameters; },
+       .range = ge(0), .auto_rule = Auto::fallback, .aliases = {"max_live_parameters"},
+       .doc = "Stage 3: most gathered parameter elements held at once (the unit in use always is)."},
+      {.path = "zero_optimization.stage3_max_reuse_distance", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.stage3_max_reuse_distance; },
+       .range = ge(0), .auto_rule = Auto::fallback, .aliases = {"max_reuse_distance"},
+       .doc = "Stage 3: keep a gathered unit if it is used again within this many elements."},
+      {.path = "zero_optimization.sub_group_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.sub_group_size; },
+       .range = ge(0), .auto_rule = Auto::fallback,
+       .doc = "Elements per optimizer sub-group stepped at a time (bounds offload buffers)."},
+      {.path = "zero_optimization.offload_optimizer.device", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) {
+                          return static_cast<int>(k.zero_optimization.offload_optimizer.device);
+                        },
+                        [](Config& k, int v) {
+                          k.zero_optimization.offload_optimizer.device = OffloadDevice(v);
+                        }};
+       },
+       .choices = {"none", "cpu", "nvme"},
+       .doc = "Where the optimizer state shard lives. Needs stage >= 1."},
+      {.path = "zero_optimization.offload_optimizer.nvme_path", .kind = Kind::text,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_optimizer.nvme_path; },
+       .doc = "Directory for optimizer swap files; required with `nvme`, created if missing.",
+       .default_text = "empty"},
+      {.path = "zero_optimization.offload_optimizer.pin_memory", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_optimizer.pin_memory; },
+       .doc = "Use pinned host memory for offloaded state."},
+      {.path = "zero_optimization.offload_optimizer.buffer_count", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_optimizer.buffer_count; },
+       .range = between(1, 1 << 20),
+       .doc = "Accepted for DeepSpeed; NVMe offload streams through three buffers."},
+      {.path = "zero_optimization.offload_param.device", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{
+             [](const Config& k) { return static_cast<int>(k.zero_optimization.offload_param.device); },
+             [](Config& k, int v) { k.zero_optimization.offload_param.device = OffloadDevice(v); }};
+       },
+       .choices = {"none", "cpu", "nvme"},
+       .doc = "Where the parameter shard lives. Needs stage 3."},
+      {.path = "zero_optimization.offload_param.nvme_path", .kind = Kind::text,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.nvme_path; },
+       .doc = "Directory for parameter swap files; required with `nvme`, created if missing.",
+       .default_text = "empty"},
+      {.path = "zero_optimization.offload_param.pin_memory", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.pin_memory; },
+       .doc = "Use pinned host memory for offloaded parameters."},
+      {.path = "zero_optimization.offload_param.buffer_count", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.buffer_count; },
+       .range = between(1, 1 << 20),
+       .doc = "Accepted for DeepSpeed; a slice is resident only while gathered."},
+      {.path = "zero_optimization.offload_param.buffer_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.buffer_size; },
+       .range = ge(1), .doc = "Accepted for DeepSpeed; a slice is resident only while gathered."},
+      {.path = "zero_optimization.offload_param.max_in_cpu", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.max_in_cpu; },
+       .range = ge(0), .doc = "Accepted for DeepSpeed; a slice is resident only while gathered."},
+
+      // ---- aio
+      {.path = "aio.block_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.aio.block_size; },
+       .range = between(4096, 1 << 30), .doc = "Bytes per NVMe I/O request; a multiple of 4096."},
+      {.path = "aio.queue_depth", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.aio.queue_depth; }, .range = between(1, 65536),
+       .doc = "NVMe requests in flight."},
+      {.path = "aio.intra_op_parallelism", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.aio.intra_op_parallelism; },
+       .range = between(1, 1024), .aliases = {"thread_count"},
+       .doc = "Accepted for DeepSpeed; one io_uring ring per rank does the transfers."},
+      {.path = "aio.single_submit", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.aio.single_submit; },
+       .doc = "Accepted for DeepSpeed; requests are submitted in batches."},
+      {.path = "aio.overlap_events", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.aio.overlap_events; },
+       .doc = "Accepted for DeepSpeed; completions always overlap submissions."},
+
+      // ---- precision
+      {.path = "fp16.enabled", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.fp16.enabled; }, .auto_rule = Auto::fallback,
+       .doc = "Compute in fp16 with fp32 master weights and loss scaling."},
+      {.path = "fp16.loss_scale", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.fp16.loss_scale; }, .range = ge(0),
+       .doc = "0: dynamic loss scaling; > 0: this static scale."},
+      {.path = "fp16.initial_scale_power", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.fp16.initial_scale_power; },
+       .range = between(0, 64), .doc = "Dynamic scaling starts at 2^this."},
+      {.path = "fp16.loss_scale_window", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.fp16.loss_scale_window; },
+       .range = between(1, 1 << 30), .doc = "Overflow-free steps before the scale doubles."},
+      {.path = "fp16.hysteresis", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.fp16.hysteresis; }, .range = between(1, 1 << 30),
+       .doc = "Overflows tolerated before the scale halves."},
+      {.path = "fp16.min_loss_scale", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.fp16.min_loss_scale; }, .range = Range::above(0),
+       .doc = "The scale never drops below this."},
+      {.path = "bf16.enabled", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.bf16_enabled; }, .auto_rule = Auto::fallback,
+       .doc = "Compute in bf16 with fp32 master weights. Not together with fp16. DeepSpeed's "
+              "`bfloat16` section is the same."},
+
+      // ---- optimizer
+      {.path = "optimizer.type", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.optimizer.type); },
+                        [](Config& k, int v) { k.optimizer.type = OptimizerType(v); }};
+       },
+       .choices = {"AdamW", "Adam", "SGD"}, .any_case = true,
+       .doc = "The optimizer; required when the section is present.",
+       .refused_values = {{"Lamb", "is a DeepSpeed optimizer that libzero does not implement (layer-wise scaling)"},
+                          {"OneBitAdam", "is a DeepSpeed optimizer that libzero does not implement (compressed communication)"},
+                          {"ZeroOneAdam", "is a DeepSpeed optimizer that libzero does not implement (compressed communication)"},
+                          {"OneBitLamb", "is a DeepSpeed optimizer that libzero does not implement (compressed communication)"},
+                          {"Adagrad", "is a DeepSpeed optimizer that libzero does not implement"},
+                          {"Lion", "is a DeepSpeed optimizer that libzero does not implement"}}},
+      {.path = "optimizer.params.lr", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.lr; }, .range = ge(0),
+       .auto_rule = Auto::fallback, .doc = "Learning rate (the peak for WarmupCosineLR)."},
+      {.path = "optimizer.params.betas", .kind = Kind::pair,
+       .slot = [](Config& c) -> Slot { return PairRef{&c.optimizer.beta1, &c.optimizer.beta2}; },
+       .range = Range::closed_open(0, 1), .auto_rule = Auto::fallback,
+       .doc = "Adam(W) moment decay rates.", .inapplicable = adam_only},
+      {.path = "optimizer.params.eps", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.eps; }, .range = Range::above(0),
+       .auto_rule = Auto::fallback, .doc = "Adam(W) denominator term.",
+       .inapplicable = [](const Config& c) {
+         return c.optimizer.type != OptimizerType::sgd ? std::string()
+                                                       : "applies to Adam and AdamW, not SGD";
+       }},
+      {.path = "optimizer.params.weight_decay", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.weight_decay; }, .range = ge(0),
+       .auto_rule = Auto::fallback,
+       .doc = "Weight decay: decoupled for AdamW (and Adam with adam_w_mode), on the parameters the "
+              "layout marks (Layout::set_decay; zero-gpt: matrices and embeddings only).",
+       .default_text = "AdamW `0.01`, Adam and SGD `0`",
+       // PyTorch's defaults, which DeepSpeed passes through: decoupled decay 0.01 for AdamW,
+       // none for Adam and SGD.
+       .dynamic_default = [](Config& c) {
+         c.optimizer.weight_decay = c.optimizer.type == OptimizerType::adamw ? 0.01 : 0.0;
+       },
+       .default_depends_on = "optimizer.type"},
+      {.path = "optimizer.params.adam_w_mode", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.adam_w_mode; },
+       .doc = "With type Adam: true (DeepSpeed's default) decouples the weight decay as AdamW "
+              "does, false adds it to the gradient (L2). AdamW always decouples, as in DeepSpeed.",
+       .inapplicable = adam_only},
+      {.path = "optimizer.params.momentum", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.momentum; },
+       .range = Range::closed_open(0, 1), .doc = "SGD momentum.", .inapplicable = sgd_only},
+
+      // ---- devices
+      {.path = "backend", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.backend); },
+                        [](Config& k, int v) { k.backend = BackendKind(v); }};
+       },
+       .choices = {"host", "cuda"},
+       .doc = "Where parameters and gradients live, so what the pointers of `gather()` / "
+              "`grads()` point to: host memory (MPI, runs everywhere) or device memory (one GPU "
+              "per rank, kernels, NCCL). `cuda` needs a build with `-DZERO_CUDA=ON`."},
+      {.path = "comm", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.comm); },
+                        [](Config& k, int v) { k.comm = CommKind(v); }};
+       },
+       .choices = {"nccl", "mpi"},
+       .doc = "The CUDA backend's communicator: NCCL (one GPU per rank), or MPI through pinned "
+              "host copies (several ranks may share one GPU). `nccl` with the host backend is an "
+              "error.",
+       // comm only means something to the CUDA backend; written out, comm: nccl would not load.
+       .omitted = [](const Config& c) { return c.backend != BackendKind::cuda; }},
+
+      // ---- scheduler
+      {.path = "scheduler.type", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.scheduler.type); },
+                        [](Config& k, int v) { k.scheduler.type = SchedulerType(v); }};
+       },
+       .choices = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
+       .doc = "Learning-rate schedule; no section: constant `optimizer.params.lr`.",
+       .default_text = "none",
+       .omitted = [](const Config& c) { return c.scheduler.type == SchedulerType::none; },
+       .refused_values = {{"OneCycle", "is a DeepSpeed scheduler that libzero does not implement"},
+                          {"LRRangeTest", "is a DeepSpeed scheduler that libzero does not implement"}}},
+      {.path = "scheduler.params.warmup_min_lr", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.warmup_min_lr; }, .range = ge(0),
+       .auto_rule = Auto::fallback,
+       .doc = "WarmupLR, WarmupDecayLR: lr at step 0 (and the end of the decay).",
+       .inapplicable = not_cosine},
+      {.path = "scheduler.params.warmup_max_lr", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.warmup_max_lr; }, .range = ge(0),
+       .auto_rule = Auto::fallback, .auto_from = "optimizer.params.lr",
+       .doc = "WarmupLR, WarmupDecayLR: lr after the warmup (these ignore `optimizer.params.lr`).",
+       .inapplicable = not_cosine},
+      {.path = "scheduler.params.warmup_min_ratio", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.warmup_min_ratio; },
+       .range = between(0, 1), .auto_rule = Auto::fallback,
+       .doc = "WarmupCosineLR: lr ratio at step 0.", .inapplicable = cosine_only},
+      {.path = "scheduler.params.cos_min_ratio", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.cos_min_ratio; },
+       .range = between(0, 1), .auto_rule = Auto::fallback,
+       .doc = "WarmupCosineLR: lr ratio at the end of the cosine.", .inapplicable = cosine_only},
+      {.path = "scheduler.params.warmup_num_steps", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.warmup_num_steps; }, .range = ge(0),
+       .auto_rule = Auto::fallback,
+       .doc = "Warmup length in optimizer steps (at least 2 are used, as in DeepSpeed).",
+       .inapplicable = no_scheduler},
+      {.path = "scheduler.params.warmup_type", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.scheduler.warmup_type); },
+                        [](Config& k, int v) { k.scheduler.warmup_type = WarmupType(v); }};
+       },
+       .choices = {"log", "linear"}, .auto_rule = Auto::fallback,
+       .doc = "Warmup curve: `log(step+1)/log(warmup)` or `step/warmup`.",
+       .inapplicable = no_scheduler},
+      {.path = "scheduler.params.total_num_steps", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.scheduler.total_num_steps; }, .range = ge(1),
+       .auto_rule = Auto::required,
+       .doc = "WarmupDecayLR, WarmupCosineLR: run length, at least the warmup; the decay ends here.",
+       .default_text = "required", .inapplicable = decaying_only},
+  };
+  return table;
+}
+
+const std::vector<SectionAlias>& section_aliases() {
+  static const std::vector<SectionAlias> table = {{"bf16", "bfloat16"}};
+  return table;
+}
+
+Range integer_range(const Spec& s) {
+  Range r = s.range;
+  double type_max = kI64;
+  Config probe;
+  if (std::holds_alternative<int*>(s.slot(probe))) {
+    type_max = static_cast<double>(std::numeric_limits<int>::max());
+  }
+  if (r.hi > type_max) r.hi = type_max;
+  if (r.lo < -type_max) r.lo = -type_max;
+  return r;
+}
+
+std::string value_text(const Spec& s, const Config& c) {
+  Config& m = const_cast<Config&>(c);  // slots only read here
+  return std::visit(
+      [&](auto p) -> std::string {
+        using P = decltype(p);
+        if constexpr (std::is_same_v<P, int*> || std::is_same_v<P, std::int64_t*>) {
+          return fmt::format("{}", *p);
+        } else if constexpr (std::is_same_v<P, double*>) {
+          return shortest_text(*p);
+        } else if constexpr (std::is_same_v<P, bool*>) {
+          return *p ? "true" : "false";
+        } else if constexpr (std::is_same_v<P, std::string*>) {
+          return *p;
+        } else if constexpr (std::is_same_v<P, EnumRef>) {
+          return std::string(s.choices[static_cast<std::size_t>(p.get(c))]);
+        } else {
+          std::string out = "[";
+          out.append(shortest_text(*p.first)).append(", ").append(shortest_text(*p.second));
+          out.push_back(']');
+          return out;
+        }
+      },
+      s.slot(m));
+}
+
+std::string type_text(const Spec& s) {
+  std::string t;
+  switch (s.kind) {
+    case Kind::integer: {
+      Range r = integer_range(s);
+      t = "integer";
+      bool hi = r.hi < kI64;
+      if (hi) {
+        t += " " + shortest_text(r.lo) + ".." + shortest_text(r.hi);
+      } else {
+        t += " >= " + shortest_text(r.lo);
+      }
+      break;
+    }
+    case Kind::real:
+      t = "number" + (s.range.describe() == "any value" ? std::string() : " " + s.range.describe());
+      break;
+    case Kind::flag:
+      t = "bool";
+      break;
+    case Kind::text:
+      t = "string";
+      break;
+    case Kind::choice:
+      for (auto c : s.choices) {
+        if (c.empty()) continue;
+        t += (t.empty() ? "`" : " \\| `") + std::string(c) + "`";
+      }
+      if (s.any_case) t += " (any case)";
+      break;
+    case Kind::pair:
+      t = "list of 2 numbers " + s.range.describe();
+      break;
+  }
+  if (s.auto_rule != Auto::none) t += ", or `auto`";
+  return t;
+}
+
+std::string default_text(const Spec& s) {
+  if (!s.default_text.empty()) return std::string(s.default_text);
+  std::string out = "`";
+  out.append(value_text(s, Config{}));
+  out.push_back('`');
+  return out;
+}
+
+}  // namespace zero::keys

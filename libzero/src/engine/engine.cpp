@@ -1,0 +1,267 @@
+// Engine construction, parameter initialisation and reports.
+#include "zero/engine.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "engine/engine_impl.hpp"
+#include "runtime/log.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+// ---------------------------------------------------------------- EngineImpl
+
+namespace {
+
+// The engine counts micro-steps in an int; a Config built by hand could hold more.
+int accumulation_steps(const Config& cfg) {
+  ZERO_CHECK(cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
+             fmt::format("Engine: gradient_accumulation_steps {} does not fit the engine's int counter; use the "
+                         "Config that load_config and resolve() give",
+                         cfg.gradient_accumulation_steps));
+  return static_cast<int>(cfg.gradient_accumulation_steps);
+}
+
+}  // namespace
+
+EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
+    : ctx_(ctx),
+      cfg_(cfg),
+      layout_(std::move(layout)),
+      backend_(make_backend(ctx, cfg)),
+      comm_(backend_->comm()),
+      rank_(comm_.rank()),
+      world_(comm_.size()),
+      stage_(cfg.zero_optimization.stage),
+      gas_(accumulation_steps(cfg)),
+      dtype_(cfg.compute_dtype()),
+      shapes_(plan_units()),
+      opt_(make_optimizer_store(*backend_, cfg_, rank_, [this] {
+        std::vector<std::int64_t> owned;
+        for (const auto& s : shapes_) owned.push_back(s.own_len);
+        return owned;
+      }())),
+      params_(*backend_, cfg_, shapes_, rank_, dtype_),
+      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
+      reducer_(*backend_, comm_, shapes_, cfg_.zero_optimization, dtype_, stage_),
+      scaler_(cfg.fp16) {}
+
+std::vector<UnitShape> EngineImpl::plan_units() const {
+  ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
+  ZERO_CHECK(layout_.num_units() > 0, "Engine: the layout has no units; declare the model with Layout::add_unit");
+  ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
+             fmt::format("Engine: the config was resolved for another world size (train_batch_size {} != micro {} x "
+                         "accumulation {} x world {})",
+                         cfg_.train_batch_size, cfg_.train_micro_batch_size_per_gpu, gas_, world_));
+  report_inert_settings();
+  return make_unit_shapes(layout_, rank_, world_, stage_, cfg_.zero_optimization.stage3_param_persistence_threshold);
+}
+
+// Settings DeepSpeed users carry over that change nothing here. They are accepted so a
+// ds_config.json loads as is, but a non-default value is said out loud (rank 0, once), never
+// silently ignored.
+void EngineImpl::report_inert_settings() const {
+  const auto& z = cfg_.zero_optimization;
+  const ZeroOptimizationConfig dz;
+  const AioConfig da;
+  std::vector<std::string> notes;
+  if (z.contiguous_gradients != dz.contiguous_gradients)
+    notes.push_back("zero_optimization.contiguous_gradients: false has no effect: each unit's gradient is always one "
+                    "contiguous buffer");
+  if (z.offload_optimizer.buffer_count != dz.offload_optimizer.buffer_count)
+    notes.push_back("zero_optimization.offload_optimizer.buffer_count has no effect: NVMe offload streams sub-groups "
+                    "through three buffers (read next, step current, write previous)");
+  if (cfg_.aio.intra_op_parallelism != da.intra_op_parallelism || cfg_.aio.single_submit != da.single_submit ||
+      cfg_.aio.overlap_events != da.overlap_events)
+    notes.push_back("aio.intra_op_parallelism / single_submit / overlap_events have no effect: one io_uring ring per "
+                    "rank submits in batches and overlaps completions; block_size and queue_depth are honoured");
+  if (z.offload_param.device != OffloadDevice::none && (z.offload_param.buffer_count != dz.offload_param.buffer_count ||
+                                                       z.offload_param.buffer_size != dz.offload_param.buffer_size ||
+                                                       z.offload_param.max_in_cpu != dz.offload_param.max_in_cpu))
+    notes.push_back("zero_optimization.offload_param.buffer_count / buffer_size / max_in_cpu have no effect: a unit's "
+                    "slice is read from NVMe when its gather starts and released when the gather completes");
+  if (z.offload_param.device == OffloadDevice::cpu)
+    notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
+                    "memory");
+  if (rank_ == 0)
+    for (const auto& n : notes) log_info("{}", n);
+}
+
+void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
+  std::vector<float> full;
+  std::vector<char> staged;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const UnitShape& u = shape(i);
+    full.assign(static_cast<std::size_t>(u.padded), 0.0f);
+    for (const auto& p : layout_.unit(i).params)
+      init(p, std::span<float>(full.data() + p.offset, static_cast<std::size_t>(p.numel)));
+    // Every rank must start from the same values; a rank-dependent initialiser would train
+    // silently different models. One scalar all-reduce per unit checks it.
+    double sum = 0.0;
+    for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
+    double lo = -comm_.all_reduce_scalar(-sum, ReduceOp::max);
+    double hi = comm_.all_reduce_scalar(sum, ReduceOp::max);
+    ZERO_CHECK(lo == hi, "init_params: unit '" + layout_.unit(i).name +
+                             "' got different initial values on different ranks; seed the initialiser "
+                             "identically on every rank");
+    opt_->write_master(i, full.data() + u.own_begin);
+    // Round on the host, then copy to wherever the backend keeps parameters.
+    std::size_t n = static_cast<std::size_t>(u.sharded_params ? u.slice : u.padded);
+    staged.resize(n * esize());
+    convert(full.data() + (u.sharded_params ? u.own_begin : 0), DType::f32, staged.data(), dtype_, n);
+    params_.checkout(i, false);
+    backend_->from_host(u.sharded_params ? params_.shard(i) : params_.full(i), staged.data(), staged.size());
+    params_.checkin(i, true);
+  }
+  initialized_ = true;
+}
+
+MemoryReport EngineImpl::memory() const {
+  MemoryReport r;
+  params_.report(r);
+  reducer_.report(r);
+  opt_->report(r);
+  r.gathered = gatherer_.peak_bytes();
+  return r;
+}
+
+std::vector<float> EngineImpl::full_master(int unit) {
+  check_unit(unit, "full_master");
+  const UnitShape& u = shape(unit);
+  std::vector<float> full(static_cast<std::size_t>(u.padded));
+  opt_->read_master(unit, full.data() + u.own_begin);
+  // `full` is host memory: gather it over the host (MPI) communicator, whatever the backend's
+  // communicator is (NCCL takes device buffers only).
+  if (stage_ > 0)
+    ctx_.comm().all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
+  full.resize(static_cast<std::size_t>(u.numel));
+  return full;
+}
+
+std::vector<float> EngineImpl::full_params(int unit) {
+  check_unit(unit, "full_params");
+  const UnitShape& u = shape(unit);
+  std::vector<float> full(static_cast<std::size_t>(u.padded));
+  std::vector<char> host(static_cast<std::size_t>(u.padded) * esize());
+  if (u.sharded_params) {
+    Buffer gathered = backend_->alloc(host.size());
+    params_.checkout(unit, true);
+    comm_.all_gather(params_.shard(unit), gathered.get(), static_cast<std::size_t>(u.slice), dtype_);
+    params_.checkin(unit, false);
+    backend_->to_host(host.data(), gathered.get(), host.size());
+  } else {
+    backend_->to_host(host.data(), params_.full(unit), host.size());
+  }
+  convert(host.data(), dtype_, full.data(), DType::f32, full.size());
+  full.resize(static_cast<std::size_t>(u.numel));
+  return full;
+}
+
+// ---------------------------------------------------------------- views
+
+float* TensorRef::f32() const {
+  ZERO_CHECK(dtype == DType::f32, "TensorRef::f32: the tensor " + (info ? "'" + info->name + "' " : std::string()) +
+                                      "holds " + std::string(dtype_name(dtype)) + ", not fp32");
+  return static_cast<float*>(data);
+}
+
+static TensorRef make_ref(const UnitInfo& ui, void* base, DType t, int param) {
+  ZERO_CHECK(param >= 0 && param < static_cast<int>(ui.params.size()),
+             fmt::format("unit '{}' has no parameter #{} (it has {})", ui.name, param, ui.params.size()));
+  const ParamInfo& p = ui.params[static_cast<std::size_t>(param)];
+  return TensorRef{static_cast<char*>(base) + static_cast<std::size_t>(p.offset) * dtype_size(t), t, p.numel, &p};
+}
+
+static int param_index(const UnitInfo& ui, std::string_view name) {
+  int i = ui.find_param(name);
+  if (i < 0) {
+    std::string names;
+    for (const auto& p : ui.params) names += (names.empty() ? "" : ", ") + p.name;
+    ZERO_THROW("unit '" + ui.name + "' has no parameter '" + std::string(name) + "' (it has: " + names + ")");
+  }
+  return i;
+}
+
+UnitParams::UnitParams(UnitParams&& o) noexcept { *this = std::move(o); }
+UnitParams& UnitParams::operator=(UnitParams&& o) noexcept {
+  if (this != &o) {
+    release();
+    engine_ = o.engine_;
+    unit_ = o.unit_;
+    data_ = o.data_;
+    token_ = o.token_;
+    o.engine_ = nullptr;
+    o.data_ = nullptr;
+    o.unit_ = -1;
+  }
+  return *this;
+}
+UnitParams::~UnitParams() { release(); }
+void UnitParams::release() {
+  if (engine_) {
+    EngineImpl* e = engine_;
+    engine_ = nullptr;
+    e->release(unit_, token_);
+  }
+  data_ = nullptr;
+}
+TensorRef UnitParams::operator[](int param) const {
+  ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
+  return make_ref(engine_->layout().unit(unit_), data_, engine_->dtype(), param);
+}
+TensorRef UnitParams::operator[](std::string_view name) const {
+  ZERO_CHECK(engine_ != nullptr, "UnitParams: the handle is empty (released or moved from)");
+  const UnitInfo& ui = engine_->layout().unit(unit_);
+  return make_ref(ui, data_, engine_->dtype(), param_index(ui, name));
+}
+TensorRef UnitGrads::operator[](int param) const { return make_ref(*unit_, data_, dtype_, param); }
+TensorRef UnitGrads::operator[](std::string_view name) const {
+  return make_ref(*unit_, data_, dtype_, param_index(*unit_, name));
+}
+
+std::string MemoryReport::to_string() const {
+  // Two decimals: scripts compare the stages' model state against the ZeRO formula to 1%.
+  auto b = [](std::int64_t n) { return format_bytes(static_cast<std::uint64_t>(n), 2); };
+  std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}, gathered {}",
+                              b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
+                              b(gathered));
+  if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
+  if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
+  return s;
+}
+
+// ---------------------------------------------------------------- Engine
+
+Engine::Engine(Context& ctx, const Config& cfg, Layout layout)
+    : impl_(std::make_unique<EngineImpl>(ctx, cfg, std::move(layout))) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+void Engine::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
+  impl_->init_params(init);
+}
+UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
+UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
+void Engine::reduce(int unit) { impl_->reduce(unit); }
+StepResult Engine::step() { return impl_->step(); }
+Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
+
+void Engine::set_stream(void* stream) { impl_->backend().set_compute_stream(stream); }
+void* Engine::stream() const { return impl_->backend().compute_stream(); }
+void Engine::set_eval(bool on) { impl_->set_eval(on); }
+bool Engine::eval() const { return impl_->eval(); }
+float Engine::loss_scale() const { return impl_->loss_scale(); }
+const Layout& Engine::layout() const { return impl_->layout(); }
+const Config& Engine::config() const { return impl_->config(); }
+int Engine::micro_step() const { return impl_->micro_step(); }
+std::int64_t Engine::global_step() const { return impl_->global_step(); }
+MemoryReport Engine::memory() const { return impl_->memory(); }
+std::vector<float> Engine::full_master(int unit) { return impl_->full_master(unit); }
+std::vector<float> Engine::full_params(int unit) { return impl_->full_params(unit); }
+
+}  // namespace zero

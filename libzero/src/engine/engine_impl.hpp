@@ -1,0 +1,114 @@
+// EngineImpl: the schedule behind zero::Engine, over three roles that own the state.
+//
+// As FSDP2 separates shard state, schedule and collectives, the engine is split by role:
+//   ParamStore     (engine/param_store.hpp)     the compute-dtype parameters: full copies or the
+//                                               rank's slice, on NVMe with offload_param;
+//   ParamGatherer  (engine/gather.hpp)          stage 3: the recorded gather order, prefetch, live set;
+//   GradReducer    (engine/reduce.hpp)          gradient storage, buckets, reduce-scatters in flight;
+//   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload.
+// EngineImpl keeps what ties them together: the micro-step and step counters, eval mode, the
+// loss scaler, and the checks that turn misuse into errors. Files: engine/engine.cpp
+// (construction, init, reports), engine/loop.cpp (gather, grads, reduce), engine/step.cpp (the
+// optimizer step), engine/state.cpp (checkpoint support: zero::EngineState).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "engine/gather.hpp"
+#include "engine/optimizer_store.hpp"
+#include "engine/param_store.hpp"
+#include "engine/reduce.hpp"
+#include "engine/unit_shape.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+#include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
+#include "zero/loss_scaler.hpp"
+#include "zero/optim.hpp"
+
+namespace zero {
+
+// The backend an engine runs on (the backends' tests compare it with what the engine reports).
+Backend& engine_backend(Engine& e);
+
+class EngineImpl {
+ public:
+  EngineImpl(Context& ctx, const Config& cfg, Layout layout);
+  // The roles hold references to the shapes, the store and the backend: the engine stays put.
+  EngineImpl(const EngineImpl&) = delete;
+  EngineImpl& operator=(const EngineImpl&) = delete;
+
+  // ---- what zero::Engine forwards (engine/engine.cpp, engine/step.cpp) ----
+  void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
+  UnitParams gather(int unit);
+  void release(int unit, std::uint64_t token);  // UnitParams' destructor
+  UnitGrads grads(int unit);
+  void reduce(int unit);
+  StepResult step();
+  void set_eval(bool on);
+  bool eval() const { return eval_mode_; }
+  MemoryReport memory() const;
+  std::vector<float> full_master(int unit);
+  std::vector<float> full_params(int unit);
+  Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
+  const Layout& layout() const { return layout_; }
+  const Config& config() const { return cfg_; }
+  DType dtype() const { return dtype_; }
+  float loss_scale() const { return static_cast<float>(scaler_.scale()); }
+  int micro_step() const { return micro_; }
+  std::int64_t global_step() const { return step_; }
+
+  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
+
+ private:
+  friend class EngineState;  // checkpoint support (engine/state.cpp) reads and restores the state
+
+  // Called while the members are built: checks the config against the world and the layout,
+  // reports inert settings, then partitions the units (before anything large is allocated).
+  std::vector<UnitShape> plan_units() const;
+  void check_unit(int unit, const char* what) const;
+  void report_inert_settings() const;
+  std::size_t esize() const { return dtype_size(dtype_); }
+  bool stage3_training() const { return stage_ == 3 && !eval_mode_; }
+
+  // The step (engine/step.cpp), in the order step() calls them.
+  void check_step_ready() const;
+  double global_grad_sumsq();
+  double clip_coefficient(double norm) const;
+  void update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd);
+  void update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
+                    const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage);
+  void all_gather_updated();
+  void refresh_params_from_master();  // collective: compute params = round(master)
+
+  Context& ctx_;
+  const Config cfg_;
+  const Layout layout_;
+  std::unique_ptr<Backend> backend_;  // host or cuda, as cfg.backend says (backend/factory.cpp)
+  Communicator& comm_;
+  const int rank_, world_, stage_, gas_;
+  const DType dtype_;
+  const std::vector<UnitShape> shapes_;
+  // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
+  // cannot fit must fail before anything large is allocated.
+  std::unique_ptr<OptimizerStore> opt_;
+  ParamStore params_;
+  ParamGatherer gatherer_;
+  GradReducer reducer_;
+  LossScaler scaler_;
+  std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
+
+  bool initialized_ = false;
+  bool eval_mode_ = false;
+  int micro_ = 0;             // completed micro-steps since the last step()
+  std::int64_t step_ = 0;     // step() calls
+  std::int64_t applied_ = 0;  // non-skipped updates (Adam's t, the scheduler's step)
+};
+
+}  // namespace zero

@@ -1,0 +1,81 @@
+// ParamGatherer: stage-3 parameter gathering (the schedule of all-gathers and the live set).
+//
+// The first micro-step records the order in which units are gathered (forward, then backward).
+// Every later micro-step must repeat it: each gather is checked against the recorded position,
+// so a changed graph is an immediate error on the rank that changed, never a collective that
+// waits forever. Knowing the order lets the gatherer all-gather ahead: after each gather, units
+// next in the order are started until stage3_prefetch_bucket_size elements are in flight,
+// never exceeding stage3_max_live_parameters gathered elements. Prefetch continues into the
+// next micro-step only when one follows in the same step: after the last one the optimizer
+// rewrites the slices, so a gather started then would read stale values and be thrown away.
+// A released unit whose next use (cyclically, across micro-steps) is within
+// stage3_max_reuse_distance elements is kept. Units that are not sharded are handed out as is.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "engine/param_store.hpp"
+#include "engine/unit_shape.hpp"
+#include "zero/comm.hpp"
+#include "zero/config.hpp"
+#include "zero/layout.hpp"
+
+namespace zero {
+
+class ParamGatherer {
+ public:
+  ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
+                const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype);
+  ~ParamGatherer();  // completes gathers still in flight: they write into our buffers
+
+  struct Lease {
+    void* data;
+    std::uint64_t token;  // bumps on every release so a stale handle cannot double-release
+  };
+  // The full parameters of `unit`, valid until release(unit, token). training: the gather is
+  // recorded or checked against the order, and prefetches; wrap: another micro-step of this
+  // step follows the current one, so prefetch may continue into it.
+  Lease acquire(int unit, bool training, bool wrap);
+  void release(int unit, std::uint64_t token, bool training);
+  // The backward's last reduce(): checks this micro-step gathered as many units as recorded.
+  void finish_micro_step();
+  // Completes every gather and drops every gathered unit (their values are about to change).
+  // `what` names the caller in the error raised when a handle still holds a unit.
+  void drop_all(const char* what);
+
+  bool mid_micro_step() const { return pos_ != 0; }
+  int held_unit() const;  // a unit some UnitParams handle holds, or -1
+  std::int64_t peak_bytes() const { return pool_.peak(); }
+  std::int64_t all_gathers() const { return all_gathers_; }
+
+ private:
+  struct Unit {
+    Buffer gathered;  // full params while live
+    Work work;        // pending all-gather into `gathered`
+    int refs = 0;     // live UnitParams handles
+    std::uint64_t token = 0;
+  };
+  void check_order(int unit);
+  void start(int unit);
+  void finish(int unit);  // waits for the all-gather, checks the slice back in
+  void prefetch_after(std::size_t pos, bool wrap);
+  std::int64_t live_elements() const;
+
+  Backend& backend_;
+  Communicator& comm_;
+  ParamStore& params_;
+  const Layout& layout_;
+  const std::vector<UnitShape>& shapes_;
+  const ZeroOptimizationConfig z_;
+  DType dtype_;
+  BufferPool pool_;
+  std::vector<Unit> units_;
+  std::vector<int> order_;  // recorded during the first micro-step, checked afterwards
+  bool recording_ = true;
+  std::size_t pos_ = 0;     // gathers so far in this micro-step
+  std::int64_t all_gathers_ = 0;
+};
+
+}  // namespace zero

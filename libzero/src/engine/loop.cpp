@@ -1,0 +1,66 @@
+// The training loop's calls per unit: gather, grads, reduce, and eval mode. Each checks the
+// call against the micro-step schedule (so misuse is an error naming the unit, never a hang)
+// and hands the work to the role that owns it.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "engine/engine_impl.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+void EngineImpl::check_unit(int unit, const char* what) const {
+  ZERO_CHECK(unit >= 0 && unit < layout_.num_units(),
+             fmt::format("{}: unknown unit id {} (the layout has {} units, ids 0..{})", what, unit, layout_.num_units(),
+                         layout_.num_units() - 1));
+  ZERO_CHECK(initialized_, std::string(what) + ": parameters are not initialised; call Engine::init_params first");
+}
+
+void EngineImpl::set_eval(bool on) {
+  ZERO_CHECK(!on || (micro_ == 0 && reducer_.reduced_this_micro() == 0 && !gatherer_.mid_micro_step()),
+             "set_eval(true) in the middle of a training micro-step; evaluate between steps");
+  eval_mode_ = on;
+}
+
+UnitParams EngineImpl::gather(int unit) {
+  check_unit(unit, "gather");
+  // Prefetch may run into the next micro-step only when one follows within this step: after the
+  // last one, step() rewrites the slices and a gather started now would be thrown away.
+  const bool next_micro_follows = micro_ + 1 < gas_;
+  ParamGatherer::Lease l = gatherer_.acquire(unit, stage3_training(), next_micro_follows);
+  return UnitParams(this, unit, l.data, l.token);
+}
+
+void EngineImpl::release(int unit, std::uint64_t token) { gatherer_.release(unit, token, stage3_training()); }
+
+UnitGrads EngineImpl::grads(int unit) {
+  check_unit(unit, "grads");
+  ZERO_CHECK(!eval_mode_, "grads(): the engine is in eval mode (set_eval(true)); gradients exist only in training");
+  const UnitInfo& ui = layout_.unit(unit);
+  ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
+             "grads(): unit '" + ui.name + "' was already reduced in this micro-step; ask for grads before reduce()");
+  ZERO_CHECK(micro_ < gas_,
+             fmt::format("grads(): all {} micro-steps of gradient_accumulation_steps are done; call step() first", gas_));
+  return UnitGrads(&ui, reducer_.grads(unit), dtype_);
+}
+
+void EngineImpl::reduce(int unit) {
+  check_unit(unit, "reduce");
+  ZERO_CHECK(!eval_mode_, "reduce(): the engine is in eval mode (set_eval(true))");
+  const std::string& name = layout_.unit(unit).name;
+  ZERO_CHECK(micro_ < gas_, fmt::format("reduce(): unit '{}' reduced after all {} micro-steps of "
+                                        "gradient_accumulation_steps; call step() first",
+                                        name, gas_));
+  ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
+             fmt::format("reduce(): unit '{}' was reduced twice in micro-step {}; call reduce() once per unit per "
+                         "micro-step",
+                         name, micro_ + 1));
+  const bool boundary = micro_ == gas_ - 1;
+  if (!reducer_.ready(unit, boundary)) return;
+  // Every unit is reduced: the micro-step is complete.
+  if (stage_ == 3) gatherer_.finish_micro_step();
+  ++micro_;
+}
+
+}  // namespace zero

@@ -1,0 +1,140 @@
+// Gradient reduction in buckets (see engine/reduce.hpp).
+#include "engine/reduce.hpp"
+
+#include <memory>
+#include <string>
+
+#include "zero/error.hpp"
+
+namespace zero {
+
+GradReducer::GradReducer(Backend& backend, Communicator& comm, const std::vector<UnitShape>& shapes,
+                         const ZeroOptimizationConfig& z, DType dtype, int stage)
+    : backend_(backend),
+      comm_(comm),
+      shapes_(shapes),
+      z_(z),
+      dtype_(dtype),
+      stage_(stage),
+      units_(shapes.size()),
+      grad_pool_(backend),
+      scratch_pool_(backend) {
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * esize());
+    else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * esize());
+  }
+}
+
+GradReducer::~GradReducer() {
+  try {
+    for (auto& f : in_flight_)
+      for (auto& w : f.works) w.wait();
+  } catch (...) {
+  }
+}
+
+void* GradReducer::grads(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (stage_ <= 1) return u.full.get();
+  if (!u.micro) u.micro = grad_pool_.acquire(static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded) * esize(), true);
+  return u.micro.get();
+}
+
+int GradReducer::times_reduced(int unit) const { return units_[static_cast<std::size_t>(unit)].reduced; }
+
+bool GradReducer::ready(int unit, bool boundary) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  ++u.reduced;
+  ++reduced_this_micro_;
+  if (stage_ >= 2 || boundary) {
+    (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
+    pending_.push_back(unit);
+    pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;
+    if (pending_elems_ >= z_.reduce_bucket_size) flush_bucket();
+  }
+  if (reduced_this_micro_ < static_cast<int>(units_.size())) return false;
+  flush_bucket();
+  reduced_this_micro_ = 0;
+  return true;
+}
+
+void GradReducer::flush_bucket() {
+  if (pending_.empty()) return;
+  InFlight f;
+  // One communicator group per bucket: NCCL launches the bucket's collectives together.
+  CommGroup group(comm_);
+  for (int unit : pending_) {
+    Unit& u = units_[static_cast<std::size_t>(unit)];
+    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();
+    if (stage_ == 0) {
+      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+    } else if (stage_ == 1) {
+      if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
+        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+        continue;
+      }
+      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
+      f.works.push_back(
+          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
+      f.finish.push_back([this, unit, out, slice_bytes] {
+        backend_.copy(owned(unit), out->get(), slice_bytes);
+        scratch_pool_.give_back(std::move(*out));
+      });
+    } else {
+      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
+      auto src = std::make_shared<Buffer>(std::move(u.micro));
+      const char* reduced = out->as<char>();
+      if (z_.reduce_scatter) {
+        f.works.push_back(
+            comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
+      } else {
+        f.works.push_back(comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+        reduced = src->as<char>() + static_cast<std::size_t>(s.own_begin) * esize();
+      }
+      f.finish.push_back([this, &u, &s, out, src, reduced] {
+        backend_.accumulate(u.slice.get(), reduced, dtype_, static_cast<std::size_t>(s.slice));
+        scratch_pool_.give_back(std::move(*out));
+        grad_pool_.give_back(std::move(*src));
+      });
+    }
+  }
+  group.end();  // before any wait: a group's Work can be waited on only once it is closed
+  pending_.clear();
+  pending_elems_ = 0;
+  in_flight_.push_back(std::move(f));
+  wait_in_flight(z_.overlap_comm ? 1 : 0);
+}
+
+void GradReducer::wait_in_flight(std::size_t keep) {
+  while (in_flight_.size() > keep) {
+    InFlight& f = in_flight_.front();
+    for (auto& w : f.works) w.wait();
+    for (auto& fin : f.finish) fin();
+    in_flight_.pop_front();
+  }
+}
+
+void GradReducer::wait_all() { wait_in_flight(0); }
+
+void* GradReducer::owned(int unit) {
+  Unit& u = units_[static_cast<std::size_t>(unit)];
+  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].own_begin) * esize();
+  return u.slice.get();
+}
+
+void GradReducer::clear() {
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    Unit& u = units_[i];
+    if (stage_ <= 1) backend_.zero(u.full.get(), static_cast<std::size_t>(shapes_[i].padded) * esize());
+    else backend_.zero(u.slice.get(), static_cast<std::size_t>(shapes_[i].slice) * esize());
+    u.reduced = 0;
+  }
+}
+
+void GradReducer::report(MemoryReport& r) const {
+  for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(esize());
+  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
+}
+
+}  // namespace zero

@@ -1,0 +1,178 @@
+// The optimizer step, as step() reads: wait for the gradients, their global norm, overflow
+// agreement, clipping, the update of every owned slice, the all-gather of the updated slices,
+// then the loss-scale update and the reset for the next step.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "engine/engine_impl.hpp"
+#include "zero/error.hpp"
+#include "zero/offload/host_adam.hpp"
+
+namespace zero {
+
+StepResult EngineImpl::step() {
+  check_step_ready();
+  reducer_.wait_all();
+
+  // The stored gradients are the sum over gas micro-steps and world ranks (the collectives sum),
+  // each scaled by the loss scale: the average's 1/world joins the fp32 gradient scale here.
+  const double scale = scaler_.scale();
+  const double denom = scale * gas_ * world_;
+  const double sumsq = global_grad_sumsq();
+  const bool overflow = !std::isfinite(sumsq);
+
+  StepResult r;
+  r.loss_scale = scale;
+  r.grad_norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
+  r.lr = lr_at(cfg_, applied_);
+  if (!overflow) {
+    const float grad_scale = static_cast<float>(clip_coefficient(r.grad_norm) / denom);
+    ++applied_;
+    update_owned_slices(adam_hyper(cfg_.optimizer, r.lr, applied_, grad_scale),
+                        sgd_hyper(cfg_.optimizer, r.lr, applied_, grad_scale));
+    all_gather_updated();
+  }
+  // Gathered stage-3 units hold the old values (or were kept for reuse): drop them.
+  gatherer_.drop_all("step()");
+  reducer_.clear();
+  micro_ = 0;
+  r.step = ++step_;
+  r.skipped = overflow;
+  scaler_.update(overflow);  // throws when overflowing at the minimum scale
+  return r;
+}
+
+void EngineImpl::check_step_ready() const {
+  ZERO_CHECK(initialized_, "step(): parameters are not initialised; call Engine::init_params first");
+  ZERO_CHECK(!eval_mode_, "step(): the engine is in eval mode; call set_eval(false) before training");
+  if (micro_ == gas_) return;
+  std::string missing;
+  for (int i = 0; i < layout_.num_units(); ++i)
+    if (reducer_.times_reduced(i) == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
+  ZERO_THROW(fmt::format("step() called before every unit was reduced: {} of {} micro-steps "
+                         "(gradient_accumulation_steps) are complete; units not yet reduced in the current micro-step: {}",
+                         micro_, gas_, missing));
+}
+
+// Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every
+// rank; otherwise the owned slices add up. An inf/nan on any rank makes the sum non-finite
+// everywhere, so every rank agrees to skip.
+double EngineImpl::global_grad_sumsq() {
+  backend_->stats_begin();
+  for (int i = 0; i < layout_.num_units(); ++i)
+    backend_->stats_add(reducer_.owned(i), dtype_, static_cast<std::size_t>(shape(i).own_len));
+  double sumsq = backend_->stats_finish();
+  if (stage_ > 0) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum);
+  return sumsq;
+}
+
+double EngineImpl::clip_coefficient(double norm) const {
+  if (cfg_.gradient_clipping <= 0.0) return 1.0;
+  return std::min(1.0, cfg_.gradient_clipping / (norm + 1e-6));
+}
+
+// Every owned range, sub-group by sub-group as the optimizer store visits them. Offloaded
+// state is stepped by the host AdamW; device backends then stage asynchronously
+// (OffloadStaging): every owned gradient range starts its copy to pinned host memory now,
+// sub-group-sized chunks in visiting order, so the host steps sub-group k while k+1 is still
+// arriving; updated parameters go back the same way. Parameter slices on NVMe are checked out
+// one unit at a time (sub-groups come in unit order) and written back when the optimizer moves on.
+void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd) {
+  const bool staged = opt_->on_host() && !backend_->host_accessible();
+  OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
+  if (async_stage) {
+    async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
+    for (int i = 0; i < layout_.num_units(); ++i)
+      async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
+  }
+  int checked_out = -1;
+  opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
+    if (unit != checked_out) {
+      if (checked_out >= 0) params_.checkin(checked_out, true);
+      params_.checkout(unit, true);
+      checked_out = unit;
+    }
+    update_range(unit, begin, len, master, m1, m2, adam, sgd, async_stage);
+  });
+  if (checked_out >= 0) params_.checkin(checked_out, true);
+  if (async_stage) async_stage->finish();  // the all-gather and the next forward wait on it
+}
+
+// One sub-group [begin, begin + len) of unit's owned range: on the backend, or on the host
+// (in place where the host can address backend memory, else through staging copies). The
+// sub-group is stepped in runs of parameters that agree on weight decay (Layout::set_decay),
+// the runs without it with weight_decay 0.
+void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
+                              const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage) {
+  const bool sgd_type = cfg_.optimizer.type == OptimizerType::sgd;
+  const bool on_host = opt_->on_host();
+  const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
+  const std::size_t r = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
+  const char* g = static_cast<const char*>(reducer_.owned(unit)) + b * esize();
+  char* p = static_cast<char*>(params_.owned(unit)) + b * esize();
+  // Where this path reads the gradient and writes the parameter.
+  const bool copied = on_host && !async_stage && !backend_->host_accessible();
+  if (on_host && async_stage) {
+    g = static_cast<const char*>(async_stage->host_grads(r, b, n));
+    p = static_cast<char*>(async_stage->host_params(r, b));
+  } else if (copied) {
+    if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
+    backend_->to_host(stage_buf_.data(), static_cast<const void*>(g), bytes);
+    g = stage_buf_.data();
+    p = stage_buf_.data() + bytes;
+  }
+  char* const p_out = p;
+  for_each_decay_run(layout_.unit(unit), shape(unit), begin, len, [&](std::int64_t at, std::int64_t count, bool decay) {
+    const std::size_t o = static_cast<std::size_t>(at - begin), k = static_cast<std::size_t>(count);
+    AdamHyper a = adam;
+    SgdHyper s = sgd;
+    if (!decay) a.weight_decay = s.weight_decay = 0.0f;
+    float* mw = master + o;
+    float* v1 = m1 ? m1 + o : nullptr;
+    float* v2 = m2 ? m2 + o : nullptr;
+    const void* gr = g + o * esize();
+    void* pw = p + o * esize();
+    if (!on_host) {
+      if (sgd_type) backend_->sgd(mw, v1, gr, dtype_, pw, dtype_, k, s);
+      else backend_->adam(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+    } else if (sgd_type) {
+      offload::sgd_step(mw, v1, gr, dtype_, pw, dtype_, k, s);
+    } else {
+      offload::adam_step(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+    }
+  });
+  if (on_host && async_stage) async_stage->params_ready(r, b, n);
+  else if (copied) backend_->from_host(static_cast<char*>(params_.owned(unit)) + b * esize(), p_out, bytes);
+}
+
+// Every rank updated only its slice of a full parameter buffer: all-gather the slices,
+// allgather_bucket_size elements at a time. Each bucket is one communicator group (one NCCL
+// launch), closed before its waits. Sharded units stay sharded: gather() rebuilds them.
+void EngineImpl::all_gather_updated() {
+  if (stage_ == 0) return;
+  std::vector<Work> works;
+  std::int64_t bucket = 0;
+  std::optional<CommGroup> group;
+  group.emplace(comm_);
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const UnitShape& u = shape(i);
+    if (u.sharded_params) continue;
+    works.push_back(comm_.all_gather_async(params_.owned(i), params_.full(i), static_cast<std::size_t>(u.slice), dtype_));
+    bucket += u.padded;
+    if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
+      group->end();
+      for (auto& w : works) w.wait();
+      works.clear();
+      bucket = 0;
+      group.emplace(comm_);
+    }
+  }
+  group->end();
+  for (auto& w : works) w.wait();
+}
+
+}  // namespace zero

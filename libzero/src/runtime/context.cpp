@@ -1,0 +1,81 @@
+#include "zero/context.hpp"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <string_view>
+
+#include "comm/mpi_comm.hpp"
+#include "runtime/log.hpp"
+#include "zero/error.hpp"
+
+#if ZERO_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace zero {
+
+namespace {
+Context* g_current = nullptr;
+
+// MPI's default handler aborts without saying which call failed; returning codes lets
+// ZERO_MPI_CHECK name the call site and the rank.
+void install_error_handler() { MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); }
+}  // namespace
+
+Context* Context::current() { return g_current; }
+
+Context::Context(int* argc, char*** argv) {
+  ZERO_CHECK(g_current == nullptr, "a zero::Context already exists in this process; create one per process");
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    ZERO_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    owns_mpi_ = true;
+  }
+  install_error_handler();
+  ZERO_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  ZERO_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+  // Ranks sharing a node (shared memory) give the local rank, which picks the GPU.
+  MPI_Comm node = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  ZERO_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  ZERO_MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  MPI_Comm_free(&node);
+#if ZERO_WITH_CUDA
+  // CUDA backend: one device per local rank, round robin (ranks beyond the device count share,
+  // which only comm: mpi supports). No device, or no driver, leaves device_ at -1: a CUDA build
+  // must still run host-backend jobs on machines without a GPU. Only chosen here, not made
+  // current: cudaSetDevice creates the device's context, which a host-backend job must not do on
+  // every rank (the CUDA backend makes it current when it starts).
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) device_ = local_rank_ % devices;
+  cudaGetLastError();  // a failed probe must not surface as a later call's error
+#endif
+  comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+  g_current = this;
+}
+
+Context::~Context() {
+  comm_.reset();
+  g_current = nullptr;
+  if (owns_mpi_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+}
+
+void Context::abort(const std::string& message, int code) const {
+  // zero::Error's messages open with this rank's prefix; the line names the rank once, before the level.
+  std::string_view text = message;
+  if (const std::string own = rank_prefix(); !own.empty() && text.starts_with(own)) text.remove_prefix(own.size());
+  // The log's line format, but not log(): the job ends next, so the line must get out whatever
+  // ZERO_LOG_LEVEL says, and without waiting on stdio's lock (another thread may hold it for good).
+  write_last_words(log_line_text(LogLevel::error, text) + '\n');
+  if (world_ > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
+
+}  // namespace zero

@@ -1,0 +1,227 @@
+// DeepSpeed configs as users bring them (issue 14): the Hugging Face "auto" ZeRO-2 and ZeRO-3
+// files, a DeepSpeedExamples-style file, DeepSpeed's older spellings, and the policy for keys
+// libzero has no member for: silent, a note at start, or an error that says why.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "../test_data.hpp"
+#include "zero/config.hpp"
+#include "zero/error.hpp"
+#include "zero/optim.hpp"
+
+using Catch::Matchers::Contains;
+using zero::Config;
+using zero::LoadOptions;
+
+namespace {
+
+std::string data(const std::string& name) { return zero::test::data_path(name); }
+
+Config parse(const std::string& text, const LoadOptions& opts = {}) {
+  return zero::parse_config(text, "ds.json", opts);
+}
+
+const Config::AutoValue* auto_of(const Config& c, const std::string& path) {
+  for (const auto& a : c.autos)
+    if (a.path == path) return &a;
+  return nullptr;
+}
+
+bool has_note(const Config& c, const std::string& part) {
+  for (const auto& n : c.notes)
+    if (n.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("Hugging Face ZeRO-2 auto config: the application's values fill \"auto\"", "[config][deepspeed]") {
+  LoadOptions o;
+  o.auto_values = {{"optimizer.params.lr", "3e-5"},
+                   {"optimizer.params.betas", "[0.9, 0.98]"},
+                   {"optimizer.params.weight_decay", "0.1"},
+                   {"scheduler.params.warmup_num_steps", "500"},
+                   {"gradient_clipping", "1.0"},
+                   {"zero_optimization.reduce_bucket_size", "589824"},
+                   {"bf16.enabled", "true"},
+                   {"train_micro_batch_size_per_gpu", "4"},
+                   {"gradient_accumulation_steps", "2"}};
+  Config c = zero::load_config(data("hf_zero2_auto.json"), o);
+  CHECK(c.optimizer.lr == 3e-5);
+  CHECK(c.optimizer.beta1 == 0.9);
+  CHECK(c.optimizer.beta2 == 0.98);
+  CHECK(c.optimizer.eps == 1e-8);  // not passed: DeepSpeed's default
+  CHECK(c.optimizer.weight_decay == 0.1);
+  CHECK(c.scheduler.warmup_min_lr == 0.0);
+  CHECK(c.scheduler.warmup_max_lr == 3e-5);  // follows the lr
+  CHECK(c.scheduler.warmup_num_steps == 500);
+  CHECK(c.gradient_clipping == 1.0);
+  CHECK(c.zero_optimization.reduce_bucket_size == 589824);
+  CHECK(c.zero_optimization.allgather_bucket_size == 200000000);
+  CHECK(c.bf16_enabled);
+  CHECK_FALSE(c.fp16.enabled);
+  CHECK(c.zero_optimization.offload_optimizer.device == zero::OffloadDevice::cpu);
+
+  REQUIRE(auto_of(c, "optimizer.params.lr"));
+  CHECK(auto_of(c, "optimizer.params.lr")->value == "3e-05");
+  CHECK(auto_of(c, "optimizer.params.lr")->source == "the application");
+  CHECK(auto_of(c, "optimizer.params.eps")->source == "DeepSpeed default");
+  CHECK(auto_of(c, "scheduler.params.warmup_max_lr")->source == "optimizer.params.lr");
+  CHECK(auto_of(c, "train_batch_size")->value == "derived");
+  // Only "auto" notes: allgather_partitions, round_robin_gradients and wall_clock_breakdown
+  // are silent.
+  for (const auto& n : c.notes) CHECK(n.find("\"auto\" ->") != std::string::npos);
+
+  c.resolve(2);
+  CHECK(c.train_batch_size == 16);
+  CHECK(auto_of(c, "train_batch_size")->value == "16");
+  CHECK(auto_of(c, "train_batch_size")->source == "derived for world size 2");
+  const std::string block = c.auto_block();
+  CHECK(block.find("optimizer.params.lr = 3e-05 (the application)") != std::string::npos);
+  CHECK(block.find("train_batch_size = 16 (derived for world size 2)") != std::string::npos);
+
+  // An application value is validated like the file's.
+  LoadOptions bad;
+  bad.auto_values = {{"optimizer.params.lr", "fast"}};
+  REQUIRE_THROWS_WITH(zero::load_config(data("hf_zero2_auto.json"), bad),
+                      Contains("auto_values[optimizer.params.lr]") && Contains("expected a number"));
+}
+
+TEST_CASE("Hugging Face ZeRO-3 auto config: DeepSpeed's defaults as the fallback", "[config][deepspeed]") {
+  LoadOptions o;
+  o.total_num_steps = 3000;
+  Config c = zero::load_config(data("hf_zero3_auto.json"), o);
+  const auto& z = c.zero_optimization;
+  CHECK(z.stage == 3);
+  CHECK(z.offload_param.device == zero::OffloadDevice::cpu);
+  CHECK(z.reduce_bucket_size == 500000000);
+  CHECK(z.stage3_prefetch_bucket_size == 50000000);
+  CHECK(z.stage3_param_persistence_threshold == 100000);
+  CHECK(c.scheduler.type == zero::SchedulerType::warmup_decay_lr);
+  CHECK(c.scheduler.total_num_steps == 3000);
+  CHECK(auto_of(c, "scheduler.params.total_num_steps")->source == "the run length the application gave");
+  CHECK(c.optimizer.lr == 1e-3);
+  CHECK(c.scheduler.warmup_max_lr == 1e-3);
+  CHECK_FALSE(c.bf16_enabled);
+  CHECK(auto_of(c, "zero_optimization.stage3_prefetch_bucket_size")->value == "50000000");
+  // stage3_gather_16bit_weights_on_model_save, zero_allow_untested_optimizer: silent.
+  for (const auto& n : c.notes) CHECK(n.find("\"auto\" ->") != std::string::npos);
+  c.resolve(8);
+  CHECK(c.train_batch_size == 8);
+}
+
+TEST_CASE("a DeepSpeedExamples-style config loads unchanged", "[config][deepspeed]") {
+  Config c = zero::load_config(data("examples_stage2_fp16.json"));
+  CHECK(c.train_batch_size == 64);
+  CHECK(c.train_micro_batch_size_per_gpu == 8);
+  CHECK(c.optimizer.type == zero::OptimizerType::adam);
+  CHECK(c.optimizer.beta1 == 0.8);
+  CHECK(c.optimizer.weight_decay == 3e-7);
+  CHECK(c.fp16.enabled);
+  CHECK(c.fp16.initial_scale_power == 15);
+  CHECK(c.fp16.loss_scale_window == 500);
+  CHECK(c.zero_optimization.stage == 2);
+  CHECK(c.zero_optimization.allgather_bucket_size == 50000000);
+  // Every DeepSpeed-only key there is at its inert value; the one note says that type Adam
+  // decays decoupled, as DeepSpeed's adam_w_mode default does.
+  CHECK(c.optimizer.decoupled_decay());
+  REQUIRE(c.notes.size() == 1);
+  CHECK_THAT(c.notes[0], Contains("optimizer.type: Adam decays decoupled"));
+  CHECK(c.autos.empty());
+  c.resolve(4);
+  CHECK(c.gradient_accumulation_steps == 2);
+}
+
+TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") {
+  Config c = zero::load_config(data("ds_older_forms.json"));
+  CHECK(c.train_micro_batch_size_per_gpu == 2);  // quoted numbers, as DeepSpeed accepts them
+  CHECK(c.gradient_accumulation_steps == 8);
+  CHECK(c.bf16_enabled);  // bfloat16
+  const auto& z = c.zero_optimization;
+  CHECK(z.stage3_max_live_parameters == 300000000);  // without the stage3_ prefix
+  CHECK(z.stage3_max_reuse_distance == 300000000);
+  CHECK(z.stage3_prefetch_bucket_size == 0);  // 0, as DeepSpeed takes it
+  CHECK(z.stage3_param_persistence_threshold == 10000);
+  CHECK(c.aio.intra_op_parallelism == 2);  // aio.thread_count
+  CHECK(c.aio.block_size == 262144);
+  // Handled differently here: one note each, naming the key.
+  CHECK(has_note(c, "zero_optimization.zero_hpz_partition_size = 8"));
+  CHECK(has_note(c, "communication_data_type = fp32"));
+  CHECK(c.notes.size() == 2);
+
+  CHECK(parse("zero_optimization: true\n").zero_optimization.stage == 1);
+  CHECK(parse("zero_optimization: false\n").zero_optimization.stage == 0);
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 3\n  max_live_parameters: 1\n"
+                            "  stage3_max_live_parameters: 2\n"),
+                      Contains("stage3_max_live_parameters") && Contains("same setting"));
+  REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\nbfloat16: {enabled: true}\n"),
+                      Contains("bfloat16") && Contains("same section"));
+}
+
+TEST_CASE("type Adam decays decoupled unless adam_w_mode is false, as in DeepSpeed", "[config][deepspeed]") {
+  const Config plain = parse("optimizer: {type: Adam, params: {lr: 0.001, weight_decay: 0.1}}\n");
+  CHECK(plain.optimizer.decoupled_decay());
+  REQUIRE(plain.notes.size() == 1);
+  CHECK_THAT(plain.notes[0], Contains("optimizer.type: Adam decays decoupled") && Contains("adam_w_mode: false"));
+  // The JSON form a DeepSpeed user brings, and the hyper-parameters the update receives.
+  const Config json = parse("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"weight_decay\": 0.1}}}\n");
+  CHECK(zero::adam_hyper(json.optimizer, 1e-3, 1, 1.0f).decoupled);
+  const Config l2 = parse("optimizer: {type: Adam, params: {weight_decay: 0.1, adam_w_mode: false}}\n");
+  CHECK_FALSE(l2.optimizer.decoupled_decay());
+  CHECK_FALSE(zero::adam_hyper(l2.optimizer, 1e-3, 1, 1.0f).decoupled);
+  CHECK(l2.notes.empty());
+  const Config adamw = parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n");
+  CHECK(zero::adam_hyper(adamw.optimizer, 1e-3, 1, 1.0f).decoupled);
+  // No decay, no difference, no note.
+  CHECK(parse("optimizer: {type: Adam, params: {lr: 0.001}}\n").notes.empty());
+  // Not an SGD key.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: SGD, params: {adam_w_mode: true}}\n"),
+                      Contains("optimizer.params.adam_w_mode") && Contains("not SGD"));
+}
+
+TEST_CASE("DeepSpeed keys that would change the result are errors that say why", "[config][deepspeed]") {
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb}\n"),
+                      Contains("optimizer.type = Lamb") && Contains("does not implement"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {bias_correction: false}}\n"),
+                      Contains("optimizer.params.bias_correction") && Contains("bias correction"));
+  CHECK(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n").notes.empty());
+  // adam_w_mode as DeepSpeed reads it: type Adam decays decoupled unless adam_w_mode is false;
+  // AdamW always decouples. Given explicitly it is silent where it takes effect.
+  CHECK(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n").notes.empty());
+  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n").notes.empty());
+  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: false}}\n").notes.empty());
+  CHECK(has_note(parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n"),
+                 "optimizer.params.adam_w_mode: false has no effect with type AdamW"));
+  REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n"),
+                      Contains("data_types.grad_accum_dtype = fp32") &&
+                          Contains("accumulate in the compute dtype"));
+  CHECK_NOTHROW(parse("data_types: {grad_accum_dtype: fp32}\n"));  // fp32 compute: the same
+  REQUIRE_THROWS_WITH(parse("curriculum_learning: {enabled: true, curriculum_type: seqlen}\n"),
+                      Contains("curriculum_learning") && Contains("changes the data"));
+  CHECK_NOTHROW(parse("curriculum_learning: {enabled: false}\n"));
+  REQUIRE_THROWS_WITH(parse("sparse_attention: {mode: fixed, block: 16}\n"),
+                      Contains("sparse_attention"));
+  REQUIRE_THROWS_WITH(parse("tensor_parallel: {autotp_size: 2}\n"),
+                      Contains("tensor_parallel.autotp_size = 2") && Contains("tensor parallelism"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization: {stage: 3, aio: {block_size: 1048576}}\n"),
+                      Contains("zero_optimization.aio") && Contains("top level"));
+}
+
+TEST_CASE("every problem of a file is reported in one error", "[config][deepspeed]") {
+  try {
+    zero::load_config(data("ds_many_problems.yaml"));
+    FAIL("expected an error");
+  } catch (const zero::Error& e) {
+    const std::string m = e.what();
+    INFO(m);
+    CHECK(m.find("4 problems") != std::string::npos);
+    CHECK(m.find("ds_many_problems.yaml:5") != std::string::npos);
+    CHECK(m.find("did you mean 'zero_optimization.reduce_bucket_size'?") != std::string::npos);
+    CHECK(m.find("zero_optimization.aio") != std::string::npos);
+    CHECK(m.find("optimizer.params.lr = -1") != std::string::npos);
+    CHECK(m.find("curriculum_learning") != std::string::npos);
+  }
+}

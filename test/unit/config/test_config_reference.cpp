@@ -1,0 +1,68 @@
+// The README's configuration reference is the one generated from the key table: this test
+// fails when they disagree. To refresh the README after changing the table, run this test with
+// ZERO_UPDATE_README=1 (it rewrites the block between the markers) and review the diff.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "zero/config.hpp"
+
+namespace {
+
+const std::string kBegin = "<!-- config-reference: generated from libzero/src/config/keys.cpp -->\n";
+const std::string kEnd = "<!-- end of config-reference -->\n";
+
+std::filesystem::path readme_path() { return ZERO_README; }
+
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("the README's key table is the one generated from the key table", "[config]") {
+  const auto path = readme_path();
+  std::string readme = read_all(path);
+  REQUIRE_FALSE(readme.empty());
+  const auto begin = readme.find(kBegin);
+  const auto end = readme.find(kEnd);
+  REQUIRE(begin != std::string::npos);
+  REQUIRE(end != std::string::npos);
+  REQUIRE(begin < end);
+  const std::string in_readme = readme.substr(begin + kBegin.size(), end - begin - kBegin.size());
+  const std::string generated = zero::config_reference_markdown();
+  if (in_readme != generated && std::getenv("ZERO_UPDATE_README")) {
+    readme.replace(begin + kBegin.size(), end - begin - kBegin.size(), generated);
+    std::ofstream(path, std::ios::binary) << readme;
+    SUCCEED("README.md rewritten");
+    return;
+  }
+  INFO("README.md's block differs from zero::config_reference_markdown(); rerun this test with "
+       "ZERO_UPDATE_README=1 to rewrite it");
+  CHECK(in_readme == generated);
+}
+
+TEST_CASE("the generated reference names every key, its type, default and the policy", "[config]") {
+  const std::string ref = zero::config_reference_markdown();
+  // Rows written by hand here (not by the code under test) for a few keys of each kind.
+  CHECK(ref.find("| `zero_optimization.stage` | integer 0..3 | `0` |") != std::string::npos);
+  CHECK(ref.find("| `train_micro_batch_size_per_gpu` | integer 1..2147483647, or `auto` | derived |") !=
+        std::string::npos);
+  CHECK(ref.find("| `fp16.enabled` | bool, or `auto` | `false` |") != std::string::npos);
+  CHECK(ref.find("| `optimizer.params.betas` | list of 2 numbers in [0, 1), or `auto` | `[0.9, 0.999]` |") !=
+        std::string::npos);
+  CHECK(ref.find("Also spelt `max_live_parameters`.") != std::string::npos);
+  CHECK(ref.find("- `wall_clock_breakdown`: logging") != std::string::npos);
+  CHECK(ref.find("- `curriculum_learning` other than `false`") != std::string::npos);
+  CHECK(ref.find("- `optimizer.type: Lamb`") != std::string::npos);
+
+  const std::string help = zero::config_keys_help();
+  CHECK(help.find("zero_optimization.stage") != std::string::npos);
+  CHECK(help.find("integer 0..3 (default 0)") != std::string::npos);
+}
