@@ -251,7 +251,8 @@ std::string resume_command(int argc, char** argv) {
   return has_resume ? cmd : cmd + " --resume";
 }
 
-// Collective (stage 3 gathers); rank 0 prints it and writes <out_dir>/sample.txt if given.
+// Collective only at its start (GptTrainer::sample); rank 0 samples, prints the sample and writes
+// <out_dir>/sample.txt if given.
 void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
                   const std::string& out_dir) {
   const GptSettings& s = trainer.settings();

@@ -488,7 +488,12 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
 
 std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,
                                     std::uint64_t seed) {
-  EvalScope eval(*engine_);
+  // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
+  // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
+  // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
+  // every forward pass, each gather being a collective).
+  const zero::GatheredModel held = engine_->gather_all();
+  if (!ctx_.is_root()) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
   const std::size_t first_new = tokens.size();
   const int T_max = settings_.model.seq_len;
@@ -496,7 +501,7 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   std::vector<float> logits;
   std::uint64_t state = seed;
   auto coin = [&state] {
-    // SplitMix64: the same stream on every rank, so every rank picks the same token.
+    // SplitMix64: the same stream for the same seed, whatever the world size.
     std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;

@@ -102,8 +102,9 @@ class GptTrainer {
   // the same tokens whatever the micro-batch size and the number of ranks, which share them
   // out. Collective.
   Evaluation evaluate();
-  // Continues `prompt` by `n` tokens. Collective (stage 3 gathers); every rank gets the same
-  // tokens because every rank draws from the same seeded generator.
+  // Continues `prompt` by `n` tokens on rank 0; other ranks get an empty list. Collective only
+  // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass.
+  // The tokens depend only on the weights, the prompt and the seed.
   std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,
                           std::uint64_t seed);
   // Collective: writes a checkpoint (engine state and the data position) under `root`.

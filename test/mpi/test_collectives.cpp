@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "zero/comm.hpp"
@@ -128,4 +129,25 @@ TEST_CASE("broadcast, barrier and scalar reductions") {
   REQUIRE(comm().all_reduce_scalar(1.0, ReduceOp::sum) == world);
   REQUIRE(comm().all_reduce_scalar(rank, ReduceOp::avg) == Approx((world - 1) / 2.0));
   REQUIRE_THROWS_WITH(comm().broadcast(nullptr, 0, world), Catch::Contains("is not a rank"));
+}
+
+TEST_CASE("the collective check lets agreeing ranks through and records each rank's last collectives") {
+  const std::string unit = "h.7";
+  std::vector<float> v(5, 1.0f);
+  {
+    const CommSiteScope site("my eval", &unit);
+    comm().all_reduce(v.data(), v.size(), DType::f32);
+  }
+  comm().broadcast(v.data(), sizeof(float), 0);
+  REQUIRE(v[0] == static_cast<float>(comm().size()));
+  const std::string recent = comm().recent_collectives();
+  INFO(recent);
+  // The last two, oldest first, with their sites; earlier ones may precede them.
+  const auto a = recent.find("my eval(h.7): all_reduce of 5 fp32");
+  const auto b = recent.find("a direct communicator call: broadcast from rank 0 of 4 bytes");
+  REQUIRE(a != std::string::npos);
+  REQUIRE(b != std::string::npos);
+  REQUIRE(a < b);
+  REQUIRE(recent.size() - b == std::string("a direct communicator call: broadcast from rank 0 of 4 bytes").size());
+  REQUIRE(comm_site().call == nullptr);  // the scope restored the default site
 }

@@ -10,28 +10,17 @@ rank spends a small fraction of the wait on the CPU (it backs off instead of spi
 
     stall.py MPIEXEC "FLAGS;..." STALL_JOB
 """
-import os
 import re
-import subprocess
 import sys
-import time
 
-mpiexec, flags, exe = sys.argv[1], sys.argv[2].split(";"), sys.argv[3]
-failures = []
+from mpi_job import MpiJob
+
+job = MpiJob(*sys.argv[1:4])
+check = job.check
 
 
 def run(n, timeout_s, *args, limit=60):
-    env = dict(os.environ, ZERO_TIMEOUT_S=str(timeout_s))
-    env.pop("ZERO_NCCL_TIMEOUT_S", None)
-    t0 = time.monotonic()
-    p = subprocess.run([mpiexec, *flags, "-n", str(n), exe, *args], env=env, capture_output=True,
-                       text=True, timeout=limit)
-    return p, time.monotonic() - t0
-
-
-def check(ok, what, p=None):
-    if not ok:
-        failures.append(what + ("" if p is None else f"\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}"))
+    return job.run(n, *args, env={"ZERO_TIMEOUT_S": str(timeout_s)}, limit=limit)
 
 
 # A stopped rank: the others report it and the job ends.
@@ -49,6 +38,10 @@ check(reports and all("waiting in it: ranks 0, 1" in line for line in reports),
       "stop: the reports do not name ranks 0 and 1 as waiting", p)
 check(reports and all("ZERO_TIMEOUT_S" in line.split("did not arrive")[1] for line in reports),
       "stop: the reports do not say what to do", p)
+# Each report ends with the rank's own last collectives: #1 all_reduce before the one it waits in.
+check(reports and all(re.search(r"This rank's last collectives: #1 a direct communicator call: all_reduce of 1024 "
+                                 r"fp32; #2 a direct communicator call: all_reduce of 1024 fp32$", line)
+                      for line in reports), "stop: the reports do not list the rank's last collectives", p)
 
 # A late rank inside the deadline: correct result, and the wait costs little CPU.
 p, took = run(2, 60, "late", "1.5")
@@ -61,6 +54,4 @@ if m:
     check(waited > 1.0, f"late: rank 0 waited only {waited:.3f} s", p)
     check(cpu < 0.25 * waited, f"late: rank 0 used {cpu:.3f} s of CPU in a {waited:.3f} s wait (spinning)", p)
 
-for f in failures:
-    print("FAIL:", f)
-sys.exit(1 if failures else 0)
+sys.exit(job.finish())

@@ -18,6 +18,16 @@
 //     done() is true once the device has finished. A device collective also starts only after
 //     the work already enqueued on the compute stream, so its inputs may come straight from
 //     kernels launched just before the call.
+// The collective check (always on): before a collective starts, every rank states what it is
+// about to issue (kind, element count, dtype, root, and the site: which engine call and unit, see
+// CommSite) in one small fixed-size all-reduce on a private communicator, which matches whatever
+// the ranks are doing. Ranks that disagree all stop with one error naming each rank's call
+// ("rank 0: gather(h.3) [eval] all_gather ...; rank 1: reduce(h.11) reduce_scatter ..."),
+// before the mismatched collectives could pair up inside MPI or NCCL and corrupt memory.
+// A rank that issues no collective at all is caught by the deadline instead (ZERO_TIMEOUT_S).
+// The check costs one latency-bound all-reduce per collective (bench/RESULTS.md: under 1% of a
+// GPT step); ZERO_COLLECTIVE_CHECK=0 turns it off, for measuring that cost only.
+//
 // The fp32-then-round-once rule for 16-bit sums holds for the MPI-based communicators (host and
 // MPI-staged). NCCL reduces bf16/fp16 natively, rounding at each step of its ring or tree, so
 // with more than two ranks a 16-bit NCCL sum may differ from it in the last place.
@@ -26,12 +36,37 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "zero/dtype.hpp"
 
 namespace zero {
 
 enum class ReduceOp { sum, max, avg };
+
+// Where the collectives this thread issues come from, for the collective check's messages and
+// its agreement: the engine's call ("gather", "reduce", "step()", ...) and the unit, or a
+// label of the loop's own. Both pointers must outlive the scope (string literals, layout names).
+struct CommSite {
+  const char* call = nullptr;         // null: a direct call on the communicator
+  const std::string* unit = nullptr;  // the unit's name, or null
+  bool eval = false;                  // issued in eval mode (a forward-only pass)
+};
+// The site in effect on this thread.
+CommSite comm_site();
+// Sets the site for its lifetime and restores the previous one.
+class CommSiteScope {
+ public:
+  explicit CommSiteScope(CommSite s);
+  CommSiteScope(const char* call, const std::string* unit = nullptr, bool eval = false)
+      : CommSiteScope(CommSite{call, unit, eval}) {}
+  ~CommSiteScope();
+  CommSiteScope(const CommSiteScope&) = delete;
+  CommSiteScope& operator=(const CommSiteScope&) = delete;
+
+ private:
+  CommSite saved_;
+};
 
 // A pending collective. wait() completes it (idempotent); destroying an unfinished Work waits.
 class Work {
@@ -90,6 +125,16 @@ class Communicator {
   // Blocking reduction of one host double (grad norm partials, overflow flags, agreement on
   // errors), in double precision whatever the data dtype.
   virtual double all_reduce_scalar(double v, ReduceOp op) = 0;
+
+  // The collective check for a collective this communicator is about to issue (see the top of
+  // this file); every rank calls it with its own description. kind is a string literal; count
+  // is in elements of t (bytes for byte payloads). Communicators over MPI implement it; device
+  // communicators hand their statements to the host communicator that bootstrapped them.
+  virtual void check_collective(const char* kind, std::size_t count, DType t, int root) {
+    (void)kind, (void)count, (void)t, (void)root;
+  }
+  // This rank's last collectives as the check saw them, for hang reports ("" where unknown).
+  virtual std::string recent_collectives() const { return {}; }
 
   // Collectives started between group_begin() and group_end() may be launched together (NCCL
   // groups: one fused launch for a bucket of units instead of one per unit). Their Work handles

@@ -100,6 +100,26 @@ class UnitGrads {
   DType dtype_ = DType::f32;
 };
 
+// Every unit's full parameters, held on this rank while the handle lives (Engine::gather_all).
+// Destroying it is local: no collective, so each rank releases when it is done.
+class GatheredModel {
+ public:
+  GatheredModel() = default;
+  GatheredModel(GatheredModel&& o) noexcept : engine_(o.engine_), was_eval_(o.was_eval_) { o.engine_ = nullptr; }
+  GatheredModel& operator=(GatheredModel&& o) noexcept;
+  GatheredModel(const GatheredModel&) = delete;
+  GatheredModel& operator=(const GatheredModel&) = delete;
+  ~GatheredModel() { release(); }
+  void release();  // early release; the engine leaves eval mode unless it was in it before
+  bool held() const { return engine_ != nullptr; }
+
+ private:
+  friend class EngineImpl;
+  GatheredModel(EngineImpl* e, bool was_eval) : engine_(e), was_eval_(was_eval) {}
+  EngineImpl* engine_ = nullptr;
+  bool was_eval_ = false;
+};
+
 struct StepResult {
   std::int64_t step = 0;     // optimizer steps taken so far, skipped ones included
   bool skipped = false;      // overflow (inf/nan) on some rank: no update anywhere
@@ -134,10 +154,22 @@ class Engine {
   // and must give the same values on every rank (seed your generator identically).
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
 
+  // Collective at stage 3: every rank gathers the same units in the same order (training and
+  // eval alike); the collective check names the ranks' calls when they differ. Local at 0-2.
   UnitParams gather(int unit);
   UnitParams gather(std::string_view unit_name) { return gather(layout().find_unit(unit_name)); }
+  // Collective (every rank calls it, between steps): gathers every unit's full parameters once
+  // and holds them while the handle lives, in eval mode. Meanwhile gather() reads them locally
+  // and issues no collective, so one rank alone may run forward passes (sampling or evaluating
+  // on rank 0) while the others wait at their next collective. Costs the whole model in the
+  // compute dtype at stage 3; at stages 0-2 the parameters are whole already and nothing moves.
+  GatheredModel gather_all();
+  // Local: where this micro-step's gradient of `unit` goes.
   UnitGrads grads(int unit);
+  // Collective at stages 0-3 once a bucket fills (every rank reduces the same units in the same
+  // order); the last unit of a micro-step may flush.
   void reduce(int unit);
+  // Collective at every stage (gradient norm, overflow agreement, updated slices).
   StepResult step();
 
   // Forward-only passes (validation, sampling) between steps: gathers are neither recorded nor

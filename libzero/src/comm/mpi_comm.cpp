@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "comm/collective_timeout.hpp"
@@ -102,15 +103,32 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   ZERO_MPI_CHECK(MPI_Comm_dup(comm, &side_));
   MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
   timeout_s_ = collective_timeout_s();
+  check_ = std::make_unique<CollectiveCheck>(comm);
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  check_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) {
     MPI_Comm_free(&side_);
     MPI_Comm_free(&comm_);
   }
+}
+
+MpiCommunicator::Call MpiCommunicator::next_call(int kind, std::size_t count, DType t, int root) {
+  const Call call{seq_, kind, count, t};
+  check_->agree(kind_name(kind), count, t, root, [&](MPI_Request& r) { wait(r, call); });
+  ++seq_;
+  return call;
+}
+
+void MpiCommunicator::check_collective(const char* kind, std::size_t count, DType t, int root) {
+  // A device communicator's collective: stalls in its check are reported as this kind.
+  int k = 0;
+  while (k < kKinds && std::string_view(kind_name(k)) != kind) ++k;
+  const Call call{seq_, k, count, t};
+  check_->agree(kind, count, t, root, [&](MPI_Request& r) { wait(r, call); });
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const Call& call) {
@@ -208,8 +226,9 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
   write_last_words(log_line_text(
       LogLevel::error,
       fmt::format("{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
-                  "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline)",
-                  describe(call), limit, arrivals, rank_list(with_me), elsewhere)) +
+                  "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
+                  "This rank's last collectives: {}",
+                  describe(call), limit, arrivals, rank_list(with_me), elsewhere, check_->recent())) +
                    '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.
@@ -301,7 +320,7 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv, std::size_t
 Work MpiCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size_, fmt::format("broadcast: root {} is not a rank", root));
   const int n = checked_count(bytes, "broadcast (bytes)");
-  const Call call = next_call(kBroadcast, bytes, DType::f32);
+  const Call call = next_call(kBroadcast, bytes, DType::f32, root);
   MPI_Request req;
   ZERO_MPI_CHECK(MPI_Ibcast(buf, n, MPI_BYTE, root, comm_, &req));
   return Work(std::make_unique<MpiWork>(this, call, req, nullptr));

@@ -15,9 +15,11 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
+#include "comm/collective_check.hpp"
 #include "zero/comm.hpp"
 
 namespace zero {
@@ -36,6 +38,8 @@ class MpiCommunicator final : public Communicator {
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;
   Work barrier_async() override;
   double all_reduce_scalar(double v, ReduceOp op) override;
+  void check_collective(const char* kind, std::size_t count, DType t, int root) override;
+  std::string recent_collectives() const override { return check_->recent(); }
   MPI_Comm handle() const { return comm_; }
 
   // fp32 scratch reused across calls (collectives in flight each hold their own).
@@ -53,13 +57,15 @@ class MpiCommunicator final : public Communicator {
   void wait(MPI_Request& req, const Call& call);
 
  private:
-  Call next_call(int kind, std::size_t count, DType t) { return Call{seq_++, kind, count, t}; }
+  // The next collective's Call, after the collective check has agreed on it (root: broadcast's).
+  Call next_call(int kind, std::size_t count, DType t, int root = -1);
   // Answers peers' queries about what this rank waits in; true if any came.
   bool answer_queries(const Call& waiting);
   [[noreturn]] void report_stall(const Call& call, double waited_s);
 
   MPI_Comm comm_;
   MPI_Comm side_;  // the stall queries, apart from user traffic
+  std::unique_ptr<CollectiveCheck> check_;
   double timeout_s_ = 600.0;
   std::int64_t seq_ = 0;
   int rank_ = 0, size_ = 1;

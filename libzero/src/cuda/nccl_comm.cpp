@@ -183,6 +183,7 @@ NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int d
   o.world = size_;
   o.device = device_;
   o.async_error = [this] { return async_error(); };
+  o.recent_collectives = [this] { return host_.recent_collectives(); };
   // The main thread may be stuck inside NCCL; an abort is exactly what unblocks it. The state
   // flag keeps it from racing a finalization in progress.
   o.abort_comm = [this] { abort_once(); };
@@ -286,7 +287,10 @@ void NcclCommunicator::run_divide(const Divide& d) {
   if (d.buf) launch_divide(d.buf, d.t, d.n, static_cast<float>(size_), streams_.comm);
 }
 
+// Each collective is first stated to the host communicator's collective check (zero/comm.hpp),
+// so ranks that would pair up different NCCL calls stop with an error instead.
 Work NcclCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) {
+  host_.check_collective("all_reduce", count, t, -1);
   return launch("all_reduce", count * dtype_size(t), [&] {
     ZERO_NCCL_CHECK(settle(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
   }, op == ReduceOp::avg ? Divide{buf, t, count} : Divide{});
@@ -294,6 +298,7 @@ Work NcclCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, R
 
 Work NcclCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
                                             ReduceOp op) {
+  host_.check_collective("reduce_scatter", recv_count, t, -1);
   return launch("reduce_scatter", recv_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
     ZERO_NCCL_CHECK(settle(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
   }, op == ReduceOp::avg ? Divide{recv, t, recv_count} : Divide{});
@@ -301,6 +306,7 @@ Work NcclCommunicator::reduce_scatter_async(const void* send, void* recv, std::s
 
 Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) {
   // NCCL's in-place form is exactly ours: send == recv + rank * send_count.
+  host_.check_collective("all_gather", send_count, t, -1);
   return launch("all_gather", send_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
     ZERO_NCCL_CHECK(settle(ncclAllGather(send, recv, send_count, nccl_type(t), comm_, streams_.comm)));
   });
@@ -308,6 +314,7 @@ Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_
 
 Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size_, fmt::format("broadcast: root {} is not a rank", root));
+  host_.check_collective("broadcast", bytes, DType::f32, root);
   return launch("broadcast", bytes, [&] {
     ZERO_NCCL_CHECK(settle(ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, streams_.comm)));
   });

@@ -170,11 +170,12 @@ void Watchdog::fail(const std::string& what) {
   // The log's line format ("[rank r/n] error: ..."), but with the rank named even in a job of
   // one: the options carry it (this thread must not depend on the Context), and a collective
   // timeout is the one message where "which rank" is the first question.
+  const std::string recent = o_.recent_collectives ? o_.recent_collectives() : std::string();
   const std::string message = fmt::format(
-      "[rank {}/{}] error: collective watchdog: {}. Aborting the job so that no rank waits forever; run with "
+      "[rank {}/{}] error: collective watchdog: {}{}. Aborting the job so that no rank waits forever; run with "
       "NCCL_DEBUG=WARN to see NCCL's account, or raise ZERO_NCCL_TIMEOUT_S if the collective is legitimately that "
       "slow",
-      o_.rank, o_.world, what);
+      o_.rank, o_.world, what, recent.empty() ? "" : "; this rank's last collectives: " + recent);
   if (o_.on_failure) {
     o_.on_failure(message);
     return;

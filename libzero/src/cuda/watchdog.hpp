@@ -45,6 +45,9 @@ struct WatchdogOptions {
   std::function<std::string()> async_error;
   // Called before MPI_Abort by the default failure action (ncclCommAbort for NCCL).
   std::function<void()> abort_comm;
+  // This rank's last collectives (the collective check's record), named in the report so that
+  // every rank's report shows where it was; called on the watchdog thread.
+  std::function<std::string()> recent_collectives;
   // Replaces the default failure action (tests): called once, on the watchdog thread.
   std::function<void(const std::string& message)> on_failure;
 };

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "engine/engine_impl.hpp"
 #include "runtime/log.hpp"
@@ -47,7 +48,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
-      reducer_(*backend_, comm_, shapes_, cfg_.zero_optimization, dtype_, stage_),
+      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, stage_),
       scaler_(cfg.fp16) {}
 
 std::vector<UnitShape> EngineImpl::plan_units() const {
@@ -101,6 +102,7 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
       init(p, std::span<float>(full.data() + p.offset, static_cast<std::size_t>(p.numel)));
     // Every rank must start from the same values; a rank-dependent initialiser would train
     // silently different models. One scalar all-reduce per unit checks it.
+    const CommSiteScope site("init_params", &layout_.unit(i).name);
     double sum = 0.0;
     for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
     double lo = -comm_.all_reduce_scalar(-sum, ReduceOp::max);
@@ -131,6 +133,7 @@ MemoryReport EngineImpl::memory() const {
 
 std::vector<float> EngineImpl::full_master(int unit) {
   check_unit(unit, "full_master");
+  const CommSiteScope site("full_master", &layout_.unit(unit).name);
   const UnitShape& u = shape(unit);
   std::vector<float> full(static_cast<std::size_t>(u.padded));
   opt_->read_master(unit, full.data() + u.own_begin);
@@ -144,6 +147,7 @@ std::vector<float> EngineImpl::full_master(int unit) {
 
 std::vector<float> EngineImpl::full_params(int unit) {
   check_unit(unit, "full_params");
+  const CommSiteScope site("full_params", &layout_.unit(unit).name);
   const UnitShape& u = shape(unit);
   std::vector<float> full(static_cast<std::size_t>(u.padded));
   std::vector<char> host(static_cast<std::size_t>(u.padded) * esize());
@@ -246,6 +250,21 @@ void Engine::init_params(const std::function<void(const ParamInfo&, std::span<fl
   impl_->init_params(init);
 }
 UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
+GatheredModel Engine::gather_all() { return impl_->gather_all(); }
+
+GatheredModel& GatheredModel::operator=(GatheredModel&& o) noexcept {
+  if (this != &o) {
+    release();
+    engine_ = o.engine_;
+    was_eval_ = o.was_eval_;
+    o.engine_ = nullptr;
+  }
+  return *this;
+}
+
+void GatheredModel::release() {
+  if (EngineImpl* e = std::exchange(engine_, nullptr)) e->release_all(was_eval_);
+}
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
 StepResult Engine::step() { return impl_->step(); }

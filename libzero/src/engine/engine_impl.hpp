@@ -46,6 +46,8 @@ class EngineImpl {
   // ---- what zero::Engine forwards (engine/engine.cpp, engine/step.cpp) ----
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
   UnitParams gather(int unit);
+  GatheredModel gather_all();
+  void release_all(bool was_eval);  // GatheredModel's destructor
   void release(int unit, std::uint64_t token);  // UnitParams' destructor
   UnitGrads grads(int unit);
   void reduce(int unit);

@@ -42,7 +42,8 @@ int ParamGatherer::held_unit() const {
   return -1;
 }
 
-void ParamGatherer::start(int unit) {
+void ParamGatherer::start(int unit, const char* why, bool eval) {
+  const CommSiteScope site(why, &layout_.unit(unit).name, eval);
   Unit& u = units_[static_cast<std::size_t>(unit)];
   const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
   u.gathered = pool_.acquire(static_cast<std::size_t>(s.padded) * dtype_size(dtype_), false);
@@ -87,7 +88,7 @@ ParamGatherer::Lease ParamGatherer::acquire(int unit, bool training, bool wrap) 
       Unit& other = units_[i];
       if (other.gathered && other.refs == 0 && !other.work.pending()) pool_.give_back(std::move(other.gathered));
     }
-    start(unit);
+    start(unit, "gather", !training);
   }
   finish(unit);
   ++u.refs;
@@ -109,7 +110,7 @@ void ParamGatherer::prefetch_after(std::size_t pos, bool wrap) {
     if (!ns.sharded_params || n.gathered) continue;
     if (in_flight + ns.padded > z_.stage3_prefetch_bucket_size) break;
     if (live + ns.padded > z_.stage3_max_live_parameters) break;
-    start(next);
+    start(next, "prefetch", false);
     in_flight += ns.padded;
     live += ns.padded;
   }
@@ -136,6 +137,26 @@ void ParamGatherer::release(int unit, std::uint64_t token, bool training) {
     pool_.give_back(std::move(u.gathered));
     ++u.token;
   }
+}
+
+void ParamGatherer::hold_all() {
+  // Start every all-gather first, then wait: the collectives overlap one another.
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (shapes_[i].sharded_params && !units_[i].gathered) start(static_cast<int>(i), "gather_all", true);
+  }
+  for (std::size_t i = 0; i < units_.size(); ++i) {
+    if (!shapes_[i].sharded_params) continue;
+    finish(static_cast<int>(i));
+    ++units_[i].refs;
+  }
+  holding_all_ = true;
+}
+
+void ParamGatherer::release_all() {
+  if (!holding_all_) return;
+  holding_all_ = false;
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (shapes_[i].sharded_params) release(static_cast<int>(i), units_[i].token, false);
 }
 
 void ParamGatherer::drop_all(const char* what) {

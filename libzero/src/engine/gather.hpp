@@ -45,6 +45,12 @@ class ParamGatherer {
   // `what` names the caller in the error raised when a handle still holds a unit.
   void drop_all(const char* what);
 
+  // Gathers every sharded unit and holds it (one reference each) until release_all(); gathers
+  // in eval mode then issue no collective. release_all() is local.
+  void hold_all();
+  void release_all();
+  bool holding_all() const { return holding_all_; }
+
   bool mid_micro_step() const { return pos_ != 0; }
   int held_unit() const;  // a unit some UnitParams handle holds, or -1
   std::int64_t peak_bytes() const { return pool_.peak(); }
@@ -58,7 +64,9 @@ class ParamGatherer {
     std::uint64_t token = 0;
   };
   void check_order(int unit);
-  void start(int unit);
+  // Starts the all-gather of `unit`; why: "gather", "prefetch" or "gather_all" (the collective
+  // check names it), eval: for a forward-only pass.
+  void start(int unit, const char* why, bool eval);
   void finish(int unit);  // waits for the all-gather, checks the slice back in
   void prefetch_after(std::size_t pos, bool wrap);
   std::int64_t live_elements() const;
@@ -76,6 +84,7 @@ class ParamGatherer {
   bool recording_ = true;
   std::size_t pos_ = 0;     // gathers so far in this micro-step
   std::int64_t all_gathers_ = 0;
+  bool holding_all_ = false;
 };
 
 }  // namespace zero

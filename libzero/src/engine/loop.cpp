@@ -20,6 +20,8 @@ void EngineImpl::check_unit(int unit, const char* what) const {
 void EngineImpl::set_eval(bool on) {
   ZERO_CHECK(!on || (micro_ == 0 && reducer_.reduced_this_micro() == 0 && !gatherer_.mid_micro_step()),
              "set_eval(true) in the middle of a training micro-step; evaluate between steps");
+  ZERO_CHECK(on || !gatherer_.holding_all(),
+             "set_eval(false) while a GatheredModel (Engine::gather_all) holds the model; release it first");
   eval_mode_ = on;
 }
 
@@ -30,6 +32,20 @@ UnitParams EngineImpl::gather(int unit) {
   const bool next_micro_follows = micro_ + 1 < gas_;
   ParamGatherer::Lease l = gatherer_.acquire(unit, stage3_training(), next_micro_follows);
   return UnitParams(this, unit, l.data, l.token);
+}
+
+GatheredModel EngineImpl::gather_all() {
+  ZERO_CHECK(initialized_, "gather_all: parameters are not initialised; call Engine::init_params first");
+  ZERO_CHECK(!gatherer_.holding_all(), "gather_all: the model is already held by a GatheredModel; release it first");
+  const bool was_eval = eval_mode_;
+  set_eval(true);  // refuses the middle of a micro-step
+  if (stage_ == 3) gatherer_.hold_all();
+  return GatheredModel(this, was_eval);
+}
+
+void EngineImpl::release_all(bool was_eval) {
+  gatherer_.release_all();
+  eval_mode_ = was_eval;
 }
 
 void EngineImpl::release(int unit, std::uint64_t token) { gatherer_.release(unit, token, stage3_training()); }

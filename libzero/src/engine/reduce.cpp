@@ -8,10 +8,11 @@
 
 namespace zero {
 
-GradReducer::GradReducer(Backend& backend, Communicator& comm, const std::vector<UnitShape>& shapes,
-                         const ZeroOptimizationConfig& z, DType dtype, int stage)
+GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
+                         const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype, int stage)
     : backend_(backend),
       comm_(comm),
+      layout_(layout),
       shapes_(shapes),
       z_(z),
       dtype_(dtype),
@@ -64,6 +65,7 @@ void GradReducer::flush_bucket() {
   // One communicator group per bucket: NCCL launches the bucket's collectives together.
   CommGroup group(comm_);
   for (int unit : pending_) {
+    const CommSiteScope site("reduce", &layout_.unit(unit).name);
     Unit& u = units_[static_cast<std::size_t>(unit)];
     const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
     std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();

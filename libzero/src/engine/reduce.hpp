@@ -27,12 +27,13 @@
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
+#include "zero/layout.hpp"
 
 namespace zero {
 
 class GradReducer {
  public:
-  GradReducer(Backend& backend, Communicator& comm, const std::vector<UnitShape>& shapes,
+  GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
               const ZeroOptimizationConfig& z, DType dtype, int stage);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
@@ -66,6 +67,7 @@ class GradReducer {
 
   Backend& backend_;
   Communicator& comm_;
+  const Layout& layout_;  // unit names, for the collective check's messages
   const std::vector<UnitShape>& shapes_;
   const ZeroOptimizationConfig z_;
   DType dtype_;

@@ -66,6 +66,7 @@ double EngineImpl::global_grad_sumsq() {
   for (int i = 0; i < layout_.num_units(); ++i)
     backend_->stats_add(reducer_.owned(i), dtype_, static_cast<std::size_t>(shape(i).own_len));
   double sumsq = backend_->stats_finish();
+  const CommSiteScope site("step() gradient norm");
   if (stage_ > 0) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum);
   return sumsq;
 }
@@ -161,6 +162,7 @@ void EngineImpl::all_gather_updated() {
   for (int i = 0; i < layout_.num_units(); ++i) {
     const UnitShape& u = shape(i);
     if (u.sharded_params) continue;
+    const CommSiteScope site("step() all_gather of updated params", &layout_.unit(i).name);
     works.push_back(comm_.all_gather_async(params_.owned(i), params_.full(i), static_cast<std::size_t>(u.slice), dtype_));
     bucket += u.padded;
     if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
