@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,6 +93,27 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
+// Bytes one rank has sent in collectives, inside its node and to other nodes (comm/topology.hpp
+// says what a node is). Counted by the ring model that NCCL's and MPI's large-message algorithms
+// follow, rank r sending to rank r+1 (mod size): an all-gather of s bytes per rank sends
+// (size-1)s, a reduce-scatter of s result bytes per rank (size-1)s, an all-reduce of b bytes
+// 2(size-1)ceil(b/size), a broadcast of b bytes b unless the next rank is the root. Payload bytes
+// in the collective's dtype: the host communicator's fp32 staging of 16-bit sums is not counted.
+struct TrafficBytes {
+  std::int64_t intra_node = 0;
+  std::int64_t inter_node = 0;
+  TrafficBytes& operator+=(const TrafficBytes& o) {
+    intra_node += o.intra_node;
+    inter_node += o.inter_node;
+    return *this;
+  }
+  friend TrafficBytes operator-(TrafficBytes a, const TrafficBytes& b) {
+    a.intra_node -= b.intra_node;
+    a.inter_node -= b.inter_node;
+    return a;
+  }
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -133,6 +155,8 @@ class Communicator {
   virtual void check_collective(const char* kind, std::size_t count, DType t, int root) {
     (void)kind, (void)count, (void)t, (void)root;
   }
+  // What this rank has sent since the communicator was made (zeros where not counted).
+  virtual TrafficBytes traffic() const { return {}; }
   // This rank's last collectives as the check saw them, for hang reports ("" where unknown).
   virtual std::string recent_collectives() const { return {}; }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "comm/collective_timeout.hpp"
+#include "comm/topology.hpp"
 #include "runtime/log.hpp"
 #include "zero/error.hpp"
 
@@ -104,6 +105,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   MPI_Comm_set_errhandler(side_, MPI_ERRORS_RETURN);
   timeout_s_ = collective_timeout_s();
   check_ = std::make_unique<CollectiveCheck>(comm);
+  node_of_ = node_of_ranks(comm_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -119,8 +121,27 @@ MpiCommunicator::~MpiCommunicator() {
 MpiCommunicator::Call MpiCommunicator::next_call(int kind, std::size_t count, DType t, int root) {
   const Call call{seq_, kind, count, t};
   check_->agree(kind_name(kind), count, t, root, [&](MPI_Request& r) { wait(r, call); });
+  count_traffic(kind, count, t, root);
   ++seq_;
   return call;
+}
+
+void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int root) {
+  if (size_ == 1) return;
+  const std::int64_t n = size_, esize = static_cast<std::int64_t>(dtype_size(t));
+  const std::int64_t c = static_cast<std::int64_t>(count);
+  std::int64_t bytes = 0;
+  switch (kind) {
+    case kAllGather:
+    case kReduceScatter: bytes = (n - 1) * c * esize; break;
+    case kAllReduce: bytes = 2 * (n - 1) * ((c + n - 1) / n) * esize; break;
+    case kAllReduceScalar: bytes = 2 * (n - 1) * static_cast<std::int64_t>(sizeof(double)); break;
+    case kBroadcast: bytes = (rank_ + 1) % size_ == root ? 0 : c; break;  // count is bytes
+    default: break;  // barrier: no payload
+  }
+  const int next = (rank_ + 1) % size_;
+  (node_of_[static_cast<std::size_t>(next)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
+                                                                                          : traffic_.inter_node) += bytes;
 }
 
 void MpiCommunicator::check_collective(const char* kind, std::size_t count, DType t, int root) {

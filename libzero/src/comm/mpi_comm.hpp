@@ -40,6 +40,9 @@ class MpiCommunicator final : public Communicator {
   double all_reduce_scalar(double v, ReduceOp op) override;
   void check_collective(const char* kind, std::size_t count, DType t, int root) override;
   std::string recent_collectives() const override { return check_->recent(); }
+  TrafficBytes traffic() const override { return traffic_; }
+  // The node of each rank of this communicator (comm/topology.hpp).
+  const std::vector<int>& nodes() const { return node_of_; }
   MPI_Comm handle() const { return comm_; }
 
   // fp32 scratch reused across calls (collectives in flight each hold their own).
@@ -66,6 +69,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   MPI_Comm side_;  // the stall queries, apart from user traffic
   std::unique_ptr<CollectiveCheck> check_;
+  std::vector<int> node_of_;  // node of each rank
+  TrafficBytes traffic_;
+  // Adds what this rank sends in one collective to traffic_ (the ring model of zero/comm.hpp).
+  void count_traffic(int kind, std::size_t count, DType t, int root);
   double timeout_s_ = 600.0;
   std::int64_t seq_ = 0;
   int rank_ = 0, size_ = 1;

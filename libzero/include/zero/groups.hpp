@@ -1,0 +1,82 @@
+// Process groups: the tensor / pipeline / data-parallel grid over the world, and the node
+// topology underneath it.
+//
+// The grid follows Megatron-LM's rank order: tensor-parallel ranks are adjacent (fastest), then
+// data parallel, then pipeline stages (slowest):
+//     world rank = t + T * (d + D * p),   T x D x P = world size, D derived as world / (T x P).
+// With TP inside a node that keeps the tensor all-reduces on the fast links. Each rank gets one
+// communicator per group it belongs to:
+//   tensor()    the T ranks with the same (d, p): the layer's split matrices;
+//   data()      the D ranks with the same (t, p): the engine shards and reduces over it;
+//   pipeline()  the P ranks with the same (t, d): stage to stage;
+//   model()     the T x P ranks with the same d: one whole model, for norms and overflow;
+//   node()      the ranks on this rank's node; cross_node(): one rank per node, the same local
+//               rank, for hierarchical collectives.
+// What a node is: see zero/comm.hpp (TrafficBytes) and ZERO_RANKS_PER_NODE in the README.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/comm.hpp"
+
+namespace zero {
+
+class Context;
+
+struct GridSpec {
+  int tensor = 1;    // T: ranks that split each layer
+  int pipeline = 1;  // P: pipeline stages
+};
+
+// A rank's place in the grid.
+struct GridCoord {
+  int tensor = 0, data = 0, pipeline = 0;
+};
+
+class ProcessGroups {
+ public:
+  // Collective over the world. A world size that T x P does not divide is an error naming both.
+  ProcessGroups(Context& ctx, GridSpec spec = {});
+  ~ProcessGroups();
+  ProcessGroups(const ProcessGroups&) = delete;
+  ProcessGroups& operator=(const ProcessGroups&) = delete;
+
+  int tensor_size() const { return spec_.tensor; }
+  int pipeline_size() const { return spec_.pipeline; }
+  int data_size() const { return data_size_; }
+  GridCoord coord() const { return coord_; }
+  // The world rank at a grid position (Megatron's order).
+  int world_rank(GridCoord c) const { return c.tensor + spec_.tensor * (c.data + data_size_ * c.pipeline); }
+
+  Communicator& tensor() { return *tensor_; }
+  Communicator& data() { return *data_; }
+  Communicator& pipeline() { return *pipeline_; }
+  Communicator& model() { return *model_; }
+  Communicator& node() { return *node_; }
+  Communicator& cross_node() { return *cross_node_; }
+
+  int nodes() const { return nodes_; }
+  int node_index() const { return node_index_; }
+  int ranks_per_node() const { return ranks_per_node_; }  // 0 when nodes differ in size
+  bool simulated_nodes() const { return simulated_; }     // ZERO_RANKS_PER_NODE
+  // The node of every world rank.
+  const std::vector<int>& node_of_rank() const { return node_of_; }
+  // Bytes this rank sent over all of its groups (the world communicator excluded).
+  TrafficBytes traffic() const;
+
+  // "4 ranks on 2 nodes x 2 ranks (simulated); grid TP 2 x DP 2 x PP 1; ..." for start-up reports.
+  std::string describe() const;
+
+ private:
+  GridSpec spec_;
+  int world_ = 1, data_size_ = 1;
+  GridCoord coord_;
+  int nodes_ = 1, node_index_ = 0, ranks_per_node_ = 1;
+  bool simulated_ = false;
+  std::vector<int> node_of_;
+  std::unique_ptr<Communicator> tensor_, data_, pipeline_, model_, node_, cross_node_;
+};
+
+}  // namespace zero

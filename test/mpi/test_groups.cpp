@@ -1,0 +1,119 @@
+// Process groups and node topology: the grid's rank order (Megatron's: tensor fastest, then
+// data, then pipeline), who is in each group, clear errors for grids the world does not fit,
+// and the bytes each collective sends inside and across nodes (the ring model of zero/comm.hpp).
+// Run at 1, 2 and 4 ranks, and at 4 ranks with ZERO_RANKS_PER_NODE=2 (two simulated nodes).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "zero/comm.hpp"
+#include "zero/context.hpp"
+#include "zero/error.hpp"
+#include "zero/groups.hpp"
+
+using namespace zero;
+
+namespace {
+int simulated_per_node() {
+  const char* v = std::getenv("ZERO_RANKS_PER_NODE");
+  return v ? std::atoi(v) : 0;
+}
+// The sum over a group of each member's world rank.
+double sum_of_world_ranks(Communicator& c) { return c.all_reduce_scalar(Context::current()->rank(), ReduceOp::sum); }
+}  // namespace
+
+TEST_CASE("every grid the world fits: coordinates, group sizes and members in Megatron's order") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  for (int T = 1; T <= world; ++T)
+    for (int P = 1; T * P <= world; ++P) {
+      if (world % (T * P) != 0) continue;
+      const int D = world / (T * P);
+      INFO("TP " << T << " x PP " << P << " on " << world << " ranks");
+      ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
+      const GridCoord c = g.coord();
+      REQUIRE(g.data_size() == D);
+      REQUIRE(c.tensor == r % T);
+      REQUIRE(c.data == (r / T) % D);
+      REQUIRE(c.pipeline == r / (T * D));
+      REQUIRE(g.world_rank(c) == r);
+      REQUIRE(g.tensor().size() == T);
+      REQUIRE(g.data().size() == D);
+      REQUIRE(g.pipeline().size() == P);
+      REQUIRE(g.model().size() == T * P);
+      REQUIRE(g.tensor().rank() == c.tensor);
+      REQUIRE(g.data().rank() == c.data);
+      REQUIRE(g.pipeline().rank() == c.pipeline);
+      // Members, by the sum of their world ranks computed from the formula.
+      double tensor_sum = 0, data_sum = 0, pipe_sum = 0, model_sum = 0;
+      for (int t = 0; t < T; ++t) tensor_sum += g.world_rank({t, c.data, c.pipeline});
+      for (int d = 0; d < D; ++d) data_sum += g.world_rank({c.tensor, d, c.pipeline});
+      for (int p = 0; p < P; ++p) pipe_sum += g.world_rank({c.tensor, c.data, p});
+      for (int t = 0; t < T; ++t)
+        for (int p = 0; p < P; ++p) model_sum += g.world_rank({t, c.data, p});
+      REQUIRE(sum_of_world_ranks(g.tensor()) == tensor_sum);
+      REQUIRE(sum_of_world_ranks(g.data()) == data_sum);
+      REQUIRE(sum_of_world_ranks(g.pipeline()) == pipe_sum);
+      REQUIRE(sum_of_world_ranks(g.model()) == model_sum);
+    }
+}
+
+TEST_CASE("a grid the world does not fit is an error naming the sizes, on every rank") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, {.tensor = world + 1})),
+                      Catch::Contains(std::to_string(world) + " ranks does not divide") &&
+                          Catch::Contains("tensor " + std::to_string(world + 1)));
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, {.tensor = 1, .pipeline = 0})), Catch::Contains("at least 1"));
+  if (world == 4) REQUIRE_THROWS_WITH((ProcessGroups(ctx, {.tensor = 3})), Catch::Contains("does not divide"));
+}
+
+TEST_CASE("nodes: real (one host here) or simulated with ZERO_RANKS_PER_NODE") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  ProcessGroups g(ctx);
+  const int per = simulated_per_node();
+  if (per == 0) {
+    REQUIRE(g.nodes() == 1);
+    REQUIRE(g.ranks_per_node() == world);
+    REQUIRE_FALSE(g.simulated_nodes());
+  } else {
+    REQUIRE(g.simulated_nodes());
+    REQUIRE(g.nodes() == (world + per - 1) / per);
+    REQUIRE(g.node_index() == r / per);
+    for (int q = 0; q < world; ++q) REQUIRE(g.node_of_rank()[static_cast<std::size_t>(q)] == q / per);
+  }
+  const int local = r - g.node_index() * (per ? per : world);
+  REQUIRE(g.node().rank() == local);
+  REQUIRE(g.cross_node().size() == g.nodes());
+  REQUIRE(g.cross_node().rank() == g.node_index());
+  REQUIRE(g.describe().find(std::to_string(g.nodes()) + " nodes") != std::string::npos);
+}
+
+TEST_CASE("collectives count the bytes each rank sends inside its node and across nodes (ring model)") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  ProcessGroups g(ctx);  // TP 1 x PP 1: data() is the world in rank order
+  Communicator& c = g.data();
+  const int per = simulated_per_node() ? simulated_per_node() : world;
+  const bool next_same_node = (r + 1) % world / per == r / per;
+  const std::int64_t n = world;
+
+  auto sent = [&](auto&& collective) {
+    const TrafficBytes before = c.traffic();
+    collective();
+    const TrafficBytes d = c.traffic() - before;
+    REQUIRE((next_same_node ? d.inter_node : d.intra_node) == 0);  // one link: to the next rank
+    return next_same_node ? d.intra_node : d.inter_node;
+  };
+  std::vector<float> v(10 * static_cast<std::size_t>(world), 1.0f);
+  REQUIRE(sent([&] { c.all_gather(v.data() + 10 * r, v.data(), 10, DType::f32); }) == (n - 1) * 10 * 4);
+  REQUIRE(sent([&] { c.reduce_scatter(v.data(), v.data(), 10, DType::bf16); }) == (n - 1) * 10 * 2);
+  REQUIRE(sent([&] { c.all_reduce(v.data(), 10, DType::f32); }) == (world == 1 ? 0 : 2 * (n - 1) * ((10 + n - 1) / n) * 4));
+  REQUIRE(sent([&] { c.broadcast(v.data(), 100, 0); }) == (world == 1 || (r + 1) % world == 0 ? 0 : 100));
+  REQUIRE(sent([&] { c.barrier(); }) == 0);
+  // The groups' total includes what data() sent.
+  REQUIRE(g.traffic().intra_node + g.traffic().inter_node >= c.traffic().intra_node + c.traffic().inter_node);
+}
