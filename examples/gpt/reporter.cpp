@@ -84,14 +84,14 @@ void Reporter::train(const TrainRecord& r) {
   std::snprintf(buf, sizeof buf,
                 "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g%s | "
                 "%s samples/s (avg %s) | %s tok/s | %.4f TFLOPs/dev (F=%.2f) | MFU %.1f%% | "
-                "state %s/rank | peak RSS %s | ETA %s | %s tokens in %.1f days",
+                "state %s/rank | peak RSS %s | inter-node %s/step | ETA %s | %s tokens in %.1f days",
                 static_cast<int>(std::to_string(r.steps).size()), static_cast<long long>(r.step),
                 static_cast<long long>(r.steps), r.loss, r.lr, r.grad_norm, r.loss_scale,
                 r.skipped ? " (skipped: overflow)" : "", format_significant(r.samples_per_s).c_str(),
                 format_significant(r.samples_per_s_avg).c_str(), format_si(r.tokens_per_s).c_str(),
                 r.tflops_per_device, r.flops_factor, 100.0 * r.mfu,
                 format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
-                format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
+                format_mib(r.inter_node_bytes).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
                 r.token_budget_days);
   line(buf);
   record({{"type", "train"},
@@ -112,7 +112,9 @@ void Reporter::train(const TrainRecord& r) {
           {"peak_rss_bytes", number(r.peak_rss_bytes)},
           {"eta_s", number(r.eta_s)},
           {"token_budget_days", number(r.token_budget_days)},
-          {"elapsed_s", number(r.elapsed_s)}});
+          {"elapsed_s", number(r.elapsed_s)},
+          {"intra_node_bytes", number(r.intra_node_bytes)},
+          {"inter_node_bytes", number(r.inter_node_bytes)}});
 }
 
 void Reporter::eval(const EvalRecord& r) {

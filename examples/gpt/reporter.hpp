@@ -37,6 +37,9 @@ struct TrainRecord {
   double model_state_bytes = 0;  // per rank
   double peak_rss_bytes = 0;     // the largest over the ranks
   double eta_s = 0, token_budget = 0, token_budget_days = 0, elapsed_s = 0;
+  // Bytes this rank sent in the last step's collectives, inside its node and to other nodes
+  // (the ring model of zero/comm.hpp).
+  double intra_node_bytes = 0, inter_node_bytes = 0;
 };
 
 struct EvalRecord {

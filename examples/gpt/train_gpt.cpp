@@ -52,6 +52,7 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/error.hpp"
+#include "zero/groups.hpp"
 #include "zero/preemption.hpp"
 
 namespace {
@@ -300,6 +301,7 @@ struct RunFacts {
   std::int64_t start_step = 0;
   std::string checkpoint_dir;
   std::string resume_command;  // this command line with --resume, for the stop message
+  std::string nodes;           // "2 nodes x 2 ranks"
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
@@ -315,6 +317,7 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                 f.threads == 1 ? "" : "s");
   rep.line(buf);
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
+  rep.line("nodes: " + f.nodes + "; the engine's collectives span all ranks (one data-parallel group)");
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
@@ -371,7 +374,9 @@ class TrainingLoop {
     if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
     for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
       const auto t0 = Clock::now();
+      const zero::TrafficBytes sent = ctx_.comm().traffic();
       const GptTrainer::Step s = trainer_.train_step();
+      step_traffic_ = ctx_.comm().traffic() - sent;
       const double dt = seconds_since(t0);
       train_seconds_ += dt;
       interval_seconds_ += dt;
@@ -434,6 +439,8 @@ class TrainingLoop {
     r.token_budget = s_.token_budget;
     r.token_budget_days = s_.token_budget / r.tokens_per_s / 86400.0;  // at the current rate
     r.elapsed_s = wall;
+    r.intra_node_bytes = static_cast<double>(step_traffic_.intra_node);
+    r.inter_node_bytes = static_cast<double>(step_traffic_.inter_node);
     rep_.train(r);
     interval_seconds_ = 0.0;
     interval_steps_ = 0;
@@ -482,6 +489,7 @@ class TrainingLoop {
   double train_seconds_ = 0.0;  // optimizer steps only: evaluation excluded from throughput
   double interval_seconds_ = 0.0;
   std::int64_t interval_steps_ = 0;
+  zero::TrafficBytes step_traffic_;  // what this rank sent in the last step's collectives
   double last_val_ = std::numeric_limits<double>::quiet_NaN();
 };
 
@@ -542,6 +550,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
   create_run_dir(ctx, rc);
 
+  facts.nodes = zero::node_layout(ctx).describe();
   facts.params = static_cast<double>(trainer.engine().layout().num_params());
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());

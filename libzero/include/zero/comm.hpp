@@ -151,7 +151,8 @@ class Communicator {
   // The collective check for a collective this communicator is about to issue (see the top of
   // this file); every rank calls it with its own description. kind is a string literal; count
   // is in elements of t (bytes for byte payloads). Communicators over MPI implement it; device
-  // communicators hand their statements to the host communicator that bootstrapped them.
+  // communicators hand their statements to the host communicator that bootstrapped them,
+  // which also counts their traffic (they span the same ranks).
   virtual void check_collective(const char* kind, std::size_t count, DType t, int root) {
     (void)kind, (void)count, (void)t, (void)root;
   }

@@ -25,6 +25,15 @@ namespace zero {
 
 class Context;
 
+// The nodes under the world communicator (the Context's), for start-up reports.
+struct NodeLayout {
+  int nodes = 1;
+  int ranks_per_node = 1;  // 0 when nodes differ in size
+  bool simulated = false;  // ZERO_RANKS_PER_NODE
+  std::string describe() const;  // "2 nodes x 2 ranks (simulated: ZERO_RANKS_PER_NODE)"
+};
+NodeLayout node_layout(Context& ctx);
+
 struct GridSpec {
   int tensor = 1;    // T: ranks that split each layer
   int pipeline = 1;  // P: pipeline stages

@@ -14,6 +14,17 @@
 namespace zero {
 
 namespace {
+NodeLayout layout_of(const std::vector<int>& node_of) {
+  NodeLayout l;
+  l.nodes = *std::max_element(node_of.begin(), node_of.end()) + 1;
+  std::vector<int> per_node(static_cast<std::size_t>(l.nodes), 0);
+  for (int n : node_of) ++per_node[static_cast<std::size_t>(n)];
+  l.ranks_per_node =
+      std::all_of(per_node.begin(), per_node.end(), [&](int k) { return k == per_node[0]; }) ? per_node[0] : 0;
+  l.simulated = simulated_ranks_per_node() > 0;
+  return l;
+}
+
 // The sub-communicator of the world ranks with the same `color`, ordered by `key`.
 std::unique_ptr<Communicator> split(int color, int key) {
   MPI_Comm c = MPI_COMM_NULL;
@@ -40,14 +51,11 @@ ProcessGroups::ProcessGroups(Context& ctx, GridSpec spec) : spec_(spec), world_(
   coord_.pipeline = r / (spec.tensor * data_size_);
 
   node_of_ = node_of_ranks(MPI_COMM_WORLD);
-  simulated_ = simulated_ranks_per_node() > 0;
-  nodes_ = *std::max_element(node_of_.begin(), node_of_.end()) + 1;
+  const NodeLayout nl = layout_of(node_of_);
+  simulated_ = nl.simulated;
+  nodes_ = nl.nodes;
+  ranks_per_node_ = nl.ranks_per_node;
   node_index_ = node_of_[static_cast<std::size_t>(r)];
-  std::vector<int> per_node(static_cast<std::size_t>(nodes_), 0);
-  for (int n : node_of_) ++per_node[static_cast<std::size_t>(n)];
-  ranks_per_node_ = std::all_of(per_node.begin(), per_node.end(), [&](int k) { return k == per_node[0]; })
-                        ? per_node[0]
-                        : 0;
   int local = 0;  // this rank's position inside its node
   for (int q = 0; q < r; ++q) local += node_of_[static_cast<std::size_t>(q)] == node_index_;
 
@@ -70,12 +78,21 @@ TrafficBytes ProcessGroups::traffic() const {
   return t;
 }
 
+std::string NodeLayout::describe() const {
+  const std::string shape = ranks_per_node > 0 ? fmt::format("{} nodes x {} ranks", nodes, ranks_per_node)
+                                                : fmt::format("{} nodes of unequal size", nodes);
+  return shape + (simulated ? " (simulated: ZERO_RANKS_PER_NODE)" : "");
+}
+
+NodeLayout node_layout(Context& ctx) {
+  // The Context's communicator is the host (MPI) one; it knows its ranks' nodes.
+  return layout_of(static_cast<const MpiCommunicator&>(ctx.comm()).nodes());
+}
+
 std::string ProcessGroups::describe() const {
-  const std::string shape = ranks_per_node_ > 0 ? fmt::format("{} nodes x {} ranks", nodes_, ranks_per_node_)
-                                                 : fmt::format("{} nodes of unequal size", nodes_);
-  return fmt::format("{} ranks on {}{}; grid TP {} x DP {} x PP {} (tensor ranks adjacent, then data, then pipeline)",
-                     world_, shape, simulated_ ? " (simulated: ZERO_RANKS_PER_NODE)" : "", spec_.tensor, data_size_,
-                     spec_.pipeline);
+  const NodeLayout nl{nodes_, ranks_per_node_, simulated_};
+  return fmt::format("{} ranks on {}; grid TP {} x DP {} x PP {} (tensor ranks adjacent, then data, then pipeline)",
+                     world_, nl.describe(), spec_.tensor, data_size_, spec_.pipeline);
 }
 
 }  // namespace zero

@@ -150,6 +150,8 @@ void MpiCommunicator::check_collective(const char* kind, std::size_t count, DTyp
   while (k < kKinds && std::string_view(kind_name(k)) != kind) ++k;
   const Call call{seq_, k, count, t};
   check_->agree(kind, count, t, root, [&](MPI_Request& r) { wait(r, call); });
+  // Its traffic counts here: the device communicator spans the same ranks.
+  count_traffic(k, count, t, root);
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const Call& call) {
