@@ -14,8 +14,10 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/gpt2_interop.hpp"
 #include "checkpoint/json.hpp"
 #include "checkpoint/safetensors.hpp"
+#include "zero/llmc_gpt2.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
@@ -56,6 +58,11 @@ std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadat
 }
 
 }  // namespace
+
+void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) dst[j * rows + i] = src[i * cols + j];
+}
 
 std::string config_json(const plan::GptShape& c, DType dtype) {
   json::Json j = json::Json::object();
@@ -176,6 +183,7 @@ struct Gpt2Weights::File {
     DType dtype = DType::f32;
     std::vector<std::int64_t> shape;
     std::uint64_t begin = 0, end = 0;
+    bool transposed = false;  // an llm.c matrix, stored [shape[1], shape[0]]
   };
   std::map<std::string, Tensor> tensors;  // by layout name (prefix removed)
   std::vector<std::string> skipped;       // tied lm_head, attention-mask buffers
@@ -201,6 +209,11 @@ int config_int(const json::Field& f, const char* key, const char* alt = nullptr)
 }  // namespace
 
 Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+  // llm.c's format is told by its magic number; a .bin file without it gets llm.c's error.
+  if (!fs::is_directory(path) && (llmc::has_magic(path) || path.ends_with(".bin"))) {
+    open_llmc();
+    return;
+  }
   std::string file = path;
   if (fs::is_directory(path)) {
     file = (fs::path(path) / "model.safetensors").string();
@@ -279,6 +292,30 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
   }
 }
 
+void Gpt2Weights::open_llmc() {
+  const llmc::Header h = llmc::read_header(path_);
+  config_ = h.shape;
+  llmc_ = true;
+  File& F = *file_;
+  F.fd = ckpt::Fd::open_read(path_);
+  F.data_start = llmc::kHeaderBytes;
+  const std::size_t es = dtype_size(h.dtype());
+  for (auto& [name, at] : llmc::placements(h)) {
+    File::Tensor t;
+    t.dtype = h.dtype();
+    t.shape = at.shape;
+    // Only the true vocabulary's rows: the file's padding rows are not read, the trainer's are
+    // zeros (see read()), however many each side has.
+    if (name == kWte) t.shape[0] = h.shape.vocab_size;
+    std::uint64_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
+    t.begin = at.offset * es;
+    t.end = t.begin + n * es;
+    t.transposed = at.transposed;
+    F.tensors.emplace(name, std::move(t));
+  }
+}
+
 Gpt2Weights::~Gpt2Weights() = default;
 Gpt2Weights::Gpt2Weights(Gpt2Weights&&) noexcept = default;
 Gpt2Weights& Gpt2Weights::operator=(Gpt2Weights&&) noexcept = default;
@@ -287,16 +324,18 @@ void Gpt2Weights::check(const plan::GptShape& model) const {
   std::vector<std::string> problems;
   if (config_) {
     const plan::GptShape& c = *config_;
-    auto field = [&](const char* what, int file, int mine, const char* key) {
+    // Each field under the name the file gives it.
+    const char* source = llmc_ ? "the llm.c header's" : "config.json";
+    auto field = [&](const char* hf_name, const char* llmc_name, int file, int mine, const char* key) {
       if (file != mine)
-        problems.push_back(fmt::format("config.json {} = {}, the model has {} = {} (set model.{}: {})", what, file,
-                                       key, mine, key, file));
+        problems.push_back(fmt::format("{} {} = {}, the model has {} = {} (set model.{}: {})", source,
+                                       llmc_ ? llmc_name : hf_name, file, key, mine, key, file));
     };
-    field("n_layer", c.n_layer, model.n_layer, "n_layer");
-    field("n_head", c.n_head, model.n_head, "n_head");
-    field("n_embd", c.n_embd, model.n_embd, "n_embd");
-    field("n_positions", c.seq_len, model.seq_len, "seq_len");
-    field("vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
+    field("n_layer", "num_layers", c.n_layer, model.n_layer, "n_layer");
+    field("n_head", "num_heads", c.n_head, model.n_head, "n_head");
+    field("n_embd", "channels", c.n_embd, model.n_embd, "n_embd");
+    field("n_positions", "max_seq_len", c.seq_len, model.seq_len, "seq_len");
+    field("vocab_size", "vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
   }
   const Layout want = plan::gpt_layout(model);
   std::set<std::string> needed;
@@ -343,6 +382,12 @@ void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>&
                          shape_text(shape)));
   std::vector<unsigned char> raw(t.end - t.begin);
   file_->fd.pread_all(raw.data(), raw.size(), file_->data_start + t.begin);
+  if (t.transposed) {
+    std::vector<float> stored(have);
+    convert(raw.data(), t.dtype, stored.data(), DType::f32, have);
+    transpose(stored.data(), out.data(), t.shape[1], t.shape[0]);
+    return;
+  }
   convert(raw.data(), t.dtype, out.data(), DType::f32, have);
   std::fill(out.begin() + static_cast<std::ptrdiff_t>(have), out.end(), 0.0f);
 }

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""llm.c checkpoints into zero-gpt, checked against a writer written here (standard library
+only).
+
+A short zero-gpt run (vocabulary 130, so wte carries 126 padding rows) saves a checkpoint and
+`zero-ckpt export --format safetensors` writes its weights under the trainer's names (Conv1D
+[in, out] matrices, 256 wte rows). From those, this script writes an llm.c GPT-2 checkpoint
+itself, as llm.c's train_gpt2.py write_model does: 256 int32 (magic 20240326, version 3,
+max_seq_len, vocab_size, num_layers, num_heads, channels, padded_vocab_size, zeros), then wte,
+wpe, each per-layer tensor for all layers together (ln1w, ln1b, qkvw, qkvb, attprojw, attprojb,
+ln2w, ln2b, fcw, fcb, fcprojw, fcprojb), lnfw, lnfb, matrices [out, in], padding rows zero.
+
+Import: a run started from that file (model.init_from) must report, before any step, the
+validation loss the first run had at the step it saved, to the last bit. A model section that
+does not fit, a truncated file, a token shard, a wrong magic and an unknown version are refused
+with messages that say so.
+
+    gpt_llmc.py ZERO_GPT ZERO_CKPT CONFIG WORKDIR
+"""
+import array
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+exe, ckpt_tool, config, work = sys.argv[1:5]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+steps, L, NH, C, T, V = 3, 2, 2, 32, 32, 130
+Vp = 256  # padded to a multiple of 128, as llm.c pads
+
+
+def fail(msg):
+    sys.exit("gpt_llmc: FAIL: " + msg)
+
+
+def zero_gpt(run_dir, *extra):
+    cmd = [exe, "--config", config, "--set", "run.eval_sequences=8", "--set", "run.sample_tokens=0",
+           "--set", f"model.n_layer={L}", "--set", f"model.n_embd={C}", "--set", f"model.n_head={NH}",
+           "--set", f"model.seq_len={T}", "--set", f"model.vocab_size={V}",
+           "--set", "train_micro_batch_size_per_gpu=2", "--set", "scheduler.params.warmup_num_steps=1",
+           "--set", f"run.out_dir={run_dir}"]
+    for e in extra:
+        cmd += ["--set", e]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+def trained(run_dir, *extra):
+    out = zero_gpt(run_dir, *extra)
+    if out.returncode != 0:
+        fail(f"zero-gpt {' '.join(extra)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+    with open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return {r["step"]: r["val_loss"] for r in map(json.loads, f) if r["type"] == "eval"}
+
+
+def export(ckpt, fmt, path, *extra):
+    cmd = [ckpt_tool, "export", ckpt, "--format", fmt, "-o", path, *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        fail(f"{' '.join(cmd)} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
+
+
+def read_safetensors(path):
+    """name -> float32 array of an F32 safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {name: array.array("f", data[8 + n + t["data_offsets"][0]:8 + n + t["data_offsets"][1]])
+            for name, t in header.items() if name != "__metadata__"}
+
+
+def transposed(a, rows, cols):
+    """[rows, cols] row-major as [cols, rows]."""
+    return array.array(a.typecode, (a[i * cols + j] for j in range(cols) for i in range(rows)))
+
+
+def bf16(a):
+    """fp32 values as bf16 bit patterns, rounded to nearest even (no NaNs here)."""
+    return array.array("H", (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF
+                             for u in array.array("I", a.tobytes())))
+
+
+def write_llmc(path, w, version):
+    """w: the trainer's tensors by name (read_safetensors of the raw export)."""
+    wte = array.array("f", w["wte.weight"][:V * C]) + array.array("f", [0.0] * ((Vp - V) * C))
+    tensors = [wte, w["wpe.weight"]]
+    per_layer = [("ln_1.weight", None), ("ln_1.bias", None), ("attn.c_attn.weight", (C, 3 * C)),
+                 ("attn.c_attn.bias", None), ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", None),
+                 ("ln_2.weight", None), ("ln_2.bias", None), ("mlp.c_fc.weight", (C, 4 * C)),
+                 ("mlp.c_fc.bias", None), ("mlp.c_proj.weight", (4 * C, C)), ("mlp.c_proj.bias", None)]
+    for name, conv1d in per_layer:  # one tensor for every layer, then the next
+        for l in range(L):
+            t = w[f"h.{l}.{name}"]
+            tensors.append(t if conv1d is None else transposed(t, *conv1d))  # [in, out] -> [out, in]
+    tensors += [w["ln_f.weight"], w["ln_f.bias"]]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240326, version, T, V, L, NH, C, Vp, *([0] * 248)))
+        for t in tensors:
+            f.write(t.tobytes() if version == 3 else bf16(t).tobytes())
+
+
+def refused(name, data, expect, *extra):
+    path = os.path.join(work, name + ".bin")
+    with open(path, "wb") as f:
+        f.write(data)
+    out = zero_gpt(os.path.join(work, name), "run.steps=1", f"model.init_from={path}", *extra)
+    text = out.stdout + out.stderr
+    if out.returncode == 0 or any(e not in text for e in expect):
+        fail(f"{name}: not refused with {expect} ({out.returncode}):\n{text}")
+
+
+# 1. Train a few steps and save; the weights under the trainer's names.
+first = os.path.join(work, "trained")
+trained_loss = trained(first, f"run.steps={steps}", f"run.save_interval={steps}",
+                       f"run.eval_interval={steps}")[steps]
+ckpt = os.path.join(first, "checkpoints")
+raw = os.path.join(work, "raw.safetensors")
+export(ckpt, "safetensors", raw)
+weights = read_safetensors(raw)
+if len(weights["wte.weight"]) != Vp * C or any(weights["wte.weight"][V * C:]):
+    fail("the raw export's wte is not 256 rows with zero padding rows")
+ours = os.path.join(work, "written_here.bin")
+write_llmc(ours, weights, 3)
+
+# 2. Import: the loss before any step is the trained model's.
+imported = trained(os.path.join(work, "imported"), "run.steps=1", f"model.init_from={ours}")
+if imported.get(0) != trained_loss:
+    fail(f"imported loss at step 0 {imported.get(0)!r} != trained loss {trained_loss!r}")
+
+# 3. Clear errors before training.
+with open(ours, "rb") as f:
+    good = f.read()
+refused("misfit", good, ["does not fit the model", "the llm.c header's channels = 32, the model has n_embd = 64"],
+        "model.n_embd=64")
+refused("truncated", good[:-100], ["is truncated", f"needs {len(good)}"])
+refused("shard", struct.pack("<i", 20240520) + good[4:], ["is an llm.c token shard"])
+refused("magic", struct.pack("<i", 12345) + good[4:], ["is not an llm.c GPT-2 checkpoint", "starts with 12345"])
+refused("version", good[:4] + struct.pack("<i", 4) + good[8:], ["version 4", "reads versions 3 (fp32) and 5 (bf16)"])
+print(f"gpt_llmc: import ok (loss {trained_loss} after {steps} steps, the same from the llm.c file)")
