@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""llm.c checkpoints into zero-gpt, checked against a writer written here (standard library
-only).
+"""llm.c checkpoints in and out of zero-gpt, checked against a writer written here (standard
+library only).
 
 A short zero-gpt run (vocabulary 130, so wte carries 126 padding rows) saves a checkpoint and
 `zero-ckpt export --format safetensors` writes its weights under the trainer's names (Conv1D
@@ -14,6 +14,11 @@ Import: a run started from that file (model.init_from) must report, before any s
 validation loss the first run had at the step it saved, to the last bit. A model section that
 does not fit, a truncated file, a token shard, a wrong magic and an unknown version are refused
 with messages that say so.
+
+Export: `zero-ckpt export --format llmc` must write the same bytes as this script (fp32,
+version 3, and bf16, version 5, rounded to nearest even). Round trip: the run started from the
+exported file takes one step at learning rate 0 (which leaves every weight as it was) and
+saves; exporting that checkpoint gives the same bytes again.
 
     gpt_llmc.py ZERO_GPT ZERO_CKPT CONFIG WORKDIR
 """
@@ -139,4 +144,35 @@ refused("truncated", good[:-100], ["is truncated", f"needs {len(good)}"])
 refused("shard", struct.pack("<i", 20240520) + good[4:], ["is an llm.c token shard"])
 refused("magic", struct.pack("<i", 12345) + good[4:], ["is not an llm.c GPT-2 checkpoint", "starts with 12345"])
 refused("version", good[:4] + struct.pack("<i", 4) + good[8:], ["version 4", "reads versions 3 (fp32) and 5 (bf16)"])
-print(f"gpt_llmc: import ok (loss {trained_loss} after {steps} steps, the same from the llm.c file)")
+
+# 4. Export: the same bytes as written here, in fp32 (version 3) and bf16 (version 5).
+exported = os.path.join(work, "exported.bin")
+export(ckpt, "llmc", exported)
+with open(exported, "rb") as f:
+    if f.read() != good:
+        fail("zero-ckpt export --format llmc differs from the file written here")
+ours16, exported16 = os.path.join(work, "written_here_bf16.bin"), os.path.join(work, "exported_bf16.bin")
+write_llmc(ours16, weights, 5)
+export(ckpt, "llmc", exported16, "--dtype", "bf16")
+with open(ours16, "rb") as a, open(exported16, "rb") as b:
+    if a.read() != b.read():
+        fail("zero-ckpt export --format llmc --dtype bf16 differs from the file written here")
+
+# 5. Round trip: start from the export, one step at learning rate 0, save, export again.
+again = os.path.join(work, "round_trip")
+losses = trained(again, "run.steps=1", "run.save_interval=1", "optimizer.params.lr=0",
+                 f"model.init_from={exported}")
+if losses.get(0) != trained_loss or losses.get(1) != trained_loss:
+    fail(f"round trip losses {losses} (steps 0 and 1), expected {trained_loss} at both")
+second = os.path.join(work, "exported_again.bin")
+export(os.path.join(again, "checkpoints"), "llmc", second)
+with open(second, "rb") as f:
+    if f.read() != good:
+        fail("exporting the model imported from the export gives other bytes")
+
+# 6. The bf16 file loads: its loss is the trained one to bf16's precision.
+loss16 = trained(os.path.join(work, "imported_bf16"), "run.steps=1", f"model.init_from={exported16}")[0]
+if not abs(loss16 - trained_loss) < 0.05 or loss16 == trained_loss:
+    fail(f"bf16 import loss {loss16} vs fp32 {trained_loss}: not within rounding")
+print(f"gpt_llmc: ok (loss {trained_loss} after {steps} steps, the same from the llm.c file; {len(good)} bytes "
+      f"exported as written here, again after a round trip; bf16 loss {loss16})")

@@ -1,5 +1,7 @@
 // llm.c GPT-2 interchange: read the checkpoints of karpathy/llm.c (gpt2_124M.bin and what its
-// trainers write) to initialise a run (zero-gpt's model.init_from, through zero::hf::Gpt2Weights).
+// trainers write) to initialise a run (zero-gpt's model.init_from, through zero::hf::Gpt2Weights),
+// and write a libzero checkpoint of a GPT-2-shaped layout in that format (zero-ckpt export
+// --format llmc), so a model moves between the two trainers in either direction.
 //
 // The file: 256 little-endian int32 (magic 20240326, version, max_seq_len, vocab_size,
 // num_layers, num_heads, channels, padded_vocab_size, the rest zero), then every parameter back
@@ -12,7 +14,7 @@
 // and not read (the trainer's own padding rows start at zero whatever the file's count).
 //
 // One table of llm.c's tensors (in llmc_gpt2.cpp) gives each one's trainer parameter, order and
-// orientation; the reader follows it through placements().
+// orientation; reading and writing both follow it through placements().
 #pragma once
 
 #include <array>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
+#include "zero/hf_gpt2.hpp"
 #include "zero/plan.hpp"
 
 namespace zero::llmc {
@@ -42,6 +45,10 @@ struct Header {
   std::uint64_t file_bytes() const { return kHeaderBytes + num_elements() * dtype_size(dtype()); }
 };
 
+// What the export writes for `shape`: the trainer's padding (a multiple of 128, as llm.c's),
+// version 3 for fp32 and 5 for bf16 (fp16 has no llm.c version: throws).
+Header header_for(const plan::GptShape& shape, DType dtype);
+std::array<std::int32_t, kHeaderInts> encode(const Header& h);
 // Checks the magic, the version and the sizes; errors name `path`.
 Header decode(const std::array<std::int32_t, kHeaderInts>& ints, const std::string& path);
 // The header of the file at `path`, its size checked against it (a truncated file, or one with
@@ -59,5 +66,10 @@ struct Placement {
 };
 // Every parameter of gpt_layout(h.shape), by its name there.
 std::map<std::string, Placement> placements(const Header& h);
+
+// Writes out_file from a checkpoint of a GPT-2-shaped layout (the checks and options of
+// zero::hf::export_gpt2; dtype fp32 or bf16). Returns the exported shape.
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_file,
+                           const hf::ExportOptions& opts = {});
 
 }  // namespace zero::llmc

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/gpt2_interop.hpp"
 #include "zero/error.hpp"
 
 namespace fs = std::filesystem;
@@ -50,6 +51,31 @@ std::int64_t numel(const std::vector<std::int64_t>& shape) {
 std::uint64_t Header::num_elements() const {
   const std::int64_t C = shape.n_embd;
   return static_cast<std::uint64_t>(shape.num_params() + (padded_vocab - shape.padded_vocab()) * C);
+}
+
+Header header_for(const plan::GptShape& shape, DType dtype) {
+  ZERO_CHECK(dtype != DType::f16, "export llmc: llm.c checkpoints hold fp32 (version 3) or bf16 (version 5) "
+                                  "parameters, not fp16; use --dtype fp32 or --dtype bf16");
+  shape.validate();
+  Header h;
+  h.version = dtype == DType::bf16 ? kVersionBf16 : kVersionF32;
+  h.shape = shape;
+  h.shape.name.clear();
+  h.padded_vocab = shape.padded_vocab();
+  return h;
+}
+
+std::array<std::int32_t, kHeaderInts> encode(const Header& h) {
+  std::array<std::int32_t, kHeaderInts> ints{};
+  ints[0] = kMagic;
+  ints[1] = h.version;
+  ints[2] = h.shape.seq_len;
+  ints[3] = h.shape.vocab_size;
+  ints[4] = h.shape.n_layer;
+  ints[5] = h.shape.n_head;
+  ints[6] = h.shape.n_embd;
+  ints[7] = static_cast<std::int32_t>(h.padded_vocab);
+  return ints;
 }
 
 Header decode(const std::array<std::int32_t, kHeaderInts>& ints, const std::string& path) {
@@ -142,6 +168,42 @@ std::map<std::string, Placement> placements(const Header& h) {
   ZERO_CHECK(out.size() == shapes.size() && offset == h.num_elements(),
              "llm.c's tensor table does not cover plan::gpt_layout; the table in llmc_gpt2.cpp needs its new tensors");
   return out;
+}
+
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_file, const hf::ExportOptions& o) {
+  ckpt::Reader r(ckpt::resolve(checkpoint, o.tag));
+  const plan::GptShape c = hf::gpt2_shape(r, o, "llmc");
+  const Header h = header_for(c, o.dtype);
+  const std::map<std::string, Placement> where = placements(h);
+  const std::size_t es = dtype_size(h.dtype());
+
+  ckpt::AtomicFile file(out_file);
+  const auto ints = encode(h);
+  file.fd().pwrite_all(ints.data(), kHeaderBytes, 0);
+  std::vector<float> values;
+  std::vector<std::uint16_t> half;
+  std::size_t written = 0;
+  hf::for_each_param(r, [&](const ckpt::ParamMeta& p, const float* src) {
+    const Placement& at = where.at(p.name);  // gpt2_shape checked every name and shape
+    values.resize(static_cast<std::size_t>(p.numel));
+    if (at.transposed) hf::transpose(src, values.data(), at.shape[0], at.shape[1]);
+    else std::copy(src, src + p.numel, values.begin());
+    // llm.c's padding rows are zeros that nothing reads; whatever the checkpoint holds there
+    // (zeros too, unless a loop wrote them) stays behind.
+    if (p.name == kWte) std::fill(values.begin() + static_cast<std::ptrdiff_t>(c.vocab_size) * c.n_embd, values.end(), 0.0f);
+    const void* bytes = values.data();
+    if (h.dtype() != DType::f32) {
+      half.resize(values.size());
+      convert(values.data(), DType::f32, half.data(), h.dtype(), values.size());
+      bytes = half.data();
+    }
+    file.fd().pwrite_all(bytes, values.size() * es, kHeaderBytes + at.offset * es);
+    ++written;
+  });
+  ZERO_CHECK(written == where.size(), fmt::format("export llmc: {} holds {} of GPT-2's {} tensors", r.dir(), written,
+                                                  where.size()));
+  file.commit();
+  return c;
 }
 
 }  // namespace zero::llmc
