@@ -11,9 +11,10 @@ wpe, each per-layer tensor for all layers together (ln1w, ln1b, qkvw, qkvb, attp
 ln2w, ln2b, fcw, fcb, fcprojw, fcprojb), lnfw, lnfb, matrices [out, in], padding rows zero.
 
 Import: a run started from that file (model.init_from) must report, before any step, the
-validation loss the first run had at the step it saved, to the last bit. A model section that
-does not fit, a truncated file, a token shard, a wrong magic and an unknown version are refused
-with messages that say so.
+validation loss the first run had at the step it saved, to the last bit; so must files whose
+padding rows are not zero (256 or 384 of them; they must not be read, and the trainer's stay
+zero) or that have none. A model section that does not fit, a truncated file, a token shard, a
+wrong magic and an unknown version are refused with messages that say so.
 
 Export: `zero-ckpt export --format llmc` must write the same bytes as this script (fp32,
 version 3, and bf16, version 5, rounded to nearest even). Round trip: the run started from the
@@ -88,9 +89,10 @@ def bf16(a):
                              for u in array.array("I", a.tobytes())))
 
 
-def write_llmc(path, w, version):
-    """w: the trainer's tensors by name (read_safetensors of the raw export)."""
-    wte = array.array("f", w["wte.weight"][:V * C]) + array.array("f", [0.0] * ((Vp - V) * C))
+def write_llmc(path, w, version, padded=Vp, padding_value=0.0):
+    """w: the trainer's tensors by name (read_safetensors of the raw export); wte gets `padded`
+    rows, those past the vocabulary filled with padding_value (llm.c's are zero)."""
+    wte = array.array("f", w["wte.weight"][:V * C]) + array.array("f", [padding_value] * ((padded - V) * C))
     tensors = [wte, w["wpe.weight"]]
     per_layer = [("ln_1.weight", None), ("ln_1.bias", None), ("attn.c_attn.weight", (C, 3 * C)),
                  ("attn.c_attn.bias", None), ("attn.c_proj.weight", (C, C)), ("attn.c_proj.bias", None),
@@ -102,7 +104,7 @@ def write_llmc(path, w, version):
             tensors.append(t if conv1d is None else transposed(t, *conv1d))  # [in, out] -> [out, in]
     tensors += [w["ln_f.weight"], w["ln_f.bias"]]
     with open(path, "wb") as f:
-        f.write(struct.pack("<256i", 20240326, version, T, V, L, NH, C, Vp, *([0] * 248)))
+        f.write(struct.pack("<256i", 20240326, version, T, V, L, NH, C, padded, *([0] * 248)))
         for t in tensors:
             f.write(t.tobytes() if version == 3 else bf16(t).tobytes())
 
@@ -134,6 +136,23 @@ write_llmc(ours, weights, 3)
 imported = trained(os.path.join(work, "imported"), "run.steps=1", f"model.init_from={ours}")
 if imported.get(0) != trained_loss:
     fail(f"imported loss at step 0 {imported.get(0)!r} != trained loss {trained_loss!r}")
+
+# Padding rows that are not zero (256 rows, as the trainer's, and 384), or none (vocab_size
+# rows). The loss is the same, and (one step at learning rate 0, saved, exported) the trainer's
+# wte is the trained one with zero padding rows: the file's padding rows are not read. (The
+# loss alone would not tell: the trainer masks the padding logits.)
+for padded, value in ((V, 0.0), (Vp, 1.0e3), (384, 1.0e3)):
+    other = os.path.join(work, f"padded_{padded}.bin")
+    write_llmc(other, weights, 3, padded, value)
+    run_dir = os.path.join(work, f"imported_padded_{padded}")
+    loss = trained(run_dir, "run.steps=1", "run.save_interval=1", "optimizer.params.lr=0",
+                   f"model.init_from={other}")[0]
+    if loss != trained_loss:
+        fail(f"imported from a file padded to {padded} rows: loss {loss!r} != trained loss {trained_loss!r}")
+    wte_raw = os.path.join(work, f"imported_padded_{padded}.safetensors")
+    export(os.path.join(run_dir, "checkpoints"), "safetensors", wte_raw)
+    if read_safetensors(wte_raw)["wte.weight"] != weights["wte.weight"]:
+        fail(f"imported from a file padded to {padded} rows: wte is not the trained one with zero padding rows")
 
 # 3. Clear errors before training.
 with open(ours, "rb") as f:
