@@ -14,7 +14,7 @@ Import: a run started from that file (model.init_from) must report, before any s
 validation loss the first run had at the step it saved, to the last bit; so must files whose
 padding rows are not zero (256 or 384 of them; they must not be read, and the trainer's stay
 zero) or that have none. A model section that does not fit, a truncated file, a token shard, a
-wrong magic and an unknown version are refused with messages that say so.
+wrong magic, an unknown version and a missing file are refused with messages that say so.
 
 Export: `zero-ckpt export --format llmc` must write the same bytes as this script (fp32,
 version 3, and bf16, version 5, rounded to nearest even). Round trip: the run started from the
@@ -163,6 +163,9 @@ refused("truncated", good[:-100], ["is truncated", f"needs {len(good)}"])
 refused("shard", struct.pack("<i", 20240520) + good[4:], ["is an llm.c token shard"])
 refused("magic", struct.pack("<i", 12345) + good[4:], ["is not an llm.c GPT-2 checkpoint", "starts with 12345"])
 refused("version", good[:4] + struct.pack("<i", 4) + good[8:], ["version 4", "reads versions 3 (fp32) and 5 (bf16)"])
+out = zero_gpt(os.path.join(work, "missing"), "run.steps=1", f"model.init_from={work}/missing.bin")
+if out.returncode == 0 or f"'{work}/missing.bin' does not exist" not in out.stdout + out.stderr:
+    fail(f"a missing file was not refused clearly ({out.returncode}):\n{out.stdout}{out.stderr}")
 
 # 4. Export: the same bytes as written here, in fp32 (version 3) and bf16 (version 5).
 exported = os.path.join(work, "exported.bin")

@@ -223,6 +223,11 @@ int config_int(const json::Field& f, const char* key, const char* alt = nullptr)
 }  // namespace
 
 Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+  std::error_code ec;
+  ZERO_CHECK(fs::exists(path, ec),
+             fmt::format("model.init_from: '{}' does not exist; give a Hugging Face GPT-2 directory (model.safetensors, "
+                         "config.json), a .safetensors file or an llm.c checkpoint such as gpt2_124M.bin",
+                         path));
   // llm.c's format is told by its magic number; a .bin file without it gets llm.c's error.
   if (!fs::is_directory(path) && (llmc::has_magic(path) || path.ends_with(".bin"))) {
     open_llmc();
