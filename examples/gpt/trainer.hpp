@@ -34,8 +34,8 @@ struct GptSettings {
   std::string preset = "tiny";
   GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
   std::uint64_t init_seed = 42;
-  // Hugging Face GPT-2 weights to start from (a directory with model.safetensors and
-  // config.json, or a .safetensors file); "" initialises from init_seed.
+  // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
+  // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
   std::string init_from;
   // data:
   std::string train = "shakespeare";  // "shakespeare", a .txt file, or a glob of .bin shards

@@ -65,9 +65,13 @@ int main(int argc, char** argv) {
     int fc1 = layout.add_unit("fc1", {{"w", {kHidden, kIn}}, {"b", {kHidden}}});
     int fc2 = layout.add_unit("fc2", {{"w", {kOut, kHidden}}, {"b", {kOut}}});
     zero::Engine engine(ctx, cfg, layout);
-    engine.init_params([](const zero::ParamInfo& p, std::span<float> v) {
+    // Both layers name their parameters "w" and "b": p.unit says which layer, so each draws
+    // its own values.
+    engine.init_params([&](const zero::ParamInfo& p, std::span<float> v) {
+      const auto stream = static_cast<std::uint64_t>(engine.layout().find_unit(p.unit)) * 1000 +
+                          static_cast<std::uint64_t>(p.offset);
       float scale = p.shape.size() == 2 ? 1.0f / std::sqrt(static_cast<float>(p.shape[1])) : 0.0f;
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * noise(7 + static_cast<std::uint64_t>(p.offset), i);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = scale * noise(7 + stream, i);
     });
 
     const int micro = static_cast<int>(cfg.train_micro_batch_size_per_gpu);

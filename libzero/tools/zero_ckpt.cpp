@@ -4,6 +4,8 @@
 //   zero-ckpt export ckpt/ --format safetensors [--dtype bf16] -o model.safetensors
 //   zero-ckpt export ckpt/ --format hf -o gpt2-dir/   model.safetensors + config.json for
 //                                                     transformers' GPT2LMHeadModel
+//   zero-ckpt export ckpt/ --format llmc -o gpt2.bin  llm.c's GPT-2 checkpoint (version 3;
+//                                                     --dtype bf16: version 5)
 //   zero-ckpt reshard ckpt/ --world 8 [--stage 3] -o ckpt8/
 //
 // <dir> is a checkpoint root (its `latest`, or --tag N) or one step directory.
@@ -16,6 +18,7 @@
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
+#include "zero/llmc_gpt2.hpp"
 #include "zero/log.hpp"
 
 int main(int argc, char** argv) {
@@ -34,13 +37,15 @@ int main(int argc, char** argv) {
   exp->add_option("dir", dir, "Checkpoint root or step directory")->required();
   exp->add_option("--format", format,
                   "safetensors: every parameter as stored (any model); hf: a Hugging Face GPT-2 directory "
-                  "(model.safetensors without padding rows, config.json)")
-      ->check(CLI::IsMember({"safetensors", "hf"}));
+                  "(model.safetensors without padding rows, config.json); llmc: llm.c's GPT-2 checkpoint "
+                  "(gpt2_124M.bin's format)")
+      ->check(CLI::IsMember({"safetensors", "hf", "llmc"}));
   exp->add_option("--dtype", dtype, "Tensor type in the file")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   exp->add_option("-o,--output", out, "Output file (--format hf: output directory)")->required();
-  exp->add_option("--n-head", n_head, "hf: attention heads (default: the checkpoint's model.n_head)")
+  exp->add_option("--n-head", n_head, "hf, llmc: attention heads (default: the checkpoint's model.n_head)")
       ->check(CLI::Range(1, 1 << 20));
-  exp->add_option("--vocab-size", vocab_size, "hf: true vocabulary (default: the checkpoint's model.vocab_size)")
+  exp->add_option("--vocab-size", vocab_size,
+                  "hf, llmc: true vocabulary (default: the checkpoint's model.vocab_size)")
       ->check(CLI::Range(1, 1 << 30));
   exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
@@ -61,6 +66,15 @@ int main(int argc, char** argv) {
         std::printf("wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
                     "n_positions %d vocab_size %d)\n",
                     out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size);
+        return 0;
+      }
+      if (format == "llmc") {
+        const zero::plan::GptShape c = zero::llmc::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
+        std::printf("wrote %s (llm.c GPT-2 checkpoint version %d, %s; max_seq_len %d vocab_size %d num_layers %d "
+                    "num_heads %d channels %d padded_vocab_size %lld)\n",
+                    out.c_str(), t == zero::DType::bf16 ? zero::llmc::kVersionBf16 : zero::llmc::kVersionF32,
+                    dtype.c_str(), c.seq_len, c.vocab_size, c.n_layer, c.n_head, c.n_embd,
+                    static_cast<long long>(c.padded_vocab()));
         return 0;
       }
       zero::export_safetensors(dir, out, t, tag);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -212,6 +213,30 @@ TEST_CASE("the same config twice gives bitwise-identical parameters") {
     auto a = run_engine(c, 4);
     auto b = run_engine(c, 4);
     for (std::size_t u = 0; u < a.size(); ++u) REQUIRE(a[u] == b[u]);
+  }
+}
+
+// The test model names its parameters "w" and "b" in every unit, as a loop that builds each
+// layer the same way does; the initialiser tells them apart by the unit it is given.
+TEST_CASE("init_params gives each parameter's unit: names repeat across units") {
+  for (int stage : {0, 3}) {
+    Case c;
+    c.stage = stage;
+    Engine e(ctx(), make_config(c), make_layout());
+    std::vector<std::string> seen;
+    e.init_params([&](const ParamInfo& p, std::span<float> v) {
+      seen.push_back(p.unit + "." + p.name);
+      const int u = e.layout().find_unit(p.unit);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(1000 * u + p.offset + i);
+    });
+    REQUIRE(seen == std::vector<std::string>{"embed.w", "embed.b", "layer0.w", "layer0.b", "layer1.w", "head.w",
+                                             "big.w", "big.s"});
+    for (int u = 0; u < e.layout().num_units(); ++u) {
+      const std::vector<float> full = e.full_params(u);
+      REQUIRE(static_cast<std::int64_t>(full.size()) >= e.layout().unit(u).numel);
+      for (std::int64_t i = 0; i < e.layout().unit(u).numel; ++i)
+        REQUIRE(full[static_cast<std::size_t>(i)] == static_cast<float>(1000 * u + i));
+    }
   }
 }
 

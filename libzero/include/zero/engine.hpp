@@ -151,7 +151,8 @@ class Engine {
   Engine& operator=(Engine&&) noexcept;
 
   // Sets the initial parameters. init(param, values) fills the full fp32 values of one parameter
-  // and must give the same values on every rank (seed your generator identically).
+  // (param.unit and param.name say which) and must give the same values on every rank (seed
+  // your generator identically).
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
 
   // Collective at stage 3: every rank gathers the same units in the same order (training and

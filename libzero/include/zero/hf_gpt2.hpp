@@ -48,7 +48,9 @@ plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out
 std::string config_json(const plan::GptShape& c, DType dtype);
 
 // GPT-2 weights to initialise from: a directory holding model.safetensors (and config.json,
-// checked when present), or a .safetensors file (Hugging Face's or zero-ckpt's raw export).
+// checked when present), a .safetensors file (Hugging Face's or zero-ckpt's raw export), or an
+// llm.c checkpoint (zero/llmc_gpt2.hpp: told by its magic number; its header is checked like
+// config.json, its matrices transposed to the trainer's [in, out] as they are read).
 class Gpt2Weights {
  public:
   explicit Gpt2Weights(const std::string& path);
@@ -57,8 +59,9 @@ class Gpt2Weights {
   Gpt2Weights& operator=(Gpt2Weights&&) noexcept;
 
   const std::string& path() const { return path_; }
-  // Checks config.json (when present) and every tensor's name and shape against the model to
-  // be trained; throws zero::Error listing every difference, with what to change.
+  // Checks config.json (when present) or the llm.c header, and every tensor's name and shape
+  // against the model to be trained; throws zero::Error listing every difference, with what to
+  // change.
   void check(const plan::GptShape& model) const;
   // Fills `out` (the full parameter `name` of the layout, `shape`) as fp32; wte rows past the
   // file's vocabulary are zero.
@@ -66,8 +69,10 @@ class Gpt2Weights {
 
  private:
   struct File;
+  void open_llmc();
   std::string path_;
-  std::optional<plan::GptShape> config_;  // config.json's, when the directory has one
+  std::optional<plan::GptShape> config_;  // config.json's, when the directory has one; llm.c's header
+  bool llmc_ = false;                     // an llm.c checkpoint
   std::unique_ptr<File> file_;
 };
 

@@ -25,6 +25,9 @@ struct ParamInfo {
   std::int64_t numel = 0;
   std::int64_t offset = 0;  // element offset inside the unit's flat storage
   bool decay = true;        // the optimizer's weight decay applies to it
+  // The unit it belongs to (UnitInfo::name). Parameter names need only be unique within their
+  // unit ("w" and "b" in every layer); an initialiser tells them apart by unit and name.
+  std::string unit;
 };
 
 struct UnitInfo {

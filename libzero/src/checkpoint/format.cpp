@@ -151,6 +151,26 @@ void fsync_dir(const std::string& dir) {
   if (::fsync(fd) != 0 && errno != EINVAL) sys_fail("fsync the directory", dir, errno);
 }
 
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+  if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT) sys_fail("remove the stale", tmp_, errno);
+  fd_ = Fd::create(tmp_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_) {
+    fd_ = Fd();
+    ::unlink(tmp_.c_str());
+  }
+}
+
+void AtomicFile::commit() {
+  fd_.sync();
+  fd_.close();
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    ZERO_THROW(fmt::format("cannot rename '{}' to '{}': {}; check the output directory is writable", tmp_, path_,
+                           std::strerror(errno)));
+}
+
 void write_file_atomic(const std::string& dir, const std::string& name, const std::string& content) {
   std::string tmp = fmt::format("{}/.{}.tmp", dir, name);
   std::string dst = fmt::format("{}/{}", dir, name);

@@ -87,6 +87,24 @@ class Fd {
 };
 
 void fsync_dir(const std::string& dir);
+
+// A file written under a temporary name (path + ".tmp") and renamed to `path` only when
+// complete, so no reader ever takes a half-written export for a whole one; an unfinished
+// file is removed on destruction.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path);  // replaces a stale temporary file
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  const Fd& fd() const { return fd_; }
+  const std::string& path() const { return path_; }
+  void commit();  // fsync, close and rename into place
+
+ private:
+  std::string path_, tmp_;
+  Fd fd_;
+};
 // Writes `content` to dir/name through a temporary file, fsync, rename and a directory fsync,
 // so a reader sees the old content or the new one, never a mix.
 void write_file_atomic(const std::string& dir, const std::string& name, const std::string& content);

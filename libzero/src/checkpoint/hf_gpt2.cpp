@@ -14,8 +14,10 @@
 #include <fmt/ranges.h>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/gpt2_interop.hpp"
 #include "checkpoint/json.hpp"
 #include "checkpoint/safetensors.hpp"
+#include "zero/llmc_gpt2.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
@@ -29,13 +31,14 @@ namespace {
 constexpr const char* kWte = "wte.weight";
 
 // n_head / vocab_size: the caller's, else the checkpoint's saved `model` section.
-int model_key(const std::string& config_yaml, const char* key, int given, const std::string& where) {
+int model_key(const std::string& config_yaml, const char* key, int given, const std::string& where,
+              std::string_view format) {
   if (given > 0) return given;
   YAML::Node model;
   try {
     model = YAML::Load(config_yaml)["model"];
   } catch (const YAML::Exception& e) {
-    ZERO_THROW(fmt::format("export hf: the config saved in {} does not parse ({})", where, e.what()));
+    ZERO_THROW(fmt::format("export {}: the config saved in {} does not parse ({})", format, where, e.what()));
   }
   if (model && model.IsMap() && model[key] && model[key].IsScalar()) {
     try {
@@ -43,9 +46,9 @@ int model_key(const std::string& config_yaml, const char* key, int given, const 
     } catch (const YAML::Exception&) {
     }
   }
-  ZERO_THROW(fmt::format("export hf: {} is not in the config saved in {} (section model, key {}); pass it with "
+  ZERO_THROW(fmt::format("export {}: {} is not in the config saved in {} (section model, key {}); pass it with "
                          "--{} (zero-gpt checkpoints record it)",
-                         key, where, key, key == std::string("n_head") ? "n-head" : "vocab-size"));
+                         format, key, where, key, key == std::string("n_head") ? "n-head" : "vocab-size"));
 }
 
 std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadata& m) {
@@ -56,6 +59,66 @@ std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadat
 }
 
 }  // namespace
+
+plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::string_view format) {
+  const ckpt::Metadata& m = r.meta();
+  const std::string& step_dir = r.dir();
+  const auto by_name = params_by_name(m);
+  const auto wte = by_name.find(kWte), wpe = by_name.find("wpe.weight");
+  ZERO_CHECK(wte != by_name.end() && wpe != by_name.end() && wte->second->shape.size() == 2 &&
+                 wpe->second->shape.size() == 2,
+             fmt::format("export {}: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format {} is for "
+                         "GPT-2-shaped models, use --format safetensors for any model",
+                         format, step_dir, format));
+  plan::GptShape c;
+  c.n_layer = 0;  // counted from the blocks present
+  while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
+  c.n_embd = static_cast<int>(wte->second->shape[1]);
+  c.seq_len = static_cast<int>(wpe->second->shape[0]);
+  c.n_head = model_key(m.config_yaml, "n_head", o.n_head, step_dir, format);
+  c.vocab_size = model_key(m.config_yaml, "vocab_size", o.vocab_size, step_dir, format);
+  c.validate();
+  ZERO_CHECK(c.padded_vocab() == wte->second->shape[0],
+             fmt::format("export {}: vocab_size {} pads to {} rows, but wte.weight has {}; give the vocabulary the "
+                         "model was trained with (--vocab-size)",
+                         format, c.vocab_size, c.padded_vocab(), wte->second->shape[0]));
+
+  // Every tensor must be GPT-2's, name for name and shape for shape, and nothing else.
+  std::set<std::string> expected;
+  const Layout layout = plan::gpt_layout(c);
+  for (const auto& u : layout.units())
+    for (const auto& p : u.params) {
+      expected.insert(p.name);
+      auto it = by_name.find(p.name);
+      ZERO_CHECK(it != by_name.end(), fmt::format("export {}: {} has no tensor '{}' of GPT-2 (n_layer {}); use --format "
+                                                  "safetensors for other models",
+                                                  format, step_dir, p.name, c.n_layer));
+      ZERO_CHECK(it->second->shape == p.shape,
+                 fmt::format("export {}: '{}' in {} is {}, GPT-2 with n_embd {} needs {}", format, p.name, step_dir,
+                             shape_text(it->second->shape), c.n_embd, shape_text(p.shape)));
+    }
+  for (const auto& [name, p] : by_name)
+    ZERO_CHECK(expected.count(name), fmt::format("export {}: {} holds '{}', which GPT-2 does not have; use --format "
+                                                 "safetensors for other models",
+                                                 format, step_dir, name));
+  return c;
+}
+
+void for_each_param(ckpt::Reader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn) {
+  const ckpt::Metadata& m = r.meta();
+  std::vector<float> master;
+  for (std::size_t i = 0; i < m.units.size(); ++i) {
+    const auto& u = m.units[i];
+    master.resize(static_cast<std::size_t>(u.numel));
+    r.read_range(static_cast<int>(i), 0, u.numel, master.data(), nullptr, nullptr);
+    for (const auto& p : u.params) fn(p, master.data() + p.offset);
+  }
+}
+
+void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) dst[j * rows + i] = src[i * cols + j];
+}
 
 std::string config_json(const plan::GptShape& c, DType dtype) {
   json::Json j = json::Json::object();
@@ -85,83 +148,41 @@ std::string config_json(const plan::GptShape& c, DType dtype) {
 }
 
 plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& o) {
-  const std::string step_dir = ckpt::resolve(checkpoint, o.tag);
-  ckpt::Reader r(step_dir);
-  const ckpt::Metadata& m = r.meta();
-  const auto by_name = params_by_name(m);
-  const auto wte = by_name.find(kWte), wpe = by_name.find("wpe.weight");
-  ZERO_CHECK(wte != by_name.end() && wpe != by_name.end() && wte->second->shape.size() == 2 &&
-                 wpe->second->shape.size() == 2,
-             fmt::format("export hf: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format hf is for "
-                         "GPT-2-shaped models, use --format safetensors for any model",
-                         step_dir));
-  plan::GptShape c;
-  c.n_layer = 0;  // counted from the blocks present
-  while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
-  c.n_embd = static_cast<int>(wte->second->shape[1]);
-  c.seq_len = static_cast<int>(wpe->second->shape[0]);
-  c.n_head = model_key(m.config_yaml, "n_head", o.n_head, step_dir);
-  c.vocab_size = model_key(m.config_yaml, "vocab_size", o.vocab_size, step_dir);
-  c.validate();
-  ZERO_CHECK(c.padded_vocab() == wte->second->shape[0],
-             fmt::format("export hf: vocab_size {} pads to {} rows, but wte.weight has {}; give the vocabulary the "
-                         "model was trained with (--vocab-size)",
-                         c.vocab_size, c.padded_vocab(), wte->second->shape[0]));
-
-  // Every tensor must be GPT-2's, name for name and shape for shape, and nothing else.
-  const Layout want = plan::gpt_layout(c);
+  ckpt::Reader r(ckpt::resolve(checkpoint, o.tag));
+  const plan::GptShape c = gpt2_shape(r, o, "hf");
   std::vector<safetensors::TensorSpec> tensors;
-  std::set<std::string> expected;
-  for (const auto& u : want.units())
+  const Layout layout = plan::gpt_layout(c);
+  for (const auto& u : layout.units())
     for (const auto& p : u.params) {
-      expected.insert(p.name);
-      auto it = by_name.find(p.name);
-      ZERO_CHECK(it != by_name.end(), fmt::format("export hf: {} has no tensor '{}' of GPT-2 (n_layer {}); use --format "
-                                                  "safetensors for other models",
-                                                  step_dir, p.name, c.n_layer));
-      ZERO_CHECK(it->second->shape == p.shape,
-                 fmt::format("export hf: '{}' in {} is {}, GPT-2 with n_embd {} needs {}", p.name, step_dir,
-                             shape_text(it->second->shape), c.n_embd, shape_text(p.shape)));
       std::vector<std::int64_t> s = p.shape;
       if (p.name == kWte) s[0] = c.vocab_size;  // the padding rows stay behind
       tensors.push_back({p.name, o.dtype, s});
     }
-  for (const auto& [name, p] : by_name)
-    ZERO_CHECK(expected.count(name), fmt::format("export hf: {} holds '{}', which GPT-2 does not have; use --format "
-                                                 "safetensors for other models",
-                                                 step_dir, name));
 
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   ZERO_CHECK(!ec, fmt::format("export hf: cannot create '{}': {}", out_dir, ec.message()));
   const std::map<std::string, std::string> meta = {{"format", "pt"},
-                                                   {"libzero.step", fmt::format("{}", m.step)}};
+                                                   {"libzero.step", fmt::format("{}", r.meta().step)}};
   safetensors::Writer w((fs::path(out_dir) / "model.safetensors").string(), tensors, meta);
-  std::vector<float> master;
   std::vector<std::uint16_t> half;
   std::size_t next = 0;
-  for (std::size_t i = 0; i < m.units.size(); ++i) {
-    const auto& u = m.units[i];
-    master.resize(static_cast<std::size_t>(u.numel));
-    r.read_range(static_cast<int>(i), 0, u.numel, master.data(), nullptr, nullptr);
-    for (const auto& p : u.params) {
-      // The file lists tensors in layout order; the checkpoint's units are in the same order
-      // when it was written by a gpt_layout, which the name check above does not promise.
-      ZERO_CHECK(next < tensors.size() && tensors[next].name == p.name,
-                 fmt::format("export hf: '{}' in {} is out of GPT-2's order", p.name, step_dir));
-      std::size_t n = 1;
-      for (auto d : tensors[next].shape) n *= static_cast<std::size_t>(d);
-      const float* src = master.data() + p.offset;
-      if (o.dtype == DType::f32) {
-        w.write_next(src, n * sizeof(float));
-      } else {
-        half.resize(n);
-        convert(src, DType::f32, half.data(), o.dtype, n);
-        w.write_next(half.data(), n * sizeof(std::uint16_t));
-      }
-      ++next;
+  for_each_param(r, [&](const ckpt::ParamMeta& p, const float* src) {
+    // The file lists tensors in layout order; the checkpoint's units are in the same order
+    // when it was written by a gpt_layout, which the name check does not promise.
+    ZERO_CHECK(next < tensors.size() && tensors[next].name == p.name,
+               fmt::format("export hf: '{}' in {} is out of GPT-2's order", p.name, r.dir()));
+    std::size_t n = 1;
+    for (auto d : tensors[next].shape) n *= static_cast<std::size_t>(d);
+    if (o.dtype == DType::f32) {
+      w.write_next(src, n * sizeof(float));
+    } else {
+      half.resize(n);
+      convert(src, DType::f32, half.data(), o.dtype, n);
+      w.write_next(half.data(), n * sizeof(std::uint16_t));
     }
-  }
+    ++next;
+  });
   w.finish();
   ckpt::write_file_atomic(out_dir, "config.json", config_json(c, o.dtype));
   return c;
@@ -176,6 +197,7 @@ struct Gpt2Weights::File {
     DType dtype = DType::f32;
     std::vector<std::int64_t> shape;
     std::uint64_t begin = 0, end = 0;
+    bool transposed = false;  // an llm.c matrix, stored [shape[1], shape[0]]
   };
   std::map<std::string, Tensor> tensors;  // by layout name (prefix removed)
   std::vector<std::string> skipped;       // tied lm_head, attention-mask buffers
@@ -201,6 +223,16 @@ int config_int(const json::Field& f, const char* key, const char* alt = nullptr)
 }  // namespace
 
 Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
+  std::error_code ec;
+  ZERO_CHECK(fs::exists(path, ec),
+             fmt::format("model.init_from: '{}' does not exist; give a Hugging Face GPT-2 directory (model.safetensors, "
+                         "config.json), a .safetensors file or an llm.c checkpoint such as gpt2_124M.bin",
+                         path));
+  // llm.c's format is told by its magic number; a .bin file without it gets llm.c's error.
+  if (!fs::is_directory(path) && (llmc::has_magic(path) || path.ends_with(".bin"))) {
+    open_llmc();
+    return;
+  }
   std::string file = path;
   if (fs::is_directory(path)) {
     file = (fs::path(path) / "model.safetensors").string();
@@ -279,6 +311,30 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
   }
 }
 
+void Gpt2Weights::open_llmc() {
+  const llmc::Header h = llmc::read_header(path_);
+  config_ = h.shape;
+  llmc_ = true;
+  File& F = *file_;
+  F.fd = ckpt::Fd::open_read(path_);
+  F.data_start = llmc::kHeaderBytes;
+  const std::size_t es = dtype_size(h.dtype());
+  for (auto& [name, at] : llmc::placements(h)) {
+    File::Tensor t;
+    t.dtype = h.dtype();
+    t.shape = at.shape;
+    // Only the true vocabulary's rows: the file's padding rows are not read, the trainer's are
+    // zeros (see read()), however many each side has.
+    if (name == kWte) t.shape[0] = h.shape.vocab_size;
+    std::uint64_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
+    t.begin = at.offset * es;
+    t.end = t.begin + n * es;
+    t.transposed = at.transposed;
+    F.tensors.emplace(name, std::move(t));
+  }
+}
+
 Gpt2Weights::~Gpt2Weights() = default;
 Gpt2Weights::Gpt2Weights(Gpt2Weights&&) noexcept = default;
 Gpt2Weights& Gpt2Weights::operator=(Gpt2Weights&&) noexcept = default;
@@ -287,16 +343,18 @@ void Gpt2Weights::check(const plan::GptShape& model) const {
   std::vector<std::string> problems;
   if (config_) {
     const plan::GptShape& c = *config_;
-    auto field = [&](const char* what, int file, int mine, const char* key) {
+    // Each field under the name the file gives it.
+    const char* source = llmc_ ? "the llm.c header's" : "config.json";
+    auto field = [&](const char* hf_name, const char* llmc_name, int file, int mine, const char* key) {
       if (file != mine)
-        problems.push_back(fmt::format("config.json {} = {}, the model has {} = {} (set model.{}: {})", what, file,
-                                       key, mine, key, file));
+        problems.push_back(fmt::format("{} {} = {}, the model has {} = {} (set model.{}: {})", source,
+                                       llmc_ ? llmc_name : hf_name, file, key, mine, key, file));
     };
-    field("n_layer", c.n_layer, model.n_layer, "n_layer");
-    field("n_head", c.n_head, model.n_head, "n_head");
-    field("n_embd", c.n_embd, model.n_embd, "n_embd");
-    field("n_positions", c.seq_len, model.seq_len, "seq_len");
-    field("vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
+    field("n_layer", "num_layers", c.n_layer, model.n_layer, "n_layer");
+    field("n_head", "num_heads", c.n_head, model.n_head, "n_head");
+    field("n_embd", "channels", c.n_embd, model.n_embd, "n_embd");
+    field("n_positions", "max_seq_len", c.seq_len, model.seq_len, "seq_len");
+    field("vocab_size", "vocab_size", c.vocab_size, model.vocab_size, "vocab_size");
   }
   const Layout want = plan::gpt_layout(model);
   std::set<std::string> needed;
@@ -343,6 +401,12 @@ void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>&
                          shape_text(shape)));
   std::vector<unsigned char> raw(t.end - t.begin);
   file_->fd.pread_all(raw.data(), raw.size(), file_->data_start + t.begin);
+  if (t.transposed) {
+    std::vector<float> stored(have);
+    convert(raw.data(), t.dtype, stored.data(), DType::f32, have);
+    transpose(stored.data(), out.data(), t.shape[1], t.shape[0]);
+    return;
+  }
   convert(raw.data(), t.dtype, out.data(), DType::f32, have);
   std::fill(out.begin() + static_cast<std::ptrdiff_t>(have), out.end(), 0.0f);
 }

@@ -1,10 +1,5 @@
 #include "checkpoint/safetensors.hpp"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <set>
 
 #include <fmt/format.h>
@@ -55,23 +50,13 @@ std::string header(const std::vector<TensorSpec>& tensors, const std::map<std::s
 }
 
 Writer::Writer(const std::string& path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata)
-    : path_(path), tmp_(path + ".tmp"), tensors_(std::move(tensors)) {
+    : path_(path), file_(path), tensors_(std::move(tensors)) {
   std::string h = header(tensors_, metadata);
-  if (::unlink(tmp_.c_str()) != 0 && errno != ENOENT)
-    ZERO_THROW(fmt::format("safetensors: cannot remove the stale '{}': {}", tmp_, std::strerror(errno)));
-  fd_ = ckpt::Fd::create(tmp_);
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<std::uint64_t>(h.size()) >> (8 * i));
-  fd_.pwrite_all(len, 8, 0);
-  fd_.pwrite_all(h.data(), h.size(), 8);
+  file_.fd().pwrite_all(len, 8, 0);
+  file_.fd().pwrite_all(h.data(), h.size(), 8);
   offset_ = 8 + h.size();
-}
-
-Writer::~Writer() {
-  if (fd_) {
-    fd_ = ckpt::Fd();
-    ::unlink(tmp_.c_str());
-  }
 }
 
 void Writer::write_next(const void* data, std::size_t bytes) {
@@ -79,7 +64,7 @@ void Writer::write_next(const void* data, std::size_t bytes) {
   const TensorSpec& t = tensors_[next_];
   ZERO_CHECK(bytes == tensor_bytes(t),
              fmt::format("safetensors: tensor '{}' needs {} bytes, got {}", t.name, tensor_bytes(t), bytes));
-  fd_.pwrite_all(data, bytes, offset_);
+  file_.fd().pwrite_all(data, bytes, offset_);
   offset_ += bytes;
   ++next_;
 }
@@ -87,11 +72,7 @@ void Writer::write_next(const void* data, std::size_t bytes) {
 void Writer::finish() {
   ZERO_CHECK(next_ == tensors_.size(),
              fmt::format("safetensors: '{}' finished after {} of {} tensors", path_, next_, tensors_.size()));
-  fd_.sync();
-  fd_.close();
-  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
-    ZERO_THROW(fmt::format("safetensors: cannot rename '{}' to '{}': {}; check the output directory is writable", tmp_,
-                           path_, std::strerror(errno)));
+  file_.commit();
 }
 
 }  // namespace zero::safetensors

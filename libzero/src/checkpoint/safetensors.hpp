@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/format.hpp"  // ckpt::Fd
+#include "checkpoint/format.hpp"  // ckpt::AtomicFile
 #include "zero/dtype.hpp"
 
 namespace zero::safetensors {
@@ -34,7 +34,7 @@ std::string header(const std::vector<TensorSpec>& tensors, const std::map<std::s
 class Writer {
  public:
   Writer(const std::string& path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata);
-  ~Writer();  // an unfinished file is removed
+  // An unfinished file is removed (ckpt::AtomicFile).
   Writer(const Writer&) = delete;
   Writer& operator=(const Writer&) = delete;
 
@@ -44,8 +44,8 @@ class Writer {
   void finish();
 
  private:
-  std::string path_, tmp_;
-  ckpt::Fd fd_;
+  std::string path_;
+  ckpt::AtomicFile file_;
   std::vector<TensorSpec> tensors_;
   std::size_t next_ = 0;
   std::uint64_t offset_ = 0;  // file offset of the next tensor

@@ -32,7 +32,7 @@ int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>
                                     pname, u.name, d));
       n *= d;
     }
-    u.params.push_back(ParamInfo{pname, shape, n, u.numel});
+    u.params.push_back(ParamInfo{pname, shape, n, u.numel, true, u.name});
     u.numel += n;
   }
   units_.push_back(std::move(u));

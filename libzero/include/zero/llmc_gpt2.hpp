@@ -1,0 +1,75 @@
+// llm.c GPT-2 interchange: read the checkpoints of karpathy/llm.c (gpt2_124M.bin and what its
+// trainers write) to initialise a run (zero-gpt's model.init_from, through zero::hf::Gpt2Weights),
+// and write a libzero checkpoint of a GPT-2-shaped layout in that format (zero-ckpt export
+// --format llmc), so a model moves between the two trainers in either direction.
+//
+// The file: 256 little-endian int32 (magic 20240326, version, max_seq_len, vocab_size,
+// num_layers, num_heads, channels, padded_vocab_size, the rest zero), then every parameter back
+// to back, fp32 (version 3) or bf16 (version 5), in llm.c's tensor order: wte, wpe, then each
+// per-layer tensor for all layers at once (ln1w of every layer, then ln1b of every layer, ...),
+// then lnfw, lnfb. Two things differ from the trainer's layout (zero::plan::gpt_layout) and are
+// converted here: the four matrices of a block are stored [out, in] as nn.Linear holds them,
+// where the trainer keeps Conv1D's [in, out]; and wte holds padded_vocab_size rows. Both pad the
+// vocabulary to a multiple of 128 and leave the padding rows unused: they are written as zeros
+// and not read (the trainer's own padding rows start at zero whatever the file's count).
+//
+// One table of llm.c's tensors (in llmc_gpt2.cpp) gives each one's trainer parameter, order and
+// orientation; reading and writing both follow it through placements().
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zero/dtype.hpp"
+#include "zero/hf_gpt2.hpp"
+#include "zero/plan.hpp"
+
+namespace zero::llmc {
+
+inline constexpr std::int32_t kMagic = 20240326;
+inline constexpr std::int32_t kVersionF32 = 3;   // fp32 parameters
+inline constexpr std::int32_t kVersionBf16 = 5;  // bf16 parameters
+inline constexpr int kHeaderInts = 256;
+inline constexpr std::uint64_t kHeaderBytes = kHeaderInts * sizeof(std::int32_t);
+
+struct Header {
+  std::int32_t version = kVersionF32;
+  plan::GptShape shape;  // max_seq_len is seq_len; no name
+  std::int64_t padded_vocab = 0;
+
+  DType dtype() const { return version == kVersionBf16 ? DType::bf16 : DType::f32; }
+  std::uint64_t num_elements() const;  // every parameter, wte with its padded_vocab rows
+  std::uint64_t file_bytes() const { return kHeaderBytes + num_elements() * dtype_size(dtype()); }
+};
+
+// What the export writes for `shape`: the trainer's padding (a multiple of 128, as llm.c's),
+// version 3 for fp32 and 5 for bf16 (fp16 has no llm.c version: throws).
+Header header_for(const plan::GptShape& shape, DType dtype);
+std::array<std::int32_t, kHeaderInts> encode(const Header& h);
+// Checks the magic, the version and the sizes; errors name `path`.
+Header decode(const std::array<std::int32_t, kHeaderInts>& ints, const std::string& path);
+// The header of the file at `path`, its size checked against it (a truncated file, or one with
+// bytes past the last parameter, is refused).
+Header read_header(const std::string& path);
+// Whether the file at `path` opens with llm.c's model magic (false for a directory, a shorter
+// file or any other content).
+bool has_magic(const std::string& path);
+
+// Where one parameter of gpt_layout(h.shape) lies in the file.
+struct Placement {
+  std::vector<std::int64_t> shape;  // the trainer's orientation; wte: [h.padded_vocab, C]
+  std::uint64_t offset = 0;         // in elements, after the header
+  bool transposed = false;          // stored [shape[1], shape[0]]
+};
+// Every parameter of gpt_layout(h.shape), by its name there.
+std::map<std::string, Placement> placements(const Header& h);
+
+// Writes out_file from a checkpoint of a GPT-2-shaped layout (the checks and options of
+// zero::hf::export_gpt2; dtype fp32 or bf16). Returns the exported shape.
+plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_file,
+                           const hf::ExportOptions& opts = {});
+
+}  // namespace zero::llmc

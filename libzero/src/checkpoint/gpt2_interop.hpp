@@ -1,0 +1,30 @@
+// What the GPT-2 interchange formats share (zero-ckpt export --format hf | llmc, and
+// model.init_from reading either): the shape of a checkpoint's GPT-2 model with its tensors
+// checked name for name against zero::plan::gpt_layout, its parameters visited one unit in
+// memory at a time, and the transposition between the trainer's Conv1D [in, out] matrices and
+// the [out, in] of nn.Linear that llm.c stores.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "checkpoint/format.hpp"
+#include "zero/hf_gpt2.hpp"
+#include "zero/plan.hpp"
+
+namespace zero::hf {
+
+// The GPT-2 shape of the model in r's checkpoint: n_layer, n_embd and seq_len from its tensors,
+// n_head and the true vocabulary from `o` or the saved `model` section. Throws zero::Error,
+// naming the export `format` ("hf", "llmc"), when a tensor is missing, extra or misshapen.
+plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::string_view format);
+
+// fn(param, values) for every parameter of the checkpoint, in its order; values are the fp32
+// master weights, valid during the call. One unit is in memory at a time.
+void for_each_param(ckpt::Reader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn);
+
+// src [rows, cols] row-major into dst [cols, rows].
+void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols);
+
+}  // namespace zero::hf
