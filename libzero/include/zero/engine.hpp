@@ -43,6 +43,7 @@ namespace zero {
 
 class Context;
 class Backend;
+class ProcessGroups;
 class EngineImpl;
 
 // A view of one parameter's (or its gradient's) elements in the compute dtype.
@@ -146,6 +147,13 @@ class Engine {
  public:
   // cfg must be resolved for ctx.world_size() (Config::resolve). The layout is fixed from here on.
   Engine(Context& ctx, const Config& cfg, Layout layout);
+  // Under model parallelism (zero/groups.hpp): `layout` is this rank's part of the model; the
+  // engine shards, reduces and steps over groups.data() (cfg resolved for groups.data_size()),
+  // and the global gradient norm, clipping and the fp16 overflow decision span groups.model():
+  // each rank's own parameters summed over it, replicated ones (Layout::set_replicated) counted
+  // once, so every rank clips and skips alike. `groups` must outlive the engine. Host backend;
+  // checkpoints of a model split over ranks are not written yet (a clear error).
+  Engine(Context& ctx, const Config& cfg, Layout layout, ProcessGroups& groups);
   ~Engine();
   Engine(Engine&&) noexcept;
   Engine& operator=(Engine&&) noexcept;

@@ -45,6 +45,8 @@ class EngineState {
   const Config& config() const;
   // MPI over host memory, whatever communicator the backend moves device buffers with.
   Communicator& host_comm() const;
+  // The engine holds one part of a model split over ranks (tensor or pipeline parallelism).
+  bool model_parallel() const;
   bool initialized() const;  // init_params or a restore has completed
 
   std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit

@@ -28,6 +28,10 @@ struct ParamInfo {
   // The unit it belongs to (UnitInfo::name). Parameter names need only be unique within their
   // unit ("w" and "b" in every layer); an initialiser tells them apart by unit and name.
   std::string unit;
+  // Under tensor parallelism (zero/groups.hpp): the same values on every rank of the tensor
+  // group (a LayerNorm gain, a row-parallel bias), so the global gradient norm counts it once.
+  // Otherwise (the default) each rank of the model group holds its own part.
+  bool replicated = false;
 };
 
 struct UnitInfo {
@@ -56,6 +60,8 @@ class Layout {
   // The GPT-2 rule: parameters with fewer than two dimensions (biases, LayerNorm gains and
   // shifts) get no weight decay; matrices and embeddings keep it.
   void decay_matrices_only();
+  // Marks a parameter as replicated across the tensor-parallel group (see ParamInfo::replicated).
+  void set_replicated(int unit, std::string_view param, bool replicated = true);
 
   // Elements per rank slice of `unit` for `world` ranks: numel rounded up so that
   // slice * world >= numel and the slice is a multiple of kSliceAlign elements.
@@ -64,6 +70,7 @@ class Layout {
   std::int64_t padded_numel(int unit, int world) const { return slice_numel(unit, world) * world; }
 
  private:
+  ParamInfo& param(int unit, std::string_view param, const char* what);  // throws naming the closest
   std::vector<UnitInfo> units_;
 };
 

@@ -197,8 +197,20 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
 
 }  // namespace
 
+namespace {
+// Each (tensor, pipeline) position would need its own shard set and a grid in the metadata;
+// until they exist, refuse rather than write files that the positions overwrite.
+void refuse_model_parallel(const EngineState& e, const char* what) {
+  ZERO_CHECK(!e.model_parallel(),
+             std::string(what) + ": this engine holds one part of a model split over ranks (tensor or pipeline "
+                                 "parallelism), and checkpoints of split models are not supported yet; save "
+                                 "with tensor and pipeline sizes of 1, or export the parts yourself (full_master)");
+}
+}  // namespace
+
 void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client, const CheckpointOptions& opts) {
   EngineState e(engine);
+  refuse_model_parallel(e, "save_checkpoint");
   Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
   agree(comm, [&] {
     ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
@@ -273,6 +285,7 @@ void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_direc
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {
   EngineState e(engine);
+  refuse_model_parallel(e, "load_checkpoint");
   Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
   same_on_all_ranks(comm, root + "\n" + tag, "the checkpoint root or tag");
   std::unique_ptr<ckpt::Reader> reader;

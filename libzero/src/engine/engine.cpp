@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/engine_impl.hpp"
+#include "zero/groups.hpp"
 #include "runtime/log.hpp"
 #include "zero/error.hpp"
 
@@ -29,12 +30,24 @@ int accumulation_steps(const Config& cfg) {
 
 }  // namespace
 
-EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout)
+// The backend over the data-parallel group: all ranks, or groups->data().
+std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups) {
+  if (groups == nullptr) return make_backend(ctx, cfg);
+  ZERO_CHECK(cfg.backend == BackendKind::host || groups->data_size() == ctx.world_size(),
+             "Engine: with tensor or pipeline parallelism the engine runs on backend: host so far (the CUDA "
+             "backend spans all ranks); set backend: host, or tensor and pipeline sizes of 1");
+  return cfg.backend == BackendKind::host ? make_host_backend(groups->data()) : make_backend(ctx, cfg);
+}
+
+EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
       layout_(std::move(layout)),
-      backend_(make_backend(ctx, cfg)),
+      backend_(make_engine_backend(ctx, cfg, groups)),
       comm_(backend_->comm()),
+      host_comm_(groups ? groups->data() : ctx.comm()),
+      model_comm_(groups && groups->model().size() > 1 ? &groups->model() : nullptr),
+      tensor_rank_(groups ? groups->coord().tensor : 0),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -140,7 +153,7 @@ std::vector<float> EngineImpl::full_master(int unit) {
   // `full` is host memory: gather it over the host (MPI) communicator, whatever the backend's
   // communicator is (NCCL takes device buffers only).
   if (stage_ > 0)
-    ctx_.comm().all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
+    host_comm_.all_gather(full.data() + u.own_begin, full.data(), static_cast<std::size_t>(u.slice), DType::f32);
   full.resize(static_cast<std::size_t>(u.numel));
   return full;
 }
@@ -241,7 +254,9 @@ std::string MemoryReport::to_string() const {
 // ---------------------------------------------------------------- Engine
 
 Engine::Engine(Context& ctx, const Config& cfg, Layout layout)
-    : impl_(std::make_unique<EngineImpl>(ctx, cfg, std::move(layout))) {}
+    : impl_(std::make_unique<EngineImpl>(ctx, cfg, std::move(layout), nullptr)) {}
+Engine::Engine(Context& ctx, const Config& cfg, Layout layout, ProcessGroups& groups)
+    : impl_(std::make_unique<EngineImpl>(ctx, cfg, std::move(layout), &groups)) {}
 Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;

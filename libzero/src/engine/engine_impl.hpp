@@ -38,7 +38,7 @@ Backend& engine_backend(Engine& e);
 
 class EngineImpl {
  public:
-  EngineImpl(Context& ctx, const Config& cfg, Layout layout);
+  EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups);
   // The roles hold references to the shapes, the store and the backend: the engine stays put.
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
@@ -94,6 +94,11 @@ class EngineImpl {
   const Layout layout_;
   std::unique_ptr<Backend> backend_;  // host or cuda, as cfg.backend says (backend/factory.cpp)
   Communicator& comm_;
+  // Host-memory collectives over the data-parallel group (the backend's comm_ may be NCCL).
+  Communicator& host_comm_;
+  // The other ranks holding parts of this model replica (tensor x pipeline), or null.
+  Communicator* model_comm_;
+  const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
   const int rank_, world_, stage_, gas_;
   const DType dtype_;
   const std::vector<UnitShape> shapes_;

@@ -54,17 +54,23 @@ int Layout::find_unit(std::string_view name) const {
   ZERO_THROW("unknown unit '" + std::string(name) + "'" + did_you_mean(name, names));
 }
 
-void Layout::set_decay(int id, std::string_view param, bool decay) {
+ParamInfo& Layout::param(int id, std::string_view param, const char* what) {
   unit(id);  // range check with its message
   UnitInfo& u = units_[static_cast<std::size_t>(id)];
   const int k = u.find_param(param);
   if (k < 0) {
     std::vector<std::string> names;
     for (const auto& p : u.params) names.push_back(p.name);
-    ZERO_THROW("Layout::set_decay: unit '" + u.name + "' has no parameter '" + std::string(param) + "'" +
+    ZERO_THROW(std::string(what) + ": unit '" + u.name + "' has no parameter '" + std::string(param) + "'" +
                did_you_mean(param, names));
   }
-  u.params[static_cast<std::size_t>(k)].decay = decay;
+  return u.params[static_cast<std::size_t>(k)];
+}
+
+void Layout::set_decay(int id, std::string_view p, bool decay) { param(id, p, "Layout::set_decay").decay = decay; }
+
+void Layout::set_replicated(int id, std::string_view p, bool replicated) {
+  param(id, p, "Layout::set_replicated").replicated = replicated;
 }
 
 void Layout::decay_matrices_only() {

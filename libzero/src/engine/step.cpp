@@ -59,15 +59,31 @@ void EngineImpl::check_step_ready() const {
 }
 
 // Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every
-// rank; otherwise the owned slices add up. An inf/nan on any rank makes the sum non-finite
-// everywhere, so every rank agrees to skip.
+// rank; otherwise the owned slices add up. Under model parallelism the parts of the model add
+// up over the model group, a parameter replicated across the tensor group counted on its tensor
+// rank 0 only. An inf/nan on any rank makes the sum non-finite everywhere, so every rank agrees
+// to skip.
 double EngineImpl::global_grad_sumsq() {
   backend_->stats_begin();
-  for (int i = 0; i < layout_.num_units(); ++i)
-    backend_->stats_add(reducer_.owned(i), dtype_, static_cast<std::size_t>(shape(i).own_len));
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const UnitShape& s = shape(i);
+    const char* g = static_cast<const char*>(reducer_.owned(i));
+    // The owned range, less the replicated parameters' elements where another rank counts them.
+    std::int64_t pos = s.own_begin;
+    const std::int64_t end = s.own_begin + s.own_len;
+    if (model_comm_ != nullptr && tensor_rank_ != 0)
+      for (const ParamInfo& p : layout_.unit(i).params) {  // in offset order
+        const std::int64_t b = std::max(pos, p.offset), e = std::min(end, p.offset + p.numel);
+        if (!p.replicated || b >= e) continue;
+        if (b > pos) backend_->stats_add(g + (pos - s.own_begin) * esize(), dtype_, static_cast<std::size_t>(b - pos));
+        pos = e;
+      }
+    if (pos < end) backend_->stats_add(g + (pos - s.own_begin) * esize(), dtype_, static_cast<std::size_t>(end - pos));
+  }
   double sumsq = backend_->stats_finish();
   const CommSiteScope site("step() gradient norm");
   if (stage_ > 0) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum);
+  if (model_comm_ != nullptr) sumsq = model_comm_->all_reduce_scalar(sumsq, ReduceOp::sum);
   return sumsq;
 }
 
