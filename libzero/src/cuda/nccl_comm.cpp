@@ -256,6 +256,7 @@ std::string NcclCommunicator::async_error() {
 template <class Issue>
 Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue, Divide divide) {
   use_device(device_);
+  refuse_capture(streams_.compute, what);
   stream_after(streams_.comm, streams_.compute, ready_.get());
   issue();
   if (group_depth_ > 0) {
