@@ -241,6 +241,25 @@ TEST_CASE("accumulate equals the host backend", "[kernels]") {
     host->accumulate(a.data(), b.data(), t, n);
     require_same(download<char>(*dev, da, a.size()).data(), a.data(), n, t, "accumulate " + std::string(dtype_name(t)));
   }
+  // fp32 accumulation of 16-bit addends (data_types.grad_accum_dtype: fp32), aligned and not.
+  for (DType st : {DType::bf16, DType::f16})
+    for (std::size_t skip : {0, 1, 3}) {
+      INFO("fp32 += " << dtype_name(st) << " offset " << skip);
+      const std::size_t n = 70001;
+      auto a = to_dtype(random_floats(n + skip, 33, 3.0f), DType::f32);
+      auto b = to_dtype(random_floats(n + skip, 34, 3.0f), st);
+      Buffer da = upload(*dev, a), db = upload(*dev, b);
+      char* dst = da.as<char>() + skip * 4;
+      const char* src = db.as<char>() + skip * dtype_size(st);
+      dev->accumulate(dst, DType::f32, src, st, n);
+      dev->accumulate(dst, DType::f32, src, st, n);
+      host->accumulate(a.data() + skip * 4, DType::f32, b.data() + skip * dtype_size(st), st, n);
+      host->accumulate(a.data() + skip * 4, DType::f32, b.data() + skip * dtype_size(st), st, n);
+      require_same(download<char>(*dev, da, a.size()).data(), a.data(), n + skip, DType::f32, "accumulate into fp32");
+    }
+  // A 16-bit accumulator takes only its own dtype.
+  Buffer x = dev->alloc(64), y = dev->alloc(64);
+  REQUIRE_THROWS_WITH(dev->accumulate(x.get(), DType::bf16, y.get(), DType::f32, 8), Catch::Contains("accumulate in fp32"));
 }
 
 TEST_CASE("sum of squares: host value, deterministic, non-finite propagates", "[kernels]") {

@@ -108,9 +108,11 @@ class CudaBackend final : public Backend {
     use_device(device_);
     launch_convert(src, st, dst, dt, n, streams_.compute);
   }
-  void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
+  using Backend::accumulate;
+  void accumulate(void* dst, DType dt, const void* src, DType st, std::size_t n) override {
+    check_accumulate(dt, st);
     use_device(device_);
-    launch_accumulate(dst, src, t, n, streams_.compute);
+    launch_accumulate(dst, dt, src, st, n, streams_.compute);
   }
 
   void stats_begin() override {
