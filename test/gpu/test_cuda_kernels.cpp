@@ -16,6 +16,7 @@
 
 #include "cuda/device_allocator.hpp"
 #include "gpu_test_util.hpp"
+#include "spin_kernel.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
 
@@ -383,4 +384,28 @@ TEST_CASE("a user compute stream orders the backend's work with the user's", "[s
   auto host = backend("host");
   CHECK(host->compute_stream() == nullptr);
   CHECK_THROWS_WITH(host->set_compute_stream(nullptr), Catch::Contains("no streams"));
+}
+
+// Hidden (run by its own ctest entry, test_cuda_sticky_error): it leaves the CUDA context
+// unusable for the rest of the process.
+TEST_CASE("after a kernel's illegal address: an error with a hint, and a destructor that does not throw",
+          "[.][sticky]") {
+  auto b = backend("cuda");
+  Buffer buf = b->alloc(1024);
+  illegal_write(static_cast<cudaStream_t>(b->compute_stream()));
+  std::string message;
+  try {
+    std::vector<char> h(16);
+    b->to_host(h.data(), buf.get(), h.size());  // synchronizes: the kernel's error surfaces here
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  REQUIRE(message.find("cudaErrorIllegalAddress") != std::string::npos);
+  REQUIRE(message.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+  REQUIRE(message.find("compute-sanitizer") != std::string::npos);
+  buf = Buffer();
+  // Every CUDA call fails from now on, the backend's shutdown included: it logs, never throws
+  // (a throwing destructor is std::terminate).
+  REQUIRE_NOTHROW(b.reset());
 }
