@@ -201,7 +201,13 @@ TEST_CASE("a collective on a compute stream under CUDA graph capture is refused,
   cudaGraphDestroy(graph);
   // Nothing of the refused collective was recorded: the next one (outside capture) completes.
   b->from_host(buf.get(), std::vector<float>(n, 1.0f).data(), n * sizeof(float));
-  c.all_reduce(buf.get(), n, DType::f32, ReduceOp::sum);
+  Work w = c.all_reduce_async(buf.get(), n, DType::f32, ReduceOp::sum);
+  // Waiting on it under capture is refused the same way, and the wait can be made afterwards.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE_THROWS_WITH(w.wait(), Catch::Contains("Work::wait(): the compute stream is being captured"));
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+  w.wait();
   auto got = download<float>(*b, buf, n);
   REQUIRE(got[0] == static_cast<float>(c.size()));
   REQUIRE(got[n - 1] == static_cast<float>(c.size()));

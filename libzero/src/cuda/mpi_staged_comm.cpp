@@ -20,8 +20,10 @@ class StagedWork final : public Work::Impl {
   void wait() override {
     if (done_) return;
     host_.wait();
-    done_ = true;
+    // Done only once the copy back is enqueued: a copy refused (a captured compute stream) is
+    // tried again by the next wait().
     if (bytes_ > 0) c_->copy_back(dst_, result_, bytes_, std::move(buf_));
+    done_ = true;
   }
   bool test() override { return done_ || host_.done(); }
 
@@ -68,6 +70,8 @@ void MpiStagedCommunicator::stage_in(void* host_dst, const void* dev_src, std::s
 void MpiStagedCommunicator::copy_back(void* dev_dst, const void* host_src, std::size_t bytes,
                                       offload::PinnedBuffer&& buf) {
   use_device(device_);
+  // Captured, the copy would become a graph node that a replay repeats from a reused buffer.
+  refuse_capture(streams_.compute, "Work::wait()");
   ZERO_CUDA_CHECK(cudaMemcpyAsync(dev_dst, host_src, bytes, cudaMemcpyDefault, streams_.compute));
   Event e;
   if (!spare_events_.empty()) {
