@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero/error.hpp"
+#include "zero/plan.hpp"
 
 namespace zero::gpt {
 
@@ -51,6 +52,23 @@ std::string format_significant(double v, int digits) {
   return buf;
 }
 
+MfuPeak gpu_mfu_peak(double stated_tflops, const std::string& device_name, double memory_bytes) {
+  if (stated_tflops > 0) return {stated_tflops, "run.peak_tflops"};
+  if (auto g = zero::plan::gpu_preset_for_device(device_name, memory_bytes))
+    return {g->peak_flops / 1e12, "dense bf16 peak of " + g->name + " (" + device_name + ")"};
+  // An H100 PCIe or NVL, an L40S, an RTX card: training does not need the figure, only MFU.
+  return {0.0, "no peak is known for the GPU '" + device_name +
+                   "' (no planner preset describes it), so MFU is shown as n/a; set run.peak_tflops to its dense "
+                   "bf16 tensor peak (TFLOP/s) to see it"};
+}
+
+std::string format_mfu(double mfu) {
+  if (!std::isfinite(mfu)) return "n/a (set run.peak_tflops)";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * mfu);
+  return buf;
+}
+
 namespace {
 
 // JSON has no NaN or infinity; a missing measurement is null.
@@ -79,21 +97,25 @@ void Reporter::record(const nlohmann::ordered_json& object) {
   jsonl_.flush();
 }
 
-void Reporter::train(const TrainRecord& r) {
+std::string Reporter::train_line(const TrainRecord& r) {
   char buf[640];
   std::snprintf(buf, sizeof buf,
                 "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g%s | "
-                "%s samples/s (avg %s) | %s tok/s | %.4f TFLOPs/dev (F=%.2f) | MFU %.1f%% | "
+                "%s samples/s (avg %s) | %s tok/s | %.4f TFLOPs/dev (F=%.2f) | MFU %s | "
                 "state %s/rank | peak RSS %s | inter-node %s/step | ETA %s | %s tokens in %.1f days",
                 static_cast<int>(std::to_string(r.steps).size()), static_cast<long long>(r.step),
                 static_cast<long long>(r.steps), r.loss, r.lr, r.grad_norm, r.loss_scale,
                 r.skipped ? " (skipped: overflow)" : "", format_significant(r.samples_per_s).c_str(),
                 format_significant(r.samples_per_s_avg).c_str(), format_si(r.tokens_per_s).c_str(),
-                r.tflops_per_device, r.flops_factor, 100.0 * r.mfu,
+                r.tflops_per_device, r.flops_factor, format_mfu(r.mfu).c_str(),
                 format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
                 format_mib(r.inter_node_bytes).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
                 r.token_budget_days);
-  line(buf);
+  return buf;
+}
+
+void Reporter::train(const TrainRecord& r) {
+  line(train_line(r));
   record({{"type", "train"},
           {"step", r.step},
           {"tokens", number(r.tokens)},

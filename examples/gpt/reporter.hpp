@@ -23,6 +23,21 @@ std::string format_mib(double bytes);
 std::string format_si(double v);
 std::string format_significant(double v, int digits = 3);
 
+// What MFU divides by: the peak per device in TFLOP/s and where it came from. tflops 0 means
+// unknown (a GPU that no planner preset describes, with no run.peak_tflops): the run trains all
+// the same, the start says why MFU is missing, and each step shows it as n/a.
+struct MfuPeak {
+  double tflops = 0;
+  std::string source;
+  bool known() const { return tflops > 0; }
+};
+// For a CUDA device called `device_name` with `memory_bytes`: run.peak_tflops where stated
+// (> 0), else the dense bf16 peak of the planner's preset for the device, else unknown.
+MfuPeak gpu_mfu_peak(double stated_tflops, const std::string& device_name, double memory_bytes);
+// MFU as the step line shows it: "12.3%", or "n/a (set run.peak_tflops)" when the peak is
+// unknown (mfu is NaN: in metrics.jsonl it is then null).
+std::string format_mfu(double mfu);
+
 struct TrainRecord {
   std::int64_t step = 0, steps = 0;
   double tokens = 0;             // trained since step 0 (resumed runs included)
@@ -33,7 +48,7 @@ struct TrainRecord {
   double tokens_per_s = 0;
   double tflops_per_device = 0;  // what the hardware computed, recompute included
   double flops_factor = 0;       // FLOPs per token / parameters (6 + attention + recompute)
-  double mfu = 0;                // model FLOPs (6N + 6LTC per token) / peak, per device
+  double mfu = 0;                // model FLOPs (6N + 6LTC per token) / peak, per device; NaN: no peak
   double model_state_bytes = 0;  // per rank
   double peak_rss_bytes = 0;     // the largest over the ranks
   double eta_s = 0, token_budget = 0, token_budget_days = 0, elapsed_s = 0;
@@ -60,6 +75,8 @@ class Reporter {
   // Any other record ("start", "stop"): written to the JSONL as given.
   void record(const nlohmann::ordered_json& object);
   void train(const TrainRecord& r);
+  // The step's log line (train() prints it).
+  static std::string train_line(const TrainRecord& r);
   void eval(const EvalRecord& r);
   void progress(std::int64_t step, std::int64_t steps, double loss, double eta_s);
 

@@ -40,7 +40,6 @@
 #include "autotune_run.hpp"
 #include "data.hpp"
 #include "ops.hpp"
-#include "zero/plan.hpp"
 #if ZERO_GPT_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -198,23 +197,18 @@ double peak_rss_bytes() {
   return 0.0;
 }
 
-// The per-device peak MFU divides by, and where it came from. Every rank measures at once
-// (ranks on one machine share its cores, as they do while training) and the mean counts.
-std::pair<double, std::string> device_peak_tflops(zero::Context& ctx, const GptSettings& s,
-                                                  const zero::Config& cfg, int threads) {
+// The per-device peak MFU divides by, and where it came from (unknown for a GPU without a
+// planner preset: the run goes on without MFU). On the host every rank measures at once (ranks
+// on one machine share its cores, as they do while training) and the mean counts.
+zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, const zero::Config& cfg,
+                                      int threads) {
   if (s.peak_tflops > 0) return {s.peak_tflops, "run.peak_tflops"};
 #if ZERO_GPT_CUDA
   if (cfg.backend == zero::BackendKind::cuda) {
-    // The dense bf16 tensor peak of the device's preset; a device no preset describes (an H100
-    // PCIe, a consumer card) needs the figure from the user.
     int device = 0;
     cudaDeviceProp prop{};
-    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-      if (auto g = zero::plan::gpu_preset_for_device(prop.name, static_cast<double>(prop.totalGlobalMem)))
-        return {g->peak_flops / 1e12, "dense bf16 peak of " + g->name + " (" + prop.name + ")"};
-      ZERO_THROW(std::string("zero-gpt: no peak is known for the GPU '") + prop.name +
-                 "', which MFU divides by; set run.peak_tflops to its dense bf16 tensor peak (TFLOP/s)");
-    }
+    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+      return zero::gpt::gpu_mfu_peak(s.peak_tflops, prop.name, static_cast<double>(prop.totalGlobalMem));
   }
 #else
   (void)cfg;
@@ -296,8 +290,7 @@ struct RunFacts {
   double samples_per_step = 0;  // global
   double tokens_per_step = 0;
   zero::gpt::TokenFlops flops;  // per token
-  double peak_tflops = 0;       // per device
-  std::string peak_source;
+  zero::gpt::MfuPeak peak;      // per device
   std::int64_t start_step = 0;
   std::string checkpoint_dir;
   std::string resume_command;  // this command line with --resume, for the stop message
@@ -333,9 +326,14 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
   if (f.flops.recompute > 0)
     flops += " + " + zero::gpt::format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
-  std::snprintf(buf, sizeof buf, "; F = %.2f per parameter; MFU against %.4g TFLOPs per device (%s)",
-                f.flops.total() / f.params, f.peak_tflops, f.peak_source.c_str());
-  rep.line(flops + buf);
+  std::snprintf(buf, sizeof buf, "; F = %.2f per parameter", f.flops.total() / f.params);
+  flops += buf;
+  if (f.peak.known()) {
+    std::snprintf(buf, sizeof buf, "; MFU against %.4g TFLOPs per device (%s)", f.peak.tflops, f.peak.source.c_str());
+    flops += buf;
+  }
+  rep.line(flops);
+  if (!f.peak.known()) rep.line("note: " + f.peak.source);  // once; the step lines say n/a
   rep.line("memory: " + trainer.engine().memory().to_string());
   for (const auto& n : cfg.notes) rep.line("note: " + n);
   if (resumed)
@@ -353,7 +351,8 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
               {"tokens_per_step", f.tokens_per_step},
               {"flops_per_token", f.flops.total()},
               {"model_flops_per_token", f.flops.model},
-              {"peak_tflops_per_device", f.peak_tflops}});
+              {"peak_tflops_per_device",
+               f.peak.known() ? nlohmann::ordered_json(f.peak.tflops) : nlohmann::ordered_json()}});
 }
 
 // The optimizer steps of one session, with the clocks and counters their log lines need.
@@ -432,7 +431,8 @@ class TrainingLoop {
     r.tokens_per_s = f_.tokens_per_step * static_cast<double>(interval_steps_) / interval_seconds_;
     r.tflops_per_device = f_.flops.total() * r.tokens_per_s / f_.world / 1e12;
     r.flops_factor = f_.flops.total() / f_.params;
-    r.mfu = f_.flops.model * r.tokens_per_s / f_.world / 1e12 / f_.peak_tflops;
+    r.mfu = f_.peak.known() ? f_.flops.model * r.tokens_per_s / f_.world / 1e12 / f_.peak.tflops
+                            : std::numeric_limits<double>::quiet_NaN();
     r.model_state_bytes = static_cast<double>(trainer_.engine().memory().model_state());
     r.peak_rss_bytes = ctx_.comm().all_reduce_scalar(peak_rss_bytes(), zero::ReduceOp::max);
     r.eta_s = eta;
@@ -555,7 +555,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());
-  std::tie(facts.peak_tflops, facts.peak_source) = device_peak_tflops(ctx, settings, rc.cfg, facts.threads);
+  facts.peak = device_peak_tflops(ctx, settings, rc.cfg, facts.threads);
 
   const bool progress = settings.progress == "on" ||
                         (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));

@@ -211,7 +211,8 @@ std::string gpt_settings_help() {
          "                               terminal: mpirun gives every rank a terminal even\n"
          "                               when its own output is a file), on, off\n"
          "  peak_tflops: 0               peak TFLOPs per device that MFU divides by; 0: measure\n"
-         "                               OpenBLAS sgemm at start (the host's practical peak)\n";
+         "                               OpenBLAS sgemm at start (the host's practical peak), or\n"
+         "                               on a GPU its preset's bf16 peak (none: MFU n/a)\n";
 }
 
 // ------------------------------------------------------------------------------ trainer

@@ -56,7 +56,8 @@ nlohmann::json plan_json(const Plan& p) {
                         {"offload_param", device_name(s.offload_param)}, {"micro_batch", s.micro_batch},
                         {"gradient_accumulation_steps", s.grad_accum},
                         {"activation_checkpointing", s.activation_checkpointing},
-                        {"dtype", std::string(dtype_name(s.dtype))}}},
+                        {"dtype", std::string(dtype_name(s.dtype))},
+                        {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
           {"nvme_bytes", m.nvme_bytes},
@@ -76,7 +77,10 @@ void print_plan(const Plan& p, const Cluster& c) {
              p.shape.seq_len, p.shape.vocab_size);
   fmt::print("cluster: {} x {}, {} per node, efficiency {:.0f}% of {:.0f} TFLOP/s\n", c.gpus, c.gpu.name,
              c.gpus_per_node, 100 * c.gpu.efficiency, c.gpu.peak_flops / 1e12);
-  fmt::print("settings: {}, {}\n", p.settings.label(), dtype_name(p.settings.dtype));
+  fmt::print("settings: {}, {}{}\n", p.settings.label(), dtype_name(p.settings.dtype),
+             p.settings.grad_dtype() != p.settings.dtype
+                 ? fmt::format(", gradients accumulate in {}", dtype_name(p.settings.grad_dtype()))
+                 : std::string());
   fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
   fmt::print("GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
              "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",

@@ -8,11 +8,18 @@ validation loss for the same steps, within noise, and the four stages must agree
 Each run is the first STEPS steps of tiny.yaml's 1000-step run (the learning-rate schedule is
 kept at 1000 steps, so the figures are comparable with the host's at the same step), with the
 same global batch of 32 sequences at any rank count (16 per rank on 2 ranks, 32 on 1: the data
-loader then hands out exactly the same sequences), communicating over MPI (comm: mpi), so that
-several ranks can share one GPU. Validation is tiny.yaml's: the split's first 512 windows, at
-steps 250 and 500.
+loader then hands out exactly the same sequences). Validation is tiny.yaml's: the split's first
+512 windows, at steps 250 and 500.
 
-    gpt_cuda_train.py MPIEXEC "FLAGS;..." ZERO_GPT PROBE CONFIG WORKDIR RANKS
+COMM is the communicator:
+  mpi   (the default) host-staged collectives, so that several ranks can share one GPU;
+  nccl  the production path: NCCL on the device, whose collectives are ordered by stream
+        events only (mpi's host waits would hide a missing one), with overlap_comm on, small
+        reduce buckets, and at stage 3 every unit gathered and released per use with one unit
+        prefetched ahead (no persistent units, at most about two units live). One GPU per rank:
+        2 ranks need two GPUs and skip (77) on a node with fewer.
+
+    gpt_cuda_train.py MPIEXEC "FLAGS;..." ZERO_GPT PROBE CONFIG WORKDIR RANKS [COMM]
 
 PROBE is any GPU test binary (test/gpu/gpu_main.cpp): with ZERO_TEST_PROBE=1 it exits 0 when a
 CUDA device is usable and 77 when there is none, and so does this test (ctest: skipped). It must
@@ -27,6 +34,20 @@ import time
 
 mpiexec, flags, exe, probe, config, work, ranks = (sys.argv[1], sys.argv[2].split(";"), sys.argv[3],
                                                     sys.argv[4], sys.argv[5], sys.argv[6], int(sys.argv[7]))
+comm = sys.argv[8] if len(sys.argv) > 8 else "mpi"
+if comm not in ("mpi", "nccl"):
+    sys.exit(f"COMM is mpi or nccl, not {comm!r}")
+# The tiny model's units are about 200k elements (a block; the embeddings 41k): a prefetch of
+# 250k is one unit ahead, and 500k live elements force every unit out again after its use.
+NCCL_SETS = {
+    "zero_optimization.overlap_comm": "true",
+    "zero_optimization.reduce_bucket_size": "100000",
+    "zero_optimization.allgather_bucket_size": "100000",
+    "zero_optimization.stage3_prefetch_bucket_size": "250000",
+    "zero_optimization.stage3_max_live_parameters": "500000",
+    "zero_optimization.stage3_param_persistence_threshold": "0",
+    "zero_optimization.stage3_max_reuse_distance": "0",
+}
 SKIP = 77
 STAGES = (0, 1, 2, 3)
 STEPS = 500
@@ -68,6 +89,8 @@ STAGE_SPREAD = 0.04
 
 def probe_device():
     env = dict(os.environ, ZERO_TEST_PROBE="1")
+    if comm == "nccl":
+        env["ZERO_TEST_MIN_GPUS"] = str(ranks)  # NCCL: one GPU per rank
     try:
         p = subprocess.run([probe], env=env, capture_output=True, text=True, timeout=120)
     except OSError as e:
@@ -81,14 +104,16 @@ def probe_device():
 
 def command(stage, out_dir):
     sets = {
-        "backend": "cuda", "comm": "mpi", "bf16.enabled": "true", "fp16.enabled": "false",
+        "backend": "cuda", "comm": comm, "bf16.enabled": "true", "fp16.enabled": "false",
         "zero_optimization.stage": str(stage),
         "run.steps": str(STEPS), "scheduler.params.total_num_steps": "1000",
         "run.sample_tokens": "0", "run.progress": "off", "run.out_dir": out_dir,
-        # MFU is not what this test is about; a stated peak keeps an unlisted GPU from stopping it.
+        # MFU is not what this test is about; a stated peak gives it a figure on any GPU.
         "run.peak_tflops": "1",
         "train_micro_batch_size_per_gpu": str(32 // ranks),
     }
+    if comm == "nccl":
+        sets.update(NCCL_SETS)
     cmd = [mpiexec, *flags, "-n", str(ranks), exe, "--config", config]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -124,10 +149,10 @@ for stage in STAGES:
     with open(os.path.join(work, f"stage{stage}.log"), "w", encoding="utf-8") as f:
         f.write(p.stdout + p.stderr)
     if p.returncode != 0 or f"done: {STEPS} steps" not in p.stdout:
-        sys.exit(f"stage {stage} on {ranks} rank(s) failed ({p.returncode}) after {seconds:.0f}s:\n"
+        sys.exit(f"stage {stage} on {ranks} rank(s) over {comm} failed ({p.returncode}) after {seconds:.0f}s:\n"
                  f"{p.stdout[-6000:]}\n{p.stderr[-6000:]}")
     results[stage] = evaluations(out_dir)
-    print(f"stage {stage}, {ranks} rank(s): {seconds:.0f}s, val loss "
+    print(f"stage {stage}, {ranks} rank(s), comm {comm}: {seconds:.0f}s, val loss "
           + ", ".join(f"{results[stage].get(s, float('nan')):.4f} at {s}" for s in host_val))
 
 for step, host in host_val.items():
@@ -149,4 +174,4 @@ for step, host in host_val.items():
 
 if failures:
     sys.exit("\n".join(failures) + f"\n(logs and metrics in {work})")
-print(f"GPU training on {ranks} rank(s) reaches the host trainer's validation loss at stages 0-3")
+print(f"GPU training on {ranks} rank(s) over {comm} reaches the host trainer's validation loss at stages 0-3")

@@ -5,9 +5,9 @@
 // (SKIP_RETURN_CODE 77): a machine without a GPU must never count these tests as passed. Any
 // other failure to enumerate devices (a driver older than the runtime, a broken installation)
 // is a broken GPU setup and fails: skipping it would hide exactly what the tests are for.
-// ZERO_TEST_PROBE=1 stops after the probe (exit 0 when a device is usable).
 // ZERO_TEST_MIN_GPUS=N also skips when the node has fewer than N devices (NCCL runs with several
-// ranks need one GPU each). Otherwise it is the multi-rank main: every rank runs every test case
+// ranks need one GPU each). ZERO_TEST_PROBE=1 stops after these checks (exit 0 when a device,
+// or N of them, is usable). Otherwise it is the multi-rank main: every rank runs every test case
 // and the job fails if any rank failed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
@@ -31,14 +31,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   const int devices = probe.devices;
-  // The probe alone (run_sanitizer.sh asks for it before starting compute-sanitizer).
-  if (std::getenv("ZERO_TEST_PROBE")) return 0;
   if (const char* need = std::getenv("ZERO_TEST_MIN_GPUS")) {
     if (devices < std::atoi(need)) {
       std::fprintf(stderr, "skipped: this run needs %s CUDA devices, the node has %d\n", need, devices);
       return 77;
     }
   }
+  // The probe alone (run_sanitizer.sh and gpt_cuda_train.py ask for it before their runs); with
+  // ZERO_TEST_MIN_GPUS it also answers whether the node has that many devices.
+  if (std::getenv("ZERO_TEST_PROBE")) return 0;
   zero::Context ctx(&argc, &argv);
   Catch::Session session;
   if (int bad = session.applyCommandLine(argc, argv); bad != 0) return bad;

@@ -174,3 +174,43 @@ TEST_CASE("Work from a destroyed handle still completes before later compute wor
   REQUIRE(got[0] == static_cast<float>(c.size()));
   REQUIRE(got[n - 1] == static_cast<float>(c.size()));
 }
+
+TEST_CASE("a collective on a compute stream under CUDA graph capture is refused, and later ones still work",
+          "[comm][streams][graph]") {
+  auto b = backend("cuda", test_comm());
+  Communicator& c = b->comm();
+  const std::size_t n = 1024;
+  Buffer buf = upload(*b, std::vector<float>(n, 1.0f));
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  b->set_compute_stream(s);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  b->zero(buf.get(), 16);  // a captured kernel of the user's own is fine
+  std::string message;
+  try {
+    c.all_reduce_async(buf.get(), n, DType::f32, ReduceOp::sum);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);  // the refusal did not break the capture
+  INFO(message);
+  REQUIRE(message.find("all_reduce: the compute stream is being captured into a CUDA graph") != std::string::npos);
+  REQUIRE(message.find("End the capture") != std::string::npos);
+  REQUIRE(graph != nullptr);
+  cudaGraphDestroy(graph);
+  // Nothing of the refused collective was recorded: the next one (outside capture) completes.
+  b->from_host(buf.get(), std::vector<float>(n, 1.0f).data(), n * sizeof(float));
+  Work w = c.all_reduce_async(buf.get(), n, DType::f32, ReduceOp::sum);
+  // Waiting on it under capture is refused the same way, and the wait can be made afterwards.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  REQUIRE_THROWS_WITH(w.wait(), Catch::Contains("Work::wait(): the compute stream is being captured"));
+  REQUIRE(cudaStreamEndCapture(s, &graph) == cudaSuccess);
+  if (graph) cudaGraphDestroy(graph);
+  w.wait();
+  auto got = download<float>(*b, buf, n);
+  REQUIRE(got[0] == static_cast<float>(c.size()));
+  REQUIRE(got[n - 1] == static_cast<float>(c.size()));
+  b->set_compute_stream(nullptr);
+  cudaStreamDestroy(s);
+}

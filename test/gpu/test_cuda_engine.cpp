@@ -53,10 +53,12 @@ struct Case {
   bool user_stream = false;      // run the CUDA engine on a stream of the test's own
   bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
   bool mixed_decay = false;      // make_mixed_decay_layout(): weight decay on some parameters only
+  std::string accum;             // data_types.grad_accum_dtype; "": the CUDA default on both backends
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " gas " + std::to_string(gas) +
            (clip > 0 ? " clip" : "") + " " + optimizer + " offload " + offload + (inf_step >= 0 ? " overflow" : "") +
-           (user_stream ? " user-stream" : "") + (mixed_decay ? " mixed-decay" : "");
+           (user_stream ? " user-stream" : "") + (mixed_decay ? " mixed-decay" : "") +
+           (accum.empty() ? "" : " accumulate " + accum);
   }
 };
 
@@ -81,6 +83,11 @@ Config make_config(const Case& c, const std::string& kind) {
   else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
   y += "backend: " + kind + "\n";
   if (kind == "cuda") y += "comm: " + test_comm() + "\n";
+  // The CUDA backend accumulates 16-bit gradients in fp32 by default when there is more than one
+  // micro-step; the host backend is told the same, so that the two compute the same thing.
+  std::string accum = c.accum;
+  if (accum.empty() && kind == "host" && c.gas > 1 && c.dtype != DType::f32) accum = "fp32";
+  if (!accum.empty()) y += "data_types:\n  grad_accum_dtype: " + accum + "\n";
   Config cfg = parse_config(y, "test_cuda_engine");
   cfg.resolve(ctx().world_size());
   return cfg;
@@ -244,6 +251,22 @@ TEST_CASE("CUDA engine parity with the host backend: every stage x dtype x offlo
         c.extra = knobs(idx % 2 == 1);
         SECTION(c.name()) { check_parity(c); }
       }
+}
+
+// Accumulation in the compute dtype where asked (bf16 over 3 micro-steps), and fp32 where asked
+// without accumulation: both backends, every stage.
+TEST_CASE("CUDA engine parity with data_types.grad_accum_dtype given", "[engine]") {
+  for (int stage = 0; stage <= 3; ++stage)
+    for (const char* accum : {"bf16", "fp32"}) {
+      Case c;
+      c.stage = stage;
+      c.dtype = DType::bf16;
+      c.accum = accum;
+      c.gas = std::string(accum) == "bf16" ? 3 : 1;
+      c.offload = stage >= 1 && std::string(accum) == "fp32" ? "cpu" : "none";  // fp32 gradients to the host
+      c.extra = knobs(stage % 2 == 1);
+      SECTION(c.name()) { check_parity(c); }
+    }
 }
 
 // The CUDA kernels step each owned range in runs that agree on weight decay, as the host does.

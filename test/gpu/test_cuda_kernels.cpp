@@ -16,6 +16,7 @@
 
 #include "cuda/device_allocator.hpp"
 #include "gpu_test_util.hpp"
+#include "spin_kernel.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
 
@@ -241,6 +242,25 @@ TEST_CASE("accumulate equals the host backend", "[kernels]") {
     host->accumulate(a.data(), b.data(), t, n);
     require_same(download<char>(*dev, da, a.size()).data(), a.data(), n, t, "accumulate " + std::string(dtype_name(t)));
   }
+  // fp32 accumulation of 16-bit addends (data_types.grad_accum_dtype: fp32), aligned and not.
+  for (DType st : {DType::bf16, DType::f16})
+    for (std::size_t skip : {0, 1, 3}) {
+      INFO("fp32 += " << dtype_name(st) << " offset " << skip);
+      const std::size_t n = 70001;
+      auto a = to_dtype(random_floats(n + skip, 33, 3.0f), DType::f32);
+      auto b = to_dtype(random_floats(n + skip, 34, 3.0f), st);
+      Buffer da = upload(*dev, a), db = upload(*dev, b);
+      char* dst = da.as<char>() + skip * 4;
+      const char* src = db.as<char>() + skip * dtype_size(st);
+      dev->accumulate(dst, DType::f32, src, st, n);
+      dev->accumulate(dst, DType::f32, src, st, n);
+      host->accumulate(a.data() + skip * 4, DType::f32, b.data() + skip * dtype_size(st), st, n);
+      host->accumulate(a.data() + skip * 4, DType::f32, b.data() + skip * dtype_size(st), st, n);
+      require_same(download<char>(*dev, da, a.size()).data(), a.data(), n + skip, DType::f32, "accumulate into fp32");
+    }
+  // A 16-bit accumulator takes only its own dtype.
+  Buffer x = dev->alloc(64), y = dev->alloc(64);
+  REQUIRE_THROWS_WITH(dev->accumulate(x.get(), DType::bf16, y.get(), DType::f32, 8), Catch::Contains("accumulate in fp32"));
 }
 
 TEST_CASE("sum of squares: host value, deterministic, non-finite propagates", "[kernels]") {
@@ -364,4 +384,28 @@ TEST_CASE("a user compute stream orders the backend's work with the user's", "[s
   auto host = backend("host");
   CHECK(host->compute_stream() == nullptr);
   CHECK_THROWS_WITH(host->set_compute_stream(nullptr), Catch::Contains("no streams"));
+}
+
+// Hidden (run by its own ctest entry, test_cuda_sticky_error): it leaves the CUDA context
+// unusable for the rest of the process.
+TEST_CASE("after a kernel's illegal address: an error with a hint, and a destructor that does not throw",
+          "[.][sticky]") {
+  auto b = backend("cuda");
+  Buffer buf = b->alloc(1024);
+  illegal_write(static_cast<cudaStream_t>(b->compute_stream()));
+  std::string message;
+  try {
+    std::vector<char> h(16);
+    b->to_host(h.data(), buf.get(), h.size());  // synchronizes: the kernel's error surfaces here
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  REQUIRE(message.find("cudaErrorIllegalAddress") != std::string::npos);
+  REQUIRE(message.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+  REQUIRE(message.find("compute-sanitizer") != std::string::npos);
+  buf = Buffer();
+  // Every CUDA call fails from now on, the backend's shutdown included: it logs, never throws
+  // (a throwing destructor is std::terminate).
+  REQUIRE_NOTHROW(b.reset());
 }

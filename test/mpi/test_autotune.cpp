@@ -83,6 +83,9 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
     s.stage = *t.candidate.stage;
     s.micro_batch = static_cast<int>(*t.candidate.micro_batch);
     s.grad_accum = 4 / s.micro_batch;
+    // The trials run on the host backend, which accumulates bf16 gradients in bf16 (a plan on
+    // its own assumes the CUDA backend's fp32 with accumulation).
+    s.grad_accum_dtype = GradAccumDType::bf16;
     const bool fits = plan::make_plan(shape, cluster, s).fits;
     INFO(t.candidate.label() << ": " << t.note);
     CHECK((t.outcome == TuneTrial::Outcome::timed) == fits);

@@ -1,6 +1,6 @@
 // The planner's model-state bytes equal the engine's own accounting (Engine::memory()) for
 // every stage, optimizer offload (none, cpu, nvme), parameter offload to NVMe at stage 3,
-// compute dtype, and the world size this test runs at (ctest runs it at 1, 2, 3 and 4 ranks),
+// compute dtype, fp32 gradient accumulation under bf16 (data_types.grad_accum_dtype), and the world size this test runs at (ctest runs it at 1, 2, 3 and 4 ranks),
 // on a small GPT layout whose units pad differently at each world size.
 #include <catch2/catch.hpp>
 
@@ -18,8 +18,10 @@ namespace {
 
 std::string nvme_dir() { return test::process_scratch_dir("plan_engine"); }
 
-Config make_config(int stage, const std::string& opt_dev, const std::string& param_dev, const std::string& dtype) {
-  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 1\n";
+Config make_config(int stage, const std::string& opt_dev, const std::string& param_dev, const std::string& dtype,
+                   const std::string& accum) {
+  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 2\n";
+  if (!accum.empty()) y += "data_types:\n  grad_accum_dtype: " + accum + "\n";
   y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n";
   // Between the sizes of ln_f (2C) and a block: some units persist at stage 3.
   y += "  stage3_param_persistence_threshold: 1000\n";
@@ -43,11 +45,12 @@ TEST_CASE("plan model states equal engine.memory()", "[plan][mpi]") {
   for (int stage = 0; stage <= 3; ++stage)
     for (std::string opt : {"none", "cpu", "nvme"})
       for (std::string param : {"none", "nvme"})
-        for (std::string dtype : {"bf16", "fp32"}) {
+        for (std::string dtype : {"bf16", "fp32", "bf16 fp32-accum"}) {
           if (opt != "none" && stage == 0) continue;     // the engine refuses offload at stage 0
           if (param != "none" && stage != 3) continue;   // parameter offload is a stage 3 feature
           DYNAMIC_SECTION("stage " << stage << " offload " << opt << " param " << param << " " << dtype) {
-            const Config cfg = make_config(stage, opt, param, dtype);
+            const bool fp32_accum = dtype == "bf16 fp32-accum";
+            const Config cfg = make_config(stage, opt, param, fp32_accum ? "bf16" : dtype, fp32_accum ? "fp32" : "");
             Engine engine(ctx, cfg, plan::gpt_layout(shape));
             const MemoryReport r = engine.memory();
             const plan::ModelStates m = plan::model_states(plan::gpt_layout(shape), plan::settings_from(cfg),

@@ -28,14 +28,20 @@ def close(a, b, rel=1e-9):
 FIELDS = ["fits", "gpu_bytes", "host_bytes", "nvme_bytes", "step_s", "tokens_per_s", "tflops_per_gpu", "days"]
 
 # One configuration: GPT-2 small on one A100 at stage 0. Nothing pads at one rank (every unit is a
-# multiple of 64 elements), so model states are 16 bytes x 124,475,904 parameters.
+# multiple of 64 elements), so model states are 16 bytes x 124,475,904 parameters, plus 2 for the
+# gradients, which accumulate in fp32 over 8 micro-steps of bf16 (data_types.grad_accum_dtype).
 j = run("--model", "gpt2", "--gpu", "A100-80GB", "--gpus", "1", "--stage", "0", "--micro-batch", "4",
         "--accum", "8", "--ckpt", "off", "--tokens", "1e9")
 for f in FIELDS:
     check(f in j, f"field {f} missing")
 check(j["fits"] is True, "gpt2 on one A100 should fit")
 check(j["params"] == 124475904, f"params {j['params']}")
-check(j["model_state_bytes"] == 16 * 124475904, f"model_state_bytes {j['model_state_bytes']}")
+check(j["model_state_bytes"] == 18 * 124475904, f"model_state_bytes {j['model_state_bytes']}")
+check(j["settings"]["grad_accum_dtype"] == "fp32", f"grad_accum_dtype {j['settings']['grad_accum_dtype']}")
+j1 = run("--model", "gpt2", "--gpu", "A100-80GB", "--gpus", "1", "--stage", "0", "--micro-batch", "4",
+         "--accum", "1", "--ckpt", "off")
+check(j1["model_state_bytes"] == 16 * 124475904, f"model_state_bytes without accumulation {j1['model_state_bytes']}")
+check(j1["settings"]["grad_accum_dtype"] == "bf16", f"grad_accum_dtype {j1['settings']['grad_accum_dtype']}")
 check(j["gpu_bytes"] > j["model_state_bytes"] + j["activation_bytes"], "gpu_bytes lacks buffers/overhead")
 tokens_per_step = 4 * 8 * 1024
 check(close(j["tokens_per_s"], tokens_per_step / j["step_s"]), "tokens_per_s != tokens per step / step_s")

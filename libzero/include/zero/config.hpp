@@ -33,6 +33,9 @@ enum class BackendKind { host, cuda };
 // How the CUDA backend moves device buffers: NCCL, or MPI through pinned host copies (lets
 // several ranks share one GPU).
 enum class CommKind { nccl, mpi };
+// data_types.grad_accum_dtype: what gradients accumulate in across micro-steps. automatic is
+// decided by resolve() (grad_accum_dtype_for); the others are DeepSpeed's spellings.
+enum class GradAccumDType { automatic, fp32, fp16, bf16 };
 
 // Each enum's name as the config file spells it; the one spelling for messages, printed
 // configs and checkpoint metadata.
@@ -64,6 +67,23 @@ constexpr const char* to_string(SchedulerType t) {
 constexpr const char* to_string(WarmupType t) { return t == WarmupType::linear ? "linear" : "log"; }
 constexpr const char* to_string(BackendKind k) { return k == BackendKind::cuda ? "cuda" : "host"; }
 constexpr const char* to_string(CommKind k) { return k == CommKind::mpi ? "mpi" : "nccl"; }
+constexpr const char* to_string(GradAccumDType g) {
+  switch (g) {
+    case GradAccumDType::automatic: return "auto";
+    case GradAccumDType::fp32: return "fp32";
+    case GradAccumDType::fp16: return "fp16";
+    case GradAccumDType::bf16: return "bf16";
+  }
+  return "?";
+}
+
+// The dtype gradients accumulate in. Given: that one (fp32, or the compute dtype itself). auto:
+// fp32 on the CUDA backend when gradient_accumulation_steps > 1 and the compute dtype is 16-bit
+// (as Megatron does: with 32 micro-steps a bf16 sum keeps about 3 significant bits of the last
+// micro-batches' gradients), else the compute dtype (one micro-step rounds once either way; the
+// host backend keeps its memory and its results as they were unless asked).
+DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t accumulation_steps,
+                           BackendKind backend);
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
@@ -157,6 +177,8 @@ struct Config {
   BackendKind backend = BackendKind::host;
   // comm: nccl | mpi (the CUDA backend's communicator).
   CommKind comm = CommKind::nccl;
+  // data_types.grad_accum_dtype; resolve() replaces automatic with the dtype it chose.
+  GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
 
   // Sections owned by the application (for example the GPT trainer's model/data/run), kept as
   // their YAML text; the application validates them with its own schema (config_schema.hpp).
@@ -184,6 +206,10 @@ struct Config {
   // Compute dtype implied by fp16 / bf16.
   DType compute_dtype() const {
     return fp16.enabled ? DType::f16 : (bf16_enabled ? DType::bf16 : DType::f32);
+  }
+  // The dtype gradients accumulate in (grad_accum_dtype_for; final once resolved).
+  DType grad_dtype() const {
+    return grad_accum_dtype_for(grad_accum_dtype, compute_dtype(), gradient_accumulation_steps, backend);
   }
   // The learning rate at a step: zero::lr_at (zero/optim.hpp).
 

@@ -12,6 +12,9 @@
 // Gradients are always *added* into grads(u) (as llm.c's backward kernels do), so a parameter
 // used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
 // must. The backward must scale its gradients by loss_scale() (1 unless fp16 is on).
+// grads(u) is in the compute dtype. Across micro-steps the engine sums in
+// data_types.grad_accum_dtype; with fp32 (the CUDA default when accumulating over fp16/bf16)
+// each micro-step's grads(u) is zeroed storage that reduce(u) adds into fp32 storage.
 //
 // What each stage keeps per rank (Ψ parameters, N ranks):
 //   0: full compute params, full grads, full fp32 master + moments; grads all-reduced in buckets.
@@ -132,7 +135,7 @@ struct StepResult {
 // Bytes per rank by category. model_state() is what the ZeRO formula counts.
 struct MemoryReport {
   std::int64_t params = 0;          // compute-dtype parameters kept between steps
-  std::int64_t grads = 0;           // gradient storage kept between reduce and step
+  std::int64_t grads = 0;           // gradient storage kept between reduce and step (accumulation dtype)
   std::int64_t master = 0;          // fp32 master weights
   std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
   std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers

@@ -132,6 +132,8 @@ struct Settings {
   int grad_accum = 1;
   bool activation_checkpointing = false;
   DType dtype = DType::bf16;
+  // data_types.grad_accum_dtype; automatic follows the CUDA backend's rule (a plan is for GPUs).
+  GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
   int moments = 2;  // Adam(W): 2, SGD with momentum: 1
   std::int64_t reduce_bucket_size = 500000000;
   std::int64_t allgather_bucket_size = 500000000;
@@ -141,6 +143,8 @@ struct Settings {
   std::int64_t sub_group_size = 1000000000;
   bool overlap_comm = true;
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
+  // The dtype gradients accumulate in: fp32 with accumulation over 16-bit compute by default.
+  DType grad_dtype() const { return grad_accum_dtype_for(grad_accum_dtype, dtype, grad_accum, BackendKind::cuda); }
 };
 
 // The settings a resolved-or-not Config asks for (batch fields that are 0 stay at 1).

@@ -13,6 +13,7 @@
 
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
+#include "zero/error.hpp"
 #include "zero/optim.hpp"
 
 namespace zero {
@@ -50,9 +51,10 @@ struct OffloadTimeline {
 class OffloadStaging {
  public:
   virtual ~OffloadStaging() = default;
-  // A new step over elements of `esize` bytes; gradient copies are issued in chunks of
+  // A new step over gradients of `grad_esize` bytes an element (the accumulation dtype) and
+  // parameters of `param_esize` (the compute dtype); gradient copies are issued in chunks of
   // `chunk` elements (the optimizer's sub_group_size), so a sub-group waits for its own chunk.
-  virtual void begin(std::size_t esize, std::size_t chunk) = 0;
+  virtual void begin(std::size_t grad_esize, std::size_t param_esize, std::size_t chunk) = 0;
   // Declares range r: n gradient elements to step and where its updated parameters go. Starts
   // the gradient copies after the work already enqueued on the compute stream.
   virtual void add(const void* grads, void* params, std::size_t n) = 0;
@@ -115,8 +117,10 @@ class Backend {
   virtual void zero(void* p, std::size_t bytes) = 0;
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) = 0;
-  // dst[i] += src[i], both of dtype t, rounded once to t.
-  virtual void accumulate(void* dst, const void* src, DType t, std::size_t n) = 0;
+  // dst[i] += src[i], added in fp32 and rounded once to dst's dtype dt. The dtypes are equal, or
+  // dst is fp32 and src 16-bit (gradients accumulated in fp32: data_types.grad_accum_dtype).
+  virtual void accumulate(void* dst, DType dt, const void* src, DType st, std::size_t n) = 0;
+  void accumulate(void* dst, const void* src, DType t, std::size_t n) { accumulate(dst, t, src, t, n); }
 
   // Gradient statistics for one step: begin, add every owned range, finish (the one place the
   // host waits for the device per step). Returns the sum of squares (inf/nan on overflow).
@@ -158,6 +162,11 @@ class Backend {
   virtual void release_cached() {}
 
  protected:
+  // accumulate()'s dtype rule, the same on every backend.
+  static void check_accumulate(DType dt, DType st) {
+    ZERO_CHECK(dt == st || dt == DType::f32,
+               "Backend::accumulate: a 16-bit accumulator adds its own dtype only; accumulate in fp32 instead");
+  }
   void note_alloc(std::size_t b) {
     allocated_ += static_cast<std::int64_t>(b);
     if (allocated_ > max_allocated_) max_allocated_ = allocated_;

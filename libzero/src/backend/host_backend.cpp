@@ -61,15 +61,17 @@ class HostBackend final : public Backend {
   void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
     zero::convert(src, st, dst, dt, n);
   }
-  void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
-    if (t == DType::f32) {
+  using Backend::accumulate;
+  void accumulate(void* dst, DType dt, const void* src, DType st, std::size_t n) override {
+    check_accumulate(dt, st);
+    if (dt == DType::f32 && st == DType::f32) {
       float* d = static_cast<float*>(dst);
       const float* s = static_cast<const float*>(src);
       for (std::size_t i = 0; i < n; ++i) d[i] += s[i];
       return;
     }
     for (std::size_t i = 0; i < n; ++i)
-      store_from_f32(dst, i, t, load_as_f32(dst, i, t) + load_as_f32(src, i, t));
+      store_from_f32(dst, i, dt, load_as_f32(dst, i, dt) + load_as_f32(src, i, st));
   }
 
   void stats_begin() override { sumsq_ = 0.0; }

@@ -70,6 +70,18 @@ void check_nvme_dir(const std::string& key, const std::string& path, const std::
 
 }  // namespace
 
+DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t accumulation_steps,
+                           BackendKind backend) {
+  switch (setting) {
+    case GradAccumDType::fp32: return DType::f32;
+    case GradAccumDType::fp16: return DType::f16;
+    case GradAccumDType::bf16: return DType::bf16;
+    case GradAccumDType::automatic: break;
+  }
+  const bool sixteen_bit = compute != DType::f32;
+  return backend == BackendKind::cuda && accumulation_steps > 1 && sixteen_bit ? DType::f32 : compute;
+}
+
 void Config::resolve(int world_size) {
   if (world_size < 1) {
     throw Error(fmt::format("Config::resolve: world size {} is not a number of ranks; pass the "
@@ -156,6 +168,20 @@ void Config::resolve(int world_size) {
     notes.push_back(fmt::format("batch: train_batch_size {} = train_micro_batch_size_per_gpu {} x "
                                 "gradient_accumulation_steps {} x world size {} ({})",
                                 tbs, mbs, gas, w, derived));
+  }
+
+  if (grad_accum_dtype == GradAccumDType::automatic) {
+    const DType d = grad_dtype();
+    grad_accum_dtype = d == DType::f32 ? GradAccumDType::fp32 : d == DType::f16 ? GradAccumDType::fp16
+                                                                                : GradAccumDType::bf16;
+    if (d != compute_dtype()) {
+      const char* own = compute_dtype() == DType::f16 ? "fp16" : "bf16";  // as the key spells it
+      notes.push_back(fmt::format(
+          "data_types.grad_accum_dtype: fp32 (the CUDA backend's default with gradient_accumulation_steps {} > 1 "
+          "and {} compute: a 16-bit sum over many micro-steps loses the low bits of the later ones; set it to {} "
+          "to accumulate in {} instead)",
+          gas, own, own, own));
+    }
   }
 
   const auto& z = zero_optimization;

@@ -11,8 +11,8 @@ namespace zero::keys {
 
 namespace {
 
-// data_types.grad_accum_dtype, communication_data_type: gradients accumulate and are reduced
-// in the compute dtype here, so only that value (or none) is inert.
+// communication_data_type: gradients are reduced in the compute dtype here (or, at stages 0 and
+// 1, in data_types.grad_accum_dtype), so only the compute dtype (or none) is inert.
 bool dtype_matches(const Config& c, const YAML::Node& v) {
   if (v.IsNull()) return true;
   if (!v.IsScalar()) return false;
@@ -51,7 +51,8 @@ const std::vector<Foreign>& foreign_keys() {
       {"gradient_predivide_factor", Policy::note, "1|1.0",
        "gradients are averaged once, after the reduction"},
       {"communication_data_type", Policy::note, "",
-       "gradients are reduced in the compute dtype (fp32, fp16 or bf16)", {}, dtype_matches,
+       "gradients are reduced in the compute dtype (fp32, fp16 or bf16), at stages 0 and 1 in "
+       "data_types.grad_accum_dtype", {}, dtype_matches,
        "matches the compute dtype"},
       {"sparse_gradients", Policy::refused, "false",
        "sparse embedding gradients are not implemented; set it to false"},
@@ -65,10 +66,6 @@ const std::vector<Foreign>& foreign_keys() {
        "master weights are always fp32 here"},
       {"bf16.immediate_grad_update", Policy::silent, "", "a DeepSpeed performance hint"},
       {"bf16.check_grad_overflow", Policy::silent, "", "a DeepSpeed check"},
-      {"data_types.grad_accum_dtype", Policy::refused, "",
-       "gradients accumulate in the compute dtype (fp16/bf16 or fp32), so another accumulation "
-       "dtype would change the result; remove the key or make it match",
-       {}, dtype_matches, "matches the compute dtype"},
       {"optimizer.params.bias_correction", Policy::refused, "true",
        "Adam without bias correction changes every update; libzero always corrects"},
       {"optimizer.params.amsgrad", Policy::refused, "false", "AMSGrad is not implemented"},

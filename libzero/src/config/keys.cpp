@@ -225,6 +225,17 @@ const std::vector<Spec>& config_keys() {
        .slot = [](Config& c) -> Slot { return &c.bf16_enabled; }, .auto_rule = Auto::fallback,
        .doc = "Compute in bf16 with fp32 master weights. Not together with fp16. DeepSpeed's "
               "`bfloat16` section is the same."},
+      {.path = "data_types.grad_accum_dtype", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.grad_accum_dtype); },
+                        [](Config& k, int v) { k.grad_accum_dtype = GradAccumDType(v); }};
+       },
+       .choices = {"auto", "fp32", "fp16", "bf16"},
+       .doc = "What gradients accumulate in across micro-steps: `fp32` (fp32 buffers; at stages 0 "
+              "and 1 the boundary's reduction is then in fp32 too) or the compute dtype. `auto`: "
+              "fp32 on the CUDA backend when gradient_accumulation_steps > 1 with fp16/bf16 "
+              "compute, else the compute dtype. A 16-bit dtype other than the compute dtype is an "
+              "error."},
 
       // ---- optimizer
       {.path = "optimizer.type", .kind = Kind::choice,

@@ -339,6 +339,19 @@ class Loader {
                                              "to false");
       }
     });
+    // Gradients accumulate in fp32 or in the compute dtype; a third dtype would round every
+    // micro-step's gradient twice.
+    check([&] {
+      const GradAccumDType g = cfg_.grad_accum_dtype;
+      if (g == GradAccumDType::automatic || g == GradAccumDType::fp32) return;
+      const DType want = g == GradAccumDType::fp16 ? DType::f16 : DType::bf16;
+      StrictSection* d = section("data_types");
+      if (want == cfg_.compute_dtype() || !d) return;
+      d->fail("grad_accum_dtype",
+                 fmt::format("= {} but the compute dtype is {}; gradients accumulate in fp32 or in the compute "
+                             "dtype: set it to fp32, or remove it",
+                             to_string(g), dtype_name(cfg_.compute_dtype())));
+    });
     check([&] {
       StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
       if (o && !o->has("type")) {

@@ -58,8 +58,44 @@ class CudaBackend final : public Backend {
     staging_ = std::make_unique<CudaOffloadStaging>(streams_, pinned_);
   }
 
+  // A destructor must not throw (std::terminate would end the process without the error that
+  // led here). After a sticky CUDA error (an illegal address, a launch failure) every CUDA call
+  // fails, this one's included: what goes wrong here is logged, and the device memory is left to
+  // the process exit.
   ~CudaBackend() override {
-    use_device(device_);
+    try {
+      shutdown();
+    } catch (const std::exception& e) {
+      log_error("device {}: the CUDA backend did not shut down cleanly ({}); its device memory is left to the "
+                "process exit",
+                device_, e.what());
+      alloc_.abandon();
+    } catch (...) {
+      alloc_.abandon();
+    }
+  }
+
+  // The first error a stream of the backend reports (a failed kernel's sticky error), or success.
+  cudaError_t stream_error() const {
+    for (cudaStream_t s : streams_.all()) {
+      const cudaError_t q = cudaStreamQuery(s);
+      if (q != cudaSuccess && q != cudaErrorNotReady) return q;
+    }
+    return cudaSuccess;
+  }
+
+  void shutdown() {
+    const cudaError_t set = cudaSetDevice(device_);
+    const cudaError_t failed = set != cudaSuccess ? set : stream_error();
+    if (failed != cudaSuccess) {
+      // Nothing queued can complete, and freeing would only report the error again.
+      log_error("device {}: {}; the backend's device memory is left to the process exit", device_,
+                cuda_error_text("the CUDA backend's streams at shutdown", failed));
+      comm_.reset();  // communicators and staging release their host resources; their CUDA calls fail quietly
+      staging_.reset();
+      alloc_.abandon();
+      return;
+    }
     // Unwinding from an error: collectives this rank enqueued may never be matched by the other
     // ranks, and the streams would wait on them forever. The communicator goes first (NCCL
     // aborts when destroyed during unwinding), so the waits below can end.
@@ -108,9 +144,11 @@ class CudaBackend final : public Backend {
     use_device(device_);
     launch_convert(src, st, dst, dt, n, streams_.compute);
   }
-  void accumulate(void* dst, const void* src, DType t, std::size_t n) override {
+  using Backend::accumulate;
+  void accumulate(void* dst, DType dt, const void* src, DType st, std::size_t n) override {
+    check_accumulate(dt, st);
     use_device(device_);
-    launch_accumulate(dst, src, t, n, streams_.compute);
+    launch_accumulate(dst, dt, src, st, n, streams_.compute);
   }
 
   void stats_begin() override {

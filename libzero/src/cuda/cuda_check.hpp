@@ -13,6 +13,9 @@
 namespace zero::cuda {
 
 [[noreturn]] void throw_cuda_error(const char* file, int line, const char* call, cudaError_t rc);
+// The message throw_cuda_error gives (without the call site): the call, the error's name and
+// text, and what to do where that is known.
+std::string cuda_error_text(const char* call, cudaError_t rc);
 [[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int rc,
                                    const char* text, const char* last_error);
 

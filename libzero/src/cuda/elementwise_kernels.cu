@@ -24,18 +24,19 @@ __global__ void convert_kernel(const void* src, void* dst, std::size_t n, bool v
   for (std::size_t i = tail_start(n, vec) + first_index(); i < n; i += grid_stride()) store<D>(dst, i, load<S>(src, i));
 }
 
-template <int T>
+// D: the accumulator's dtype, S: the addend's (equal, or D = fp32 for fp32 accumulation).
+template <int D, int S>
 __global__ void accumulate_kernel(void* dst, const void* src, std::size_t n, bool vec) {
   if (vec)
     for (std::size_t q = first_index(); q < n / 4; q += grid_stride()) {
-      F4 a = load4<T>(dst, q);
-      const F4 b = load4<T>(src, q);
+      F4 a = load4<D>(dst, q);
+      const F4 b = load4<S>(src, q);
 #pragma unroll
       for (int k = 0; k < 4; ++k) a.v[k] = __fadd_rn(a.v[k], b.v[k]);
-      store4<T>(dst, q, a);
+      store4<D>(dst, q, a);
     }
   for (std::size_t i = tail_start(n, vec) + first_index(); i < n; i += grid_stride())
-    store<T>(dst, i, __fadd_rn(load<T>(dst, i), load<T>(src, i)));
+    store<D>(dst, i, __fadd_rn(load<D>(dst, i), load<S>(src, i)));
 }
 
 template <int T>
@@ -114,14 +115,21 @@ void launch_convert(const void* src, DType st, void* dst, DType dt, std::size_t 
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_accumulate(void* dst, const void* src, DType t, std::size_t n, cudaStream_t s) {
+void launch_accumulate(void* dst, DType dt, const void* src, DType st, std::size_t n, cudaStream_t s) {
   if (n == 0) return;
-  const bool vec = aligned4_as(t, dst) && aligned4_as(t, src);
+  ZERO_CHECK(dt == st || dt == DType::f32, "launch_accumulate: a 16-bit accumulator takes its own dtype only");
+  const bool vec = aligned4_as(dt, dst) && aligned4_as(st, src);
   const unsigned b = blocks_for(n, vec);
-  switch (t) {
-    case DType::f32: accumulate_kernel<kF32><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
-    case DType::bf16: accumulate_kernel<kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
-    case DType::f16: accumulate_kernel<kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
+  switch (st) {
+    case DType::f32: accumulate_kernel<kF32, kF32><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
+    case DType::bf16:
+      if (dt == DType::f32) accumulate_kernel<kF32, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      else accumulate_kernel<kBF16, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      break;
+    case DType::f16:
+      if (dt == DType::f32) accumulate_kernel<kF32, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      else accumulate_kernel<kF16, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }

@@ -20,8 +20,10 @@ class StagedWork final : public Work::Impl {
   void wait() override {
     if (done_) return;
     host_.wait();
-    done_ = true;
+    // Done only once the copy back is enqueued: a copy refused (a captured compute stream) is
+    // tried again by the next wait().
     if (bytes_ > 0) c_->copy_back(dst_, result_, bytes_, std::move(buf_));
+    done_ = true;
   }
   bool test() override { return done_ || host_.done(); }
 
@@ -48,7 +50,8 @@ MpiStagedCommunicator::~MpiStagedCommunicator() {
   for (auto& r : retired_) cudaEventSynchronize(r.second.get());
 }
 
-offload::PinnedBuffer MpiStagedCommunicator::take(std::size_t bytes) {
+offload::PinnedBuffer MpiStagedCommunicator::take(std::size_t bytes, const char* what) {
+  refuse_capture(streams_.compute, what);
   while (!retired_.empty() && cudaEventQuery(retired_.front().second.get()) == cudaSuccess) {
     spare_events_.push_back(std::move(retired_.front().second));
     retired_.pop_front();  // the buffer goes back to the pool
@@ -67,6 +70,8 @@ void MpiStagedCommunicator::stage_in(void* host_dst, const void* dev_src, std::s
 void MpiStagedCommunicator::copy_back(void* dev_dst, const void* host_src, std::size_t bytes,
                                       offload::PinnedBuffer&& buf) {
   use_device(device_);
+  // Captured, the copy would become a graph node that a replay repeats from a reused buffer.
+  refuse_capture(streams_.compute, "Work::wait()");
   ZERO_CUDA_CHECK(cudaMemcpyAsync(dev_dst, host_src, bytes, cudaMemcpyDefault, streams_.compute));
   Event e;
   if (!spare_events_.empty()) {
@@ -81,7 +86,7 @@ void MpiStagedCommunicator::copy_back(void* dev_dst, const void* host_src, std::
 
 Work MpiStagedCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) {
   const std::size_t bytes = count * dtype_size(t);
-  offload::PinnedBuffer h = take(bytes);
+  offload::PinnedBuffer h = take(bytes, "all_reduce");
   stage_in(h.data(), buf, bytes);
   Work w = host_.all_reduce_async(h.data(), count, t, op);
   void* result = h.data();
@@ -92,7 +97,7 @@ Work MpiStagedCommunicator::reduce_scatter_async(const void* send, void* recv, s
                                                  ReduceOp op) {
   const std::size_t out_bytes = recv_count * dtype_size(t);
   const std::size_t in_bytes = out_bytes * static_cast<std::size_t>(size());
-  offload::PinnedBuffer h = take(in_bytes + out_bytes);
+  offload::PinnedBuffer h = take(in_bytes + out_bytes, "reduce_scatter");
   char* in = h.as<char>();
   char* out = in + in_bytes;
   stage_in(in, send, in_bytes);
@@ -103,7 +108,7 @@ Work MpiStagedCommunicator::reduce_scatter_async(const void* send, void* recv, s
 Work MpiStagedCommunicator::all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) {
   const std::size_t block = send_count * dtype_size(t);
   const std::size_t total = block * static_cast<std::size_t>(size());
-  offload::PinnedBuffer h = take(total);
+  offload::PinnedBuffer h = take(total, "all_gather");
   char* own = h.as<char>() + static_cast<std::size_t>(rank()) * block;
   stage_in(own, send, block);
   Work w = host_.all_gather_async(own, h.data(), send_count, t);  // in place on the host
@@ -113,7 +118,7 @@ Work MpiStagedCommunicator::all_gather_async(const void* send, void* recv, std::
 
 Work MpiStagedCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size(), fmt::format("broadcast: root {} is not a rank", root));
-  offload::PinnedBuffer h = take(bytes);
+  offload::PinnedBuffer h = take(bytes, "broadcast");
   if (rank() == root) stage_in(h.data(), buf, bytes);
   Work w = host_.broadcast_async(h.data(), bytes, root);
   void* result = h.data();

@@ -44,7 +44,9 @@ class MpiStagedCommunicator final : public Communicator {
   void copy_back(void* dev_dst, const void* host_src, std::size_t bytes, offload::PinnedBuffer&& buf);
 
  private:
-  offload::PinnedBuffer take(std::size_t bytes);
+  // A staging buffer of `bytes` for collective `what`, refused while the compute stream is being
+  // captured into a CUDA graph (refuse_capture).
+  offload::PinnedBuffer take(std::size_t bytes, const char* what);
   // dev -> host, after the compute stream's work; returns once the bytes are on the host.
   void stage_in(void* host_dst, const void* dev_src, std::size_t bytes);
 

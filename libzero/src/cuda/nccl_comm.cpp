@@ -44,6 +44,8 @@ class NcclWork final : public Work::Impl {
     const std::uint64_t t = ticket();
     ZERO_CHECK(t != 0, "Work::wait() on a collective of a communicator group that is still open; close the group "
                        "(group_end() or CommGroup::end()) before waiting on its collectives");
+    // A captured stream cannot wait on an event recorded outside its capture.
+    refuse_capture(c_->streams().compute, "Work::wait()");
     c_->watchdog().stream_wait(c_->streams().compute, t);
   }
   bool test() override {
@@ -257,6 +259,7 @@ std::string NcclCommunicator::async_error() {
 template <class Issue>
 Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue, Divide divide) {
   use_device(device_);
+  refuse_capture(streams_.compute, what);
   stream_after(streams_.comm, streams_.compute, ready_.get());
   issue();
   if (group_depth_ > 0) {

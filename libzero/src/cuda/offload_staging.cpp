@@ -62,10 +62,12 @@ CudaOffloadStaging::~CudaOffloadStaging() {
   if (streams_.upload) cudaStreamSynchronize(streams_.upload);
 }
 
-void CudaOffloadStaging::begin(std::size_t esize, std::size_t chunk) {
-  ZERO_CHECK(esize > 0 && chunk > 0, "OffloadStaging::begin: element size and chunk must be positive");
+void CudaOffloadStaging::begin(std::size_t grad_esize, std::size_t param_esize, std::size_t chunk) {
+  ZERO_CHECK(grad_esize > 0 && param_esize > 0 && chunk > 0,
+             "OffloadStaging::begin: element sizes and chunk must be positive");
   count_ = 0;
-  esize_ = esize;
+  gesize_ = grad_esize;
+  esize_ = param_esize;
   chunk_ = chunk;
   stream_after(streams_.copy, streams_.compute, ready_.get());
   stream_after(streams_.upload, streams_.compute, ready_.get());
@@ -98,12 +100,12 @@ void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
   r.dev_grads = static_cast<const char*>(grads);
   r.dev_params = static_cast<char*>(params);
   r.n = n;
-  const std::size_t bytes = n * esize_;
-  if (r.grads.capacity() < bytes || r.params.capacity() < bytes) {
+  const std::size_t bytes = n * esize_, grad_bytes = n * gesize_;
+  if (r.grads.capacity() < grad_bytes || r.params.capacity() < bytes) {
     // Sizes change only if the model does; the old buffers may still be read by copies.
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.copy));
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.upload));
-    r.grads = pool_.acquire(bytes);
+    r.grads = pool_.acquire(grad_bytes);
     r.params = pool_.acquire(bytes);
   }
   const std::size_t chunks = (n + chunk_ - 1) / chunk_;
@@ -114,7 +116,7 @@ void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
     timing = &active_->chunk_events[count_ - 1];
   }
   for (std::size_t c = 0; c < chunks; ++c) {
-    const std::size_t off = c * chunk_ * esize_, len = std::min(chunk_, n - c * chunk_) * esize_;
+    const std::size_t off = c * chunk_ * gesize_, len = std::min(chunk_, n - c * chunk_) * gesize_;
     if (timing) ZERO_CUDA_CHECK(cudaEventRecord(timing_event(*timing, 2 * c).get(), streams_.copy));
     ZERO_CUDA_CHECK(cudaMemcpyAsync(r.grads.as<char>() + off, r.dev_grads + off, len, cudaMemcpyDefault, streams_.copy));
     ZERO_CUDA_CHECK(cudaEventRecord(r.chunk_done[c].get(), streams_.copy));
@@ -152,7 +154,7 @@ const void* CudaOffloadStaging::host_grads(std::size_t r, std::size_t begin, std
     p.d2h = true;
     t.pending.push_back(p);
   }
-  return rg.grads.as<char>() + begin * esize_;
+  return rg.grads.as<char>() + begin * gesize_;
 }
 
 void* CudaOffloadStaging::host_params(std::size_t r, std::size_t begin) {

@@ -33,7 +33,7 @@ class CudaOffloadStaging final : public OffloadStaging {
   CudaOffloadStaging(StreamSet& streams, offload::PinnedPool& pool);
   ~CudaOffloadStaging() override;
 
-  void begin(std::size_t esize, std::size_t chunk) override;
+  void begin(std::size_t grad_esize, std::size_t param_esize, std::size_t chunk) override;
   void add(const void* grads, void* params, std::size_t n) override;
   const void* host_grads(std::size_t r, std::size_t begin, std::size_t n) override;
   void* host_params(std::size_t r, std::size_t begin) override;
@@ -55,7 +55,8 @@ class CudaOffloadStaging final : public OffloadStaging {
   StreamSet& streams_;
   offload::PinnedPool& pool_;
   std::vector<Range> ranges_;  // kept across steps, with their buffers and events
-  std::size_t count_ = 0, esize_ = 0, chunk_ = 1;
+  // Element sizes of the parameters (esize_) and of the gradients (gesize_, the accumulation dtype).
+  std::size_t count_ = 0, gesize_ = 0, esize_ = 0, chunk_ = 1;
   Event ready_, done_;
   OffloadTimeline* sink_ = nullptr;  // set_timeline's; applies from the next begin()
   std::unique_ptr<Trace> trace_;     // created by the first traced step, kept for its events

@@ -92,4 +92,11 @@ void stream_after(cudaStream_t waiter, cudaStream_t producer, cudaEvent_t scratc
 // whose peers are gone must not hang the process the way cudaStreamSynchronize would.
 bool stream_drain(cudaStream_t s, double timeout_s);
 
+// Throws when `s` is being captured into a CUDA graph (or, for the legacy stream, when a blocking
+// stream it would synchronize with is). Called by the communicators before a collective touches
+// the streams: a captured collective would be recorded into the graph instead of run, its
+// completion event would never fire outside a replay, and the watchdog's ticket for it would
+// stay open forever, leaving every later collective unchecked. `what` names the collective.
+void refuse_capture(cudaStream_t s, const char* what);
+
 }  // namespace zero::cuda

@@ -10,9 +10,14 @@
 // been waiting, and by default aborts NCCL (so kernels stuck in it return) and then the job
 // (MPI_Abort): one rank's failure must not leave the others blocked forever.
 //
-// The thread runs in relaxed stream-capture mode, and a query refused because a stream is being
-// captured into a CUDA graph counts as "not complete yet", so capturing the training step
-// neither breaks the capture nor the job.
+// CUDA graphs: a ticket recorded while a stream is being captured would be a node of the graph,
+// not an event that completes, and would block the ring's tail (so every later collective would
+// go unchecked). The communicators therefore refuse a collective while the compute stream is
+// being captured (refuse_capture in streams.hpp): no ticket is ever recorded under capture.
+// What remains is capture elsewhere: while a thread captures its own kernels in global mode, a
+// query from this thread would invalidate that capture, so the thread runs in relaxed capture
+// mode, and a query refused because of a capture counts as "not complete yet" (asked again at
+// the next poll).
 //
 // The timeout is measured from the enqueue, so it includes the wait for compute kernels queued
 // before the collective: it is a bound on "nothing happened", not a performance target

@@ -61,7 +61,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
-      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, stage_),
+      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
       scaler_(cfg.fp16) {}
 
 std::vector<UnitShape> EngineImpl::plan_units() const {

@@ -9,20 +9,24 @@
 namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
-                         const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype, int stage)
+                         const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
+                         DType grad_dtype, int stage)
     : backend_(backend),
       comm_(comm),
       layout_(layout),
       shapes_(shapes),
       z_(z),
       dtype_(dtype),
+      gdt_(grad_dtype),
       stage_(stage),
       units_(shapes.size()),
       grad_pool_(backend),
       scratch_pool_(backend) {
+  ZERO_CHECK(gdt_ == dtype_ || gdt_ == DType::f32,
+             "GradReducer: gradients accumulate in the compute dtype or in fp32 (data_types.grad_accum_dtype)");
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
-    if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * esize());
-    else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * esize());
+    if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * gesize());
+    else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * gesize());
   }
 }
 
@@ -36,7 +40,7 @@ GradReducer::~GradReducer() {
 
 void* GradReducer::grads(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (stage_ <= 1) return u.full.get();
+  if (stage_ <= 1 && !separate_micro()) return u.full.get();
   if (!u.micro) u.micro = grad_pool_.acquire(static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded) * esize(), true);
   return u.micro.get();
 }
@@ -47,6 +51,12 @@ bool GradReducer::ready(int unit, bool boundary) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   ++u.reduced;
   ++reduced_this_micro_;
+  if (separate_micro() && u.micro) {
+    // Into the fp32 sum now, so the micro buffer goes back to the pool for the next unit.
+    backend_.accumulate(u.full.get(), gdt_, u.micro.get(), dtype_,
+                        static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded));
+    grad_pool_.give_back(std::move(u.micro));
+  }
   if (stage_ >= 2 || boundary) {
     (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
     pending_.push_back(unit);
@@ -70,15 +80,16 @@ void GradReducer::flush_bucket() {
     const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
     std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();
     if (stage_ == 0) {
-      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+      f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
     } else if (stage_ == 1) {
       if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
-        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
         continue;
       }
+      slice_bytes = static_cast<std::size_t>(s.slice) * gesize();
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
       f.works.push_back(
-          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
+          comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), gdt_, ReduceOp::sum));
       f.finish.push_back([this, unit, out, slice_bytes] {
         backend_.copy(owned(unit), out->get(), slice_bytes);
         scratch_pool_.give_back(std::move(*out));
@@ -95,7 +106,7 @@ void GradReducer::flush_bucket() {
         reduced = src->as<char>() + static_cast<std::size_t>(s.own_begin) * esize();
       }
       f.finish.push_back([this, &u, &s, out, src, reduced] {
-        backend_.accumulate(u.slice.get(), reduced, dtype_, static_cast<std::size_t>(s.slice));
+        backend_.accumulate(u.slice.get(), gdt_, reduced, dtype_, static_cast<std::size_t>(s.slice));
         scratch_pool_.give_back(std::move(*out));
         grad_pool_.give_back(std::move(*src));
       });
@@ -121,21 +132,21 @@ void GradReducer::wait_all() { wait_in_flight(0); }
 
 void* GradReducer::owned(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].own_begin) * esize();
+  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].own_begin) * gesize();
   return u.slice.get();
 }
 
 void GradReducer::clear() {
   for (std::size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
-    if (stage_ <= 1) backend_.zero(u.full.get(), static_cast<std::size_t>(shapes_[i].padded) * esize());
-    else backend_.zero(u.slice.get(), static_cast<std::size_t>(shapes_[i].slice) * esize());
+    if (stage_ <= 1) backend_.zero(u.full.get(), static_cast<std::size_t>(shapes_[i].padded) * gesize());
+    else backend_.zero(u.slice.get(), static_cast<std::size_t>(shapes_[i].slice) * gesize());
     u.reduced = 0;
   }
 }
 
 void GradReducer::report(MemoryReport& r) const {
-  for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(esize());
+  for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
   r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
 }
 

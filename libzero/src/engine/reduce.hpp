@@ -15,6 +15,13 @@
 // on only when their buffers are needed (two buckets in flight, then the oldest is completed);
 // without it each bucket completes before ready() returns. What the optimizer reads is owned(u):
 // the summed gradient of the rank's owned range, once wait_all() has returned.
+//
+// The accumulated gradient's dtype (data_types.grad_accum_dtype) is the compute dtype or fp32.
+// With fp32 the backward still writes each micro-step's gradient in the compute dtype, into a
+// pooled buffer (grads(u)), which is added into fp32 storage in fp32: at stages 0 and 1 at
+// ready(u), into the full fp32 gradient (the boundary's collective then reduces fp32); at
+// stages 2 and 3 after the micro-step's reduce-scatter (still in the compute dtype), into the
+// fp32 slice. A 16-bit sum of many micro-steps keeps few bits of the later ones; fp32 keeps them.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +40,9 @@ namespace zero {
 
 class GradReducer {
  public:
+  // dtype: the compute dtype grads() hands out; grad_dtype: what gradients accumulate in.
   GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
-              const ZeroOptimizationConfig& z, DType dtype, int stage);
+              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
   void* grads(int unit);                 // where the backward adds this micro-step's gradient
@@ -46,14 +54,16 @@ class GradReducer {
   int reduced_this_micro() const { return reduced_this_micro_; }
   void wait_all();                       // every bucket reduced and accumulated
   void* owned(int unit);                 // the gradient values the optimizer reads (owned range)
+  DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
 
  private:
   struct Unit {
-    Buffer full;         // compute dtype, padded (stages 0 and 1)
-    Buffer slice;        // compute dtype, slice (stages 2 and 3)
-    Buffer micro;        // stages 2/3: this micro-step's full-size gradient
+    Buffer full;         // accumulation dtype, padded (stages 0 and 1)
+    Buffer slice;        // accumulation dtype, slice (stages 2 and 3)
+    Buffer micro;        // compute dtype: this micro-step's full-size gradient (stages 2/3, or
+                         // stages 0/1 accumulating in another dtype)
     int reduced = 0;     // ready() calls since the last clear()
   };
   // Collectives in flight with what to do on completion.
@@ -64,13 +74,16 @@ class GradReducer {
   void flush_bucket();
   void wait_in_flight(std::size_t keep);
   std::size_t esize() const { return dtype_size(dtype_); }
+  std::size_t gesize() const { return dtype_size(gdt_); }
+  // Stages 0/1 with an accumulation dtype other than the compute dtype: grads() is a micro buffer.
+  bool separate_micro() const { return stage_ <= 1 && gdt_ != dtype_; }
 
   Backend& backend_;
   Communicator& comm_;
   const Layout& layout_;  // unit names, for the collective check's messages
   const std::vector<UnitShape>& shapes_;
   const ZeroOptimizationConfig z_;
-  DType dtype_;
+  DType dtype_, gdt_;
   int stage_;
   std::vector<Unit> units_;
   BufferPool grad_pool_, scratch_pool_;

@@ -65,6 +65,9 @@ void EngineImpl::check_step_ready() const {
 // to skip.
 double EngineImpl::global_grad_sumsq() {
   backend_->stats_begin();
+  // The gradients the optimizer reads are in the accumulation dtype (data_types.grad_accum_dtype).
+  const DType gt = reducer_.grad_dtype();
+  const std::size_t ge = dtype_size(gt);
   for (int i = 0; i < layout_.num_units(); ++i) {
     const UnitShape& s = shape(i);
     const char* g = static_cast<const char*>(reducer_.owned(i));
@@ -75,10 +78,10 @@ double EngineImpl::global_grad_sumsq() {
       for (const ParamInfo& p : layout_.unit(i).params) {  // in offset order
         const std::int64_t b = std::max(pos, p.offset), e = std::min(end, p.offset + p.numel);
         if (!p.replicated || b >= e) continue;
-        if (b > pos) backend_->stats_add(g + (pos - s.own_begin) * esize(), dtype_, static_cast<std::size_t>(b - pos));
+        if (b > pos) backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt, static_cast<std::size_t>(b - pos));
         pos = e;
       }
-    if (pos < end) backend_->stats_add(g + (pos - s.own_begin) * esize(), dtype_, static_cast<std::size_t>(end - pos));
+    if (pos < end) backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt, static_cast<std::size_t>(end - pos));
   }
   double sumsq = backend_->stats_finish();
   const CommSiteScope site("step() gradient norm");
@@ -102,7 +105,8 @@ void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd)
   const bool staged = opt_->on_host() && !backend_->host_accessible();
   OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
   if (async_stage) {
-    async_stage->begin(esize(), static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
+    async_stage->begin(dtype_size(reducer_.grad_dtype()), esize(),
+                       static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
     for (int i = 0; i < layout_.num_units(); ++i)
       async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
   }
@@ -127,9 +131,12 @@ void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, fl
                               const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage) {
   const bool sgd_type = cfg_.optimizer.type == OptimizerType::sgd;
   const bool on_host = opt_->on_host();
-  const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize();
+  // Gradients in the accumulation dtype, parameters in the compute dtype.
+  const DType gt = reducer_.grad_dtype();
+  const std::size_t ges = dtype_size(gt);
+  const std::size_t n = static_cast<std::size_t>(len), bytes = n * esize(), grad_bytes = n * ges;
   const std::size_t r = static_cast<std::size_t>(unit), b = static_cast<std::size_t>(begin);
-  const char* g = static_cast<const char*>(reducer_.owned(unit)) + b * esize();
+  const char* g = static_cast<const char*>(reducer_.owned(unit)) + b * ges;
   char* p = static_cast<char*>(params_.owned(unit)) + b * esize();
   // Where this path reads the gradient and writes the parameter.
   const bool copied = on_host && !async_stage && !backend_->host_accessible();
@@ -137,10 +144,10 @@ void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, fl
     g = static_cast<const char*>(async_stage->host_grads(r, b, n));
     p = static_cast<char*>(async_stage->host_params(r, b));
   } else if (copied) {
-    if (stage_buf_.size() < 2 * bytes) stage_buf_.resize(2 * bytes);
-    backend_->to_host(stage_buf_.data(), static_cast<const void*>(g), bytes);
+    if (stage_buf_.size() < grad_bytes + bytes) stage_buf_.resize(grad_bytes + bytes);
+    backend_->to_host(stage_buf_.data(), static_cast<const void*>(g), grad_bytes);
     g = stage_buf_.data();
-    p = stage_buf_.data() + bytes;
+    p = stage_buf_.data() + grad_bytes;
   }
   char* const p_out = p;
   for_each_decay_run(layout_.unit(unit), shape(unit), begin, len, [&](std::int64_t at, std::int64_t count, bool decay) {
@@ -151,15 +158,15 @@ void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, fl
     float* mw = master + o;
     float* v1 = m1 ? m1 + o : nullptr;
     float* v2 = m2 ? m2 + o : nullptr;
-    const void* gr = g + o * esize();
+    const void* gr = g + o * ges;
     void* pw = p + o * esize();
     if (!on_host) {
-      if (sgd_type) backend_->sgd(mw, v1, gr, dtype_, pw, dtype_, k, s);
-      else backend_->adam(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+      if (sgd_type) backend_->sgd(mw, v1, gr, gt, pw, dtype_, k, s);
+      else backend_->adam(mw, v1, v2, gr, gt, pw, dtype_, k, a);
     } else if (sgd_type) {
-      offload::sgd_step(mw, v1, gr, dtype_, pw, dtype_, k, s);
+      offload::sgd_step(mw, v1, gr, gt, pw, dtype_, k, s);
     } else {
-      offload::adam_step(mw, v1, v2, gr, dtype_, pw, dtype_, k, a);
+      offload::adam_step(mw, v1, v2, gr, gt, pw, dtype_, k, a);
     }
   });
   if (on_host && async_stage) async_stage->params_ready(r, b, n);

@@ -11,6 +11,7 @@ namespace zero::plan {
 
 ModelStates model_states(const Layout& layout, const Settings& s, int world) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   const std::int64_t state_per_elem = static_cast<std::int64_t>(sizeof(float)) * (1 + s.moments);
   ModelStates m;
   for (int i = 0; i < layout.num_units(); ++i) {
@@ -23,7 +24,7 @@ ModelStates model_states(const Layout& layout, const Settings& s, int world) {
     if (sharded && s.offload_param == OffloadDevice::nvme) m.nvme += pbytes;
     else if (sharded && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
     else m.params += pbytes;
-    m.grads += (s.stage <= 1 ? padded : slice) * es;
+    m.grads += (s.stage <= 1 ? padded : slice) * ges;
     // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
     const std::int64_t own = s.stage == 0 ? padded : slice;
     switch (s.offload_optimizer) {
@@ -47,6 +48,7 @@ Settings settings_from(const Config& cfg) {
   s.micro_batch = static_cast<int>(std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu));
   s.grad_accum = static_cast<int>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   s.dtype = cfg.compute_dtype();
+  s.grad_accum_dtype = cfg.grad_accum_dtype;  // concrete once the config is resolved
   s.moments = optimizer_moments(cfg.optimizer.type);
   s.reduce_bucket_size = z.reduce_bucket_size;
   s.allgather_bucket_size = z.allgather_bucket_size;

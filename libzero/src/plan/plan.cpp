@@ -15,7 +15,7 @@ namespace zero::plan {
 namespace {
 
 // Bytes an on-device AdamW step moves per owned element: read param, grad, master, m, v;
-// write param, master, m, v (16-bit params and grads).
+// write param, master, m, v (16-bit params and grads; fp32 gradients read 2 more).
 constexpr double kDeviceAdamBytes = 2 + 2 + 4 * 3 + 2 + 4 * 3;
 // Bytes the host AdamW moves per element (bench/RESULTS.md, bench_host_adam: it runs at the
 // memory-traffic limit of 28 B/param), so its rate is the node's DRAM bandwidth shared by its ranks.
@@ -59,7 +59,10 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluste
   // Reduce staging: one bucket at stages 0/1 (gradients are full-size already); two buckets in
   // flight at stages 2/3, each at least one whole unit (a unit is never split across buckets).
   const std::int64_t bucket = std::min(s.reduce_bucket_size, u.total_padded);
-  if (s.stage <= 1) m.comm_buffers = bucket * es;
+  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
+  // Stages 0/1 accumulating in another dtype: the backward also writes each unit's micro-step
+  // gradient into a compute-dtype buffer, added into the sum when the unit is reduced.
+  if (s.stage <= 1) m.comm_buffers = bucket * ges + (ges != es ? u.largest * es : 0);
   else m.comm_buffers = 2 * std::max(bucket, u.largest) * es;
   // Stages 1/2 all-gather the updated slices after the step through one bucket.
   if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
@@ -73,7 +76,7 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluste
   // time; NVMe streams the state through three sub-group buffers (read, step, write).
   const std::int64_t own = s.stage == 0 ? u.total_padded : u.total_padded / N;
   const std::int64_t group = std::min(s.sub_group_size, own);
-  if (s.offload_optimizer != OffloadDevice::none) m.pinned += 2 * group * es;
+  if (s.offload_optimizer != OffloadDevice::none) m.pinned += group * (ges + es);
   if (s.offload_optimizer == OffloadDevice::nvme) m.pinned += 3 * group * 4 * (1 + s.moments);
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
   m.device_overhead = kDeviceOverheadBytes;
@@ -98,10 +101,12 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
   // it through each rank's link, all-reduce twice that.
   const double full = static_cast<double>(u.total_padded) * es;
   const double ring = N > 1 ? (N - 1.0) / N * full / c.ring_bytes_per_s() : 0.0;
+  // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the bytes).
+  const double grad_ring = ring * static_cast<double>(dtype_size(s.grad_dtype())) / es;
   double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
   switch (s.stage) {
-    case 0: boundary = 2 * ring; break;  // all-reduce during the last backward
-    case 1: boundary = ring; post_step = ring; break;
+    case 0: boundary = 2 * grad_ring; break;  // all-reduce during the last backward
+    case 1: boundary = grad_ring; post_step = ring; break;
     case 2: bwd_comm = ring; post_step = ring; break;
     case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
   }
@@ -129,7 +134,8 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
   const double own = s.stage == 0 ? static_cast<double>(u.total_padded) : static_cast<double>(u.total_padded) / N;
   double opt_offload = 0;
   if (s.offload_optimizer == OffloadDevice::none) {
-    t.optimizer_s = own * kDeviceAdamBytes / c.gpu.hbm_bytes_per_s;
+    const double grad_extra = static_cast<double>(dtype_size(s.grad_dtype())) - 2.0;
+    t.optimizer_s = own * (kDeviceAdamBytes + grad_extra) / c.gpu.hbm_bytes_per_s;
   } else {
     const double adam_rate = c.host_mem_bytes_per_s / c.ranks_per_node() / kHostAdamBytes;
     t.optimizer_s = own / adam_rate;

@@ -14,6 +14,8 @@
 
 using Catch::Matchers::Contains;
 using zero::Config;
+using zero::DType;
+using zero::GradAccumDType;
 using zero::LoadOptions;
 
 namespace {
@@ -195,10 +197,6 @@ TEST_CASE("DeepSpeed keys that would change the result are errors that say why",
   CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: false}}\n").notes.empty());
   CHECK(has_note(parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n"),
                  "optimizer.params.adam_w_mode: false has no effect with type AdamW"));
-  REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n"),
-                      Contains("data_types.grad_accum_dtype = fp32") &&
-                          Contains("accumulate in the compute dtype"));
-  CHECK_NOTHROW(parse("data_types: {grad_accum_dtype: fp32}\n"));  // fp32 compute: the same
   REQUIRE_THROWS_WITH(parse("curriculum_learning: {enabled: true, curriculum_type: seqlen}\n"),
                       Contains("curriculum_learning") && Contains("changes the data"));
   CHECK_NOTHROW(parse("curriculum_learning: {enabled: false}\n"));
@@ -224,4 +222,49 @@ TEST_CASE("every problem of a file is reported in one error", "[config][deepspee
     CHECK(m.find("optimizer.params.lr = -1") != std::string::npos);
     CHECK(m.find("curriculum_learning") != std::string::npos);
   }
+}
+
+TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype; auto follows the backend", "[config]") {
+  auto resolved = [](const std::string& text) {
+    Config c = parse(text);
+    c.resolve(1);
+    return c;
+  };
+  // Given: fp32 under any compute dtype, or the compute dtype itself.
+  CHECK(resolved("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n").grad_dtype() == DType::f32);
+  CHECK(resolved("fp16: {enabled: true}\ndata_types: {grad_accum_dtype: fp32}\n").grad_dtype() == DType::f32);
+  CHECK(resolved("data_types: {grad_accum_dtype: fp32}\n").grad_dtype() == DType::f32);
+  CHECK(resolved("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: bf16}\n").grad_dtype() == DType::bf16);
+  CHECK(resolved("fp16: {enabled: true}\ndata_types: {grad_accum_dtype: fp16}\n").grad_dtype() == DType::f16);
+  // Another 16-bit dtype would round every micro-step's gradient twice: an error that says why.
+  REQUIRE_THROWS_WITH(parse("bf16: {enabled: true}\ndata_types: {grad_accum_dtype: fp16}\n"),
+                      Contains("data_types.grad_accum_dtype") && Contains("= fp16 but the compute dtype is bf16") &&
+                          Contains("set it to fp32"));
+  REQUIRE_THROWS_WITH(parse("data_types: {grad_accum_dtype: bf16}\n"),
+                      Contains("= bf16 but the compute dtype is fp32"));
+  REQUIRE_THROWS_WITH(parse("data_types: {grad_accum_dtype: fp64}\n"), Contains("one of auto, fp32, fp16, bf16"));
+  // auto (or absent): fp32 on the CUDA backend with accumulation over 16-bit compute, and said so.
+  const Config cuda = resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 32\n");
+  CHECK(cuda.grad_dtype() == DType::f32);
+  CHECK(cuda.grad_accum_dtype == GradAccumDType::fp32);
+  CHECK(has_note(cuda, "data_types.grad_accum_dtype: fp32 (the CUDA backend's default with "
+                       "gradient_accumulation_steps 32 > 1 and bf16 compute"));
+  CHECK(resolved("backend: cuda\nfp16: {enabled: true}\ngradient_accumulation_steps: 2\n").grad_dtype() ==
+        DType::f32);
+  CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ndata_types: {grad_accum_dtype: auto}\n"
+                 "gradient_accumulation_steps: 2\n").grad_dtype() == DType::f32);
+  // ... but not without accumulation, nor with fp32 compute, nor on the host backend, nor where given.
+  const Config one = resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 1\n");
+  CHECK(one.grad_dtype() == DType::bf16);
+  CHECK_FALSE(has_note(one, "grad_accum_dtype"));
+  CHECK(resolved("backend: cuda\ngradient_accumulation_steps: 8\n").grad_dtype() == DType::f32);
+  CHECK(resolved("bf16: {enabled: true}\ngradient_accumulation_steps: 8\n").grad_dtype() == DType::bf16);
+  CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 8\n"
+                 "data_types: {grad_accum_dtype: bf16}\n").grad_dtype() == DType::bf16);
+  // A derived accumulation count counts too (train_batch_size 64 over micro-batches of 8).
+  CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ntrain_batch_size: 64\n"
+                 "train_micro_batch_size_per_gpu: 8\n").grad_dtype() == DType::f32);
+  // The resolved choice is written out and loads back as given.
+  const Config again = parse(cuda.to_yaml());
+  CHECK(again.grad_accum_dtype == GradAccumDType::fp32);
 }

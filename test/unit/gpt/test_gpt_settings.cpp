@@ -2,6 +2,7 @@
 // --set overrides, and the resolved sections written back for the run log.
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <string>
 
 #include "reporter.hpp"
@@ -103,6 +104,35 @@ TEST_CASE("rates keep their significant digits in the log", "[gpt][report]") {
   CHECK(format_significant(0.0) == "0.00");
   CHECK(format_duration(3725) == "1h02m");
   CHECK(format_mib(3 * 1024 * 1024) == "3.0 MiB");
+}
+
+TEST_CASE("a GPU without a planner preset trains with MFU shown as n/a", "[gpt][report]") {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  // A preset's device: its dense bf16 peak.
+  const MfuPeak sxm = gpu_mfu_peak(0, "NVIDIA H100 80GB HBM3", 80 * gib);
+  CHECK(sxm.known());
+  CHECK(sxm.tflops == Approx(989).epsilon(0.01));
+  CHECK(sxm.source.find("H100-SXM") != std::string::npos);
+  // No preset (the PCIe card has another peak): unknown, and the source says what to set.
+  const MfuPeak pcie = gpu_mfu_peak(0, "NVIDIA H100 PCIe", 80 * gib);
+  CHECK(!pcie.known());
+  CHECK(pcie.source.find("'NVIDIA H100 PCIe'") != std::string::npos);
+  CHECK(pcie.source.find("set run.peak_tflops") != std::string::npos);
+  CHECK(!gpu_mfu_peak(0, "NVIDIA L40S", 48 * gib).known());
+  // A stated peak wins over both.
+  const MfuPeak stated = gpu_mfu_peak(362, "NVIDIA L40S", 48 * gib);
+  CHECK(stated.tflops == 362);
+  CHECK(stated.source == "run.peak_tflops");
+
+  CHECK(format_mfu(0.4213) == "42.1%");
+  CHECK(format_mfu(std::numeric_limits<double>::quiet_NaN()) == "n/a (set run.peak_tflops)");
+  TrainRecord r;
+  r.step = 3;
+  r.steps = 10;
+  r.mfu = std::numeric_limits<double>::quiet_NaN();
+  CHECK(Reporter::train_line(r).find("| MFU n/a (set run.peak_tflops) |") != std::string::npos);
+  r.mfu = 0.25;
+  CHECK(Reporter::train_line(r).find("| MFU 25.0% |") != std::string::npos);
 }
 
 TEST_CASE("backend: cuda trains in bf16 and says so otherwise", "[gpt][settings]") {

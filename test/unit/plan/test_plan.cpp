@@ -55,6 +55,32 @@ TEST_CASE("model states follow the ZeRO formula when nothing is padded", "[plan]
   CHECK(m.nvme == 0);
 }
 
+TEST_CASE("gradients accumulate in fp32 with accumulation over 16-bit compute, as on the CUDA backend", "[plan]") {
+  const Layout l = aligned_layout();
+  Settings s = bf16_stage(2);
+  CHECK(s.grad_dtype() == DType::bf16);  // one micro-step
+  CHECK(model_states(l, s, 4).grads == 2 * kPsi / 4);
+  s.grad_accum = 8;
+  CHECK(s.grad_dtype() == DType::f32);
+  CHECK(model_states(l, s, 4).grads == 4 * kPsi / 4);
+  CHECK(model_states(l, s, 4).device() == 2 * kPsi + 16 * kPsi / 4);
+  s.grad_accum_dtype = GradAccumDType::bf16;  // data_types.grad_accum_dtype: bf16
+  CHECK(model_states(l, s, 4).grads == 2 * kPsi / 4);
+  s.grad_accum_dtype = GradAccumDType::fp32;
+  s.grad_accum = 1;
+  CHECK(model_states(l, s, 4).grads == 4 * kPsi / 4);
+  // Stages 0 and 1 reduce the fp32 sum at the boundary: twice the bytes of a bf16 reduction.
+  Settings z0 = bf16_stage(0), z0_fp32 = z0;
+  z0_fp32.grad_accum_dtype = GradAccumDType::fp32;
+  Cluster c;
+  c.gpus = 8;
+  c.gpu = gpu_preset("H100-SXM");
+  const GptShape shape = gpt_preset("gpt2");
+  const double t16 = make_plan(shape, c, z0, 1e9).time.comm_s, t32 = make_plan(shape, c, z0_fp32, 1e9).time.comm_s;
+  CHECK(t16 > 0);
+  CHECK(t32 == Approx(2 * t16));
+}
+
 TEST_CASE("padding: a slice rounds up to 64 elements, every rank holds one", "[plan]") {
   Layout l;
   l.add_unit("u", {{"w", {1000}}});
@@ -150,9 +176,11 @@ TEST_CASE("step time: compute at the stated efficiency, exposed collectives, the
   const double psi = 124475904;
   const double tokens = 4.0 * 2 * 1024;
   const double compute = 6 * psi * tokens / (312e12 * 0.5);
-  // Stage 0 at one rank steps every (padded) element on the device: 30 bytes each through HBM.
+  // Stage 0 at one rank steps every (padded) element on the device: 30 bytes each through HBM,
+  // 32 with the fp32 gradients that accumulation over bf16 gets by default.
   const double padded = static_cast<double>(model_states(gpt_layout(shape), s, 1).params) / 2;
-  const double optimizer = padded * 30 / 2039e9;
+  REQUIRE(s.grad_dtype() == DType::f32);
+  const double optimizer = padded * 32 / 2039e9;
   CHECK(p.time.compute_s == Approx(compute));
   CHECK(p.time.comm_s == 0.0);
   CHECK(p.time.step_s == Approx(compute + optimizer));
