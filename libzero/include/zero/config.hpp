@@ -26,7 +26,8 @@ namespace zero {
 
 enum class OffloadDevice { none, cpu, nvme };
 enum class OptimizerType { adamw, adam, sgd };
-enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+// manual_lr ("ManualLR"): the training loop sets the rate itself (Engine::set_lr).
+enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, manual_lr };
 enum class WarmupType { log, linear };
 // Where parameters and gradients live (what the pointers of gather()/grads() point to).
 enum class BackendKind { host, cuda };
@@ -58,6 +59,7 @@ constexpr const char* to_string(SchedulerType t) {
     case SchedulerType::warmup_lr: return "WarmupLR";
     case SchedulerType::warmup_decay_lr: return "WarmupDecayLR";
     case SchedulerType::warmup_cosine_lr: return "WarmupCosineLR";
+    case SchedulerType::manual_lr: return "ManualLR";
   }
   return "?";
 }

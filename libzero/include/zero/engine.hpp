@@ -140,6 +140,18 @@ class Engine {
   void reduce(int unit);
   StepResult step();
 
+  // The loop's own learning rate. set_lr(lr) sets the rate of the next step() and of every later
+  // one until it is set again (as a PyTorch param group's lr): a schedule computed by the loop
+  // calls it before each step(). Allowed when the config has no scheduler (it then replaces
+  // optimizer.params.lr) or scheduler.type: ManualLR (then step() requires it); under a DeepSpeed
+  // schedule (WarmupLR, ...) the schedule owns the rate and set_lr is an error. The rate reaches
+  // the optimizer exactly as a schedule's does, on every backend, and StepResult::lr reports it.
+  // Give every rank the same rate. save_checkpoint keeps it and load_checkpoint restores it.
+  void set_lr(double lr);
+  // The rate the next step() applies: the loop's, else the schedule's (NaN under ManualLR before
+  // the first set_lr).
+  double lr() const;
+
   // Forward-only passes (validation, sampling) between steps: gathers are neither recorded nor
   // checked against the training order and do not prefetch; grads() and reduce() are errors.
   void set_eval(bool on);

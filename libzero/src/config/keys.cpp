@@ -32,6 +32,9 @@ std::string adam_only(const Config& c) {
                                                 : "applies to Adam and AdamW, not SGD (use momentum)";
 }
 std::string no_scheduler(const Config& c) {
+  if (c.scheduler.type == SchedulerType::manual_lr)
+    return "does not apply to ManualLR, whose rate the training loop sets (Engine::set_lr); remove "
+           "scheduler.params";
   return c.scheduler.type == SchedulerType::none ? "needs a scheduler (scheduler.type)" : "";
 }
 std::string cosine_only(const Config& c) {
@@ -303,8 +306,9 @@ const std::vector<Spec>& config_keys() {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.scheduler.type); },
                         [](Config& k, int v) { k.scheduler.type = SchedulerType(v); }};
        },
-       .choices = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
-       .doc = "Learning-rate schedule; no section: constant `optimizer.params.lr`.",
+       .choices = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "ManualLR"},
+       .doc = "Learning-rate schedule; no section: constant `optimizer.params.lr`. `ManualLR`: the "
+              "training loop sets the rate of each step (`Engine::set_lr`), checkpoints keep it.",
        .default_text = "none",
        .omitted = [](const Config& c) { return c.scheduler.type == SchedulerType::none; },
        .refused_values = {{"OneCycle", "is a DeepSpeed scheduler that libzero does not implement"},

@@ -385,11 +385,11 @@ class Loader {
     const auto& c = cfg_.scheduler;
     if (!s->has("type")) {
       s->fail("type",
-              "is missing; the scheduler section needs type: WarmupLR, WarmupDecayLR or "
-              "WarmupCosineLR (or remove the section for a constant optimizer lr)");
+              "is missing; the scheduler section needs type: WarmupLR, WarmupDecayLR, "
+              "WarmupCosineLR or ManualLR (or remove the section for a constant optimizer lr)");
     }
     StrictSection* p = section("scheduler.params");
-    if (!p || c.type == SchedulerType::warmup_lr || failed_.count("scheduler.params.total_num_steps"))
+    if (!p || c.type == SchedulerType::warmup_lr || c.type == SchedulerType::manual_lr || failed_.count("scheduler.params.total_num_steps"))
       return;
     const std::string type = c.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR" : "WarmupCosineLR";
     if (!p->has("total_num_steps")) {

@@ -249,6 +249,8 @@ UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
 StepResult Engine::step() { return impl_->step(); }
+void Engine::set_lr(double lr) { impl_->set_lr(lr); }
+double Engine::lr() const { return impl_->next_lr(); }
 Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
 
 void Engine::set_stream(void* stream) { impl_->backend().set_compute_stream(stream); }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -50,6 +51,10 @@ class EngineImpl {
   UnitGrads grads(int unit);
   void reduce(int unit);
   StepResult step();
+  void set_lr(double lr);
+  double next_lr() const;
+  // The config lets the loop set the rate: no scheduler, or ManualLR.
+  bool loop_sets_lr() const;
   void set_eval(bool on);
   bool eval() const { return eval_mode_; }
   MemoryReport memory() const;
@@ -81,6 +86,7 @@ class EngineImpl {
   void check_step_ready() const;
   double global_grad_sumsq();
   double clip_coefficient(double norm) const;
+  void check_ranks_agree(double lr);
   void update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd);
   void update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
                     const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage);
@@ -109,6 +115,7 @@ class EngineImpl {
   int micro_ = 0;             // completed micro-steps since the last step()
   std::int64_t step_ = 0;     // step() calls
   std::int64_t applied_ = 0;  // non-skipped updates (Adam's t, the scheduler's step)
+  std::optional<double> loop_lr_;  // the rate the loop set (set_lr), for this and later steps
 };
 
 }  // namespace zero

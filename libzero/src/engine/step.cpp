@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include <xxhash.h>
+
 #include "engine/engine_impl.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
@@ -28,7 +30,10 @@ StepResult EngineImpl::step() {
   StepResult r;
   r.loss_scale = scale;
   r.grad_norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
-  r.lr = lr_at(cfg_, applied_);
+  r.lr = next_lr();
+  ZERO_CHECK(!std::isnan(r.lr), "step(): scheduler.type is ManualLR but the loop has not set a learning rate; call "
+                                "Engine::set_lr(lr) before the first step()");
+  check_ranks_agree(r.lr);
   if (!overflow) {
     const float grad_scale = static_cast<float>(clip_coefficient(r.grad_norm) / denom);
     ++applied_;
@@ -44,6 +49,38 @@ StepResult EngineImpl::step() {
   r.skipped = overflow;
   scaler_.update(overflow);  // throws when overflowing at the minimum scale
   return r;
+}
+
+bool EngineImpl::loop_sets_lr() const {
+  return cfg_.scheduler.type == SchedulerType::none || cfg_.scheduler.type == SchedulerType::manual_lr;
+}
+
+void EngineImpl::set_lr(double lr) {
+  ZERO_CHECK(loop_sets_lr(), fmt::format("set_lr: scheduler.type is {}, which sets the learning rate itself; use "
+                                         "scheduler.type: ManualLR (or no scheduler) to set it from the loop",
+                                         to_string(cfg_.scheduler.type)));
+  ZERO_CHECK(std::isfinite(lr) && lr >= 0.0,
+             fmt::format("set_lr: the learning rate {} is not a finite number >= 0", lr));
+  loop_lr_ = lr;
+}
+
+double EngineImpl::next_lr() const {
+  if (loop_lr_) return *loop_lr_;
+  if (cfg_.scheduler.type == SchedulerType::manual_lr) return std::nan("");
+  return lr_at(cfg_, applied_);
+}
+
+// What the loop decides for a step must be the same on every rank: a rank stepping at another
+// rate would train a different model without a word. One pair of scalar reductions compares a
+// fingerprint of the decisions (bit patterns, so -0.0 and 0.0 differ as the optimizer would not).
+void EngineImpl::check_ranks_agree(double lr) {
+  if (world_ == 1) return;
+  const double fp = static_cast<double>(XXH3_64bits(&lr, sizeof lr) >> 12);  // exact in a double
+  const double hi = comm_.all_reduce_scalar(fp, ReduceOp::max);
+  const double lo = -comm_.all_reduce_scalar(-fp, ReduceOp::max);
+  ZERO_CHECK(lo == hi, fmt::format("step(): the ranks disagree on the learning rate (this rank: {}); give "
+                                   "Engine::set_lr the same value on every rank",
+                                   lr));
 }
 
 void EngineImpl::check_step_ready() const {
