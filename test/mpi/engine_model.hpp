@@ -134,19 +134,22 @@ inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int
   e.reduce(u);
 }
 
-// Trains `steps` steps: per micro-step a forward of gathers, then a backward that gathers,
-// adds the loss-scaled micro-batch gradient and reduces, last unit first.
-inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
+// The micro-steps of step s, up to step(): per micro-step a forward of gathers, then a backward
+// that gathers, adds the loss-scaled micro-batch gradient and reduces, last unit first.
+inline void accumulate(Engine& e, int rank, int world, std::int64_t s) {
   const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
   const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
   const int n = e.layout().num_units();
+  for (int k = 0; k < gas; ++k) {
+    for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
+    for (int u = n - 1; u >= 0; --u) backward_unit(e, u, s, k, rank, world, gas, micro);
+  }
+}
+
+// Trains `steps` steps (accumulate, then step()).
+inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
   for (int s = first_step; s < first_step + steps; ++s) {
-    for (int k = 0; k < gas; ++k) {
-      for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
-      for (int u = n - 1; u >= 0; --u) {
-        backward_unit(e, u, s, k, rank, world, gas, micro);
-      }
-    }
+    accumulate(e, rank, world, s);
     StepResult r = e.step();
     if (results) results->push_back(r);
   }

@@ -1,16 +1,22 @@
 // The training loop's own controls over the step: the learning rate it sets (Engine::set_lr,
-// scheduler.type: ManualLR), run at 1 and 2 ranks and every stage.
+// scheduler.type: ManualLR), the gradient norm before the update (Engine::grad_norm) and what
+// step() is told (StepOptions: skip, the loop's clip coefficient). Run at 1 and 2 ranks, every
+// stage.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <vector>
 
+#include "engine_model.hpp"
 #include "scratch_dir.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
 
 using namespace zero;
 using Catch::Matchers::Contains;
@@ -160,6 +166,202 @@ TEST_CASE("the loop's rate: misuse is an error that says what to do") {
       Engine e = make_engine(make_config(1, kSgd), 2);
       e.set_lr(ctx().rank() == 0 ? 0.1 : 0.2);
       REQUIRE_THROWS_WITH(one_hot_step(e, 0), Contains("disagree on the learning rate"));
+    }
+  }
+}
+
+namespace {
+
+const std::string kAdam =
+    "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n    betas: [0.9, 0.95]\n    weight_decay: 0.1\n";
+
+Config model_config(int stage, const std::string& extra) {
+  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\n";
+  y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n  stage3_param_persistence_threshold: 20\n";
+  Config cfg = parse_config(y + kAdam + extra, "test_loop_hooks");
+  cfg.resolve(ctx().world_size());
+  return cfg;
+}
+
+Engine model_engine(const Config& cfg) {
+  Engine e(ctx(), cfg, test::make_mixed_decay_layout());
+  e.init_params(test::init_value);
+  return e;
+}
+
+void accumulate(Engine& e, std::int64_t s) { test::accumulate(e, ctx().rank(), ctx().world_size(), s); }
+
+// Everything an update changes, bit for bit: every unit's compute params and fp32 master, this
+// rank's optimizer moments, and the counters.
+struct Snapshot {
+  std::vector<std::vector<float>> params, master, moments;
+  std::int64_t step = 0, applied = 0;
+  bool operator==(const Snapshot& o) const {
+    auto same = [](const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+      if (a.size() != b.size()) return false;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+          return false;
+      return true;
+    };
+    return same(params, o.params) && same(master, o.master) && same(moments, o.moments) && step == o.step &&
+           applied == o.applied;
+  }
+};
+
+Snapshot snapshot(Engine& e) {
+  Snapshot s;
+  EngineState st(e);
+  for (int u = 0; u < e.layout().num_units(); ++u) {
+    s.params.push_back(e.full_params(u));
+    s.master.push_back(e.full_master(u));
+    for (int k = 1; k <= st.optimizer_moments(); ++k) {
+      std::vector<float> m(static_cast<std::size_t>(st.owned_range(u).len));
+      st.read_owned(u, k, m.data());
+      s.moments.push_back(std::move(m));
+    }
+  }
+  s.step = st.training_state().step;
+  s.applied = st.training_state().applied;
+  return s;
+}
+
+// The norm of the step's averaged gradient, computed here from the model's formula for every
+// rank's micro-batches (all ranks' samples are known everywhere), in double.
+double reference_norm(Engine& e, std::int64_t s) {
+  const int world = ctx().world_size();
+  const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
+  const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
+  double sumsq = 0.0;
+  for (int u = 0; u < e.layout().num_units(); ++u) {
+    const std::vector<float> w = e.full_params(u);
+    std::vector<double> mean(w.size(), 0.0);
+    for (int r = 0; r < world; ++r)
+      for (int k = 0; k < gas; ++k) {
+        const std::vector<float> g = test::micro_grad(u, w, s, k, r, world, gas, micro);
+        for (std::size_t i = 0; i < g.size(); ++i) mean[i] += g[i] / static_cast<double>(gas * world);
+      }
+    for (double m : mean) sumsq += m * m;
+  }
+  return std::sqrt(sumsq);
+}
+
+}  // namespace
+
+TEST_CASE("the norm before the update is the norm step() reports") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Engine e = model_engine(model_config(stage, ""));
+    for (int s = 0; s < 3; ++s) {
+      const double expected = reference_norm(e, s);
+      accumulate(e, s);
+      const GradNorm n = e.grad_norm();
+      REQUIRE_FALSE(n.overflow);
+      REQUIRE(n.norm == Approx(expected).epsilon(1e-5));
+      REQUIRE(e.grad_norm().norm == n.norm);  // asked twice: the same value
+      const StepResult r = e.step();
+      REQUIRE(r.grad_norm == n.norm);
+      REQUIRE_FALSE(r.skipped);
+    }
+  }
+}
+
+TEST_CASE("a step the loop skips leaves parameters and optimizer state bit-identical") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    const Config cfg = model_config(stage, "");
+    Engine e = model_engine(cfg);
+    test::train(e, ctx().rank(), ctx().world_size(), 0, 2);
+    const Snapshot before = snapshot(e);
+    accumulate(e, 7);  // an outlier batch
+    REQUIRE(e.grad_norm().norm > 0.0);
+    const StepResult r = e.step({.skip = true});
+    CHECK(r.skipped);
+    CHECK_FALSE(r.overflow);
+    CHECK(r.step == 3);
+    Snapshot after = snapshot(e);
+    // As DeepSpeed's overflow skip: the step counter moves on, Adam's step count does not.
+    REQUIRE(after.step == before.step + 1);
+    after.step = before.step;
+    REQUIRE(after == before);
+    // The run goes on as if the skipped batch had never come: equal to a run without it.
+    test::train(e, ctx().rank(), ctx().world_size(), 2, 2);
+    Engine plain = model_engine(cfg);
+    test::train(plain, ctx().rank(), ctx().world_size(), 0, 4);
+    Snapshot a = snapshot(e), b = snapshot(plain);
+    REQUIRE(a.step == b.step + 1);
+    a.step = b.step;
+    REQUIRE(a == b);
+  }
+}
+
+TEST_CASE("the loop's clip coefficient gives the result of the equivalent gradient_clipping") {
+  constexpr double kClip = 0.05;
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Engine by_config = model_engine(model_config(stage, "gradient_clipping: 0.05\n"));
+    Engine by_loop = model_engine(model_config(stage, ""));
+    Engine unclipped = model_engine(model_config(stage, ""));
+    int clipped_steps = 0;
+    for (int s = 0; s < 3; ++s) {
+      accumulate(by_config, s);
+      by_config.step();
+      accumulate(by_loop, s);
+      const double norm = by_loop.grad_norm().norm;
+      // DeepSpeed's (and PyTorch's clip_grad_norm_) coefficient.
+      const double coef = std::min(1.0, kClip / (norm + 1e-6));
+      clipped_steps += coef < 1.0;
+      by_loop.step({.clip_coefficient = coef});
+      test::train(unclipped, ctx().rank(), ctx().world_size(), s, 1);
+    }
+    REQUIRE(clipped_steps > 0);
+    REQUIRE(snapshot(by_loop) == snapshot(by_config));
+    REQUIRE_FALSE(snapshot(unclipped) == snapshot(by_config));
+  }
+}
+
+TEST_CASE("the overflow flag is known before step(), which then skips") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Engine e = model_engine(model_config(stage, "fp16:\n  enabled: true\n  initial_scale_power: 4\n"));
+    test::train(e, ctx().rank(), ctx().world_size(), 0, 1);
+    const Snapshot before = snapshot(e);
+    const int n = e.layout().num_units();
+    for (int k = 0; k < 2; ++k) {
+      for (int u = 0; u < n; ++u) e.gather(u);
+      for (int u = n - 1; u >= 0; --u) {
+        auto p = e.gather(u);
+        auto g = e.grads(u);
+        // One rank's gradient overflows: every rank must see it.
+        if (u == 2 && k == 1 && ctx().rank() == ctx().world_size() - 1) g[0].add(0, std::numeric_limits<float>::infinity());
+        e.reduce(u);
+      }
+    }
+    const GradNorm norm = e.grad_norm();
+    REQUIRE(norm.overflow);
+    const StepResult r = e.step();
+    CHECK(r.overflow);
+    CHECK(r.skipped);
+    Snapshot after = snapshot(e);
+    after.step = before.step;
+    REQUIRE(after == before);
+  }
+}
+
+TEST_CASE("the norm and step options: misuse is an error that says what to do") {
+  Engine e = model_engine(model_config(2, ""));
+  SECTION("the norm before every unit was reduced") {
+    for (int u = 0; u < e.layout().num_units(); ++u) e.gather(u);
+    REQUIRE_THROWS_WITH(e.grad_norm(), Contains("grad_norm() called before every unit was reduced"));
+  }
+  SECTION("a clip coefficient that is not a finite number >= 0") {
+    accumulate(e, 0);
+    REQUIRE_THROWS_WITH(e.step({.clip_coefficient = -0.5}), Contains("clip_coefficient -0.5"));
+  }
+  if (ctx().world_size() > 1) {
+    SECTION("ranks that decide differently") {
+      accumulate(e, 0);
+      REQUIRE_THROWS_WITH(e.step({.skip = ctx().rank() == 0}), Contains("disagree") && Contains("skip"));
     }
   }
 }

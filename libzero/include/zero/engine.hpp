@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,10 +103,29 @@ class UnitGrads {
 
 struct StepResult {
   std::int64_t step = 0;     // optimizer steps taken so far, skipped ones included
-  bool skipped = false;      // overflow (inf/nan) on some rank: no update anywhere
+  bool skipped = false;      // no update anywhere: an overflow, or the loop asked (StepOptions::skip)
+  bool overflow = false;     // an inf/nan in the gradients on some rank
   double grad_norm = 0.0;    // global L2 norm of the unscaled, averaged gradient (before clipping)
   double loss_scale = 1.0;   // scale used for this step's gradients
   double lr = 0.0;           // learning rate applied
+};
+
+// The gradient of the step about to be taken, as step() will see it (Engine::grad_norm).
+struct GradNorm {
+  double norm = 0.0;      // global L2 norm of the unscaled, averaged gradient; inf/nan on overflow
+  bool overflow = false;  // an inf/nan on some rank: step() will skip whatever it is told
+};
+
+// What the loop tells step() (Engine::step(const StepOptions&)). Every rank must pass the same.
+struct StepOptions {
+  // No update: parameters, master weights and optimizer moments stay bit for bit, and so do
+  // Adam's step count and the schedule's position; the step counter (global_step,
+  // StepResult::step) advances and the gradients are discarded, as with DeepSpeed's fp16
+  // overflow skip. The loss scaler sees the step as it was (it halves only on an overflow).
+  bool skip = false;
+  // Multiplies the averaged gradient instead of gradient_clipping's min(1, clip / (norm + 1e-6)),
+  // for the loop's own clipping. Finite and >= 0.
+  std::optional<double> clip_coefficient = std::nullopt;
 };
 
 // Bytes per rank by category. model_state() is what the ZeRO formula counts.
@@ -139,6 +159,11 @@ class Engine {
   UnitGrads grads(int unit);
   void reduce(int unit);
   StepResult step();
+  StepResult step(const StepOptions& opts);
+  // Collective, after the last reduce() of a step and before step(): the global gradient norm
+  // and the overflow flag, exactly what step() then reports (it reuses them). For the loop's
+  // own decisions: skip an outlier step, clip its own way (StepOptions).
+  GradNorm grad_norm();
 
   // The loop's own learning rate. set_lr(lr) sets the rate of the next step() and of every later
   // one until it is set again (as a PyTorch param group's lr): a schedule computed by the loop

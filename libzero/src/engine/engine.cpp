@@ -248,7 +248,9 @@ void Engine::init_params(const std::function<void(const ParamInfo&, std::span<fl
 UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
-StepResult Engine::step() { return impl_->step(); }
+StepResult Engine::step() { return impl_->step({}); }
+StepResult Engine::step(const StepOptions& opts) { return impl_->step(opts); }
+GradNorm Engine::grad_norm() { return impl_->grad_norm(); }
 void Engine::set_lr(double lr) { impl_->set_lr(lr); }
 double Engine::lr() const { return impl_->next_lr(); }
 Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
