@@ -1,7 +1,7 @@
 // The training loop's own controls over the step: the learning rate it sets (Engine::set_lr,
 // scheduler.type: ManualLR), the gradient norm before the update (Engine::grad_norm) and what
 // step() is told (StepOptions: skip, the loop's clip coefficient). Run at 1 and 2 ranks, every
-// stage.
+// stage. And gradient_average, which leaves the division of the summed gradients to the loop.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -363,5 +363,37 @@ TEST_CASE("the norm and step options: misuse is an error that says what to do") 
       accumulate(e, 0);
       REQUIRE_THROWS_WITH(e.step({.skip = ctx().rank() == 0}), Contains("disagree") && Contains("skip"));
     }
+  }
+}
+
+TEST_CASE("gradient_average leaves the division to the loop with identical results") {
+  // Accumulation 2 and 1 or 2 ranks: dividing by them is exact, so every way to average must
+  // give the same bits.
+  const int world = ctx().world_size(), gas = 2;
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    Engine libzero_divides = model_engine(model_config(stage, "gradient_clipping: 0.05\n"));
+    Engine loop_divides_steps = model_engine(model_config(stage, "gradient_clipping: 0.05\ngradient_average: ranks\n"));
+    Engine loop_divides_all = model_engine(model_config(stage, "gradient_clipping: 0.05\ngradient_average: none\n"));
+    Engine loop_divides_twice = model_engine(model_config(stage, "gradient_clipping: 0.05\n"));
+    for (int s = 0; s < 3; ++s) {
+      accumulate(libzero_divides, s);
+      test::accumulate(loop_divides_steps, ctx().rank(), world, s, static_cast<float>(gas));
+      test::accumulate(loop_divides_all, ctx().rank(), world, s, static_cast<float>(gas * world));
+      test::accumulate(loop_divides_twice, ctx().rank(), world, s, static_cast<float>(gas));
+      const double norm = libzero_divides.grad_norm().norm;
+      REQUIRE(loop_divides_steps.grad_norm().norm == norm);
+      REQUIRE(loop_divides_all.grad_norm().norm == norm);
+      // The pattern the setting is for: a loop that divides and leaves the default divides twice.
+      REQUIRE(loop_divides_twice.grad_norm().norm == Approx(norm / gas));
+      libzero_divides.step();
+      loop_divides_steps.step();
+      loop_divides_all.step();
+      loop_divides_twice.step();
+    }
+    const Snapshot expected = snapshot(libzero_divides);
+    REQUIRE(snapshot(loop_divides_steps) == expected);
+    REQUIRE(snapshot(loop_divides_all) == expected);
+    REQUIRE_FALSE(snapshot(loop_divides_twice) == expected);
   }
 }

@@ -34,6 +34,11 @@ enum class BackendKind { host, cuda };
 // How the CUDA backend moves device buffers: NCCL, or MPI through pinned host copies (lets
 // several ranks share one GPU).
 enum class CommKind { nccl, mpi };
+// What step() divides the summed gradients by (gradient_average): the micro-steps and the
+// data-parallel ranks (as DeepSpeed does), the ranks only (the loop's seed already divides by
+// its accumulation steps, as llm.c's does), or nothing (the loop's gradients are already the
+// mean over the global batch).
+enum class GradientAverage { steps_and_ranks, ranks, none };
 
 // Each enum's name as the config file spells it; the one spelling for messages, printed
 // configs and checkpoint metadata.
@@ -148,6 +153,7 @@ struct Config {
   std::int64_t gradient_accumulation_steps = 0;
   std::int64_t steps_per_print = 10;
   double gradient_clipping = 0.0;  // 0: off
+  GradientAverage gradient_average = GradientAverage::steps_and_ranks;
   ZeroOptimizationConfig zero_optimization;
   AioConfig aio;
   Fp16Config fp16;

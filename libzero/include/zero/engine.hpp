@@ -13,6 +13,13 @@
 // used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
 // must. The backward must scale its gradients by loss_scale() (1 unless fp16 is on).
 //
+// Averaging: the collectives *sum* the ranks' gradients, and step() divides the sum by
+// gradient_accumulation_steps x data-parallel world size (and the loss scale) before clipping
+// and the update, so a loop that adds each micro-batch's mean-loss gradient trains on the mean
+// over the global batch. A loop whose loss seed already divides (llm.c's 1/(B*T*grad_accum_steps))
+// sets gradient_average: ranks (or none, when it also divides by the world size); otherwise the
+// gradient, its norm and clipping are off by that factor a second time.
+//
 // What each stage keeps per rank (Ψ parameters, N ranks):
 //   0: full compute params, full grads, full fp32 master + moments; grads all-reduced in buckets.
 //   1: full params and grads; master + moments sharded; reduce-scatter at the accumulation
@@ -156,6 +163,7 @@ class Engine {
 
   UnitParams gather(int unit);
   UnitParams gather(std::string_view unit_name) { return gather(layout().find_unit(unit_name)); }
+  // Where the backward adds unit's gradient (see "Averaging" above for what step() divides by).
   UnitGrads grads(int unit);
   void reduce(int unit);
   StepResult step();

@@ -86,6 +86,17 @@ const std::vector<Spec>& config_keys() {
       {.path = "gradient_clipping", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.gradient_clipping; }, .range = ge(0),
        .auto_rule = Auto::fallback, .doc = "Clip the global gradient norm to this value; 0: off."},
+      {.path = "gradient_average", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.gradient_average); },
+                        [](Config& k, int v) { k.gradient_average = GradientAverage(v); }};
+       },
+       .choices = {"steps_and_ranks", "ranks", "none"},
+       .doc = "What `step()` divides the summed gradients by: `steps_and_ranks` (accumulation steps x "
+              "data-parallel world size, as DeepSpeed), `ranks` (the loop's loss seed divides by its "
+              "accumulation steps, as llm.c's does), `none` (the loop's gradients are already the mean "
+              "of the global batch). Not DeepSpeed's `prescale_gradients` / `gradient_predivide_factor`, "
+              "which only move where the same average is taken."},
 
       // ---- zero_optimization
       {.path = "zero_optimization.stage", .kind = Kind::integer,

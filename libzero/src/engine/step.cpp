@@ -17,8 +17,14 @@
 namespace zero {
 
 // The stored gradients are the sum over gas micro-steps and world ranks (the collectives sum),
-// each scaled by the loss scale: the average's 1/world joins the fp32 gradient scale here.
-double EngineImpl::grad_denominator() const { return scaler_.scale() * gas_ * world_; }
+// each scaled by the loss scale: the average's 1/(gas x world), or the part of it that
+// gradient_average leaves to libzero, joins the fp32 gradient scale here.
+double EngineImpl::grad_denominator() const {
+  const GradientAverage a = cfg_.gradient_average;
+  const double steps = a == GradientAverage::steps_and_ranks ? gas_ : 1;
+  const double ranks = a == GradientAverage::none ? 1 : world_;
+  return scaler_.scale() * steps * ranks;
+}
 
 GradNorm EngineImpl::grad_norm() { return pre_step_norm("grad_norm()"); }
 
