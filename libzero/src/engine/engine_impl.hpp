@@ -80,6 +80,7 @@ class EngineImpl {
   std::vector<UnitShape> plan_units() const;
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
+  void report_stage3_sharding() const;
   std::size_t esize() const { return dtype_size(dtype_); }
   bool stage3_training() const { return stage_ == 3 && !eval_mode_; }
 
