@@ -7,7 +7,9 @@
 //     backward: for u in reverse: { auto p = engine.gather(u); auto g = engine.grads(u);
 //                                   ...add (+=) this micro-batch's gradient into g[i]...;
 //                                   engine.reduce(u); }
-//   StepResult r = engine.step();
+//   engine.set_lr(lr);                // optional: the loop's own schedule (set_lr below)
+//   GradNorm n = engine.grad_norm();  // optional: the norm before the update (collective)
+//   StepResult r = engine.step();     // or step({.skip = true}), step({.clip_coefficient = c})
 //
 // Gradients are always *added* into grads(u) (as llm.c's backward kernels do), so a parameter
 // used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
