@@ -54,11 +54,14 @@ struct Case {
   bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
   bool mixed_decay = false;      // make_mixed_decay_layout(): weight decay on some parameters only
   std::string accum;             // data_types.grad_accum_dtype; "": the CUDA default on both backends
+  // The loop's own controls: ManualLR with a rate set before each step, the norm read before
+  // the step, the loop's clip coefficient from it, and step 2 skipped.
+  bool loop_controls = false;
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " gas " + std::to_string(gas) +
            (clip > 0 ? " clip" : "") + " " + optimizer + " offload " + offload + (inf_step >= 0 ? " overflow" : "") +
            (user_stream ? " user-stream" : "") + (mixed_decay ? " mixed-decay" : "") +
-           (accum.empty() ? "" : " accumulate " + accum);
+           (accum.empty() ? "" : " accumulate " + accum) + (loop_controls ? " loop-controls" : "");
   }
 };
 
@@ -81,6 +84,7 @@ Config make_config(const Case& c, const std::string& kind) {
   if (c.optimizer == "SGD") y += "    momentum: 0.9\n";
   if (c.optimizer == "Adam") y += "    adam_w_mode: false\n";  // the L2 path (DeepSpeed's Adam decouples by default)
   else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
+  if (c.loop_controls) y += "scheduler:\n  type: ManualLR\n";
   y += "backend: " + kind + "\n";
   if (kind == "cuda") y += "comm: " + test_comm() + "\n";
   // The CUDA backend accumulates 16-bit gradients in fp32 by default when there is more than one
@@ -92,6 +96,9 @@ Config make_config(const Case& c, const std::string& kind) {
   cfg.resolve(ctx().world_size());
   return cfg;
 }
+
+// The rate a loop_controls case sets before step s: a linear warmup as llm.c's starts it.
+double loop_lr(int s) { return 0.01 * (s + 1) / 4.0; }
 
 // engine_model.hpp's train(), with the parameters and gradients behind backend pointers.
 void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results) {
@@ -128,7 +135,13 @@ void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResu
     // The optimizer's kernels run late: the all-gather of updated slices and the offload copies
     // must wait for them, or the parameters come out stale.
     if (c.spin && b.compute_stream()) spin(static_cast<cudaStream_t>(b.compute_stream()));
-    results.push_back(e.step());
+    StepOptions opts;
+    if (c.loop_controls) {
+      e.set_lr(loop_lr(s));
+      opts.skip = s == 2;
+      opts.clip_coefficient = std::min(1.0, 0.05 / (e.grad_norm().norm + 1e-6));
+    }
+    results.push_back(e.step(opts));
   }
 }
 
@@ -173,7 +186,11 @@ double ulp(DType t, double x) {
   return std::ldexp(1.0, e - 1 - bits);
 }
 
-bool bitwise_expected(const Case& c) { return c.clip == 0.0 && (test_comm() == "mpi" || ctx().world_size() == 1); }
+// Clipping (by the config or the loop) scales by a coefficient from the norm, whose sum of
+// squares the device adds in another order: equal to rounding, not bit for bit.
+bool bitwise_expected(const Case& c) {
+  return c.clip == 0.0 && !c.loop_controls && (test_comm() == "mpi" || ctx().world_size() == 1);
+}
 
 void compare_values(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want, DType t,
                     bool bitwise, const char* what) {
@@ -336,6 +353,26 @@ TEST_CASE("an inf gradient on one rank skips the step everywhere, on both backen
       CHECK(dev.steps[1].skipped);
       CHECK_FALSE(std::isfinite(dev.steps[1].grad_norm));
       CHECK_FALSE(dev.steps[2].skipped);
+    }
+  }
+}
+
+TEST_CASE("the loop's learning rate, pre-step norm, skip and clip coefficient on the CUDA backend", "[engine]") {
+  for (int stage : {1, 3}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = stage == 1 ? DType::bf16 : DType::f32;
+    c.optimizer = stage == 1 ? "SGD" : "AdamW";
+    c.gas = 2;
+    c.loop_controls = true;
+    c.extra = knobs(stage == 3);
+    SECTION(c.name()) {
+      check_parity(c);
+      const Run dev = run(c, "cuda");
+      for (int s = 0; s < 5; ++s) {
+        CHECK(dev.steps[static_cast<std::size_t>(s)].lr == loop_lr(s));
+        CHECK(dev.steps[static_cast<std::size_t>(s)].skipped == (s == 2));
+      }
     }
   }
 }

@@ -117,8 +117,10 @@ struct ReferenceAdam {
 };
 
 // The backward of unit u in micro-step k of step s: gather, add the loss-scaled mean gradient of
-// this rank's micro-batch into grads(u), reduce.
-inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int world, int gas, int micro) {
+// this rank's micro-batch into grads(u), reduce. `divide`: a loop that divides its loss seed
+// itself (gradient_average: ranks or none).
+inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int world, int gas, int micro,
+                          float divide = 1.0f) {
   auto p = e.gather(u);
   auto g = e.grads(u);
   const UnitInfo& ui = e.layout().unit(u);
@@ -126,7 +128,7 @@ inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int
   for (const auto& pi : ui.params)
     for (std::int64_t i = 0; i < pi.numel; ++i) w[static_cast<std::size_t>(pi.offset + i)] = p[pi.name].get(i);
   auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
-  float scale = e.loss_scale();
+  const float scale = e.loss_scale() / divide;
   for (int pi = 0; pi < static_cast<int>(ui.params.size()); ++pi) {
     auto t = g[pi];
     for (std::int64_t i = 0; i < t.numel; ++i) t.add(i, scale * mg[static_cast<std::size_t>(t.info->offset + i)]);
@@ -134,19 +136,22 @@ inline void backward_unit(Engine& e, int u, std::int64_t s, int k, int rank, int
   e.reduce(u);
 }
 
-// Trains `steps` steps: per micro-step a forward of gathers, then a backward that gathers,
-// adds the loss-scaled micro-batch gradient and reduces, last unit first.
-inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
+// The micro-steps of step s, up to step(): per micro-step a forward of gathers, then a backward
+// that gathers, adds the loss-scaled micro-batch gradient and reduces, last unit first.
+inline void accumulate(Engine& e, int rank, int world, std::int64_t s, float divide = 1.0f) {
   const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
   const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
   const int n = e.layout().num_units();
+  for (int k = 0; k < gas; ++k) {
+    for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
+    for (int u = n - 1; u >= 0; --u) backward_unit(e, u, s, k, rank, world, gas, micro, divide);
+  }
+}
+
+// Trains `steps` steps (accumulate, then step()).
+inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
   for (int s = first_step; s < first_step + steps; ++s) {
-    for (int k = 0; k < gas; ++k) {
-      for (int u = 0; u < n; ++u) e.gather(u);  // forward (handles released at once)
-      for (int u = n - 1; u >= 0; --u) {
-        backward_unit(e, u, s, k, rank, world, gas, micro);
-      }
-    }
+    accumulate(e, rank, world, s);
     StepResult r = e.step();
     if (results) results->push_back(r);
   }

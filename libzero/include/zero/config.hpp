@@ -26,7 +26,8 @@ namespace zero {
 
 enum class OffloadDevice { none, cpu, nvme };
 enum class OptimizerType { adamw, adam, sgd };
-enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr };
+// manual_lr ("ManualLR"): the training loop sets the rate itself (Engine::set_lr).
+enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, manual_lr };
 enum class WarmupType { log, linear };
 // Where parameters and gradients live (what the pointers of gather()/grads() point to).
 enum class BackendKind { host, cuda };
@@ -36,6 +37,11 @@ enum class CommKind { nccl, mpi };
 // data_types.grad_accum_dtype: what gradients accumulate in across micro-steps. automatic is
 // decided by resolve() (grad_accum_dtype_for); the others are DeepSpeed's spellings.
 enum class GradAccumDType { automatic, fp32, fp16, bf16 };
+// What step() divides the summed gradients by (gradient_average): the micro-steps and the
+// data-parallel ranks (as DeepSpeed does), the ranks only (the loop's seed already divides by
+// its accumulation steps, as llm.c's does), or nothing (the loop's gradients are already the
+// mean over the global batch).
+enum class GradientAverage { steps_and_ranks, ranks, none };
 
 // Each enum's name as the config file spells it; the one spelling for messages, printed
 // configs and checkpoint metadata.
@@ -61,6 +67,7 @@ constexpr const char* to_string(SchedulerType t) {
     case SchedulerType::warmup_lr: return "WarmupLR";
     case SchedulerType::warmup_decay_lr: return "WarmupDecayLR";
     case SchedulerType::warmup_cosine_lr: return "WarmupCosineLR";
+    case SchedulerType::manual_lr: return "ManualLR";
   }
   return "?";
 }
@@ -166,6 +173,7 @@ struct Config {
   std::int64_t gradient_accumulation_steps = 0;
   std::int64_t steps_per_print = 10;
   double gradient_clipping = 0.0;  // 0: off
+  GradientAverage gradient_average = GradientAverage::steps_and_ranks;
   ZeroOptimizationConfig zero_optimization;
   AioConfig aio;
   Fp16Config fp16;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -112,6 +113,11 @@ class StrictSection {
   // Throws zero::Error "<where>: <path> <problem>"; `problem` continues the sentence
   // ("is larger than n_embd; ...", "= 7 needs ...").
   [[noreturn]] void fail(std::string_view key, std::string_view problem) const;
+  // The keys no accessor asked for that are no near miss of a known key (finish() would offer
+  // no "did you mean") and for which `eligible` holds: marked known, so finish() passes them
+  // over, and returned. For DeepSpeed's JSON config, whose top-level keys DeepSpeed ignores
+  // when it does not know them. Call after reading everything, before finish().
+  std::vector<std::string> take_unknown_without_near_miss(const std::function<bool(const std::string&)>& eligible);
   // Fails on the first key that no accessor asked for (or that was rejected), naming its
   // path, place, and the closest known key. Call after reading everything.
   void finish();

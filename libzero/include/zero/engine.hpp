@@ -7,7 +7,9 @@
 //     backward: for u in reverse: { auto p = engine.gather(u); auto g = engine.grads(u);
 //                                   ...add (+=) this micro-batch's gradient into g[i]...;
 //                                   engine.reduce(u); }
-//   StepResult r = engine.step();
+//   engine.set_lr(lr);                // optional: the loop's own schedule (set_lr below)
+//   GradNorm n = engine.grad_norm();  // optional: the norm before the update (collective)
+//   StepResult r = engine.step();     // or step({.skip = true}), step({.clip_coefficient = c})
 //
 // Gradients are always *added* into grads(u) (as llm.c's backward kernels do), so a parameter
 // used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
@@ -15,6 +17,13 @@
 // grads(u) is in the compute dtype. Across micro-steps the engine sums in
 // data_types.grad_accum_dtype; with fp32 (the CUDA default when accumulating over fp16/bf16)
 // each micro-step's grads(u) is zeroed storage that reduce(u) adds into fp32 storage.
+//
+// Averaging: the collectives *sum* the ranks' gradients, and step() divides the sum by
+// gradient_accumulation_steps x data-parallel world size (and the loss scale) before clipping
+// and the update, so a loop that adds each micro-batch's mean-loss gradient trains on the mean
+// over the global batch. A loop whose loss seed already divides (llm.c's 1/(B*T*grad_accum_steps))
+// sets gradient_average: ranks (or none, when it also divides by the world size); otherwise the
+// gradient, its norm and clipping are off by that factor a second time.
 //
 // What each stage keeps per rank (Ψ parameters, N ranks):
 //   0: full compute params, full grads, full fp32 master + moments; grads all-reduced in buckets.
@@ -33,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,10 +136,29 @@ class GatheredModel {
 
 struct StepResult {
   std::int64_t step = 0;     // optimizer steps taken so far, skipped ones included
-  bool skipped = false;      // overflow (inf/nan) on some rank: no update anywhere
+  bool skipped = false;      // no update anywhere: an overflow, or the loop asked (StepOptions::skip)
+  bool overflow = false;     // an inf/nan in the gradients on some rank
   double grad_norm = 0.0;    // global L2 norm of the unscaled, averaged gradient (before clipping)
   double loss_scale = 1.0;   // scale used for this step's gradients
   double lr = 0.0;           // learning rate applied
+};
+
+// The gradient of the step about to be taken, as step() will see it (Engine::grad_norm).
+struct GradNorm {
+  double norm = 0.0;      // global L2 norm of the unscaled, averaged gradient; inf/nan on overflow
+  bool overflow = false;  // an inf/nan on some rank: step() will skip whatever it is told
+};
+
+// What the loop tells step() (Engine::step(const StepOptions&)). Every rank must pass the same.
+struct StepOptions {
+  // No update: parameters, master weights and optimizer moments stay bit for bit, and so do
+  // Adam's step count and the schedule's position; the step counter (global_step,
+  // StepResult::step) advances and the gradients are discarded, as with DeepSpeed's fp16
+  // overflow skip. The loss scaler sees the step as it was (it halves only on an overflow).
+  bool skip = false;
+  // Multiplies the averaged gradient instead of gradient_clipping's min(1, clip / (norm + 1e-6)),
+  // for the loop's own clipping. Finite and >= 0.
+  std::optional<double> clip_coefficient = std::nullopt;
 };
 
 // Bytes per rank by category. model_state() is what the ZeRO formula counts.
@@ -176,13 +205,30 @@ class Engine {
   // on rank 0) while the others wait at their next collective. Costs the whole model in the
   // compute dtype at stage 3; at stages 0-2 the parameters are whole already and nothing moves.
   GatheredModel gather_all();
-  // Local: where this micro-step's gradient of `unit` goes.
+  // Local: where the backward adds unit's gradient (see "Averaging" above for what step() divides by).
   UnitGrads grads(int unit);
   // Collective at stages 0-3 once a bucket fills (every rank reduces the same units in the same
   // order); the last unit of a micro-step may flush.
   void reduce(int unit);
   // Collective at every stage (gradient norm, overflow agreement, updated slices).
   StepResult step();
+  StepResult step(const StepOptions& opts);
+  // Collective, after the last reduce() of a step and before step(): the global gradient norm
+  // and the overflow flag, exactly what step() then reports (it reuses them). For the loop's
+  // own decisions: skip an outlier step, clip its own way (StepOptions).
+  GradNorm grad_norm();
+
+  // The loop's own learning rate. set_lr(lr) sets the rate of the next step() and of every later
+  // one until it is set again (as a PyTorch param group's lr): a schedule computed by the loop
+  // calls it before each step(). Allowed when the config has no scheduler (it then replaces
+  // optimizer.params.lr) or scheduler.type: ManualLR (then step() requires it); under a DeepSpeed
+  // schedule (WarmupLR, ...) the schedule owns the rate and set_lr is an error. The rate reaches
+  // the optimizer exactly as a schedule's does, on every backend, and StepResult::lr reports it.
+  // Give every rank the same rate. save_checkpoint keeps it and load_checkpoint restores it.
+  void set_lr(double lr);
+  // The rate the next step() applies: the loop's, else the schedule's (NaN under ManualLR before
+  // the first set_lr).
+  double lr() const;
 
   // Forward-only passes (validation, sampling) between steps: gathers are neither recorded nor
   // checked against the training order and do not prefetch; grads() and reduce() are errors.

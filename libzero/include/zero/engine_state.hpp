@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -31,6 +32,7 @@ struct TrainingState {
   std::int64_t step = 0;     // step() calls, skipped ones included
   std::int64_t applied = 0;  // updates applied (Adam's t, the scheduler's step)
   LossScaler::State scaler{1.0, 0, 0, -1};
+  std::optional<double> lr;  // the rate the loop set (Engine::set_lr), if it set one
 };
 
 class EngineState {
@@ -65,7 +67,8 @@ class EngineState {
   void write_owned(int unit, int which, const float* owned);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss
-  // scaler's state when restore_scaler).
+  // scaler's state when restore_scaler). The loop's rate is restored where the config lets the
+  // loop set one (no scheduler, or ManualLR); under a DeepSpeed schedule it is left out.
   void finish_restore(const TrainingState& s, bool restore_scaler);
 
  private:

@@ -64,7 +64,8 @@ int optimizer_moments(OptimizerType t);
 
 // The learning rate of the config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR,
 // WarmupCosineLR, or none: optimizer.params.lr) at optimizer step `step` (0-based: the number
-// of updates applied before this one). Throws zero::Error for a negative step.
+// of updates applied before this one). Throws zero::Error for a negative step, and for ManualLR,
+// whose rate the loop sets (Engine::set_lr).
 double lr_at(const Config& cfg, std::int64_t step);
 
 }  // namespace zero

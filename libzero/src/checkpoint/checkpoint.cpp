@@ -136,6 +136,7 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   m.scaler = st.scaler;
   m.scheduler = to_string(e.config().scheduler.type);
   m.scheduler_step = st.applied;  // the scheduler is stepped by applied updates
+  m.loop_lr = st.lr;
   for (int i = 0; i < e.layout().num_units(); ++i) {
     const UnitInfo& ui = e.layout().unit(i);
     ckpt::UnitMeta u;
@@ -311,7 +312,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
       for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
     }
   });
-  TrainingState st{m.step, m.applied, m.scaler};
+  TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};
   e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());
   return m.client;
 }

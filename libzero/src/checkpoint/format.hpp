@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,7 @@ struct Metadata {
   LossScaler::State scaler{1.0, 0, 0, -1};
   std::string scheduler;
   std::int64_t scheduler_step = 0;
+  std::optional<double> loop_lr;  // the rate the loop set (Engine::set_lr); absent when it set none
   std::vector<UnitMeta> units;
   std::vector<ShardMeta> shards;
   ClientState client;

@@ -48,6 +48,11 @@ std::string Metadata::to_json() const {
                       {"iter", scaler.iter},
                       {"last_overflow_iter", scaler.last_overflow_iter}};
   d["scheduler"] = {{"type", scheduler}, {"step", scheduler_step}};
+  // Written only when the loop set a rate, so other checkpoints stay readable by older builds.
+  if (loop_lr) {
+    ZERO_CHECK(std::isfinite(*loop_lr), fmt::format("checkpoint: the learning rate {} is not finite", *loop_lr));
+    d["scheduler"]["lr"] = *loop_lr;
+  }
   Json& us = d["units"] = Json::array();
   for (const auto& u : units) {
     Json ps = Json::array();
@@ -113,9 +118,13 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   m.scaler.last_overflow_iter = ls.at("last_overflow_iter").i64(-1, m.scaler.iter);
 
   json::Field sc = d.at("scheduler");
-  sc.expect_keys({"type", "step"});
+  sc.expect_keys({"type", "step"}, {"lr"});
   m.scheduler = sc.at("type").str();
   m.scheduler_step = sc.at("step").i64(m.applied, m.applied);
+  if (sc.has("lr")) {
+    m.loop_lr = sc.at("lr").f64();
+    if (!(*m.loop_lr >= 0 && std::isfinite(*m.loop_lr))) sc.at("lr").fail("must be a finite rate >= 0");
+  }
 
   json::Field us = d.at("units");
   if (us.size() == 0 || us.size() > (1u << 24)) us.fail("must list between 1 and 2^24 units");

@@ -84,7 +84,9 @@ const std::vector<Foreign>& foreign_keys() {
       {"elasticity", Policy::refused, "false",
        "elastic batch sizes change the batch; set the batch triple instead"},
       {"hybrid_engine", Policy::refused, "false", "DeepSpeed-Chat's hybrid engine is not available"},
-      {"sequence_parallel_size", Policy::refused, "1", "sequence parallelism is not implemented"},
+      {"sequence_parallel_size", Policy::note, "1",
+       "libzero has no sequence parallelism, so the setting changes nothing: every rank is a data-parallel "
+       "rank and the training loop feeds it whole sequences"},
       {"tensor_parallel.autotp_size", Policy::refused, "0|1",
        "tensor parallelism is not implemented (data parallel only)"},
       {"pipeline.stages", Policy::refused, "1|auto",

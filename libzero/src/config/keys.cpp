@@ -32,6 +32,9 @@ std::string adam_only(const Config& c) {
                                                 : "applies to Adam and AdamW, not SGD (use momentum)";
 }
 std::string no_scheduler(const Config& c) {
+  if (c.scheduler.type == SchedulerType::manual_lr)
+    return "does not apply to ManualLR, whose rate the training loop sets (Engine::set_lr); remove "
+           "scheduler.params";
   return c.scheduler.type == SchedulerType::none ? "needs a scheduler (scheduler.type)" : "";
 }
 std::string cosine_only(const Config& c) {
@@ -83,6 +86,17 @@ const std::vector<Spec>& config_keys() {
       {.path = "gradient_clipping", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.gradient_clipping; }, .range = ge(0),
        .auto_rule = Auto::fallback, .doc = "Clip the global gradient norm to this value; 0: off."},
+      {.path = "gradient_average", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.gradient_average); },
+                        [](Config& k, int v) { k.gradient_average = GradientAverage(v); }};
+       },
+       .choices = {"steps_and_ranks", "ranks", "none"},
+       .doc = "What `step()` divides the summed gradients by: `steps_and_ranks` (accumulation steps x "
+              "data-parallel world size, as DeepSpeed), `ranks` (the loop's loss seed divides by its "
+              "accumulation steps, as llm.c's does), `none` (the loop's gradients are already the mean "
+              "of the global batch). Not DeepSpeed's `prescale_gradients` / `gradient_predivide_factor`, "
+              "which only move where the same average is taken."},
 
       // ---- zero_optimization
       {.path = "zero_optimization.stage", .kind = Kind::integer,
@@ -314,8 +328,9 @@ const std::vector<Spec>& config_keys() {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.scheduler.type); },
                         [](Config& k, int v) { k.scheduler.type = SchedulerType(v); }};
        },
-       .choices = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"},
-       .doc = "Learning-rate schedule; no section: constant `optimizer.params.lr`.",
+       .choices = {"", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "ManualLR"},
+       .doc = "Learning-rate schedule; no section: constant `optimizer.params.lr`. `ManualLR`: the "
+              "training loop sets the rate of each step (`Engine::set_lr`), checkpoints keep it.",
        .default_text = "none",
        .omitted = [](const Config& c) { return c.scheduler.type == SchedulerType::none; },
        .refused_values = {{"OneCycle", "is a DeepSpeed scheduler that libzero does not implement"},

@@ -51,8 +51,8 @@ const Spec* find_spec(std::string_view path) {
 class Loader {
  public:
   Loader(Config& cfg, const LoadOptions& opts, YAML::Node root,
-         std::shared_ptr<const KeyLocations> locations)
-      : cfg_(cfg), opts_(opts), locations_(std::move(locations)) {
+         std::shared_ptr<const KeyLocations> locations, bool deepspeed_json)
+      : cfg_(cfg), opts_(opts), locations_(std::move(locations)), deepspeed_json_(deepspeed_json) {
     sections_.emplace("", StrictSection(root, "", cfg.source, locations_));
   }
 
@@ -62,6 +62,7 @@ class Loader {
     for (const auto& name : opts_.extra_sections) top.allow(name);
     for (const auto& f : keys::foreign_keys()) attempt(f.path, [&] { judge(f); });
     attempt("", [&] { cross_checks(); });
+    if (deepspeed_json_) ignore_foreign_top_level_keys(top);
     // Unknown keys first: a misspelt section name explains the later messages.
     std::vector<std::string> unknown;
     for (auto& [path, sec] : sections_) {
@@ -249,6 +250,19 @@ class Loader {
       if (s.choices[i] == got) ref.set(cfg_, static_cast<int>(i));
   }
 
+  // DeepSpeed reads its JSON config's top level by name and ignores the keys it does not know
+  // (a user's own "cuda_visible_devices"), so a ds_config.json that runs there must load here.
+  // Only keys in the file, and only where no known key is close: a near miss is still a typo
+  // (error, did you mean), and a --set override or a YAML file stays strict. Sections are not
+  // affected: DeepSpeed's own models refuse unknown keys inside zero_optimization and friends.
+  void ignore_foreign_top_level_keys(StrictSection& top) {
+    const auto from_file = [&](const std::string& key) { return !locations_ || !locations_->count(key); };
+    for (const auto& key : top.take_unknown_without_near_miss(from_file))
+      cfg_.notes.push_back(top.where(key) + ": unknown key '" + escape_bytes(key) +
+                           "' ignored, as DeepSpeed ignores top-level keys it does not know; no known key is "
+                           "close to it (in a YAML config it would be an error)");
+  }
+
   // A DeepSpeed key without a member: silent, a note, or an error, as its entry says.
   void judge(const keys::Foreign& f) {
     StrictSection* sec = section(parent_of(f.path));
@@ -398,11 +412,11 @@ class Loader {
     const auto& c = cfg_.scheduler;
     if (!s->has("type")) {
       s->fail("type",
-              "is missing; the scheduler section needs type: WarmupLR, WarmupDecayLR or "
-              "WarmupCosineLR (or remove the section for a constant optimizer lr)");
+              "is missing; the scheduler section needs type: WarmupLR, WarmupDecayLR, "
+              "WarmupCosineLR or ManualLR (or remove the section for a constant optimizer lr)");
     }
     StrictSection* p = section("scheduler.params");
-    if (!p || c.type == SchedulerType::warmup_lr || failed_.count("scheduler.params.total_num_steps"))
+    if (!p || c.type == SchedulerType::warmup_lr || c.type == SchedulerType::manual_lr || failed_.count("scheduler.params.total_num_steps"))
       return;
     const std::string type = c.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR" : "WarmupCosineLR";
     if (!p->has("total_num_steps")) {
@@ -424,7 +438,13 @@ class Loader {
   std::map<std::string, StrictSection> sections_;
   std::set<std::string> failed_;
   std::vector<std::string> errors_;
+  const bool deepspeed_json_;
 };
+
+// A DeepSpeed JSON config: a file whose name ends in .json (ds_config.json).
+bool is_deepspeed_json(const std::string& origin) {
+  return origin.size() >= 5 && lower_ascii(origin.substr(origin.size() - 5)) == ".json";
+}
 
 Config build(YAML::Node root, const std::string& origin, const LoadOptions& opts) {
   Config cfg;
@@ -446,7 +466,7 @@ Config build(YAML::Node root, const std::string& origin, const LoadOptions& opts
   for (const auto& o : opts.overrides) apply_override(root, o, *locations);
   normalize_deepspeed_forms(root, origin, *locations);
 
-  Loader(cfg, opts, root, locations).load();
+  Loader(cfg, opts, root, locations, is_deepspeed_json(origin)).load();
 
   StrictSection top(root, "", origin, locations);
   LocationRecorder recorder(origin, *locations, cfg.extra_locations);

@@ -332,6 +332,18 @@ void StrictSection::finish() {
   if (!errors.empty()) throw Error(errors.front());
 }
 
+std::vector<std::string> StrictSection::take_unknown_without_near_miss(
+    const std::function<bool(const std::string&)>& eligible) {
+  std::vector<std::string> taken;
+  for (auto& e : impl_->entries) {
+    if (e.used || impl_->rejected.count(e.key) || !closest_match(e.key, impl_->known).empty() || !eligible(e.key))
+      continue;
+    e.used = true;
+    taken.push_back(e.key);
+  }
+  return taken;
+}
+
 void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
   for (const auto& e : impl_->entries) {
     if (e.used) continue;

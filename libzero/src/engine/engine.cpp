@@ -62,7 +62,39 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
-      scaler_(cfg.fp16) {}
+      scaler_(cfg.fp16) {
+  if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
+}
+
+// Stage 3 shards only the units at or above stage3_param_persistence_threshold (DeepSpeed's
+// default 1e5 elements): on a small model that can be none, and stage 3 then keeps the
+// parameters whole on every rank, as stage 2 does. Say which units are which, and warn then.
+void EngineImpl::report_stage3_sharding() const {
+  const std::int64_t threshold = cfg_.zero_optimization.stage3_param_persistence_threshold;
+  std::vector<std::string> sharded, persistent;
+  int largest = 0;
+  for (int i = 0; i < layout_.num_units(); ++i) {
+    const std::string entry = fmt::format("{} ({})", layout_.unit(i).name, shape(i).numel);
+    (shape(i).sharded_params ? sharded : persistent).push_back(entry);
+    if (shape(i).numel > shape(largest).numel) largest = i;
+  }
+  // A model of hundreds of units would fill screens: the first few of each list, then a count.
+  auto listed = [](const std::vector<std::string>& names) {
+    constexpr std::size_t kShown = 8;
+    std::string out;
+    for (std::size_t k = 0; k < std::min(kShown, names.size()); ++k) out += (k ? ", " : "") + names[k];
+    if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
+    return names.empty() ? std::string("none") : out;
+  };
+  log_info("stage 3, stage3_param_persistence_threshold {}: {} of {} units sharded: {}; {} persistent (whole on "
+           "every rank, fewer elements than the threshold): {}",
+           threshold, sharded.size(), layout_.num_units(), listed(sharded), persistent.size(), listed(persistent));
+  if (sharded.empty())
+    log_warning("stage 3 shards no unit's parameters: every unit has fewer elements than "
+                "zero_optimization.stage3_param_persistence_threshold = {} (the largest, '{}', has {}), so each "
+                "rank keeps all parameters as at stage 2; lower the threshold (0 shards every unit) to shard them",
+                threshold, layout_.unit(largest).name, shape(largest).numel);
+}
 
 std::vector<UnitShape> EngineImpl::plan_units() const {
   ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
@@ -282,7 +314,11 @@ void GatheredModel::release() {
 }
 UnitGrads Engine::grads(int unit) { return impl_->grads(unit); }
 void Engine::reduce(int unit) { impl_->reduce(unit); }
-StepResult Engine::step() { return impl_->step(); }
+StepResult Engine::step() { return impl_->step({}); }
+StepResult Engine::step(const StepOptions& opts) { return impl_->step(opts); }
+GradNorm Engine::grad_norm() { return impl_->grad_norm(); }
+void Engine::set_lr(double lr) { impl_->set_lr(lr); }
+double Engine::lr() const { return impl_->next_lr(); }
 Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
 
 void Engine::set_stream(void* stream) { impl_->backend().set_compute_stream(stream); }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -51,7 +52,12 @@ class EngineImpl {
   void release(int unit, std::uint64_t token);  // UnitParams' destructor
   UnitGrads grads(int unit);
   void reduce(int unit);
-  StepResult step();
+  StepResult step(const StepOptions& opts);
+  GradNorm grad_norm();
+  void set_lr(double lr);
+  double next_lr() const;
+  // The config lets the loop set the rate: no scheduler, or ManualLR.
+  bool loop_sets_lr() const;
   void set_eval(bool on);
   bool eval() const { return eval_mode_; }
   MemoryReport memory() const;
@@ -76,13 +82,17 @@ class EngineImpl {
   std::vector<UnitShape> plan_units() const;
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
+  void report_stage3_sharding() const;
   std::size_t esize() const { return dtype_size(dtype_); }
   bool stage3_training() const { return stage_ == 3 && !eval_mode_; }
 
   // The step (engine/step.cpp), in the order step() calls them.
-  void check_step_ready() const;
+  void check_step_ready(const char* what) const;  // what: "step()", "grad_norm()"
+  double grad_denominator() const;
+  GradNorm pre_step_norm(const char* what);
   double global_grad_sumsq();
   double clip_coefficient(double norm) const;
+  void check_ranks_agree(double lr, const StepOptions& opts);
   void update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd);
   void update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
                     const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage);
@@ -116,6 +126,8 @@ class EngineImpl {
   int micro_ = 0;             // completed micro-steps since the last step()
   std::int64_t step_ = 0;     // step() calls
   std::int64_t applied_ = 0;  // non-skipped updates (Adam's t, the scheduler's step)
+  std::optional<double> loop_lr_;  // the rate the loop set (set_lr), for this and later steps
+  std::optional<double> sumsq_;    // this step's global squared gradient norm, once computed
 };
 
 }  // namespace zero

@@ -53,7 +53,7 @@ OwnedRange EngineState::owned_range(int unit) const {
 int EngineState::optimizer_moments() const { return impl_->opt_->moments(); }
 bool EngineState::loss_scale_dynamic() const { return impl_->scaler_.dynamic(); }
 TrainingState EngineState::training_state() const {
-  return TrainingState{impl_->step_, impl_->applied_, impl_->scaler_.state()};
+  return TrainingState{impl_->step_, impl_->applied_, impl_->scaler_.state(), impl_->loop_lr_};
 }
 std::int64_t EngineState::unit_all_gathers() const { return impl_->gatherer_.all_gathers(); }
 
@@ -89,6 +89,7 @@ void EngineState::finish_restore(const TrainingState& s, bool restore_scaler) {
   impl_->step_ = s.step;
   impl_->applied_ = s.applied;
   if (restore_scaler) impl_->scaler_.set_state(s.scaler);
+  if (impl_->loop_sets_lr()) impl_->loop_lr_ = s.lr;
   impl_->initialized_ = true;
 }
 

@@ -8,29 +8,58 @@
 #include <optional>
 #include <string>
 
+#include <xxhash.h>
+
 #include "engine/engine_impl.hpp"
 #include "zero/error.hpp"
 #include "zero/offload/host_adam.hpp"
 
 namespace zero {
 
-StepResult EngineImpl::step() {
-  check_step_ready();
-  reducer_.wait_all();
+// The stored gradients are the sum over gas micro-steps and world ranks (the collectives sum),
+// each scaled by the loss scale: the average's 1/(gas x world), or the part of it that
+// gradient_average leaves to libzero, joins the fp32 gradient scale here.
+double EngineImpl::grad_denominator() const {
+  const GradientAverage a = cfg_.gradient_average;
+  const double steps = a == GradientAverage::steps_and_ranks ? gas_ : 1;
+  const double ranks = a == GradientAverage::none ? 1 : world_;
+  return scaler_.scale() * steps * ranks;
+}
 
-  // The stored gradients are the sum over gas micro-steps and world ranks (the collectives sum),
-  // each scaled by the loss scale: the average's 1/world joins the fp32 gradient scale here.
-  const double scale = scaler_.scale();
-  const double denom = scale * gas_ * world_;
-  const double sumsq = global_grad_sumsq();
-  const bool overflow = !std::isfinite(sumsq);
+GradNorm EngineImpl::grad_norm() { return pre_step_norm("grad_norm()"); }
+
+// Computed once per step, by grad_norm() or else by step().
+GradNorm EngineImpl::pre_step_norm(const char* what) {
+  check_step_ready(what);
+  if (!sumsq_) {
+    reducer_.wait_all();
+    sumsq_ = global_grad_sumsq();
+  }
+  const bool overflow = !std::isfinite(*sumsq_);
+  return GradNorm{overflow ? *sumsq_ : std::sqrt(*sumsq_) / grad_denominator(), overflow};
+}
+
+StepResult EngineImpl::step(const StepOptions& opts) {
+  const GradNorm norm = pre_step_norm("step()");
+  sumsq_.reset();
+  const bool overflow = norm.overflow;
 
   StepResult r;
-  r.loss_scale = scale;
-  r.grad_norm = overflow ? sumsq : std::sqrt(sumsq) / denom;
-  r.lr = lr_at(cfg_, applied_);
-  if (!overflow) {
-    const float grad_scale = static_cast<float>(clip_coefficient(r.grad_norm) / denom);
+  r.loss_scale = scaler_.scale();
+  r.grad_norm = norm.norm;
+  r.overflow = overflow;
+  r.lr = next_lr();
+  ZERO_CHECK(!std::isnan(r.lr), "step(): scheduler.type is ManualLR but the loop has not set a learning rate; call "
+                                "Engine::set_lr(lr) before the first step()");
+  if (opts.clip_coefficient) {
+    const double c = *opts.clip_coefficient;
+    ZERO_CHECK(std::isfinite(c) && c >= 0.0,
+               fmt::format("step(): StepOptions::clip_coefficient {} is not a finite number >= 0", c));
+  }
+  check_ranks_agree(r.lr, opts);
+  if (!overflow && !opts.skip) {
+    const double clip = opts.clip_coefficient ? *opts.clip_coefficient : clip_coefficient(r.grad_norm);
+    const float grad_scale = static_cast<float>(clip / grad_denominator());
     ++applied_;
     update_owned_slices(adam_hyper(cfg_.optimizer, r.lr, applied_, grad_scale),
                         sgd_hyper(cfg_.optimizer, r.lr, applied_, grad_scale));
@@ -41,21 +70,57 @@ StepResult EngineImpl::step() {
   reducer_.clear();
   micro_ = 0;
   r.step = ++step_;
-  r.skipped = overflow;
+  r.skipped = overflow || opts.skip;
   scaler_.update(overflow);  // throws when overflowing at the minimum scale
   return r;
 }
 
-void EngineImpl::check_step_ready() const {
-  ZERO_CHECK(initialized_, "step(): parameters are not initialised; call Engine::init_params first");
-  ZERO_CHECK(!eval_mode_, "step(): the engine is in eval mode; call set_eval(false) before training");
+bool EngineImpl::loop_sets_lr() const {
+  return cfg_.scheduler.type == SchedulerType::none || cfg_.scheduler.type == SchedulerType::manual_lr;
+}
+
+void EngineImpl::set_lr(double lr) {
+  ZERO_CHECK(loop_sets_lr(), fmt::format("set_lr: scheduler.type is {}, which sets the learning rate itself; use "
+                                         "scheduler.type: ManualLR (or no scheduler) to set it from the loop",
+                                         to_string(cfg_.scheduler.type)));
+  ZERO_CHECK(std::isfinite(lr) && lr >= 0.0,
+             fmt::format("set_lr: the learning rate {} is not a finite number >= 0", lr));
+  loop_lr_ = lr;
+}
+
+double EngineImpl::next_lr() const {
+  if (loop_lr_) return *loop_lr_;
+  if (cfg_.scheduler.type == SchedulerType::manual_lr) return std::nan("");
+  return lr_at(cfg_, applied_);
+}
+
+// What the loop decides for a step must be the same on every rank: a rank stepping at another
+// rate, or skipping alone, would train a different model (or wait in an all-gather the others
+// never start). One pair of scalar reductions compares a fingerprint of the decisions (their
+// bit patterns).
+void EngineImpl::check_ranks_agree(double lr, const StepOptions& opts) {
+  if (world_ == 1) return;
+  const double decisions[3] = {lr, opts.skip ? 1.0 : 0.0, opts.clip_coefficient.value_or(-1.0)};
+  const double fp = static_cast<double>(XXH3_64bits(decisions, sizeof decisions) >> 12);  // exact in a double
+  const double hi = comm_.all_reduce_scalar(fp, ReduceOp::max);
+  const double lo = -comm_.all_reduce_scalar(-fp, ReduceOp::max);
+  ZERO_CHECK(lo == hi, fmt::format("step(): the ranks disagree on the learning rate, the skip or the clip "
+                                   "coefficient (this rank: lr {}, skip {}, clip coefficient {}); give "
+                                   "Engine::set_lr and StepOptions the same values on every rank (decide from "
+                                   "grad_norm(), which every rank shares)",
+                                   lr, opts.skip, opts.clip_coefficient ? fmt::format("{}", *opts.clip_coefficient) : "from the config"));
+}
+
+void EngineImpl::check_step_ready(const char* what) const {
+  ZERO_CHECK(initialized_, fmt::format("{}: parameters are not initialised; call Engine::init_params first", what));
+  ZERO_CHECK(!eval_mode_, fmt::format("{}: the engine is in eval mode; call set_eval(false) before training", what));
   if (micro_ == gas_) return;
   std::string missing;
   for (int i = 0; i < layout_.num_units(); ++i)
     if (reducer_.times_reduced(i) == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
-  ZERO_THROW(fmt::format("step() called before every unit was reduced: {} of {} micro-steps "
+  ZERO_THROW(fmt::format("{} called before every unit was reduced: {} of {} micro-steps "
                          "(gradient_accumulation_steps) are complete; units not yet reduced in the current micro-step: {}",
-                         micro_, gas_, missing));
+                         what, micro_, gas_, missing));
 }
 
 // Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every

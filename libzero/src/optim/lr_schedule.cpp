@@ -33,6 +33,9 @@ double lr_at(const Config& cfg, std::int64_t step) {
   const SchedulerConfig& s = cfg.scheduler;
   const double base_lr = cfg.optimizer.lr;
   if (s.type == SchedulerType::none) return base_lr;
+  if (s.type == SchedulerType::manual_lr)
+    throw Error("lr_at: scheduler.type is ManualLR, whose rate the training loop sets (Engine::set_lr); the "
+                "config holds no schedule to evaluate");
   const double w = static_cast<double>(std::max<std::int64_t>(2, s.warmup_num_steps));
   const double t = static_cast<double>(step);
   const bool warming = t < w;

@@ -2,8 +2,13 @@
 
 #include <mpi.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <exception>
+#include <string>
 #include <string_view>
+#include <thread>
 
 #include "comm/mpi_comm.hpp"
 #include "runtime/log.hpp"
@@ -21,6 +26,36 @@ Context* g_current = nullptr;
 // MPI's default handler aborts without saying which call failed; returning codes lets
 // ZERO_MPI_CHECK name the call site and the rank.
 void install_error_handler() { MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN); }
+
+// The handler std::terminate had before the Context installed its own.
+std::terminate_handler g_previous_terminate = nullptr;
+
+// An exception that escapes outside Context::run (or from a thread) ends in std::terminate.
+// The default handler prints "terminate called after throwing an instance of 'zero::Error'"
+// and raises SIGABRT, so every rank adds a backtrace from the MPI runtime around the message.
+// This one prints the message once, as Context::abort does, and ends the job with MPI_Abort.
+[[noreturn]] void on_terminate() {
+  // A second thread that terminates while the first reports waits to be ended with the job.
+  static std::atomic<bool> reporting{false};
+  if (reporting.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  std::string what = "std::terminate was called without an active exception (a noexcept function threw, or a "
+                     "joinable std::thread was destroyed)";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "an exception that is not a std::exception ended the process";
+    }
+  }
+  if (const Context* c = Context::current()) c->abort(what);
+  // No Context any more (after its destructor): the handler that was there before.
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
 }  // namespace
 
 Context* Context::current() { return g_current; }
@@ -55,9 +90,11 @@ Context::Context(int* argc, char*** argv) {
 #endif
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
   g_current = this;
+  g_previous_terminate = std::set_terminate(on_terminate);
 }
 
 Context::~Context() {
+  std::set_terminate(g_previous_terminate);
   comm_.reset();
   g_current = nullptr;
   if (owns_mpi_) {

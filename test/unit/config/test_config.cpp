@@ -557,6 +557,18 @@ TEST_CASE("to_yaml round-trips every setting", "[config]") {
   CHECK(lr_at(cos2, 1234) == lr_at(cos, 1234));
 }
 
+TEST_CASE("ManualLR leaves the rate to the loop: no schedule parameters, no rate from lr_at", "[config]") {
+  Config c = parse("optimizer:\n  type: AdamW\nscheduler:\n  type: ManualLR\n");
+  CHECK(c.scheduler.type == zero::SchedulerType::manual_lr);
+  const std::string y = c.to_yaml();
+  CHECK(y.find("type: ManualLR") != std::string::npos);
+  CHECK(zero::parse_config(y, "round-trip").to_yaml() == y);
+  REQUIRE_THROWS_WITH(lr_at(c, 0), Contains("ManualLR") && Contains("Engine::set_lr"));
+  REQUIRE_THROWS_WITH(parse("scheduler:\n  type: ManualLR\n  params:\n    total_num_steps: 100\n"),
+                      Contains("scheduler.params.total_num_steps") && Contains("does not apply to ManualLR"));
+  REQUIRE_THROWS_WITH(parse("scheduler:\n  type: manuallr\n"), Contains("ManualLR"));
+}
+
 TEST_CASE("extra sections are kept for the application and read with StrictSection", "[config]") {
   LoadOptions opts;
   opts.extra_sections = {"model", "data", "run"};

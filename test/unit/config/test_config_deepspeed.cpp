@@ -267,4 +267,38 @@ TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype; auto follows 
   // The resolved choice is written out and loads back as given.
   const Config again = parse(cuda.to_yaml());
   CHECK(again.grad_accum_dtype == GradAccumDType::fp32);
+TEST_CASE("a DeepSpeed key that changes nothing here gets a note: sequence_parallel_size", "[config][deepspeed]") {
+  const Config c = parse("{\"sequence_parallel_size\": 4, \"zero_optimization\": {\"stage\": 2}}");
+  CHECK(has_note(c, "sequence_parallel_size = 4"));
+  CHECK(has_note(c, "no sequence parallelism"));
+  CHECK(parse("{\"sequence_parallel_size\": 1}").notes.empty());  // the value without it: silent
+}
+
+TEST_CASE("a DeepSpeed JSON file's unknown top-level key is ignored with a note unless it is a near miss",
+          "[config][deepspeed]") {
+  const std::string json =
+      "{\n  \"train_micro_batch_size_per_gpu\": 2,\n  \"cuda_visible_devices\": \"0,1\",\n"
+      "  \"zero_optimization\": {\"stage\": 2}\n}\n";
+  SECTION("a key DeepSpeed ignores: loaded, with a note that names the line") {
+    const Config c = zero::parse_config(json, "ds_config.json");
+    CHECK(c.train_micro_batch_size_per_gpu == 2);
+    CHECK(c.zero_optimization.stage == 2);
+    CHECK(has_note(c, "ds_config.json:3: unknown key 'cuda_visible_devices' ignored"));
+  }
+  SECTION("a near miss of a known key stays an error with did-you-mean") {
+    REQUIRE_THROWS_WITH(zero::parse_config("{\"gradient_cliping\": 1.0}", "ds_config.json"),
+                        Contains("unknown key 'gradient_cliping'") && Contains("did you mean 'gradient_clipping'?"));
+  }
+  SECTION("inside a section it stays an error, as DeepSpeed's own models refuse it") {
+    REQUIRE_THROWS_WITH(zero::parse_config("{\"zero_optimization\": {\"stage\": 2, \"my_flag\": true}}", "ds.json"),
+                        Contains("unknown key 'zero_optimization.my_flag'"));
+  }
+  SECTION("a YAML file stays strict") {
+    REQUIRE_THROWS_WITH(zero::parse_config(json, "run.yaml"), Contains("unknown key 'cuda_visible_devices'"));
+  }
+  SECTION("a --set override stays strict") {
+    LoadOptions o;
+    o.overrides = {"my_setting=3"};
+    REQUIRE_THROWS_WITH(zero::parse_config("{}", "ds_config.json", o), Contains("unknown key 'my_setting'"));
+  }
 }
