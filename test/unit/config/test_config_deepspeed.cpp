@@ -267,6 +267,8 @@ TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype; auto follows 
   // The resolved choice is written out and loads back as given.
   const Config again = parse(cuda.to_yaml());
   CHECK(again.grad_accum_dtype == GradAccumDType::fp32);
+}
+
 TEST_CASE("a DeepSpeed key that changes nothing here gets a note: sequence_parallel_size", "[config][deepspeed]") {
   const Config c = parse("{\"sequence_parallel_size\": 4, \"zero_optimization\": {\"stage\": 2}}");
   CHECK(has_note(c, "sequence_parallel_size = 4"));
