@@ -7,6 +7,11 @@ install(TARGETS zero EXPORT zeroTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The CUDA backend's library, beside libzero, which loads it from there when a job asks for
+# backend: cuda. Nothing links it, so it is not part of the exported targets.
+if(TARGET zero_cuda)
+  install(TARGETS zero_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/libzero/include/zero
                   ${PROJECT_SOURCE_DIR}/offload/include/zero
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
@@ -19,3 +24,4 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/zeroConfig.cmake ${PROJECT_BINARY_DIR}/zeroConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
+

@@ -42,7 +42,7 @@
 #include "ops.hpp"
 #include "zero/plan.hpp"
 #if ZERO_GPT_CUDA
-#include <cuda_runtime_api.h>
+#include "cuda_library.hpp"
 #endif
 #include "reporter.hpp"
 #include "trainer.hpp"
@@ -206,12 +206,12 @@ std::pair<double, std::string> device_peak_tflops(zero::Context& ctx, const GptS
   if (cfg.backend == zero::BackendKind::cuda) {
     // The dense bf16 tensor peak of the device's preset; a device no preset describes (an H100
     // PCIe, a consumer card) needs the figure from the user.
-    int device = 0;
-    cudaDeviceProp prop{};
-    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
-      if (auto g = zero::plan::gpu_preset_for_device(prop.name, static_cast<double>(prop.totalGlobalMem)))
-        return {g->peak_flops / 1e12, "dense bf16 peak of " + g->name + " (" + prop.name + ")"};
-      ZERO_THROW(std::string("zero-gpt: no peak is known for the GPU '") + prop.name +
+    std::string name;
+    double bytes = 0;
+    if (zero::gpt::gpt_cuda_library().current_device(&name, &bytes)) {
+      if (auto g = zero::plan::gpu_preset_for_device(name, bytes))
+        return {g->peak_flops / 1e12, "dense bf16 peak of " + g->name + " (" + name + ")"};
+      ZERO_THROW("zero-gpt: no peak is known for the GPU '" + name +
                  "', which MFU divides by; set run.peak_tflops to its dense bf16 tensor peak (TFLOP/s)");
     }
   }
