@@ -1,5 +1,5 @@
-// PinnedPool: the device driver's pinning (cudaHostAlloc) once a CUDA backend runs, posix_memalign + mlock otherwise, with a
-// free list per size class.
+// PinnedPool: the device driver's pinning (cudaHostAlloc) once a CUDA backend runs,
+// posix_memalign + mlock otherwise, with a free list per size class.
 #include "zero/offload/pinned_pool.hpp"
 
 #include <sys/mman.h>
