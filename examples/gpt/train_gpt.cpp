@@ -41,7 +41,7 @@
 #include "data.hpp"
 #include "ops.hpp"
 #if ZERO_GPT_CUDA
-#include <cuda_runtime_api.h>
+#include "cuda_library.hpp"
 #endif
 #include "reporter.hpp"
 #include "trainer.hpp"
@@ -205,10 +205,12 @@ zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, 
   if (s.peak_tflops > 0) return {s.peak_tflops, "run.peak_tflops"};
 #if ZERO_GPT_CUDA
   if (cfg.backend == zero::BackendKind::cuda) {
-    int device = 0;
-    cudaDeviceProp prop{};
-    if (cudaGetDevice(&device) == cudaSuccess && cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-      return zero::gpt::gpu_mfu_peak(s.peak_tflops, prop.name, static_cast<double>(prop.totalGlobalMem));
+    // The dense bf16 tensor peak of the device's preset, or none known (an H100 PCIe, a
+    // consumer card): MFU is then n/a until run.peak_tflops states it.
+    std::string name;
+    double bytes = 0;
+    if (zero::gpt::gpt_cuda_library().current_device(&name, &bytes))
+      return zero::gpt::gpu_mfu_peak(s.peak_tflops, name, bytes);
   }
 #else
   (void)cfg;

@@ -1,7 +1,7 @@
 #include "trainer.hpp"
 
 #if ZERO_GPT_CUDA
-#include "cuda/cuda_ops.hpp"
+#include "cuda_library.hpp"
 #endif
 
 #include <algorithm>
@@ -75,7 +75,8 @@ void return_engine_stream(zero::Engine* engine, const Ops* ops) noexcept {
 // ------------------------------------------------------------------------------ settings
 
 GptSettings read_gpt_settings(const zero::Config& cfg) {
-  // With backend: cuda the model runs on CudaOps (cuda/cuda_ops.hpp), which compute in bf16 on
+  // With backend: cuda the model runs on CudaOps (cuda/cuda_ops.hpp, loaded from libzero_gpt_cuda
+  // by cuda_library.hpp), which compute in bf16 on
   // the engine's device storage: the engine's compute dtype must be the same.
   if (cfg.backend == zero::BackendKind::cuda) {
 #if !ZERO_GPT_CUDA
@@ -287,7 +288,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   if (engine_->config().backend == zero::BackendKind::cuda) {
     // The model's kernels run on a stream of the Ops' own; the engine orders its collectives
     // after them (and the next kernels after its gathers) through it.
-    ops_ = make_cuda_ops(nullptr);
+    ops_ = gpt_cuda_library().make_ops(nullptr);
     engine_->set_stream(ops_->stream());
   }
 #endif

@@ -1,5 +1,5 @@
-// PinnedPool: cudaHostAlloc once a CUDA backend runs, posix_memalign + mlock otherwise, with a
-// free list per size class.
+// PinnedPool: the device driver's pinning (cudaHostAlloc) once a CUDA backend runs,
+// posix_memalign + mlock otherwise, with a free list per size class.
 #include "zero/offload/pinned_pool.hpp"
 
 #include <sys/mman.h>
@@ -23,10 +23,6 @@
 
 #include "../../libzero/src/runtime/log.hpp"
 #include "zero/error.hpp"
-
-#if ZERO_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace zero::offload {
 namespace detail {
@@ -59,36 +55,30 @@ std::string memlock_limit() {
 // process (enable_cuda_pinning). cudaHostAlloc creates a GPU context, and a host-backend job in a
 // CUDA build (or a machine without a GPU) must not create one on every rank; it pins with mlock
 // like a host-only build. Each block remembers how it was pinned, so it is freed the same way.
+// The functions are written once, before the flag is released.
 std::atomic<bool> g_cuda_pinning{false};
+DevicePinning g_device_pinning;
 
 std::mutex g_cuda_blocks_mu;
-[[maybe_unused]] std::unordered_set<void*>& cuda_blocks() {  // used by CUDA builds only
-  static std::unordered_set<void*> blocks;  // from cudaHostAlloc
+std::unordered_set<void*>& cuda_blocks() {
+  static std::unordered_set<void*> blocks;  // from the device driver
   return blocks;
 }
 
-bool use_cuda_host_alloc() {
-#if ZERO_WITH_CUDA
-  return g_cuda_pinning.load(std::memory_order_acquire);
-#else
-  return false;
-#endif
-}
+bool use_cuda_host_alloc() { return g_cuda_pinning.load(std::memory_order_acquire); }
 
 void free_block(void* p, bool pinned, std::size_t capacity) {
-#if ZERO_WITH_CUDA
-  if (pinned) {
+  if (pinned && use_cuda_host_alloc()) {
     bool from_cuda = false;
     {
       std::lock_guard<std::mutex> lock(g_cuda_blocks_mu);
       from_cuda = cuda_blocks().erase(p) > 0;
     }
     if (from_cuda) {
-      cudaFreeHost(p);
+      g_device_pinning.free(p);
       return;
     }
   }
-#endif
   if (pinned) munlock(p, capacity);
   std::free(p);
 }
@@ -115,10 +105,7 @@ void* aligned_block(std::size_t capacity) {
 std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
   std::string why;
   if (use_cuda_host_alloc()) {
-#if ZERO_WITH_CUDA
-    void* p = nullptr;
-    const cudaError_t e = cudaHostAlloc(&p, capacity, cudaHostAllocPortable);
-    if (e == cudaSuccess) {
+    if (void* p = g_device_pinning.alloc(capacity, &why)) {
       {
         std::lock_guard<std::mutex> lock(g_cuda_blocks_mu);
         cuda_blocks().insert(p);
@@ -126,9 +113,6 @@ std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
       check_aligned(p);
       return {p, true};
     }
-    cudaGetLastError();  // reset the error state so the next CUDA call does not report this one
-    why = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(e);
-#endif
   } else {
     void* p = aligned_block(capacity);
     check_aligned(p);
@@ -287,6 +271,12 @@ std::size_t PinnedPool::bytes_in_use() const {
 
 bool PinnedPool::require_pinned() const { return state_ && state_->require_pinned; }
 
-void enable_cuda_pinning() { g_cuda_pinning.store(true, std::memory_order_release); }
+void enable_cuda_pinning(const DevicePinning& pinning) {
+  ZERO_CHECK(pinning.alloc != nullptr && pinning.free != nullptr,
+             "enable_cuda_pinning: both the alloc and the free function are needed");
+  if (g_cuda_pinning.load(std::memory_order_acquire)) return;  // the same driver's functions, set once
+  g_device_pinning = pinning;
+  g_cuda_pinning.store(true, std::memory_order_release);
+}
 
 }  // namespace zero::offload

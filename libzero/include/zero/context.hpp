@@ -28,8 +28,10 @@ class Context {
   int world_size() const { return world_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
-  // CUDA device chosen for this rank (local_rank modulo device count), -1 without CUDA.
-  int device() const { return device_; }
+  // CUDA device chosen for this rank (local_rank modulo device count), -1 without CUDA. In a
+  // CUDA build the first call loads the CUDA backend's library (libzero_cuda); -1 when it or
+  // the CUDA runtime cannot be loaded.
+  int device() const;
   bool is_root() const { return rank_ == 0; }
 
   // The data-parallel communicator over all ranks (host/MPI implementation).
@@ -52,7 +54,9 @@ class Context {
   static Context* current();
 
  private:
-  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1, device_ = -1;
+  int rank_ = 0, world_ = 1, local_rank_ = 0, local_size_ = 1;
+  mutable int device_ = kDeviceUnknown;  // probed on first use: a host job never touches CUDA
+  static constexpr int kDeviceUnknown = -2;
   bool owns_mpi_ = false;
   std::unique_ptr<Communicator> comm_;
 };

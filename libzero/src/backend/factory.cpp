@@ -1,15 +1,17 @@
 // The backend choice (Config::backend) in every build: the host backend always; the CUDA
-// backend where libzero was built with it, and otherwise an error that says how to get it.
+// backend from libzero_cuda (backend/cuda_plugin.hpp) where libzero was built with it, and
+// otherwise an error that says how to get it.
+#include <mutex>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "backend/backend.hpp"
+#include "backend/cuda_plugin.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"
-
-#if ZERO_WITH_CUDA
-#include "cuda/cuda_backend.hpp"
-#endif
+#include "zero/library.hpp"
 
 namespace zero {
 
@@ -17,6 +19,48 @@ void Backend::set_compute_stream(void* stream) {
   if (stream == nullptr) return;  // "no stream" is what a host backend has already
   ZERO_THROW(std::string("set_compute_stream: the ") + name() +
              " backend has no streams (its memory is host memory); streams belong to backend: cuda");
+}
+
+namespace {
+
+#if ZERO_WITH_CUDA
+struct PluginLoad {
+  const CudaPlugin* plugin = nullptr;
+  std::string error;  // why it could not be loaded
+};
+
+// Loaded once per process (never unloaded: its code may run until exit).
+const PluginLoad& load_plugin() {
+  static PluginLoad load;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const LibrarySymbol entry = find_library_symbol(ZERO_CUDA_PLUGIN_FILE, "zero_cuda_plugin");
+    if (entry.address == nullptr) {
+      load.error = entry.error;
+      return;
+    }
+    const CudaPlugin* plugin = reinterpret_cast<const CudaPlugin* (*)()>(entry.address)();
+    if (plugin == nullptr || plugin->abi != kCudaPluginAbi) {
+      load.error = fmt::format("{} is from another build of libzero (plug-in interface {}, this libzero needs {})",
+                               ZERO_CUDA_PLUGIN_FILE, plugin ? plugin->abi : -1, kCudaPluginAbi);
+      return;
+    }
+    load.plugin = plugin;
+  });
+  return load;
+}
+#endif
+
+}  // namespace
+
+int cuda_device_for_local_rank(int local_rank) {
+#if ZERO_WITH_CUDA
+  const PluginLoad& load = load_plugin();
+  return load.plugin ? load.plugin->device_for_local_rank(local_rank) : -1;
+#else
+  (void)local_rank;
+  return -1;
+#endif
 }
 
 std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg) {
@@ -29,7 +73,13 @@ std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg) {
              where + ": zero_optimization.offload_param.device is set, but the CUDA backend does not offload "
                      "parameters yet (only the optimizer state); set offload_param.device: none, or use "
                      "offload_optimizer.device: cpu / nvme");
-  return make_cuda_backend(ctx, cfg);
+  const PluginLoad& load = load_plugin();
+  ZERO_CHECK(load.plugin != nullptr,
+             where + ": backend: cuda, but the CUDA backend's library " + load.error +
+                 ". It needs the CUDA runtime, cuBLASLt and NCCL libraries this libzero was built with: install "
+                 "them or add their folder to LD_LIBRARY_PATH (ldd on the library lists what is missing), or set "
+                 "backend: host");
+  return load.plugin->make_backend(ctx, cfg);
 #else
   ZERO_THROW(where + ": backend: cuda, but this libzero was built without CUDA (only the host backend is "
                      "available). Rebuild with -DZERO_CUDA=ON (needs nvcc, cuBLASLt and NCCL; cmake prints why "

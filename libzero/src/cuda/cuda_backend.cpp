@@ -29,11 +29,22 @@ namespace {
 
 bool valid(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
+// Host memory pinned by the driver, for offload::PinnedPool (which calls no CUDA itself).
+void* pin_host(std::size_t bytes, std::string* why) {
+  void* p = nullptr;
+  const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+  if (e == cudaSuccess) return p;
+  cudaGetLastError();  // reset the error state so the next CUDA call does not report this one
+  *why = std::string("cudaHostAlloc failed: ") + cudaGetErrorString(e);
+  return nullptr;
+}
+void unpin_host(void* p) { cudaFreeHost(p); }
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(Context& ctx, const Config& cfg) : device_(ctx.device()), alloc_(ctx.device()) {
     ZERO_CUDA_CHECK(cudaSetDevice(device_));
-    offload::enable_cuda_pinning();  // the context exists now; pinned memory may use it
+    offload::enable_cuda_pinning({pin_host, unpin_host});  // the context exists now; pinned memory may use it
     timeout_s_ = Watchdog::timeout_from_env();
     comm_stream_ = Stream::create(true);
     copy_stream_ = Stream::create(false);

@@ -14,9 +14,7 @@
 #include "runtime/log.hpp"
 #include "zero/error.hpp"
 
-#if ZERO_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "backend/cuda_plugin.hpp"
 
 namespace zero {
 
@@ -78,19 +76,19 @@ Context::Context(int* argc, char*** argv) {
   ZERO_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   ZERO_MPI_CHECK(MPI_Comm_size(node, &local_size_));
   MPI_Comm_free(&node);
-#if ZERO_WITH_CUDA
-  // CUDA backend: one device per local rank, round robin (ranks beyond the device count share,
-  // which only comm: mpi supports). No device, or no driver, leaves device_ at -1: a CUDA build
-  // must still run host-backend jobs on machines without a GPU. Only chosen here, not made
-  // current: cudaSetDevice creates the device's context, which a host-backend job must not do on
-  // every rank (the CUDA backend makes it current when it starts).
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) device_ = local_rank_ % devices;
-  cudaGetLastError();  // a failed probe must not surface as a later call's error
-#endif
   comm_ = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
   g_current = this;
   g_previous_terminate = std::set_terminate(on_terminate);
+}
+
+// CUDA backend: one device per local rank, round robin (ranks beyond the device count share,
+// which only comm: mpi supports). No device, no driver or no CUDA runtime gives -1: a CUDA build
+// must still run host-backend jobs on machines without a GPU. Asked for only when needed, so a
+// host-backend job loads no CUDA library; only chosen, not made current (the CUDA backend makes
+// it current when it starts).
+int Context::device() const {
+  if (device_ == kDeviceUnknown) device_ = cuda_device_for_local_rank(local_rank_);
+  return device_;
 }
 
 Context::~Context() {

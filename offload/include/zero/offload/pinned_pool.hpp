@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 
 namespace zero::offload {
 
@@ -85,9 +86,17 @@ class PinnedPool {
   std::shared_ptr<detail::PinnedPoolState> state_;
 };
 
-// From now on, blocks are pinned by the CUDA driver (cudaHostAlloc: fast asynchronous copies)
-// rather than mlock. The CUDA backend calls it once its device is current: until then no CUDA
-// call is made, so host-backend jobs in a CUDA build never create a GPU context.
-void enable_cuda_pinning();
+// Page-locking through a device driver (cudaHostAlloc / cudaFreeHost: fast asynchronous copies).
+// alloc returns null and sets *why when it cannot pin. Passed in by the CUDA backend, which lives
+// in its own library (libzero_cuda): libzero itself calls no CUDA function.
+struct DevicePinning {
+  void* (*alloc)(std::size_t bytes, std::string* why) = nullptr;
+  void (*free)(void* p) = nullptr;
+};
+
+// From now on, blocks are pinned by the device driver rather than mlock. The CUDA backend calls
+// it once its device is current: until then no CUDA call is made, so host-backend jobs in a CUDA
+// build never create a GPU context.
+void enable_cuda_pinning(const DevicePinning& pinning);
 
 }  // namespace zero::offload

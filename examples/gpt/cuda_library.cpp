@@ -1,0 +1,33 @@
+#include "cuda_library.hpp"
+
+#include <mutex>
+
+#include "zero/error.hpp"
+#include "zero/library.hpp"
+
+namespace zero::gpt {
+
+const GptCudaLibrary& gpt_cuda_library() {
+  static const GptCudaLibrary* library = nullptr;
+  static std::string error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const LibrarySymbol entry = find_library_symbol(ZERO_GPT_CUDA_FILE, "zero_gpt_cuda_library");
+    if (entry.address == nullptr) {
+      error = entry.error;
+      return;
+    }
+    library = reinterpret_cast<const GptCudaLibrary* (*)()>(entry.address)();
+    if (library == nullptr || library->abi != kGptCudaAbi) {
+      error = std::string(ZERO_GPT_CUDA_FILE) + " is from another build of zero-gpt";
+      library = nullptr;
+    }
+  });
+  ZERO_CHECK(library != nullptr,
+             "zero-gpt: backend: cuda, but the GPT model's CUDA library " + error +
+                 ". It needs the CUDA runtime and cuBLASLt this build was made with: install them or add their "
+                 "folder to LD_LIBRARY_PATH, or set backend: host");
+  return *library;
+}
+
+}  // namespace zero::gpt
