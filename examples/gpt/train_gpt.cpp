@@ -390,6 +390,11 @@ class TrainingLoop {
 
   // The closing line: steps, time, throughput, the last validation loss.
   void report_done() {
+    if (f_.start_step >= s_.steps) {  // run() said why: nothing was trained
+      rep_.line("done: no steps trained (the checkpoint is at step " + std::to_string(f_.start_step) +
+                ", run.steps is " + std::to_string(s_.steps) + ")");
+      return;
+    }
     const std::int64_t ran = s_.steps - f_.start_step;
     std::string val = "none (no validation data: data.val is 'none', or shards without data.val)";
     if (trainer_.has_validation())

@@ -17,25 +17,40 @@
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
+#include "zero/strings.hpp"
 
 namespace zero::gpt {
 
 namespace {
 
-// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths.
+// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths. Control
+// bytes are escaped (a raw newline in a quoted scalar reads back as a space), so the saved
+// config says exactly what ran.
 std::string quoted(const std::string& s) {
   std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      q += '\\';
+      q += ch;
+    } else if (c == '\n') {
+      q += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      q += buf;
+    } else {
+      q += ch;
+    }
   }
   return q + "\"";
 }
 
+// The shortest text that reads back as the same double.
 std::string number(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 // Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
@@ -338,7 +353,7 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   const std::int64_t per = train_loader_->samples_per_micro_step();
   const std::int64_t most = std::numeric_limits<std::int64_t>::max() / 2;
   ZERO_CHECK(ec == std::errc() && end == text.data() + text.size() && samples >= 0 && samples <= most,
-             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + text +
+             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + zero::escape_bytes(text) +
                  "' in '" + root + "' is not a count of samples in [0, " + std::to_string(most) +
                  "]; the checkpoint was damaged or edited: resume from another step (--checkpoint "
                  "<root>/step_N)");

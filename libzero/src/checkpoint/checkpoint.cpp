@@ -164,7 +164,8 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
     std::string at = fmt::format("{}units[{}]", file, i);
     if (cu.name != ui.name)
-      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, cu.name, i, ui.name, fix));
+      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i, ui.name,
+                             fix));
     if (cu.params.size() != ui.params.size())
       ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at,
                              cu.params.size(), ui.name, ui.params.size(), fix));
@@ -173,7 +174,7 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
       const auto& p = ui.params[k];
       std::string pat = fmt::format("{}.params[{}]", at, k);
       if (cp.name != p.name)
-        ZERO_THROW(pat + ".name' = \"" + cp.name + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
+        ZERO_THROW(pat + ".name' = \"" + escape_bytes(cp.name) + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
                    ui.name + "')" + fix);
       if (cp.shape != p.shape)
         ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
@@ -190,7 +191,7 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
                std::string(dtype_name(e.compute_dtype())) +
                "; use the same bf16/fp16 settings, or set CheckpointLoadOptions::allow_config_change");
   if (m.optimizer != to_string(e.config().optimizer.type))
-    ZERO_THROW(file + "optimizer' = " + m.optimizer + ", the engine's optimizer is " +
+    ZERO_THROW(file + "optimizer' = " + escape_bytes(m.optimizer) + ", the engine's optimizer is " +
                to_string(e.config().optimizer.type) +
                "; use the same optimizer, or set CheckpointLoadOptions::allow_config_change");
 }

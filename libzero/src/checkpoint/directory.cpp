@@ -80,16 +80,11 @@ void lock_root(const std::string& root, bool exclusive, const char* kind) {
 
 std::string read_latest(const std::string& root) {
   std::string path = root + "/" + kLatestFile;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
-      ZERO_THROW(fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
-                             "check the path, or pass a step number as the tag",
-                             root));
-    sys_fail("open", path, err);
-  }
-  Fd f(fd, path);
+  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT)
+    ZERO_THROW(fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
+                           "check the path, or pass a step number as the tag",
+                           root));
+  Fd f = Fd::open_read(path);
   std::uint64_t size = f.size();
   if (size > 64) file_fail(path, "content", fmt::format("is {} bytes; it should hold one directory name", size));
   std::string s(static_cast<std::size_t>(size), '\0');

@@ -14,6 +14,7 @@
 
 #include "checkpoint/json.hpp"
 #include "zero/error.hpp"
+#include "zero/files.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "checkpoint shards store floats in host order and the format is little-endian");
@@ -87,13 +88,13 @@ void Fd::close() {
 }
 
 Fd Fd::open_read(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    ZERO_THROW(fmt::format("checkpoint file '{}': cannot open: {}; {}", path, std::strerror(err),
-                           err == ENOENT ? kDamaged : "check its permissions"));
-  }
-  return Fd(fd, path);
+  OpenedFile f = open_regular_file(path);
+  if (f.fd >= 0) return Fd(f.fd, path);
+  if (f.exists)
+    ZERO_THROW(fmt::format("checkpoint file '{}': is {}, not a regular file (it would block or never end if read); {}",
+                           path, f.type, kDamaged));
+  ZERO_THROW(fmt::format("checkpoint file '{}': cannot open: {}; {}", path, std::strerror(f.error),
+                         f.error == ENOENT ? kDamaged : "check its permissions"));
 }
 
 Fd Fd::create(const std::string& path) {
