@@ -252,7 +252,7 @@ std::string resume_command(int argc, char** argv) {
 }
 
 // Collective (stage 3 gathers); rank 0 prints it and writes <out_dir>/sample.txt if given.
-void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
+void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli, Reporter* rep,
                   const std::string& out_dir) {
   const GptSettings& s = trainer.settings();
   if (s.sample_tokens <= 0) return;
@@ -270,10 +270,10 @@ void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
   std::printf("--- sample (%zu tokens, temperature %.2f, top_k %d) ---\n%s\n---\n", out.size(),
               s.temperature, s.top_k, text.c_str());
   std::fflush(stdout);
-  if (!out_dir.empty()) std::ofstream(fs::path(out_dir) / "sample.txt") << text << '\n';
+  if (rep && !out_dir.empty()) rep->write_file((fs::path(out_dir) / "sample.txt").string(), text + '\n');
 }
 
-// Rank 0 creates out_dir and writes config.yaml; every rank waits for it.
+// Rank 0 creates out_dir; every rank waits for it.
 void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
   const std::string& dir = rc.settings.out_dir;
   if (ctx.is_root()) {
@@ -281,7 +281,6 @@ void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
     fs::create_directories(dir, ec);
     ZERO_CHECK(!ec, "zero-gpt: cannot create run.out_dir '" + dir + "': " + ec.message() +
                         "; choose a writable directory");
-    std::ofstream(fs::path(dir) / "config.yaml") << rc.resolved_yaml;
   }
   ctx.comm().barrier();
 }
@@ -302,7 +301,7 @@ struct RunFacts {
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
-                   bool resumed) {
+                   bool resumed, bool config_saved) {
   const zero::Config& cfg = rc.cfg;
   const auto& mc = trainer.model_config();
   char buf[512];
@@ -336,7 +335,7 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   for (const auto& n : cfg.notes) rep.line("note: " + n);
   if (resumed)
     rep.line("resumed from " + f.checkpoint_dir + " at step " + std::to_string(f.start_step));
-  rep.line("--- resolved configuration (saved to " +
+  rep.line("--- resolved configuration (" + std::string(config_saved ? "saved to " : "NOT saved to ") +
            (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
            rc.resolved_yaml + "---");
   rep.record({{"type", "start"},
@@ -535,7 +534,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
     if (ctx.is_root())
       std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
-    print_sample(ctx, trainer, cli, "");
+    print_sample(ctx, trainer, cli, nullptr, "");
     return 0;
   }
   // A run may save into its checkpoint root at any step (a stop signal saves too): take the
@@ -556,13 +555,14 @@ int run(zero::Context& ctx, int argc, char** argv) {
                         (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
   Reporter rep(ctx.is_root(),
                settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
-               cli.resume, progress);
-  report_header(rep, rc, trainer, facts, cli.resume);
+               cli.resume, progress, settings.strict_outputs);
+  const bool config_saved = rep.write_file((fs::path(settings.out_dir) / "config.yaml").string(), rc.resolved_yaml);
+  report_header(rep, rc, trainer, facts, cli.resume, config_saved);
 
   TrainingLoop loop(ctx, trainer, rep, facts);
   if (!loop.run()) return zero::kExitStopped;
   loop.report_done();
-  print_sample(ctx, trainer, cli, settings.out_dir);
+  print_sample(ctx, trainer, cli, &rep, settings.out_dir);
   return 0;
 }
 

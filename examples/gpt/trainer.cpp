@@ -151,6 +151,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     s.keep_checkpoints = static_cast<int>(r.get_int("keep_checkpoints", s.keep_checkpoints, 0, 1 << 20));
     s.token_budget = r.get_double("token_budget", s.token_budget, zero::Range::above(0));
     s.log_jsonl = r.get_bool("log_jsonl", s.log_jsonl);
+    s.strict_outputs = r.get_bool("strict_outputs", s.strict_outputs);
     s.progress = r.get_choice("progress", s.progress, {"auto", "on", "off"});
     s.peak_tflops = r.get_double("peak_tflops", s.peak_tflops, zero::Range::at_least(0));
     r.finish();
@@ -183,6 +184,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "keep_checkpoints: " << keep_checkpoints << "\n"
     << "token_budget: " << number(token_budget) << "\n"
     << "log_jsonl: " << (log_jsonl ? "true" : "false") << "\n"
+    << "strict_outputs: " << (strict_outputs ? "true" : "false") << "\n"
     << "progress: " << progress << "\n"
     << "peak_tflops: " << number(peak_tflops) << "\n";
   return {{"model", m.str()}, {"data", d.str()}, {"run", r.str()}};
@@ -221,6 +223,8 @@ std::string gpt_settings_help() {
          "  keep_checkpoints: 3          complete checkpoints kept in out_dir/checkpoints (0: all)\n"
          "  token_budget: 100e9          tokens for the 'days to train' projection\n"
          "  log_jsonl: true              write metrics.jsonl\n"
+         "  strict_outputs: false        a failed write to out_dir (log, metrics, config.yaml,\n"
+         "                               sample) ends the run; false: a warning, training goes on\n"
          "  progress: auto               live step/ETA line: auto (a single process on a\n"
          "                               terminal: mpirun gives every rank a terminal even\n"
          "                               when its own output is a file), on, off\n"
