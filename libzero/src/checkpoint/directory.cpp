@@ -183,7 +183,22 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) sys_fail("rename " + tmp_dir + " to", final_dir, errno);
   fsync_dir(root);
   fail_point("after_rename");
-  write_file_atomic(root, kLatestFile, name + "\n");
+  try {
+    write_file_atomic(root, kLatestFile, name + "\n");
+  } catch (const Error& e) {
+    // The step is complete and verified on disk; only the pointer is stale. Say exactly that:
+    // this is no failed save, and the step need not be written again.
+    std::string before;
+    try {
+      before = "still names step " + std::to_string(parse_step_dir_name(read_latest(root)));
+    } catch (const Error&) {
+      before = "names no step";
+    }
+    ZERO_THROW(fmt::format("checkpoint: step {} is complete on disk ('{}'); `latest` {} because it could not be "
+                           "updated ({}). Free space in '{}': the next save updates it (or write \"{}\" into '{}/{}' "
+                           "to resume from step {}; zero-ckpt inspect lists it)",
+                           step, final_dir, before, e.what(), root, name, root, kLatestFile, step));
+  }
   fail_point("after_latest");
   if (keep_last <= 0) return;
   // Keep the newest keep_last checkpoints up to this step. Later steps are a future this run

@@ -156,11 +156,16 @@ void write_file_atomic(const std::string& dir, const std::string& name, const st
   std::string tmp = fmt::format("{}/.{}.tmp", dir, name);
   std::string dst = fmt::format("{}/{}", dir, name);
   if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) sys_fail("remove the stale", tmp, errno);
-  Fd f = Fd::create(tmp);
-  f.pwrite_all(content.data(), content.size(), 0);
-  f.sync();
-  f.close();
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail("rename " + tmp + " to", dst, errno);
+  try {
+    Fd f = Fd::create(tmp);
+    f.pwrite_all(content.data(), content.size(), 0);
+    f.sync();
+    f.close();
+    if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail("rename " + tmp + " to", dst, errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // nothing half-written stays behind (on a full disk least of all)
+    throw;
+  }
   fsync_dir(dir);
 }
 

@@ -138,7 +138,14 @@ bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_co
   if (steps.empty()) out << "no checkpoints\n";
   for (auto s : steps) {
     std::string name = ckpt::step_dir_name(s);
-    out << name << (name == latest ? " (latest)" : "") << ":\n";
+    // A complete step newer than latest: a save whose pointer update failed (a full disk).
+    const bool orphan = !latest.empty() && s > ckpt::parse_step_dir_name(latest);
+    out << name << (name == latest ? " (latest)" : "")
+        << (orphan ? fmt::format(" (newer than latest: a save that could not update 'latest'; to resume from it, "
+                                 "write \"{}\" into {}/{}; the run's next save at this step replaces it)",
+                                 name, path, ckpt::kLatestFile)
+                   : std::string())
+        << ":\n";
     ok = inspect_one(path + "/" + name, out, show_config) && ok;
   }
   return ok;

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""A checkpoint disk that fills exactly while `latest` is written, on a loop-mounted ext4 image.
+
+After step 2 is saved, the image is filled to leave just the room one more step directory takes.
+The save of step 4 then completes its directory, and the update of `latest` fails: the run must
+say "step 4 is complete on disk; `latest` still names step 2", exit with an error, and leave no
+temporary file. zero-ckpt inspect names the orphan step; the run resumed from `latest` (step 2)
+on a freed disk re-saves step 4, and its shard is byte-identical to a healthy run's.
+
+Needs root and loop devices; otherwise exits 77 (skipped) saying why.
+
+    gpt_latest_full.py ZERO_GPT ZERO_CKPT CONFIG WORKDIR
+"""
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+
+exe, ckpt_tool, config, work = sys.argv[1:5]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+image, mnt = os.path.join(work, "disk.img"), os.path.join(work, "mnt")
+os.makedirs(mnt)
+failures = []
+
+
+def skip(why):
+    print(f"gpt_latest_full: SKIPPED: {why}")
+    sys.exit(77)
+
+
+def sh(*cmd):
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+if os.geteuid() != 0:
+    skip("needs root to mount a loop device")
+if shutil.which("mkfs.ext4") is None:
+    skip("mkfs.ext4 is not installed")
+with open(image, "wb") as f:
+    f.truncate(8 << 20)
+r = sh("mkfs.ext4", "-q", "-F", "-b", "1024", "-m", "0", "-N", "64", "-O", "^has_journal", image)
+if r.returncode != 0:
+    skip(f"mkfs.ext4 failed: {r.stderr.strip()}")
+r = sh("mount", "-o", "loop", image, mnt)
+if r.returncode != 0:
+    skip(f"cannot loop-mount an image here: {r.stderr.strip()}")
+
+
+def zero_gpt(ckpt, steps, *extra, resume=False, tag=None):
+    cmd = [exe, "--config", config, "--set", f"run.steps={steps}", "--set", "run.eval_interval=0",
+           "--set", "run.sample_tokens=0", "--set", "model.n_layer=1", "--set", "model.n_embd=32",
+           "--set", "model.n_head=2", "--set", "model.seq_len=32", "--set", "train_micro_batch_size_per_gpu=2",
+           "--set", "scheduler.params.warmup_num_steps=1", "--set", "run.peak_tflops=1",
+           "--set", "run.save_interval=2", "--set", f"run.out_dir={os.path.join(work, 'run')}", "--checkpoint", ckpt]
+    for e in extra:
+        cmd += ["--set", e]
+    if resume:
+        cmd.append("--resume")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def expect(name, ok, out, parts=(), absent=()):
+    missing = [p for p in parts if p not in out]
+    present = [p for p in absent if p in out]
+    if not ok or missing or present:
+        failures.append(name)
+        print(f"FAIL: {name}: missing {missing}, unwanted {present}:\n{out[-3000:]}")
+    else:
+        print(f"{name}: ok")
+
+
+def kib_used(path):
+    total = 0
+    for d, dirs, files in os.walk(path):
+        total += os.lstat(d).st_blocks
+        total += sum(os.lstat(os.path.join(d, f)).st_blocks for f in files)
+    return total // 2  # st_blocks counts 512-byte units
+
+
+try:
+    reference = os.path.join(work, "reference")
+    rc, out = zero_gpt(reference, 4)
+    if rc != 0:
+        sys.exit(f"the reference run failed ({rc}):\n{out}")
+
+    root = os.path.join(mnt, "ckpt")
+    rc, out = zero_gpt(root, 2)
+    if rc != 0:
+        sys.exit(f"the run to step 2 failed ({rc}):\n{out}")
+    # Room for one more step directory as large as step 2's, and not one block more.
+    need = kib_used(os.path.join(root, "step_00000002"))
+    fd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for size in (65536, 1024):
+        try:
+            while True:
+                os.write(fd, b"\0" * size)
+        except OSError:
+            pass
+    os.close(fd)
+    os.truncate(os.path.join(mnt, "filler"), os.path.getsize(os.path.join(mnt, "filler")) - need * 1024)
+    os.sync()
+
+    rc, out = zero_gpt(root, 4, resume=True)
+    leftovers = [n for n in os.listdir(root) if n.startswith(".")]
+    expect("latest not updatable: the message", rc != 0 and not leftovers, out + f"\nleftovers: {leftovers}",
+           ["step 4 is complete on disk", "`latest` still names step 2", "No space left on device"])
+    with open(os.path.join(root, "latest")) as f:
+        expect("latest still names step 2", f.read() == "step_00000002\n", "")
+    r = sh(ckpt_tool, "inspect", root)
+    expect("inspect names the orphan step", True, r.stdout + r.stderr,
+           ["step_00000004 (newer than latest", "step_00000002 (latest)"])
+
+    # Space freed: the resume from latest (step 2) saves step 4 again, bit-exact.
+    os.remove(os.path.join(mnt, "filler"))
+    rc, out = zero_gpt(root, 4, resume=True)
+    a = os.path.join(root, "step_00000004", "shard_00000.ckpt")
+    b = os.path.join(reference, "step_00000004", "shard_00000.ckpt")
+    with open(os.path.join(root, "latest")) as f:
+        latest = f.read()
+    expect("resumed from latest: step 4 again, bit-exact", rc == 0 and latest == "step_00000004\n" and
+           filecmp.cmp(a, b, shallow=False), out)
+finally:
+    sh("umount", mnt)
+
+if failures:
+    sys.exit(f"{len(failures)} case(s) failed: {failures}")
+print("all cases passed")
