@@ -17,35 +17,13 @@ import shutil
 import subprocess
 import sys
 
+import loop_disk
+
 exe, ckpt_tool, config, work = sys.argv[1:5]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-image, mnt = os.path.join(work, "disk.img"), os.path.join(work, "mnt")
-os.makedirs(mnt)
+mnt = loop_disk.mount(work, "gpt_latest_full")
 failures = []
-
-
-def skip(why):
-    print(f"gpt_latest_full: SKIPPED: {why}")
-    sys.exit(77)
-
-
-def sh(*cmd):
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-if os.geteuid() != 0:
-    skip("needs root to mount a loop device")
-if shutil.which("mkfs.ext4") is None:
-    skip("mkfs.ext4 is not installed")
-with open(image, "wb") as f:
-    f.truncate(8 << 20)
-r = sh("mkfs.ext4", "-q", "-F", "-b", "1024", "-m", "0", "-N", "64", "-O", "^has_journal", image)
-if r.returncode != 0:
-    skip(f"mkfs.ext4 failed: {r.stderr.strip()}")
-r = sh("mount", "-o", "loop", image, mnt)
-if r.returncode != 0:
-    skip(f"cannot loop-mount an image here: {r.stderr.strip()}")
 
 
 def zero_gpt(ckpt, steps, *extra, resume=False, tag=None):
@@ -92,16 +70,7 @@ try:
         sys.exit(f"the run to step 2 failed ({rc}):\n{out}")
     # Room for one more step directory as large as step 2's, and not one block more.
     need = kib_used(os.path.join(root, "step_00000002"))
-    fd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for size in (65536, 1024):
-        try:
-            while True:
-                os.write(fd, b"\0" * size)
-        except OSError:
-            pass
-    os.close(fd)
-    os.truncate(os.path.join(mnt, "filler"), os.path.getsize(os.path.join(mnt, "filler")) - need * 1024)
-    os.sync()
+    loop_disk.fill(mnt, leave_kib=need)
 
     rc, out = zero_gpt(root, 4, resume=True)
     leftovers = [n for n in os.listdir(root) if n.startswith(".")]
@@ -109,7 +78,7 @@ try:
            ["step 4 is complete on disk", "`latest` still names step 2", "No space left on device"])
     with open(os.path.join(root, "latest")) as f:
         expect("latest still names step 2", f.read() == "step_00000002\n", "")
-    r = sh(ckpt_tool, "inspect", root)
+    r = subprocess.run([ckpt_tool, "inspect", root], capture_output=True, text=True)
     expect("inspect names the orphan step", True, r.stdout + r.stderr,
            ["step_00000004 (newer than latest", "step_00000002 (latest)"])
 
@@ -123,7 +92,7 @@ try:
     expect("resumed from latest: step 4 again, bit-exact", rc == 0 and latest == "step_00000004\n" and
            filecmp.cmp(a, b, shallow=False), out)
 finally:
-    sh("umount", mnt)
+    loop_disk.unmount(mnt)
 
 if failures:
     sys.exit(f"{len(failures)} case(s) failed: {failures}")

@@ -20,54 +20,13 @@ import shutil
 import subprocess
 import sys
 
+import loop_disk
+
 exe, plot, config, work = sys.argv[1:5]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
-image, mnt = os.path.join(work, "disk.img"), os.path.join(work, "mnt")
-os.makedirs(mnt)
+mnt = loop_disk.mount(work, "gpt_run_dir_full")
 failures = []
-
-
-def skip(why):
-    print(f"gpt_run_dir_full: SKIPPED: {why}")
-    sys.exit(77)
-
-
-def sh(*cmd):
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-if os.geteuid() != 0:
-    skip("needs root to mount a loop device")
-if shutil.which("mkfs.ext4") is None:
-    skip("mkfs.ext4 is not installed")
-with open(image, "wb") as f:
-    f.truncate(8 << 20)
-r = sh("mkfs.ext4", "-q", "-F", "-b", "1024", "-m", "0", "-N", "64", "-O", "^has_journal", image)
-if r.returncode != 0:
-    skip(f"mkfs.ext4 failed: {r.stderr.strip()}")
-r = sh("mount", "-o", "loop", image, mnt)
-if r.returncode != 0:
-    skip(f"cannot loop-mount an image here: {r.stderr.strip()}")
-
-
-def fill(leave=0):
-    """Fills the image to `leave` free bytes (0: completely)."""
-    filler = os.path.join(mnt, "filler")
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        for size in (65536, 1024):  # big writes, then the last blocks
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    if leave:
-        os.truncate(filler, max(0, os.path.getsize(filler) - leave))
-    os.sync()
 
 
 def zero_gpt(out_dir, ckpt, steps, *extra, resume=False):
@@ -119,7 +78,7 @@ try:
     # Full at start; the run directory exists (a full disk cannot create it).
     run_dir = os.path.join(mnt, "run")
     os.makedirs(run_dir)
-    fill()
+    loop_disk.fill(mnt)
     ckpt = os.path.join(work, "full_start_ckpt")
     rc, out = zero_gpt(run_dir, ckpt, 8, "run.save_interval=4")
     enospc = "No space left on device"
@@ -139,7 +98,7 @@ try:
     os.remove(os.path.join(mnt, "filler"))
     shutil.rmtree(run_dir)
     os.makedirs(run_dir)
-    fill(leave=7 * 1024)
+    loop_disk.fill(mnt, leave_kib=7)
     ckpt = os.path.join(work, "mid_run_ckpt")
     rc, out = zero_gpt(run_dir, ckpt, 8, "run.save_interval=4", "run.sample_tokens=0")
     metrics = os.path.join(run_dir, "metrics.jsonl")
@@ -166,7 +125,7 @@ try:
         expect("zero-plot reads the resumed file", r.returncode == 0, r.stdout + r.stderr,
                ["skipped a record cut short"] if torn else [])
 finally:
-    sh("umount", mnt)
+    loop_disk.unmount(mnt)
 
 if failures:
     sys.exit(f"{len(failures)} case(s) failed: {failures}")
