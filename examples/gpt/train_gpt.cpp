@@ -72,7 +72,7 @@ struct Cli {
   std::string config_path;
   std::vector<std::string> sets;
   bool print_config = false, resume = false, sample_only = false;
-  std::string checkpoint_dir, prompt;
+  std::string checkpoint_dir, prompt, resume_from;
   zero::gpt::AutotuneRequest autotune;
 };
 
@@ -92,6 +92,9 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
   app.add_flag("--resume", cli.resume,
                "continue from the latest checkpoint (in <run.out_dir>/checkpoints, or --checkpoint); "
                "the rank count and ZeRO stage may differ from the run that saved it");
+  app.add_option("--resume-from", cli.resume_from,
+                 "continue from the checkpoint at this root or step directory, which is only read (a "
+                 "read-only mount will do); saves go to --checkpoint or <run.out_dir>/checkpoints");
   app.add_flag("--sample", cli.sample_only,
                "load the latest checkpoint and print run.sample_tokens sampled tokens; no training");
   app.add_option("--checkpoint", cli.checkpoint_dir,
@@ -235,11 +238,17 @@ std::vector<int> prompt_tokens(const std::string& prompt) {
 
 // This process's command line with --resume added (once), each word quoted for a shell where
 // it needs to be; the launcher (mpirun, srun) is not visible from here and goes in front.
+// --resume-from goes: the run continues from its own checkpoints now.
 std::string resume_command(int argc, char** argv) {
   std::string cmd;
   bool has_resume = false;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--resume-from") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--resume-from=", 0) == 0) continue;
     has_resume = has_resume || a == "--resume";
     if (a.find_first_of(" \t'\"*?$") != std::string::npos) {
       std::string q = "'";
@@ -297,6 +306,7 @@ struct RunFacts {
   std::string peak_source;
   std::int64_t start_step = 0;
   std::string checkpoint_dir;
+  std::string resumed_from;    // the checkpoint this session continues ("" when it starts anew)
   std::string resume_command;  // this command line with --resume, for the stop message
 };
 
@@ -334,7 +344,7 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   rep.line("memory: " + trainer.engine().memory().to_string());
   for (const auto& n : cfg.notes) rep.line("note: " + n);
   if (resumed)
-    rep.line("resumed from " + f.checkpoint_dir + " at step " + std::to_string(f.start_step));
+    rep.line("resumed from " + f.resumed_from + " at step " + std::to_string(f.start_step));
   rep.line("--- resolved configuration (" + std::string(config_saved ? "saved to " : "NOT saved to ") +
            (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
            rc.resolved_yaml + "---");
@@ -505,7 +515,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
     return 0;
   }
   if (cli.autotune.enabled) {
-    ZERO_CHECK(!cli.resume && !cli.sample_only,
+    ZERO_CHECK(!cli.resume && cli.resume_from.empty() && !cli.sample_only,
                "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
                "with --resume or --sample (tune first, then resume with the winner's config file)");
     const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
@@ -542,7 +552,15 @@ int run(zero::Context& ctx, int argc, char** argv) {
   // before it trains or writes anything.
   zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
   zero::lock_run_directory(trainer.engine(), settings.out_dir);
-  if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
+  // Hours of training must not end in a first save that cannot fit.
+  zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
+  if (!cli.resume_from.empty()) {
+    facts.start_step = trainer.load_checkpoint(cli.resume_from);
+    facts.resumed_from = cli.resume_from;
+  } else if (cli.resume) {
+    facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
+    facts.resumed_from = facts.checkpoint_dir;
+  }
   create_run_dir(ctx, rc);
 
   facts.params = static_cast<double>(trainer.engine().layout().num_params());
@@ -555,9 +573,9 @@ int run(zero::Context& ctx, int argc, char** argv) {
                         (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
   Reporter rep(ctx.is_root(),
                settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
-               cli.resume, progress, settings.strict_outputs);
+               !facts.resumed_from.empty(), progress, settings.strict_outputs);
   const bool config_saved = rep.write_file((fs::path(settings.out_dir) / "config.yaml").string(), rc.resolved_yaml);
-  report_header(rep, rc, trainer, facts, cli.resume, config_saved);
+  report_header(rep, rc, trainer, facts, !facts.resumed_from.empty(), config_saved);
 
   TrainingLoop loop(ctx, trainer, rep, facts);
   if (!loop.run()) return zero::kExitStopped;

@@ -18,12 +18,12 @@ import subprocess
 import sys
 
 import loop_disk
+from loop_disk import expect
 
 exe, ckpt_tool, config, work = sys.argv[1:5]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 mnt = loop_disk.mount(work, "gpt_latest_full")
-failures = []
 
 
 def zero_gpt(ckpt, steps, *extra, resume=False, tag=None):
@@ -40,36 +40,14 @@ def zero_gpt(ckpt, steps, *extra, resume=False, tag=None):
     return r.returncode, r.stdout + r.stderr
 
 
-def expect(name, ok, out, parts=(), absent=()):
-    missing = [p for p in parts if p not in out]
-    present = [p for p in absent if p in out]
-    if not ok or missing or present:
-        failures.append(name)
-        print(f"FAIL: {name}: missing {missing}, unwanted {present}:\n{out[-3000:]}")
-    else:
-        print(f"{name}: ok")
-
-
-def kib_used(path):
-    total = 0
-    for d, dirs, files in os.walk(path):
-        total += os.lstat(d).st_blocks
-        total += sum(os.lstat(os.path.join(d, f)).st_blocks for f in files)
-    return total // 2  # st_blocks counts 512-byte units
-
-
 try:
     reference = os.path.join(work, "reference")
-    rc, out = zero_gpt(reference, 4)
-    if rc != 0:
-        sys.exit(f"the reference run failed ({rc}):\n{out}")
+    loop_disk.must(zero_gpt(reference, 4), "the reference run")
 
     root = os.path.join(mnt, "ckpt")
-    rc, out = zero_gpt(root, 2)
-    if rc != 0:
-        sys.exit(f"the run to step 2 failed ({rc}):\n{out}")
+    loop_disk.must(zero_gpt(root, 2), "the run to step 2")
     # Room for one more step directory as large as step 2's, and not one block more.
-    need = kib_used(os.path.join(root, "step_00000002"))
+    need = loop_disk.kib_used(os.path.join(root, "step_00000002"))
     loop_disk.fill(mnt, leave_kib=need)
 
     rc, out = zero_gpt(root, 4, resume=True)
@@ -94,6 +72,4 @@ try:
 finally:
     loop_disk.unmount(mnt)
 
-if failures:
-    sys.exit(f"{len(failures)} case(s) failed: {failures}")
-print("all cases passed")
+loop_disk.finish()

@@ -21,12 +21,12 @@ import subprocess
 import sys
 
 import loop_disk
+from loop_disk import expect
 
 exe, plot, config, work = sys.argv[1:5]
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
 mnt = loop_disk.mount(work, "gpt_run_dir_full")
-failures = []
 
 
 def zero_gpt(out_dir, ckpt, steps, *extra, resume=False):
@@ -41,16 +41,6 @@ def zero_gpt(out_dir, ckpt, steps, *extra, resume=False):
         cmd.append("--resume")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return r.returncode, r.stdout + r.stderr
-
-
-def expect(name, ok, out, parts=(), absent=()):
-    missing = [p for p in parts if p not in out]
-    present = [p for p in absent if p in out]
-    if not ok or missing or present:
-        failures.append(name)
-        print(f"FAIL: {name}: missing {missing}, unwanted {present}:\n{out[-3000:]}")
-    else:
-        print(f"{name}: ok")
 
 
 def bit_exact(name, ckpt, from_step, to_step):
@@ -127,6 +117,4 @@ try:
 finally:
     loop_disk.unmount(mnt)
 
-if failures:
-    sys.exit(f"{len(failures)} case(s) failed: {failures}")
-print("all cases passed")
+loop_disk.finish()

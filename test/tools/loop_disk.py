@@ -1,5 +1,6 @@
 """A small ext4 image, loop-mounted, for the storage-fault tests (gpt_run_dir_full.py,
-gpt_latest_full.py): made, filled to a chosen free space, and unmounted by the caller's finally.
+gpt_latest_full.py, gpt_ckpt_space.py): made, filled to a chosen free space, and unmounted by the
+caller's finally; and the checks those tests report through.
 
 Without root or loop devices the test exits 77, which ctest reports as skipped, saying why.
 """
@@ -57,3 +58,40 @@ def fill(mnt, leave_kib=0):
     if leave_kib:
         os.truncate(filler, max(0, os.path.getsize(filler) - leave_kib * 1024))
     os.sync()
+
+
+def kib_used(path):
+    """KiB of disk the files and directories under `path` take."""
+    total = 0
+    for d, dirs, files in os.walk(path):
+        total += os.lstat(d).st_blocks
+        total += sum(os.lstat(os.path.join(d, f)).st_blocks for f in files)
+    return total // 2  # st_blocks counts 512-byte units
+
+
+FAILURES = []
+
+
+def expect(name, ok, out, parts=(), absent=()):
+    """One check: `ok`, every text of `parts` in `out` and none of `absent`."""
+    missing = [p for p in parts if p not in out]
+    present = [p for p in absent if p in out]
+    if not ok or missing or present:
+        FAILURES.append(name)
+        print(f"FAIL: {name}: missing {missing}, unwanted {present}:\n{out[-3000:]}")
+    else:
+        print(f"{name}: ok")
+
+
+def must(result, what):
+    """A run a test builds on: (status, output) that must have succeeded."""
+    rc, out = result
+    if rc != 0:
+        sys.exit(f"{what} failed ({rc}):\n{out}")
+    return out
+
+
+def finish():
+    if FAILURES:
+        sys.exit(f"{len(FAILURES)} case(s) failed: {FAILURES}")
+    print("all cases passed")

@@ -5,9 +5,12 @@
 // peer that gave up (a corrupted shard read by rank 2 alone must not hang ranks 0, 1 and 3).
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "runtime/log.hpp"
 #include "runtime/strings.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
@@ -264,6 +268,56 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
 }
 
 }  // namespace
+
+std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
+  EngineState e(engine);
+  const std::uint64_t bs = std::max<std::uint64_t>(block_size, 1);
+  auto block = [bs](std::uint64_t b) { return (b + bs - 1) / bs * bs; };
+  const std::size_t units = static_cast<std::size_t>(e.layout().num_units());
+  std::uint64_t total = 0;
+  for (int r = 0; r < e.world_size(); ++r) {
+    std::uint64_t elements = 0;  // rank r's slices, clipped to each unit's real elements
+    for (int i = 0; i < e.layout().num_units(); ++i) {
+      const std::int64_t slice = e.slice(i), numel = e.layout().unit(i).numel;
+      const std::int64_t b = std::min(static_cast<std::int64_t>(r) * slice, numel);
+      elements += static_cast<std::uint64_t>(std::min(b + slice, numel) - b);
+    }
+    total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
+  }
+  std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()),
+                                      ckpt::ShardMeta{"shard_00000.ckpt", 0, 0});
+  const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();
+  return total + block(ckpt::kHeaderBytes + meta.size());
+}
+
+void check_checkpoint_space(Engine& engine, const std::string& root) {
+  EngineState e(engine);
+  // Every rank computes the size (a collective may be inside); rank 0 compares it.
+  struct statvfs fs {};
+  const bool stated = e.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
+  const int stat_errno = errno;
+  const std::uint64_t need = checkpoint_bytes(engine, stated && fs.f_frsize > 0 ? fs.f_frsize : 4096);
+  agree(e.host_comm(), [&] {
+    if (e.rank() != 0) return;
+    ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
+                                   std::strerror(stat_errno)));
+    if (fs.f_blocks == 0) {
+      log_warning("checkpoint root '{}' is on a filesystem that reports no capacity (ramfs?): its free space is not "
+                  "checked; one save takes {}",
+                  root, format_bytes(need));
+      return;
+    }
+    const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+    ZERO_CHECK(free >= need, fmt::format("checkpoint root '{}' has {} free, less than one save of this model ({}): "
+                                         "the first save would fail. Free space there or give another root "
+                                         "(--checkpoint)",
+                                         root, format_bytes(free), format_bytes(need)));
+    if (free < 2 * need)
+      log_warning("checkpoint root '{}' has {} free, room for one save ({}) but not two: a save is written in full "
+                  "before the older one is pruned, so the second save may fail. Free space there",
+                  root, format_bytes(free), format_bytes(need));
+  });
+}
 
 void lock_checkpoint_root(Engine& engine, const std::string& root) {
   lock_job_directory(engine, root, "checkpoint root");

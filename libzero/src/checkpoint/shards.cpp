@@ -19,6 +19,11 @@ constexpr std::uint64_t kShardIndexHead = 32;
 constexpr std::uint64_t kShardIndexEntry = 32;
 }  // namespace
 
+std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements) {
+  return kHeaderBytes + kShardIndexHead + kShardIndexEntry * units +
+         elements * static_cast<std::uint64_t>(1 + moments) * sizeof(float);
+}
+
 ShardWriter::ShardWriter(const std::string& path, int rank, int world, int stage, int moments, std::int64_t step,
                          std::vector<Range> ranges)
     : fd_(Fd::create(path)),
