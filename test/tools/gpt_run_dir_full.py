@@ -66,8 +66,9 @@ try:
         sys.exit(f"the reference run failed ({rc}):\n{out}")
 
     # Full at start; the run directory exists (a full disk cannot create it).
-    run_dir = os.path.join(mnt, "run")
+    run_dir, plots = os.path.join(mnt, "run"), os.path.join(mnt, "plots")
     os.makedirs(run_dir)
+    os.makedirs(plots)
     loop_disk.fill(mnt)
     ckpt = os.path.join(work, "full_start_ckpt")
     rc, out = zero_gpt(run_dir, ckpt, 8, "run.save_interval=4")
@@ -83,6 +84,15 @@ try:
     rc, out = zero_gpt(run_dir, os.path.join(work, "strict_ckpt"), 8, "run.strict_outputs=true")
     expect("full at start, strict_outputs: an error", rc not in (0, None), out,
            [f"{run_dir}/config.yaml", enospc, "run.strict_outputs is true"], absent=["done: 8 steps"])
+
+    # zero-plot writing onto the full disk: each plot it cannot write is named, then exit 1.
+    r = subprocess.run([sys.executable, plot, os.path.join(work, "reference_run", "metrics.jsonl"), "-o", plots],
+                       capture_output=True, text=True)
+    if "No module named" in r.stderr:
+        print("zero-plot: matplotlib is missing; plot check skipped")
+    else:
+        expect("zero-plot onto a full disk: named, exit 1", r.returncode == 1, r.stdout + r.stderr,
+               [f"cannot write {plots}/loss_steps.png: {enospc}", "4 of 4 plots not written"], absent=["Traceback"])
 
     # Filling mid-run: a few KiB free, enough for config.yaml and the first records.
     os.remove(os.path.join(mnt, "filler"))
