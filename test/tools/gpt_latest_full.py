@@ -53,7 +53,7 @@ try:
     rc, out = zero_gpt(root, 4, resume=True)
     leftovers = [n for n in os.listdir(root) if n.startswith(".")]
     expect("latest not updatable: the message", rc != 0 and not leftovers, out + f"\nleftovers: {leftovers}",
-           ["step 4 is complete on disk", "`latest` still names step 2", "No space left on device"])
+           ["step 4 is complete on disk; `latest` still names step 2", "No space left on device"])
     with open(os.path.join(root, "latest")) as f:
         expect("latest still names step 2", f.read() == "step_00000002\n", "")
     r = subprocess.run([ckpt_tool, "inspect", root], capture_output=True, text=True)

@@ -194,10 +194,10 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
     } catch (const Error&) {
       before = "names no step";
     }
-    ZERO_THROW(fmt::format("checkpoint: step {} is complete on disk ('{}'); `latest` {} because it could not be "
-                           "updated ({}). Free space in '{}': the next save updates it (or write \"{}\" into '{}/{}' "
-                           "to resume from step {}; zero-ckpt inspect lists it)",
-                           step, final_dir, before, e.what(), root, name, root, kLatestFile, step));
+    ZERO_THROW(fmt::format("checkpoint: step {} is complete on disk; `latest` {} (it could not be updated: {}). "
+                           "The step is in '{}'. Free space in '{}': the next save updates `latest` (or write \"{}\" "
+                           "into '{}/{}' to resume from step {}; zero-ckpt inspect lists it)",
+                           step, before, e.what(), final_dir, root, name, root, kLatestFile, step));
   }
   fail_point("after_latest");
   if (keep_last <= 0) return;
