@@ -14,6 +14,7 @@
 #include <limits>
 
 #include "zero/error.hpp"
+#include "zero/files.hpp"
 
 namespace zero::gpt {
 
@@ -77,36 +78,23 @@ void write_shard(const std::string& path, std::span<const std::uint16_t> tokens)
 
 namespace {
 
-// Data must be a regular file: a FIFO would block the open or the read forever, a device could
-// be read forever, and mmap of a directory fails with the puzzling "No such device".
-void require_regular(const struct stat& st, const std::string& path) {
-  if (S_ISDIR(st.st_mode))
+// Data must be a regular file (zero/files.hpp): mmap of a directory fails with the puzzling
+// "No such device", so a directory gets its own hint.
+[[noreturn]] void require_regular(const std::string& type, const std::string& path) {
+  if (type == "a directory")
     ZERO_THROW("data: '" + path + "' is a directory; give a glob of its token shards ('" + path +
                "/*.bin'), a .txt file or 'shakespeare'");
-  if (!S_ISREG(st.st_mode))
-    ZERO_THROW("data: '" + path + "' is not a regular file (a FIFO, device or socket); copy the "
-               "data into a file and give its path");
+  ZERO_THROW("data: '" + path + "' is not a regular file (" + type + "); copy the data into a file and give its path");
 }
 
 }  // namespace
 
 MappedFile::MappedFile(const std::string& path) {
-  struct stat st {};
-  ZERO_CHECK(::stat(path.c_str(), &st) == 0,
-             "data: cannot open '" + path + "': " + std::strerror(errno) + "; check the path");
-  require_regular(st, path);
-  // O_NONBLOCK: should the path become a FIFO after the check, the open still returns, and
-  // fstat refuses it.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  ZERO_CHECK(fd >= 0, "data: cannot open '" + path + "': " + std::strerror(errno));
-  const bool stated = ::fstat(fd, &st) == 0;
-  const int stat_errno = errno;
-  if (!stated || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    ZERO_CHECK(stated, "data: cannot stat '" + path + "': " + std::strerror(stat_errno));
-    require_regular(st, path);
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  const zero::OpenedFile f = zero::open_regular_file(path);
+  ZERO_CHECK(f.exists, "data: cannot open '" + path + "': " + std::strerror(f.error) + "; check the path");
+  if (f.fd < 0) require_regular(f.type, path);
+  const int fd = f.fd;
+  size_ = static_cast<std::size_t>(f.size);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     int e = errno;

@@ -40,7 +40,12 @@ constexpr T kGeluScale = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
 // and e^r by its degree-6 Taylor polynomial (truncation r^7/7! < 1.3e-7, about one ulp). The
 // double instantiation, which the gradient tests use, keeps std::exp.
 inline float exp_fast(float x) {
+  // NaN in, NaN out. The clamp alone would pass a NaN on to the float-to-int conversion below,
+  // which is undefined for NaN (diverged weights, a denormal loss scale); the select keeps the
+  // loop vectorisable.
+  const float in = x;
   x = std::min(std::max(x, -87.0f), 88.0f);
+  x = x == x ? x : 0.0f;
   // Round to nearest by the 1.5 * 2^23 trick: pure float adds, no rounding-mode instruction.
   const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
   const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 split hi + lo
@@ -52,7 +57,7 @@ inline float exp_fast(float x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
+  return in == in ? p * std::bit_cast<float>(bits) : in;
 }
 inline double exp_fast(double x) { return std::exp(x); }
 

@@ -1,6 +1,12 @@
 #include "reporter.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 
@@ -76,25 +82,92 @@ nlohmann::ordered_json number(double v) { return std::isfinite(v) ? nlohmann::or
 
 }  // namespace
 
-Reporter::Reporter(bool root, const std::string& jsonl_path, bool append, bool progress)
-    : root_(root), tty_(progress) {
+Reporter::Reporter(bool root, const std::string& jsonl_path, bool append, bool progress, bool strict)
+    : root_(root), tty_(progress), strict_(strict), jsonl_path_(jsonl_path) {
   if (!root_ || jsonl_path.empty()) return;
-  jsonl_.open(jsonl_path, append ? std::ios::app : std::ios::trunc);
-  ZERO_CHECK(jsonl_, "zero-gpt: cannot write " + jsonl_path + "; check run.out_dir");
+  jsonl_ = ::open(jsonl_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (append ? 0 : O_TRUNC), 0644);
+  if (jsonl_ < 0) {
+    failed(jsonl_path, "open", errno);
+    return;
+  }
+  // A record cut short by a full disk (or a kill) would swallow the first new one: end it.
+  struct stat st {};
+  char last = '\n';
+  if (append && ::fstat(jsonl_, &st) == 0 && st.st_size > 0 && ::pread(jsonl_, &last, 1, st.st_size - 1) == 1 &&
+      last != '\n') {
+    if (::write(jsonl_, "\n", 1) != 1) {
+      failed(jsonl_path, "end the cut-short last line of", errno);
+      return;
+    }
+    line("note: the last line of " + jsonl_path + " was a record cut short (a full disk or a killed run); it was ended "
+         "before appending, and zero-plot skips it (1 line)");
+  }
+}
+
+Reporter::~Reporter() {
+  if (jsonl_ >= 0) ::close(jsonl_);
+}
+
+void Reporter::failed(const std::string& path, const std::string& what, int err) {
+  const std::string msg = "cannot " + what + " '" + path + "': " + std::strerror(err);
+  if (strict_)
+    ZERO_THROW("zero-gpt: " + msg + "; run.strict_outputs is true, so the run stops. Free space in run.out_dir or "
+               "choose another, or set run.strict_outputs: false to train on without it");
+  std::fprintf(stderr, "zero-gpt: warning: %s; training continues without it (checkpoints are written "
+               "separately; set run.strict_outputs: true to stop instead)\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+namespace {
+
+// write() until done; the errno of a failure, or 0.
+int write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return errno;
+    if (w == 0) return ENOSPC;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool Reporter::write_file(const std::string& path, const std::string& text) {
+  if (!root_) return true;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int err = fd < 0 ? errno : write_all(fd, text.data(), text.size());
+  if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;  // NFS reports a full disk here
+  if (err == 0) return true;
+  failed(path, "write", err);
+  return false;
 }
 
 void Reporter::line(const std::string& text) {
   if (!root_) return;
   clear_progress();
   std::printf("%s\n", text.c_str());
-  std::fflush(stdout);
+  // The log is stdout, often a file on the same full disk: warn once (on stderr, which is often
+  // elsewhere), then go on.
+  if (std::fflush(stdout) != 0 && !log_failed_) {
+    const int err = errno;
+    log_failed_ = true;
+    std::clearerr(stdout);
+    failed("standard output (the log)", "write to", err);
+  }
 }
 
 void Reporter::record(const nlohmann::ordered_json& object) {
-  if (!root_ || !jsonl_.is_open()) return;
-  // One object per line, flushed: a run killed mid-way leaves every finished record readable.
-  jsonl_ << object.dump() << '\n';
-  jsonl_.flush();
+  if (!root_ || jsonl_ < 0) return;
+  // One object per line, one write: a run killed mid-way leaves every finished record readable.
+  const std::string text = object.dump() + '\n';
+  if (const int err = write_all(jsonl_, text.data(), text.size())) {
+    ::close(jsonl_);
+    jsonl_ = -1;
+    failed(jsonl_path_, "append to", err);
+  }
 }
 
 std::string Reporter::train_line(const TrainRecord& r) {

@@ -6,10 +6,15 @@
 // JSON. Every record has "type" ("start", "train", "eval", "stop") and "step"; the keys of each
 // type are listed in examples/gpt/README.md. Only rank 0 writes; the other ranks' reporters are
 // silent, so the loop can call them unconditionally.
+//
+// Every write to the run directory (metrics.jsonl, config.yaml, sample.txt) and to the log on
+// stdout is checked. The checkpoints are what a run must not lose, and they are written and
+// checked elsewhere; so a failed write (a full or read-only disk) gives one warning naming the
+// file and the OS error, the file is not written again, and training goes on. With
+// run.strict_outputs the failure is an error that ends the run instead.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
@@ -69,7 +74,15 @@ class Reporter {
  public:
   // root: this rank writes. jsonl_path "" writes no JSONL; append continues a resumed run's file.
   // progress: show the overwritten-in-place progress line (a terminal).
-  Reporter(bool root, const std::string& jsonl_path, bool append, bool progress);
+  // strict: a failed write throws instead of warning. On append, a last line cut short (the
+  // disk filled inside a record) is ended first, and line() says so.
+  Reporter(bool root, const std::string& jsonl_path, bool append, bool progress, bool strict);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  // Writes a whole file of the run directory (rank 0); false after the warning when it fails.
+  bool write_file(const std::string& path, const std::string& text);
 
   void line(const std::string& text);
   // Any other record ("start", "stop"): written to the JSONL as given.
@@ -82,8 +95,11 @@ class Reporter {
 
  private:
   void clear_progress();
-  bool root_ = false, tty_ = false, shown_ = false;
-  std::ofstream jsonl_;
+  // A failed write of `path`: strict, an error; otherwise one warning on stderr.
+  void failed(const std::string& path, const std::string& what, int err);
+  bool root_ = false, tty_ = false, shown_ = false, strict_ = false, log_failed_ = false;
+  int jsonl_ = -1;  // closed after a failed write: a later record would be glued to a cut one
+  std::string jsonl_path_;
 };
 
 }  // namespace zero::gpt

@@ -72,7 +72,7 @@ struct Cli {
   std::string config_path;
   std::vector<std::string> sets;
   bool print_config = false, resume = false, sample_only = false;
-  std::string checkpoint_dir, prompt;
+  std::string checkpoint_dir, prompt, resume_from;
   zero::gpt::AutotuneRequest autotune;
 };
 
@@ -92,6 +92,9 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
   app.add_flag("--resume", cli.resume,
                "continue from the latest checkpoint (in <run.out_dir>/checkpoints, or --checkpoint); "
                "the rank count and ZeRO stage may differ from the run that saved it");
+  app.add_option("--resume-from", cli.resume_from,
+                 "continue from the checkpoint at this root or step directory, which is only read (a "
+                 "read-only mount will do); saves go to --checkpoint or <run.out_dir>/checkpoints");
   app.add_flag("--sample", cli.sample_only,
                "load the latest checkpoint and print run.sample_tokens sampled tokens; no training");
   app.add_option("--checkpoint", cli.checkpoint_dir,
@@ -232,11 +235,17 @@ std::vector<int> prompt_tokens(const std::string& prompt) {
 
 // This process's command line with --resume added (once), each word quoted for a shell where
 // it needs to be; the launcher (mpirun, srun) is not visible from here and goes in front.
+// --resume-from goes: the run continues from its own checkpoints now.
 std::string resume_command(int argc, char** argv) {
   std::string cmd;
   bool has_resume = false;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--resume-from") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--resume-from=", 0) == 0) continue;
     has_resume = has_resume || a == "--resume";
     if (a.find_first_of(" \t'\"*?$") != std::string::npos) {
       std::string q = "'";
@@ -250,7 +259,7 @@ std::string resume_command(int argc, char** argv) {
 
 // Collective only at its start (GptTrainer::sample); rank 0 samples, prints the sample and writes
 // <out_dir>/sample.txt if given.
-void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
+void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli, Reporter* rep,
                   const std::string& out_dir) {
   const GptSettings& s = trainer.settings();
   if (s.sample_tokens <= 0) return;
@@ -268,10 +277,10 @@ void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli,
   std::printf("--- sample (%zu tokens, temperature %.2f, top_k %d) ---\n%s\n---\n", out.size(),
               s.temperature, s.top_k, text.c_str());
   std::fflush(stdout);
-  if (!out_dir.empty()) std::ofstream(fs::path(out_dir) / "sample.txt") << text << '\n';
+  if (rep && !out_dir.empty()) rep->write_file((fs::path(out_dir) / "sample.txt").string(), text + '\n');
 }
 
-// Rank 0 creates out_dir and writes config.yaml; every rank waits for it.
+// Rank 0 creates out_dir; every rank waits for it.
 void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
   const std::string& dir = rc.settings.out_dir;
   if (ctx.is_root()) {
@@ -279,7 +288,6 @@ void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
     fs::create_directories(dir, ec);
     ZERO_CHECK(!ec, "zero-gpt: cannot create run.out_dir '" + dir + "': " + ec.message() +
                         "; choose a writable directory");
-    std::ofstream(fs::path(dir) / "config.yaml") << rc.resolved_yaml;
   }
   ctx.comm().barrier();
 }
@@ -295,12 +303,13 @@ struct RunFacts {
   zero::gpt::MfuPeak peak;      // per device
   std::int64_t start_step = 0;
   std::string checkpoint_dir;
+  std::string resumed_from;    // the checkpoint this session continues ("" when it starts anew)
   std::string resume_command;  // this command line with --resume, for the stop message
   std::string nodes;           // "2 nodes x 2 ranks"
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
-                   bool resumed) {
+                   bool resumed, bool config_saved) {
   const zero::Config& cfg = rc.cfg;
   const auto& mc = trainer.model_config();
   char buf[512];
@@ -339,8 +348,8 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   rep.line("memory: " + trainer.engine().memory().to_string());
   for (const auto& n : cfg.notes) rep.line("note: " + n);
   if (resumed)
-    rep.line("resumed from " + f.checkpoint_dir + " at step " + std::to_string(f.start_step));
-  rep.line("--- resolved configuration (saved to " +
+    rep.line("resumed from " + f.resumed_from + " at step " + std::to_string(f.start_step));
+  rep.line("--- resolved configuration (" + std::string(config_saved ? "saved to " : "NOT saved to ") +
            (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
            rc.resolved_yaml + "---");
   rep.record({{"type", "start"},
@@ -397,6 +406,11 @@ class TrainingLoop {
 
   // The closing line: steps, time, throughput, the last validation loss.
   void report_done() {
+    if (f_.start_step >= s_.steps) {  // run() said why: nothing was trained
+      rep_.line("done: no steps trained (the checkpoint is at step " + std::to_string(f_.start_step) +
+                ", run.steps is " + std::to_string(s_.steps) + ")");
+      return;
+    }
     const std::int64_t ran = s_.steps - f_.start_step;
     std::string val = "none (no validation data: data.val is 'none', or shards without data.val)";
     if (trainer_.has_validation())
@@ -512,7 +526,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
     return 0;
   }
   if (cli.autotune.enabled) {
-    ZERO_CHECK(!cli.resume && !cli.sample_only,
+    ZERO_CHECK(!cli.resume && cli.resume_from.empty() && !cli.sample_only,
                "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
                "with --resume or --sample (tune first, then resume with the winner's config file)");
     const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
@@ -541,7 +555,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
     if (ctx.is_root())
       std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
-    print_sample(ctx, trainer, cli, "");
+    print_sample(ctx, trainer, cli, nullptr, "");
     return 0;
   }
   // A run may save into its checkpoint root at any step (a stop signal saves too): take the
@@ -549,7 +563,15 @@ int run(zero::Context& ctx, int argc, char** argv) {
   // before it trains or writes anything.
   zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
   zero::lock_run_directory(trainer.engine(), settings.out_dir);
-  if (cli.resume) facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
+  // Hours of training must not end in a first save that cannot fit.
+  zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
+  if (!cli.resume_from.empty()) {
+    facts.start_step = trainer.load_checkpoint(cli.resume_from);
+    facts.resumed_from = cli.resume_from;
+  } else if (cli.resume) {
+    facts.start_step = trainer.load_checkpoint(facts.checkpoint_dir);
+    facts.resumed_from = facts.checkpoint_dir;
+  }
   create_run_dir(ctx, rc);
 
   facts.nodes = zero::node_layout(ctx).describe();
@@ -563,13 +585,14 @@ int run(zero::Context& ctx, int argc, char** argv) {
                         (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
   Reporter rep(ctx.is_root(),
                settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
-               cli.resume, progress);
-  report_header(rep, rc, trainer, facts, cli.resume);
+               !facts.resumed_from.empty(), progress, settings.strict_outputs);
+  const bool config_saved = rep.write_file((fs::path(settings.out_dir) / "config.yaml").string(), rc.resolved_yaml);
+  report_header(rep, rc, trainer, facts, !facts.resumed_from.empty(), config_saved);
 
   TrainingLoop loop(ctx, trainer, rep, facts);
   if (!loop.run()) return zero::kExitStopped;
   loop.report_done();
-  print_sample(ctx, trainer, cli, settings.out_dir);
+  print_sample(ctx, trainer, cli, &rep, settings.out_dir);
   return 0;
 }
 

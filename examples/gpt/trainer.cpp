@@ -17,25 +17,40 @@
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
+#include "zero/strings.hpp"
 
 namespace zero::gpt {
 
 namespace {
 
-// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths.
+// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths. Control
+// bytes are escaped (a raw newline in a quoted scalar reads back as a space), so the saved
+// config says exactly what ran.
 std::string quoted(const std::string& s) {
   std::string q = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') q += '\\';
-    q += c;
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      q += '\\';
+      q += ch;
+    } else if (c == '\n') {
+      q += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      q += buf;
+    } else {
+      q += ch;
+    }
   }
   return q + "\"";
 }
 
+// The shortest text that reads back as the same double.
 std::string number(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 // Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
@@ -137,6 +152,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     s.keep_checkpoints = static_cast<int>(r.get_int("keep_checkpoints", s.keep_checkpoints, 0, 1 << 20));
     s.token_budget = r.get_double("token_budget", s.token_budget, zero::Range::above(0));
     s.log_jsonl = r.get_bool("log_jsonl", s.log_jsonl);
+    s.strict_outputs = r.get_bool("strict_outputs", s.strict_outputs);
     s.progress = r.get_choice("progress", s.progress, {"auto", "on", "off"});
     s.peak_tflops = r.get_double("peak_tflops", s.peak_tflops, zero::Range::at_least(0));
     r.finish();
@@ -169,6 +185,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "keep_checkpoints: " << keep_checkpoints << "\n"
     << "token_budget: " << number(token_budget) << "\n"
     << "log_jsonl: " << (log_jsonl ? "true" : "false") << "\n"
+    << "strict_outputs: " << (strict_outputs ? "true" : "false") << "\n"
     << "progress: " << progress << "\n"
     << "peak_tflops: " << number(peak_tflops) << "\n";
   return {{"model", m.str()}, {"data", d.str()}, {"run", r.str()}};
@@ -208,6 +225,8 @@ std::string gpt_settings_help() {
          "  keep_checkpoints: 3          complete checkpoints kept in out_dir/checkpoints (0: all)\n"
          "  token_budget: 100e9          tokens for the 'days to train' projection\n"
          "  log_jsonl: true              write metrics.jsonl\n"
+         "  strict_outputs: false        a failed write to out_dir (log, metrics, config.yaml,\n"
+         "                               sample) ends the run; false: a warning, training goes on\n"
          "  progress: auto               live step/ETA line: auto (a single process on a\n"
          "                               terminal: mpirun gives every rank a terminal even\n"
          "                               when its own output is a file), on, off\n"
@@ -341,7 +360,7 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   const std::int64_t per = train_loader_->samples_per_micro_step();
   const std::int64_t most = std::numeric_limits<std::int64_t>::max() / 2;
   ZERO_CHECK(ec == std::errc() && end == text.data() + text.size() && samples >= 0 && samples <= most,
-             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + text +
+             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + zero::escape_bytes(text) +
                  "' in '" + root + "' is not a count of samples in [0, " + std::to_string(most) +
                  "]; the checkpoint was damaged or edited: resume from another step (--checkpoint "
                  "<root>/step_N)");

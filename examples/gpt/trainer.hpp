@@ -53,6 +53,7 @@ struct GptSettings {
   int keep_checkpoints = 3;           // complete checkpoints kept (0: all)
   double token_budget = 100e9;
   bool log_jsonl = true;
+  bool strict_outputs = false;        // a failed write to out_dir ends the run (default: a warning)
   std::string progress = "auto";      // the live step/ETA line: "auto", "on", "off"
   double peak_tflops = 0;             // per device, for MFU (0: measure sgemm at start)
 

@@ -27,25 +27,26 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 def read_run(path):
     """The train and eval records of one metrics.jsonl, by step, and the run's name."""
     name, train, evals = None, {}, {}
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                # The last line of a killed run may be cut short; anything else is damage.
-                if f.read().strip():
-                    sys.exit(f"zero-plot: {path}:{number}: not JSON ({e})")
-                break
-            kind = record.get("type")
-            if kind == "start" and name is None:
-                name = record.get("name")
-            elif kind == "train":
-                train[record["step"]] = record
-            elif kind == "eval":
-                evals[record["step"]] = record
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [(number, line.strip()) for number, line in enumerate(f, 1) if line.strip()]
+    for i, (number, line) in enumerate(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            # A record cut short: the last line of a killed run, or one a full disk cut and a
+            # resume ended before appending (said once). Anything else is damage.
+            if not line.startswith('{"type":'):
+                sys.exit(f"zero-plot: {path}:{number}: not JSON ({e})")
+            if i + 1 < len(lines):
+                print(f"zero-plot: {path}:{number}: skipped a record cut short", file=sys.stderr)
+            continue
+        kind = record.get("type")
+        if kind == "start" and name is None:
+            name = record.get("name")
+        elif kind == "train":
+            train[record["step"]] = record
+        elif kind == "eval":
+            evals[record["step"]] = record
     if not train and not evals:
         sys.exit(f"zero-plot: {path} holds no train or eval records; is it a zero-gpt metrics.jsonl?")
     default = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
@@ -64,11 +65,19 @@ def figure(size):
     return plt.figure(figsize=(width / 100, height / 100), dpi=100)
 
 
+FAILED = []  # the plots that could not be written (a full or read-only disk)
+
+
 def save(fig, out_dir, name):
     path = os.path.join(out_dir, name)
-    fig.savefig(path, dpi=100)  # no bbox "tight": the image keeps exactly the asked size
-    plt.close(fig)
-    print(path)
+    try:
+        fig.savefig(path, dpi=100)  # no bbox "tight": the image keeps exactly the asked size
+        print(path)
+    except OSError as e:
+        print(f"zero-plot: cannot write {path}: {e.strerror or e}", file=sys.stderr)
+        FAILED.append(path)
+    finally:
+        plt.close(fig)
 
 
 def plot_loss(runs, x, label, size, out_dir, name):
@@ -136,6 +145,8 @@ def main():
     plot_panels(runs, [("model_state_bytes", "model state / rank (MiB)", mib),
                        ("peak_rss_bytes", "peak RSS (MiB)", mib)],
                 size, args.out, "memory.png")
+    if FAILED:
+        sys.exit(f"zero-plot: {len(FAILED)} of 4 plots not written (see above)")
 
 
 if __name__ == "__main__":

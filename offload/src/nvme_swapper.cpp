@@ -231,28 +231,48 @@ std::uint64_t NvmeSwapper::bytes_reserved() const {
   return total;
 }
 
-void NvmeSwapper::check_space() {
+NvmeSwapper::Space NvmeSwapper::space() const {
   SwapCore& c = *core_;
   std::lock_guard lock(c.mutex);
+  Space sp;
+  sp.dir = c.dir;
   // Space still to be claimed: the reserved size minus what existing files already hold.
-  std::uint64_t needed = 0;
   for (const auto& [key, ks] : c.keys) {
     const std::uint64_t want = detail::round_up(ks.reserved, detail::kPage);
     struct stat st{};
     const std::uint64_t have =
         ::stat(ks.path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
-    if (want > have) needed += want - have;
+    if (want > have) sp.needed += want - have;
   }
   struct statvfs vfs{};
   ZERO_CHECK(::statvfs(c.dir.c_str(), &vfs) == 0,
              "statvfs(" + c.dir + ") failed: " + detail::errno_text(errno));
-  const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
-  ZERO_CHECK(needed <= free_bytes,
-             fmt::format("not enough disk space for NVMe swap in {}: {} swapped tensors need {} more, but only {} "
-                         "are free. Free space there, point nvme_path at a larger device, use more ranks, or "
-                         "offload to cpu instead of nvme",
-                         c.dir, c.keys.size(), detail::bytes_text(needed), detail::bytes_text(free_bytes)));
-  // Claim the space now so no write can hit ENOSPC mid-step.
+  sp.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  sp.capacity_known = vfs.f_blocks != 0;
+  struct stat dst{};
+  if (::stat(c.dir.c_str(), &dst) == 0) sp.filesystem = static_cast<std::uint64_t>(dst.st_dev);
+  return sp;
+}
+
+void NvmeSwapper::check_space() {
+  const Space sp = space();
+  if (!sp.capacity_known) {
+    log_warning("the filesystem of {} reports no capacity (ramfs?): the {} NVMe swap needs are not checked against "
+                "free space",
+                sp.dir, detail::bytes_text(sp.needed));
+  } else {
+    ZERO_CHECK(sp.needed <= sp.free,
+               fmt::format("not enough disk space for NVMe swap in {}: {} swapped tensors need {} more, but only {} "
+                           "are free. Free space there, point nvme_path at a larger device, use more ranks, or "
+                           "offload to cpu instead of nvme",
+                           sp.dir, core_->keys.size(), detail::bytes_text(sp.needed), detail::bytes_text(sp.free)));
+  }
+  preallocate();
+}
+
+void NvmeSwapper::preallocate() {
+  SwapCore& c = *core_;
+  std::lock_guard lock(c.mutex);
   for (auto& [key, ks] : c.keys) {
     const auto want = static_cast<off_t>(detail::round_up(ks.reserved, detail::kPage));
     if (want == 0) continue;

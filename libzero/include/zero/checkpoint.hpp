@@ -82,6 +82,15 @@ void lock_checkpoint_root(Engine& engine, const std::string& root);
 // must not share either, wherever their checkpoints go.
 void lock_run_directory(Engine& engine, const std::string& dir);
 
+// The bytes one save_checkpoint of this engine writes (every shard and the metadata, each file
+// rounded up to the filesystem's `block` size).
+std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block = 4096);
+// Collective, at a job's start: refuses a checkpoint root whose filesystem has less free space
+// than one save (the run would train for hours and then fail its first save), and warns when
+// two saves do not fit (a save is written in full before the older one is pruned). A
+// filesystem that reports no capacity (ramfs) is not checked; a warning says so.
+void check_checkpoint_space(Engine& engine, const std::string& root);
+
 // ---- offline ----
 
 // The step directory `tag` names under `root` ("latest" or a step number); root may itself be a

@@ -37,7 +37,7 @@ struct GptShape {
   int seq_len = 1024;
   int vocab_size = 50257;
 
-  std::int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
+  std::int64_t padded_vocab() const { return (std::int64_t{vocab_size} + 127) / 128 * 128; }
   std::int64_t num_params() const;  // Ψ, as Layout::num_params() of gpt_layout()
   void validate() const;            // throws zero::Error naming the bad field
 };

@@ -5,9 +5,12 @@
 // peer that gave up (a corrupted shard read by rank 2 alone must not hang ranks 0, 1 and 3).
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "runtime/log.hpp"
 #include "runtime/strings.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
@@ -165,7 +169,8 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
     std::string at = fmt::format("{}units[{}]", file, i);
     if (cu.name != ui.name)
-      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, cu.name, i, ui.name, fix));
+      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i, ui.name,
+                             fix));
     if (cu.params.size() != ui.params.size())
       ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at,
                              cu.params.size(), ui.name, ui.params.size(), fix));
@@ -174,7 +179,7 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
       const auto& p = ui.params[k];
       std::string pat = fmt::format("{}.params[{}]", at, k);
       if (cp.name != p.name)
-        ZERO_THROW(pat + ".name' = \"" + cp.name + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
+        ZERO_THROW(pat + ".name' = \"" + escape_bytes(cp.name) + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
                    ui.name + "')" + fix);
       if (cp.shape != p.shape)
         ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
@@ -191,7 +196,7 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
                std::string(dtype_name(e.compute_dtype())) +
                "; use the same bf16/fp16 settings, or set CheckpointLoadOptions::allow_config_change");
   if (m.optimizer != to_string(e.config().optimizer.type))
-    ZERO_THROW(file + "optimizer' = " + m.optimizer + ", the engine's optimizer is " +
+    ZERO_THROW(file + "optimizer' = " + escape_bytes(m.optimizer) + ", the engine's optimizer is " +
                to_string(e.config().optimizer.type) +
                "; use the same optimizer, or set CheckpointLoadOptions::allow_config_change");
 }
@@ -276,6 +281,56 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
 }
 
 }  // namespace
+
+std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
+  EngineState e(engine);
+  const std::uint64_t bs = std::max<std::uint64_t>(block_size, 1);
+  auto block = [bs](std::uint64_t b) { return (b + bs - 1) / bs * bs; };
+  const std::size_t units = static_cast<std::size_t>(e.layout().num_units());
+  std::uint64_t total = 0;
+  for (int r = 0; r < e.world_size(); ++r) {
+    std::uint64_t elements = 0;  // rank r's slices, clipped to each unit's real elements
+    for (int i = 0; i < e.layout().num_units(); ++i) {
+      const std::int64_t slice = e.slice(i), numel = e.layout().unit(i).numel;
+      const std::int64_t b = std::min(static_cast<std::int64_t>(r) * slice, numel);
+      elements += static_cast<std::uint64_t>(std::min(b + slice, numel) - b);
+    }
+    total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
+  }
+  std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()),
+                                      ckpt::ShardMeta{"shard_00000.ckpt", 0, 0});
+  const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();
+  return total + block(ckpt::kHeaderBytes + meta.size());
+}
+
+void check_checkpoint_space(Engine& engine, const std::string& root) {
+  EngineState e(engine);
+  // Every rank computes the size (a collective may be inside); rank 0 compares it.
+  struct statvfs fs {};
+  const bool stated = e.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
+  const int stat_errno = errno;
+  const std::uint64_t need = checkpoint_bytes(engine, stated && fs.f_frsize > 0 ? fs.f_frsize : 4096);
+  agree(e.host_comm(), [&] {
+    if (e.rank() != 0) return;
+    ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
+                                   std::strerror(stat_errno)));
+    if (fs.f_blocks == 0) {
+      log_warning("checkpoint root '{}' is on a filesystem that reports no capacity (ramfs?): its free space is not "
+                  "checked; one save takes {}",
+                  root, format_bytes(need));
+      return;
+    }
+    const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
+    ZERO_CHECK(free >= need, fmt::format("checkpoint root '{}' has {} free, less than one save of this model ({}): "
+                                         "the first save would fail. Free space there or give another root "
+                                         "(--checkpoint)",
+                                         root, format_bytes(free), format_bytes(need)));
+    if (free < 2 * need)
+      log_warning("checkpoint root '{}' has {} free, room for one save ({}) but not two: a save is written in full "
+                  "before the older one is pruned, so the second save may fail. Free space there",
+                  root, format_bytes(free), format_bytes(need));
+  });
+}
 
 void lock_checkpoint_root(Engine& engine, const std::string& root) {
   lock_job_directory(engine, root, "checkpoint root");

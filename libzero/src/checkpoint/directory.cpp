@@ -80,16 +80,11 @@ void lock_root(const std::string& root, bool exclusive, const char* kind) {
 
 std::string read_latest(const std::string& root) {
   std::string path = root + "/" + kLatestFile;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    if (err == ENOENT)
-      ZERO_THROW(fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
-                             "check the path, or pass a step number as the tag",
-                             root));
-    sys_fail("open", path, err);
-  }
-  Fd f(fd, path);
+  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT)
+    ZERO_THROW(fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
+                           "check the path, or pass a step number as the tag",
+                           root));
+  Fd f = Fd::open_read(path);
   std::uint64_t size = f.size();
   if (size > 64) file_fail(path, "content", fmt::format("is {} bytes; it should hold one directory name", size));
   std::string s(static_cast<std::size_t>(size), '\0');
@@ -188,7 +183,22 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) sys_fail("rename " + tmp_dir + " to", final_dir, errno);
   fsync_dir(root);
   fail_point("after_rename");
-  write_file_atomic(root, kLatestFile, name + "\n");
+  try {
+    write_file_atomic(root, kLatestFile, name + "\n");
+  } catch (const Error& e) {
+    // The step is complete and verified on disk; only the pointer is stale. Say exactly that:
+    // this is no failed save, and the step need not be written again.
+    std::string before;
+    try {
+      before = "still names step " + std::to_string(parse_step_dir_name(read_latest(root)));
+    } catch (const Error&) {
+      before = "names no step";
+    }
+    ZERO_THROW(fmt::format("checkpoint: step {} is complete on disk; `latest` {} (it could not be updated: {}). "
+                           "The step is in '{}'. Free space in '{}': the next save updates `latest` (or write \"{}\" "
+                           "into '{}/{}' to resume from step {}; zero-ckpt inspect lists it)",
+                           step, before, e.what(), final_dir, root, name, root, kLatestFile, step));
+  }
   fail_point("after_latest");
   if (keep_last <= 0) return;
   // Keep the newest keep_last checkpoints up to this step. Later steps are a future this run

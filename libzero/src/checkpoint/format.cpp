@@ -14,6 +14,7 @@
 
 #include "checkpoint/json.hpp"
 #include "zero/error.hpp"
+#include "zero/files.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "checkpoint shards store floats in host order and the format is little-endian");
@@ -87,13 +88,13 @@ void Fd::close() {
 }
 
 Fd Fd::open_read(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    ZERO_THROW(fmt::format("checkpoint file '{}': cannot open: {}; {}", path, std::strerror(err),
-                           err == ENOENT ? kDamaged : "check its permissions"));
-  }
-  return Fd(fd, path);
+  OpenedFile f = open_regular_file(path);
+  if (f.fd >= 0) return Fd(f.fd, path);
+  if (f.exists)
+    ZERO_THROW(fmt::format("checkpoint file '{}': is {}, not a regular file (it would block or never end if read); {}",
+                           path, f.type, kDamaged));
+  ZERO_THROW(fmt::format("checkpoint file '{}': cannot open: {}; {}", path, std::strerror(f.error),
+                         f.error == ENOENT ? kDamaged : "check its permissions"));
 }
 
 Fd Fd::create(const std::string& path) {
@@ -175,11 +176,16 @@ void write_file_atomic(const std::string& dir, const std::string& name, const st
   std::string tmp = fmt::format("{}/.{}.tmp", dir, name);
   std::string dst = fmt::format("{}/{}", dir, name);
   if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) sys_fail("remove the stale", tmp, errno);
-  Fd f = Fd::create(tmp);
-  f.pwrite_all(content.data(), content.size(), 0);
-  f.sync();
-  f.close();
-  if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail("rename " + tmp + " to", dst, errno);
+  try {
+    Fd f = Fd::create(tmp);
+    f.pwrite_all(content.data(), content.size(), 0);
+    f.sync();
+    f.close();
+    if (::rename(tmp.c_str(), dst.c_str()) != 0) sys_fail("rename " + tmp + " to", dst, errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());  // nothing half-written stays behind (on a full disk least of all)
+    throw;
+  }
   fsync_dir(dir);
 }
 

@@ -199,6 +199,9 @@ class ShardWriter {
   int next_ = 0;
 };
 
+// The size of a shard file holding `elements` floats of each of 1 + moments arrays over `units` units.
+std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements);
+
 // Reads a checkpoint directory: metadata parsed and every shard's header and index checked
 // against it on open; sections are verified when read.
 class Reader {

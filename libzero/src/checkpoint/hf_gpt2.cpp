@@ -42,7 +42,12 @@ int model_key(const std::string& config_yaml, const char* key, int given, const 
   }
   if (model && model.IsMap() && model[key] && model[key].IsScalar()) {
     try {
-      return model[key].as<int>();
+      const long long v = model[key].as<long long>();
+      ZERO_CHECK(v >= 1 && v <= (1 << 24),
+                 fmt::format("export hf: the config saved in {} has model.{} = {}, outside [1, 2^24]; the checkpoint "
+                             "was damaged or edited: pass the model's value with --{}",
+                             where, key, v, key == std::string("n_head") ? "n-head" : "vocab-size"));
+      return static_cast<int>(v);
     } catch (const YAML::Exception&) {
     }
   }
@@ -73,8 +78,17 @@ plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::st
   plan::GptShape c;
   c.n_layer = 0;  // counted from the blocks present
   while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
-  c.n_embd = static_cast<int>(wte->second->shape[1]);
-  c.seq_len = static_cast<int>(wpe->second->shape[0]);
+  ZERO_CHECK(c.n_layer > 0, fmt::format("export {}: {} holds no GPT-2 block (no tensor 'h.0.ln_1.weight'); --format {} "
+                                        "is for GPT-2-shaped models, use --format safetensors for any model",
+                                        format, step_dir, format));
+  // Shapes come from the file: bounded before they become ints and sizes.
+  auto dim = [&](std::int64_t v, const char* what) {
+    ZERO_CHECK(v <= (1 << 24), fmt::format("export {}: {} in {} is {}, more than 2^24; {}", format, what, step_dir, v,
+                                           ckpt::detail::kDamaged));
+    return static_cast<int>(v);
+  };
+  c.n_embd = dim(wte->second->shape[1], "wte.weight's width");
+  c.seq_len = dim(wpe->second->shape[0], "wpe.weight's length");
   c.n_head = model_key(m.config_yaml, "n_head", o.n_head, step_dir, format);
   c.vocab_size = model_key(m.config_yaml, "vocab_size", o.vocab_size, step_dir, format);
   c.validate();
@@ -242,16 +256,18 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
                            path));
     const std::string cj = (fs::path(path) / "config.json").string();
     if (fs::exists(cj)) {
-      std::ifstream in(cj, std::ios::binary);
-      ZERO_CHECK(in, fmt::format("model.init_from: cannot read '{}'", cj));
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const ckpt::Fd in = ckpt::Fd::open_read(cj);  // a regular file only: a FIFO would block
+      const std::uint64_t bytes = in.size();
+      ZERO_CHECK(bytes <= (1u << 20), fmt::format("model.init_from: '{}' is {} bytes; a config.json is a few", cj, bytes));
+      std::string text(static_cast<std::size_t>(bytes), '\0');
+      in.pread_all(text.data(), text.size(), 0);
       const json::Json doc = json::parse(text, cj);
       const json::Field f(doc, cj, "", "give the config.json of a GPT-2 model");
       if (f.has("model_type"))
         ZERO_CHECK(f.at("model_type").str() == "gpt2",
                    fmt::format("model.init_from: {} says model_type '{}'; only GPT-2 weights (model_type gpt2) load "
                                "into this model",
-                               cj, f.at("model_type").str()));
+                               cj, escape_bytes(f.at("model_type").str())));
       plan::GptShape c;
       c.n_layer = config_int(f, "n_layer");
       c.n_head = config_int(f, "n_head");

@@ -16,6 +16,8 @@ namespace {
 
 constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
 const char* kMetaHint = "the metadata is damaged or was not written by libzero; load an older checkpoint";
+// 2^53: a count of steps no run reaches, exact in a double, and far from int64's end.
+constexpr std::int64_t kMaxCounter = std::int64_t{1} << 53;
 
 DType dtype_from(const json::Field& f) {
   const std::string& s = f.str();
@@ -88,7 +90,9 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   if (d.at("format_version").i64() != kFormatVersion)
     d.at("format_version").fail(fmt::format("is not {} (this build's format)", kFormatVersion));
-  m.step = d.at("step").i64(0);
+  // Counters are bounded where they are read, so no later arithmetic on them (step + 1, the
+  // scaler's iter + 1, tokens = step x tokens per step in a double) can overflow.
+  m.step = d.at("step").i64(0, kMaxCounter);
   m.applied = d.at("applied_steps").i64(0, m.step);
   m.world = static_cast<int>(d.at("world_size").i64(1, 1 << 20));
   m.stage = static_cast<int>(d.at("stage").i64(0, 3));
@@ -114,12 +118,21 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   m.scaler.scale = ls.at("scale").f64();
   if (!(m.scaler.scale > 0)) ls.at("scale").fail("must be positive");
   m.scaler.hysteresis_left = static_cast<int>(ls.at("hysteresis_left").i64(0, 1 << 30));
-  m.scaler.iter = ls.at("iter").i64(0);
+  m.scaler.iter = ls.at("iter").i64(0, kMaxCounter);
   m.scaler.last_overflow_iter = ls.at("last_overflow_iter").i64(-1, m.scaler.iter);
 
   json::Field sc = d.at("scheduler");
   sc.expect_keys({"type", "step"}, {"lr"});
   m.scheduler = sc.at("type").str();
+  bool known = false;
+  for (SchedulerType t : {SchedulerType::none, SchedulerType::warmup_lr, SchedulerType::warmup_decay_lr,
+                          SchedulerType::warmup_cosine_lr})
+    known = known || m.scheduler == to_string(t);
+  if (!known)
+    sc.at("type").fail(fmt::format("= \"{}\" is not one of {}, {}, {}, {}", m.scheduler,
+                                   to_string(SchedulerType::none), to_string(SchedulerType::warmup_lr),
+                                   to_string(SchedulerType::warmup_decay_lr),
+                                   to_string(SchedulerType::warmup_cosine_lr)));
   m.scheduler_step = sc.at("step").i64(m.applied, m.applied);
   if (sc.has("lr")) {
     m.loop_lr = sc.at("lr").f64();

@@ -19,6 +19,11 @@ constexpr std::uint64_t kShardIndexHead = 32;
 constexpr std::uint64_t kShardIndexEntry = 32;
 }  // namespace
 
+std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements) {
+  return kHeaderBytes + kShardIndexHead + kShardIndexEntry * units +
+         elements * static_cast<std::uint64_t>(1 + moments) * sizeof(float);
+}
+
 ShardWriter::ShardWriter(const std::string& path, int rank, int world, int stage, int moments, std::int64_t step,
                          std::vector<Range> ranges)
     : fd_(Fd::create(path)),
@@ -91,6 +96,15 @@ Reader::~Reader() = default;
 
 Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
   meta_ = read_metadata_file(dir_ + "/" + kMetadataFile);
+  // A step directory holds its own step: files copied from another step would resume a run at a
+  // step its name, `latest` and keep_last pruning all disagree with.
+  fs::path name = fs::path(dir_).lexically_normal();
+  if (name.filename().empty()) name = name.parent_path();
+  const std::int64_t named = parse_step_dir_name(name.filename().string());
+  if (named >= 0 && named != meta_.step)
+    file_fail(dir_ + "/" + kMetadataFile, "step",
+              fmt::format("= {}, but the directory is {}: the files belong to another step", meta_.step,
+                          step_dir_name(named)));
   const std::size_t nu = meta_.units.size();
   const std::uint64_t stride = static_cast<std::uint64_t>(1 + meta_.moments) * sizeof(float);
   for (int r = 0; r < meta_.world; ++r) {

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,16 +62,16 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       << "optimizer " << m.optimizer << " (" << m.moments << " moment(s))\n";
   out << "  loss scaler: " << (m.scaler_dynamic ? "dynamic" : "static") << ", scale " << m.scaler.scale
       << ", hysteresis left " << m.scaler.hysteresis_left << ", iter " << m.scaler.iter << ", last overflow "
-      << m.scaler.last_overflow_iter << "; scheduler " << m.scheduler << " at step " << m.scheduler_step << "\n";
+      << m.scaler.last_overflow_iter << "; scheduler " << escape_bytes(m.scheduler) << " at step " << m.scheduler_step << "\n";
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
-  for (const auto& [k, v] : m.client) out << "\n    " << k << " = " << client_value_text(v);
+  for (const auto& [k, v] : m.client) out << "\n    " << escape_bytes(k) << " = " << client_value_text(v);
   out << "\n  " << m.units.size() << " units, " << params << " parameters:\n";
   for (const auto& u : m.units) {
-    out << "    " << u.name << ": " << u.numel << " elements, slice " << u.slice << ", padding "
+    out << "    " << escape_bytes(u.name) << ": " << u.numel << " elements, slice " << u.slice << ", padding "
         << (u.slice * m.world - u.numel) << "\n";
     for (const auto& p : u.params)
-      out << "      " << p.name << " " << shape_text(p.shape) << " fp32 offset " << p.offset << "\n";
+      out << "      " << escape_bytes(p.name) << " " << shape_text(p.shape) << " fp32 offset " << p.offset << "\n";
   }
   bool ok = true;
   std::uint64_t total = 0;
@@ -93,16 +94,13 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
   out << "  total " << total << " bytes: " << (ok ? "all checksums ok" : "VERIFICATION FAILED") << "\n";
   if (show_config) {
     out << "  config:\n";
-    std::string line;
-    for (char c : m.config_yaml) {
-      if (c == '\n') {
-        out << "    " << line << "\n";
-        line.clear();
-      } else {
-        line += c;
-      }
+    // Line by line, each line escaped: the saved config is text from the file like any other.
+    for (std::size_t at = 0; at < m.config_yaml.size();) {
+      std::size_t end = m.config_yaml.find('\n', at);
+      if (end == std::string::npos) end = m.config_yaml.size();
+      out << "    " << escape_bytes(std::string_view(m.config_yaml).substr(at, end - at)) << "\n";
+      at = end + 1;
     }
-    if (!line.empty()) out << "    " << line << "\n";
   }
   return ok;
 }
@@ -140,7 +138,14 @@ bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_co
   if (steps.empty()) out << "no checkpoints\n";
   for (auto s : steps) {
     std::string name = ckpt::step_dir_name(s);
-    out << name << (name == latest ? " (latest)" : "") << ":\n";
+    // A complete step newer than latest: a save whose pointer update failed (a full disk).
+    const bool orphan = !latest.empty() && s > ckpt::parse_step_dir_name(latest);
+    out << name << (name == latest ? " (latest)" : "")
+        << (orphan ? fmt::format(" (newer than latest: a save that could not update 'latest'; to resume from it, "
+                                 "write \"{}\" into {}/{}; the run's next save at this step replaces it)",
+                                 name, path, ckpt::kLatestFile)
+                   : std::string())
+        << ":\n";
     ok = inspect_one(path + "/" + name, out, show_config) && ok;
   }
   return ok;

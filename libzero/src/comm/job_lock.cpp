@@ -2,6 +2,7 @@
 #include "comm/job_lock.hpp"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <fmt/format.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -67,6 +68,21 @@ void write_holder(int fd, const std::string& file) {
                          fix));
 }
 
+// Why the lock file cannot be opened: the file itself when it exists (its owner and mode), its
+// directory otherwise.
+std::string cannot_open(const std::string& file, const std::string& what, int err) {
+  struct stat st {};
+  if (::stat(file.c_str(), &st) != 0)
+    return fmt::format("cannot create the lock file {} for {}: {}; check the permissions of its directory", file, what,
+                       std::strerror(err));
+  const struct passwd* pw = ::getpwuid(st.st_uid);
+  return fmt::format("cannot open the lock file {} for {}: {}; it belongs to {} (uid {}) with mode {:04o}, and this "
+                     "process runs as uid {}. A stale lock file needs no cleaning when it can be opened: remove this "
+                     "one (or ask its owner to), or make it readable",
+                     file, what, std::strerror(err), pw ? escape_bytes(pw->pw_name) : std::string("an unknown user"),
+                     st.st_uid, st.st_mode & 07777, ::geteuid());
+}
+
 bool locks_unsupported(int err) { return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL; }
 
 }  // namespace
@@ -95,14 +111,21 @@ JobLock::Taken JobLock::take(const std::string& file, LockMode mode, const std::
   // A releasing holder may delete the file between our open and our flock; the lock we got is
   // then on a file nobody else will open, so open the new one and try again.
   for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Another user's lock file (a stale one in a shared directory) may be readable only: flock
+    // needs no write access, so it still serves as the lock; only the holder line is not written.
+    bool read_only = false;
+    if (fd < 0 && (errno == EACCES || errno == EPERM || errno == EROFS)) {
+      fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+      read_only = fd >= 0;
+      if (fd < 0) errno = EACCES;
+    }
     if (fd < 0) {
       const int err = errno;
       // A reader of a directory it may not write (a published checkpoint) cannot collide with a
       // writer through it: it writes nothing there.
       if (mode == LockMode::shared && (err == EACCES || err == EROFS || err == EPERM)) return {};
-      ZERO_THROW(fmt::format("cannot create the lock file {} for {}: {}; check the permissions of its directory", file,
-                             what, std::strerror(err)));
+      ZERO_THROW(cannot_open(file, what, err));
     }
     if (::flock(fd, op) != 0) {
       const int err = errno;
@@ -125,8 +148,8 @@ JobLock::Taken JobLock::take(const std::string& file, LockMode mode, const std::
     Taken t;
     t.first = true;
     t.previous_holder = read_holder(fd);
-    write_holder(fd, file);
-    t.lock = std::shared_ptr<JobLock>(new JobLock(file, fd, mode, remove_file));
+    if (!read_only) write_holder(fd, file);
+    t.lock = std::shared_ptr<JobLock>(new JobLock(file, fd, mode, remove_file, read_only));
     slot = t.lock;
     return t;
   }
@@ -135,7 +158,7 @@ JobLock::Taken JobLock::take(const std::string& file, LockMode mode, const std::
 void JobLock::upgrade(const std::string& what, const std::string& fix) {
   if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
     mode_ = LockMode::exclusive;
-    write_holder(fd_, file_);
+    if (!read_only_) write_holder(fd_, file_);
     return;
   }
   const int err = errno;

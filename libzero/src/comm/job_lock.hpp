@@ -48,14 +48,15 @@ class JobLock {
   static std::string holder_text();
 
  private:
-  JobLock(std::string file, int fd, LockMode mode, bool remove_file)
-      : file_(std::move(file)), fd_(fd), mode_(mode), remove_file_(remove_file) {}
+  JobLock(std::string file, int fd, LockMode mode, bool remove_file, bool read_only)
+      : file_(std::move(file)), fd_(fd), mode_(mode), remove_file_(remove_file), read_only_(read_only) {}
   void upgrade(const std::string& what, const std::string& fix);
 
   std::string file_;
   int fd_ = -1;
   LockMode mode_;
   bool remove_file_ = false;
+  bool read_only_ = false;  // another user's file: locked, but the holder line is not ours to write
 };
 
 }  // namespace zero

@@ -3,7 +3,7 @@
 // foreign_keys() judged by their policy, and the rules that need several keys. Problems are
 // collected and thrown together, so one run shows everything wrong with a file.
 #include <fmt/format.h>
-#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -21,6 +21,7 @@
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
+#include "zero/files.hpp"
 
 namespace zero {
 
@@ -491,30 +492,32 @@ Config parse_config(const std::string& text, const std::string& origin, const Lo
 
 Config load_config(const std::string& path, const LoadOptions& opts) {
   // A FIFO or a device would block or never end: only regular files, of a sane size.
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw Error(path + ": cannot open the config file (" + std::strerror(errno) +
-                "); check the path");
+  const OpenedFile f = open_regular_file(path);
+  if (!f.exists) {
+    throw Error(path + ": cannot open the config file (" + std::strerror(f.error) + "); check the path");
   }
-  if (!S_ISREG(st.st_mode)) {
-    throw Error(path + ": is not a regular file (" +
-                (S_ISDIR(st.st_mode) ? std::string("a directory")
-                                     : (S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket")) +
-                "); a config is a YAML or JSON file: give its path");
+  if (f.fd < 0) {
+    throw Error(path + ": is not a regular file (" + f.type + "); a config is a YAML or JSON file: give its path");
   }
-  if (static_cast<std::uintmax_t>(st.st_size) > kMaxConfigBytes) {
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{f.fd};
+  if (f.size > kMaxConfigBytes) {
     throw Error(fmt::format("{}: is {} bytes, more than the {} MiB a config file may have; is this "
                             "the right file?",
-                            path, st.st_size, kMaxConfigBytes >> 20));
+                            path, f.size, kMaxConfigBytes >> 20));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(path + ": cannot open the config file (" + std::strerror(errno) +
-                "); check the path");
+  std::string text(static_cast<std::size_t>(f.size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(f.fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Error(path + ": cannot read the config file (" + std::strerror(errno) + ")");
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
   }
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
+  text.resize(got);
   return parse_config(text, path, opts);
 }
 

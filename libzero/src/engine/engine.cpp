@@ -2,11 +2,17 @@
 #include "zero/engine.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/engine_impl.hpp"
 #include "zero/groups.hpp"
@@ -94,6 +100,71 @@ void EngineImpl::report_stage3_sharding() const {
                 "zero_optimization.stage3_param_persistence_threshold = {} (the largest, '{}', has {}), so each "
                 "rank keeps all parameters as at stage 2; lower the threshold (0 shards every unit) to shard them",
                 threshold, layout_.unit(largest).name, shape(largest).numel);
+}
+
+void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
+  // Every rank takes part, with or without a swapper. Per rank: a key of the host and the
+  // filesystem, bytes needed, bytes free, capacity known; 32-bit words for one all-gather.
+  constexpr std::size_t kWords = 8;
+  std::vector<std::uint32_t> send(kWords, 0), all(kWords * static_cast<std::size_t>(world_), 0);
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  offload::NvmeSwapper::Space mine;
+  if (swapper) {
+    mine = swapper->space();
+    // One filesystem: the same device on the same host.
+    const std::uint64_t key = std::hash<std::string>{}(fmt::format("{}:{}", host, mine.filesystem)) | 1;
+    const std::uint64_t v[3] = {key, mine.needed, mine.free};
+    for (std::size_t k = 0; k < 3; ++k) {
+      send[2 * k] = static_cast<std::uint32_t>(v[k]);
+      send[2 * k + 1] = static_cast<std::uint32_t>(v[k] >> 32);
+    }
+    send[6] = mine.capacity_known ? 1 : 0;
+  }
+  // Raw words through a float all-gather: the communicator copies them, it does not compute.
+  ctx_.comm().all_gather(send.data(), all.data(), send.size(), DType::f32);
+  auto word64 = [&](std::size_t at) { return std::uint64_t{all[at]} | (std::uint64_t{all[at + 1]} << 32); };
+  struct Fs {
+    std::uint64_t needed = 0, free = UINT64_MAX;
+    bool known = true;
+    std::vector<int> ranks;
+  };
+  std::map<std::uint64_t, Fs> filesystems;
+  for (int r = 0; r < world_; ++r) {
+    const std::size_t at = static_cast<std::size_t>(r) * kWords;
+    const std::uint64_t key = word64(at);
+    if (key == 0) continue;
+    Fs& f = filesystems[key];
+    f.needed += word64(at + 2);
+    f.free = std::min(f.free, word64(at + 4));  // each rank measured before any rank claimed space
+    f.known = f.known && all[at + 6] != 0;
+    f.ranks.push_back(r);
+  }
+  // Every rank judges every filesystem from the same figures, so all refuse or none does: no
+  // rank claims space (or is killed holding its swap files) while another gives up.
+  for (const auto& [key, f] : filesystems) {
+    const bool one = f.ranks.size() == 1;
+    const bool member = std::find(f.ranks.begin(), f.ranks.end(), rank_) != f.ranks.end();
+    const std::string ranks = one ? fmt::format("rank {}", f.ranks[0]) : fmt::format("ranks {}", fmt::join(f.ranks, ", "));
+    if (!f.known) {
+      if (f.ranks.front() == rank_)
+        log_warning("the filesystem of {} reports no capacity (ramfs?): the NVMe swap of {} ({}) is not checked "
+                    "against free space",
+                    mine.dir, ranks, format_bytes(f.needed));
+      continue;
+    }
+    ZERO_CHECK(f.needed <= f.free,
+               fmt::format("not enough disk space for NVMe swap: {} {} on one filesystem (rank {}'s nvme_path{}) and "
+                           "need {} there in all, but {} are free (measured before any rank claimed space). Free "
+                           "space there, give ranks nvme_paths on different devices, or offload to cpu instead of "
+                           "nvme",
+                           ranks, one ? "keeps its swap files" : "keep their swap files", f.ranks.front(),
+                           member ? "; this rank's swap directory: " + mine.dir : std::string(), format_bytes(f.needed),
+                           format_bytes(f.free)));
+  }
+  if (swapper) swapper->preallocate();
+  // The next claim (the other store's) measures after every rank's files hold their space.
+  ctx_.comm().barrier();
 }
 
 std::vector<UnitShape> EngineImpl::plan_units() const {

@@ -83,6 +83,9 @@ class EngineImpl {
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
   void report_stage3_sharding() const;
+  // Collective: checks the NVMe swap space of every filesystem against all the ranks that share
+  // it, then each rank claims its own; a refusal leaves nothing claimed on any rank.
+  void claim_nvme_space(offload::NvmeSwapper* swapper);
   std::size_t esize() const { return dtype_size(dtype_); }
   bool stage3_training() const { return stage_ == 3 && !eval_mode_; }
 
@@ -115,7 +118,11 @@ class EngineImpl {
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
   // cannot fit must fail before anything large is allocated.
   std::unique_ptr<OptimizerStore> opt_;
+  // Each store's swap space is claimed right after the store, before later members take host
+  // memory: a too-small nvme_path is reported as such, not as an allocation failure further on.
+  bool opt_space_ = (claim_nvme_space(opt_->swapper()), true);
   ParamStore params_;
+  bool param_space_ = (claim_nvme_space(params_.swapper()), true);
   ParamGatherer gatherer_;
   GradReducer reducer_;
   LossScaler scaler_;

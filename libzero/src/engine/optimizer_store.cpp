@@ -118,7 +118,7 @@ class ResidentStore final : public OptimizerStore {
 
 // Owned state on NVMe: one swap file per sub-group and tensor, streamed through three pinned
 // buffers by SwapPipeline (read i+1 and write i-1 while i is stepped). Free space is checked
-// when the engine is built, before any step.
+// when the engine is built, before any step, for all ranks together (EngineImpl::claim_nvme_space).
 class NvmeStore final : public OptimizerStore {
  public:
   NvmeStore(const Config& cfg, int rank, const std::vector<std::int64_t>& owned_len) {
@@ -138,8 +138,8 @@ class NvmeStore final : public OptimizerStore {
       segs.push_back(std::move(s));
     }
     pipe_ = std::make_unique<offload::SwapPipeline>(*swapper_, *pool_, std::move(segs));
-    swapper_->check_space();
   }
+  offload::NvmeSwapper* swapper() override { return swapper_.get(); }
   void write_master(int unit, const float* owned) override {
     // Initial state: master from the caller, moments zero. Written group by group.
     for_unit_groups(unit, [&](std::size_t g, std::int64_t begin, std::size_t bytes, void* buf) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "zero/offload/nvme_swapper.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
 
@@ -36,6 +37,8 @@ class OptimizerStore {
   virtual void report(MemoryReport& r) const = 0;
   // True when the state lives in host memory (offload cpu / nvme): the host AdamW steps it.
   virtual bool on_host() const = 0;
+  // The NVMe swapper (offload_optimizer.device nvme), whose space the engine checks and claims.
+  virtual offload::NvmeSwapper* swapper() { return nullptr; }
   int moments() const { return moments_; }
 
  protected:
@@ -43,7 +46,7 @@ class OptimizerStore {
 };
 
 // The store offload_optimizer.device asks for, holding owned_len[u] fp32 elements of master and
-// of each moment for unit u. With NVMe it checks the free disk space before returning.
+// of each moment for unit u. With NVMe the caller checks and claims the disk space (swapper()).
 std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank,
                                                      const std::vector<std::int64_t>& owned_len);
 

@@ -24,7 +24,6 @@ ParamStore::ParamStore(Backend& backend, const Config& cfg, const std::vector<Un
     instance_ = next_instance++;
     for (std::size_t i = 0; i < shapes_.size(); ++i)
       if (shapes_[i].sharded_params) swap_->reserve(swap_key(static_cast<int>(i)), slice_bytes(static_cast<int>(i)));
-    swap_->check_space();
   }
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const UnitShape& s = shapes_[i];

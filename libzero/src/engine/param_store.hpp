@@ -35,6 +35,8 @@ class ParamStore {
   void checkout(int unit, bool load);
   void checkin(int unit, bool dirty);
   void report(MemoryReport& r) const;
+  // The NVMe swapper (offload_param.device nvme), whose space the engine checks and claims.
+  offload::NvmeSwapper* swapper() { return swap_.get(); }
 
  private:
   struct Unit {

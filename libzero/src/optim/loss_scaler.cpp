@@ -49,7 +49,9 @@ void LossScaler::update(bool overflow) {
 
 void LossScaler::set_state(const State& s) {
   scale_ = s.scale;
-  hysteresis_left_ = s.hysteresis_left;
+  // A run resumed with a lower fp16.hysteresis (or a checkpoint that says more than any run
+  // could have left) starts from this run's setting, not from a count it never configured.
+  hysteresis_left_ = dynamic_ ? std::min(s.hysteresis_left, hysteresis_) : s.hysteresis_left;
   iter_ = s.iter;
   last_overflow_iter_ = s.last_overflow_iter;
 }

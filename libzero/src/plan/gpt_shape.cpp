@@ -21,9 +21,11 @@ GptShape make(const char* name, int layers, int heads, int embd, int seq, int vo
 }  // namespace
 
 void GptShape::validate() const {
+  // 2^24 bounds every field far above any real model and keeps products of two in int64 (a
+  // shape read from a checkpoint or a config.json is not trusted).
   auto positive = [this](int v, const char* field) {
-    ZERO_CHECK(v > 0, fmt::format("GPT shape{}: {} must be positive (got {})",
-                                  name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
+    ZERO_CHECK(v > 0 && v <= (1 << 24), fmt::format("GPT shape{}: {} must be in [1, 2^24] (got {})",
+                                                   name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
   };
   positive(n_layer, "n_layer");
   positive(n_head, "n_head");

@@ -44,7 +44,10 @@ StopSignal::StopSignal() {
                            "StopSignal for the whole training loop");
   const std::string msg = rank_prefix() +
                           "stop requested by a signal: the job stops after the current step and "
-                          "saves a checkpoint (send the signal again to end this process now)\n";
+                          "saves a checkpoint if every rank reaches it (send the signal again to end "
+                          "this process now). If a rank has died instead, mpirun or srun sends this "
+                          "signal to the others: they end without a save, and --resume starts from "
+                          "the last checkpoint\n";
   g_message_size = std::min(msg.size(), sizeof g_message);
   std::memcpy(g_message, msg.data(), g_message_size);
   g_received = 0;

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zero/strings.hpp"  // closest_match
+#include "zero/strings.hpp"  // closest_match, escape_bytes
 
 namespace zero {
 
@@ -21,8 +21,5 @@ std::string shortest_text(double v);
 // "[768, 3072]".
 std::string shape_text(const std::vector<std::int64_t>& shape);
 
-// Text read from a file or a config value, safe to put in a message: printable ASCII as is, backslash as \\, and
-// any other byte as \n, \t, \r or \xNN, so a damaged file cannot garble a terminal or a log.
-std::string escape_bytes(std::string_view bytes);
 
 }  // namespace zero

@@ -107,6 +107,17 @@ class NvmeSwapper {
   // directory's filesystem cannot hold the reserved files, before writing anything; otherwise
   // preallocates the files so later writes cannot run out of space.
   void check_space();
+  // check_space() in two parts, for a caller that checks several swappers together (the ranks
+  // of a job that share one filesystem) before any of them claims space.
+  struct Space {
+    std::uint64_t needed = 0;     // bytes still to claim
+    std::uint64_t free = 0;       // free bytes of the filesystem
+    bool capacity_known = true;   // false: the filesystem reports no size (ramfs); not checked
+    std::uint64_t filesystem = 0; // st_dev of the directory (the same on one host: one filesystem)
+    std::string dir;
+  };
+  Space space() const;
+  void preallocate();  // claims the reserved space so later writes cannot run out of it
 
   // Starts writing `bytes` from src to key's file / reading them back into dst. With O_DIRECT
   // the buffer must be 4096-byte aligned (PinnedPool memory is); its length need not be a
