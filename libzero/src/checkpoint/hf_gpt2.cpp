@@ -44,9 +44,9 @@ int model_key(const std::string& config_yaml, const char* key, int given, const 
     try {
       const long long v = model[key].as<long long>();
       ZERO_CHECK(v >= 1 && v <= (1 << 24),
-                 fmt::format("export hf: the config saved in {} has model.{} = {}, outside [1, 2^24]; the checkpoint "
+                 fmt::format("export {}: the config saved in {} has model.{} = {}, outside [1, 2^24]; the checkpoint "
                              "was damaged or edited: pass the model's value with --{}",
-                             where, key, v, key == std::string("n_head") ? "n-head" : "vocab-size"));
+                             format, where, key, v, key == std::string("n_head") ? "n-head" : "vocab-size"));
       return static_cast<int>(v);
     } catch (const YAML::Exception&) {
     }
