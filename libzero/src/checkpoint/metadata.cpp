@@ -124,15 +124,14 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   json::Field sc = d.at("scheduler");
   sc.expect_keys({"type", "step"}, {"lr"});
   m.scheduler = sc.at("type").str();
+  std::string names;
   bool known = false;
   for (SchedulerType t : {SchedulerType::none, SchedulerType::warmup_lr, SchedulerType::warmup_decay_lr,
-                          SchedulerType::warmup_cosine_lr})
+                          SchedulerType::warmup_cosine_lr, SchedulerType::manual_lr}) {
     known = known || m.scheduler == to_string(t);
-  if (!known)
-    sc.at("type").fail(fmt::format("= \"{}\" is not one of {}, {}, {}, {}", m.scheduler,
-                                   to_string(SchedulerType::none), to_string(SchedulerType::warmup_lr),
-                                   to_string(SchedulerType::warmup_decay_lr),
-                                   to_string(SchedulerType::warmup_cosine_lr)));
+    names += fmt::format("{}{}", names.empty() ? "" : ", ", to_string(t));
+  }
+  if (!known) sc.at("type").fail(fmt::format("= \"{}\" is not one of {}", m.scheduler, names));
   m.scheduler_step = sc.at("step").i64(m.applied, m.applied);
   if (sc.has("lr")) {
     m.loop_lr = sc.at("lr").f64();

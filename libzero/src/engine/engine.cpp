@@ -105,8 +105,12 @@ void EngineImpl::report_stage3_sharding() const {
 void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
   // Every rank takes part, with or without a swapper. Per rank: a key of the host and the
   // filesystem, bytes needed, bytes free, capacity known; 32-bit words for one all-gather.
+  // Over every rank of the job (not only this engine's data-parallel group): under model
+  // parallelism the other groups' ranks share the filesystems too, and build their engines now.
+  Communicator& job = ctx_.comm();
+  const int ranks_in_job = job.size(), me = job.rank();
   constexpr std::size_t kWords = 8;
-  std::vector<std::uint32_t> send(kWords, 0), all(kWords * static_cast<std::size_t>(world_), 0);
+  std::vector<std::uint32_t> send(kWords, 0), all(kWords * static_cast<std::size_t>(ranks_in_job), 0);
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
   offload::NvmeSwapper::Space mine;
@@ -122,7 +126,7 @@ void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
     send[6] = mine.capacity_known ? 1 : 0;
   }
   // Raw words through a float all-gather: the communicator copies them, it does not compute.
-  ctx_.comm().all_gather(send.data(), all.data(), send.size(), DType::f32);
+  job.all_gather(send.data(), all.data(), send.size(), DType::f32);
   auto word64 = [&](std::size_t at) { return std::uint64_t{all[at]} | (std::uint64_t{all[at + 1]} << 32); };
   struct Fs {
     std::uint64_t needed = 0, free = UINT64_MAX;
@@ -130,7 +134,7 @@ void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
     std::vector<int> ranks;
   };
   std::map<std::uint64_t, Fs> filesystems;
-  for (int r = 0; r < world_; ++r) {
+  for (int r = 0; r < ranks_in_job; ++r) {
     const std::size_t at = static_cast<std::size_t>(r) * kWords;
     const std::uint64_t key = word64(at);
     if (key == 0) continue;
@@ -144,10 +148,10 @@ void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
   // rank claims space (or is killed holding its swap files) while another gives up.
   for (const auto& [key, f] : filesystems) {
     const bool one = f.ranks.size() == 1;
-    const bool member = std::find(f.ranks.begin(), f.ranks.end(), rank_) != f.ranks.end();
+    const bool member = std::find(f.ranks.begin(), f.ranks.end(), me) != f.ranks.end();
     const std::string ranks = one ? fmt::format("rank {}", f.ranks[0]) : fmt::format("ranks {}", fmt::join(f.ranks, ", "));
     if (!f.known) {
-      if (f.ranks.front() == rank_)
+      if (f.ranks.front() == me)
         log_warning("the filesystem of {} reports no capacity (ramfs?): the NVMe swap of {} ({}) is not checked "
                     "against free space",
                     mine.dir, ranks, format_bytes(f.needed));
