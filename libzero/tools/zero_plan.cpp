@@ -91,9 +91,12 @@ void print_plan(const Plan& p, const Cluster& c) {
                  : std::string());
   const auto& st = p.settings;
   if (st.tensor_parallel * st.pipeline_parallel > 1)
-    fmt::print("grid: tensor {} x pipeline {} x data {}; memory below is pipeline stage {}'s (the larger of the "
-               "first and last)\n",
-               st.tensor_parallel, st.pipeline_parallel, p.data_parallel, p.memory_stage);
+    fmt::print("grid: tensor {} x pipeline {} x data {}{}\n", st.tensor_parallel, st.pipeline_parallel,
+               p.data_parallel,
+               st.pipeline_parallel > 1
+                   ? fmt::format("; memory below is pipeline stage {}'s (the larger of the first and last)",
+                                 p.memory_stage)
+                   : std::string());
   fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
   fmt::print("GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
              "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",
@@ -110,9 +113,11 @@ void print_plan(const Plan& p, const Cluster& c) {
              st.pipeline_parallel > 1 ? fmt::format("pipeline bubble {:.3f} s + ", p.time.bubble_s) : std::string(),
              p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
   if (st.tensor_parallel * st.pipeline_parallel > 1)
-    fmt::print("     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s; bubble {:.1f}% of the pipeline "
-               "(P-1)/(m+P-1)\n",
-               p.time.tp_comm_s, p.time.pp_comm_s, 100 * p.time.bubble);
+    fmt::print("     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s{}\n", p.time.tp_comm_s,
+               p.time.pp_comm_s,
+               st.pipeline_parallel > 1
+                   ? fmt::format("; bubble {:.1f}% of the pipeline, (P-1)/(m+P-1)", 100 * p.time.bubble)
+                   : std::string());
   fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
              p.tflops_per_gpu, p.days, p.token_budget);
 }
