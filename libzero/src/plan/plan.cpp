@@ -104,8 +104,8 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   const double rate = c.gpu.peak_flops * c.gpu.efficiency;
   const double tokens = static_cast<double>(s.micro_batch) * shape.seq_len;
   const double share = static_cast<double>(params) / (static_cast<double>(T) * P);
-  double fwd_c = 2.0 * share * tokens / rate;
-  double bwd_c = (s.activation_checkpointing ? 6.0 : 4.0) * share * tokens / rate;
+  const double fwd_c = 2.0 * share * tokens / rate;
+  const double bwd_c = (s.activation_checkpointing ? 6.0 : 4.0) * share * tokens / rate;
   // Tensor parallelism: two all-reduces of the micro-batch's activations (b x s x h) per block
   // in the forward (attention and MLP outputs), two in the backward, two more when the
   // checkpointed forward is recomputed; they sit between the matmuls, so nothing hides them.
@@ -132,7 +132,15 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
     case 2: bwd_comm = ring; post_step = ring; break;
     case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
   }
+  // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
+  // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
+  // (A 2-rank all-reduce moves the whole gradient through each rank's link once.)
+  const double tied = P > 1 ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
+                                  static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * N)
+                            : 0.0;
+  t.pp_comm_s += tied;
   t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step + t.tp_comm_s + t.pp_comm_s;
+  post_step += tied;
   // Parameter slices that live off the device travel each gather (forward and backward) and are
   // written back after the step; the prefetch overlaps the reads like a collective.
   const double slice_bytes = full / N;
