@@ -57,13 +57,21 @@ nlohmann::json plan_json(const Plan& p) {
                         {"gradient_accumulation_steps", s.grad_accum},
                         {"activation_checkpointing", s.activation_checkpointing},
                         {"dtype", std::string(dtype_name(s.dtype))},
-                        {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))}}},
+                        {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))},
+                        {"tensor_parallel", s.tensor_parallel},
+                        {"pipeline_parallel", s.pipeline_parallel},
+                        {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
           {"nvme_bytes", m.nvme_bytes},
           {"model_state_bytes", m.states.device()},
           {"activation_bytes", m.activations},
+          {"memory_stage", p.memory_stage},
           {"step_s", p.time.step_s},
+          {"tp_comm_s", p.time.tp_comm_s},
+          {"pp_comm_s", p.time.pp_comm_s},
+          {"bubble", p.time.bubble},
+          {"bubble_s", p.time.bubble_s},
           {"tokens_per_s", p.tokens_per_s},
           {"tflops_per_gpu", p.tflops_per_gpu},
           {"days", p.days},
@@ -81,6 +89,14 @@ void print_plan(const Plan& p, const Cluster& c) {
              p.settings.grad_dtype() != p.settings.dtype
                  ? fmt::format(", gradients accumulate in {}", dtype_name(p.settings.grad_dtype()))
                  : std::string());
+  const auto& st = p.settings;
+  if (st.tensor_parallel * st.pipeline_parallel > 1)
+    fmt::print("grid: tensor {} x pipeline {} x data {}{}\n", st.tensor_parallel, st.pipeline_parallel,
+               p.data_parallel,
+               st.pipeline_parallel > 1
+                   ? fmt::format("; memory below is pipeline stage {}'s (the larger of the first and last)",
+                                 p.memory_stage)
+                   : std::string());
   fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
   fmt::print("GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
              "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",
@@ -91,10 +107,17 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));
   fmt::print("NVMe {:>10} per node   (of {})\n", bytes(m.nvme_bytes), bytes(c.nvme_bytes_per_node));
-  fmt::print("step {:.3f} s = compute {:.3f} s + exposed comm {:.3f} s + optimizer {:.3f} s + offload {:.3f} s (comm "
+  fmt::print("step {:.3f} s = compute {:.3f} s + {}exposed comm {:.3f} s + optimizer {:.3f} s + offload {:.3f} s (comm "
              "{:.3f} s in all)\n",
-             p.time.step_s, p.time.compute_s, p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s,
-             p.time.comm_s);
+             p.time.step_s, p.time.compute_s,
+             st.pipeline_parallel > 1 ? fmt::format("pipeline bubble {:.3f} s + ", p.time.bubble_s) : std::string(),
+             p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
+  if (st.tensor_parallel * st.pipeline_parallel > 1)
+    fmt::print("     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s{}\n", p.time.tp_comm_s,
+               p.time.pp_comm_s,
+               st.pipeline_parallel > 1
+                   ? fmt::format("; bubble {:.1f}% of the pipeline, (P-1)/(m+P-1)", 100 * p.time.bubble)
+                   : std::string());
   fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
              p.tflops_per_gpu, p.days, p.token_budget);
 }
@@ -151,6 +174,7 @@ int main(int argc, char** argv) {
                                              "or a measured MFU)")->check(CLI::Range(0.001, 1.0));
   // Settings
   std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
+  std::vector<std::string> tp_s{"1"}, pp_s{"1"};
   std::string ckpt_s = "any", dtype_s = "bf16";
   int accum = 1;
   std::int64_t space_global_batch = 0;
@@ -167,6 +191,10 @@ int main(int argc, char** argv) {
   auto* o_ckpt = app.add_option("--ckpt", ckpt_s, "activation checkpointing: on, off, any")
                      ->check(CLI::IsMember({"on", "off", "any"}));
   auto* o_dtype = app.add_option("--dtype", dtype_s, "compute dtype")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
+  app.add_option("--tp", tp_s, "tensor-parallel sizes (Megatron-style, inside a node when it fits; any: powers "
+                              "of 2 up to the GPUs per node)")->delimiter(',');
+  app.add_option("--pp", pp_s, "pipeline-parallel sizes (1F1B over the accumulation's micro-batches; any: powers "
+                              "of 2 up to the GPU count); data parallel = GPUs / (tp x pp)")->delimiter(',');
   app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
                                                        "accumulation for each micro-batch (overrides --accum)");
   app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
@@ -217,6 +245,25 @@ int main(int argc, char** argv) {
       space.micro_batches.clear();
       for (const auto& s : micro_s) space.micro_batches.push_back(std::stoi(s));
     }
+    auto sizes = [&](const std::vector<std::string>& v, int upto, const char* flag) {
+      std::vector<int> out;
+      if (any(v)) {
+        for (int k = 1; k <= upto; k *= 2) out.push_back(k);
+        return out;
+      }
+      for (const auto& x : v) {
+        int k = 0;
+        try {
+          k = std::stoi(x);
+        } catch (const std::exception&) {
+        }
+        ZERO_CHECK(k >= 1, fmt::format("zero-plan: {} '{}' is not a positive size or any", flag, x));
+        out.push_back(k);
+      }
+      return out;
+    };
+    space.tensor_parallel = sizes(tp_s, c.gpus_per_node, "--tp");
+    space.pipeline_parallel = sizes(pp_s, c.gpus, "--pp");
     if (ckpt_s == "on") space.checkpointing = {true};
     else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count())) space.checkpointing = {false};
 
@@ -252,8 +299,17 @@ int main(int argc, char** argv) {
     }
 
     const auto candidates = space.expand(c.gpus);
+    if (candidates.empty() && space.tensor_parallel.size() == 1 && space.pipeline_parallel.size() == 1) {
+      // One grid asked for: make_plan's message says what is wrong with it.
+      Settings s = space.base;
+      s.tensor_parallel = space.tensor_parallel.front();
+      s.pipeline_parallel = space.pipeline_parallel.front();
+      s.stage = space.stages.front();
+      make_plan(shape, c, s, tokens);
+    }
     ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
-                                    "optimizer offload needs stage >= 1)");
+                                    "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
+                                    "a pipeline needs stage 0 or 1)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
       if (json) fmt::print("{}\n", plan_json(p).dump(2));

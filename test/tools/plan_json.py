@@ -70,6 +70,38 @@ j = run("--max-model", "--gpus", "8", "--gpu", "H100-SXM", "--stage", "3", "--of
 check(j["max_params"] > 1e9 and j["fits"] is True, f"max-model: {j.get('max_params')}")
 check(j["host_bytes"] > 12 * j["max_params"] / 8, "the offloaded optimizer state is in host memory")
 
+# Tensor 2 x pipeline 2 x data 2 on 8 GPUs: the grid in the settings, the 1F1B bubble
+# (P - 1) / (m + P - 1), tokens per step over the 2 data-parallel replicas only, and the
+# model-parallel traffic in the step time.
+j = run("--model", "gpt2-medium", "--gpu", "A100-80GB", "--gpus", "8", "--tp", "2", "--pp", "2", "--stage", "1",
+        "--micro-batch", "2", "--accum", "6", "--ckpt", "off")
+for f in ["tensor_parallel", "pipeline_parallel", "data_parallel"]:
+    check(f in j["settings"], f"settings.{f} missing")
+check((j["settings"]["tensor_parallel"], j["settings"]["pipeline_parallel"], j["settings"]["data_parallel"]) == (2, 2, 2),
+      f"grid {j['settings']}")
+check(close(j["bubble"], 1 / 7), f"bubble {j['bubble']}")
+check(close(j["tokens_per_s"], 2 * 6 * 1024 * 2 / j["step_s"]), "tokens_per_s over the data-parallel replicas")
+check(close(j["tflops_per_gpu"], 6 * j["params"] * j["tokens_per_s"] / (8 * 1e12)), "tflops_per_gpu with a grid")
+check(j["tp_comm_s"] > 0 and j["pp_comm_s"] > 0 and j["bubble_s"] > 0, "model-parallel time terms")
+check(j["memory_stage"] in (0, 1), f"memory_stage {j['memory_stage']}")
+# Without a grid the new terms are zero.
+j = run("--model", "gpt2", "--gpus", "2", "--stage", "1", "--micro-batch", "1", "--ckpt", "off")
+check(j["settings"]["data_parallel"] == 2 and j["bubble"] == 0 and j["tp_comm_s"] == 0, "no grid: plain DP")
+
+
+def fails(*args):
+    p = subprocess.run([plan, *args], capture_output=True, text=True)
+    return p.returncode, p.stderr
+
+
+# Invalid grids are errors that say what is wrong.
+rc, err = fails("--model", "gpt2", "--gpus", "6", "--tp", "4", "--stage", "1", "--micro-batch", "1", "--ckpt", "off")
+check(rc == 2 and "do not divide into tensor 4" in err, f"tp 4 on 6 GPUs: {rc} {err}")
+rc, err = fails("--model", "gpt2", "--gpus", "4", "--pp", "2", "--stage", "3", "--micro-batch", "1", "--ckpt", "off")
+check(rc == 2 and "refused" in err, f"stage 3 with a pipeline: {rc} {err}")
+rc, err = fails("--model", "gpt2", "--gpus", "4", "--tp", "x")
+check(rc == 2 and "--tp 'x'" in err, f"--tp x: {rc} {err}")
+
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)

@@ -53,8 +53,11 @@ struct TuneTrial {
 
 // The planner's verdict on a resolved candidate config: true to run it; false with `why` set.
 using FitsFn = std::function<bool(const Config& cfg, std::string& why)>;
-// fits() for a GPT of `shape` on `cluster` (plan::make_plan with the config's settings).
-FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster);
+// fits() for a GPT of `shape` on `cluster` (plan::make_plan with the config's settings). A loop
+// whose engine runs over the data-parallel group of a tensor x pipeline grid (zero::ProcessGroups)
+// passes the grid's sizes: the verdict is then a rank's, holding its part of the model.
+FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster, int tensor_parallel = 1,
+                 int pipeline_parallel = 1);
 
 struct TuneOptions {
   int warmup_steps = 1;

@@ -9,6 +9,9 @@
 //             the intra- and inter-node links with the engine's overlap rules (stage 2/3 reduce
 //             and stage 3 gathers hide behind compute; the stage 0/1 boundary reduce and the
 //             post-step gather do not), and offload traffic (PCIe, host AdamW, NVMe).
+// Model parallelism (tensor x pipeline x data, Megatron's grid): each rank holds 1/T of every
+// block's matrices and 1/P of the blocks, ZeRO shards that part over the data-parallel group;
+// TP all-reduces run on the critical path, pipeline stages pay the 1F1B bubble (P-1)/(m+P-1).
 // Settings left open are enumerated and ranked by throughput; max_model() searches a GPT shape
 // family for the largest model that fits. Everything here is arithmetic: no MPI, no devices.
 #pragma once
@@ -76,6 +79,33 @@ enum class AttentionStore {
 std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointing, int element_bytes,
                               AttentionStore attention);
 
+// One rank's part of the model under tensor parallelism T and pipeline parallelism P, Megatron's
+// split: column-parallel QKV and MLP up-projection (weights and biases / T), row-parallel
+// projections (weights / T, biases and LayerNorms replicated), attention heads / T, a
+// vocabulary-parallel embedding (wte / T; wpe replicated); blocks in P contiguous stages, the
+// first L % P stages one block more; the embedding on the first stage, ln_f and the tied head
+// (its own copy of wte / T when P > 1) on the last.
+struct StagePart {
+  int tp = 1, pp = 1, stage = 0;
+  int blocks(const GptShape& shape) const;       // blocks on this stage
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == pp - 1; }
+};
+// Throws zero::Error when the shape cannot be split so: n_head or the padded vocabulary not a
+// multiple of T, more stages than blocks.
+void check_split(const GptShape& shape, int tp, int pp);
+Layout gpt_stage_layout(const GptShape& shape, const StagePart& part);
+// Activation bytes of one rank of that part with `in_flight` micro-batches held for the backward
+// (1F1B: min(P - stage, m)): what each micro-batch keeps (block buffers, or only the residual
+// stream at block boundaries under checkpointing; tensors split by TP as Megatron's are: qkv,
+// attention output, the MLP hidden layer and the logits / T, the rest replicated) times
+// in_flight, plus what exists once (the recomputed block, the backward's scratch).
+// StagePart{} with in_flight 1 is activation_bytes() above.
+std::int64_t stage_activation_bytes(const GptShape& shape, const StagePart& part, int micro, int in_flight,
+                                    bool checkpointing, int element_bytes, AttentionStore attention);
+// The pipeline bubble of a 1F1B schedule: (P - 1) / (m + P - 1).
+double pipeline_bubble(int pp, int micro_batches);
+
 // ---- Hardware ------------------------------------------------------------------------------
 
 struct GpuSpec {
@@ -118,6 +148,10 @@ struct Cluster {
   int ranks_per_node() const { return gpus < gpus_per_node ? gpus : gpus_per_node; }
   // Bus bandwidth of a ring over all ranks: NVLink inside a node, the NICs between nodes.
   double ring_bytes_per_s() const;
+  // Bandwidth per rank of one of the concurrent groups of `size` ranks spaced `stride` apart in
+  // the global rank order (TP: stride 1; DP: T; PP: T x D): NVLink when the group stays inside a
+  // node, else the node's NICs shared by every group that leaves it at once.
+  double group_bytes_per_s(int size, int stride) const;
 };
 
 // ---- Settings ------------------------------------------------------------------------------
@@ -142,6 +176,8 @@ struct Settings {
   std::int64_t persistence_threshold = 100000;
   std::int64_t sub_group_size = 1000000000;
   bool overlap_comm = true;
+  int tensor_parallel = 1;    // T
+  int pipeline_parallel = 1;  // P; the data-parallel size is GPUs / (T x P)
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
   // The dtype gradients accumulate in: fp32 with accumulation over 16-bit compute by default.
   DType grad_dtype() const { return grad_accum_dtype_for(grad_accum_dtype, dtype, grad_accum, BackendKind::cuda); }
@@ -186,6 +222,10 @@ struct StepTime {
   double exposed_comm_s = 0;
   double offload_s = 0;  // PCIe, NVMe and host AdamW time
   double optimizer_s = 0;
+  double tp_comm_s = 0;   // tensor-parallel all-reduces (on the critical path)
+  double pp_comm_s = 0;   // pipeline sends of activations and their gradients
+  double bubble_s = 0;    // pipeline fill and drain: (P - 1) micro-batch slots
+  double bubble = 0;      // its fraction of the pipeline: (P - 1) / (m + P - 1)
   double step_s = 0;
 };
 
@@ -193,7 +233,9 @@ struct Plan {
   GptShape shape;
   std::int64_t params = 0;
   Settings settings;
-  MemoryPlan memory;
+  MemoryPlan memory;  // of the rank that needs the most GPU memory (first or last stage)
+  int memory_stage = 0;  // that rank's pipeline stage
+  int data_parallel = 1;
   StepTime time;
   bool fits = false;
   std::string why;  // what does not fit, when !fits
@@ -214,10 +256,13 @@ struct SettingsSpace {
   std::vector<OffloadDevice> offload_param{OffloadDevice::none};
   std::vector<int> micro_batches{1, 2, 4, 8, 16, 32};
   std::vector<bool> checkpointing{false, true};
+  std::vector<int> tensor_parallel{1};
+  std::vector<int> pipeline_parallel{1};
   // > 0: sequences per optimizer step over all ranks; each micro-batch then gets the
   // accumulation that comes closest (at least 1), instead of base.grad_accum.
   std::int64_t global_batch = 0;
-  // Every combination for `gpus` ranks, skipping those the engine rejects.
+  // Every combination for `gpus` ranks, skipping those the engine rejects and grids that do not
+  // divide `gpus` (or pipelines at stages 2-3).
   std::vector<Settings> expand(int gpus) const;
 };
 

@@ -75,9 +75,13 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
   return out;
 }
 
-FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster) {
-  return [shape, cluster](const Config& cfg, std::string& why) {
-    const plan::Plan p = plan::make_plan(shape, cluster, plan::settings_from(cfg));
+FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster, int tensor_parallel,
+                 int pipeline_parallel) {
+  return [shape, cluster, tensor_parallel, pipeline_parallel](const Config& cfg, std::string& why) {
+    plan::Settings s = plan::settings_from(cfg);
+    s.tensor_parallel = tensor_parallel;
+    s.pipeline_parallel = pipeline_parallel;
+    const plan::Plan p = plan::make_plan(shape, cluster, s);
     why = p.why;
     return p.fits;
   };

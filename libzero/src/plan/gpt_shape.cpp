@@ -121,21 +121,104 @@ GptShape GptFamily::closest(double params) const {
 
 std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, int element_bytes,
                               AttentionStore attention) {
-  s.validate();
-  ZERO_CHECK(micro >= 1, fmt::format("activation_bytes: the micro-batch must be >= 1 (got {})", micro));
-  const std::int64_t B = micro, T = s.seq_len, C = s.n_embd, NH = s.n_head, L = s.n_layer;
+  return stage_activation_bytes(s, StagePart{}, micro, 1, checkpointing, element_bytes, attention);
+}
+
+int StagePart::blocks(const GptShape& shape) const {
+  return shape.n_layer / pp + (stage < shape.n_layer % pp ? 1 : 0);
+}
+
+void check_split(const GptShape& shape, int tp, int pp) {
+  shape.validate();
+  ZERO_CHECK(tp >= 1 && pp >= 1, fmt::format("model parallelism: tensor ({}) and pipeline ({}) sizes must be >= 1", tp, pp));
+  ZERO_CHECK(shape.n_head % tp == 0,
+             fmt::format("tensor parallelism {}: n_head {} is not a multiple of it (each rank takes n_head / T "
+                         "heads); pick a tensor size that divides the head count",
+                         tp, shape.n_head));
+  ZERO_CHECK(shape.padded_vocab() % tp == 0,
+             fmt::format("tensor parallelism {}: the padded vocabulary {} is not a multiple of it (the embedding "
+                         "is split by rows); pick a tensor size that divides it",
+                         tp, shape.padded_vocab()));
+  ZERO_CHECK(pp <= shape.n_layer, fmt::format("pipeline parallelism {}: more stages than the {} blocks; use at most "
+                                              "n_layer stages",
+                                              pp, shape.n_layer));
+}
+
+Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
+  check_split(s, part.tp, part.pp);
+  ZERO_CHECK(part.stage >= 0 && part.stage < part.pp,
+             fmt::format("gpt_stage_layout: stage {} is outside 0..{}", part.stage, part.pp - 1));
+  const std::int64_t C = s.n_embd, T = part.tp;
+  Layout layout;
+  if (part.first())
+    layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab() / T, C}}, {"wpe.weight", {s.seq_len, C}}});
+  int first_block = 0;
+  for (int k = 0; k < part.stage; ++k) first_block += StagePart{part.tp, part.pp, k}.blocks(s);
+  for (int l = first_block; l < first_block + part.blocks(s); ++l) {
+    const std::string unit = fmt::format("h.{}", l), p = unit + ".";
+    layout.add_unit(unit, {{p + "ln_1.weight", {C}},
+                            {p + "ln_1.bias", {C}},
+                            {p + "attn.c_attn.weight", {C, 3 * C / T}},
+                            {p + "attn.c_attn.bias", {3 * C / T}},
+                            {p + "attn.c_proj.weight", {C / T, C}},
+                            {p + "attn.c_proj.bias", {C}},
+                            {p + "ln_2.weight", {C}},
+                            {p + "ln_2.bias", {C}},
+                            {p + "mlp.c_fc.weight", {C, 4 * C / T}},
+                            {p + "mlp.c_fc.bias", {4 * C / T}},
+                            {p + "mlp.c_proj.weight", {4 * C / T, C}},
+                            {p + "mlp.c_proj.bias", {C}}});
+  }
+  if (part.last()) {
+    // The tied head: the last stage keeps its own copy of the embedding's rows when it is not
+    // the first (its gradient is all-reduced with the first stage's).
+    if (!part.first()) layout.add_unit("lm_head", {{"wte.weight", {s.padded_vocab() / T, C}}});
+    layout.add_unit("ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}});
+  }
+  return layout;
+}
+
+std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, int micro, int in_flight,
+                                    bool checkpointing, int element_bytes, AttentionStore attention) {
+  check_split(s, part.tp, part.pp);
+  ZERO_CHECK(micro >= 1 && in_flight >= 1,
+             fmt::format("activation_bytes: the micro-batch and the micro-batches in flight must be >= 1 (got {}, {})",
+                         micro, in_flight));
+  const std::int64_t B = micro, T = s.seq_len, C = s.n_embd, NH = s.n_head, TP = part.tp;
+  const std::int64_t Lb = part.blocks(s);
   const std::int64_t N = B * T, NC = N * C;
-  // What the attention keeps per block and the backward's scratch beside it, in floats.
-  const std::int64_t att = attention == AttentionStore::probabilities ? B * NH * T * T : B * NH * T;
-  const std::int64_t blocks = checkpointing ? 1 : L;
-  // Elements: per block ln1, qkv (3), attention output, res2, ln2, fc (4), gelu(fc) (4): 15
-  // widths; the residual stream; ln_f; the logits; the backward's dres, dtmp, dqkv (3), dfc (4).
-  const std::int64_t elements = blocks * 15 * NC + (L + 1) * NC + NC + N * s.padded_vocab() + 9 * NC;
-  // fp32: per block 4 LayerNorm statistics per row and the attention's; ln_f's statistics and
-  // the losses; the attention backward's scratch.
-  const std::int64_t floats = blocks * (4 * N + att) + 3 * N + att;
-  return elements * element_bytes + floats * static_cast<std::int64_t>(sizeof(float)) +
-         2 * N * static_cast<std::int64_t>(sizeof(std::int32_t));
+  // What the attention keeps per block and the backward's scratch beside it, in floats; the
+  // heads are split across the tensor group.
+  const std::int64_t att = (attention == AttentionStore::probabilities ? B * NH * T * T : B * NH * T) / TP;
+  // A block's buffers in elements: ln1, res2, ln2 replicated (3 widths); qkv (3), attention
+  // output, fc (4) and gelu(fc) (4) split (12 widths / T). In fp32: 4 LayerNorm statistics per
+  // row and the attention's.
+  const std::int64_t block_elements = 3 * NC + 12 * NC / TP;
+  const std::int64_t block_floats = 4 * N + att;
+  // Kept per micro-batch: every block's buffers (or none under checkpointing), the residual
+  // stream at each block boundary of the stage, on the last stage ln_f and the logits over
+  // the padded vocabulary / T with ln_f's statistics and the losses; token ids.
+  std::int64_t kept_elements = (checkpointing ? 0 : Lb * block_elements) + (Lb + 1) * NC;
+  std::int64_t kept_floats = checkpointing ? 0 : Lb * block_floats;
+  if (part.last()) {
+    kept_elements += NC + N * s.padded_vocab() / TP;
+    kept_floats += 3 * N;
+  }
+  // Once: the block being recomputed under checkpointing; the backward's dres, dtmp
+  // (replicated), dqkv (3) and dfc (4) split, and the attention backward's scratch.
+  const std::int64_t once_elements = (checkpointing ? block_elements : 0) + 2 * NC + 7 * NC / TP;
+  const std::int64_t once_floats = (checkpointing ? block_floats : 0) + att;
+  const std::int64_t ints = 2 * N;
+  const std::int64_t f = static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t per_micro = kept_elements * element_bytes + kept_floats * f +
+                                 ints * static_cast<std::int64_t>(sizeof(std::int32_t));
+  return in_flight * per_micro + once_elements * element_bytes + once_floats * f;
+}
+
+double pipeline_bubble(int pp, int micro_batches) {
+  ZERO_CHECK(pp >= 1 && micro_batches >= 1,
+             fmt::format("pipeline_bubble: stages ({}) and micro-batches ({}) must be >= 1", pp, micro_batches));
+  return (pp - 1.0) / (micro_batches + pp - 1.0);
 }
 
 }  // namespace zero::plan

@@ -127,4 +127,15 @@ double Cluster::ring_bytes_per_s() const {
   return nodes() > 1 ? std::min(intra, inter_node_bytes_per_s) : intra;
 }
 
+double Cluster::group_bytes_per_s(int size, int stride) const {
+  const double intra = intra_node_bytes_per_s > 0 ? intra_node_bytes_per_s : gpu.nvlink_bytes_per_s;
+  const int per_node = ranks_per_node();
+  if (static_cast<std::int64_t>(size) * stride <= per_node) return intra;
+  // The group's ranks on one node (consecutive in its order), and so how many groups leave the
+  // node at once: with TP = 4 inside a 4-GPU node, four data-parallel rings share its NICs.
+  const int members = std::max(1, std::min(size, per_node / std::max(1, stride)));
+  const int groups = std::max(1, per_node / members);
+  return std::min(intra, inter_node_bytes_per_s / groups);
+}
+
 }  // namespace zero::plan

@@ -67,6 +67,8 @@ std::string Settings::label() const {
   l << "stage " << stage;
   if (offload_optimizer != OffloadDevice::none) l << ", opt " << dev(offload_optimizer);
   if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
+  if (tensor_parallel > 1) l << ", tp " << tensor_parallel;
+  if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";

@@ -47,15 +47,19 @@ std::string over_text(const char* what, double need, double have) {
   return fmt::format("{}: {} > {}", what, n, h);
 }
 
-MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluster& c, const Settings& s) {
-  const int N = c.gpus;
+// The memory of one rank at pipeline stage part.stage: its part of the model (layout) sharded
+// over the N ranks of its data-parallel group, with 1F1B's micro-batches in flight.
+MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StagePart& part, int N, const Cluster& c,
+                       const Settings& s) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
   const UnitSizes u = unit_sizes(layout, N);
   MemoryPlan m;
   m.states = model_states(layout, s, N);
+  // 1F1B: stage k holds the activations of min(P - k, m) micro-batches at its peak.
+  const int in_flight = std::min(part.pp - part.stage, s.grad_accum);
   // A plan is for GPUs: the CUDA trainer's flash-style attention.
-  m.activations = activation_bytes(shape, s.micro_batch, s.activation_checkpointing, static_cast<int>(es),
-                                   AttentionStore::row_statistics);
+  m.activations = stage_activation_bytes(shape, part, s.micro_batch, in_flight, s.activation_checkpointing,
+                                         static_cast<int>(es), AttentionStore::row_statistics);
   // Reduce staging: one bucket at stages 0/1 (gradients are full-size already); two buckets in
   // flight at stages 2/3, each at least one whole unit (a unit is never split across buckets).
   const std::int64_t bucket = std::min(s.reduce_bucket_size, u.total_padded);
@@ -87,20 +91,38 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Cluste
   return m;
 }
 
-StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, const Settings& s, int seq_len) {
-  const int N = c.gpus;
+// Step time of the slowest rank: `layout` is its part of the model (all of it without model
+// parallelism), N its data-parallel group's size.
+StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& shape, int N, const Cluster& c,
+                   const Settings& s) {
+  const int T = s.tensor_parallel, P = s.pipeline_parallel;
   const double es = static_cast<double>(dtype_size(s.dtype));
   const UnitSizes u = unit_sizes(layout, N);
   StepTime t;
-  // Compute: 2Ψ FLOPs per token forward, 4Ψ backward, 2Ψ more to recompute with checkpointing.
+  // Compute: 2Ψ FLOPs per token forward, 4Ψ backward, 2Ψ more to recompute with checkpointing,
+  // each rank doing 1/(T x P) of them.
   const double rate = c.gpu.peak_flops * c.gpu.efficiency;
-  const double tokens = static_cast<double>(s.micro_batch) * seq_len;
-  const double fwd_c = 2.0 * static_cast<double>(params) * tokens / rate;
-  const double bwd_c = (s.activation_checkpointing ? 6.0 : 4.0) * static_cast<double>(params) * tokens / rate;
-  // Ring collectives over the whole padded model: all-gather and reduce-scatter move (N-1)/N of
-  // it through each rank's link, all-reduce twice that.
+  const double tokens = static_cast<double>(s.micro_batch) * shape.seq_len;
+  const double share = static_cast<double>(params) / (static_cast<double>(T) * P);
+  const double fwd_c = 2.0 * share * tokens / rate;
+  const double bwd_c = (s.activation_checkpointing ? 6.0 : 4.0) * share * tokens / rate;
+  // Tensor parallelism: two all-reduces of the micro-batch's activations (b x s x h) per block
+  // in the forward (attention and MLP outputs), two in the backward, two more when the
+  // checkpointed forward is recomputed; they sit between the matmuls, so nothing hides them.
+  const double act = tokens * shape.n_embd * es;
+  const int blocks = StagePart{T, P, 0}.blocks(shape);
+  const double tp_ar = T > 1 ? 2.0 * (T - 1.0) / T * act / c.group_bytes_per_s(T, 1) : 0.0;
+  const double tp_fwd = 2.0 * blocks * tp_ar;
+  const double tp_bwd = (s.activation_checkpointing ? 4.0 : 2.0) * blocks * tp_ar;
+  // Pipeline: each micro-batch's activations go to the next stage, their gradient comes back.
+  const double p2p = P > 1 ? act / c.group_bytes_per_s(P, T * N) : 0.0;
+  t.tp_comm_s = s.grad_accum * (tp_fwd + tp_bwd);
+  t.pp_comm_s = s.grad_accum * 2 * p2p;
+  const double fwd_slot_extra = tp_fwd + p2p, bwd_slot_extra = tp_bwd + p2p;
+  // Ring collectives over the rank's padded part of the model within its data-parallel group:
+  // all-gather and reduce-scatter move (N-1)/N of it through each rank's link, all-reduce twice that.
   const double full = static_cast<double>(u.total_padded) * es;
-  const double ring = N > 1 ? (N - 1.0) / N * full / c.ring_bytes_per_s() : 0.0;
+  const double ring = N > 1 ? (N - 1.0) / N * full / c.group_bytes_per_s(N, T) : 0.0;
   // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the bytes).
   const double grad_ring = ring * static_cast<double>(dtype_size(s.grad_dtype())) / es;
   double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
@@ -110,7 +132,15 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
     case 2: bwd_comm = ring; post_step = ring; break;
     case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
   }
-  t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step;
+  // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
+  // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
+  // (A 2-rank all-reduce moves the whole gradient through each rank's link once.)
+  const double tied = P > 1 ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
+                                  static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * N)
+                            : 0.0;
+  t.pp_comm_s += tied;
+  t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step + t.tp_comm_s + t.pp_comm_s;
+  post_step += tied;
   // Parameter slices that live off the device travel each gather (forward and backward) and are
   // written back after the step; the prefetch overlaps the reads like a collective.
   const double slice_bytes = full / N;
@@ -125,10 +155,14 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
   fwd_comm += param_io;
   bwd_comm += param_io;
   auto micro_time = [&](double extra_bwd) {
-    if (!s.overlap_comm) return fwd_c + bwd_c + fwd_comm + bwd_comm + extra_bwd;
-    return std::max(fwd_c, fwd_comm) + std::max(bwd_c, bwd_comm + extra_bwd);
+    const double f = fwd_c + fwd_slot_extra, b = bwd_c + bwd_slot_extra;
+    if (!s.overlap_comm) return f + b + fwd_comm + bwd_comm + extra_bwd;
+    return std::max(f, fwd_comm) + std::max(b, bwd_comm + extra_bwd);
   };
-  const double micro_steps = (s.grad_accum - 1) * micro_time(0) + micro_time(boundary);
+  // 1F1B: m micro-batch slots plus P - 1 of fill and drain, each a forward and a backward.
+  t.bubble = pipeline_bubble(P, s.grad_accum);
+  t.bubble_s = (P - 1) * micro_time(0);
+  const double micro_steps = (s.grad_accum - 1) * micro_time(0) + micro_time(boundary) + t.bubble_s;
   t.compute_s = s.grad_accum * (fwd_c + bwd_c);
   // Optimizer step over the owned elements.
   const double own = s.stage == 0 ? static_cast<double>(u.total_padded) : static_cast<double>(u.total_padded) / N;
@@ -148,7 +182,8 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const Cluster& c, 
   }
   t.offload_s = opt_offload + param_write + s.grad_accum * 2 * param_io;
   t.step_s = micro_steps + post_step + param_write + t.optimizer_s + opt_offload;
-  t.exposed_comm_s = std::max(0.0, micro_steps - t.compute_s) + post_step;
+  // Exposed: what the step spends beyond compute and the bubble (TP and PP traffic included).
+  t.exposed_comm_s = std::max(0.0, micro_steps - t.bubble_s - t.compute_s) + post_step;
   return t;
 }
 
@@ -162,14 +197,42 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
              fmt::format("zero-plan: parameter offload exists only at stage 3 (got stage {})", s.stage));
   ZERO_CHECK(s.offload_optimizer == OffloadDevice::none || s.stage >= 1,
              "zero-plan: optimizer offload needs stage >= 1, as the engine does");
-  const Layout layout = gpt_layout(shape);
+  const int T = s.tensor_parallel, P = s.pipeline_parallel;
+  ZERO_CHECK(T >= 1 && P >= 1 && c.gpus % (T * P) == 0,
+             fmt::format("zero-plan: {} GPUs do not divide into tensor {} x pipeline {} groups; the data-parallel "
+                         "size is GPUs / (T x P), so pick T x P that divides the GPU count",
+                         c.gpus, T, P));
+  ZERO_CHECK(P == 1 || s.stage <= 1,
+             fmt::format("zero-plan: ZeRO stage {} with pipeline parallelism {} is refused, as DeepSpeed refuses it: "
+                         "a stage's gradients are reduced once per micro-batch under 1F1B, which stages 2-3 "
+                         "would have to partition and gather each time; use stage 0 or 1 with a pipeline",
+                         s.stage, P));
+  check_split(shape, T, P);
+  const int D = c.gpus / (T * P);
   Plan p;
   p.shape = shape;
-  p.params = layout.num_params();
+  p.params = gpt_layout(shape).num_params();
   p.settings = s;
+  p.data_parallel = D;
   p.token_budget = token_budget;
-  p.memory = plan_memory(shape, layout, c, s);
-  p.time = plan_time(layout, p.params, c, s, shape.seq_len);
+  // The first stage holds the embedding and P micro-batches in flight, the last the head and
+  // the logits: the rank that needs more memory is one of them, and the one with the larger
+  // part of the model has the longest optimizer step and data-parallel collectives.
+  const StagePart first{T, P, 0}, last{T, P, P - 1};
+  const Layout first_layout = gpt_stage_layout(shape, first);
+  p.memory = plan_memory(shape, first_layout, first, D, c, s);
+  const Layout* slow = &first_layout;
+  Layout last_layout;
+  if (P > 1) {
+    last_layout = gpt_stage_layout(shape, last);
+    const MemoryPlan m = plan_memory(shape, last_layout, last, D, c, s);
+    if (m.gpu_bytes > p.memory.gpu_bytes) {
+      p.memory = m;
+      p.memory_stage = P - 1;
+    }
+    if (last_layout.num_params() > first_layout.num_params()) slow = &last_layout;
+  }
+  p.time = plan_time(*slow, p.params, shape, D, c, s);
 
   std::vector<std::string> over;
   if (static_cast<double>(p.memory.gpu_bytes) > c.gpu.memory_bytes)
@@ -182,7 +245,7 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
   for (const auto& o : over) p.why += (p.why.empty() ? "" : "; ") + o;
 
   const double F = s.activation_checkpointing ? 8.0 : 6.0;
-  p.tokens_per_step = static_cast<double>(s.micro_batch) * s.grad_accum * shape.seq_len * c.gpus;
+  p.tokens_per_step = static_cast<double>(s.micro_batch) * s.grad_accum * shape.seq_len * D;
   p.tokens_per_s = p.tokens_per_step / p.time.step_s;
   p.tflops_per_gpu = static_cast<double>(p.params) * F * p.tokens_per_s / (c.gpus * 1e12);
   p.days = token_budget / p.tokens_per_s / 86400.0;
@@ -191,6 +254,8 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
 
 std::vector<Settings> SettingsSpace::expand(int gpus) const {
   std::vector<Settings> out;
+  for (int tp : tensor_parallel)
+  for (int pp : pipeline_parallel)
   for (int stage : stages)
     for (auto oo : offload_optimizer)
       for (auto op : offload_param)
@@ -198,7 +263,12 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
           for (bool ckpt : checkpointing) {
             if (op != OffloadDevice::none && stage < 3) continue;
             if (oo != OffloadDevice::none && stage == 0) continue;
+            if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
+            if (pp > 1 && stage >= 2) continue;
+            const int dp = gpus / (tp * pp);
             Settings s = base;
+            s.tensor_parallel = tp;
+            s.pipeline_parallel = pp;
             s.stage = stage;
             s.offload_optimizer = oo;
             s.offload_param = op;
@@ -206,7 +276,7 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.activation_checkpointing = ckpt;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(
-                  1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * gpus))));
+                  1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));
             out.push_back(s);
           }
   return out;
@@ -215,6 +285,10 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
 std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& c, const SettingsSpace& space, double budget) {
   std::vector<Plan> out;
   for (const auto& s : space.expand(c.gpus)) {
+    // A tensor or pipeline size this shape cannot be split into is not a candidate for it.
+    if (shape.n_head % s.tensor_parallel != 0 || shape.padded_vocab() % s.tensor_parallel != 0 ||
+        s.pipeline_parallel > shape.n_layer)
+      continue;
     Plan p = make_plan(shape, c, s, budget);
     if (p.fits) out.push_back(std::move(p));
   }
@@ -227,14 +301,28 @@ std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& c, const Sett
 
 MaxModel max_model(const GptFamily& family, const Cluster& c, const SettingsSpace& space, double budget) {
   // Fitting is monotone in the width for a fixed setting, so bisect over widths (multiples of 128).
+  // Widths step by 128 x the largest tensor size, so that every tensor size considered (powers of
+  // 2) divides the head count; the smallest widths can be too shallow for the pipeline, so the
+  // search starts at the first width with a plan.
+  int step = 128;
+  for (int tp : space.tensor_parallel) step = std::max(step, 128 * tp);
   auto best_at = [&](int k) {
-    GptShape s = family.shape(128 * k);
+    GptShape s = family.shape(step * k);
     auto ranked = rank_plans(s, c, space, budget);
     return ranked.empty() ? std::optional<Plan>{} : std::optional<Plan>{ranked.front()};
   };
   MaxModel r;
-  int lo = 1, hi = 1024;  // widths 128 .. 131072
-  auto first = best_at(lo);
+  const int hi_k = std::max(2, 1024 * 128 / step);  // widths up to 131072
+  int lo = 1, hi = hi_k;
+  std::optional<Plan> first;
+  for (; lo < hi_k && !first; ++lo) {
+    first = best_at(lo);
+    // Deep enough for every pipeline size and still nothing fits: a wider one will not either.
+    bool deep = true;
+    for (int pp : space.pipeline_parallel) deep = deep && family.shape(step * lo).n_layer >= pp;
+    if (!first && deep) return r;
+  }
+  --lo;
   if (!first) return r;
   r.found = true;
   r.best = *first;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "zero/autotune.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
 
@@ -25,6 +26,26 @@ Layout aligned_layout() {
   return l;
 }
 constexpr std::int64_t kPsi = 196608 + 2560;
+
+// `gpus` of one kind, `per_node` to a node, `inter` bytes/s between nodes.
+Cluster cluster_of(const char* kind, int gpus, int per_node, double inter) {
+  Cluster c;
+  c.gpu = gpu_preset(kind);
+  c.gpus = gpus;
+  c.gpus_per_node = per_node;
+  c.inter_node_bytes_per_s = inter;
+  return c;
+}
+
+// A100-80GB at half the peak (312 TFLOP/s, NVLink 300 GB/s): round numbers for the times.
+Cluster a100_at_half(int gpus) {
+  Cluster c = cluster_of("A100-80GB", gpus, 8, 25e9);
+  c.gpu.efficiency = 0.5;
+  return c;
+}
+
+// V100-32GB nodes of 4 GPUs (NVLink 150 GB/s), 50 GB/s between nodes, as in the validation.
+Cluster v100_nodes(int gpus) { return cluster_of("V100-32GB", gpus, 4, 50e9); }
 
 Settings bf16_stage(int stage) {
   Settings s;
@@ -165,10 +186,7 @@ TEST_CASE("activation bytes: the trainer's buffers, worked by hand", "[plan]") {
 
 TEST_CASE("step time: compute at the stated efficiency, exposed collectives, the optimizer", "[plan]") {
   GptShape shape = gpt_preset("gpt2");
-  Cluster c;
-  c.gpu = gpu_preset("A100-80GB");
-  c.gpu.efficiency = 0.5;
-  c.gpus = 1;
+  Cluster c = a100_at_half(1);
   Settings s = bf16_stage(0);
   s.micro_batch = 4;
   s.grad_accum = 2;
@@ -207,10 +225,7 @@ TEST_CASE("step time: compute at the stated efficiency, exposed collectives, the
 }
 
 TEST_CASE("fitting names what does not fit", "[plan]") {
-  Cluster c;
-  c.gpu = gpu_preset("V100-32GB");
-  c.gpus = 32;
-  c.gpus_per_node = 4;
+  Cluster c = v100_nodes(32);
   c.host_bytes_per_gpu = 40e9;
   Settings s = bf16_stage(2);
   s.offload_optimizer = OffloadDevice::cpu;
@@ -299,4 +314,207 @@ TEST_CASE("a CUDA device's name finds its preset, and only when one describes it
   CHECK(kind("NVIDIA H100 NVL", 93.0) == "none");
   CHECK(kind("NVIDIA GeForce RTX 4090", 23.6) == "none");
   CHECK(zero::plan::gpu_preset_for_device("NVIDIA H100 80GB HBM3", 79.1 * GiB)->peak_flops == 989e12);
+}
+
+// ---- Model parallelism: tensor x pipeline x data -----------------------------------------------
+
+namespace {
+
+// L 4, 4 heads, C 256, seq 16, vocab 100 (padded 128): every unit of a TP 2 part is a multiple of
+// 128 elements, so sharding over 2 data-parallel ranks pads nothing.
+GptShape small_grid_shape() { return GptShape{"", 4, 4, 256, 16, 100}; }
+
+}  // namespace
+
+TEST_CASE("grid: a rank's part of the model, split as Megatron splits it", "[plan][grid]") {
+  const GptShape s = small_grid_shape();
+  // A block on one of 2 TP ranks: qkv 256 x 384 + 384, proj 128 x 256 (+ 256 bias, replicated),
+  // fc 256 x 512 + 512, fc proj 512 x 256 (+ 256 bias), LayerNorms 4 x 256 replicated.
+  const std::int64_t block = 256 * 384 + 384 + 128 * 256 + 256 + 256 * 512 + 512 + 512 * 256 + 256 + 4 * 256;
+  REQUIRE(block == 395648);
+  const std::int64_t wte = 64 * 256, wpe = 16 * 256, ln_f = 512;
+  // PP 2: blocks 0-1 and the embedding on stage 0; blocks 2-3, ln_f and the tied head's copy on 1.
+  const Layout first = gpt_stage_layout(s, StagePart{2, 2, 0});
+  const Layout last = gpt_stage_layout(s, StagePart{2, 2, 1});
+  CHECK(first.num_params() == wte + wpe + 2 * block);
+  CHECK(last.num_params() == wte + 2 * block + ln_f);
+  CHECK(first.num_units() == 3);
+  CHECK(last.unit(last.num_units() - 2).name == "lm_head");
+  // Summed over the TP ranks of one stage: the whole model's blocks plus one more copy of what
+  // is replicated (6 x C per block, wpe).
+  const Layout whole = gpt_layout(s);
+  const Layout tp1 = gpt_stage_layout(s, StagePart{});
+  CHECK(tp1.num_params() == whole.num_params());
+  const Layout tp2 = gpt_stage_layout(s, StagePart{2, 1, 0});
+  CHECK(2 * tp2.num_params() == whole.num_params() + 4 * 6 * 256 + wpe + ln_f);
+  // 5 blocks over 2 stages: 3 on the first, 2 on the last.
+  GptShape five = s;
+  five.n_layer = 5;
+  CHECK(StagePart{1, 2, 0}.blocks(five) == 3);
+  CHECK(StagePart{1, 2, 1}.blocks(five) == 2);
+}
+
+TEST_CASE("grid: per-rank memory of TP 2 x PP 2 x DP 2, worked by hand", "[plan][grid]") {
+  const GptShape s = small_grid_shape();
+  Cluster c;
+  c.gpu = gpu_preset("A100-80GB");
+  c.gpus = 8;
+  Settings st = bf16_stage(1);
+  st.tensor_parallel = 2;
+  st.pipeline_parallel = 2;
+  st.micro_batch = 1;
+  st.grad_accum = 4;  // gradients accumulate in fp32
+  const Plan p = make_plan(s, c, st);
+  CHECK(p.data_parallel == 2);
+  // Stage 0's part: 811776 parameters; stage 1: 2 x bf16 params, 4 x fp32 grads, 12 / 2 sharded.
+  const std::int64_t part0 = 20480 + 2 * 395648;
+  CHECK(p.memory_stage == 0);
+  CHECK(p.memory.states.params == 2 * part0);
+  CHECK(p.memory.states.grads == 4 * part0);
+  CHECK(p.memory.states.master + p.memory.states.optimizer == 12 * part0 / 2);
+  // Activations of stage 0, bf16, row statistics: N = 16 tokens, NC = 4096, per block 3 widths
+  // replicated + 12 / 2 split = 9 x 4096 elements and 4 x 16 + 64 heads-rows / 2 fp32; kept per
+  // micro-batch: 2 blocks, 3 residual boundaries, 16 token ids + 16 targets; 1F1B holds 2 micro-
+  // batches (P 2 < m 4) at stage 0. Once: dres, dtmp, dqkv / 2, dfc / 2 and 32 fp32 of scratch.
+  const std::int64_t per_micro = (2 * 9 * 4096 + 3 * 4096) * 2 + 2 * (64 + 32) * 4 + 32 * 4;
+  const std::int64_t once = (2 * 4096 + 3 * 4096 / 2 + 4 * 4096 / 2) * 2 + 32 * 4;
+  CHECK(p.memory.activations == 2 * per_micro + once);
+  // With one micro-batch per step, one is in flight.
+  st.grad_accum = 1;
+  CHECK(make_plan(s, c, st).memory.activations == per_micro + once);
+
+  // TP 2 x DP 2 at stage 3 (no pipeline): the whole model's TP half, sharded over 2.
+  c.gpus = 4;
+  Settings z3 = bf16_stage(3);
+  z3.tensor_parallel = 2;
+  const Plan p3 = make_plan(s, c, z3);
+  CHECK(p3.data_parallel == 2);
+  CHECK(p3.memory.states.device() == 16 * (20480 + 4 * 395648 + 512) / 2);
+}
+
+TEST_CASE("grid: the 1F1B bubble and the model-parallel traffic in the step time", "[plan][grid]") {
+  CHECK(pipeline_bubble(1, 8) == 0.0);
+  CHECK(pipeline_bubble(4, 12) == Approx(3.0 / 15));
+  CHECK(pipeline_bubble(16, 256) == Approx(15.0 / 271));
+  CHECK_THROWS_AS(pipeline_bubble(0, 4), Error);
+
+  const GptShape shape = gpt_preset("gpt2");  // 12 blocks, C 768
+  const double psi = 124475904;
+  const Cluster c = a100_at_half(2);
+  // PP 2 x DP 1, stage 0, 6 micro-batches of 1: (6 + 1) slots of a forward and a backward of
+  // half the model plus one send of 1024 x 768 bf16 each way over NVLink (300 GB/s).
+  Settings s = bf16_stage(0);
+  s.pipeline_parallel = 2;
+  s.grad_accum = 6;
+  Plan p = make_plan(shape, c, s);
+  const double act = 1024.0 * 768 * 2;
+  const double slot = 6 * psi / 2 * 1024 / (312e12 * 0.5) + 2 * act / 300e9;
+  // After the drain the tied embedding's fp32 gradient (50304 x 768) is all-reduced between the
+  // two stages: each rank sends and receives it once.
+  const double tied = 50304.0 * 768 * 4 / 300e9;
+  CHECK(p.time.bubble == Approx(1.0 / 7));
+  CHECK(p.time.bubble_s == Approx(slot));
+  CHECK(p.time.pp_comm_s == Approx(6 * 2 * act / 300e9 + tied));
+  CHECK(p.time.step_s - p.time.optimizer_s == Approx(7 * slot + tied));
+  // Tokens per step count the data-parallel replicas only: 6 x 1024.
+  CHECK(p.tokens_per_s == Approx(6 * 1024 / p.time.step_s));
+
+  // TP 2 x DP 1, stage 0, one micro-batch: half the compute per rank plus 4 all-reduces per block
+  // of 1024 x 768 bf16 over 2 ranks (each moves half of it twice).
+  s = bf16_stage(0);
+  s.tensor_parallel = 2;
+  p = make_plan(shape, c, s);
+  const double tp = 12 * 4 * (2 * 0.5 * act / 300e9);
+  CHECK(p.time.tp_comm_s == Approx(tp));
+  CHECK(p.time.bubble_s == 0.0);
+  CHECK(p.time.step_s - p.time.optimizer_s == Approx(6 * psi / 2 * 1024 / (312e12 * 0.5) + tp));
+}
+
+TEST_CASE("grid: a group's bandwidth, inside a node or sharing its NICs", "[plan][grid]") {
+  const Cluster c = v100_nodes(64);
+  CHECK(c.group_bytes_per_s(4, 1) == Approx(150e9));  // TP 4 inside the node
+  CHECK(c.group_bytes_per_s(16, 4) == Approx(50e9 / 4));  // DP 16 beside TP 4: four rings per node
+  CHECK(c.group_bytes_per_s(64, 1) == Approx(c.ring_bytes_per_s()));  // the flat ring
+  CHECK(c.group_bytes_per_s(32, 2) == Approx(50e9 / 2));
+}
+
+TEST_CASE("grid: invalid grids and stage combinations are clear errors", "[plan][grid]") {
+  const GptShape gpt2 = gpt_preset("gpt2");  // 12 heads, 12 blocks
+  struct Bad {
+    int gpus, stage, tp, pp;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {6, 1, 4, 1, "6 GPUs do not divide into tensor 4 x pipeline 1"},
+      {8, 1, 8, 1, "n_head 12 is not a multiple"},
+      {8, 2, 1, 2, "stage 2 with pipeline parallelism 2 is refused"},
+      {8, 3, 1, 2, "stage 3 with pipeline parallelism 2 is refused"},
+      {16, 1, 1, 16, "more stages than the 12 blocks"},
+  };
+  for (const Bad& b : cases) {
+    Cluster c = a100_at_half(b.gpus);
+    Settings s = bf16_stage(b.stage);
+    s.tensor_parallel = b.tp;
+    s.pipeline_parallel = b.pp;
+    CHECK_THROWS_WITH(make_plan(gpt2, c, s), Catch::Contains(b.message));
+  }
+  // The enumeration leaves out what cannot be run.
+  SettingsSpace space;
+  space.tensor_parallel = {1, 3};
+  space.pipeline_parallel = {1, 2};
+  for (const Settings& e : space.expand(8)) {
+    CHECK(e.tensor_parallel == 1);
+    CHECK((e.pipeline_parallel == 1 || e.stage <= 1));
+  }
+}
+
+TEST_CASE("grid: ranked plans take TP and PP only where they pay", "[plan][grid]") {
+  Cluster c = v100_nodes(64);
+  SettingsSpace space;
+  space.base.dtype = DType::f16;
+  space.tensor_parallel = {1, 2, 4};
+  space.pipeline_parallel = {1, 2, 4, 8, 16};
+  space.micro_batches = {1, 4};
+  space.global_batch = 512;
+  // A small model runs fastest as plain data parallelism: TP and PP only add traffic and bubble.
+  auto small = rank_plans(gpt_preset("gpt2-medium"), c, space);
+  REQUIRE_FALSE(small.empty());
+  CHECK(small.front().settings.tensor_parallel == 1);
+  CHECK(small.front().settings.pipeline_parallel == 1);
+  // 13B at stages 0-1 fits only split across tensor and pipeline ranks (stage 1 over 64 ranks
+  // keeps 6 bytes a parameter: 78 GB).
+  space.stages = {0, 1};
+  auto big = rank_plans(gpt_preset("gpt3-13b"), c, space);
+  REQUIRE_FALSE(big.empty());
+  for (const Plan& p : big) CHECK(p.settings.tensor_parallel * p.settings.pipeline_parallel > 1);
+  // The largest model under TP 4 x PP 4 on 16 GPUs grows with the grid.
+  c.gpus = 16;
+  SettingsSpace mp;
+  mp.stages = {0};
+  mp.micro_batches = {1};
+  mp.checkpointing = {true};
+  mp.base.grad_accum = 4;
+  GptFamily f;
+  const MaxModel dp_only = max_model(f, c, mp);
+  mp.tensor_parallel = {4};
+  mp.pipeline_parallel = {4};
+  const MaxModel grid = max_model(f, c, mp);
+  REQUIRE(grid.found);
+  REQUIRE(dp_only.found);
+  CHECK(grid.best.params > 8 * dp_only.best.params);
+  CHECK(grid.best.settings.tensor_parallel == 4);
+}
+
+TEST_CASE("grid: autotune's fit verdict is a rank's of the grid", "[plan][grid]") {
+  const Cluster c = v100_nodes(64);
+  Config cfg;
+  cfg.zero_optimization.stage = 1;
+  cfg.train_micro_batch_size_per_gpu = 1;
+  cfg.gradient_accumulation_steps = 4;
+  std::string why;
+  // 13B at stage 1 over 64 data-parallel ranks: 6 bytes a parameter stay on every rank.
+  CHECK_FALSE(plan_fits(gpt_preset("gpt3-13b"), c)(cfg, why));
+  CHECK_THAT(why, Catch::Contains("GPU memory"));
+  // As one rank of TP 4 x PP 4 x DP 4 it holds 1/16 of the model.
+  CHECK(plan_fits(gpt_preset("gpt3-13b"), c, 4, 4)(cfg, why));
 }
