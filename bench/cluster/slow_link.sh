@@ -5,7 +5,8 @@
 # on that host's loopback (unshaped, the fast link inside a node); traffic between hosts crosses
 # two shaped links (the sender's and the receiver's), like two NICs and a switch.
 #
-#   slow_link.sh [--hosts K] [--ranks-per-host R] [--rate 1gbit] [--delay 0.1ms] -- PROGRAM ARGS...
+#   slow_link.sh [--hosts K] [--ranks-per-host R] [--rate 1gbit] [--delay 0.1ms] [--stats FILE]
+#                -- PROGRAM ARGS...
 #
 # Runs PROGRAM ARGS as K x R ranks (ranks 0..R-1 on host 0, and so on), with the environment of
 # this script. Node identity: each host also gets a UTS namespace of its own, with the hostname
@@ -22,17 +23,18 @@
 set -euo pipefail
 
 usage() {
-  sed -n '8p' "$0" | sed 's/^#   /usage: /' >&2
+  sed -n '8,9p' "$0" | sed '1s/^#   /usage: /; 2s/^#  //' >&2
   exit 2
 }
 
-hosts=2 ranks=1 rate=1gbit delay=0.1ms delay_given=0
+hosts=2 ranks=1 rate=1gbit delay=0.1ms delay_given=0 stats=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts=${2:?}; shift 2 ;;
     --ranks-per-host) ranks=${2:?}; shift 2 ;;
     --rate) rate=${2:?}; shift 2 ;;
     --delay) delay=${2:?}; delay_given=1; shift 2 ;;
+    --stats) stats=${2:?}; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
     *) echo "slow_link: unknown argument '$1'" >&2; usage ;;
@@ -77,6 +79,18 @@ remove_namespaces() {  # $1: the prefix whose namespaces go
   done
 }
 
+# What crossed each host's link, measured on the wire (headers included): "HOST SENT RECEIVED" in
+# bytes per line, into --stats FILE, from the veth counters before the namespaces go.
+write_stats() {
+  local h
+  for ((h = 0; h < hosts; ++h)); do
+    ip -n "$(host_ns "$h")" -s -j link show slow0 2>/dev/null \
+      | awk -v h="slowlink-h$h" '{ match($0, /"rx":\{"bytes":[0-9]+/); rx = substr($0, RSTART + 14, RLENGTH - 14)
+                                   match($0, /"tx":\{"bytes":[0-9]+/); tx = substr($0, RSTART + 14, RLENGTH - 14)
+                                   print h, tx, rx }' || true
+  done > "$stats"
+}
+
 mpi_pid=
 cleanup() {
   local rc=$?
@@ -86,6 +100,7 @@ cleanup() {
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$mpi_pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL "$mpi_pid" 2>/dev/null || true
   fi
+  [[ -n $stats && -n $tmp ]] && write_stats
   remove_namespaces "$prefix"  # deleting a namespace deletes its veth ends, bridge and qdiscs
   [[ -n $tmp ]] && rm -rf "$tmp"
   exit "$rc"
