@@ -132,7 +132,12 @@ shape() {  # $1 namespace, $2 device
   tc -n "$1" qdisc add dev "$2" root handle 1: tbf rate "$rate" burst "$burst" limit "$limit" 2>/dev/null \
     || skip "tc cannot attach tbf to a veth here (sch_tbf missing)"
   [[ $delay_zero -eq 1 || $have_netem -eq 0 ]] && return 0
-  tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: netem delay "$delay" limit 100000 2>/dev/null && return 0
+  local err
+  err=$(tc -n "$1" qdisc add dev "$2" parent 1:1 handle 10: netem delay "$delay" limit 100000 2>&1) && return 0
+  if [[ $err != *unknown* ]]; then
+    echo "slow_link: tc cannot add a $delay netem delay: $err" >&2
+    exit 1
+  fi
   have_netem=0
   if [[ $delay_given -eq 1 ]]; then
     echo "slow_link: --delay $delay: this kernel has no netem qdisc (sch_netem) to add delay; pass --delay 0" >&2
