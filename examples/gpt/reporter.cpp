@@ -182,7 +182,7 @@ std::string Reporter::train_line(const TrainRecord& r) {
                 format_significant(r.samples_per_s_avg).c_str(), format_si(r.tokens_per_s).c_str(),
                 r.tflops_per_device, r.flops_factor, format_mfu(r.mfu).c_str(),
                 format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
-                format_mib(r.inter_node_bytes).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
+                format_mib(r.inter_node_bytes_max).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
                 r.token_budget_days);
   return buf;
 }
@@ -209,7 +209,8 @@ void Reporter::train(const TrainRecord& r) {
           {"token_budget_days", number(r.token_budget_days)},
           {"elapsed_s", number(r.elapsed_s)},
           {"intra_node_bytes", number(r.intra_node_bytes)},
-          {"inter_node_bytes", number(r.inter_node_bytes)}});
+          {"inter_node_bytes", number(r.inter_node_bytes)},
+          {"inter_node_bytes_max", number(r.inter_node_bytes_max)}});
 }
 
 void Reporter::eval(const EvalRecord& r) {

@@ -60,6 +60,7 @@ struct TrainRecord {
   // Bytes this rank sent in the last step's collectives, inside its node and to other nodes
   // (the ring model of zero/comm.hpp).
   double intra_node_bytes = 0, inter_node_bytes = 0;
+  double inter_node_bytes_max = 0;  // the busiest rank's inter-node bytes in the last step
 };
 
 struct EvalRecord {

@@ -457,6 +457,9 @@ class TrainingLoop {
     r.elapsed_s = wall;
     r.intra_node_bytes = static_cast<double>(step_traffic_.intra_node);
     r.inter_node_bytes = static_cast<double>(step_traffic_.inter_node);
+    // The ranks that send across nodes are those whose ring neighbour is on another node, which
+    // rank 0 (whose record this is) often is not: the busiest rank's figure is the link's load.
+    r.inter_node_bytes_max = ctx_.comm().all_reduce_scalar(r.inter_node_bytes, zero::ReduceOp::max);
     rep_.train(r);
     interval_seconds_ = 0.0;
     interval_steps_ = 0;

@@ -41,6 +41,10 @@ try:
     check(all(r["intra_node_bytes"] > 0 and r["inter_node_bytes"] == 0 for r in train(fast)),
           "2 x 2: rank 0 should send to its host's other rank only: "
           f"{[(r['intra_node_bytes'], r['inter_node_bytes']) for r in train(fast)]}")
+    # ... while rank 1, at the node boundary, sends what rank 0 sends, but across nodes.
+    check(all(r["inter_node_bytes_max"] == r["intra_node_bytes"] for r in train(fast)),
+          "2 x 2: the busiest rank's inter-node bytes should equal rank 0's intra-node bytes: "
+          f"{[(r['intra_node_bytes'], r['inter_node_bytes_max']) for r in train(fast)]}")
 
     _, cross, wire = run_gpt(exe, config, os.path.join(work, "cross"), STAGE3, STEPS, 2, 1, "1gbit")
     counted = sum(r["inter_node_bytes"] for r in train(cross))
