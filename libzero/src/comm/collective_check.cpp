@@ -83,17 +83,14 @@ void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int ro
   // The fingerprint covers what must match for the collectives to pair up correctly, and the
   // site, so that two ranks gathering the same unit for different reasons (one evaluating, one
   // training) are told apart before their data is mixed.
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
   const std::array<std::uint64_t, 4> fixed{count, static_cast<std::uint64_t>(t),
                                            static_cast<std::uint64_t>(static_cast<std::int64_t>(root)),
                                            site.eval ? 1u : 0u};
-  XXH3_64bits_update(st, fixed.data(), sizeof fixed);
-  XXH3_64bits_update(st, kind, std::strlen(kind) + 1);
-  if (site.call) XXH3_64bits_update(st, site.call, std::strlen(site.call) + 1);
-  if (site.unit) XXH3_64bits_update(st, site.unit->data(), site.unit->size() + 1);
-  const std::uint64_t fp = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
+  // Chained through the seed: no hashing state to allocate on this path, taken per collective.
+  std::uint64_t fp = XXH3_64bits(fixed.data(), sizeof fixed);
+  fp = XXH3_64bits_withSeed(kind, std::strlen(kind) + 1, fp);
+  if (site.call) fp = XXH3_64bits_withSeed(site.call, std::strlen(site.call) + 1, fp);
+  if (site.unit) fp = XXH3_64bits_withSeed(site.unit->data(), site.unit->size() + 1, fp);
 
   std::array<std::uint64_t, 2> v{fp, ~fp};
   MPI_Request req;
