@@ -119,6 +119,9 @@ struct ZeroOptimizationConfig {
   std::int64_t stage3_param_persistence_threshold = 100000;
   std::int64_t stage3_max_live_parameters = 1000000000;
   std::int64_t stage3_max_reuse_distance = 1000000000;
+  // ZeRO++ hpZ (stage 3): ranks per group keeping a secondary 16-bit shard of the gathered
+  // parameters, so the backward's all-gathers stay inside the group (normally a node). 1: off.
+  std::int64_t zero_hpz_partition_size = 1;
   std::int64_t sub_group_size = 1000000000;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;

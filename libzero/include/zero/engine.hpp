@@ -48,6 +48,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/dtype.hpp"
 #include "zero/layout.hpp"
@@ -169,6 +170,7 @@ struct MemoryReport {
   std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
   std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers
   std::int64_t gathered = 0;        // peak of full units gathered at stage 3
+  std::int64_t secondary = 0;       // hpZ's secondary shards (zero_hpz_partition_size > 1)
   std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine
   std::int64_t offloaded_nvme = 0;  // bytes kept on NVMe
   std::int64_t model_state() const { return params + grads + master + optimizer; }
@@ -247,6 +249,9 @@ class Engine {
   int micro_step() const;    // micro-steps completed since the last step()
   std::int64_t global_step() const;
   MemoryReport memory() const;
+  // Bytes this rank has sent in the engine's collectives so far, inside its node and across
+  // nodes (zero/comm.hpp's ring model), over every communicator the engine uses.
+  TrafficBytes traffic() const;
 
   // Collective: the full fp32 master value of one unit (padding excluded) on every rank.
   std::vector<float> full_master(int unit);

@@ -113,8 +113,6 @@ const std::vector<Foreign>& foreign_keys() {
       {"zero_optimization.use_all_reduce_for_fetch_params", Policy::silent, "",
        "a performance hint"},
       {"zero_optimization.model_persistence_threshold", Policy::silent, "", "a performance hint"},
-      {"zero_optimization.zero_hpz_partition_size", Policy::note, "1",
-       "parameters are gathered from all ranks (no secondary partition)"},
       {"zero_optimization.mics_shard_size", Policy::note, "-1",
        "state is sharded over all ranks (no MiCS groups)"},
       {"zero_optimization.mics_hierarchical_params_gather", Policy::silent, "false",

@@ -146,6 +146,11 @@ const std::vector<Spec>& config_keys() {
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.stage3_max_reuse_distance; },
        .range = ge(0), .auto_rule = Auto::fallback, .aliases = {"max_reuse_distance"},
        .doc = "Stage 3: keep a gathered unit if it is used again within this many elements."},
+      {.path = "zero_optimization.zero_hpz_partition_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.zero_hpz_partition_size; },
+       .range = ge(1), .auto_rule = Auto::fallback,
+       .doc = "Stage 3, ZeRO++ hpZ: ranks per group (consecutive, normally a node) keeping a secondary "
+              "shard of the gathered parameters; gathers after the first in a step stay in the group. 1: off."},
       {.path = "zero_optimization.sub_group_size", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.sub_group_size; },
        .range = ge(0), .auto_rule = Auto::fallback,

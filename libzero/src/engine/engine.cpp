@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "comm/mpi_comm.hpp"
 #include "engine/engine_impl.hpp"
 #include "zero/groups.hpp"
 #include "runtime/log.hpp"
@@ -45,6 +46,29 @@ std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, Pr
   return cfg.backend == BackendKind::host ? make_host_backend(groups->data()) : make_backend(ctx, cfg);
 }
 
+// hpZ's group (zero_hpz_partition_size consecutive ranks of the data-parallel group), or null.
+std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& host) {
+  const std::int64_t n = cfg.zero_optimization.zero_hpz_partition_size;
+  if (n == 1) return nullptr;
+  const std::string key = fmt::format("{}: zero_optimization.zero_hpz_partition_size = {}", cfg.source, n);
+  ZERO_CHECK(cfg.zero_optimization.stage == 3,
+             fmt::format("{} applies to stage 3 only (a secondary shard of the parameters, which stage {} keeps "
+                         "whole); set it to 1, or use stage 3",
+                         key, cfg.zero_optimization.stage));
+  ZERO_CHECK(host.size() % n == 0,
+             fmt::format("{} does not divide the {} data-parallel ranks; use a divisor, normally the ranks per node",
+                         key, host.size()));
+  ZERO_CHECK(cfg.backend == BackendKind::host,
+             key + ": hpZ runs on the host backend so far; set it to 1 with backend: cuda");
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
+  ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
+  MPI_Comm c = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split(mpi->handle(), host.rank() / static_cast<int>(n), host.rank(), &c));
+  auto group = std::make_unique<MpiCommunicator>(c);  // keeps its own duplicate
+  MPI_Comm_free(&c);
+  return group;
+}
+
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
@@ -54,6 +78,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       host_comm_(groups ? groups->data() : ctx.comm()),
       model_comm_(groups && groups->model().size() > 1 ? &groups->model() : nullptr),
       tensor_rank_(groups ? groups->coord().tensor : 0),
+      hpz_comm_(make_hpz_comm(cfg, host_comm_)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -66,7 +91,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
         return owned;
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
-      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_),
+      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
       scaler_(cfg.fp16) {
   if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
@@ -248,6 +273,7 @@ MemoryReport EngineImpl::memory() const {
   reducer_.report(r);
   opt_->report(r);
   r.gathered = gatherer_.peak_bytes();
+  r.secondary = gatherer_.secondary_bytes();
   return r;
 }
 
@@ -353,6 +379,7 @@ std::string MemoryReport::to_string() const {
   std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}, gathered {}",
                               b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
                               b(gathered));
+  if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
   if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
   return s;
@@ -373,6 +400,14 @@ void Engine::init_params(const std::function<void(const ParamInfo&, std::span<fl
 }
 UnitParams Engine::gather(int unit) { return impl_->gather(unit); }
 GatheredModel Engine::gather_all() { return impl_->gather_all(); }
+TrafficBytes Engine::traffic() const { return impl_->traffic(); }
+
+TrafficBytes EngineImpl::traffic() const {
+  TrafficBytes t = host_comm_.traffic();  // device communicators' collectives count there too
+  if (hpz_comm_) t += hpz_comm_->traffic();
+  if (model_comm_) t += model_comm_->traffic();
+  return t;
+}
 
 GatheredModel& GatheredModel::operator=(GatheredModel&& o) noexcept {
   if (this != &o) {

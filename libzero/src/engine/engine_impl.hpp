@@ -48,6 +48,7 @@ class EngineImpl {
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
   UnitParams gather(int unit);
   GatheredModel gather_all();
+  TrafficBytes traffic() const;
   void release_all(bool was_eval);  // GatheredModel's destructor
   void release(int unit, std::uint64_t token);  // UnitParams' destructor
   UnitGrads grads(int unit);
@@ -112,6 +113,8 @@ class EngineImpl {
   // The other ranks holding parts of this model replica (tensor x pipeline), or null.
   Communicator* model_comm_;
   const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
+  // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
+  std::unique_ptr<Communicator> hpz_comm_;
   const int rank_, world_, stage_, gas_;
   const DType dtype_;
   const std::vector<UnitShape> shapes_;

@@ -11,7 +11,8 @@
 namespace zero {
 
 ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
-                             const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype)
+                             const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
+                             Communicator* hpz)
     : backend_(backend),
       comm_(comm),
       params_(params),
@@ -20,7 +21,15 @@ ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& p
       z_(z),
       dtype_(dtype),
       pool_(backend),
-      units_(shapes.size()) {}
+      units_(shapes.size()),
+      hpz_(hpz) {}
+
+std::int64_t ParamGatherer::secondary_bytes() const {
+  std::int64_t n = 0;
+  for (const auto& u : units_)
+    if (u.secondary) n += static_cast<std::int64_t>(u.secondary.bytes());
+  return n;
+}
 
 ParamGatherer::~ParamGatherer() {
   try {
@@ -47,8 +56,14 @@ void ParamGatherer::start(int unit, const char* why, bool eval) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
   u.gathered = pool_.acquire(static_cast<std::size_t>(s.padded) * dtype_size(dtype_), false);
-  params_.checkout(unit, true);  // NVMe: read the slice now, ahead of the gather
-  u.work = comm_.all_gather_async(params_.shard(unit), u.gathered.get(), static_cast<std::size_t>(s.slice), dtype_);
+  u.from_secondary = hpz_ != nullptr && u.secondary_valid;
+  if (u.from_secondary) {
+    const std::size_t chunk = static_cast<std::size_t>(s.padded / hpz_->size());
+    u.work = hpz_->all_gather_async(u.secondary.get(), u.gathered.get(), chunk, dtype_);
+  } else {
+    params_.checkout(unit, true);  // NVMe: read the slice now, ahead of the gather
+    u.work = comm_.all_gather_async(params_.shard(unit), u.gathered.get(), static_cast<std::size_t>(s.slice), dtype_);
+  }
   ++all_gathers_;
 }
 
@@ -56,7 +71,15 @@ void ParamGatherer::finish(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];
   if (!u.work.pending()) return;
   u.work.wait();
+  if (u.from_secondary) return;
   params_.checkin(unit, false);
+  if (hpz_ != nullptr) {  // keep this rank's chunk for the group's later gathers
+    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    const std::size_t bytes = static_cast<std::size_t>(s.padded / hpz_->size()) * dtype_size(dtype_);
+    if (!u.secondary) u.secondary = backend_.alloc(bytes);
+    backend_.copy(u.secondary.get(), u.gathered.as<char>() + static_cast<std::size_t>(hpz_->rank()) * bytes, bytes);
+    u.secondary_valid = true;
+  }
 }
 
 void ParamGatherer::check_order(int unit) {
@@ -168,6 +191,7 @@ void ParamGatherer::drop_all(const char* what) {
                                   "' is still held by a UnitParams handle; release gathered units before step()");
       pool_.give_back(std::move(u.gathered));
     }
+    u.secondary_valid = false;  // the parameters are about to change; the buffer stays for the next step
     ++u.token;
   }
 }

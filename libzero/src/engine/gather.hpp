@@ -10,6 +10,12 @@
 // rewrites the slices, so a gather started then would read stale values and be thrown away.
 // A released unit whose next use (cyclically, across micro-steps) is within
 // stage3_max_reuse_distance elements is kept. Units that are not sharded are handed out as is.
+//
+// hpZ (zero_hpz_partition_size N > 1): when a unit's all-gather over every rank completes, the
+// rank keeps its 1/N chunk of the full unit (its position in its group of N consecutive ranks);
+// until step() changes the parameters, later gathers of that unit (the backward's, the next
+// micro-step's) all-gather those chunks inside the group instead. The bytes are the same, so
+// the result is bit for bit that of plain stage 3; only the links they cross change.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +32,10 @@ namespace zero {
 
 class ParamGatherer {
  public:
+  // hpz: the communicator of this rank's hpZ group, or null (hpZ off).
   ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
-                const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype);
+                const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
+                Communicator* hpz = nullptr);
   ~ParamGatherer();  // completes gathers still in flight: they write into our buffers
 
   struct Lease {
@@ -55,6 +63,7 @@ class ParamGatherer {
   int held_unit() const;  // a unit some UnitParams handle holds, or -1
   std::int64_t peak_bytes() const { return pool_.peak(); }
   std::int64_t all_gathers() const { return all_gathers_; }
+  std::int64_t secondary_bytes() const;  // hpZ's secondary shards held
 
  private:
   struct Unit {
@@ -62,6 +71,9 @@ class ParamGatherer {
     Work work;        // pending all-gather into `gathered`
     int refs = 0;     // live UnitParams handles
     std::uint64_t token = 0;
+    Buffer secondary;          // hpZ: this rank's chunk of the full unit
+    bool secondary_valid = false;
+    bool from_secondary = false;  // the pending gather reads the group's chunks
   };
   void check_order(int unit);
   // Starts the all-gather of `unit`; why: "gather", "prefetch" or "gather_all" (the collective
@@ -85,6 +97,7 @@ class ParamGatherer {
   std::size_t pos_ = 0;     // gathers so far in this micro-step
   std::int64_t all_gathers_ = 0;
   bool holding_all_ = false;
+  Communicator* hpz_;  // null: hpZ off
 };
 
 }  // namespace zero
