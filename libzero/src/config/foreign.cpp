@@ -117,8 +117,6 @@ const std::vector<Foreign>& foreign_keys() {
        "state is sharded over all ranks (no MiCS groups)"},
       {"zero_optimization.mics_hierarchical_params_gather", Policy::silent, "false",
        "no MiCS groups"},
-      {"zero_optimization.zero_quantized_weights", Policy::refused, "false",
-       "quantized weight gathers change the result"},
       {"zero_optimization.zero_quantized_nontrainable_weights", Policy::refused, "false",
        "quantized weights change the result"},
       {"zero_optimization.zero_quantized_gradients", Policy::refused, "false",

@@ -151,6 +151,15 @@ const std::vector<Spec>& config_keys() {
        .range = ge(1), .auto_rule = Auto::fallback,
        .doc = "Stage 3, ZeRO++ hpZ: ranks per group (consecutive, normally a node) keeping a secondary "
               "shard of the gathered parameters; gathers after the first in a step stay in the group. 1: off."},
+      {.path = "zero_optimization.zero_quantized_weights", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.zero_quantized_weights; },
+       .auto_rule = Auto::fallback,
+       .doc = "Stage 3, ZeRO++ qwZ: parameter all-gathers send int8 with an fp32 scale per block (each value within "
+              "max abs(x) / 254 of its block); the master weights are untouched."},
+      {.path = "zero_optimization.zero_quantized_weights_block_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.zero_quantized_weights_block_size; },
+       .range = ge(1), .auto_rule = Auto::fallback,
+       .doc = "qwZ: elements per quantization block (one fp32 scale each)."},
       {.path = "zero_optimization.sub_group_size", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.sub_group_size; },
        .range = ge(0), .auto_rule = Auto::fallback,

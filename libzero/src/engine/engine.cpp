@@ -48,6 +48,16 @@ std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, Pr
 
 // hpZ's group (zero_hpz_partition_size consecutive ranks of the data-parallel group), or null.
 std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& host) {
+  // qwZ's conditions are checked here too: both change stage 3's parameter gathers.
+  if (cfg.zero_optimization.zero_quantized_weights) {
+    ZERO_CHECK(cfg.zero_optimization.stage == 3,
+               fmt::format("{}: zero_optimization.zero_quantized_weights applies to stage 3 only (it quantizes the "
+                           "parameter all-gathers, which stage {} does not make); set it to false, or use stage 3",
+                           cfg.source, cfg.zero_optimization.stage));
+    ZERO_CHECK(cfg.backend == BackendKind::host,
+               cfg.source + ": zero_optimization.zero_quantized_weights runs on the host backend so far; set it to "
+                            "false with backend: cuda");
+  }
   const std::int64_t n = cfg.zero_optimization.zero_hpz_partition_size;
   if (n == 1) return nullptr;
   const std::string key = fmt::format("{}: zero_optimization.zero_hpz_partition_size = {}", cfg.source, n);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "comm/quantize.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -22,7 +23,8 @@ ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& p
       dtype_(dtype),
       pool_(backend),
       units_(shapes.size()),
-      hpz_(hpz) {}
+      hpz_(hpz),
+      qwz_block_(z.zero_quantized_weights ? static_cast<std::size_t>(z.zero_quantized_weights_block_size) : 0) {}
 
 std::int64_t ParamGatherer::secondary_bytes() const {
   std::int64_t n = 0;
@@ -60,6 +62,14 @@ void ParamGatherer::start(int unit, const char* why, bool eval) {
   if (u.from_secondary) {
     const std::size_t chunk = static_cast<std::size_t>(s.padded / hpz_->size());
     u.work = hpz_->all_gather_async(u.secondary.get(), u.gathered.get(), chunk, dtype_);
+  } else if (qwz_block_ > 0) {
+    params_.checkout(unit, true);
+    const std::size_t packed = quant::packed_bytes(static_cast<std::size_t>(s.slice), qwz_block_);
+    u.q_send = pool_.acquire(packed, false);
+    u.q_recv = pool_.acquire(packed * static_cast<std::size_t>(comm_.size()), false);
+    quant::quantize_int8(params_.shard(unit), dtype_, static_cast<std::size_t>(s.slice), qwz_block_, u.q_send.get());
+    // Packed bytes travel as fp32 words: the all-gather copies them, it computes nothing.
+    u.work = comm_.all_gather_async(u.q_send.get(), u.q_recv.get(), packed / sizeof(float), DType::f32);
   } else {
     params_.checkout(unit, true);  // NVMe: read the slice now, ahead of the gather
     u.work = comm_.all_gather_async(params_.shard(unit), u.gathered.get(), static_cast<std::size_t>(s.slice), dtype_);
@@ -73,6 +83,16 @@ void ParamGatherer::finish(int unit) {
   u.work.wait();
   if (u.from_secondary) return;
   params_.checkin(unit, false);
+  if (u.q_recv) {  // qwZ: every rank's packed slice into the compute dtype
+    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    const std::size_t slice = static_cast<std::size_t>(s.slice);
+    const std::size_t packed = quant::packed_bytes(slice, qwz_block_);
+    for (int r = 0; r < comm_.size(); ++r)
+      quant::dequantize_int8(u.q_recv.as<char>() + static_cast<std::size_t>(r) * packed, slice, qwz_block_,
+                             u.gathered.as<char>() + static_cast<std::size_t>(r) * slice * dtype_size(dtype_), dtype_);
+    pool_.give_back(std::move(u.q_send));
+    pool_.give_back(std::move(u.q_recv));
+  }
   if (hpz_ != nullptr) {  // keep this rank's chunk for the group's later gathers
     const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
     const std::size_t bytes = static_cast<std::size_t>(s.padded / hpz_->size()) * dtype_size(dtype_);

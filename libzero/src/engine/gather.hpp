@@ -16,6 +16,10 @@
 // until step() changes the parameters, later gathers of that unit (the backward's, the next
 // micro-step's) all-gather those chunks inside the group instead. The bytes are the same, so
 // the result is bit for bit that of plain stage 3; only the links they cross change.
+//
+// qwZ (zero_quantized_weights): the all-gather over every rank sends each rank's slice block-
+// quantized to int8 (comm/quantize.hpp) and dequantizes on arrival into the compute dtype. With
+// hpZ the secondary chunk keeps the dequantized values, so the backward sees the forward's.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +75,7 @@ class ParamGatherer {
     Work work;        // pending all-gather into `gathered`
     int refs = 0;     // live UnitParams handles
     std::uint64_t token = 0;
+    Buffer q_send, q_recv;     // qwZ: the packed slice sent and every rank's received
     Buffer secondary;          // hpZ: this rank's chunk of the full unit
     bool secondary_valid = false;
     bool from_secondary = false;  // the pending gather reads the group's chunks
@@ -98,6 +103,7 @@ class ParamGatherer {
   std::int64_t all_gathers_ = 0;
   bool holding_all_ = false;
   Communicator* hpz_;  // null: hpZ off
+  std::size_t qwz_block_;  // 0: qwZ off
 };
 
 }  // namespace zero

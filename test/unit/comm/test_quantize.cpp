@@ -1,0 +1,71 @@
+// Block int8 quantization (comm/quantize.hpp) against a double-precision reference: every value
+// comes back within its block's max|x| / 254 (plus the compute dtype's own rounding), blocks of
+// zeros come back zero, sizes that are not a multiple of the block work, and the packed bytes
+// are a function of the input alone (every rank sends the same for the same slice).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "comm/quantize.hpp"
+
+using namespace zero;
+
+namespace {
+// Values spanning several magnitudes, signs mixed, some exact zeros.
+float value(std::size_t i) {
+  std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  const double u = static_cast<double>(x >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+  if (i % 17 == 5) return 0.0f;
+  return static_cast<float>(u * std::pow(10.0, static_cast<double>(i % 5) - 2.0));
+}
+}  // namespace
+
+TEST_CASE("int8 blocks round-trip within max|x|/254 of the block, for fp32, bf16 and fp16 data") {
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (std::size_t block : {1u, 7u, 256u})
+      for (std::size_t n : {0u, 1u, 255u, 256u, 257u, 1000u}) {
+        INFO(dtype_name(t) << " block " << block << " n " << n);
+        std::vector<char> src(n * dtype_size(t) + 1), back(n * dtype_size(t) + 1);
+        for (std::size_t i = 0; i < n; ++i) store_from_f32(src.data(), i, t, value(i));
+        std::vector<char> packed(quant::packed_bytes(n, block));
+        REQUIRE(packed.size() % 4 == 0);
+        REQUIRE(packed.size() >= n + (n + block - 1) / block * 4);
+        quant::quantize_int8(src.data(), t, n, block, packed.data());
+        quant::dequantize_int8(packed.data(), n, block, back.data(), t);
+        for (std::size_t first = 0; first < n; first += block) {
+          const std::size_t last = std::min(n, first + block);
+          double amax = 0.0;
+          for (std::size_t i = first; i < last; ++i)
+            amax = std::max(amax, std::abs(static_cast<double>(load_as_f32(src.data(), i, t))));
+          for (std::size_t i = first; i < last; ++i) {
+            const double x = load_as_f32(src.data(), i, t), y = load_as_f32(back.data(), i, t);
+            // The dtype rounds the dequantized value once more: half an ulp of y.
+            const double ulp = t == DType::f32 ? 0x1p-24 : (t == DType::bf16 ? 0x1p-8 : 0x1p-11);
+            INFO("i " << i << ": " << x << " -> " << y << ", block max " << amax);
+            REQUIRE(std::abs(x - y) <= amax / 254.0 * (1.0 + 1e-6) + std::abs(y) * ulp + 1e-30);
+            if (amax == 0.0) REQUIRE(y == 0.0);
+          }
+        }
+        // The same input gives the same bytes.
+        std::vector<char> again(packed.size());
+        quant::quantize_int8(src.data(), t, n, block, again.data());
+        REQUIRE(std::memcmp(again.data(), packed.data(), packed.size()) == 0);
+      }
+}
+
+TEST_CASE("a block's largest value comes back exactly (it maps to +-127)") {
+  const std::vector<float> x = {0.5f, -3.0f, 1.25f, 2.0f};
+  std::vector<char> packed(quant::packed_bytes(x.size(), 4));
+  std::vector<float> y(x.size());
+  quant::quantize_int8(x.data(), DType::f32, x.size(), 4, packed.data());
+  quant::dequantize_int8(packed.data(), x.size(), 4, y.data(), DType::f32);
+  REQUIRE(std::abs(y[1] + 3.0f) <= 3.0f * 1e-6f);
+  float scale = 0;
+  std::memcpy(&scale, packed.data(), sizeof scale);
+  REQUIRE(scale == 3.0f / 127.0f);
+}
