@@ -10,7 +10,7 @@ to --rate. Per row it measures:
     Not metrics.jsonl's inter_node_bytes: that is rank 0's alone, and with 2 ranks per host rank
     0's ring neighbour shares its host, so it reads 0 while its peers at the node boundary send
     the job's inter-node traffic.
-Rows for later features (hpZ, qwZ, qgZ, MiCS, PowerSGD) are more entries in ROWS.
+Rows for later features (qgZ, MiCS, PowerSGD) are more entries in ROWS.
 
     stage3_slow_link.py [--zero-gpt build/cpu/examples/gpt/zero-gpt] [--rate 50mbit] [--work DIR]
 
@@ -28,8 +28,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
 
 # name, overrides. Stage 3 shards every unit (no persistent parameters), as ZeRO++ is measured.
+# Every unit sharded and none kept from the forward for the backward (stage3_max_reuse_distance
+# 0), as in a model too large to keep gathered: the backward re-gathers, which hpZ keeps in-node.
+STAGE3 = ["zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0",
+          "zero_optimization.stage3_max_reuse_distance=0"]
 ROWS = [
-    ("stage 3", ["zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"]),
+    ("stage 3", STAGE3),
+    ("stage 3 hpZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2"]),
+    ("stage 3 hpZ+qwZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2",
+                                  "zero_optimization.zero_quantized_weights=true"]),
     ("stage 0", ["zero_optimization.stage=0"]),
 ]
 
@@ -99,7 +106,7 @@ def main():
     shape = (a.hosts, a.ranks_per_host)
     print(f"stage3_slow_link: zero-gpt on {a.hosts} hosts x {a.ranks_per_host} ranks, host links {a.rate} "
           f"(reference {a.fast_rate}), {a.steps} steps; overrides: {' '.join(a.set) or 'none'}")
-    print(f"{'row':<10} {'steps/s':>8} {'tokens/s':>9} {'steps/s @' + a.fast_rate:>16} {'waiting':>8} "
+    print(f"{'row':<16} {'steps/s':>8} {'tokens/s':>9} {'steps/s @' + a.fast_rate:>16} {'waiting':>8} "
           f"{'inter-node B/step (wire)':>25}")
     try:
         for name, row_sets in ROWS:
@@ -112,7 +119,7 @@ def main():
             steps_s, tok_s = steady(recs)
             fast_steps_s, _ = steady(fast_recs)
             wire = (sent_long - sent_short) / (a.steps - a.short_steps)
-            print(f"{name:<10} {steps_s:8.2f} {tok_s:9.0f} {fast_steps_s:16.2f} {1 - steps_s / fast_steps_s:8.0%} "
+            print(f"{name:<16} {steps_s:8.2f} {tok_s:9.0f} {fast_steps_s:16.2f} {1 - steps_s / fast_steps_s:8.0%} "
                   f"{wire:25.0f}", flush=True)
     except Skip as e:
         print(f"stage3_slow_link: SKIPPED: {e}")
