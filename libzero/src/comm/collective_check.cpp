@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/strings.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -30,12 +31,6 @@ bool check_enabled_by_env() {
   ZERO_CHECK(s == "1" || s == "on" || s == "true",
              fmt::format("ZERO_COLLECTIVE_CHECK='{}' is not 0/1 (on/off); unset it to keep the check on", s));
   return true;
-}
-
-std::string rank_set(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? "," : "", ranks[i]);
-  return s;
 }
 }  // namespace
 
@@ -112,7 +107,7 @@ void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int ro
   for (auto& [call, ranks] : by_call) groups.emplace_back(ranks, call);
   std::sort(groups.begin(), groups.end());
   std::string calls;
-  for (const auto& [ranks, call] : groups) calls += fmt::format("\n  {}: {}", rank_set(ranks), call);
+  for (const auto& [ranks, call] : groups) calls += fmt::format("\n  {}: {}", rank_list(ranks), call);
   ZERO_THROW(fmt::format(
       "collective mismatch at collective #{}: the ranks issued different collectives:{}\nEvery rank must issue the "
       "same collectives in the same order. At stage 3 gather() is a collective (every rank gathers the same units "

@@ -36,7 +36,6 @@ class CollectiveCheck {
   // call when they differ. `wait` completes a request under the collective deadline.
   void agree(const char* kind, std::size_t count, DType t, int root,
              const std::function<void(MPI_Request&)>& wait);
-  std::int64_t checks() const { return seq_; }
   // This rank's last collectives, oldest first ("#25 reduce(h.1): reduce_scatter of ..."), for
   // reports written while a collective hangs (the CUDA watchdog's, from its own thread).
   std::string recent() const;

@@ -25,14 +25,6 @@ NodeLayout layout_of(const std::vector<int>& node_of) {
   return l;
 }
 
-// The sub-communicator of the world ranks with the same `color`, ordered by `key`.
-std::unique_ptr<Communicator> split(int color, int key) {
-  MPI_Comm c = MPI_COMM_NULL;
-  ZERO_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &c));
-  auto comm = std::make_unique<MpiCommunicator>(c);  // keeps its own duplicate
-  MPI_Comm_free(&c);
-  return comm;
-}
 }  // namespace
 
 ProcessGroups::ProcessGroups(Context& ctx, GridSpec spec) : spec_(spec), world_(ctx.world_size()) {
@@ -59,6 +51,9 @@ ProcessGroups::ProcessGroups(Context& ctx, GridSpec spec) : spec_(spec), world_(
   int local = 0;  // this rank's position inside its node
   for (int q = 0; q < r; ++q) local += node_of_[static_cast<std::size_t>(q)] == node_index_;
 
+  // The Context's communicator spans the world in world-rank order.
+  const auto& world = static_cast<const MpiCommunicator&>(ctx.comm());
+  auto split = [&](int color, int key) -> std::unique_ptr<Communicator> { return world.split(color, key); };
   // Colors name the group (every member computes the same one); keys order it by the coordinate
   // that varies inside it, so a group's rank equals that coordinate.
   const int T = spec.tensor, D = data_size_;

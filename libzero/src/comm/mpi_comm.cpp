@@ -14,6 +14,7 @@
 #include "comm/collective_timeout.hpp"
 #include "comm/topology.hpp"
 #include "runtime/log.hpp"
+#include "runtime/strings.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -42,12 +43,6 @@ constexpr int kQueryTag = 1, kAnswerTag = 2;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
-  return s;
-}
 
 std::string describe(const MpiCommunicator::Call& c) {
   const std::string s = fmt::format("{} #{}", kind_name(c.kind), c.seq);
@@ -142,6 +137,14 @@ void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int ro
   const int next = (rank_ + 1) % size_;
   (node_of_[static_cast<std::size_t>(next)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
                                                                                           : traffic_.inter_node) += bytes;
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
+  MPI_Comm c = MPI_COMM_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_split(comm_, color, key, &c));
+  auto sub = std::make_unique<MpiCommunicator>(c);  // keeps its own duplicate
+  MPI_Comm_free(&c);
+  return sub;
 }
 
 void MpiCommunicator::check_collective(const char* kind, std::size_t count, DType t, int root) {

@@ -44,6 +44,9 @@ class MpiCommunicator final : public Communicator {
   // The node of each rank of this communicator (comm/topology.hpp).
   const std::vector<int>& nodes() const { return node_of_; }
   MPI_Comm handle() const { return comm_; }
+  // Collective over this communicator: the sub-communicator of the ranks with the same color,
+  // ordered by key (MPI_Comm_split), as a communicator of its own.
+  std::unique_ptr<MpiCommunicator> split(int color, int key) const;
 
   // fp32 scratch reused across calls (collectives in flight each hold their own).
   std::vector<float> take_scratch(std::size_t n);

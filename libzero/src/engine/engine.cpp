@@ -72,11 +72,7 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
              key + ": hpZ runs on the host backend so far; set it to 1 with backend: cuda");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
-  MPI_Comm c = MPI_COMM_NULL;
-  ZERO_MPI_CHECK(MPI_Comm_split(mpi->handle(), host.rank() / static_cast<int>(n), host.rank(), &c));
-  auto group = std::make_unique<MpiCommunicator>(c);  // keeps its own duplicate
-  MPI_Comm_free(&c);
-  return group;
+  return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)

@@ -70,4 +70,10 @@ std::string escape_bytes(std::string_view bytes) {
   return out;
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+  return s;
+}
+
 }  // namespace zero
