@@ -22,9 +22,7 @@ import loop_disk
 from loop_disk import expect
 
 exe, config, work = sys.argv[1:4]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-mnt = loop_disk.mount(work, "gpt_ckpt_space")
+mnt = loop_disk.fresh_mount(work, "gpt_ckpt_space")
 
 
 def zero_gpt(ckpt, steps, *args):

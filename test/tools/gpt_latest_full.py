@@ -13,7 +13,6 @@ Needs root and loop devices; otherwise exits 77 (skipped) saying why.
 """
 import filecmp
 import os
-import shutil
 import subprocess
 import sys
 
@@ -21,9 +20,7 @@ import loop_disk
 from loop_disk import expect
 
 exe, ckpt_tool, config, work = sys.argv[1:5]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-mnt = loop_disk.mount(work, "gpt_latest_full")
+mnt = loop_disk.fresh_mount(work, "gpt_latest_full")
 
 
 def zero_gpt(ckpt, steps, *extra, resume=False, tag=None):

@@ -25,9 +25,7 @@ import loop_disk
 from loop_disk import expect
 
 exe, plot, config, work = sys.argv[1:5]
-shutil.rmtree(work, ignore_errors=True)
-os.makedirs(work)
-mnt = loop_disk.mount(work, "gpt_run_dir_full")
+mnt = loop_disk.fresh_mount(work, "gpt_run_dir_full")
 
 
 def zero_gpt(out_dir, ckpt, steps, *extra, resume=False):

@@ -14,6 +14,13 @@ def sh(*cmd):
     return subprocess.run(cmd, capture_output=True, text=True)
 
 
+def fresh_mount(work, test, mib=8):
+    """An empty `work` folder with the image mounted at work/mnt (see mount)."""
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return mount(work, test, mib)
+
+
 def mount(work, test, mib=8):
     """An ext4 image of `mib` MiB (1 KiB blocks, no reserve, no journal) mounted at work/mnt."""
     def skip(why):
