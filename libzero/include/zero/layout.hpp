@@ -32,6 +32,13 @@ struct ParamInfo {
   // group (a LayerNorm gain, a row-parallel bias), so the global gradient norm counts it once.
   // Otherwise (the default) each rank of the model group holds its own part.
   bool replicated = false;
+  // Under tensor parallelism, a parameter cut across the tensor group: the axis of the whole
+  // tensor it is cut along (-1: not cut), and how many equal blocks along that axis are each cut
+  // into T parts (GPT-2's fused QKV [C, 3C] has 3: rank t holds [q_t | k_t | v_t]). `shape` is
+  // the rank's part; the whole tensor has shape[split_axis] x T. Checkpoint tools read it to
+  // put a tensor-parallel model back together (zero-ckpt export).
+  int split_axis = -1;
+  int split_blocks = 1;
 };
 
 struct UnitInfo {
@@ -62,6 +69,9 @@ class Layout {
   void decay_matrices_only();
   // Marks a parameter as replicated across the tensor-parallel group (see ParamInfo::replicated).
   void set_replicated(int unit, std::string_view param, bool replicated = true);
+  // Marks a parameter as cut across the tensor-parallel group (see ParamInfo::split_axis). The
+  // axis must exist in its shape and its extent divide by `blocks`.
+  void set_split(int unit, std::string_view param, int axis, int blocks = 1);
 
   // Elements per rank slice of `unit` for `world` ranks: numel rounded up so that
   // slice * world >= numel and the slice is a multiple of kSliceAlign elements.

@@ -73,6 +73,19 @@ void Layout::set_replicated(int id, std::string_view p, bool replicated) {
   param(id, p, "Layout::set_replicated").replicated = replicated;
 }
 
+void Layout::set_split(int id, std::string_view p, int axis, int blocks) {
+  ParamInfo& info = param(id, p, "Layout::set_split");
+  ZERO_CHECK(axis >= 0 && axis < static_cast<int>(info.shape.size()),
+             fmt::format("Layout::set_split: parameter '{}' of unit '{}' has {} dimensions, so axis {} does not exist",
+                         info.name, info.unit, info.shape.size(), axis));
+  ZERO_CHECK(blocks >= 1 && info.shape[static_cast<std::size_t>(axis)] % blocks == 0,
+             fmt::format("Layout::set_split: parameter '{}' of unit '{}' has {} elements along axis {}, which {} "
+                         "blocks do not divide",
+                         info.name, info.unit, info.shape[static_cast<std::size_t>(axis)], axis, blocks));
+  info.split_axis = axis;
+  info.split_blocks = blocks;
+}
+
 void Layout::decay_matrices_only() {
   for (auto& u : units_)
     for (auto& p : u.params) p.decay = p.shape.size() >= 2;
