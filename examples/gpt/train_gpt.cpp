@@ -156,7 +156,8 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    std::to_string(sched.warmup_num_steps) +
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
-  rc.cfg.resolve(world_size);
+  // The engine's batch arithmetic counts data-parallel ranks: a tensor group trains one batch.
+  rc.cfg.resolve(zero::gpt::gpt_data_parallel_size(rc.settings, world_size));
   // The resolved sections replace what the file said (a preset name becomes its shape), so a
   // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
   for (auto& [name, yaml] : rc.settings.sections()) rc.cfg.extra_sections[name] = yaml;
@@ -321,17 +322,23 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                 f.threads == 1 ? "" : "s");
   rep.line(buf);
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
-  rep.line("nodes: " + f.nodes + "; the engine's collectives span all ranks (one data-parallel group)");
+  if (trainer.tensor_parallel_size() > 1)
+    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
+             ": each layer split over " + std::to_string(trainer.tensor_parallel_size()) +
+             " ranks (tensor parallel), the engine's collectives over the data-parallel group");
+  else
+    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
+             ": the engine's collectives span all ranks (one data-parallel group)");
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
   std::snprintf(buf, sizeof buf,
                 "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
-                "accumulation %lld x %d ranks); activations %s per rank",
+                "accumulation %lld x %d data-parallel ranks); activations %s per rank",
                 static_cast<long long>(cfg.train_batch_size), mc.seq_len,
                 static_cast<long long>(trainer.tokens_per_step()),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps), f.world,
+                static_cast<long long>(cfg.gradient_accumulation_steps), trainer.data_parallel_size(),
                 zero::gpt::format_mib(static_cast<double>(trainer.activation_bytes())).c_str());
   rep.line(buf);
   std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
@@ -358,6 +365,9 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
               {"model", mc.describe()},
               {"params", f.params},
               {"world", f.world},
+              {"grid", trainer.grid()},
+              {"tensor_parallel", trainer.tensor_parallel_size()},
+              {"data_parallel", trainer.data_parallel_size()},
               {"stage", cfg.zero_optimization.stage},
               {"tokens_per_step", f.tokens_per_step},
               {"flops_per_token", f.flops.total()},
