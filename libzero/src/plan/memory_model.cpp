@@ -57,6 +57,11 @@ Settings settings_from(const Config& cfg) {
   s.persistence_threshold = z.stage3_param_persistence_threshold;
   s.sub_group_size = z.sub_group_size;
   s.overlap_comm = z.overlap_comm;
+  s.reduce_scatter = z.reduce_scatter;
+  s.max_reuse_distance = z.stage3_max_reuse_distance;
+  s.hpz_partition_size = static_cast<int>(z.zero_hpz_partition_size);
+  s.quantized_weights = z.zero_quantized_weights;
+  s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
   return s;
 }
 
