@@ -280,6 +280,10 @@ struct SettingsSpace {
   std::vector<bool> checkpointing{false, true};
   std::vector<int> tensor_parallel{1};
   std::vector<int> pipeline_parallel{1};
+  // ZeRO++ at stage 3: hpZ group sizes (1: off; a size must divide the data-parallel group)
+  // and qwZ off/on. Other stages take only the first hpZ size 1 and qwZ off.
+  std::vector<int> hpz_partition_size{1};
+  std::vector<bool> quantized_weights{false};
   // > 0: sequences per optimizer step over all ranks; each micro-batch then gets the
   // accumulation that comes closest (at least 1), instead of base.grad_accum.
   std::int64_t global_batch = 0;

@@ -74,6 +74,8 @@ std::string Settings::label() const {
   if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
   if (tensor_parallel > 1) l << ", tp " << tensor_parallel;
   if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
+  if (hpz_partition_size > 1) l << ", hpz " << hpz_partition_size;
+  if (quantized_weights) l << ", qwz";
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";
