@@ -57,6 +57,11 @@ Settings settings_from(const Config& cfg) {
   s.persistence_threshold = z.stage3_param_persistence_threshold;
   s.sub_group_size = z.sub_group_size;
   s.overlap_comm = z.overlap_comm;
+  s.reduce_scatter = z.reduce_scatter;
+  s.max_reuse_distance = z.stage3_max_reuse_distance;
+  s.hpz_partition_size = static_cast<int>(z.zero_hpz_partition_size);
+  s.quantized_weights = z.zero_quantized_weights;
+  s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
   return s;
 }
 
@@ -69,6 +74,8 @@ std::string Settings::label() const {
   if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
   if (tensor_parallel > 1) l << ", tp " << tensor_parallel;
   if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
+  if (hpz_partition_size > 1) l << ", hpz " << hpz_partition_size;
+  if (quantized_weights) l << ", qwz";
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";

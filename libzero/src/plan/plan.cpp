@@ -130,7 +130,16 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
     case 0: boundary = 2 * grad_ring; break;  // all-reduce during the last backward
     case 1: boundary = grad_ring; post_step = ring; break;
     case 2: bwd_comm = ring; post_step = ring; break;
-    case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
+    case 3: {  // gather forward, gather + reduce backward
+      // qwZ sends int8 values and an fp32 scale per block instead of the compute dtype; hpZ
+      // re-gathers in the backward inside its group (normally the node) from secondary shards.
+      const double q = s.quantized_weights ? (1.0 + 4.0 / static_cast<double>(s.quantized_weights_block_size)) / es : 1.0;
+      const int H = s.hpz_partition_size;
+      const double regather = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : q * ring;
+      fwd_comm = q * ring;
+      bwd_comm = regather + ring;
+      break;
+    }
   }
   // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
   // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
@@ -209,6 +218,11 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
                          s.stage, P));
   check_split(shape, T, P);
   const int D = c.gpus / (T * P);
+  ZERO_CHECK((s.hpz_partition_size == 1 && !s.quantized_weights) || s.stage == 3,
+             "zero-plan: hpZ and qwZ (ZeRO++) gather parameters, which only stage 3 does; use --stage 3");
+  ZERO_CHECK(s.hpz_partition_size >= 1 && D % s.hpz_partition_size == 0,
+             fmt::format("zero-plan: the hpZ group of {} ranks does not divide the {} data-parallel ranks",
+                         s.hpz_partition_size, D));
   Plan p;
   p.shape = shape;
   p.params = gpt_layout(shape).num_params();
@@ -260,8 +274,12 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
     for (auto oo : offload_optimizer)
       for (auto op : offload_param)
         for (int mb : micro_batches)
-          for (bool ckpt : checkpointing) {
+          for (bool ckpt : checkpointing)
+          for (int hpz : hpz_partition_size)
+          for (bool qwz : quantized_weights) {
             if (op != OffloadDevice::none && stage < 3) continue;
+            if ((hpz != 1 || qwz) && stage != 3) continue;
+            if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
             if (oo != OffloadDevice::none && stage == 0) continue;
             if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
             if (pp > 1 && stage >= 2) continue;
@@ -274,6 +292,8 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.offload_param = op;
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
+            s.hpz_partition_size = hpz;
+            s.quantized_weights = qwz;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(
                   1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));
