@@ -177,13 +177,13 @@ void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
                           residual(cfg_.n_layer), ln_f[kLnfW], ln_f[kLnfB], N, C);
   ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, vl_);
   if (!has_targets_) return;
-  cross_entropy(nullptr, 0.0f);
+  cross_entropy(nullptr, 0.0f, false);
   ops_->add_mean(loss_total_.as<double>(), losses_.as<float>(), N);
   ++loss_terms_;
   loss_ready_ = true;
 }
 
-void GptModel::cross_entropy(Act* dlogits, float dloss) {
+void GptModel::cross_entropy(Act* dlogits, float dloss, bool stats_ready) {
   const int N = b_ * t_, V = cfg_.vocab_size;
   const std::int32_t* targets = targets_.as<std::int32_t>();
   if (!tp_.active()) {
@@ -196,10 +196,12 @@ void GptModel::cross_entropy(Act* dlogits, float dloss) {
   float* mx = ce_max_.as<float>();
   float* sums = ce_sums_.as<float>();
   const auto n = static_cast<std::size_t>(N);
-  ops_->cross_entropy_part_max(mx, logits_.as<Act>(), N, vl_, v0_, V);
-  tp_.all_reduce(*ops_, mx, n, zero::ReduceOp::max);
-  ops_->cross_entropy_part_sums(sums, logits_.as<Act>(), mx, targets, N, vl_, v0_, V);
-  tp_.all_reduce(*ops_, sums, 2 * n, zero::ReduceOp::sum);
+  if (!stats_ready) {
+    ops_->cross_entropy_part_max(mx, logits_.as<Act>(), N, vl_, v0_, V);
+    tp_.all_reduce(*ops_, mx, n, zero::ReduceOp::max);
+    ops_->cross_entropy_part_sums(sums, logits_.as<Act>(), mx, targets, N, vl_, v0_, V);
+    tp_.all_reduce(*ops_, sums, 2 * n, zero::ReduceOp::sum);
+  }
   ops_->cross_entropy_part_finish(losses_.as<float>(), dlogits, logits_.as<Act>(), mx, sums,
                                   targets, N, vl_, v0_, V, dloss);
 }
@@ -255,7 +257,8 @@ void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const A
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   // The loss is a mean over the N positions; the logits become their own gradient in place.
   Act* logits = logits_.as<Act>();
-  cross_entropy(logits, dloss / static_cast<float>(N));
+  // Under tensor parallelism the forward's reduced statistics serve again: no all-reduce here.
+  cross_entropy(logits, dloss / static_cast<float>(N), true);
   ops_->fill_zero(dtmp_.as<void>(), NC * es_);
   ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C,
                         vl_);

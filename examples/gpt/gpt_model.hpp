@@ -134,7 +134,8 @@ class GptModel {
   void check_layer(int layer, const char* what) const;
   // losses_ (and, with dlogits non-null, the logits' gradient in place) from logits_: the
   // whole-row softmax cross-entropy, or its vocabulary-parallel passes under tensor parallelism.
-  void cross_entropy(Act* dlogits, float dloss);
+  // stats_ready: the row maxima and sums of these logits are already reduced (by the forward).
+  void cross_entropy(Act* dlogits, float dloss, bool stats_ready);
   // A row-parallel product's bias enters on tensor rank 0 only: the all-reduce then adds it once.
   const Act* row_bias(const Act* b) const { return tp_.rank == 0 ? b : nullptr; }
 

@@ -396,9 +396,9 @@ class TrainingLoop {
     if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
     for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
       const auto t0 = Clock::now();
-      const zero::TrafficBytes sent = trainer_.engine().traffic();
+      const zero::TrafficBytes sent = trainer_.traffic();
       const GptTrainer::Step s = trainer_.train_step();
-      step_traffic_ = trainer_.engine().traffic() - sent;
+      step_traffic_ = trainer_.traffic() - sent;
       const double dt = seconds_since(t0);
       train_seconds_ += dt;
       interval_seconds_ += dt;

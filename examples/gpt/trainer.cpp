@@ -383,6 +383,16 @@ std::string GptTrainer::grid() const {
          " x PP 1";
 }
 
+zero::TrafficBytes GptTrainer::tensor_traffic() const {
+  return groups_ ? groups_->tensor().traffic() : zero::TrafficBytes{};
+}
+
+zero::TrafficBytes GptTrainer::traffic() const {
+  zero::TrafficBytes t = engine_->traffic();
+  t += tensor_traffic();
+  return t;
+}
+
 std::int64_t GptTrainer::tokens_per_step() const {
   return engine_->config().train_batch_size * settings_.model.seq_len;
 }

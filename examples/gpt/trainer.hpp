@@ -143,6 +143,9 @@ class GptTrainer {
   int data_parallel_size() const { return groups_ ? groups_->data_size() : ctx_.world_size(); }
   int data_parallel_rank() const { return groups_ ? groups_->coord().data : ctx_.rank(); }
   std::string grid() const;  // "TP 2 x DP 2 x PP 1"
+  // Bytes this rank sent: the engine's collectives and the model's tensor-parallel all-reduces.
+  zero::TrafficBytes traffic() const;
+  zero::TrafficBytes tensor_traffic() const;  // the all-reduces over the tensor group alone
 
  private:
   // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the

@@ -192,3 +192,34 @@ TEST_CASE("grids the model or the world cannot form are errors naming the settin
   CHECK_THROWS_WITH(GptModel(c, 1, *ops, TensorParallel{8, 0, &ctx().comm()}),
                     Catch::Contains("n_head = 4"));
 }
+
+TEST_CASE("the tensor group carries the model's all-reduces and nothing else",
+          "[gpt][tensor_parallel]") {
+  // Per micro-step of N = B x seq_len tokens and width C: forward, the embedding and two per
+  // block ([N, C] each), the cross-entropy's row maxima [N] and sums [2N] (once: the backward
+  // reuses them); backward, the head's
+  // and two per block's input gradients [N, C]; with activation checkpointing each block's
+  // recompute adds its attention projection's all-reduce. An all-reduce of c elements over T
+  // ranks counts 2 (T-1) ceil(c/T) elements sent (zero/comm.hpp's accounting).
+  for (const bool checkpointing : {false, true}) {
+    RunSpec r;
+    r.tp = 2;
+    r.stage = 1;
+    r.checkpointing = checkpointing;
+    const zero::Config cfg = make_config(r);
+    GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));
+    trainer.train_step();  // the first step's set-up collectives aside
+    const zero::TrafficBytes before = trainer.tensor_traffic();
+    trainer.train_step();
+    const zero::TrafficBytes sent = trainer.tensor_traffic() - before;
+    const std::int64_t T = r.tp, N = r.micro * 16, C = 32, L = 2;
+    auto bytes = [&](std::int64_t c) { return 2 * (T - 1) * ((c + T - 1) / T) * 4; };
+    std::int64_t per_micro = (1 + 2 * L + 1 + 2 * L + (checkpointing ? L : 0)) * bytes(N * C);
+    per_micro += bytes(N) + bytes(2 * N);
+    INFO("activation checkpointing " << checkpointing);
+    CHECK(sent.intra_node + sent.inter_node == per_micro * cfg.gradient_accumulation_steps);
+    // And the step's whole traffic counts them with the engine's.
+    CHECK(trainer.traffic().intra_node + trainer.traffic().inter_node >=
+          trainer.tensor_traffic().intra_node + trainer.tensor_traffic().inter_node);
+  }
+}
