@@ -20,8 +20,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -104,8 +106,22 @@ std::vector<std::int64_t> list_checkpoints(const std::string& root);
 // a step directory: that one). Returns false when any file fails verification.
 bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_config = false);
 
+// A parameter of a checkpoint's whole model (for_each_checkpoint_tensor).
+struct CheckpointTensor {
+  std::string unit, name;
+  std::vector<std::int64_t> shape;  // the whole tensor's
+};
+// fn(tensor, fp32 master values) for every parameter of the whole model saved at path / tag,
+// in unit order. A checkpoint of a model split over a tensor x pipeline grid is put back
+// together as the export tools do (concatenated along each parameter's split axis, block by
+// block; replicated parameters and a unit held by several stages taken once). One whole unit is
+// in memory at a time; the values are valid during the call.
+void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
+                                const std::function<void(const CheckpointTensor&, std::span<const float>)>& fn);
+
 // Writes the consolidated master weights as a safetensors file (fp32 or bf16), tensors named as
-// stored, one unit in memory at a time. Parameter names must be unique across units.
+// stored, one unit in memory at a time (a grid's parts put together, as above). Parameter names
+// must be unique across units.
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype = DType::f32,
                         const std::string& tag = "latest");
 
