@@ -1,0 +1,216 @@
+// The whole model of a checkpoint saved on a tensor x pipeline grid, put back together by the
+// export tools' reader (for_each_checkpoint_tensor, ckpt::ModelReader), on a hand-made
+// checkpoint with known values: TP 2 x PP 2, each position saved by 2 data-parallel ranks.
+// Every whole tensor holds base + its flat index; each position's part is cut out of it by
+// columns or rows written out literally here (not by the code under test), so a wrong
+// concatenation order, block interleave or source shows as a wrong value.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/format.hpp"
+#include "zero/checkpoint.hpp"
+#include "zero/error.hpp"
+
+using namespace zero;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir() {
+  std::string t = (fs::temp_directory_path() / "zero_grid_model_XXXXXX").string();
+  std::vector<char> buf(t.begin(), t.end());
+  buf.push_back('\0');
+  REQUIRE(::mkdtemp(buf.data()) != nullptr);
+  return buf.data();
+}
+
+// A whole 2-D tensor [rows, cols] holding base + flat index, and a part of it: the rows and
+// columns listed, in that order.
+struct Part {
+  std::string name;
+  std::vector<std::int64_t> rows, cols;
+  float base;
+  bool replicated = false;
+  int axis = -1, blocks = 1;
+};
+std::vector<std::int64_t> range(std::int64_t b, std::int64_t e) {
+  std::vector<std::int64_t> v;
+  for (auto i = b; i < e; ++i) v.push_back(i);
+  return v;
+}
+
+// Whole shapes: wte [4, 3] (vocabulary rows split), wpe [2, 3] replicated, qkv [2, 12] (3 blocks
+// of 4 columns, each split), proj [4, 2] (rows split), ln [1, 3] replicated, head [3, 4]
+// (columns split), lnf [1, 2] replicated.
+float value(float base, std::int64_t r, std::int64_t c, int whole_cols) { return base + static_cast<float>(r * whole_cols + c); }
+
+struct UnitParts {
+  std::string unit;
+  std::vector<Part> parts;
+};
+
+// Position (t, p)'s units.
+std::vector<UnitParts> position(int t, int p) {
+  // qkv: rank 0 holds [q0 | k0 | v0] = whole columns 0,1 | 4,5 | 8,9; rank 1 the others.
+  const std::vector<std::int64_t> qkv = t == 0 ? std::vector<std::int64_t>{0, 1, 4, 5, 8, 9}
+                                               : std::vector<std::int64_t>{2, 3, 6, 7, 10, 11};
+  // A replicated copy on tensor rank 1 differs, to show that rank 0's is the one taken.
+  const float rep = t == 0 ? 0.0f : 0.5f;
+  if (p == 0)
+    return {{"embed",
+             {{"wte", range(2 * t, 2 * t + 2), range(0, 3), 100, false, 0},
+              {"wpe", range(0, 2), range(0, 3), 200 + rep, true}}},
+            {"h.0",
+             {{"qkv", range(0, 2), qkv, 300, false, 1, 3},
+              {"proj", range(2 * t, 2 * t + 2), range(0, 2), 400, false, 0},
+              {"ln", range(0, 1), range(0, 3), 500 + rep, true}}}};
+  // The last stage: a block, the head, and the tied embedding again (other values: the first
+  // stage's copy is the one taken) with a parameter of its own.
+  return {{"h.1", {{"head", range(0, 3), range(2 * t, 2 * t + 2), 600, false, 1}}},
+          {"embed",
+           {{"wte", range(2 * t, 2 * t + 2), range(0, 3), 9100, false, 0},
+            {"lnf", range(0, 1), range(0, 2), 700 + rep, true}}}};
+}
+int whole_cols(const std::string& name) {
+  const std::map<std::string, int> cols = {{"wte", 3}, {"wpe", 3}, {"qkv", 12}, {"proj", 2},
+                                           {"ln", 3},  {"head", 4}, {"lnf", 2}};
+  return cols.at(name);
+}
+
+// Writes the checkpoint: each position's units flat (parameters back to back), cut into two
+// data-parallel shards (slices of 8 elements), moments filled with other values.
+void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = false) {
+  const int T = 2, P = 2, D = 2;
+  const std::int64_t step = 7;
+  std::string tmp = ckpt::prepare(root, step, "test");
+  ckpt::Metadata m;
+  m.step = m.applied = m.scheduler_step = step;
+  m.world = D;
+  m.stage = 1;
+  m.optimizer = "AdamW";
+  m.scheduler = "none";
+  m.grid = {T, P};
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < T; ++t) {
+      ckpt::PositionMeta pos{t, p, {}, {}};
+      std::vector<std::vector<float>> flat;
+      for (const auto& u : position(t, p)) {
+        ckpt::UnitMeta um{u.unit, 0, 0, {}};
+        std::vector<float> values;
+        for (const auto& part : u.parts) {
+          ckpt::ParamMeta pm{part.name, {static_cast<std::int64_t>(part.rows.size()), static_cast<std::int64_t>(part.cols.size())},
+                             static_cast<std::int64_t>(part.rows.size() * part.cols.size()), um.numel,
+                             part.replicated, part.axis, part.blocks};
+          if (leave_one_unmarked && part.name == "proj") pm.split_axis = -1;
+          for (auto r : part.rows)
+            for (auto c : part.cols) values.push_back(value(part.base, r, c, whole_cols(part.name)));
+          um.numel += pm.numel;
+          um.params.push_back(pm);
+        }
+        um.slice = (um.numel + D - 1) / D;
+        pos.units.push_back(um);
+        flat.push_back(values);
+      }
+      for (int d = 0; d < D; ++d) {
+        std::vector<ckpt::ShardWriter::Range> ranges;
+        for (const auto& u : pos.units) {
+          const std::int64_t b = std::min<std::int64_t>(d * u.slice, u.numel);
+          ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+        }
+        ckpt::ShardWriter w(tmp + "/" + ckpt::shard_file_name(d, t, p), d, D, 1, 2, step, ranges);
+        for (std::size_t u = 0; u < pos.units.size(); ++u) {
+          std::vector<float> section;
+          const auto& r = ranges[u];
+          for (int k = 0; k < 3; ++k)
+            for (std::int64_t i = r.begin; i < r.begin + r.len; ++i)
+              section.push_back(k == 0 ? flat[u][static_cast<std::size_t>(i)] : -1.0f);
+          w.add_section(section.data());
+        }
+        pos.shards.push_back(w.finish());
+      }
+      m.positions.push_back(std::move(pos));
+    }
+  ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, m);
+  ckpt::commit(root, tmp, step, 0, [](const char*) {});
+}
+
+}  // namespace
+
+TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  struct Got {
+    std::string unit;
+    std::vector<std::int64_t> shape;
+    std::vector<float> values;
+  };
+  std::map<std::string, Got> got;
+  std::vector<std::string> order;
+  for_each_checkpoint_tensor(root, "latest", [&](const CheckpointTensor& t, std::span<const float> v) {
+    order.push_back(t.unit + "." + t.name);
+    got[t.name] = {t.unit, t.shape, {v.begin(), v.end()}};
+  });
+  // Stage order; the tied embedding is one unit, its lnf (only on the last stage) appended.
+  CHECK(order == std::vector<std::string>{"embed.wte", "embed.wpe", "embed.lnf", "h.0.qkv", "h.0.proj", "h.0.ln",
+                                          "h.1.head"});
+  const std::map<std::string, std::pair<std::vector<std::int64_t>, float>> want = {
+      {"wte", {{4, 3}, 100}}, {"wpe", {{2, 3}, 200}}, {"qkv", {{2, 12}, 300}}, {"proj", {{4, 2}, 400}},
+      {"ln", {{1, 3}, 500}},  {"head", {{3, 4}, 600}}, {"lnf", {{1, 2}, 700}}};
+  for (const auto& [name, w] : want) {
+    INFO(name);
+    const Got& g = got.at(name);
+    REQUIRE(g.shape == w.first);
+    const auto n = static_cast<std::size_t>(w.first[0] * w.first[1]);
+    REQUIRE(g.values.size() == n);
+    // The whole tensor holds base + flat index: every part back in its place, rank 0's copy of
+    // the replicated ones, the first stage's copy of the tied embedding.
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(g.values[i] == w.second + static_cast<float>(i));
+  }
+
+  // inspect: the grid, and per position its units and bytes, all verified.
+  std::ostringstream listing;
+  REQUIRE(inspect_checkpoint(root, listing));
+  CHECK_THAT(listing.str(), Contains("grid TP 2 x PP 2 x DP 2 (4 positions, 8 ranks)") &&
+                                Contains("position tensor 1, pipeline 1: 2 units") &&
+                                Contains("qkv [2, 6] fp32 offset 0  split axis 1 blocks 3") &&
+                                Contains("shard_t01_p01_00001.ckpt") && Contains("all checksums ok"));
+
+  // The data-parallel size of each position can be changed offline; the whole model stays.
+  reshard_checkpoint(root, root + "/dp3", 3);
+  std::vector<float> again, before;
+  for_each_checkpoint_tensor(root + "/dp3", "latest",
+                             [&](const CheckpointTensor&, std::span<const float> v) { again.insert(again.end(), v.begin(), v.end()); });
+  for_each_checkpoint_tensor(root, "latest",
+                             [&](const CheckpointTensor&, std::span<const float> v) { before.insert(before.end(), v.begin(), v.end()); });
+  CHECK(again == before);
+  CHECK(ckpt::Reader(ckpt::resolve(root + "/dp3", "latest"), 1, 1).meta().world == 3);
+  fs::remove_all(root);
+}
+
+TEST_CASE("concat_parts interleaves blocks") {
+  // Two parts [1, 6] with 3 blocks: whole [a0 a1 b0 b1 | a2 a3 b2 b3 | a4 a5 b4 b5].
+  const std::vector<float> a = {0, 1, 2, 3, 4, 5}, b = {10, 11, 12, 13, 14, 15};
+  std::vector<float> whole(12);
+  ckpt::concat_parts({a.data(), b.data()}, {1, 6}, 1, 3, whole.data());
+  CHECK(whole == std::vector<float>{0, 1, 10, 11, 2, 3, 12, 13, 4, 5, 14, 15});
+  // Along rows, one block: the parts one after the other.
+  ckpt::concat_parts({a.data(), b.data()}, {3, 2}, 0, 1, whole.data());
+  CHECK(whole == std::vector<float>{0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15});
+}
+
+TEST_CASE("a grid checkpoint with a parameter neither split nor replicated cannot be put together") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root, /*leave_one_unmarked=*/true);
+  REQUIRE_THROWS_WITH(for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}),
+                      Contains("parameter 'proj' of unit 'h.0' is neither split nor replicated") &&
+                          Contains("set_split"));
+  fs::remove_all(root);
+}
