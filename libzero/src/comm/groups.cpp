@@ -175,15 +175,20 @@ void ProcessGroups::build(Context& ctx, const std::vector<GridCoord>& coords) {
 
   // The Context's communicator spans the world in world-rank order.
   const auto& world = static_cast<const MpiCommunicator&>(ctx.comm());
-  auto split = [&](int color, int key) -> std::unique_ptr<Communicator> { return world.split(color, key); };
+  // Named, so that deadline reports say which group and name ranks by world rank.
+  auto split = [&](int color, int key, const char* name) -> std::unique_ptr<Communicator> {
+    auto c = world.split(color, key);
+    c->set_group(name);
+    return c;
+  };
   // Colors name the group (every member computes the same one); keys order it by the coordinate
   // that varies inside it, so a group's rank equals that coordinate.
-  tensor_ = split(coord_.data + D * coord_.pipeline, coord_.tensor);
-  data_ = split(coord_.tensor + T * coord_.pipeline, coord_.data);
-  pipeline_ = split(coord_.tensor + T * coord_.data, coord_.pipeline);
-  model_ = split(coord_.data, coord_.tensor + T * coord_.pipeline);
-  node_ = split(node_index_, r);
-  cross_node_ = split(local, node_index_);
+  tensor_ = split(coord_.data + D * coord_.pipeline, coord_.tensor, "tensor group");
+  data_ = split(coord_.tensor + T * coord_.pipeline, coord_.data, "data group");
+  pipeline_ = split(coord_.tensor + T * coord_.data, coord_.pipeline, "pipeline group");
+  model_ = split(coord_.data, coord_.tensor + T * coord_.pipeline, "model group");
+  node_ = split(node_index_, r, "node group");
+  cross_node_ = split(local, node_index_, "cross-node group");
 }
 
 ProcessGroups::~ProcessGroups() = default;
