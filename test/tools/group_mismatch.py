@@ -22,27 +22,30 @@ from mpi_job import MpiJob
 job = MpiJob(*sys.argv[1:4])
 check = job.check
 
-p, took = job.run(4, "tensor-vs-data", env={"ZERO_TIMEOUT_S": "3"}, limit=60)
-print(f"tensor-vs-data: the job ended in {took:.1f} s with status {p.returncode}")
-out = p.stdout + p.stderr
-check(p.returncode != 0, f"tensor-vs-data: exit status {p.returncode}, expected non-zero", p)
-check(took < 30, f"tensor-vs-data: the job took {took:.1f} s to end with ZERO_TIMEOUT_S=3", p)
-check("passed the mismatched" not in out, "tensor-vs-data: a rank passed the mismatched collectives", p)
+
+
+def run(mode, timeout_s, limit_s):
+    """Runs one mode on 4 ranks; checks it ended, non-zero, within limit_s, no rank passing."""
+    p, took = job.run(4, mode, env={"ZERO_TIMEOUT_S": str(timeout_s)}, limit=60)
+    print(f"{mode}: the job ended in {took:.1f} s with status {p.returncode}")
+    out = p.stdout + p.stderr
+    check(p.returncode != 0, f"{mode}: exit status {p.returncode}, expected non-zero", p)
+    check(took < limit_s, f"{mode}: the job took {took:.1f} s to end with ZERO_TIMEOUT_S={timeout_s}", p)
+    check("passed the mismatched" not in out, f"{mode}: a rank passed the mismatched collectives", p)
+    for bad in ("MPI Error", "Segmentation", "terminate called"):
+        check(bad not in out, f"{mode}: '{bad}' in the output", p)
+    return p, out
+
+
+p, out = run("tensor-vs-data", 3, 30)
 check(re.search(r"\[rank 0/4\] error: all_reduce #\d+ of 4 fp32 \(16 bytes\) on the tensor group \(world ranks 0, 1\) "
                 r"did not complete within the collective deadline .*: world rank 1 did not arrive", out) is not None,
       "tensor-vs-data: no report of rank 0's tensor all_reduce naming world rank 1", p)
 check(re.search(r"\[rank 2/4\] error: reduce_scatter #\d+ of 4 fp32 .* on the data group \(world ranks 0, 2\) "
                 r"did not complete within the collective deadline .*: world rank 0 did not arrive", out) is not None,
       "tensor-vs-data: no report of rank 2's data reduce_scatter naming world rank 0", p)
-for bad in ("MPI Error", "Segmentation", "terminate called"):
-    check(bad not in out, f"tensor-vs-data: '{bad}' in the output", p)
 
-p, took = job.run(4, "data-order", env={"ZERO_TIMEOUT_S": "60"}, limit=60)
-print(f"data-order: the job ended in {took:.1f} s with status {p.returncode}")
-out = p.stdout + p.stderr
-check(p.returncode != 0, f"data-order: exit status {p.returncode}, expected non-zero", p)
-check(took < 30, f"data-order: {took:.1f} s: the collective check did not fire", p)
-check("passed the mismatched" not in out, "data-order: a rank passed the mismatched collectives", p)
+p, out = run("data-order", 60, 30)
 check("collective mismatch" in out and "did not complete within" not in out,
       "data-order: no collective-mismatch error, or a deadline instead", p)
 check(re.search(r"rank 0: a direct communicator call: all_reduce of 4 fp32", out) is not None and
