@@ -3,12 +3,16 @@
 // checkpoint with known values: TP 2 x PP 2, each position saved by 2 data-parallel ranks.
 // Every whole tensor holds base + its flat index; each position's part is cut out of it by
 // columns or rows written out literally here (not by the code under test), so a wrong
-// concatenation order, block interleave or source shows as a wrong value.
+// concatenation order, block interleave or source shows as a wrong value. A tiny GPT-2 split as
+// Megatron splits it (TP 2 x PP 2, tied embedding on both end stages) exports to Hugging Face
+// files byte for byte equal to the unsplit model's.
 #include <catch2/catch.hpp>
 
 #include <stdlib.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -16,6 +20,8 @@
 
 #include "checkpoint/format.hpp"
 #include "zero/checkpoint.hpp"
+#include "zero/hf_gpt2.hpp"
+#include "zero/plan.hpp"
 #include "zero/error.hpp"
 
 using namespace zero;
@@ -85,10 +91,19 @@ int whole_cols(const std::string& name) {
   return cols.at(name);
 }
 
-// Writes the checkpoint: each position's units flat (parameters back to back), cut into two
-// data-parallel shards (slices of 8 elements), moments filled with other values.
-void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = false) {
-  const int T = 2, P = 2, D = 2;
+// A unit of one position as the test writes it: each parameter's metadata and its part's values.
+struct TestParam {
+  ckpt::ParamMeta meta;  // name, shape (the part's), split; numel and offset filled in
+  std::vector<float> values;
+};
+struct TestUnit {
+  std::string name;
+  std::vector<TestParam> params;
+};
+
+// Writes a checkpoint of step 7 saved on a T x P grid (no grid when 1 x 1), each position's
+// units (positions[t + T x p]) flat and cut into D data-parallel shards, moments -1.
+void write_checkpoint(const std::string& root, int T, int P, int D, const std::vector<std::vector<TestUnit>>& positions) {
   const std::int64_t step = 7;
   std::string tmp = ckpt::prepare(root, step, "test");
   ckpt::Metadata m;
@@ -102,16 +117,14 @@ void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = fa
     for (int t = 0; t < T; ++t) {
       ckpt::PositionMeta pos{t, p, {}, {}};
       std::vector<std::vector<float>> flat;
-      for (const auto& u : position(t, p)) {
-        ckpt::UnitMeta um{u.unit, 0, 0, {}};
+      for (const auto& u : positions[static_cast<std::size_t>(t + T * p)]) {
+        ckpt::UnitMeta um{u.name, 0, 0, {}};
         std::vector<float> values;
-        for (const auto& part : u.parts) {
-          ckpt::ParamMeta pm{part.name, {static_cast<std::int64_t>(part.rows.size()), static_cast<std::int64_t>(part.cols.size())},
-                             static_cast<std::int64_t>(part.rows.size() * part.cols.size()), um.numel,
-                             part.replicated, part.axis, part.blocks};
-          if (leave_one_unmarked && part.name == "proj") pm.split_axis = -1;
-          for (auto r : part.rows)
-            for (auto c : part.cols) values.push_back(value(part.base, r, c, whole_cols(part.name)));
+        for (const auto& tp : u.params) {
+          ckpt::ParamMeta pm = tp.meta;
+          pm.numel = static_cast<std::int64_t>(tp.values.size());
+          pm.offset = um.numel;
+          values.insert(values.end(), tp.values.begin(), tp.values.end());
           um.numel += pm.numel;
           um.params.push_back(pm);
         }
@@ -125,7 +138,8 @@ void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = fa
           const std::int64_t b = std::min<std::int64_t>(d * u.slice, u.numel);
           ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
         }
-        ckpt::ShardWriter w(tmp + "/" + ckpt::shard_file_name(d, t, p), d, D, 1, 2, step, ranges);
+        const std::string file = m.grid.split() ? ckpt::shard_file_name(d, t, p) : ckpt::shard_file_name(d);
+        ckpt::ShardWriter w(tmp + "/" + file, d, D, 1, 2, step, ranges);
         for (std::size_t u = 0; u < pos.units.size(); ++u) {
           std::vector<float> section;
           const auto& r = ranges[u];
@@ -136,10 +150,46 @@ void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = fa
         }
         pos.shards.push_back(w.finish());
       }
-      m.positions.push_back(std::move(pos));
+      if (m.grid.split()) {
+        m.positions.push_back(std::move(pos));
+      } else {
+        m.units = std::move(pos.units);
+        m.shards = std::move(pos.shards);
+      }
     }
   ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, m);
   ckpt::commit(root, tmp, step, 0, [](const char*) {});
+}
+
+// The hand-made TP 2 x PP 2 model above, each position saved by 2 data-parallel ranks.
+void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = false) {
+  std::vector<std::vector<TestUnit>> positions;
+  for (int p = 0; p < 2; ++p)
+    for (int t = 0; t < 2; ++t) {
+      positions.emplace_back();
+      for (const auto& u : position(t, p)) {
+        TestUnit tu{u.unit, {}};
+        for (const auto& part : u.parts) {
+          TestParam tp;
+          tp.meta.name = part.name;
+          tp.meta.shape = {static_cast<std::int64_t>(part.rows.size()), static_cast<std::int64_t>(part.cols.size())};
+          tp.meta.replicated = part.replicated;
+          tp.meta.split_axis = leave_one_unmarked && part.name == "proj" ? -1 : part.axis;
+          tp.meta.split_blocks = part.blocks;
+          for (auto r : part.rows)
+            for (auto c : part.cols) tp.values.push_back(value(part.base, r, c, whole_cols(part.name)));
+          tu.params.push_back(std::move(tp));
+        }
+        positions.back().push_back(std::move(tu));
+      }
+    }
+  write_checkpoint(root, 2, 2, 2, positions);
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace
@@ -212,5 +262,98 @@ TEST_CASE("a grid checkpoint with a parameter neither split nor replicated canno
   REQUIRE_THROWS_WITH(for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}),
                       Contains("parameter 'proj' of unit 'h.0' is neither split nor replicated") &&
                           Contains("set_split"));
+  fs::remove_all(root);
+}
+
+namespace {
+
+// Part t of T of a whole 1-D or 2-D tensor cut along `axis` in `blocks` blocks, by index
+// arithmetic of its own: along the axis, block b's extent n/blocks is cut into T runs of
+// n/(blocks T), and part t takes run t of every block.
+std::vector<float> cut(const std::vector<float>& whole, const std::vector<std::int64_t>& shape, int axis, int blocks,
+                       int T, int t) {
+  const std::int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  const std::int64_t n = shape[static_cast<std::size_t>(axis)], run = n / blocks / T;
+  auto keep = [&](std::int64_t k) { return (k % (n / blocks)) / run == t; };
+  std::vector<float> part;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      if (keep(axis == 0 ? r : c)) part.push_back(whole[static_cast<std::size_t>(r * cols + c)]);
+  return part;
+}
+
+}  // namespace
+
+TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export of the unsplit model") {
+  // A tiny GPT-2 split as Megatron splits it: QKV by output columns in 3 blocks, the MLP's
+  // up-projection by columns, both down-projections by rows (their biases replicated),
+  // LayerNorms and wpe replicated, wte by vocabulary rows; blocks h.0 on the first stage, h.1
+  // and ln_f on the last, which also holds the tied wte (other values: the first stage's count).
+  plan::GptShape c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 8, c.seq_len = 4, c.vocab_size = 100;
+  const Layout whole = plan::gpt_layout(c);
+  auto split_of = [](const std::string& name) -> std::pair<int, int> {  // {axis, blocks}; axis -1: replicated
+    if (name == "wte.weight") return {0, 1};
+    if (name.ends_with("c_attn.weight")) return {1, 3};
+    if (name.ends_with("c_attn.bias")) return {0, 3};
+    if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return {name.ends_with("weight") ? 1 : 0, 1};
+    if (name.ends_with("c_proj.weight")) return {0, 1};
+    return {-1, 1};
+  };
+  auto values_of = [](int unit, const ParamInfo& p) {
+    std::vector<float> v(static_cast<std::size_t>(p.numel));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(unit) + 0.001f * static_cast<float>(p.offset + static_cast<std::int64_t>(i));
+    return v;
+  };
+  auto stage_of = [](const std::string& unit) { return unit == "embeddings" || unit == "h.0" ? 0 : 1; };
+
+  std::vector<TestUnit> unsplit;
+  std::vector<std::vector<TestUnit>> grid(4);
+  for (int u = 0; u < whole.num_units(); ++u) {
+    const UnitInfo& ui = whole.unit(u);
+    TestUnit one{ui.name, {}};
+    for (const auto& p : ui.params) one.params.push_back({{p.name, p.shape, 0, 0}, values_of(u, p)});
+    unsplit.push_back(one);
+    for (int t = 0; t < 2; ++t) {
+      TestUnit part{ui.name, {}};
+      for (const auto& p : ui.params) {
+        const auto [axis, blocks] = split_of(p.name);
+        TestParam tp{{p.name, p.shape, 0, 0}, values_of(u, p)};
+        if (axis < 0) {
+          tp.meta.replicated = true;
+        } else {
+          tp.values = cut(tp.values, p.shape, axis, blocks, 2, t);
+          tp.meta.shape[static_cast<std::size_t>(axis)] /= 2;
+          tp.meta.split_axis = axis;
+          tp.meta.split_blocks = blocks;
+        }
+        part.params.push_back(std::move(tp));
+      }
+      grid[static_cast<std::size_t>(t + 2 * stage_of(ui.name))].push_back(part);
+      if (ui.name == "embeddings") {  // the last stage's tied copy: wte only, other values
+        TestUnit tied{ui.name, {part.params[0]}};
+        for (auto& v : tied.params[0].values) v += 1000.0f;
+        grid[static_cast<std::size_t>(t + 2)].push_back(tied);
+      }
+    }
+  }
+  // The last stage holds the tied embedding after its own units, as a trainer appends it.
+  for (int t = 0; t < 2; ++t) {
+    auto& last = grid[static_cast<std::size_t>(t + 2)];
+    std::rotate(last.begin(), last.begin() + 1, last.end());
+  }
+
+  const std::string root = temp_dir();
+  write_checkpoint(root + "/whole", 1, 1, 1, {unsplit});
+  write_checkpoint(root + "/grid", 2, 2, 2, grid);
+  hf::ExportOptions o;
+  o.n_head = c.n_head;
+  o.vocab_size = c.vocab_size;
+  hf::export_gpt2(root + "/whole", root + "/hf_whole", o);
+  hf::export_gpt2(root + "/grid", root + "/hf_grid", o);
+  const std::string a = file_bytes(root + "/hf_whole/model.safetensors"), b = file_bytes(root + "/hf_grid/model.safetensors");
+  CHECK(a.size() > 4 * static_cast<std::size_t>(plan::gpt_layout(c).num_params() - 28 * 8));  // the tensors are there
+  CHECK(a == b);
+  CHECK(file_bytes(root + "/hf_whole/config.json") == file_bytes(root + "/hf_grid/config.json"));
   fs::remove_all(root);
 }
