@@ -166,17 +166,19 @@ std::string split_text(bool replicated, int axis, int blocks) {
 }
 
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
-void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const CheckpointLoadOptions& o) {
+// `units`: where the units are in the metadata ("units", or a grid position's).
+void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const std::string& units,
+                      const CheckpointLoadOptions& o) {
   const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
   const std::string fix = "; load it into the model it was saved from (the same Layout)";
   const Layout& l = e.layout();
   if (static_cast<int>(m.units.size()) != l.num_units())
-    ZERO_THROW(fmt::format("{}units' lists {} units, the engine's layout has {}{}", file, m.units.size(),
+    ZERO_THROW(fmt::format("{}{}' lists {} units, the engine's layout has {}{}", file, units, m.units.size(),
                            l.num_units(), fix));
   for (int i = 0; i < l.num_units(); ++i) {
     const UnitInfo& ui = l.unit(i);
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
-    std::string at = fmt::format("{}units[{}]", file, i);
+    std::string at = fmt::format("{}{}[{}]", file, units, i);
     if (cu.name != ui.name)
       ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i, ui.name,
                              fix));
@@ -424,7 +426,10 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
     const ckpt::Metadata meta = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
     check_grid(at, meta, dir, e.world_size());
     reader = std::make_unique<ckpt::Reader>(dir, meta, at.tensor, at.pipeline);
-    check_compatible(e, reader->meta(), dir, opts);
+    check_compatible(e, reader->meta(), dir,
+                     at.grid.split() ? fmt::format("grid.positions[{}].units", at.tensor + at.grid.tensor * at.pipeline)
+                                     : std::string("units"),
+                     opts);
   });
   same_on_all_ranks(comm, dir, "the checkpoint directory that '" + tag + "' names (was it replaced during the load?)");
   const ckpt::Metadata& m = reader->meta();

@@ -123,6 +123,16 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       out << "  position tensor " << pos.tensor << ", pipeline " << pos.pipeline << ": ";
       ok = inspect_shards(*readers[i], out, "    ", total) && ok;
     }
+    // What the export tools read: the parts put back together (an error here is no damage).
+    try {
+      ckpt::ModelReader whole(dir);
+      std::int64_t n = 0;
+      for (const auto& u : whole.meta().units) n += u.numel;
+      out << "  whole model (the grid's parts put together): " << whole.meta().units.size() << " units, " << n
+          << " parameters\n";
+    } catch (const std::exception& e) {
+      out << "  whole model: " << e.what() << "\n";
+    }
   } else {
     out << "  ";
     ok = inspect_shards(*readers[0], out, "  ", total);

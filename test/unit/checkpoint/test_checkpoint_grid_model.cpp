@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "checkpoint/format.hpp"
+#include "checkpoint/json.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/hf_gpt2.hpp"
 #include "zero/plan.hpp"
@@ -231,7 +233,8 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
   CHECK_THAT(listing.str(), Contains("grid TP 2 x PP 2 x DP 2 (4 positions, 8 ranks)") &&
                                 Contains("position tensor 1, pipeline 1: 2 units") &&
                                 Contains("qkv [2, 6] fp32 offset 0  split axis 1 blocks 3") &&
-                                Contains("shard_t01_p01_00001.ckpt") && Contains("all checksums ok"));
+                                Contains("shard_t01_p01_00001.ckpt") && Contains("all checksums ok") &&
+                                Contains("whole model (the grid's parts put together): 3 units, 67 parameters"));
 
   // The data-parallel size of each position can be changed offline; the whole model stays.
   reshard_checkpoint(root, root + "/dp3", 3);
@@ -242,6 +245,41 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
                              [&](const CheckpointTensor&, std::span<const float> v) { before.insert(before.end(), v.begin(), v.end()); });
   CHECK(again == before);
   CHECK(ckpt::Reader(ckpt::resolve(root + "/dp3", "latest"), 1, 1).meta().world == 3);
+  fs::remove_all(root);
+}
+
+TEST_CASE("grid metadata: written and read back, and read strictly") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  const std::string file = ckpt::resolve(root, "latest") + "/" + ckpt::kMetadataFile;
+  const ckpt::Metadata m = ckpt::read_metadata_file(file);
+  REQUIRE(m.grid.tensor == 2);
+  REQUIRE(m.grid.pipeline == 2);
+  REQUIRE(m.positions.size() == 4);
+  REQUIRE(m.units.empty());
+  const ckpt::PositionMeta& p = m.position(1, 0);
+  REQUIRE(p.units[1].name == "h.0");
+  CHECK(p.units[1].params[0].split_axis == 1);
+  CHECK(p.units[1].params[0].split_blocks == 3);
+  CHECK(p.units[1].params[2].replicated);
+  CHECK(p.shards[1].file == "shard_t01_p00_00001.ckpt");
+  CHECK(ckpt::Metadata::parse(m.to_json(), "again").to_json() == m.to_json());
+  CHECK_THROWS_WITH(m.position(2, 0), Contains("outside its grid TP 2 x PP 2"));
+
+  // Each change is refused with the field it concerns.
+  auto refused = [&](const std::function<void(json::Json&)>& edit, const std::string& says) {
+    json::Json doc = json::parse(m.to_json(), "test");
+    edit(doc);
+    CHECK_THROWS_WITH(ckpt::Metadata::parse(doc.dump(), "edited"), Contains(says));
+  };
+  refused([](json::Json& d) { d["grid"]["positions"].erase(3); }, "lists 3 positions for the grid TP 2 x PP 2");
+  refused([](json::Json& d) { d["grid"]["positions"][1]["shards"][0]["file"] = "shard_00000.ckpt"; },
+          "expected \"shard_t01_p00_00000.ckpt\"");
+  refused([](json::Json& d) { d["grid"]["positions"][0]["tensor"] = 1; }, "grid.positions[0].tensor");
+  refused([](json::Json& d) { d["grid"]["positions"][0]["units"][1]["params"][0]["split"]["blocks"] = 4; },
+          "does not divide");
+  refused([](json::Json& d) { d["grid"]["tensor"] = 1, d["grid"]["pipeline"] = 1; }, "is 1 x 1");
+  refused([](json::Json& d) { d["units"] = d["grid"]["positions"][0]["units"]; }, "has both a grid and top-level");
   fs::remove_all(root);
 }
 
