@@ -1,4 +1,5 @@
-// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage.
+// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage, and
+// of models split over a tensor x pipeline grid (one shard set per grid position).
 //
 // A checkpoint is a directory per step under a root, written atomically (temporary directory,
 // fsync, rename, then the `latest` pointer), so a job killed at any moment leaves the previous
@@ -58,7 +59,9 @@ struct CheckpointLoadOptions {
 // root must be one directory every rank sees (the same path; a shared filesystem across nodes).
 // Call between steps (after step(), with no UnitParams handle alive). Saving a step that is
 // already the latest checkpoint is an error; a leftover of that step from an abandoned run or
-// an interrupted save is replaced.
+// an interrupted save is replaced. An engine built on process groups with tensor or pipeline
+// parallelism (zero/groups.hpp) saves each grid position's part as its own shard set, written
+// by that position's data-parallel ranks, and the step is committed once all are written.
 void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client = {},
                      const CheckpointOptions& opts = {});
 
@@ -66,6 +69,8 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 // position from <root>/latest (tag "latest") or step N (tag "N"); returns the client state.
 // `root` may also be a step directory. Replaces init_params. On failure every rank throws the
 // same zero::Error and the engine refuses to train until a load or init_params succeeds.
+// Under a grid each rank reads its position's part, at any data-parallel size; a checkpoint
+// saved on another tensor or pipeline size is refused naming both grids.
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
                             const CheckpointLoadOptions& opts = {});
 
@@ -85,7 +90,8 @@ void lock_checkpoint_root(Engine& engine, const std::string& root);
 void lock_run_directory(Engine& engine, const std::string& dir);
 
 // The bytes one save_checkpoint of this engine writes (every shard and the metadata, each file
-// rounded up to the filesystem's `block` size).
+// rounded up to the filesystem's `block` size): every grid position's under model parallelism,
+// which makes it collective over the model group there.
 std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block = 4096);
 // Collective, at a job's start: refuses a checkpoint root whose filesystem has less free space
 // than one save (the run would train for hours and then fail its first save), and warns when
