@@ -5,13 +5,15 @@
 //           again (the uninterrupted run); a fresh engine resumed from step 3 on the same grid
 //           matches it bit for bit (norms and every rank's master). Loads into another tensor
 //           or pipeline size, or a split model from an unsplit checkpoint, are refused naming
-//           both grids.
+//           both grids. A save that fails on one rank of one position leaves no new step.
 //   [load]  at 2 ranks (TP 2 x DP 1, PP 2 x DP 1): the step-3 checkpoint resumed at the new
 //           data-parallel size, saved again at once: its whole model (the grid's parts put
 //           together) equals the saved one bit for bit; after 3 more steps it equals the
 //           uninterrupted run's within fp32 reduction-order error.
 // The tags are hidden: running the executable without one runs nothing.
 #include <catch2/catch.hpp>
+
+#include <stdlib.h>
 
 #include <algorithm>
 #include <bit>
@@ -144,6 +146,23 @@ TEST_CASE("grid checkpoints: saved at TP or PP x DP 2, resumed bit for bit on th
       CHECK_THAT(listing.str(), Catch::Contains("grid TP " + std::to_string(g.tensor) + " x PP " +
                                                 std::to_string(g.pipeline) + " x DP 2") &&
                                     Catch::Contains(last) && Catch::Contains("all checksums ok"));
+    }
+  }
+
+  // A save that fails on one rank of one position is no checkpoint: every rank gets the error,
+  // and latest stays at the previous complete step.
+  {
+    Job c(ctx, {2, 1, 2});
+    c.train(0, 1);
+    save_checkpoint(c.engine, dir + "/partial", {}, {.keep_last = 0});
+    c.train(1, 2);
+    if (ctx.rank() == 3) ::setenv("ZERO_CKPT_FAIL_AT", "after_shard", 1);
+    REQUIRE_THROWS_WITH(save_checkpoint(c.engine, dir + "/partial", {}, {.keep_last = 0}),
+                        Catch::Contains("stopped at 'after_shard'"));
+    ::unsetenv("ZERO_CKPT_FAIL_AT");
+    if (ctx.rank() == 0) {
+      REQUIRE(list_checkpoints(dir + "/partial") == std::vector<std::int64_t>{1});
+      REQUIRE(resolve_checkpoint(dir + "/partial") == dir + "/partial/step_00000001");
     }
   }
 
