@@ -22,6 +22,8 @@
 
 namespace zero {
 
+class ProcessGroups;
+
 // Where a rank's optimizer state lies in a unit: [begin, begin + len) of the padded unit.
 struct OwnedRange {
   std::int64_t begin = 0, len = 0;
@@ -49,9 +51,11 @@ class EngineState {
   Communicator& host_comm() const;
   // The engine holds one part of a model split over ranks (tensor or pipeline parallelism).
   bool model_parallel() const;
-  // This rank's place among the ranks holding the other parts of its model (0 without model
-  // parallelism): rank 0 of the data group with model rank 0 is world rank 0.
-  int model_rank() const;
+  // The process groups the engine was built on, or null (rank() and world_size() are then the
+  // world's; with groups they are the data-parallel group's).
+  ProcessGroups* groups() const;
+  // Every rank of the job (the Context's communicator, host memory), whatever the grid.
+  Communicator& world_comm() const;
   bool initialized() const;  // init_params or a restore has completed
 
   std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit

@@ -51,6 +51,11 @@ void detail::file_fail(const std::string& path, const std::string& field, const 
 std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
 
 std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.ckpt", rank); }
+std::string shard_file_name(int rank, int tensor, int pipeline) {
+  return fmt::format("shard_t{:02d}_p{:02d}_{:05d}.ckpt", tensor, pipeline, rank);
+}
+
+std::string GridMeta::describe() const { return fmt::format("TP {} x PP {}", tensor, pipeline); }
 
 std::string step_dir_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
 

@@ -84,6 +84,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       host_comm_(groups ? groups->data() : ctx.comm()),
       model_comm_(groups && groups->model().size() > 1 ? &groups->model() : nullptr),
       tensor_rank_(groups ? groups->coord().tensor : 0),
+      groups_(groups),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
       rank_(comm_.rank()),
       world_(comm_.size()),

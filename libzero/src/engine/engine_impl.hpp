@@ -113,6 +113,7 @@ class EngineImpl {
   // The other ranks holding parts of this model replica (tensor x pipeline), or null.
   Communicator* model_comm_;
   const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
+  ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
   const int rank_, world_, stage_, gas_;

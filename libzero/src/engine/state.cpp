@@ -44,7 +44,8 @@ const Layout& EngineState::layout() const { return impl_->layout_; }
 const Config& EngineState::config() const { return impl_->cfg_; }
 Communicator& EngineState::host_comm() const { return impl_->host_comm_; }
 bool EngineState::model_parallel() const { return impl_->model_comm_ != nullptr; }
-int EngineState::model_rank() const { return impl_->model_comm_ ? impl_->model_comm_->rank() : 0; }
+ProcessGroups* EngineState::groups() const { return impl_->groups_; }
+Communicator& EngineState::world_comm() const { return impl_->ctx_.comm(); }
 bool EngineState::initialized() const { return impl_->initialized_; }
 std::int64_t EngineState::slice(int unit) const { return impl_->shape(unit).slice; }
 OwnedRange EngineState::owned_range(int unit) const {
