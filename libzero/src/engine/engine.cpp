@@ -75,6 +75,18 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
   return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
+// gradient_compression's compressor, or null. The config loader refuses the bad combinations
+// with the key's file and line; these checks catch a Config built by hand.
+std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, const Layout& layout,
+                                        const std::vector<UnitShape>& shapes, int rank) {
+  if (cfg.gradient_compression.type == CompressionType::none) return nullptr;
+  ZERO_CHECK(cfg.backend == BackendKind::host,
+             cfg.source + ": gradient_compression.type = powersgd runs on the host backend so far; set backend: host, "
+                          "or type: none");
+  return std::make_unique<PowerSgd>(comm, layout, shapes, cfg.gradient_compression, cfg.grad_dtype(),
+                                    cfg.zero_optimization.stage, rank == 0);
+}
+
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
@@ -98,7 +110,9 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
-      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
+      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
+               cfg_.gradient_compression.type != CompressionType::none),
+      powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_)),
       scaler_(cfg.fp16) {
   if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
 }
