@@ -68,6 +68,7 @@ class EngineState {
   void write_owned(int unit, int which, const float* owned);
   // Gradient compression's state on this rank (PowerSGD: every matrix's Q, then its error
   // buffer, engine/powersgd.hpp); empty without compression. It differs between ranks.
+  // set_compression_state({}) puts back the start's state (zero error, the seeded Q).
   std::vector<float> compression_state() const;
   void set_compression_state(const std::vector<float>& s);
   void begin_restore();

@@ -73,6 +73,15 @@ std::string Metadata::to_json() const {
                   {"file", shards[r].file},
                   {"bytes", shards[r].bytes},
                   {"index_checksum", json::hex64(shards[r].index_checksum)}});
+  if (!rank_state.empty()) {
+    Json files = Json::array();
+    for (std::size_t r = 0; r < rank_state.size(); ++r)
+      files.push_back({{"rank", r},
+                       {"file", rank_state[r].file},
+                       {"bytes", rank_state[r].bytes},
+                       {"index_checksum", json::hex64(rank_state[r].index_checksum)}});
+    d["rank_state"] = {{"kind", rank_state_kind}, {"files", std::move(files)}};
+  }
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -85,7 +94,8 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   json::Field d(doc, origin, "", kMetaHint);
   d.expect_keys({"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype",
                  "master_dtype", "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler",
-                 "units", "shards", "client_state", "config_yaml"});
+                 "units", "shards", "client_state", "config_yaml"},
+                {"rank_state"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   if (d.at("format_version").i64() != kFormatVersion)
@@ -203,6 +213,27 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     m.shards.push_back(std::move(s));
   }
 
+  if (d.has("rank_state")) {
+    json::Field rs = d.at("rank_state");
+    rs.expect_keys({"kind", "files"});
+    m.rank_state_kind = rs.at("kind").str();
+    if (m.rank_state_kind != "powersgd") rs.at("kind").fail("is not \"powersgd\"");
+    json::Field fs = rs.at("files");
+    if (fs.size() != static_cast<std::size_t>(m.world))
+      fs.fail(fmt::format("lists {} files for world_size {}", fs.size(), m.world));
+    for (std::size_t r = 0; r < fs.size(); ++r) {
+      json::Field ff = fs[r];
+      ff.expect_keys({"rank", "file", "bytes", "index_checksum"});
+      ff.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
+      ShardMeta s;
+      s.file = ff.at("file").str();
+      if (s.file != rank_state_file_name(static_cast<int>(r)))
+        ff.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, rank_state_file_name(static_cast<int>(r))));
+      s.bytes = static_cast<std::uint64_t>(ff.at("bytes").i64(kHeaderBytes));
+      s.index_checksum = ff.at("index_checksum").hex64();
+      m.rank_state.push_back(std::move(s));
+    }
+  }
   json::Field cs = d.at("client_state");
   for (const auto& k : cs.keys()) m.client[k] = cs.at(k).hex_bytes();
   m.config_yaml = d.at("config_yaml").str();

@@ -200,6 +200,9 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
   nm.shards.assign(static_cast<std::size_t>(world), {});
+  // Per-rank state (PowerSGD's error buffers and Q) has no meaning at another slicing: dropped.
+  nm.rank_state_kind.clear();
+  nm.rank_state.clear();
   for (std::size_t i = 0; i < nm.units.size(); ++i) nm.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
 
   // An offline tool never rolls a root back: into a root with newer steps it refuses.

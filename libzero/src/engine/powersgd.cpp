@@ -251,6 +251,13 @@ std::vector<float> PowerSgd::state() const {
 }
 
 void PowerSgd::set_state(const std::vector<float>& s) {
+  if (s.empty()) {
+    for (std::size_t i = 0; i < matrices_.size(); ++i) {
+      std::fill(matrices_[i].error.begin(), matrices_[i].error.end(), 0.0f);
+      random_q(matrices_[i], i);
+    }
+    return;
+  }
   ZERO_CHECK(s.size() == state_size(), fmt::format("PowerSGD state: {} values given, this model's matrices hold {}",
                                                    s.size(), state_size()));
   auto it = s.begin();

@@ -55,7 +55,8 @@ class PowerSgd {
   std::int64_t factor_elements() const { return p_elems_ + q_elems_; }
   std::int64_t plain_elements() const { return plain_elems_; }
 
-  // Checkpoint support: every matrix's Q, then every matrix's error, one flat fp32 array.
+  // Checkpoint support: every matrix's Q, then every matrix's error, one flat fp32 array;
+  // set_state({}) restores the start's (zero error, the seeded Q).
   std::vector<float> state() const;
   void set_state(const std::vector<float>& s);
   std::size_t state_size() const;

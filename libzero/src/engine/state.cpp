@@ -85,7 +85,7 @@ std::vector<float> EngineState::compression_state() const {
 void EngineState::set_compression_state(const std::vector<float>& s) {
   ZERO_CHECK(impl_->powersgd_ || s.empty(), "set_compression_state: the engine compresses no gradients "
                                             "(gradient_compression.type: none)");
-  if (impl_->powersgd_) impl_->powersgd_->set_state(s);
+  if (impl_->powersgd_) impl_->powersgd_->set_state(s);  // empty: reset
 }
 
 void EngineState::begin_restore() {
