@@ -26,6 +26,39 @@ DType dtype_from(const json::Field& f) {
   f.fail(fmt::format("= \"{}\" is not one of fp32, bf16, fp16", s));
 }
 
+// A list of per-rank files (the shards, the rank-state files): rank, canonical name, size and
+// index checksum each.
+json::Json file_list(const std::vector<ShardMeta>& files) {
+  json::Json out = json::Json::array();
+  for (std::size_t r = 0; r < files.size(); ++r)
+    out.push_back({{"rank", r},
+                   {"file", files[r].file},
+                   {"bytes", files[r].bytes},
+                   {"index_checksum", json::hex64(files[r].index_checksum)}});
+  return out;
+}
+
+std::vector<ShardMeta> parse_file_list(const json::Field& list, int world, const char* what,
+                                       std::string (*name_of)(int)) {
+  if (list.size() != static_cast<std::size_t>(world))
+    list.fail(fmt::format("lists {} {} for world_size {}", list.size(), what, world));
+  std::vector<ShardMeta> out;
+  for (std::size_t r = 0; r < list.size(); ++r) {
+    json::Field sf = list[r];
+    sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
+    sf.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
+    ShardMeta s;
+    s.file = sf.at("file").str();
+    // Only the canonical name: a path in here must never lead the reader outside the checkpoint.
+    const std::string want = name_of(static_cast<int>(r));
+    if (s.file != want) sf.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, want));
+    s.bytes = static_cast<std::uint64_t>(sf.at("bytes").i64(kHeaderBytes));
+    s.index_checksum = sf.at("index_checksum").hex64();
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string Metadata::to_json() const {
@@ -67,21 +100,8 @@ std::string Metadata::to_json() const {
                   {"padding", u.slice * world - u.numel},
                   {"params", std::move(ps)}});
   }
-  Json& ss = d["shards"] = Json::array();
-  for (std::size_t r = 0; r < shards.size(); ++r)
-    ss.push_back({{"rank", r},
-                  {"file", shards[r].file},
-                  {"bytes", shards[r].bytes},
-                  {"index_checksum", json::hex64(shards[r].index_checksum)}});
-  if (!rank_state.empty()) {
-    Json files = Json::array();
-    for (std::size_t r = 0; r < rank_state.size(); ++r)
-      files.push_back({{"rank", r},
-                       {"file", rank_state[r].file},
-                       {"bytes", rank_state[r].bytes},
-                       {"index_checksum", json::hex64(rank_state[r].index_checksum)}});
-    d["rank_state"] = {{"kind", rank_state_kind}, {"files", std::move(files)}};
-  }
+  d["shards"] = file_list(shards);
+  if (!rank_state.empty()) d["rank_state"] = {{"kind", rank_state_kind}, {"files", file_list(rank_state)}};
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -196,43 +216,13 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     m.units.push_back(std::move(u));
   }
 
-  json::Field ss = d.at("shards");
-  if (ss.size() != static_cast<std::size_t>(m.world))
-    ss.fail(fmt::format("lists {} shards for world_size {}", ss.size(), m.world));
-  for (std::size_t r = 0; r < ss.size(); ++r) {
-    json::Field sf = ss[r];
-    sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
-    sf.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
-    ShardMeta s;
-    s.file = sf.at("file").str();
-    // Only the canonical name: a path in here must never lead the reader outside the checkpoint.
-    if (s.file != shard_file_name(static_cast<int>(r)))
-      sf.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, shard_file_name(static_cast<int>(r))));
-    s.bytes = static_cast<std::uint64_t>(sf.at("bytes").i64(kHeaderBytes));
-    s.index_checksum = sf.at("index_checksum").hex64();
-    m.shards.push_back(std::move(s));
-  }
-
+  m.shards = parse_file_list(d.at("shards"), m.world, "shards", shard_file_name);
   if (d.has("rank_state")) {
     json::Field rs = d.at("rank_state");
     rs.expect_keys({"kind", "files"});
     m.rank_state_kind = rs.at("kind").str();
     if (m.rank_state_kind != "powersgd") rs.at("kind").fail("is not \"powersgd\"");
-    json::Field fs = rs.at("files");
-    if (fs.size() != static_cast<std::size_t>(m.world))
-      fs.fail(fmt::format("lists {} files for world_size {}", fs.size(), m.world));
-    for (std::size_t r = 0; r < fs.size(); ++r) {
-      json::Field ff = fs[r];
-      ff.expect_keys({"rank", "file", "bytes", "index_checksum"});
-      ff.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
-      ShardMeta s;
-      s.file = ff.at("file").str();
-      if (s.file != rank_state_file_name(static_cast<int>(r)))
-        ff.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, rank_state_file_name(static_cast<int>(r))));
-      s.bytes = static_cast<std::uint64_t>(ff.at("bytes").i64(kHeaderBytes));
-      s.index_checksum = ff.at("index_checksum").hex64();
-      m.rank_state.push_back(std::move(s));
-    }
+    m.rank_state = parse_file_list(rs.at("files"), m.world, "files", rank_state_file_name);
   }
   json::Field cs = d.at("client_state");
   for (const auto& k : cs.keys()) m.client[k] = cs.at(k).hex_bytes();
