@@ -286,6 +286,11 @@ TEST_CASE("PowerSGD in the engine: start_step, stages 0 and 1, offload, accumula
     p2.gas = 2;
     CHECK(max_diff(params_after(full, 4), params_after(p2, 4)) < 1e-5);
   }
+  SECTION("memory: the error buffers and Q count in the communication buffers") {
+    Engine with(ctx(), run_config(Run{}), make_layout()), without(ctx(), run_config(plain), make_layout());
+    // Three matrices, 7x5, 11x3 and 4x4: 84 fp32 error values and (5 + 3 + 4) of Q, at least.
+    CHECK(with.memory().comm_buffers - without.memory().comm_buffers >= (84 + 12) * 4);
+  }
   SECTION("clipping: the norm of the decompressed gradient, equal on every rank") {
     Run c;
     c.clip = 0.05;

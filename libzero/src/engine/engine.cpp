@@ -291,6 +291,8 @@ MemoryReport EngineImpl::memory() const {
   MemoryReport r;
   params_.report(r);
   reducer_.report(r);
+  // PowerSGD's error buffers, Q and factor staging: buffers of the gradients' communication.
+  if (powersgd_) r.comm_buffers += static_cast<std::int64_t>(powersgd_->buffer_bytes());
   opt_->report(r);
   r.gathered = gatherer_.peak_bytes();
   r.secondary = gatherer_.secondary_bytes();

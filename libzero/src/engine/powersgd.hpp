@@ -60,6 +60,10 @@ class PowerSgd {
   std::vector<float> state() const;
   void set_state(const std::vector<float>& s);
   std::size_t state_size() const;
+  // Host memory it holds: the state, the factors and the plain batch's staging.
+  std::size_t buffer_bytes() const {
+    return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size();
+  }
 
  private:
   struct Run {  // a stretch of a unit's elements all-reduced plainly
