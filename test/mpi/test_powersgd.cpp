@@ -386,6 +386,32 @@ TEST_CASE("PowerSGD: a checkpoint keeps the error buffers and Q, resume is bit f
     CHECK(resumed == straight);
     CHECK(reset != straight);  // the state matters: without it the run departs
   }
+  // Across the switch: a plain run's checkpoint starts PowerSGD afresh (zero error, the seeded
+  // Q), and a PowerSGD checkpoint loads into a plain run, its per-rank files unused.
+  const std::string root = process_scratch_dir("powersgd") + "/switch";
+  Run plain;
+  plain.compression = "";
+  {
+    Engine e(ctx(), run_config(plain), make_layout());
+    e.init_params(init_value);
+    train(e, me, world, 0, 2);
+    save_checkpoint(e, root + "/plain");
+  }
+  std::vector<float> fresh;
+  {
+    Engine e(ctx(), run_config(Run{}), make_layout());
+    fresh = EngineState(e).compression_state();
+    e.init_params(init_value);
+    train(e, me, world, 0, 2);
+    CHECK(EngineState(e).compression_state() != fresh);
+    load_checkpoint(e, root + "/plain");
+    CHECK(EngineState(e).compression_state() == fresh);
+    save_checkpoint(e, root + "/psgd");
+  }
+  Engine e(ctx(), run_config(plain), make_layout());
+  load_checkpoint(e, root + "/psgd");
+  CHECK(EngineState(e).compression_state().empty());
+  train(e, me, world, 2, 1);
 }
 
 // ---------------------------------------------------------------- the tiny GPT
