@@ -13,6 +13,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "data.hpp"
@@ -149,6 +150,10 @@ TEST_CASE("PowerSGD: two compressed steps against a double-precision reference",
       eoff = std::max(eoff, std::abs(got.error[i] - err[static_cast<std::size_t>(me)][i]));
     INFO("Q off by " << qoff << " (largest " << max_abs(q) << "), error off by " << eoff);
     CHECK(qoff <= tol * max_abs(q));
+    double poff = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) poff = std::max(poff, std::abs(ps.last_p()[i] - p[i]));
+    INFO("P off by " << poff);
+    CHECK(poff <= tol);  // orthonormal columns: entries at most 1
     CHECK(eoff <= tol * max_abs(sum));
     // The error is what was not sent: P P^T of it is zero up to rounding (P orthonormal).
   }
@@ -156,9 +161,11 @@ TEST_CASE("PowerSGD: two compressed steps against a double-precision reference",
 
 TEST_CASE("PowerSGD: rank >= min(rows, cols) gives the plain all-reduce", "[powersgd]") {
   const int world = ctx().world_size(), me = ctx().rank();
-  for (auto [rows, cols] : {std::pair<std::int64_t, std::int64_t>{12, 9}, {6, 10}}) {
+  for (auto [rows, cols, warm] : {std::tuple<std::int64_t, std::int64_t, bool>{12, 9, true}, {6, 10, true}, {12, 9, false}}) {
     Bench b(rows, cols);
-    PowerSgd ps(ctx().comm(), b.layout, b.shapes, psgd(16), DType::f32, 0, false);
+    GradientCompressionConfig gc = psgd(16);
+    gc.warm_start = warm;  // false: a new random Q every step
+    PowerSgd ps(ctx().comm(), b.layout, b.shapes, gc, DType::f32, 0, false);
     REQUIRE(ps.matrices().at(0).rank == std::min(rows, cols));
     for (int t = 0; t < 3; ++t) {
       std::vector<double> sum(static_cast<std::size_t>(rows * cols), 0.0);
@@ -228,6 +235,7 @@ struct Run {
   int gas = 1;
   double clip = 0.0;
   bool fp16 = false;
+  bool bf16 = false;
   std::string compression = "gradient_compression:\n  type: powersgd\n  rank: 1\n  min_compression_rate: 0\n";
   std::string extra;  // more zero_optimization lines
 };
@@ -237,6 +245,7 @@ Config run_config(const Run& c) {
                   "\ngradient_clipping: " + std::to_string(c.clip) + "\nzero_optimization:\n  stage: " +
                   std::to_string(c.stage) + "\n" + c.extra + c.compression;
   if (c.fp16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
+  if (c.bf16) y += "bf16:\n  enabled: true\n";
   y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n    betas: [0.9, 0.95]\n    eps: 1.0e-8\n    weight_decay: 0.1\n";
   Config cfg = parse_config(y, "test_powersgd");
   cfg.resolve(ctx().world_size());
@@ -285,6 +294,14 @@ TEST_CASE("PowerSGD in the engine: start_step, stages 0 and 1, offload, accumula
     Run p2 = plain;
     p2.gas = 2;
     CHECK(max_diff(params_after(full, 4), params_after(p2, 4)) < 1e-5);
+  }
+  SECTION("bf16 gradients: the plain batch and the decompressed sum in bf16, full rank close to plain") {
+    Run b;
+    b.bf16 = true;
+    b.compression = "gradient_compression:\n  type: powersgd\n  rank: 16\n  min_compression_rate: 0\n";
+    Run pb = plain;
+    pb.bf16 = true;
+    CHECK(max_diff(params_after(b, 4), params_after(pb, 4)) < 0.02);
   }
   SECTION("memory: the error buffers and Q count in the communication buffers") {
     Engine with(ctx(), run_config(Run{}), make_layout()), without(ctx(), run_config(plain), make_layout());

@@ -51,6 +51,8 @@ class PowerSgd {
   bool reduce(const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
 
   const std::vector<Matrix>& matrices() const { return matrices_; }
+  // The last compressed step's orthogonalized P of every matrix, back to back ([rows, rank] each).
+  const std::vector<float>& last_p() const { return p_; }
   // Elements all-reduced per compressed step: the factors (fp32), and the plain rest (grad dtype).
   std::int64_t factor_elements() const { return p_elems_ + q_elems_; }
   std::int64_t plain_elements() const { return plain_elems_; }
