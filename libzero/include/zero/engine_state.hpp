@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -72,6 +73,11 @@ class EngineState {
   // The owned range of one tensor of `unit`: which 0 is the master, 1.. the moments.
   void read_owned(int unit, int which, float* owned) const;
   void write_owned(int unit, int which, const float* owned);
+  // Gradient compression's state on this rank (PowerSGD: every matrix's Q, then its error
+  // buffer, engine/powersgd.hpp); empty without compression. It differs between ranks.
+  // set_compression_state({}) puts back the start's state (zero error, the seeded Q).
+  std::vector<float> compression_state() const;
+  void set_compression_state(const std::vector<float>& s);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss
   // scaler's state when restore_scaler). The loop's rate is restored where the config lets the

@@ -165,6 +165,40 @@ std::string split_text(bool replicated, int axis, int blocks) {
   return fmt::format("split along axis {}{}", axis, blocks > 1 ? fmt::format(" in {} blocks", blocks) : "");
 }
 
+// Gradient compression keeps state of its own on each rank (PowerSGD's error buffers and Q).
+bool compresses(const EngineState& e) { return e.config().gradient_compression.type != CompressionType::none; }
+
+// Restores this rank's compression state where the checkpoint holds it for this world size.
+// Otherwise (another world size, a checkpoint saved without compression, another rank R) the
+// run continues from zero error buffers and the seeded Q, as at a start, and says so: the
+// error buffers are one rank's share of what was not yet sent, with no meaning for another
+// rank count.
+void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
+  const ckpt::Metadata& m = r.meta();
+  const bool lead = e.rank() == 0;
+  if (!compresses(e)) {
+    if (lead && !m.rank_state.empty())
+      log_info("load_checkpoint: the checkpoint's per-rank {} state (error buffers, Q) is not used: this run "
+               "compresses no gradients",
+               m.rank_state_kind);
+    return;
+  }
+  std::vector<float> s;
+  std::string why;
+  if (m.rank_state.empty()) why = "the checkpoint holds none (saved without gradient compression)";
+  else if (m.world != e.world_size()) why = fmt::format("it was saved by {} ranks, this run has {}", m.world, e.world_size());
+  else s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
+                                      m.rank_state[static_cast<std::size_t>(e.rank())]);
+  if (why.empty() && s.size() != e.compression_state().size()) {
+    why = fmt::format("it holds {} values per rank, this run's matrices {} (another rank or min_compression_rate?)",
+                      s.size(), e.compression_state().size());
+    s.clear();
+  }
+  if (lead && !why.empty())
+    log_warning("load_checkpoint: PowerSGD starts again from zero error buffers and its seeded Q: {}", why);
+  e.set_compression_state(s);  // empty: the start's state
+}
+
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
 // `units`: where the units are in the metadata ("units", or a grid position's).
 void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const std::string& units,
@@ -294,19 +328,27 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     if (comm.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
   });
   try {
-    ckpt::ShardMeta mine;
+    ckpt::ShardMeta mine, mine_state;
+    const bool rank_state = compresses(e);
     agree(comm, [&] {
       mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
+      if (rank_state)
+        mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.compression_state());
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
-    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()));
+    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size())), states;
     for (int r = 0; r < e.world_size(); ++r) {
-      std::uint64_t v[2] = {mine.bytes, mine.index_checksum};
+      std::uint64_t v[4] = {mine.bytes, mine.index_checksum, mine_state.bytes, mine_state.index_checksum};
       data.broadcast(v, sizeof v, r);
       shards[static_cast<std::size_t>(r)] = {shard_name(at, r), v[0], v[1]};
+      if (rank_state) states.push_back({ckpt::rank_state_file_name(r), v[2], v[3]});
     }
     ckpt::Metadata meta = make_metadata(e, st, client, std::move(shards));
+    if (rank_state) {  // (gradient compression runs without tensor or pipeline parallelism)
+      meta.rank_state_kind = to_string(e.config().gradient_compression.type);
+      meta.rank_state = std::move(states);
+    }
     if (at.grid.split()) {
       meta.grid = at.grid;
       meta.positions = gather_positions(e, at, {at.tensor, at.pipeline, std::move(meta.units), std::move(meta.shards)});
@@ -363,6 +405,8 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
     }
     total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
   }
+  if (compresses(e))
+    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.compression_state().size() * sizeof(float));
   // Under a grid every position saves its own shards: the model group holds one of each.
   if (e.model_parallel())
     total = static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));
@@ -444,6 +488,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
       // Master first: a store may reset the moments when the master is written.
       for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
     }
+    restore_rank_state(e, *reader);
   });
   TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};
   e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());

@@ -3,6 +3,8 @@
 // A checkpoint is one directory per step, <root>/step_00000010/, holding
 //   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
+//   rank_state_00000.ckpt ... with gradient compression, one per rank: its own state (PowerSGD's
+//                        error buffers and Q), which differs between ranks and cannot be resliced
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
@@ -55,13 +57,14 @@ namespace zero::ckpt {
 // 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
 constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::size_t kHeaderBytes = 64;
-enum class FileKind : std::uint32_t { metadata = 1, shard = 2 };
+enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3 };
 
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
 std::string shard_file_name(int rank);     // shard_00003.ckpt
 // A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline stage 0, rank 3).
 std::string shard_file_name(int rank, int tensor, int pipeline);
+std::string rank_state_file_name(int rank);  // rank_state_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
 // The step of a directory name "step_<digits>" (8 or more digits), or -1.
 std::int64_t parse_step_dir_name(const std::string& name);
@@ -190,6 +193,10 @@ struct Metadata {
   std::vector<ShardMeta> shards;
   GridMeta grid;
   std::vector<PositionMeta> positions;  // with a grid: tensor fastest, index t + T x p
+  // Per-rank state beside the shards (rank_state_kind "powersgd"), one file per rank of `world`;
+  // empty when the engine kept none.
+  std::string rank_state_kind;
+  std::vector<ShardMeta> rank_state;
   ClientState client;
   std::string config_yaml;
 
@@ -237,6 +244,11 @@ class ShardWriter {
   std::uint64_t index_bytes_ = 0;
   int next_ = 0;
 };
+
+// A rank-state file: one fp32 array, its checksum in the header (the whole payload is the index).
+ShardMeta write_rank_state_file(const std::string& path, const std::vector<float>& values);
+// Reads and checks it against what the metadata recorded (size and checksum).
+std::vector<float> read_rank_state_file(const std::string& path, const ShardMeta& expect);
 
 // The size of a shard file holding `elements` floats of each of 1 + moments arrays over `units` units.
 std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements);

@@ -48,14 +48,16 @@ json::Json units_json(const std::vector<UnitMeta>& units, int world) {
   return us;
 }
 
-json::Json shards_json(const std::vector<ShardMeta>& shards) {
-  json::Json ss = json::Json::array();
-  for (std::size_t r = 0; r < shards.size(); ++r)
-    ss.push_back({{"rank", r},
-                  {"file", shards[r].file},
-                  {"bytes", shards[r].bytes},
-                  {"index_checksum", json::hex64(shards[r].index_checksum)}});
-  return ss;
+// A list of per-rank files (the shards, the rank-state files): rank, canonical name, size and
+// index checksum each.
+json::Json file_list(const std::vector<ShardMeta>& files) {
+  json::Json out = json::Json::array();
+  for (std::size_t r = 0; r < files.size(); ++r)
+    out.push_back({{"rank", r},
+                   {"file", files[r].file},
+                   {"bytes", files[r].bytes},
+                   {"index_checksum", json::hex64(files[r].index_checksum)}});
+  return out;
 }
 
 std::vector<UnitMeta> parse_units(json::Field us, int world) {
@@ -120,12 +122,12 @@ std::vector<UnitMeta> parse_units(json::Field us, int world) {
   return units;
 }
 
-// `name(r)`: the one file name shard r may have (never a path out of the checkpoint).
+// `name(r)`: the one file name rank r's file may have (never a path out of the checkpoint).
 template <class Name>
-std::vector<ShardMeta> parse_shards(json::Field ss, int world, Name name) {
+std::vector<ShardMeta> parse_file_list(json::Field ss, int world, const char* what, Name name) {
   std::vector<ShardMeta> shards;
   if (ss.size() != static_cast<std::size_t>(world))
-    ss.fail(fmt::format("lists {} shards for world_size {}", ss.size(), world));
+    ss.fail(fmt::format("lists {} {} for world_size {}", ss.size(), what, world));
   for (std::size_t r = 0; r < ss.size(); ++r) {
     json::Field sf = ss[r];
     sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
@@ -147,7 +149,8 @@ PositionMeta parse_position(json::Field pf, int world, int tensor, int pipeline)
   p.tensor = static_cast<int>(pf.at("tensor").i64(tensor, tensor));
   p.pipeline = static_cast<int>(pf.at("pipeline").i64(pipeline, pipeline));
   p.units = parse_units(pf.at("units"), world);
-  p.shards = parse_shards(pf.at("shards"), world, [&](int r) { return shard_file_name(r, tensor, pipeline); });
+  p.shards = parse_file_list(pf.at("shards"), world, "shards",
+                             [&](int r) { return shard_file_name(r, tensor, pipeline); });
   return p;
 }
 
@@ -155,7 +158,7 @@ json::Json position_json(const PositionMeta& p, int world) {
   return {{"tensor", p.tensor},
           {"pipeline", p.pipeline},
           {"units", units_json(p.units, world)},
-          {"shards", shards_json(p.shards)}};
+          {"shards", file_list(p.shards)}};
 }
 
 }  // namespace
@@ -213,8 +216,9 @@ std::string Metadata::to_json() const {
     d["grid"] = {{"tensor", grid.tensor}, {"pipeline", grid.pipeline}, {"positions", std::move(ps)}};
   } else {
     d["units"] = units_json(units, world);
-    d["shards"] = shards_json(shards);
+    d["shards"] = file_list(shards);
   }
+  if (!rank_state.empty()) d["rank_state"] = {{"kind", rank_state_kind}, {"files", file_list(rank_state)}};
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -229,7 +233,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   d.expect_keys({"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype",
                  "master_dtype", "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler",
                  "client_state", "config_yaml"},
-                {"units", "shards", "grid"});
+                {"units", "shards", "grid", "rank_state"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   if (d.at("format_version").i64() != kFormatVersion)
@@ -297,7 +301,14 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     if (d.has("units") || d.has("shards")) d.fail("has both a grid and top-level units or shards");
   } else {
     m.units = parse_units(d.at("units"), m.world);
-    m.shards = parse_shards(d.at("shards"), m.world, [](int r) { return shard_file_name(r); });
+    m.shards = parse_file_list(d.at("shards"), m.world, "shards", [](int r) { return shard_file_name(r); });
+  }
+  if (d.has("rank_state")) {
+    json::Field rs = d.at("rank_state");
+    rs.expect_keys({"kind", "files"});
+    m.rank_state_kind = rs.at("kind").str();
+    if (m.rank_state_kind != "powersgd") rs.at("kind").fail("is not \"powersgd\"");
+    m.rank_state = parse_file_list(rs.at("files"), m.world, "files", rank_state_file_name);
   }
 
   json::Field cs = d.at("client_state");

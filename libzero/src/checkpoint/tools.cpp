@@ -252,6 +252,9 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   ckpt::Metadata nm = old;
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
+  // Per-rank state (PowerSGD's error buffers and Q) has no meaning at another slicing: dropped.
+  nm.rank_state_kind.clear();
+  nm.rank_state.clear();
 
   // An offline tool never rolls a root back: into a root with newer steps it refuses.
   std::string tmp = ckpt::prepare(out_root, old.step, "reshard", /*refuse_older=*/true);

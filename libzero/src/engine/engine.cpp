@@ -75,6 +75,21 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
   return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
+// gradient_compression's compressor, or null. The config loader refuses the bad combinations
+// with the key's file and line; these checks catch a Config built by hand.
+std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, const Layout& layout,
+                                        const std::vector<UnitShape>& shapes, int rank, bool model_parallel) {
+  if (cfg.gradient_compression.type == CompressionType::none) return nullptr;
+  // Its per-rank state files are named by data-parallel rank, which every grid position shares.
+  ZERO_CHECK(!model_parallel, cfg.source + ": gradient_compression.type = powersgd runs without tensor or pipeline "
+                                           "parallelism so far; use tensor and pipeline sizes of 1, or type: none");
+  ZERO_CHECK(cfg.backend == BackendKind::host,
+             cfg.source + ": gradient_compression.type = powersgd runs on the host backend so far; set backend: host, "
+                          "or type: none");
+  return std::make_unique<PowerSgd>(comm, layout, shapes, cfg.gradient_compression, cfg.grad_dtype(),
+                                    cfg.zero_optimization.stage, rank == 0);
+}
+
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
@@ -99,7 +114,9 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
-      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
+      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
+               cfg_.gradient_compression.type != CompressionType::none),
+      powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {
   if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
 }
@@ -278,6 +295,8 @@ MemoryReport EngineImpl::memory() const {
   MemoryReport r;
   params_.report(r);
   reducer_.report(r);
+  // PowerSGD's error buffers, Q and factor staging: buffers of the gradients' communication.
+  if (powersgd_) r.comm_buffers += static_cast<std::int64_t>(powersgd_->buffer_bytes());
   opt_->report(r);
   r.gathered = gatherer_.peak_bytes();
   r.secondary = gatherer_.secondary_bytes();

@@ -5,7 +5,8 @@
 //                                               rank's slice, on NVMe with offload_param;
 //   ParamGatherer  (engine/gather.hpp)          stage 3: the recorded gather order, prefetch, live set;
 //   GradReducer    (engine/reduce.hpp)          gradient storage, buckets, reduce-scatters in flight;
-//   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload.
+//   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload;
+//   PowerSgd       (engine/powersgd.hpp)        with gradient_compression, the stage-0/1 reduction.
 // EngineImpl keeps what ties them together: the micro-step and step counters, eval mode, the
 // loss scaler, and the checks that turn misuse into errors. Files: engine/engine.cpp
 // (construction, init, reports), engine/loop.cpp (gather, grads, reduce), engine/step.cpp (the
@@ -23,6 +24,7 @@
 #include "engine/gather.hpp"
 #include "engine/optimizer_store.hpp"
 #include "engine/param_store.hpp"
+#include "engine/powersgd.hpp"
 #include "engine/reduce.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/config.hpp"
@@ -129,6 +131,8 @@ class EngineImpl {
   bool param_space_ = (claim_nvme_space(params_.swapper()), true);
   ParamGatherer gatherer_;
   GradReducer reducer_;
+  // gradient_compression: powersgd, or null: reduces the stage-0/1 gradients at step().
+  std::unique_ptr<PowerSgd> powersgd_;
   LossScaler scaler_;
   std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
 

@@ -10,7 +10,7 @@ namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
                          const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                         DType grad_dtype, int stage)
+                         DType grad_dtype, int stage, bool deferred)
     : backend_(backend),
       comm_(comm),
       layout_(layout),
@@ -19,6 +19,7 @@ GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& lay
       dtype_(dtype),
       gdt_(grad_dtype),
       stage_(stage),
+      deferred_(deferred && stage <= 1),
       units_(shapes.size()),
       grad_pool_(backend),
       scratch_pool_(backend) {
@@ -57,7 +58,7 @@ bool GradReducer::ready(int unit, bool boundary) {
                         static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded));
     grad_pool_.give_back(std::move(u.micro));
   }
-  if (stage_ >= 2 || boundary) {
+  if (stage_ >= 2 || (boundary && !deferred_)) {
     (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
     pending_.push_back(unit);
     pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;

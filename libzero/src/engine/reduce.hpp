@@ -10,7 +10,8 @@
 //   does, and keep the owned slice: more traffic, the same result;)
 //   stage 1: reduce-scatter at the boundary; the rank's slice is copied back into its range;
 //   stages 2/3: every micro-step, reduce-scatter of the micro-step's gradient buffer, added into
-//               the rank's gradient slice; the full-size buffer then goes back to the pool.
+//               the rank's gradient slice; the full-size buffer then goes back to the pool;
+//   deferred (PowerSGD, stages 0/1): nothing at the boundary; the step reduces full() itself.
 // With overlap_comm the bucket's collectives run while the backward continues and are waited
 // on only when their buffers are needed (two buckets in flight, then the oldest is completed);
 // without it each bucket completes before ready() returns. What the optimizer reads is owned(u):
@@ -41,8 +42,10 @@ namespace zero {
 class GradReducer {
  public:
   // dtype: the compute dtype grads() hands out; grad_dtype: what gradients accumulate in.
+  // deferred (stages 0/1, gradient compression): the boundary starts no collective; the step
+  // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
   GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
-              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage);
+              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage, bool deferred = false);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
   void* grads(int unit);                 // where the backward adds this micro-step's gradient
@@ -54,6 +57,7 @@ class GradReducer {
   int reduced_this_micro() const { return reduced_this_micro_; }
   void wait_all();                       // every bucket reduced and accumulated
   void* owned(int unit);                 // the gradient values the optimizer reads (owned range)
+  void* full(int unit) { return units_[static_cast<std::size_t>(unit)].full.get(); }  // stages 0/1: the padded unit
   DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
@@ -85,6 +89,7 @@ class GradReducer {
   const ZeroOptimizationConfig z_;
   DType dtype_, gdt_;
   int stage_;
+  bool deferred_;
   std::vector<Unit> units_;
   BufferPool grad_pool_, scratch_pool_;
   std::vector<int> pending_;  // ready units not yet handed to a collective

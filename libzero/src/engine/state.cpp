@@ -80,6 +80,16 @@ void EngineState::write_owned(int unit, int which, const float* owned) {
   else impl_->opt_->write_moment(unit, which - 1, owned);
 }
 
+std::vector<float> EngineState::compression_state() const {
+  return impl_->powersgd_ ? impl_->powersgd_->state() : std::vector<float>{};
+}
+
+void EngineState::set_compression_state(const std::vector<float>& s) {
+  ZERO_CHECK(impl_->powersgd_ || s.empty(), "set_compression_state: the engine compresses no gradients "
+                                            "(gradient_compression.type: none)");
+  if (impl_->powersgd_) impl_->powersgd_->set_state(s);  // empty: reset
+}
+
 void EngineState::begin_restore() {
   check_between_steps("load_checkpoint");
   // Until the restore completes, a failed load must not leave a half-loaded model trainable.

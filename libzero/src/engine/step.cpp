@@ -32,6 +32,11 @@ GradNorm EngineImpl::grad_norm() { return pre_step_norm("grad_norm()"); }
 GradNorm EngineImpl::pre_step_norm(const char* what) {
   check_step_ready(what);
   if (!sumsq_) {
+    if (powersgd_) {
+      std::vector<void*> fulls;
+      for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
+      powersgd_->reduce(fulls, step_, scaler_.scale());
+    }
     reducer_.wait_all();
     sumsq_ = global_grad_sumsq();
   }
