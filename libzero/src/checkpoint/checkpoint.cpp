@@ -227,20 +227,23 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
                                                 opts.keep_last));
   });
   same_on_all_ranks(comm, root, "the checkpoint root");
+  const bool leader = comm.rank() == 0;
   same_on_all_ranks(comm, serialize(client), "the client state");
 
   const TrainingState st = e.training_state();
   const std::string tmp = root + "/.tmp_" + ckpt::step_dir_name(st.step);
   agree(comm, [&] {
-    if (e.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
+    if (leader) (void)ckpt::prepare(root, st.step, "save_checkpoint");
   });
   try {
     ckpt::ShardMeta mine;
     agree(comm, [&] {
-      mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
+      // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
+      if (e.writes_shards()) mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
+    // Shard r's writer is data-parallel rank r (engine_state.hpp).
     std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()));
     for (int r = 0; r < e.world_size(); ++r) {
       std::uint64_t v[2] = {mine.bytes, mine.index_checksum};
@@ -248,13 +251,13 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
       shards[static_cast<std::size_t>(r)] = {ckpt::shard_file_name(r), v[0], v[1]};
     }
     agree(comm, [&] {
-      if (e.rank() != 0) return;
+      if (!leader) return;
       ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, make_metadata(e, st, client, std::move(shards)));
       ckpt::commit(root, tmp, st.step, opts.keep_last, fail_point);
     });
   } catch (...) {
     // An error (not a crash): remove the partial directory now rather than at the next save.
-    if (e.rank() == 0) {
+    if (leader) {
       std::error_code ec;
       std::filesystem::remove_all(tmp, ec);
     }
@@ -271,7 +274,7 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
   same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
   agree(comm, [&] {
     ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
-    if (e.rank() != 0) return;
+    if (comm.rank() != 0) return;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
@@ -307,11 +310,12 @@ void check_checkpoint_space(Engine& engine, const std::string& root) {
   EngineState e(engine);
   // Every rank computes the size (a collective may be inside); rank 0 compares it.
   struct statvfs fs {};
-  const bool stated = e.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
+  const bool leader = e.host_comm().rank() == 0;
+  const bool stated = !leader || ::statvfs(root.c_str(), &fs) == 0;
   const int stat_errno = errno;
   const std::uint64_t need = checkpoint_bytes(engine, stated && fs.f_frsize > 0 ? fs.f_frsize : 4096);
   agree(e.host_comm(), [&] {
-    if (e.rank() != 0) return;
+    if (!leader) return;
     ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
                                    std::strerror(stat_errno)));
     if (fs.f_blocks == 0) {
@@ -349,7 +353,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
   agree(comm, [&] {
     e.check_between_steps("load_checkpoint");
     dir = ckpt::resolve(root, tag);
-    if (e.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
+    if (comm.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
     reader = std::make_unique<ckpt::Reader>(dir);
     check_compatible(e, reader->meta(), dir, opts);
   });
