@@ -189,6 +189,15 @@ inline void require_near_reference(const std::vector<std::vector<float>>& got, c
     }
 }
 
+// The directory that ctest shares between the entries of a multi-entry checkpoint test (an
+// environment variable set in test/mpi/CMakeLists.txt).
+inline std::string dir_from_env(const char* var) {
+  const char* d = std::getenv(var);
+  INFO(var << " names the directory the test's ctest entries share");
+  REQUIRE(d != nullptr);
+  return d;
+}
+
 // A directory every rank sees, made by rank 0 (the ranks share this machine's filesystem).
 inline std::string shared_temp_dir(const char* tag) {
   char buf[256] = {};

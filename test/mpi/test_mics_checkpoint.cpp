@@ -24,15 +24,10 @@
 using namespace zero;
 using namespace zero::test;
 using namespace zero::test::cktest;
-namespace fs = std::filesystem;
 
 namespace {
 
-std::string test_dir() {
-  const char* d = std::getenv("ZERO_MICS_CKPT_DIR");
-  REQUIRE(d != nullptr);  // set by ctest (test/mpi/CMakeLists.txt)
-  return d;
-}
+std::string test_dir() { return dir_from_env("ZERO_MICS_CKPT_DIR"); }
 
 std::vector<std::vector<float>> masters(Engine& e) { return snapshot(e).master; }
 
@@ -76,8 +71,8 @@ std::string base(const char* kind, int stage) { return test_dir() + "/" + kind +
 TEST_CASE("save at mics_shard_size 2 on 4 ranks; resume there bit for bit", "[.][save]") {
   REQUIRE(ctx().world_size() == 4);
   if (ctx().rank() == 0) {
-    fs::remove_all(test_dir());
-    fs::create_directories(test_dir());
+    std::filesystem::remove_all(test_dir());
+    std::filesystem::create_directories(test_dir());
   }
   ctx().comm().barrier();
   for (int stage : {1, 3}) {
@@ -93,7 +88,7 @@ TEST_CASE("save at mics_shard_size 2 on 4 ranks; resume there bit for bit", "[.]
     ctx().comm().barrier();
     const std::string step_dir = resolve_checkpoint(base("mics", stage));
     std::vector<std::string> shards;
-    for (const auto& ent : fs::directory_iterator(step_dir))
+    for (const auto& ent : std::filesystem::directory_iterator(step_dir))
       if (ent.path().filename().string().rfind("shard_", 0) == 0) shards.push_back(ent.path().filename().string());
     std::sort(shards.begin(), shards.end());
     REQUIRE(shards == std::vector<std::string>{"shard_00000.ckpt", "shard_00001.ckpt"});
