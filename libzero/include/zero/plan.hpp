@@ -178,6 +178,14 @@ struct Settings {
   bool overlap_comm = true;
   int tensor_parallel = 1;    // T
   int pipeline_parallel = 1;  // P; the data-parallel size is GPUs / (T x P)
+  // MiCS (zero_optimization.mics_shard_size, stages 1-3): model states sharded over groups of
+  // this many data-parallel ranks, replicated across them; -1: over every data-parallel rank.
+  int mics_shard_size = -1;
+  // hpZ (zero_hpz_partition_size, stage 3): a secondary shard of the 16-bit parameters over
+  // groups of this many ranks; 1: off.
+  int hpz_partition_size = 1;
+  // The ranks model states are sharded over, for a data-parallel group of `data_parallel`.
+  int shard_ranks(int data_parallel) const { return mics_shard_size > 0 ? mics_shard_size : data_parallel; }
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
   // The dtype gradients accumulate in: fp32 with accumulation over 16-bit compute by default.
   DType grad_dtype() const { return grad_accum_dtype_for(grad_accum_dtype, dtype, grad_accum, BackendKind::cuda); }
@@ -190,13 +198,21 @@ Settings settings_from(const Config& cfg);
 
 // Model states per rank, the engine's MemoryReport categories: params + grads + master +
 // optimizer is MemoryReport::model_state(); host and nvme are the bytes the offload moved away
-// (tensor bytes, before the pinned pool's or the swapper's rounding).
+// (tensor bytes, before the pinned pool's or the swapper's rounding); secondary is hpZ's
+// MemoryReport::secondary, device memory besides the model states.
 struct ModelStates {
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
   std::int64_t host = 0, nvme = 0;
+  std::int64_t secondary = 0;
   std::int64_t device() const { return params + grads + master + optimizer; }
 };
+// `world`: the data-parallel ranks. With MiCS the states are sharded over its groups
+// (Settings::shard_ranks): the stage formulas with mics_shard_size in place of the world. hpZ
+// adds one chunk of every sharded unit: 1/hpz_partition_size of it in the compute dtype.
 ModelStates model_states(const Layout& layout, const Settings& s, int world);
+// Throws zero::Error unless the engine accepts the MiCS and hpZ settings at this stage and
+// data-parallel size (the same rules, named after the config keys).
+void check_groups(const Settings& s, int data_parallel);
 
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
 struct MemoryPlan {
