@@ -94,20 +94,22 @@ TEST_CASE("MiCS and hpZ memory per rank: the stage formulas with the group size,
   CHECK(h.device() == 16 * kPsi / 8);
   CHECK(h.secondary == 2 * kPsi / 4);
   CHECK(model_states(l, bf16_stage(3), 8).secondary == 0);
-  // The engine's rules, named after the keys.
-  s = bf16_stage(0);
-  s.mics_shard_size = 2;
-  CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains("mics_shard_size 2 applies to stages 1-3"));
-  s.stage = 2;
-  s.mics_shard_size = 3;
-  CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains("does not divide the 8 data-parallel ranks"));
-  s = bf16_stage(2);
+  // The engine's rules, named after the keys: {stage, mics, hpz} and the message.
+  struct Bad {
+    int stage, mics, hpz;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{0, 2, 1, "mics_shard_size 2 applies to stages 1-3"},
+                       Bad{2, 3, 1, "mics_shard_size 3 does not divide the 8 data-parallel ranks"},
+                       Bad{2, -1, 2, "hpz_partition_size 2 applies to stage 3 only"},
+                       Bad{3, 2, 2, "with hpZ"}}) {
+    s = bf16_stage(b.stage);
+    s.mics_shard_size = b.mics;
+    s.hpz_partition_size = b.hpz;
+    CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains(b.says));
+  }
+  s = bf16_stage(3);
   s.hpz_partition_size = 2;
-  CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains("hpz_partition_size 2 applies to stage 3 only"));
-  s.stage = 3;
-  s.mics_shard_size = 2;
-  CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains("with hpZ"));
-  s.mics_shard_size = -1;
   CHECK_NOTHROW(check_groups(s, 8));
 }
 
