@@ -156,7 +156,8 @@ void EngineImpl::report_mics_groups() const {
   bool inside_nodes = true;
   for (int g = 0; g < groups; ++g) {
     shard_groups.push_back(n == 1 ? fmt::format("{}", g) : fmt::format("{}-{}", g * n, g * n + n - 1));
-    for (int k = 1; k < n; ++k) inside_nodes = inside_nodes && node[static_cast<std::size_t>(g * n + k)] == node[static_cast<std::size_t>(g * n)];
+    for (int k = 1; k < n; ++k)
+      inside_nodes = inside_nodes && node[static_cast<std::size_t>(g * n + k)] == node[static_cast<std::size_t>(g * n)];
   }
   for (int k = 0; k < n; ++k) {
     std::vector<int> members;
