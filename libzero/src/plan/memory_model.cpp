@@ -55,13 +55,6 @@ void check_groups(const Settings& s, int data_parallel) {
                fmt::format("{} does not divide the {} data-parallel ranks", key, data_parallel));
     ZERO_CHECK(s.hpz_partition_size == 1, key + " with hpZ: the engine takes one of them");
   }
-  if (s.hpz_partition_size != 1) {
-    const std::string key = fmt::format("zero-plan: hpz_partition_size {}", s.hpz_partition_size);
-    ZERO_CHECK(s.hpz_partition_size >= 1, key + " is not a group size; use a divisor of the data-parallel ranks, or 1");
-    ZERO_CHECK(s.stage == 3, fmt::format("{} applies to stage 3 only (got stage {})", key, s.stage));
-    ZERO_CHECK(data_parallel % s.hpz_partition_size == 0,
-               fmt::format("{} does not divide the {} data-parallel ranks", key, data_parallel));
-  }
 }
 
 Settings settings_from(const Config& cfg) {
@@ -82,8 +75,12 @@ Settings settings_from(const Config& cfg) {
   s.persistence_threshold = z.stage3_param_persistence_threshold;
   s.sub_group_size = z.sub_group_size;
   s.overlap_comm = z.overlap_comm;
-  s.mics_shard_size = static_cast<int>(z.mics_shard_size);
+  s.reduce_scatter = z.reduce_scatter;
+  s.max_reuse_distance = z.stage3_max_reuse_distance;
   s.hpz_partition_size = static_cast<int>(z.zero_hpz_partition_size);
+  s.quantized_weights = z.zero_quantized_weights;
+  s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
+  s.mics_shard_size = static_cast<int>(z.mics_shard_size);
   return s;
 }
 
@@ -96,8 +93,9 @@ std::string Settings::label() const {
   if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
   if (tensor_parallel > 1) l << ", tp " << tensor_parallel;
   if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
+  if (hpz_partition_size > 1) l << ", hpz " << hpz_partition_size;
+  if (quantized_weights) l << ", qwz";
   if (mics_shard_size != -1) l << ", mics " << mics_shard_size;
-  if (hpz_partition_size != 1) l << ", hpz " << hpz_partition_size;
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";

@@ -129,15 +129,21 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   const double ring = N > 1 ? (N - 1.0) / N * full / c.group_bytes_per_s(N, T) : 0.0;
   // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the bytes).
   const double grad_ring = ring * static_cast<double>(dtype_size(s.grad_dtype())) / es;
-  // hpZ: the backward's gathers run over its group of H ranks (consecutive: stride T).
-  const int H = s.hpz_partition_size;
-  const double hpz_ring = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : 0.0;
   double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
   switch (s.stage) {
     case 0: boundary = 2 * grad_ring; break;  // all-reduce during the last backward
     case 1: boundary = grad_ring; post_step = ring; break;
     case 2: bwd_comm = ring; post_step = ring; break;
-    case 3: fwd_comm = ring; bwd_comm = (H > 1 ? hpz_ring : ring) + ring; break;  // gather fwd, gather + reduce bwd
+    case 3: {  // gather forward, gather + reduce backward
+      // qwZ sends int8 values and an fp32 scale per block instead of the compute dtype; hpZ
+      // re-gathers in the backward inside its group (normally the node) from secondary shards.
+      const double q = s.quantized_weights ? (1.0 + 4.0 / static_cast<double>(s.quantized_weights_block_size)) / es : 1.0;
+      const int H = s.hpz_partition_size;
+      const double regather = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : q * ring;
+      fwd_comm = q * ring;
+      bwd_comm = regather + ring;
+      break;
+    }
   }
   // MiCS: once per step, after the last backward, each rank's accumulated gradient slice is
   // all-reduced over the D / N groups (ranks N x T apart), in the gradients' dtype.
@@ -222,6 +228,11 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
                          s.stage, P));
   check_split(shape, T, P);
   const int D = c.gpus / (T * P);
+  ZERO_CHECK((s.hpz_partition_size == 1 && !s.quantized_weights) || s.stage == 3,
+             "zero-plan: hpZ and qwZ (ZeRO++) gather parameters, which only stage 3 does; use --stage 3");
+  ZERO_CHECK(s.hpz_partition_size >= 1 && D % s.hpz_partition_size == 0,
+             fmt::format("zero-plan: the hpZ group of {} ranks does not divide the {} data-parallel ranks",
+                         s.hpz_partition_size, D));
   check_groups(s, D);
   Plan p;
   p.shape = shape;
@@ -274,18 +285,20 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
     for (auto oo : offload_optimizer)
       for (auto op : offload_param)
         for (int mb : micro_batches)
-          for (bool ckpt : checkpointing) {
+          for (bool ckpt : checkpointing)
+          for (int hpz : hpz_partition_size)
+          for (bool qwz : quantized_weights) {
             if (op != OffloadDevice::none && stage < 3) continue;
+            if ((hpz != 1 || qwz) && stage != 3) continue;
+            if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
             if (oo != OffloadDevice::none && stage == 0) continue;
             if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
             if (pp > 1 && stage >= 2) continue;
             const int dp = gpus / (tp * pp);
-            // MiCS and hpZ as the engine takes them (stages, divisors).
-            if (base.mics_shard_size != -1 && (stage == 0 || base.mics_shard_size < 1 || dp % base.mics_shard_size != 0))
+            // MiCS as the engine takes it: stages 1-3, a divisor, not with hpZ.
+            if (base.mics_shard_size != -1 &&
+                (stage == 0 || base.mics_shard_size < 1 || dp % base.mics_shard_size != 0 || hpz != 1))
               continue;
-            if (base.hpz_partition_size != 1 && (stage != 3 || base.hpz_partition_size < 1 || dp % base.hpz_partition_size != 0))
-              continue;
-            if (base.mics_shard_size != -1 && base.hpz_partition_size != 1) continue;
             Settings s = base;
             s.tensor_parallel = tp;
             s.pipeline_parallel = pp;
@@ -294,6 +307,8 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.offload_param = op;
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
+            s.hpz_partition_size = hpz;
+            s.quantized_weights = qwz;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(
                   1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));

@@ -101,7 +101,6 @@ TEST_CASE("MiCS and hpZ memory per rank: the stage formulas with the group size,
   };
   for (const Bad& b : {Bad{0, 2, 1, "mics_shard_size 2 applies to stages 1-3"},
                        Bad{2, 3, 1, "mics_shard_size 3 does not divide the 8 data-parallel ranks"},
-                       Bad{2, -1, 2, "hpz_partition_size 2 applies to stage 3 only"},
                        Bad{3, 2, 2, "with hpZ"}}) {
     s = bf16_stage(b.stage);
     s.mics_shard_size = b.mics;
@@ -576,4 +575,39 @@ TEST_CASE("grid: autotune's fit verdict is a rank's of the grid", "[plan][grid]"
   CHECK_THAT(why, Catch::Contains("GPU memory"));
   // As one rank of TP 4 x PP 4 x DP 4 it holds 1/16 of the model.
   CHECK(plan_fits(gpt_preset("gpt3-13b"), c, 4, 4)(cfg, why));
+}
+
+TEST_CASE("ZeRO++: hpZ and qwZ lead the ranking when the inter-node link is slow, and only then", "[plan]") {
+  Cluster c;
+  c.gpu = gpu_preset("H100-SXM");
+  c.gpus = 16;
+  c.gpus_per_node = 8;
+  SettingsSpace space;
+  space.stages = {3};
+  space.micro_batches = {4};
+  space.checkpointing = {true};
+  space.hpz_partition_size = {1, 8};
+  space.quantized_weights = {false, true};
+  c.inter_node_bytes_per_s = 2e9;  // 16 Gbit/s per node: stage 3's gathers dominate
+  auto slow = rank_plans(gpt_preset("gpt2-xl"), c, space);
+  REQUIRE(slow.size() == 4);
+  CHECK(slow.front().settings.hpz_partition_size == 8);
+  CHECK(slow.front().settings.quantized_weights);
+  CHECK(slow.back().settings.hpz_partition_size == 1);
+  CHECK_FALSE(slow.back().settings.quantized_weights);
+  CHECK(slow.front().time.step_s < 0.6 * slow.back().time.step_s);
+  // Inside one node the links are all NVLink: hpZ saves nothing there.
+  c.gpus = 8;
+  space.quantized_weights = {false};
+  auto one_node = rank_plans(gpt_preset("gpt2-xl"), c, space);
+  REQUIRE(one_node.size() == 2);
+  CHECK(one_node[0].time.step_s == Approx(one_node[1].time.step_s).epsilon(1e-9));
+  // Other stages do not gather parameters; a group that does not divide the ranks is refused.
+  Settings s;
+  s.stage = 2;
+  s.hpz_partition_size = 8;
+  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("only stage 3"));
+  s.stage = 3;
+  s.hpz_partition_size = 3;
+  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("does not divide the 8 data-parallel ranks"));
 }
