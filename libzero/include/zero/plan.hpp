@@ -244,7 +244,8 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // stage 3 the parameter gathers in the GPT trainer's order (embeddings, blocks, ln_f; then
 // ln_f and the blocks backwards, the embeddings held for the whole micro-step) with the
 // gatherer's keep rule (stage3_max_reuse_distance), hpZ's in-group re-gathers and qwZ's int8
-// packing. A steady-state step: the run's first micro-step records the gather order and keeps
+// packing; with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
+// gradient slice and of the norm. A steady-state step: the run's first micro-step records the gather order and keeps
 // nothing, so the first step gathers more. Equals Engine::traffic() over such a step (tested
 // against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
