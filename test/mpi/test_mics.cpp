@@ -8,6 +8,7 @@
 //     bit; the global norm, clipping and fp16 overflow agree with plain (each slice counted once);
 //   - the bytes crossing nodes per step are the ring model's: only the replica all-reduce of each
 //     rank's gradient slice and a few scalars, fewer than plain stage 3;
+//   - qwZ's int8 gathers work inside the groups;
 //   - bad combinations are clear errors.
 #include <catch2/catch.hpp>
 
@@ -201,6 +202,26 @@ TEST_CASE("MiCS: the bytes crossing nodes per step are the ring model's, fewer t
       std::printf("stage %d, 4 ranks on 2 simulated nodes, rank 1's inter-node bytes per step: plain %lld, MiCS "
                   "N=2 %lld\n",
                   stage, static_cast<long long>(plain.traffic.inter_node), static_cast<long long>(mics.traffic.inter_node));
+  }
+}
+
+TEST_CASE("MiCS with qwZ: the group's parameter gathers go through int8, close to MiCS alone") {
+  const int n = group_size();
+  const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n";
+  const Run mics = loop_run(loop_config(3, "fp32", n), 10);
+  const Run q = loop_run(loop_config(3, "fp32", n, qwz), 10), again = loop_run(loop_config(3, "fp32", n, qwz), 10);
+  REQUIRE(q.master == again.master);  // deterministic
+  float largest = 0, worst = 0;
+  for (std::size_t u = 0; u < mics.master.size(); ++u)
+    for (std::size_t i = 0; i < mics.master[u].size(); ++i) {
+      largest = std::max(largest, std::abs(mics.master[u][i]));
+      worst = std::max(worst, std::abs(q.master[u][i] - mics.master[u][i]));
+    }
+  INFO("largest weight difference " << worst << " of " << largest);
+  REQUIRE(worst <= 0.02f * largest);
+  if (n > 1) {
+    REQUIRE(worst > 0.0f);  // the gathers did go through int8
+    REQUIRE(q.traffic.intra_node + q.traffic.inter_node < mics.traffic.intra_node + mics.traffic.inter_node);
   }
 }
 
