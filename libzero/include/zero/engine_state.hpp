@@ -57,6 +57,9 @@ class EngineState {
   Communicator& host_comm() const;
   // The engine holds one part of a model split over ranks (tensor or pipeline parallelism).
   bool model_parallel() const;
+  // This rank's place among the ranks holding the other parts of its model (0 without model
+  // parallelism): rank 0 of the data group with model rank 0 is world rank 0.
+  int model_rank() const;
   bool initialized() const;  // init_params or a restore has completed
 
   std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit

@@ -274,7 +274,8 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
   same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
   agree(comm, [&] {
     ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
-    if (comm.rank() != 0) return;
+    // One lock per job: under model parallelism every part's data group has a rank 0.
+    if (comm.rank() != 0 || e.model_rank() != 0) return;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,

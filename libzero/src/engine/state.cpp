@@ -45,6 +45,7 @@ const Config& EngineState::config() const { return impl_->cfg_; }
 bool EngineState::writes_shards() const { return impl_->dp_comm_.rank() < impl_->world_; }
 Communicator& EngineState::host_comm() const { return impl_->dp_comm_; }
 bool EngineState::model_parallel() const { return impl_->model_comm_ != nullptr; }
+int EngineState::model_rank() const { return impl_->model_comm_ ? impl_->model_comm_->rank() : 0; }
 bool EngineState::initialized() const { return impl_->initialized_; }
 std::int64_t EngineState::slice(int unit) const { return impl_->shape(unit).slice; }
 OwnedRange EngineState::owned_range(int unit) const {
