@@ -62,11 +62,13 @@ nlohmann::json plan_json(const Plan& p) {
                         {"pipeline_parallel", s.pipeline_parallel},
                         {"hpz_partition_size", s.hpz_partition_size},
                         {"quantized_weights", s.quantized_weights},
+                        {"mics_shard_size", s.mics_shard_size},
                         {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
           {"nvme_bytes", m.nvme_bytes},
           {"model_state_bytes", m.states.device()},
+          {"hpz_secondary_bytes", m.states.secondary},
           {"activation_bytes", m.activations},
           {"memory_stage", p.memory_stage},
           {"step_s", p.time.step_s},
@@ -105,6 +107,7 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.gpu_bytes), bytes(m.states.device()), bytes(m.states.params), bytes(m.states.grads),
              bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers),
              bytes(m.gathered), bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
+  if (m.states.secondary > 0) fmt::print("                 + hpZ secondary shards {}\n", bytes(m.states.secondary));
   fmt::print("host {:>10} per GPU = offloaded states {} + pinned buffers {} + overhead {}   (of {})\n",
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));
@@ -211,6 +214,10 @@ int main(int argc, char** argv) {
                     ->check(CLI::IsMember({"on", "off", "any"}));
   app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
                                                        "accumulation for each micro-batch (overrides --accum)");
+  int mics = -1;
+  auto* o_mics = app.add_option("--mics-shard-size", mics,
+                                "MiCS (stages 1-3): shard model states over groups of this many data-parallel "
+                                "ranks, replicated across groups (zero_optimization.mics_shard_size; -1: off)");
   app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
   app.add_option("--top", top, "rows of the ranked table")->default_val(15);
   app.add_flag("--json", json, "print one JSON object");
@@ -234,6 +241,7 @@ int main(int argc, char** argv) {
     bool from_config = !config_path.empty();
     if (from_config) space.base = settings_from(load_config(config_path));
     space.base.grad_accum = from_config && !o_accum->count() ? space.base.grad_accum : accum;
+    if (!from_config || o_mics->count()) space.base.mics_shard_size = mics;
     if (!from_config || o_dtype->count())
       space.base.dtype = dtype_s == "fp32" ? DType::f32 : dtype_s == "fp16" ? DType::f16 : DType::bf16;
     const bool cfg_fixed = from_config;
@@ -329,7 +337,8 @@ int main(int argc, char** argv) {
     }
     ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
                                     "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
-                                    "a pipeline needs stage 0 or 1)");
+                                    "a pipeline needs stage 0 or 1; --mics-shard-size needs stage >= 1, a divisor "
+                                    "of the data-parallel ranks, and no --hpz)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
       if (json) fmt::print("{}\n", plan_json(p).dump(2));

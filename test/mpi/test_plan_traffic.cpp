@@ -1,9 +1,11 @@
 // zero-plan's bytes per step inside and across nodes (plan::step_traffic) equal what the GPT
 // trainer's engine counts (Engine::traffic()) over a training step, for every stage, dtype,
-// the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ and qwZ.
+// the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ, qwZ and
+// MiCS.
 // ctest runs it at 2 ranks on one node and at 4 ranks on two simulated nodes of two.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "trainer.hpp"
@@ -44,14 +46,19 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
   const std::string regather = "  stage: 3\n  stage3_max_reuse_distance: 0\n";
   const std::string hpz = "  zero_hpz_partition_size: 2\n";
   const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 64\n";
+  // MiCS: two groups of world / 2 (one per simulated node at 4 ranks; of 1 rank at 2).
+  const std::string mics = "  mics_shard_size: " + std::to_string(std::max(1, world / 2)) + "\n";
   const std::vector<std::string> cases = {
       "  stage: 0\n", "  stage: 1\n", "  stage: 2\n", "  stage: 3\n",
       "  stage: 1\n  reduce_scatter: false\n", "  stage: 2\n  reduce_scatter: false\n",
       regather, regather + hpz, regather + qwz, regather + hpz + qwz, "  stage: 3\n" + hpz,
+      "  stage: 1\n" + mics, "  stage: 2\n" + mics, "  stage: 3\n" + mics, regather + mics,
+      "  stage: 1\n  reduce_scatter: false\n" + mics,
   };
   for (const std::string& keys : cases)
     for (bool bf16 : {false, true}) {
-      if (keys.find("hpz") != std::string::npos && world % 2 != 0) continue;
+      if ((keys.find("hpz") != std::string::npos || keys.find("mics") != std::string::npos) && world % 2 != 0)
+        continue;
       DYNAMIC_SECTION(keys << (bf16 ? "bf16" : "fp32")) {
         const zero::Config cfg = make_config(keys, bf16);
         GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));

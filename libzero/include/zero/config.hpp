@@ -126,6 +126,9 @@ struct ZeroOptimizationConfig {
   // ZeRO++ hpZ (stage 3): ranks per group keeping a secondary 16-bit shard of the gathered
   // parameters, so the backward's all-gathers stay inside the group (normally a node). 1: off.
   std::int64_t zero_hpz_partition_size = 1;
+  // MiCS / hybrid sharding (stages 1-3): model states sharded over groups of this many
+  // consecutive ranks (normally a node) and replicated across the groups. -1: off.
+  std::int64_t mics_shard_size = -1;
   // ZeRO++ qwZ (stage 3): parameter all-gathers send int8 values with one fp32 scale per block
   // of zero_quantized_weights_block_size elements (comm/quantize.hpp); master weights untouched.
   bool zero_quantized_weights = false;

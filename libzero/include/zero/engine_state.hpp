@@ -8,6 +8,11 @@
 // recomputes them and all-gathers the full copies the stage keeps, and a resumed run is
 // bit-identical. A restore is begin_restore(), write_owned() for every unit, then the collective
 // finish_restore(); until it completes the engine refuses to train.
+//
+// With MiCS (mics_shard_size N) the partition is over the rank's group of N consecutive ranks:
+// rank() and world_size() are the group's, and every group holds the same state. The first
+// group (data-parallel ranks 0..N-1, so partition rank r is data-parallel rank r) writes the
+// checkpoint's N shards; each rank loads the slices its group needs.
 #pragma once
 
 #include <cstdint>
@@ -42,13 +47,16 @@ class EngineState {
  public:
   explicit EngineState(Engine& engine);
 
-  int rank() const;
-  int world_size() const;
+  int rank() const;        // in the partition group: the slice this rank owns
+  int world_size() const;  // ranks the partition spans (the data-parallel group, or MiCS's N)
+  // This rank's group writes the checkpoint's shards (the first MiCS group; always without MiCS).
+  bool writes_shards() const;
   int stage() const;
   DType compute_dtype() const;
   const Layout& layout() const;
   const Config& config() const;
-  // MPI over host memory, whatever communicator the backend moves device buffers with.
+  // MPI over host memory across every data-parallel rank (every MiCS group), whatever
+  // communicator the backend moves device buffers with.
   Communicator& host_comm() const;
   // The engine holds one part of a model split over ranks (tensor or pipeline parallelism).
   bool model_parallel() const;

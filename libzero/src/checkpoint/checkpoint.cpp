@@ -319,24 +319,29 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
                                                 opts.keep_last));
   });
   same_on_all_ranks(comm, root, "the checkpoint root");
+  const bool leader = comm.rank() == 0;
   same_on_all_ranks(comm, serialize(client), "the client state");
 
   const TrainingState st = e.training_state();
   if (at.grid.split()) same_on_all_ranks(comm, std::to_string(st.step), "the step count (every position's engine)");
   const std::string tmp = root + "/.tmp_" + ckpt::step_dir_name(st.step);
   agree(comm, [&] {
-    if (comm.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
+    if (leader) (void)ckpt::prepare(root, st.step, "save_checkpoint");
   });
   try {
     ckpt::ShardMeta mine, mine_state;
     const bool rank_state = compresses(e);
     agree(comm, [&] {
-      mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
-      if (rank_state)
-        mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.compression_state());
+      // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
+      if (e.writes_shards()) {
+        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
+        if (rank_state)
+          mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.compression_state());
+      }
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
+    // Shard r's writer is data-parallel rank r (engine_state.hpp).
     std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size())), states;
     for (int r = 0; r < e.world_size(); ++r) {
       std::uint64_t v[4] = {mine.bytes, mine.index_checksum, mine_state.bytes, mine_state.index_checksum};
@@ -356,13 +361,13 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
       meta.shards.clear();
     }
     agree(comm, [&] {
-      if (comm.rank() != 0) return;
+      if (!leader) return;
       ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, meta);
       ckpt::commit(root, tmp, st.step, opts.keep_last, fail_point);
     });
   } catch (...) {
     // An error (not a crash): remove the partial directory now rather than at the next save.
-    if (comm.rank() == 0) {
+    if (leader) {
       std::error_code ec;
       std::filesystem::remove_all(tmp, ec);
     }

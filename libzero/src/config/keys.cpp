@@ -155,6 +155,12 @@ const std::vector<Spec>& config_keys() {
        .range = ge(1), .auto_rule = Auto::fallback,
        .doc = "Stage 3, ZeRO++ hpZ: ranks per group (consecutive, normally a node) keeping a secondary "
               "shard of the gathered parameters; gathers after the first in a step stay in the group. 1: off."},
+      {.path = "zero_optimization.mics_shard_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.mics_shard_size; },
+       .range = ge(-1), .auto_rule = Auto::fallback,
+       .doc = "Stages 1-3, MiCS / hybrid sharding: model states sharded over groups of this many consecutive "
+              "ranks (normally a node), replicated across groups; gradients all-reduced across groups once per "
+              "step. A divisor of the data-parallel ranks; -1: off."},
       {.path = "zero_optimization.zero_quantized_weights", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.zero_quantized_weights; },
        .auto_rule = Auto::fallback,

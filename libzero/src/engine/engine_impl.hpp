@@ -39,6 +39,11 @@ namespace zero {
 // The backend an engine runs on (the backends' tests compare it with what the engine reports).
 Backend& engine_backend(Engine& e);
 
+// MiCS's two communicators (engine/engine.cpp, make_mics_comms).
+struct MicsComms {
+  std::unique_ptr<Communicator> shard, replica;
+};
+
 class EngineImpl {
  public:
   EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups);
@@ -86,6 +91,10 @@ class EngineImpl {
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
   void report_stage3_sharding() const;
+  void report_mics_groups() const;
+  // Collectives that every rank of the data-parallel group must agree on (the init check, the
+  // step's decisions): the partition group's communicator, or with MiCS the whole group.
+  Communicator& all_ranks() { return mics_.shard ? dp_comm_ : comm_; }
   // Collective: checks the NVMe swap space of every filesystem against all the ranks that share
   // it, then each rank claims its own; a refusal leaves nothing claimed on any rank.
   void claim_nvme_space(offload::NvmeSwapper* swapper);
@@ -108,9 +117,15 @@ class EngineImpl {
   Context& ctx_;
   const Config cfg_;
   const Layout layout_;
+  // Every rank of the data-parallel group (host memory, MPI): checkpoints, agreement checks.
+  Communicator& dp_comm_;
+  // MiCS (mics_shard_size N): the engine partitions over `shard`, its N consecutive ranks;
+  // `replica` joins the ranks at the same position in every group. Both null when off.
+  MicsComms mics_;
   std::unique_ptr<Backend> backend_;  // host or cuda, as cfg.backend says (backend/factory.cpp)
+  // The partition group: every rank of dp_comm_, or with MiCS its shard group.
   Communicator& comm_;
-  // Host-memory collectives over the data-parallel group (the backend's comm_ may be NCCL).
+  // Host-memory collectives over the partition group (the backend's comm_ may be NCCL).
   Communicator& host_comm_;
   // The other ranks holding parts of this model replica (tensor x pipeline), or null.
   Communicator* model_comm_;
@@ -118,7 +133,9 @@ class EngineImpl {
   ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
+  // rank_ and world_ are the partition group's: the rank owns slice rank_ of world_ slices.
   const int rank_, world_, stage_, gas_;
+  const int dp_world_;  // the data-parallel ranks the gradient sums over (world_ x MiCS replicas)
   const DType dtype_;
   const std::vector<UnitShape> shapes_;
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that

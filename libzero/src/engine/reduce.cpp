@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zero/error.hpp"
 
@@ -10,9 +11,10 @@ namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
                          const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                         DType grad_dtype, int stage, bool deferred)
+                         DType grad_dtype, int stage, bool deferred, Communicator* replica)
     : backend_(backend),
       comm_(comm),
+      replica_(replica),
       layout_(layout),
       shapes_(shapes),
       z_(z),
@@ -130,6 +132,21 @@ void GradReducer::wait_in_flight(std::size_t keep) {
 }
 
 void GradReducer::wait_all() { wait_in_flight(0); }
+
+void GradReducer::all_reduce_replicas() {
+  if (replica_ == nullptr) return;
+  std::vector<Work> works;
+  {
+    CommGroup group(*replica_);
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      const CommSiteScope site("reduce across MiCS groups", &layout_.unit(static_cast<int>(i)).name);
+      works.push_back(replica_->all_reduce_async(owned(static_cast<int>(i)), static_cast<std::size_t>(shapes_[i].own_len),
+                                                 gdt_, ReduceOp::sum));
+    }
+    group.end();
+  }
+  for (auto& w : works) w.wait();
+}
 
 void* GradReducer::owned(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];

@@ -42,7 +42,8 @@ int EngineState::stage() const { return impl_->stage_; }
 DType EngineState::compute_dtype() const { return impl_->dtype_; }
 const Layout& EngineState::layout() const { return impl_->layout_; }
 const Config& EngineState::config() const { return impl_->cfg_; }
-Communicator& EngineState::host_comm() const { return impl_->host_comm_; }
+bool EngineState::writes_shards() const { return impl_->dp_comm_.rank() < impl_->world_; }
+Communicator& EngineState::host_comm() const { return impl_->dp_comm_; }
 bool EngineState::model_parallel() const { return impl_->model_comm_ != nullptr; }
 ProcessGroups* EngineState::groups() const { return impl_->groups_; }
 Communicator& EngineState::world_comm() const { return impl_->ctx_.comm(); }

@@ -50,16 +50,23 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   ZERO_CHECK(units >= 3, "step_traffic: the GPT trainer's layout has embeddings, at least one block and ln_f");
   ZERO_CHECK(s.hpz_partition_size >= 1 && world % s.hpz_partition_size == 0,
              fmt::format("step_traffic: zero_hpz_partition_size {} does not divide {} ranks", s.hpz_partition_size, world));
+  check_groups(s, world);
   TrafficBytes t;
   if (world == 1) return t;
   const Ring all = ring_of(rank, world, ranks_per_node);
+  // MiCS: the engine's collectives run over the rank's group of N consecutive ranks (`all` is
+  // then the agreement checks' and the trainer's world), and the gradient slices are summed over
+  // the ranks N apart (the replica ring: rank r sends to r + N).
+  const int N = s.shard_ranks(world);
+  const Ring part = ring_of(rank, N, ranks_per_node);
+  const Ring replica{world / N, (rank + N) % world / ranks_per_node != rank / ranks_per_node};
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(s.dtype));
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   std::vector<std::int64_t> slice(static_cast<std::size_t>(units)), padded(slice.size());
   std::vector<bool> sharded(slice.size());
   for (int u = 0; u < units; ++u) {
-    slice[static_cast<std::size_t>(u)] = layout.slice_numel(u, world);
-    padded[static_cast<std::size_t>(u)] = slice[static_cast<std::size_t>(u)] * world;
+    slice[static_cast<std::size_t>(u)] = layout.slice_numel(u, N);
+    padded[static_cast<std::size_t>(u)] = slice[static_cast<std::size_t>(u)] * N;
     sharded[static_cast<std::size_t>(u)] = s.stage == 3 && layout.unit(u).numel >= s.persistence_threshold;
   }
 
@@ -67,24 +74,29 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   // each micro-step's gradient in the compute dtype.
   for (int u = 0; u < units; ++u) {
     const std::int64_t sl = slice[static_cast<std::size_t>(u)], pd = padded[static_cast<std::size_t>(u)];
-    if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) all.all_reduce(t, pd, gesize);
-    else if (s.stage == 1) all.reduce_scatter(t, sl, gesize);
+    if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) part.all_reduce(t, pd, gesize);
+    else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);
     else
       for (int m = 0; m < s.grad_accum; ++m) {
-        if (s.reduce_scatter) all.reduce_scatter(t, sl, esize);
-        else all.all_reduce(t, pd, esize);
+        if (s.reduce_scatter) part.reduce_scatter(t, sl, esize);
+        else part.all_reduce(t, pd, esize);
       }
   }
-  // The global norm's sum (stage 0 holds the whole gradient), the two scalars that check the
-  // ranks agree on the step's decisions, and the trainer's mean loss over the ranks (on the
-  // same world communicator, so the engine's counters include it).
-  if (s.stage > 0) all.scalar(t);
+  // MiCS: each rank's accumulated slice, once per step, over the replicas.
+  if (N < world)
+    for (int u = 0; u < units; ++u) replica.all_reduce(t, slice[static_cast<std::size_t>(u)], gesize);
+  // The global norm's sum (stage 0 holds the whole gradient; MiCS's replicas then agree on the
+  // maximum), the two scalars that check the ranks agree on the step's decisions, and the
+  // trainer's mean loss over the ranks (on the same world communicator, so the engine's
+  // counters include it).
+  if (s.stage > 0) part.scalar(t);
+  if (N < world) replica.scalar(t);
   for (int k = 0; k < 3; ++k) all.scalar(t);
   // After the update every rank all-gathers the slices it did not write (sharded units stay
   // sharded: the next gathers rebuild them).
   if (s.stage > 0)
     for (int u = 0; u < units; ++u)
-      if (!sharded[static_cast<std::size_t>(u)]) all.all_gather(t, slice[static_cast<std::size_t>(u)], esize);
+      if (!sharded[static_cast<std::size_t>(u)]) part.all_gather(t, slice[static_cast<std::size_t>(u)], esize);
   if (s.stage != 3) return t;
 
   // Stage 3: the trainer's gather order, and when each lease ends (the position of the next
@@ -120,9 +132,9 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
         } else if (s.quantized_weights) {
           const auto packed = static_cast<std::int64_t>(quant::packed_bytes(
               static_cast<std::size_t>(slice[ui]), static_cast<std::size_t>(s.quantized_weights_block_size)));
-          all.all_gather(t, packed / 4, 4);
+          part.all_gather(t, packed / 4, 4);
         } else {
-          all.all_gather(t, slice[ui], esize);
+          part.all_gather(t, slice[ui], esize);
         }
         gathered[ui] = true;
         secondary[ui] = s.hpz_partition_size > 1;
