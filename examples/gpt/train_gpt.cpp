@@ -8,7 +8,8 @@
 // a line every steps_per_print steps (the same records go to <out_dir>/metrics.jsonl),
 // evaluates every run.eval_interval steps and prints a sample at the end. With
 // run.save_interval it checkpoints into <out_dir>/checkpoints; --resume continues from there
-// (at any rank count and stage), --sample only prints a sample from a checkpoint.
+// (at any rank count and stage; under model.tensor_parallel at any data-parallel size with the
+// same tensor size), --sample only prints a sample from a checkpoint.
 //
 // SIGTERM, SIGINT or SIGUSR1 on any rank stops every rank after the same step: a checkpoint is
 // saved, its place and the command that resumes from it are printed, and the exit status is
@@ -307,8 +308,6 @@ struct RunFacts {
   std::string resumed_from;    // the checkpoint this session continues ("" when it starts anew)
   std::string resume_command;  // this command line with --resume, for the stop message
   std::string nodes;           // "2 nodes x 2 ranks"
-  // The engine writes no checkpoints of a model split over ranks yet (zero/checkpoint.hpp).
-  bool checkpoints = true;
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
@@ -504,12 +503,6 @@ class TrainingLoop {
     const int signo = zero::StopSignal::received();
     const std::string by = signo != 0 ? std::string("signal ") + ::strsignal(signo)
                                       : std::string("a signal on another rank");
-    if (!f_.checkpoints) {
-      rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
-                std::to_string(s_.steps) + "; no checkpoint: a tensor-parallel run writes none yet");
-      rep_.record({{"type", "stop"}, {"step", step}, {"checkpoint", nullptr}});
-      return;
-    }
     if (!saved) save(step);
     rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
               std::to_string(s_.steps) + "; checkpoint in " + f_.checkpoint_dir +
@@ -575,14 +568,6 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.checkpoint_dir = cli.checkpoint_dir.empty()
                              ? (fs::path(settings.out_dir) / "checkpoints").string()
                              : cli.checkpoint_dir;
-  // A tensor-parallel run is told before it trains, not at its first save, that the engine
-  // cannot write its checkpoints yet.
-  facts.checkpoints = trainer.tensor_parallel_size() == 1;
-  ZERO_CHECK(facts.checkpoints || (settings.save_interval == 0 && !cli.resume && cli.resume_from.empty() &&
-                                   !cli.sample_only),
-             "zero-gpt: model.tensor_parallel = " + std::to_string(trainer.tensor_parallel_size()) +
-                 ": checkpoints of a tensor-parallel run are not written or read yet; set run.save_interval: "
-                 "0, and train without --resume, --resume-from or --sample");
   if (cli.sample_only) {
     // Only reads: a sample may be taken beside the job that is writing the checkpoints.
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
@@ -594,10 +579,10 @@ int run(zero::Context& ctx, int argc, char** argv) {
   // A run may save into its checkpoint root at any step (a stop signal saves too): take the
   // root now, and the run directory its logs go to, so a second job on either is refused
   // before it trains or writes anything.
-  if (facts.checkpoints) zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
+  zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
   zero::lock_run_directory(trainer.engine(), settings.out_dir);
   // Hours of training must not end in a first save that cannot fit.
-  if (facts.checkpoints) zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
+  zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
   if (!cli.resume_from.empty()) {
     facts.start_step = trainer.load_checkpoint(cli.resume_from);
     facts.resumed_from = cli.resume_from;

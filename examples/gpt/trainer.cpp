@@ -432,7 +432,7 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   ZERO_CHECK(samples % per == 0,
              "load_checkpoint: the checkpoint stopped after " + std::to_string(samples) +
                  " samples, which is not a whole number of this run's micro-steps (" +
-                 std::to_string(per) + " samples: micro-batch x ranks); resume with a "
+                 std::to_string(per) + " samples: micro-batch x data-parallel ranks); resume with a "
                  "micro-batch and rank count whose product divides it");
   train_loader_->seek(samples / per);
   return engine_->global_step();

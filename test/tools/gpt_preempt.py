@@ -4,9 +4,10 @@
 An uninterrupted run gives the reference losses. A second run with the same settings gets
 SIGUSR1 on rank 1 only, once it has logged a few steps: every rank must stop after the same
 step S, save a checkpoint of step S, say how to resume, and exit with status 75. Resuming from
-that checkpoint must then log, for every step after S, exactly the reference's loss.
+that checkpoint must then log, for every step after S, exactly the reference's loss. Optional
+settings for both runs (model.tensor_parallel=2: the two ranks one tensor group) follow.
 
-    gpt_preempt.py MPIEXEC "FLAGS;..." ZERO_GPT CONFIG WORKDIR
+    gpt_preempt.py MPIEXEC "FLAGS;..." ZERO_GPT CONFIG WORKDIR [KEY=VALUE ...]
 """
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import time
 
 mpiexec, flags, exe, config, work = sys.argv[1], sys.argv[2].split(";"), sys.argv[3], sys.argv[4], sys.argv[5]
+settings = [a for kv in sys.argv[6:] for a in ("--set", kv)]
 STEPS = 60
 EXIT_STOPPED = 75
 shutil.rmtree(work, ignore_errors=True)
@@ -31,7 +33,7 @@ def command(out_dir, *extra):
             "--set", "model.seq_len=32", "--set", "train_micro_batch_size_per_gpu=2",
             "--set", "scheduler.params.warmup_num_steps=5", "--set", "run.eval_interval=0",
             "--set", "run.eval_sequences=4", "--set", "run.sample_tokens=0",
-            "--set", "run.peak_tflops=1", "--set", f"run.out_dir={out_dir}", *extra]
+            "--set", "run.peak_tflops=1", "--set", f"run.out_dir={out_dir}", *settings, *extra]
 
 
 def losses(out_dir):
