@@ -4,16 +4,16 @@
 A TP 2 x DP 2 run on 4 ranks saves at steps K and STEPS. Resumed from step K:
 - as TP 2 x DP 2 (the same world): every later loss and the final weights (the exported model's
   bytes) are exactly the uninterrupted run's;
-- as TP 2 x DP 1 on 2 ranks (the same global batch, one micro-step more per step): the first
-  step's loss, a forward pass over the resume point's weights, agrees within 1e-6 relative and
-  the later steps within 1e-4, so the resharded run continues from the same model.
-A TP 1 x DP 4 run with the same global batch and init gives, exported with `zero-ckpt export
---format hf`, the TP run's model within fp32 rounding (each tensor's largest difference at most
-1e-5 of its largest value; the key bias, whose gradient is zero, aside), with the whole model's
-names and shapes; that export initialises a
-1-rank run (model.init_from) whose validation loss is the TP run's. Resuming the TP 2 checkpoint
-with tensor_parallel 1 is refused with a message naming both grids. --sample reads the TP
-checkpoint on 2 ranks and on 4 and prints the same greedy text.
+- as TP 2 x DP 1 on 2 ranks (the same global batch in twice the micro-steps): the first step's
+  loss, a forward pass over the resume point's weights, agrees within 1e-6 relative and the
+  later steps within 1e-4, so the resharded run continues from the same model.
+TP 1 x DP 4 runs with the same global batch and init give, at ZeRO stages 0-3, exported with
+`zero-ckpt export --format hf`, the TP runs' models within fp32 rounding (each tensor's largest
+difference at most 1e-5 of its largest value; the key bias, whose gradient is zero, aside), with
+the whole model's names and shapes; the TP export initialises a 1-rank run (model.init_from)
+whose validation loss is the TP run's. --sample reads the TP checkpoint on 2 ranks and on 4 and
+prints the same greedy text. Resuming the TP 2 checkpoint with tensor_parallel 1 is refused with
+a message naming both grids.
 
     gpt_tensor_parallel_checkpoint.py MPIEXEC "FLAGS;..." ZERO_GPT ZERO_CKPT CONFIG WORKDIR
 """
@@ -130,32 +130,40 @@ later = max(abs(got[s] - ref[s]) / abs(ref[s]) for s in got)
 if later > 1e-4:
     fail(f"TP 2 x DP 1 resumed: losses {got} drift from TP 2 x DP 2's {ref} ({later:.1e})")
 
-# 4. Export: TP 2 x DP 2 against TP 1 x DP 4 (same global batch and init), and the export loads.
-dp4 = os.path.join(work, "tp1_dp4")
-run(4, dp4, "--set", f"run.save_interval={STEPS}")
-dp4_hf = export(os.path.join(dp4, "checkpoints"), os.path.join(work, "hf_tp1_dp4"))
-a, b = tensors(ref_hf), tensors(dp4_hf)
-if {k: v[0] for k, v in a.items()} != {k: v[0] for k, v in b.items()}:
-    fail(f"the TP export's names or shapes are not the whole model's:\n"
-         f"{ {k: v[0] for k, v in a.items()} }\n{ {k: v[0] for k, v in b.items()} }")
+# 4. Export: TP 2 x DP 2 against TP 1 x DP 4 (same global batch and init) at ZeRO stages 0-3
+# (the runs above are tiny.yaml's stage 2), and the TP export loads.
 # The key bias (c_attn.bias[C:2C]) is left out: its gradient is zero in exact arithmetic (a
 # query's scores all shift by q.b, which the softmax ignores), so each run's is rounding noise
 # and Adam, dividing by that noise's own size, turns it into steps of about lr either way.
 C = 32
-worst, worst_name, key_bias = 0.0, "", 0.0
-for name, (_, x) in a.items():
-    y = b[name][1]
-    keep = range(len(y))
-    if name.endswith("attn.c_attn.bias"):
-        keep = [i for i in keep if not C <= i < 2 * C]
-        key_bias = max(key_bias, max(abs(x[i] - y[i]) for i in range(C, 2 * C)))
-    scale = max(abs(y[i]) for i in keep)
-    d = max(abs(x[i] - y[i]) for i in keep) / scale
-    if d > worst:
-        worst, worst_name = d, name
-if worst > 1e-5:
-    fail(f"the TP 2 and TP 1 exports differ by {worst:.1e} of the largest value in {worst_name}")
-identical = sum(1 for name in a if a[name][1] == b[name][1])
+worst, worst_name, key_bias, identical, count = 0.0, "", 0.0, 0, 0
+for stage in (0, 1, 2, 3):
+    tp_hf = ref_hf
+    if stage != 2:
+        tp = os.path.join(work, f"tp2_dp2_stage{stage}")
+        run(4, tp, *TP2, "--set", f"zero_optimization.stage={stage}", "--set", f"run.save_interval={STEPS}")
+        tp_hf = export(os.path.join(tp, "checkpoints"), os.path.join(work, f"hf_tp2_dp2_stage{stage}"))
+    dp4 = os.path.join(work, f"tp1_dp4_stage{stage}")
+    run(4, dp4, "--set", f"zero_optimization.stage={stage}", "--set", f"run.save_interval={STEPS}")
+    dp4_hf = export(os.path.join(dp4, "checkpoints"), os.path.join(work, f"hf_tp1_dp4_stage{stage}"))
+    a, b = tensors(tp_hf), tensors(dp4_hf)
+    if {k: v[0] for k, v in a.items()} != {k: v[0] for k, v in b.items()}:
+        fail(f"stage {stage}: the TP export's names or shapes are not the whole model's:\n"
+             f"{ {k: v[0] for k, v in a.items()} }\n{ {k: v[0] for k, v in b.items()} }")
+    for name, (_, x) in a.items():
+        y = b[name][1]
+        keep = range(len(y))
+        if name.endswith("attn.c_attn.bias"):
+            keep = [i for i in keep if not C <= i < 2 * C]
+            key_bias = max(key_bias, max(abs(x[i] - y[i]) for i in range(C, 2 * C)))
+        scale = max(abs(y[i]) for i in keep)
+        d = max(abs(x[i] - y[i]) for i in keep) / scale
+        if d > worst:
+            worst, worst_name = d, f"{name} at stage {stage}"
+        identical += x == y
+        count += 1
+    if worst > 1e-5:
+        fail(f"the TP 2 and TP 1 exports differ by {worst:.1e} of the largest value in {worst_name}")
 val_tp = records(full, "eval")[-1]["val_loss"]
 imported = os.path.join(work, "imported")
 run(1, imported, "--set", "run.steps=2", "--set", f"model.init_from={ref_hf}")
@@ -184,6 +192,6 @@ if out.returncode == 0 or "saved on the grid TP 2 x PP 1 x DP 2" not in text or 
 
 print(f"TP 2 x DP 2 resumed at step {K}: steps {K + 1}-{STEPS} and final weights bit-exact; as TP 2 x DP 1: "
       f"step {K + 1} loss within {first:.1e}, later {later:.1e}; TP 2 vs TP 1 export: largest difference "
-      f"{worst:.1e} of a tensor's largest value ({worst_name}), {identical}/{len(a)} tensors identical, "
+      f"{worst:.1e} of a tensor's largest value ({worst_name}), {identical}/{count} tensors identical, "
       f"key biases (zero gradient, Adam-amplified noise) {key_bias:.1e} apart; "
       f"imported on 1 rank: validation {val_import[0]['val_loss']:.6f} vs {val_tp:.6f}")
