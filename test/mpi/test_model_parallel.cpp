@@ -50,7 +50,9 @@ const std::vector<USpec> kModel = {
 int stage_of(std::size_t unit, int P) { return static_cast<int>(unit * static_cast<std::size_t>(P) / kModel.size()); }
 
 // This rank's part: its pipeline stage's units, its tensor rank's rows of the split parameters.
-Layout part_layout(int T, int P, GridCoord c) {
+// tied: the last stage also holds a copy of embed.w (as GPT's last stage holds the tied wte),
+// the same unit and parameter name, its norm counted on the first stage only.
+Layout part_layout(int T, int P, GridCoord c, bool tied = false) {
   Layout l;
   for (std::size_t u = 0; u < kModel.size(); ++u) {
     if (stage_of(u, P) != c.pipeline) continue;
@@ -59,6 +61,11 @@ Layout part_layout(int T, int P, GridCoord c) {
     const int id = l.add_unit(kModel[u].name, ps);
     for (const auto& p : kModel[u].params)
       if (p.replicated) l.set_replicated(id, p.name);
+  }
+  if (tied && P > 1 && c.pipeline == P - 1) {
+    const PSpec& w = kModel[0].params[0];
+    const int id = l.add_unit(kModel[0].name, {{w.name, {w.rows / T, w.cols}}});
+    l.set_norm_counted_elsewhere(id, w.name);
   }
   return l;
 }
@@ -83,14 +90,15 @@ struct Run {
   std::vector<std::vector<float>> master;  // per local unit, this rank's part
 };
 
-Run train(Context& ctx, int T, int P, int stage, int steps, bool fp16 = false, int poison_rank = -1) {
+Run train(Context& ctx, int T, int P, int stage, int steps, bool fp16 = false, int poison_rank = -1,
+          bool tied = false) {
   ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
   const int D = g.data_size();
   const int micro = 8 / D;  // global batch 8 whatever the grid
   Config cfg = parse_config(fmt_config(stage, micro, fp16), "test_model_parallel");
   cfg.resolve(D);
   const GridCoord c = g.coord();
-  Engine e(ctx, cfg, part_layout(T, P, c), g);
+  Engine e(ctx, cfg, part_layout(T, P, c, tied), g);
   e.init_params([&](const ParamInfo& p, std::span<float> v) {
     for (std::size_t i = 0; i < v.size(); ++i)
       v[i] = 0.5f * hash_unit(seed_of(p), static_cast<std::uint64_t>(global_index(p, c.tensor, static_cast<std::int64_t>(i))));
@@ -169,6 +177,37 @@ TEST_CASE("tensor and pipeline parts of a model train as the whole model does un
             REQUIRE(std::abs(a - b) <= 1e-5f * std::max(1.0f, std::abs(b)));
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("a tied copy on the last pipeline stage counts once in the norm and trains as the original") {
+  // The copy gets the same gradient as the original (as after GPT's tied-gradient all-reduce),
+  // so counted twice the norm would be too large and clipping would change every update.
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  std::vector<std::pair<int, int>> grids = {{1, 2}};
+  if (world == 4) grids.push_back({2, 2});
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Run ref = train(ctx, 1, 1, stage, 4);
+    for (auto [T, P] : grids) {
+      INFO("stage " << stage << ", TP " << T << " x PP " << P << " with a tied copy");
+      const Run mp = train(ctx, T, P, stage, 4, false, -1, /*tied=*/true);
+      for (std::size_t s = 0; s < ref.norms.size(); ++s) {
+        INFO("step " << s << ": norm " << mp.norms[s] << " vs " << ref.norms[s]);
+        REQUIRE(std::abs(mp.norms[s] - ref.norms[s]) <= 1e-5 * ref.norms[s]);
+      }
+      ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
+      if (g.coord().pipeline != P - 1) continue;
+      // The copy (the last unit of the last stage) equals the whole model's embed.w, part by part.
+      const Layout part = part_layout(T, P, g.coord(), true);
+      const ParamInfo& pp = part.unit(part.num_units() - 1).params[0];
+      REQUIRE(pp.norm_counted_elsewhere);
+      for (std::int64_t i = 0; i < pp.numel; ++i) {
+        const float a = mp.master.back()[static_cast<std::size_t>(i)];
+        const float b = ref.master[0][static_cast<std::size_t>(global_index(pp, g.coord().tensor, i))];
+        REQUIRE(std::abs(a - b) <= 1e-5f * std::max(1.0f, std::abs(b)));
       }
     }
   }
