@@ -8,13 +8,23 @@
 
 namespace zero::gpt {
 
-GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
-    : cfg_(cfg), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
+GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, ModelPart part)
+    : cfg_(cfg), part_(part), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
   cfg_.validate();
   ZERO_CHECK(max_batch >= 1, "GptModel: the micro-batch size must be >= 1 (got " +
                                  std::to_string(max_batch) + ")");
+  if (part_.end_layer < 0) part_.end_layer = cfg_.n_layer;
+  ZERO_CHECK(part_.first_layer >= 0 && part_.first_layer < part_.end_layer && part_.end_layer <= cfg_.n_layer &&
+                 (!part_.embeddings || part_.first_layer == 0) && (!part_.head || part_.end_layer == cfg_.n_layer),
+             "GptModel: the part [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
+                 ") is not a non-empty range of the " + std::to_string(cfg_.n_layer) +
+                 " blocks that starts at 0 when it holds the embeddings and ends at n_layer when it holds the head");
+  ZERO_CHECK(part_.slots >= 1 && (!part_.head || part_.slots == 1),
+             "GptModel: " + std::to_string(part_.slots) + " micro-batch slots; a part needs at least one, and the "
+             "part with the head exactly one (its micro-batch's backward follows its forward)");
   const std::size_t B = static_cast<std::size_t>(max_batch), T = cfg_.seq_len, C = cfg_.n_embd,
-                    L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
+                    L = static_cast<std::size_t>(part_.end_layer - part_.first_layer),
+                    Vp = cfg_.padded_vocab_size(), S = static_cast<std::size_t>(part_.slots);
   const std::size_t N = B * T;
   nc_max_ = N * C;
   const std::size_t stats = ops.attention_stats_floats(max_batch, cfg_.seq_len, cfg_.n_head);
@@ -22,11 +32,11 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   // 4 LayerNorm statistics per row and the attention's statistics in fp32.
   const std::size_t per_block = N * C * (1 + 3 + 1 + 1 + 1 + 4 + 4);
   const std::size_t per_block_stats = 4 * N + stats;
-  const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L;
+  const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L * S;
   const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
 
-  inputs_ = OpsBuffer(ops, N * i4);
-  targets_ = OpsBuffer(ops, N * i4);
+  inputs_ = OpsBuffer(ops, S * N * i4);
+  targets_ = OpsBuffer(ops, S * N * i4);
   block_store_ = OpsBuffer(ops, per_block * stored_blocks * es_);
   block_stats_ = OpsBuffer(ops, per_block_stats * stored_blocks * f4);
   std::size_t next = 0, next_stat = 0;
@@ -56,12 +66,15 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
     a.att_stats = take_stat(stats);
     blocks_.push_back(a);
   }
-  residual_ = OpsBuffer(ops, (L + 1) * N * C * es_);
-  lnf_ = OpsBuffer(ops, N * C * es_);
-  lnf_mean_ = OpsBuffer(ops, N * f4);
-  lnf_rstd_ = OpsBuffer(ops, N * f4);
-  logits_ = OpsBuffer(ops, N * Vp * es_);
-  losses_ = OpsBuffer(ops, N * f4);
+  residual_ = OpsBuffer(ops, S * (L + 1) * N * C * es_);
+  if (part_.head) {
+    lnf_ = OpsBuffer(ops, N * C * es_);
+    lnf_mean_ = OpsBuffer(ops, N * f4);
+    lnf_rstd_ = OpsBuffer(ops, N * f4);
+    logits_ = OpsBuffer(ops, N * Vp * es_);
+    losses_ = OpsBuffer(ops, N * f4);
+    host_losses_.resize(N);
+  }
   loss_total_ = OpsBuffer(ops, sizeof(double));
   ops.fill_zero(loss_total_.as<void>(), sizeof(double));
   dres_ = OpsBuffer(ops, N * C * es_);
@@ -70,13 +83,18 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   dfch_ = OpsBuffer(ops, 4 * N * C * es_);
   att_scratch_ =
       OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, cfg_.n_head) * f4);
-  host_losses_.resize(N);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
 
   for (const OpsBuffer* b : {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_,
                              &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dtmp_, &dqkv_,
                              &dfch_, &att_scratch_})
     activation_bytes_ += b->bytes();
+}
+
+void GptModel::set_slot(int slot) {
+  ZERO_CHECK(slot >= 0 && slot < part_.slots, "GptModel::set_slot: slot " + std::to_string(slot) +
+                                                  " out of range [0, " + std::to_string(part_.slots) + ")");
+  slot_ = slot;
 }
 
 void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
@@ -87,22 +105,32 @@ void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets
   b_ = B;
   t_ = T;
   const std::size_t bytes = static_cast<std::size_t>(B) * T * sizeof(std::int32_t);
-  ops_->upload(inputs_.as<void>(), inputs, bytes);
+  ops_->upload(slot_ids(inputs_), inputs, bytes);
   has_targets_ = targets != nullptr;
-  if (has_targets_) ops_->upload(targets_.as<void>(), targets, bytes);
+  if (has_targets_) ops_->upload(slot_ids(targets_), targets, bytes);
   loss_ready_ = false;
 }
 
+void GptModel::require_part(bool held, const char* what) const {
+  ZERO_CHECK(held, std::string("GptModel::") + what + ": this pipeline stage's part (blocks " +
+                       std::to_string(part_.first_layer) + " to " + std::to_string(part_.end_layer - 1) +
+                       ") does not hold " + (std::string_view(what).find("head") != std::string_view::npos
+                                                 ? "ln_f and the head (the last stage does)"
+                                                 : "the embeddings (the first stage does)"));
+}
+
 void GptModel::check_layer(int layer, const char* what) const {
-  ZERO_CHECK(layer >= 0 && layer < cfg_.n_layer,
+  ZERO_CHECK(layer >= part_.first_layer && layer < part_.end_layer,
              std::string("GptModel::") + what + ": layer " + std::to_string(layer) +
-                 " out of range [0, " + std::to_string(cfg_.n_layer) + ")");
+                 " out of range [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
+                 ")" + (part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 
 void GptModel::forward_embeddings(const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_embeddings: call set_batch first");
-  ops_->encoder_forward(residual(0), inputs_.as<std::int32_t>(), emb[kWte], emb[kWpe], b_, t_,
+  require_part(part_.embeddings, "forward_embeddings");
+  ops_->encoder_forward(residual(0), slot_ids(inputs_), emb[kWte], emb[kWpe], b_, t_,
                         cfg_.n_embd);
 }
 
@@ -146,13 +174,14 @@ void GptModel::forward_block(int layer, const Act* const* block) {
 
 void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_head: call set_batch first");
+  require_part(part_.head, "forward_head");
   const int N = b_ * t_, C = cfg_.n_embd, Vp = cfg_.padded_vocab_size();
   ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
                           residual(cfg_.n_layer), ln_f[kLnfW], ln_f[kLnfB], N, C);
   ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, Vp);
   if (!has_targets_) return;
   ops_->softmax_cross_entropy(losses_.as<float>(), nullptr, logits_.as<Act>(),
-                              targets_.as<std::int32_t>(), N, cfg_.vocab_size, Vp, 0.0f);
+                              slot_ids(targets_), N, cfg_.vocab_size, Vp, 0.0f);
   ops_->add_mean(loss_total_.as<double>(), losses_.as<float>(), N);
   ++loss_terms_;
   loss_ready_ = true;
@@ -197,13 +226,14 @@ void GptModel::logits_at(int b, int t, std::vector<float>& out) const {
 
 void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
                              Act* const* d_emb, float dloss) {
+  require_part(part_.head, "backward_head");
   ZERO_CHECK(has_targets_, "GptModel::backward_head: the batch has no targets (set_batch with "
                            "targets before a training forward)");
   const int N = b_ * t_, C = cfg_.n_embd, Vp = cfg_.padded_vocab_size();
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   // The loss is a mean over the N positions; the logits become their own gradient in place.
   Act* logits = logits_.as<Act>();
-  ops_->softmax_cross_entropy(losses_.as<float>(), logits, logits, targets_.as<std::int32_t>(), N,
+  ops_->softmax_cross_entropy(losses_.as<float>(), logits, logits, slot_ids(targets_), N,
                               cfg_.vocab_size, Vp, dloss / static_cast<float>(N));
   ops_->fill_zero(dtmp_.as<void>(), NC * es_);
   ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C,
@@ -250,7 +280,8 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
 
 void GptModel::backward_embeddings(Act* const* d_emb) {
   ZERO_CHECK(b_ > 0, "GptModel::backward_embeddings: call set_batch first");
-  ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
+  require_part(part_.embeddings, "backward_embeddings");
+  ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_),
                          b_, t_, cfg_.n_embd);
 }
 

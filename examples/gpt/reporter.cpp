@@ -184,7 +184,13 @@ std::string Reporter::train_line(const TrainRecord& r) {
                 format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
                 format_mib(r.inter_node_bytes_max).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
                 r.token_budget_days);
-  return buf;
+  std::string text = buf;
+  if (r.pipeline_parallel > 1 || r.tensor_parallel > 1) {
+    std::snprintf(buf, sizeof buf, " | grid TP %d x PP %d x DP %d, bubble %.1f%%", r.tensor_parallel,
+                  r.pipeline_parallel, r.data_parallel, 100.0 * r.pipeline_bubble);
+    text += buf;
+  }
+  return text;
 }
 
 void Reporter::train(const TrainRecord& r) {
@@ -210,7 +216,9 @@ void Reporter::train(const TrainRecord& r) {
           {"elapsed_s", number(r.elapsed_s)},
           {"intra_node_bytes", number(r.intra_node_bytes)},
           {"inter_node_bytes", number(r.inter_node_bytes)},
-          {"inter_node_bytes_max", number(r.inter_node_bytes_max)}});
+          {"inter_node_bytes_max", number(r.inter_node_bytes_max)},
+          {"grid", {{"tensor", r.tensor_parallel}, {"pipeline", r.pipeline_parallel}, {"data", r.data_parallel}}},
+          {"pipeline_bubble", number(r.pipeline_bubble)}});
 }
 
 void Reporter::eval(const EvalRecord& r) {

@@ -61,6 +61,9 @@ struct TrainRecord {
   // (the ring model of zero/comm.hpp).
   double intra_node_bytes = 0, inter_node_bytes = 0;
   double inter_node_bytes_max = 0;  // the busiest rank's inter-node bytes in the last step
+  // The grid and the pipeline schedule's idle fraction (P - 1) / (m + P - 1) (0 without one).
+  int tensor_parallel = 1, pipeline_parallel = 1, data_parallel = 1;
+  double pipeline_bubble = 0;
 };
 
 struct EvalRecord {

@@ -156,7 +156,8 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    std::to_string(sched.warmup_num_steps) +
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
-  rc.cfg.resolve(world_size);
+  // The batch settings are per data-parallel rank: the world less the pipeline stages.
+  rc.cfg.resolve(zero::gpt::data_parallel_size(world_size, rc.settings.pipeline_parallel));
   // The resolved sections replace what the file said (a preset name becomes its shape), so a
   // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
   for (auto& [name, yaml] : rc.settings.sections()) rc.cfg.extra_sections[name] = yaml;
@@ -321,17 +322,22 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                 f.threads == 1 ? "" : "s");
   rep.line(buf);
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
-  rep.line("nodes: " + f.nodes + "; the engine's collectives span all ranks (one data-parallel group)");
+  const zero::gpt::PipelineReport pr = trainer.pipeline_report();
+  if (pr.stages > 1)
+    rep.line("nodes: " + f.nodes + "; grid " + pr.describe() + " (rank 0's stage; each stage's engine reduces over its " +
+             std::to_string(pr.data) + " data-parallel ranks)");
+  else
+    rep.line("nodes: " + f.nodes + "; the engine's collectives span all ranks (one data-parallel group)");
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
   std::snprintf(buf, sizeof buf,
                 "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
-                "accumulation %lld x %d ranks); activations %s per rank",
+                "accumulation %lld x %d data-parallel ranks); activations %s per rank",
                 static_cast<long long>(cfg.train_batch_size), mc.seq_len,
                 static_cast<long long>(trainer.tokens_per_step()),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps), f.world,
+                static_cast<long long>(cfg.gradient_accumulation_steps), pr.data,
                 zero::gpt::format_mib(static_cast<double>(trainer.activation_bytes())).c_str());
   rep.line(buf);
   std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
@@ -358,6 +364,8 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
               {"model", mc.describe()},
               {"params", f.params},
               {"world", f.world},
+              {"grid", {{"tensor", 1}, {"pipeline", pr.stages}, {"data", pr.data}}},
+              {"pipeline_bubble", pr.bubble},
               {"stage", cfg.zero_optimization.stage},
               {"tokens_per_step", f.tokens_per_step},
               {"flops_per_token", f.flops.total()},
@@ -460,6 +468,10 @@ class TrainingLoop {
     // The ranks that send across nodes are those whose ring neighbour is on another node, which
     // rank 0 (whose record this is) often is not: the busiest rank's figure is the link's load.
     r.inter_node_bytes_max = ctx_.comm().all_reduce_scalar(r.inter_node_bytes, zero::ReduceOp::max);
+    const zero::gpt::PipelineReport pr = trainer_.pipeline_report();
+    r.pipeline_parallel = pr.stages;
+    r.data_parallel = pr.data;
+    r.pipeline_bubble = pr.bubble;
     rep_.train(r);
     interval_seconds_ = 0.0;
     interval_steps_ = 0;
@@ -578,7 +590,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   create_run_dir(ctx, rc);
 
   facts.nodes = zero::node_layout(ctx).describe();
-  facts.params = static_cast<double>(trainer.engine().layout().num_params());
+  facts.params = static_cast<double>(trainer.model_config().num_params());  // the whole model, every stage
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());

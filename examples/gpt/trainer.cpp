@@ -53,25 +53,6 @@ std::string number(double v) {
   return std::string(buf, r.ptr);
 }
 
-// Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
-// not record them as part of the training gather order; the guard restores training mode even
-// when the pass throws.
-class EvalScope {
- public:
-  explicit EvalScope(zero::Engine& e) : e_(e) { e_.set_eval(true); }
-  ~EvalScope() {
-    try {
-      e_.set_eval(false);
-    } catch (...) {
-    }
-  }
-  EvalScope(const EvalScope&) = delete;
-  EvalScope& operator=(const EvalScope&) = delete;
-
- private:
-  zero::Engine& e_;
-};
-
 // The engine outlives the trainer's Ops (owned_engine_ is declared before ops_; a borrowed
 // engine lives on, and the autotuner builds the next trainer on it) but holds the Ops' stream as
 // its compute stream, which ~CudaOps destroys. Before that, the engine gets the default stream
@@ -115,12 +96,17 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     c.seq_len = static_cast<int>(m.get_int("seq_len", c.seq_len, 1, 1 << 20));
     c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
     c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
+    s.pipeline_parallel = static_cast<int>(m.get_int("pipeline_parallel", 1, 1, 4096));
     s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
     s.init_from = m.get_string("init_from", "");
     if (c.n_embd % c.n_head != 0)
       m.fail(m.has("n_head") ? "n_head" : "n_embd",
              "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
                  std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
+    if (s.pipeline_parallel > c.n_layer)
+      m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
+                                      " blocks (n_layer): every stage needs at least one block; use at most " +
+                                      std::to_string(c.n_layer));
     m.finish();
     s.model = c;
   }
@@ -169,6 +155,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "seq_len: " << model.seq_len << "\n"
     << "vocab_size: " << model.vocab_size << "\n"
     << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
+    << "pipeline_parallel: " << pipeline_parallel << "\n"
     << "seed: " << init_seed << "\n";
   if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
   d << "train: " << quoted(train) << "\n"
@@ -201,6 +188,9 @@ std::string gpt_settings_help() {
          "  seq_len                      context length T (size of the position embedding)\n"
          "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
          "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
+         "  pipeline_parallel: 1         P pipeline stages of contiguous blocks, 1F1B over the\n"
+         "                               gradient_accumulation_steps micro-batches; ranks =\n"
+         "                               P x data-parallel ranks; ZeRO stages 0-1, host backend\n"
          "  seed: 42                     initialisation seed (same model at any world size)\n"
          "  init_from: \"\"                GPT-2 weights to start from: a Hugging Face directory\n"
          "                               (model.safetensors, config.json), a .safetensors file\n"
@@ -255,6 +245,18 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
 
+  // The grid: P pipeline stages, data parallel over the rest.
+  const int P = settings_.pipeline_parallel;
+  data_parallel_size(ctx.world_size(), P);  // the clearer message first
+  groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = 1, .pipeline = P});
+  if (P > 1) {
+    ZERO_CHECK(!borrowed, "GptTrainer: model.pipeline_parallel > 1 builds its own engine over the data-parallel "
+                          "group; it cannot train on an engine it is given (the autotuner's)");
+    check_pipeline_config(cfg, P);
+    pipe_ = std::make_unique<PipelineState>();
+    pipe_->split = stage_split(mc.n_layer, P, groups_->coord().pipeline);
+  }
+
   // Data first: a bad path should fail before any memory is committed.
   const std::string& train = settings_.train;
   if (train == "shakespeare" || train.ends_with(".txt")) {
@@ -271,8 +273,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   DataLoader::Options lo;
   lo.batch = micro_batch_;
   lo.seq_len = mc.seq_len;
-  lo.rank = ctx.rank();
-  lo.world = ctx.world_size();
+  // Ranks of one pipeline read the same batches: the loader's ranks are the data-parallel ones.
+  lo.rank = groups_->coord().data;
+  lo.world = groups_->data_size();
   lo.seed = settings_.data_seed;
   lo.vocab_size = mc.vocab_size;
   train_loader_ = std::make_unique<DataLoader>(*train_set_, lo);
@@ -296,7 +299,8 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
       weights.emplace(settings_.init_from);
       weights->check(mc.plan_shape());
     }
-    owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+    owned_engine_ = pipe_ ? std::make_unique<zero::Engine>(ctx, cfg, stage_layout(mc, pipe_->split), *groups_)
+                          : std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
     engine_ = owned_engine_.get();
     engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
       if (weights) weights->read(p.name, p.shape, v);
@@ -313,7 +317,8 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 #endif
   if (!ops_) ops_ = make_host_ops();
   try {
-    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
+    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, pipeline_part());
+    if (pipe_) setup_pipeline_buffers();
   } catch (...) {
     // No destructor runs for a constructor that throws (out of memory is expected while the
     // autotuner tries micro-batch sizes), and ops_ is about to go.
@@ -460,6 +465,7 @@ double GptTrainer::run_micro_batch(bool train) {
 }
 
 GptTrainer::Step GptTrainer::train_step() {
+  if (pipe_) return pipeline_train_step();
   const int T = settings_.model.seq_len;
   model_->reset_loss_total();
   for (int k = 0; k < gas_; ++k) {
@@ -477,6 +483,7 @@ GptTrainer::Step GptTrainer::train_step() {
 GptTrainer::Evaluation GptTrainer::evaluate() {
   ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
                           "training data are shards and data.val names none)");
+  if (pipe_) return pipeline_evaluate();
   EvalScope eval(*engine_);
   const int T = settings_.model.seq_len;
   const std::int64_t world = ctx_.world_size(), rank = ctx_.rank(), B = micro_batch_;
@@ -510,6 +517,7 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
 
 std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,
                                     std::uint64_t seed) {
+  if (pipe_) return pipeline_sample(std::move(prompt), n, temperature, top_k, seed);
   // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
@@ -521,14 +529,7 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   const int T_max = settings_.model.seq_len;
   std::vector<std::int32_t> window;
   std::vector<float> logits;
-  std::uint64_t state = seed;
-  auto coin = [&state] {
-    // SplitMix64: the same stream for the same seed, whatever the world size.
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53;
-  };
+  SampleCoin coin(seed);
   for (int i = 0; i < n; ++i) {
     // The last seq_len tokens are the context: the model has no positions beyond that.
     const int T = static_cast<int>(std::min<std::size_t>(tokens.size(), static_cast<std::size_t>(T_max)));

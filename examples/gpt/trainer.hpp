@@ -22,9 +22,11 @@
 #include "data.hpp"
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
+#include "pipeline.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
+#include "zero/groups.hpp"
 
 namespace zero::gpt {
 
@@ -34,6 +36,7 @@ struct GptSettings {
   std::string preset = "tiny";
   GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
   std::uint64_t init_seed = 42;
+  int pipeline_parallel = 1;  // P: pipeline stages (pipeline.hpp)
   // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
   // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
   std::string init_from;
@@ -73,6 +76,41 @@ inline const std::vector<std::string>& gpt_sections() {
 GptSettings read_gpt_settings(const zero::Config& cfg);
 // Every key of the three sections with its default and meaning (for --help).
 std::string gpt_settings_help();
+
+// Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
+// not record them as part of the training gather order; the guard restores training mode even
+// when the pass throws.
+class EvalScope {
+ public:
+  explicit EvalScope(zero::Engine& e) : e_(e) { e_.set_eval(true); }
+  ~EvalScope() {
+    try {
+      e_.set_eval(false);
+    } catch (...) {
+    }
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  zero::Engine& e_;
+};
+
+// The uniform draws of sampling: SplitMix64, the same stream for the same seed whatever the
+// world size or grid.
+class SampleCoin {
+ public:
+  explicit SampleCoin(std::uint64_t seed) : state_(seed) {}
+  double operator()() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53;
+  }
+
+ private:
+  std::uint64_t state_;
+};
 
 class GptTrainer {
  public:
@@ -127,6 +165,11 @@ class GptTrainer {
   const TokenSet& train_data() const { return *train_set_; }
   const TokenSet* val_data() const { return val_set_.get(); }
   std::size_t activation_bytes() const { return model_->activation_bytes(); }
+  // The grid (ProcessGroups(ctx, {1, P})); the engine runs over its data-parallel group.
+  const zero::ProcessGroups& groups() const { return *groups_; }
+  int pipeline_stages() const { return settings_.pipeline_parallel; }
+  // This rank's stage, its schedule's figures and the activation peak seen so far.
+  PipelineReport pipeline_report() const;
 
  private:
   // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the
@@ -148,12 +191,26 @@ class GptTrainer {
 
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
 
+  // Pipeline parallelism (pipeline.cpp).
+  ModelPart pipeline_part() const;
+  void setup_pipeline_buffers();
+  std::size_t tied_elements() const;  // wte's, padded vocabulary included
+  void stage_forward();                // this stage's forward of the current slot
+  void stage_backward(bool last_micro);
+  void pipeline_forward_only();
+  Step pipeline_train_step();
+  Evaluation pipeline_evaluate();
+  std::vector<int> pipeline_sample(std::vector<int> prompt, int n, float temperature, int top_k,
+                                   std::uint64_t seed);
+
   zero::Context& ctx_;
   GptSettings settings_;
+  std::unique_ptr<zero::ProcessGroups> groups_;  // before the engine, which uses it
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<GptModel> model_;
+  std::unique_ptr<PipelineState> pipe_;  // P > 1; after ops_, whose memory its buffers hold
   std::unique_ptr<TokenSet> train_set_, val_set_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   int micro_batch_ = 1, gas_ = 1;

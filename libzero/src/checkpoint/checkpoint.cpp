@@ -25,6 +25,7 @@
 #include "zero/comm.hpp"
 #include "zero/engine.hpp"
 #include "zero/engine_state.hpp"
+#include "zero/context.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -276,6 +277,9 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
     std::filesystem::create_directories(dir, ec);
     ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
                                 ec.message()));
+    // A model split over ranks has one data-parallel group per part, each with its rank 0: the
+    // job's lock is world rank 0's (the others would find it taken by their own job).
+    if (e.model_parallel() && Context::current() != nullptr && Context::current()->rank() != 0) return;
     ckpt::lock_root(dir, true, kind);
   });
 }
