@@ -1,0 +1,198 @@
+// The GPT trainer's pipeline parallelism (model.pipeline_parallel), against the 1-rank run:
+//   - at 1 rank (the fixture test_gpt_pipeline_np1) the plain trainer writes its curve (losses
+//     and gradient norms over 20 steps at ZeRO stages 0 and 1, the validation loss, a
+//     sample) to gpt_pipeline_reference.txt in the test directory;
+//   - at 2 ranks PP 2, at 4 ranks PP 2 x DP 2 and PP 4 train on the same global batch and must
+//     match it within 1e-4 relative per step; evaluation and sampling through the pipeline give
+//     the same validation loss and tokens;
+//   - each stage held exactly the 1F1B bound of micro-batches, min(P - stage, m), and its
+//     activation memory is that many micro-batches' activations plus the shared scratch;
+//   - ZeRO stages 2-3 with PP, more stages than blocks and a world the stages do not divide are
+//     clear errors.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gpt_model.hpp"
+#include "ops.hpp"
+#include "pipeline.hpp"
+#include "trainer.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
+#include "zero/error.hpp"
+
+using namespace zero::gpt;
+
+namespace {
+
+zero::Context& ctx() { return *zero::Context::current(); }
+
+constexpr int kSteps = 20, kGlobalBatch = 8, kSampleTokens = 16;
+constexpr const char* kReferenceFile = "gpt_pipeline_reference.txt";
+
+std::string yaml(int stage, int pipeline, int micro) {
+  const int data = ctx().world_size() / pipeline;
+  const int gas = kGlobalBatch / (micro * data);
+  std::string y;
+  y += "train_micro_batch_size_per_gpu: " + std::to_string(micro) + "\n";
+  y += "gradient_accumulation_steps: " + std::to_string(gas) + "\n";
+  y += "gradient_clipping: 1.0\n";
+  y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n  reduce_bucket_size: 20000\n";
+  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 3.0e-3\n    betas: [0.9, 0.95]\n    weight_decay: 0.1\n";
+  y += "model:\n  n_layer: 4\n  n_head: 2\n  n_embd: 32\n  seq_len: 16\n  vocab_size: 256\n  seed: 7\n";
+  y += "  pipeline_parallel: " + std::to_string(pipeline) + "\n";
+  y += "data:\n  train: shakespeare\n  seed: 11\n";
+  y += "run:\n  eval_sequences: 24\n";
+  return y;
+}
+
+zero::Config make_config(int stage, int pipeline, int micro) {
+  zero::LoadOptions o;
+  o.extra_sections = gpt_sections();
+  zero::Config cfg = zero::parse_config(yaml(stage, pipeline, micro), "test_gpt_pipeline", o);
+  cfg.resolve(data_parallel_size(ctx().world_size(), pipeline));
+  return cfg;
+}
+
+struct Curve {
+  std::vector<double> loss, norm;
+  double val = 0;
+  std::vector<int> sample;  // rank 0's
+};
+
+Curve train(GptTrainer& t) {
+  Curve c;
+  for (int s = 0; s < kSteps; ++s) {
+    const GptTrainer::Step st = t.train_step();
+    c.loss.push_back(st.loss);
+    c.norm.push_back(st.result.grad_norm);
+  }
+  c.val = t.evaluate().loss;
+  c.sample = t.sample({}, kSampleTokens, /*temperature=*/1.0f, 0, 5);
+  return c;
+}
+
+void write_reference(const std::vector<Curve>& curves) {
+  std::FILE* f = std::fopen(kReferenceFile, "w");
+  REQUIRE(f != nullptr);
+  for (const Curve& c : curves) {
+    for (int s = 0; s < kSteps; ++s) std::fprintf(f, "%.17g %.17g\n", c.loss[s], c.norm[s]);
+    std::fprintf(f, "%.17g\n", c.val);
+    for (int tok : c.sample) std::fprintf(f, "%d ", tok);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
+}
+
+std::vector<Curve> read_reference() {
+  std::ifstream in(kReferenceFile);
+  INFO("the 1-rank reference " << kReferenceFile << " is written by test_gpt_pipeline_np1 (a ctest fixture)");
+  REQUIRE(in.good());
+  std::vector<Curve> curves(2);
+  for (Curve& c : curves) {
+    c.loss.resize(kSteps);
+    c.norm.resize(kSteps);
+    for (int s = 0; s < kSteps; ++s) in >> c.loss[s] >> c.norm[s];
+    in >> c.val;
+    c.sample.resize(kSampleTokens);
+    for (int& tok : c.sample) in >> tok;
+  }
+  REQUIRE(in.good());
+  return curves;
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-4 * std::abs(b); }
+
+// What GptModel holds for a stage of `blocks` blocks with `slots` micro-batches of B x T on the
+// host (fp32), from the model's description: per micro-batch the token ids and targets, each
+// block's internals (ln1, qkv 3, atty, res2, ln2, fch 4, fch_gelu 4 widths of C; 4 LayerNorm
+// statistics per row and the attention's statistics) and the residual stream at blocks + 1
+// boundaries; once, the head's buffers (ln_f, its statistics, logits, losses) on the last stage
+// and the backward's scratch (dres, dtmp, dqkv 3, dfch 4 widths, the attention's scratch).
+std::size_t expected_activation_bytes(const Ops& ops, int B, int T, int C, int NH, int Vp, int blocks, int slots,
+                                      bool head) {
+  const std::size_t N = static_cast<std::size_t>(B) * T, f = 4;
+  const std::size_t block = N * C * 15 * f + (4 * N + ops.attention_stats_floats(B, T, NH)) * f;
+  const std::size_t per_micro = 2 * N * 4 + static_cast<std::size_t>(blocks) * block +
+                                static_cast<std::size_t>(blocks + 1) * N * C * f;
+  const std::size_t head_bytes = head ? N * C * f + 2 * N * f + N * static_cast<std::size_t>(Vp) * f + N * f : 0;
+  const std::size_t scratch = N * C * f * (1 + 1 + 3 + 4) + ops.attention_scratch_floats(B, T, NH) * f;
+  return static_cast<std::size_t>(slots) * per_micro + head_bytes + scratch;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline stages train as the 1-rank run: losses, norms, validation and sampling at ZeRO stages 0-1") {
+  const int world = ctx().world_size();
+  if (world == 1) {
+    std::vector<Curve> curves;
+    for (int stage = 0; stage <= 1; ++stage) {
+      const zero::Config cfg = make_config(stage, 1, 2);
+      GptTrainer t(ctx(), cfg, read_gpt_settings(cfg));
+      curves.push_back(train(t));
+    }
+    write_reference(curves);
+    return;
+  }
+  const std::vector<Curve> ref = read_reference();
+  // (P, micro-batch): m = 8 / (micro x data) micro-batches, at least P.
+  std::vector<std::pair<int, int>> grids = {{2, world == 2 ? 2 : 1}};
+  if (world == 4) grids.push_back({4, 2});
+  for (int stage = 0; stage <= 1; ++stage)
+    for (auto [P, micro] : grids) {
+      INFO("ZeRO stage " << stage << ", PP " << P << " x DP " << world / P << ", micro-batch " << micro);
+      const zero::Config cfg = make_config(stage, P, micro);
+      GptTrainer t(ctx(), cfg, read_gpt_settings(cfg));
+      const Curve c = train(t);
+      const Curve& r = ref[static_cast<std::size_t>(stage)];
+      for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1 << ": loss " << c.loss[s] << " vs " << r.loss[s] << ", norm " << c.norm[s] << " vs "
+                     << r.norm[s]);
+        REQUIRE(close(c.loss[s], r.loss[s]));
+        REQUIRE(close(c.norm[s], r.norm[s]));
+      }
+      REQUIRE(r.loss.back() < r.loss.front() - 0.5);  // it learned: the comparison is not of noise
+      REQUIRE(close(c.val, r.val));
+      if (ctx().is_root()) REQUIRE(c.sample == r.sample);
+      else REQUIRE(c.sample.empty());
+
+      // The 1F1B bound was reached and not exceeded, and the model holds exactly that much.
+      const PipelineReport pr = t.pipeline_report();
+      const int m = static_cast<int>(cfg.gradient_accumulation_steps);
+      REQUIRE(pr.stages == P);
+      REQUIRE(pr.micro_batches == m);
+      REQUIRE(pr.peak_in_flight == std::min(P - pr.stage, m));
+      REQUIRE(pr.slots == pr.peak_in_flight);
+      REQUIRE(pr.bubble == Approx(static_cast<double>(P - 1) / (m + P - 1)));
+      const GptConfig& mc = t.model_config();
+      const auto ops = make_host_ops();
+      REQUIRE(pr.activation_bytes == expected_activation_bytes(*ops, micro, mc.seq_len, mc.n_embd, mc.n_head,
+                                                               mc.padded_vocab_size(), pr.end_layer - pr.first_layer,
+                                                               pr.peak_in_flight, pr.stage == P - 1));
+    }
+}
+
+TEST_CASE("pipeline parallelism refuses ZeRO stages 2-3, more stages than blocks, and a world it does not divide") {
+  const int world = ctx().world_size();
+  if (world == 1) return;
+  for (int stage : {2, 3}) {
+    const zero::Config cfg = make_config(stage, 2, 1);
+    REQUIRE_THROWS_WITH(GptTrainer(ctx(), cfg, read_gpt_settings(cfg)),
+                        Catch::Contains("zero_optimization.stage " + std::to_string(stage)) &&
+                            Catch::Contains("ZeRO stages 0 and 1 only"));
+  }
+  zero::LoadOptions o;
+  o.extra_sections = gpt_sections();
+  std::string y = yaml(1, 2, 1);
+  y.replace(y.find("n_layer: 4"), 10, "n_layer: 1");
+  const zero::Config one_block = zero::parse_config(y, "test_gpt_pipeline", o);
+  REQUIRE_THROWS_WITH(read_gpt_settings(one_block),
+                      Catch::Contains("pipeline_parallel") && Catch::Contains("every stage needs at least one block"));
+  REQUIRE_THROWS_WITH(stage_split(3, 4, 0), Catch::Contains("4 stages for 3 blocks"));
+  REQUIRE_THROWS_WITH(data_parallel_size(world, world + 1), Catch::Contains("do not divide the " + std::to_string(world) + " ranks"));
+}
