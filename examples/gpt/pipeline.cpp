@@ -278,11 +278,10 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
   return st;
 }
 
-// One forward of the micro-batch set on slot 0 through every stage, the activation passed on
-// (blocking: the next stage is already waiting for it, or soon will be).
+// One forward of the micro-batch set on the current slot through every stage, the activation
+// passed on (blocking: the next stage is already waiting for it, or soon will be).
 void GptTrainer::pipeline_forward_only() {
   const StageSplit& s = pipe_->split;
-  model_->set_slot(0);
   stage_forward();
   if (!s.last()) {
     const zero::CommSiteScope site("pipeline forward");
@@ -291,68 +290,13 @@ void GptTrainer::pipeline_forward_only() {
 }
 
 GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {
-  // As evaluate(), over the data-parallel ranks; each window's loss comes from the last stage.
-  EvalScope eval(*engine_);
+  // The windows shared out over the data-parallel ranks; each one's loss comes from the last
+  // stage (the caller holds the engine in eval mode).
   const bool last = pipe_->split.last();
-  const int T = settings_.model.seq_len;
-  const std::int64_t world = groups_->data_size(), rank = groups_->coord().data, B = micro_batch_;
-  const std::int64_t available = val_loader_->num_samples();
-  const std::int64_t total =
-      settings_.eval_sequences > 0 ? std::min(settings_.eval_sequences, available) : available;
-  const std::int64_t passes = (total + B * world - 1) / (B * world);
-  double sums[2] = {0.0, 0.0};
-  for (std::int64_t p = 0; p < passes; ++p) {
-    const std::int64_t first = (p * world + rank) * B;
-    const int count = static_cast<int>(std::clamp<std::int64_t>(total - first, 0, B));
-    val_loader_->read(count > 0 ? first : 0, std::max(count, 1), inputs_.data(), targets_.data());
-    model_->set_slot(0);
-    model_->set_batch(inputs_.data(), targets_.data(), std::max(count, 1), T);
+  return evaluate_windows(groups_->data_size(), groups_->coord().data, last, [this, last] {
     pipeline_forward_only();
-    if (!last) continue;
-    sums[0] += model_->loss() * count;
-    sums[1] += count;
-  }
-  const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
-  const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
-  Evaluation e;
-  e.loss = loss_sum / counted;
-  e.sequences = total;
-  e.tokens = total * T;
-  return e;
-}
-
-std::vector<int> GptTrainer::pipeline_sample(std::vector<int> prompt, int n, float temperature, int top_k,
-                                             std::uint64_t seed) {
-  // The pipeline of data-parallel rank 0 samples: each token's forward passes through its
-  // stages, the last stage draws the token and broadcasts it over the pipeline, and every stage
-  // appends it. The other ranks return at once (their parameters are whole at stages 0-1).
-  const zero::GatheredModel held = engine_->gather_all();
-  const zero::GridCoord c = groups_->coord();
-  if (c.data != 0 || c.tensor != 0) return {};
-  const StageSplit& s = pipe_->split;
-  std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
-  const std::size_t first_new = tokens.size();
-  const int T_max = settings_.model.seq_len;
-  std::vector<std::int32_t> window;
-  std::vector<float> logits;
-  SampleCoin coin(seed);
-  for (int i = 0; i < n; ++i) {
-    const int T = static_cast<int>(std::min<std::size_t>(tokens.size(), static_cast<std::size_t>(T_max)));
-    window.assign(tokens.end() - T, tokens.end());
-    model_->set_slot(0);
-    model_->set_batch(window.data(), nullptr, 1, T);
-    pipeline_forward_only();
-    std::int32_t token = 0;
-    if (s.last()) {
-      model_->logits_at(0, T - 1, logits);
-      token = sample_token(logits, temperature, top_k, coin());
-    }
-    const zero::CommSiteScope site("pipeline sample");
-    groups_->pipeline().broadcast(&token, sizeof token, s.stages - 1);
-    tokens.push_back(token);
-  }
-  if (!ctx_.is_root()) return {};
-  return {tokens.begin() + static_cast<std::ptrdiff_t>(first_new), tokens.end()};
+    return last ? model_->loss() : 0.0;
+  });
 }
 
 }  // namespace zero::gpt

@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -483,10 +484,15 @@ GptTrainer::Step GptTrainer::train_step() {
 GptTrainer::Evaluation GptTrainer::evaluate() {
   ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
                           "training data are shards and data.val names none)");
-  if (pipe_) return pipeline_evaluate();
   EvalScope eval(*engine_);
+  if (pipe_) return pipeline_evaluate();
+  return evaluate_windows(ctx_.world_size(), ctx_.rank(), true, [this] { return run_micro_batch(false); });
+}
+
+GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
+                                                    const std::function<double()>& forward) {
   const int T = settings_.model.seq_len;
-  const std::int64_t world = ctx_.world_size(), rank = ctx_.rank(), B = micro_batch_;
+  const std::int64_t B = micro_batch_;
   const std::int64_t available = val_loader_->num_samples();
   const std::int64_t total = settings_.eval_sequences > 0
                                  ? std::min(settings_.eval_sequences, available)
@@ -501,11 +507,14 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
     const std::int64_t first = (p * world + rank) * B;
     const int count = static_cast<int>(std::clamp<std::int64_t>(total - first, 0, B));
     val_loader_->read(count > 0 ? first : 0, std::max(count, 1), inputs_.data(), targets_.data());
+    model_->set_slot(0);
     model_->set_batch(inputs_.data(), targets_.data(), std::max(count, 1), T);
-    const double loss = run_micro_batch(false);
+    const double loss = forward();
+    if (!counts) continue;
     sums[0] += loss * count;
     sums[1] += count;
   }
+  // Over the world: ranks that do not count (pipeline stages without the head) add zeros.
   const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
   const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
   Evaluation e;
@@ -517,13 +526,14 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
 
 std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,
                                     std::uint64_t seed) {
-  if (pipe_) return pipeline_sample(std::move(prompt), n, temperature, top_k, seed);
   // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
-  // every forward pass, each gather being a collective).
+  // every forward pass, each gather being a collective). Under pipeline parallelism data-parallel
+  // rank 0's pipeline samples: each token's forward passes through its stages, the last stage
+  // draws the token and broadcasts it over the pipeline, and every stage appends it.
   const zero::GatheredModel held = engine_->gather_all();
-  if (!ctx_.is_root()) return {};
+  if (pipe_ ? groups_->coord().data != 0 : !ctx_.is_root()) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
   const std::size_t first_new = tokens.size();
   const int T_max = settings_.model.seq_len;
@@ -534,11 +544,22 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
     // The last seq_len tokens are the context: the model has no positions beyond that.
     const int T = static_cast<int>(std::min<std::size_t>(tokens.size(), static_cast<std::size_t>(T_max)));
     window.assign(tokens.end() - T, tokens.end());
+    model_->set_slot(0);
     model_->set_batch(window.data(), nullptr, 1, T);
-    run_micro_batch(false);
-    model_->logits_at(0, T - 1, logits);
-    tokens.push_back(sample_token(logits, temperature, top_k, coin()));
+    if (pipe_) pipeline_forward_only();
+    else run_micro_batch(false);
+    std::int32_t token = 0;
+    if (!pipe_ || pipe_->split.last()) {
+      model_->logits_at(0, T - 1, logits);
+      token = sample_token(logits, temperature, top_k, coin());
+    }
+    if (pipe_) {
+      const zero::CommSiteScope site("pipeline sample");
+      groups_->pipeline().broadcast(&token, sizeof token, pipe_->split.stages - 1);
+    }
+    tokens.push_back(token);
   }
+  if (!ctx_.is_root()) return {};
   return {tokens.begin() + static_cast<std::ptrdiff_t>(first_new), tokens.end()};
 }
 

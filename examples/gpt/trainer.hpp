@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -142,7 +143,8 @@ class GptTrainer {
   // out. Collective.
   Evaluation evaluate();
   // Continues `prompt` by `n` tokens on rank 0; other ranks get an empty list. Collective only
-  // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass.
+  // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass;
+  // under pipeline parallelism data-parallel rank 0's pipeline takes part in every token.
   // The tokens depend only on the weights, the prompt and the seed.
   std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,
                           std::uint64_t seed);
@@ -188,6 +190,10 @@ class GptTrainer {
   // the loss of an evaluation pass (a wait for the device); a training pass returns 0 and
   // leaves its loss in the model's running total.
   double run_micro_batch(bool train);
+  // The validation windows shared out over `world` ranks (this one `rank`): forward() runs the
+  // batch set on the model and returns its loss, which enters the mean where `counts`.
+  Evaluation evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
+                              const std::function<double()>& forward);
 
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
 
@@ -200,8 +206,6 @@ class GptTrainer {
   void pipeline_forward_only();
   Step pipeline_train_step();
   Evaluation pipeline_evaluate();
-  std::vector<int> pipeline_sample(std::vector<int> prompt, int n, float temperature, int top_k,
-                                   std::uint64_t seed);
 
   zero::Context& ctx_;
   GptSettings settings_;
