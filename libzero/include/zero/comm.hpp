@@ -37,7 +37,8 @@
 // calls appear in the rank's recent-collectives list ("send to rank 1 of 4096 f32"). Device
 // communicators record and count their P2P on the host communicator but do not exchange the
 // header (NCCL's send/recv pair on the device). Messages between two ranks arrive in the order
-// they were sent.
+// they were sent. On NCCL, a send and a receive that two ranks issue toward each other must be
+// started inside one group (CommGroup), or each may wait for the other; MPI needs no group.
 //
 // The fp32-then-round-once rule for 16-bit sums holds for the MPI-based communicators (host and
 // MPI-staged). NCCL reduces bf16/fp16 natively, rounding at each step of its ring or tree, so
