@@ -122,9 +122,12 @@ void GptTrainer::setup_pipeline_buffers() {
   PipelineState& ps = *pipe_;
   const zero::Layout& layout = engine_->layout();
   const StageSplit& s = ps.split;
-  if (s.first() || s.last()) ps.emb = layout.find_unit(gpt_units(settings_.model)[embeddings_unit()].name);
-  if (s.last()) ps.lnf = layout.num_units() - 1;
-  for (int l = s.first_layer; l < s.end_layer; ++l) ps.blocks.push_back(layout.find_unit("h." + std::to_string(l)));
+  // The stage's units by their names in the whole model's layout.
+  const std::vector<UnitSpec> units = gpt_units(settings_.model);
+  auto id = [&](int whole_unit) { return layout.find_unit(units[static_cast<std::size_t>(whole_unit)].name); };
+  if (s.first() || s.last()) ps.emb = id(embeddings_unit());
+  if (s.last()) ps.lnf = id(ln_f_unit(settings_.model));
+  for (int l = s.first_layer; l < s.end_layer; ++l) ps.blocks.push_back(id(block_unit(l)));
   if (s.first() || s.last()) {
     const std::size_t n = tied_elements() * ops_->elem_bytes();
     ps.tied = OpsBuffer(*ops_, n);

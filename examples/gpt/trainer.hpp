@@ -8,6 +8,9 @@
 // over with engine.reduce(u) as soon as it is complete, so reduction overlaps the rest of the
 // backward. The embeddings are reduced last.
 //
+// With model.pipeline_parallel > 1 a rank holds one pipeline stage and a step is the 1F1B
+// schedule of pipeline.hpp over that stage's units.
+//
 // The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
 // gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
 // engine's 16-bit gradient storage when the unit is done (rounded once per micro-step).
