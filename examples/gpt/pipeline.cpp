@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "reporter.hpp"
+#include "tensor_parallel.hpp"
 #include "trainer.hpp"
 #include "zero/error.hpp"
 #include "zero/groups.hpp"
@@ -43,18 +45,23 @@ std::vector<PipeOp> one_f_one_b(int stages, int stage, int m) {
   return ops;
 }
 
-zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s) {
-  const zero::Layout full = build_layout(cfg);
+zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel) {
+  const zero::Layout full = tensor_parallel > 1 ? tensor_parallel_layout(cfg, tensor_parallel) : build_layout(cfg);
   zero::Layout out;
-  // A unit of the full layout (the parameters `keep` selects), its weight decay flags kept.
+  // A unit of the full layout (the parameters `keep` selects), its weight decay flags and
+  // tensor cuts kept.
   auto copy = [&](int unit, auto keep) {
     const zero::UnitInfo& u = full.unit(unit);
     std::vector<std::pair<std::string, zero::Layout::Shape>> ps;
     for (const auto& p : u.params)
       if (keep(p)) ps.emplace_back(p.name, p.shape);
     const int id = out.add_unit(u.name, ps);
-    for (const auto& p : u.params)
-      if (keep(p)) out.set_decay(id, p.name, p.decay);
+    for (const auto& p : u.params) {
+      if (!keep(p)) continue;
+      out.set_decay(id, p.name, p.decay);
+      if (p.replicated) out.set_replicated(id, p.name);
+      if (p.split_axis >= 0) out.set_split(id, p.name, p.split_axis, p.split_blocks);
+    }
     return id;
   };
   auto all = [](const zero::ParamInfo&) { return true; };
@@ -68,14 +75,6 @@ zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s) {
   for (int l = s.first_layer; l < s.end_layer; ++l) copy(block_unit(l), all);
   if (s.last()) copy(ln_f_unit(cfg), all);
   return out;
-}
-
-int data_parallel_size(int world, int pipeline) {
-  ZERO_CHECK(pipeline >= 1 && world % pipeline == 0,
-             fmt::format("model.pipeline_parallel: {} stages do not divide the {} ranks; run a multiple of {} ranks "
-                         "(pipeline stages x data-parallel ranks)",
-                         pipeline, world, pipeline));
-  return world / pipeline;
 }
 
 void check_pipeline_config(const zero::Config& cfg, int pipeline) {
@@ -98,9 +97,9 @@ std::string PipelineReport::describe() const {
   std::string holds;
   if (stage == 0) holds += ", embeddings";
   if (stage == stages - 1) holds += stages > 1 ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
-  return fmt::format("PP {} x DP {}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
+  return fmt::format("{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
                      "activations of {} micro-batch{} held ({:.2f} MiB)",
-                     stages, data, stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
+                     format_grid(tensor, data, stages), stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
                      slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
 }
 
@@ -137,12 +136,14 @@ void GptTrainer::setup_pipeline_buffers() {
 }
 
 std::size_t GptTrainer::tied_elements() const {
-  return static_cast<std::size_t>(settings_.model.padded_vocab_size()) * settings_.model.n_embd;
+  return static_cast<std::size_t>(settings_.model.padded_vocab_size() / settings_.tensor_parallel) *
+         settings_.model.n_embd;
 }
 
 PipelineReport GptTrainer::pipeline_report() const {
   PipelineReport r;
-  r.data = groups_ ? groups_->data_size() : ctx_.world_size();
+  r.data = data_parallel_size();
+  r.tensor = tensor_parallel_size();
   r.micro_batches = gas_;
   r.end_layer = settings_.model.n_layer;
   r.slots = model_->part().slots;
@@ -296,7 +297,7 @@ GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {
   // The windows shared out over the data-parallel ranks; each one's loss comes from the last
   // stage (the caller holds the engine in eval mode).
   const bool last = pipe_->split.last();
-  return evaluate_windows(groups_->data_size(), groups_->coord().data, last, [this, last] {
+  return evaluate_windows(data_parallel_size(), data_parallel_rank(), last && tensor_parallel_rank() == 0, [this, last] {
     pipeline_forward_only();
     return last ? model_->loss() : 0.0;
   });

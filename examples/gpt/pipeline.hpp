@@ -22,6 +22,12 @@
 // The engine runs over the data-parallel group (ProcessGroups); ranks of one pipeline read the
 // same batches (the data loader's rank is the data-parallel coordinate). ZeRO stages 0 and 1
 // only, on the host backend.
+//
+// With tensor parallelism T as well (ProcessGroups(ctx, {T, P})), each stage is cut T ways as
+// tensor_parallel.hpp cuts the whole model, and the pipeline group joins the ranks of the same
+// tensor rank: stage s's tensor rank t sends its activations to stage s + 1's tensor rank t
+// (the residual stream is replicated in a tensor group, so each pair carries the whole of it),
+// and the tied wte copies exchanged between the end stages are the same vocabulary rows.
 #pragma once
 
 #include <cstddef>
@@ -64,13 +70,12 @@ inline double bubble_fraction(int stages, int micro_batches) {
   return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
 }
 
-// The stage's part of build_layout(cfg): its blocks, the embeddings on the first stage, ln_f on
-// the last, and (P > 1) on the last the tied copy of wte first, as unit "embeddings".
-zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s);
+// The stage's part of the model's layout at tensor parallelism T (build_layout(cfg), or
+// tensor_parallel_layout(cfg, T) with each parameter's cut): its blocks, the embeddings on the
+// first stage, ln_f on the last, and (P > 1) on the last the tied copy of wte first, as unit
+// "embeddings", cut by vocabulary like the first stage's.
+zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel = 1);
 
-// The data-parallel size of `world` ranks under P stages; an error naming both when P does not
-// divide the world.
-int data_parallel_size(int world, int pipeline);
 // Refuses what pipeline parallelism does not support, with the reason: ZeRO stages 2 and 3, the
 // CUDA backend.
 void check_pipeline_config(const zero::Config& cfg, int pipeline);
@@ -84,7 +89,8 @@ struct PipelineReport {
   int peak_in_flight = 0;  // the most held at once in the steps run so far
   double bubble = 0.0;
   std::size_t activation_bytes = 0;  // the model's (all slots)
-  // "PP 2 x DP 2: stage 0 (blocks 0-1, embeddings), 1F1B over 4 micro-batches, bubble 20.0%"
+  int tensor = 1;           // T
+  // "TP 1 x DP 2 x PP 2: stage 0 (blocks 0-1, embeddings), 1F1B over 4 micro-batches, bubble 20.0%"
   std::string describe() const;
 };
 

@@ -47,6 +47,10 @@ std::string format_si(double v) {
   return buf;
 }
 
+std::string format_grid(int tensor, int data, int pipeline) {
+  return "TP " + std::to_string(tensor) + " x DP " + std::to_string(data) + " x PP " + std::to_string(pipeline);
+}
+
 std::string format_significant(double v, int digits) {
   if (!std::isfinite(v)) return "?";
   // A fixed "%.1f" shows a 1.5B-parameter model's 0.04 samples/s as 0.0; keep `digits`
@@ -186,8 +190,7 @@ std::string Reporter::train_line(const TrainRecord& r) {
                 r.token_budget_days);
   std::string text = buf;
   if (r.pipeline_parallel > 1 || r.tensor_parallel > 1) {
-    std::snprintf(buf, sizeof buf, " | grid TP %d x PP %d x DP %d, bubble %.1f%%", r.tensor_parallel,
-                  r.pipeline_parallel, r.data_parallel, 100.0 * r.pipeline_bubble);
+    std::snprintf(buf, sizeof buf, " | grid %s, bubble %.1f%%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel).c_str(), 100.0 * r.pipeline_bubble);
     text += buf;
   }
   return text;
@@ -217,7 +220,7 @@ void Reporter::train(const TrainRecord& r) {
           {"intra_node_bytes", number(r.intra_node_bytes)},
           {"inter_node_bytes", number(r.inter_node_bytes)},
           {"inter_node_bytes_max", number(r.inter_node_bytes_max)},
-          {"grid", {{"tensor", r.tensor_parallel}, {"pipeline", r.pipeline_parallel}, {"data", r.data_parallel}}},
+          {"grid", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel)},
           {"pipeline_bubble", number(r.pipeline_bubble)}});
 }
 

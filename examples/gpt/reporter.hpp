@@ -27,6 +27,8 @@ std::string format_duration(double seconds);
 std::string format_mib(double bytes);
 std::string format_si(double v);
 std::string format_significant(double v, int digits = 3);
+// A tensor x data x pipeline grid, as the log and metrics name it: "TP 2 x DP 1 x PP 2".
+std::string format_grid(int tensor, int data, int pipeline);
 
 // What MFU divides by: the peak per device in TFLOP/s and where it came from. tflops 0 means
 // unknown (a GPU that no planner preset describes, with no run.peak_tflops): the run trains all

@@ -19,6 +19,8 @@
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
 #include "zero/strings.hpp"
+#include "reporter.hpp"
+#include "tensor_parallel.hpp"
 
 namespace zero::gpt {
 
@@ -97,6 +99,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     c.seq_len = static_cast<int>(m.get_int("seq_len", c.seq_len, 1, 1 << 20));
     c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
     c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
+    s.tensor_parallel = static_cast<int>(m.get_int("tensor_parallel", 1, 1, 4096));
     s.pipeline_parallel = static_cast<int>(m.get_int("pipeline_parallel", 1, 1, 4096));
     s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
     s.init_from = m.get_string("init_from", "");
@@ -104,6 +107,11 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
       m.fail(m.has("n_head") ? "n_head" : "n_embd",
              "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
                  std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
+    try {
+      check_tensor_parallel(c, s.tensor_parallel);
+    } catch (const zero::Error& e) {
+      m.fail("tensor_parallel", e.what());
+    }
     if (s.pipeline_parallel > c.n_layer)
       m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
                                       " blocks (n_layer): every stage needs at least one block; use at most " +
@@ -156,6 +164,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "seq_len: " << model.seq_len << "\n"
     << "vocab_size: " << model.vocab_size << "\n"
     << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
+    << "tensor_parallel: " << tensor_parallel << "\n"
     << "pipeline_parallel: " << pipeline_parallel << "\n"
     << "seed: " << init_seed << "\n";
   if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
@@ -189,9 +198,13 @@ std::string gpt_settings_help() {
          "  seq_len                      context length T (size of the position embedding)\n"
          "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
          "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
+         "  tensor_parallel: 1           ranks that split each layer (Megatron-style: heads, MLP\n"
+         "                               columns and vocabulary); must divide n_head, the padded\n"
+         "                               vocabulary and the number of ranks (the rest is data\n"
+         "                               parallel)\n"
          "  pipeline_parallel: 1         P pipeline stages of contiguous blocks, 1F1B over the\n"
          "                               gradient_accumulation_steps micro-batches; ranks =\n"
-         "                               P x data-parallel ranks; ZeRO stages 0-1, host backend\n"
+         "                               T x P x data-parallel ranks; ZeRO stages 0-1, host backend\n"
          "  seed: 42                     initialisation seed (same model at any world size)\n"
          "  init_from: \"\"                GPT-2 weights to start from: a Hugging Face directory\n"
          "                               (model.safetensors, config.json), a .safetensors file\n"
@@ -226,6 +239,15 @@ std::string gpt_settings_help() {
          "                               on a GPU its preset's bf16 peak (none: MFU n/a)\n";
 }
 
+int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
+  const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
+  ZERO_CHECK(T >= 1 && P >= 1 && world_size % (T * P) == 0,
+             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of model.tensor_parallel = " +
+                 std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) + " ranks; run a multiple of " +
+                 std::to_string(T * P) + " ranks (tensor x pipeline x data-parallel), or change the sizes");
+  return world_size / (T * P);
+}
+
 // ------------------------------------------------------------------------------ trainer
 
 GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings)
@@ -242,17 +264,26 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   ZERO_CHECK(cfg.train_micro_batch_size_per_gpu >= 1 && cfg.train_micro_batch_size_per_gpu <= INT32_MAX &&
                  cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
              "GptTrainer: the micro batch and accumulation steps must fit an int; use a resolved Config");
+  // The grid: T tensor ranks x P pipeline stages, data parallel over the rest.
+  const int T = settings_.tensor_parallel, P = settings_.pipeline_parallel;
+  check_tensor_parallel(mc, T);
+  const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
+  ZERO_CHECK(!borrowed || (T == 1 && P == 1),
+             "GptTrainer: model.tensor_parallel = " + std::to_string(T) + ", pipeline_parallel = " +
+                 std::to_string(P) + " on an engine built elsewhere (the autotuner's); --autotune does not "
+                 "consider model parallelism yet: run it with tensor_parallel: 1 and pipeline_parallel: 1");
+  ZERO_CHECK(cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * data_size,
+             "GptTrainer: the config is resolved for " +
+                 std::to_string(cfg.train_batch_size /
+                                std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps)) +
+                 " data-parallel ranks, but " + std::to_string(ctx.world_size()) + " ranks at tensor_parallel " +
+                 std::to_string(T) + " x pipeline_parallel " + std::to_string(P) + " give " +
+                 std::to_string(data_size) + "; resolve it with gpt_data_parallel_size(settings, world size)");
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
-
-  // The grid: P pipeline stages, data parallel over the rest.
-  const int P = settings_.pipeline_parallel;
-  data_parallel_size(ctx.world_size(), P);  // the clearer message first
-  groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = 1, .pipeline = P});
+  if (T > 1 || P > 1) groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = P});
   if (P > 1) {
-    ZERO_CHECK(!borrowed, "GptTrainer: model.pipeline_parallel > 1 builds its own engine over the data-parallel "
-                          "group; it cannot train on an engine it is given (the autotuner's)");
     check_pipeline_config(cfg, P);
     pipe_ = std::make_unique<PipelineState>();
     pipe_->split = stage_split(mc.n_layer, P, groups_->coord().pipeline);
@@ -274,9 +305,10 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   DataLoader::Options lo;
   lo.batch = micro_batch_;
   lo.seq_len = mc.seq_len;
-  // Ranks of one pipeline read the same batches: the loader's ranks are the data-parallel ones.
-  lo.rank = groups_->coord().data;
-  lo.world = groups_->data_size();
+  // Ranks of one tensor group or one pipeline read the same batches: the loader counts
+  // data-parallel ranks only.
+  lo.rank = data_parallel_rank();
+  lo.world = data_parallel_size();
   lo.seed = settings_.data_seed;
   lo.vocab_size = mc.vocab_size;
   train_loader_ = std::make_unique<DataLoader>(*train_set_, lo);
@@ -300,12 +332,23 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
       weights.emplace(settings_.init_from);
       weights->check(mc.plan_shape());
     }
-    owned_engine_ = pipe_ ? std::make_unique<zero::Engine>(ctx, cfg, stage_layout(mc, pipe_->split), *groups_)
-                          : std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+    if (pipe_)
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, stage_layout(mc, pipe_->split, T), *groups_);
+    else if (groups_)
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, tensor_parallel_layout(mc, T), *groups_);
+    else
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
     engine_ = owned_engine_.get();
+    // Under tensor parallelism each rank computes the whole tensor and keeps its part, so the
+    // model is the same at every T.
+    const int t = groups_ ? groups_->coord().tensor : 0;
+    std::vector<float> whole;
     engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
-      if (weights) weights->read(p.name, p.shape, v);
-      else init_parameter(mc, p.name, v, settings_.init_seed);
+      const std::vector<std::int64_t> shape = whole_shape(p, T);
+      whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
+      if (weights) weights->read(p.name, shape, whole);
+      else init_parameter(mc, p.name, whole, settings_.init_seed);
+      take_part(whole, p, T, t, v);
     });
   }
 #if ZERO_GPT_CUDA
@@ -318,7 +361,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 #endif
   if (!ops_) ops_ = make_host_ops();
   try {
-    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, pipeline_part());
+    TensorParallel tp;
+    if (groups_ && T > 1) tp = {T, groups_->coord().tensor, &groups_->tensor()};
+    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, tp, pipeline_part());
     if (pipe_) setup_pipeline_buffers();
   } catch (...) {
     // No destructor runs for a constructor that throws (out of memory is expected while the
@@ -333,6 +378,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 }
 
 GptTrainer::~GptTrainer() { return_engine_stream(engine_, ops_.get()); }
+
+std::string GptTrainer::grid() const {
+  return format_grid(tensor_parallel_size(), data_parallel_size(), pipeline_stages());
+}
+
+zero::TrafficBytes GptTrainer::tensor_traffic() const {
+  return groups_ ? groups_->tensor().traffic() : zero::TrafficBytes{};
+}
+
+zero::TrafficBytes GptTrainer::traffic() const {
+  zero::TrafficBytes t = engine_->traffic();
+  t += tensor_traffic();
+  if (pipe_) t += groups_->pipeline().traffic();  // activations, their gradients, the tied wte
+  return t;
+}
 
 std::int64_t GptTrainer::tokens_per_step() const {
   return engine_->config().train_batch_size * settings_.model.seq_len;
@@ -486,7 +546,8 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
                           "training data are shards and data.val names none)");
   EvalScope eval(*engine_);
   if (pipe_) return pipeline_evaluate();
-  return evaluate_windows(ctx_.world_size(), ctx_.rank(), true, [this] { return run_micro_batch(false); });
+  return evaluate_windows(data_parallel_size(), data_parallel_rank(), tensor_parallel_rank() == 0,
+                          [this] { return run_micro_batch(false); });
 }
 
 GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
@@ -514,7 +575,8 @@ GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int
     sums[0] += loss * count;
     sums[1] += count;
   }
-  // Over the world: ranks that do not count (pipeline stages without the head) add zeros.
+  // Over the world: ranks that do not count (pipeline stages without the head, tensor ranks
+  // other than 0, which evaluate the same windows as their rank 0) add zeros.
   const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
   const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
   Evaluation e;
@@ -529,11 +591,13 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
-  // every forward pass, each gather being a collective). Under pipeline parallelism data-parallel
-  // rank 0's pipeline samples: each token's forward passes through its stages, the last stage
-  // draws the token and broadcasts it over the pipeline, and every stage appends it.
+  // every forward pass, each gather being a collective). Under tensor parallelism rank 0's
+  // tensor group runs the passes together (each forward all-reduces over it, and logits_at sums
+  // the vocabulary parts). Under pipeline parallelism data-parallel rank 0's pipelines sample:
+  // each token's forward passes through their stages, the last stage draws the token and
+  // broadcasts it over its pipeline, and every stage appends it. World rank 0 returns the tokens.
   const zero::GatheredModel held = engine_->gather_all();
-  if (pipe_ ? groups_->coord().data != 0 : !ctx_.is_root()) return {};
+  if (data_parallel_rank() != 0) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
   const std::size_t first_new = tokens.size();
   const int T_max = settings_.model.seq_len;

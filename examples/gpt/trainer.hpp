@@ -14,6 +14,13 @@
 // The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
 // gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
 // engine's 16-bit gradient storage when the unit is done (rounded once per micro-step).
+//
+// With model.tensor_parallel: T > 1 or pipeline_parallel: P > 1 the trainer builds the process
+// groups ProcessGroups(ctx, {T, P}) (zero/groups.hpp): the model holds this rank's part
+// (tensor_parallel.hpp: its share of every layer of its stage), the engine shards, reduces and
+// steps over the data-parallel group, and the ranks of one tensor group and of one pipeline
+// read the same batches (the data loader's rank is the data-parallel coordinate, its world the
+// data-parallel size world / (T x P)).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +47,7 @@ struct GptSettings {
   std::string preset = "tiny";
   GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
   std::uint64_t init_seed = 42;
+  int tensor_parallel = 1;    // T: ranks that split each layer (tensor_parallel.hpp)
   int pipeline_parallel = 1;  // P: pipeline stages (pipeline.hpp)
   // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
   // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
@@ -78,6 +86,9 @@ inline const std::vector<std::string>& gpt_sections() {
 // Reads the model / data / run sections strictly: an unknown key, a wrong type or an
 // out-of-range value is a zero::Error naming the key, where it was set and what is expected.
 GptSettings read_gpt_settings(const zero::Config& cfg);
+// The data-parallel size the engine's config is resolved for: world / tensor_parallel. A world
+// size the grid does not divide is a zero::Error naming both.
+int gpt_data_parallel_size(const GptSettings& settings, int world_size);
 // Every key of the three sections with its default and meaning (for --help).
 std::string gpt_settings_help();
 
@@ -118,7 +129,7 @@ class SampleCoin {
 
 class GptTrainer {
  public:
-  // cfg must be resolved for ctx.world_size().
+  // cfg must be resolved for gpt_data_parallel_size(settings, ctx.world_size()).
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings);
   // Trains on an engine someone else owns and has initialised (the autotuner builds one per
   // candidate): the batch settings come from engine.config(), the parameters are left as they
@@ -170,9 +181,19 @@ class GptTrainer {
   const TokenSet& train_data() const { return *train_set_; }
   const TokenSet* val_data() const { return val_set_.get(); }
   std::size_t activation_bytes() const { return model_->activation_bytes(); }
-  // The grid (ProcessGroups(ctx, {1, P})); the engine runs over its data-parallel group.
-  const zero::ProcessGroups& groups() const { return *groups_; }
+  // The grid (zero/groups.hpp): tensor x data x pipeline ranks, and this rank's data-parallel
+  // place (the engine's and the data loader's rank and world). Without model parallelism there
+  // are no groups: the engine runs over the world.
+  int tensor_parallel_size() const { return settings_.tensor_parallel; }
+  int tensor_parallel_rank() const { return groups_ ? groups_->coord().tensor : 0; }
+  int data_parallel_size() const { return groups_ ? groups_->data_size() : ctx_.world_size(); }
+  int data_parallel_rank() const { return groups_ ? groups_->coord().data : ctx_.rank(); }
   int pipeline_stages() const { return settings_.pipeline_parallel; }
+  std::string grid() const;  // "TP 2 x DP 1 x PP 2"
+  // Bytes this rank sent: the engine's collectives, the model's tensor-parallel all-reduces and
+  // the pipeline's point-to-point sends.
+  zero::TrafficBytes traffic() const;
+  zero::TrafficBytes tensor_traffic() const;  // the all-reduces over the tensor group alone
   // This rank's stage, its schedule's figures and the activation peak seen so far.
   PipelineReport pipeline_report() const;
 
@@ -203,7 +224,7 @@ class GptTrainer {
   // Pipeline parallelism (pipeline.cpp).
   ModelPart pipeline_part() const;
   void setup_pipeline_buffers();
-  std::size_t tied_elements() const;  // wte's, padded vocabulary included
+  std::size_t tied_elements() const;  // this rank's rows of wte, padded vocabulary included
   void stage_forward();                // this stage's forward of the current slot
   void stage_backward(bool last_micro);
   void pipeline_forward_only();
@@ -212,7 +233,8 @@ class GptTrainer {
 
   zero::Context& ctx_;
   GptSettings settings_;
-  std::unique_ptr<zero::ProcessGroups> groups_;  // before the engine, which uses it
+  // With tensor or pipeline parallelism; before the engine, which uses it, so it outlives it.
+  std::unique_ptr<zero::ProcessGroups> groups_;
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;
