@@ -204,6 +204,19 @@ TEST_CASE("a receive that does not match its send is an error naming both ranks 
                         Catch::Contains("point-to-point mismatch") && Catch::Contains("rank 0 sent 5 fp32") &&
                             Catch::Contains("rank 1 posted a receive of 4 bf16"));
   ctx.comm().barrier();
+  if (world != 4) return;
+  // On a group whose ranks are not the world's (tensor rank 1's data group: world ranks 1 and 3),
+  // the two ranks are named by their world ranks, as the deadline reports name them.
+  ProcessGroups tp(ctx, {.tensor = 2});
+  if (tp.coord().tensor == 1) {
+    Communicator& d = tp.data();
+    if (d.rank() == 0) d.send(buf.data(), 5, DType::f32, 1);
+    else
+      REQUIRE_THROWS_WITH(d.recv(buf.data(), 4, DType::f32, 0),
+                          Catch::Contains("world rank 1 sent 5 fp32") &&
+                              Catch::Contains("world rank 3 posted a receive of 4 fp32"));
+  }
+  ctx.comm().barrier();
 }
 
 namespace {

@@ -129,10 +129,11 @@ class P2PWork final : public Work::Impl {
     MPI_Request_free(&payload);
     done_ = true;
     ZERO_THROW(fmt::format(
-        "point-to-point mismatch: rank {} sent {} {} ({} bytes), but rank {} posted a receive of {} {} ({} bytes) from "
+        "point-to-point mismatch: {} sent {} {} ({} bytes), but {} posted a receive of {} {} ({} bytes) from "
         "it. The two ranks must pair each send_async with a recv_async of the same count and dtype, in the same order "
         "(the pipeline schedule of both stages, or the activation shapes, differ)",
-        header[2], count, dtype_name(t), count * dtype_size(t), comm_->rank(), call_.count, dtype_name(call_.dtype),
+        comm_->ranks_text({static_cast<int>(header[2])}), count, dtype_name(t), count * dtype_size(t),
+        comm_->ranks_text({comm_->rank()}), call_.count, dtype_name(call_.dtype),
         call_.count * dtype_size(call_.dtype)));
   }
   MpiCommunicator* comm_;

@@ -78,6 +78,9 @@ class MpiCommunicator final : public Communicator {
   bool checks_p2p() const { return check_->enabled(); }
   // The private channel of the P2P headers.
   MPI_Comm side() const { return side_; }
+  // "rank 2" / "ranks 0, 1", as world ranks on a named group ("world rank 2"): how messages name
+  // this communicator's ranks.
+  std::string ranks_text(const std::vector<int>& ranks) const;
 
  private:
   // The next collective's Call, after the collective check has agreed on it (root: broadcast's).
@@ -97,8 +100,6 @@ class MpiCommunicator final : public Communicator {
   Call p2p_call(int kind, std::size_t count, DType t, int peer);
   std::string group_;            // set_group's name, or empty (the world, hpZ's group)
   std::vector<int> world_rank_;  // world rank of each rank, with a group name
-  // "rank 2" / "ranks 0, 1", as world ranks on a named group.
-  std::string ranks_text(const std::vector<int>& ranks) const;
   double timeout_s_ = 600.0;
   std::int64_t seq_ = 0;
   std::int64_t p2p_seq_ = 0;  // P2P calls are numbered apart: only two ranks share each
