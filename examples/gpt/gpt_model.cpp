@@ -8,8 +8,8 @@
 
 namespace zero::gpt {
 
-GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp)
-    : cfg_(cfg), tp_(tp), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
+GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp, ModelPart part)
+    : cfg_(cfg), tp_(tp), part_(part), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
   cfg_.validate();
   check_tensor_parallel(cfg_, tp_.size);
   ZERO_CHECK(tp_.rank >= 0 && tp_.rank < tp_.size && (tp_.size == 1 || tp_.comm),
@@ -17,13 +17,23 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
                  std::to_string(tp_.size) + " needs a communicator of the tensor group");
   ZERO_CHECK(max_batch >= 1, "GptModel: the micro-batch size must be >= 1 (got " +
                                  std::to_string(max_batch) + ")");
+  if (part_.end_layer < 0) part_.end_layer = cfg_.n_layer;
+  ZERO_CHECK(part_.first_layer >= 0 && part_.first_layer < part_.end_layer && part_.end_layer <= cfg_.n_layer &&
+                 (!part_.embeddings || part_.first_layer == 0) && (!part_.head || part_.end_layer == cfg_.n_layer),
+             "GptModel: the part [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
+                 ") is not a non-empty range of the " + std::to_string(cfg_.n_layer) +
+                 " blocks that starts at 0 when it holds the embeddings and ends at n_layer when it holds the head");
+  ZERO_CHECK(part_.slots >= 1 && (!part_.head || part_.slots == 1),
+             "GptModel: " + std::to_string(part_.slots) + " micro-batch slots; a part needs at least one, and the "
+             "part with the head exactly one (its micro-batch's backward follows its forward)");
   ca_ = cfg_.n_embd / tp_.size;
   nh_ = cfg_.n_head / tp_.size;
   fc_ = 4 * cfg_.n_embd / tp_.size;
   vl_ = tp_.vocab_rows(cfg_);
   v0_ = tp_.vocab_begin(cfg_);
   const std::size_t B = static_cast<std::size_t>(max_batch), T = cfg_.seq_len, C = cfg_.n_embd,
-                    L = cfg_.n_layer, Vl = static_cast<std::size_t>(vl_);
+                    L = static_cast<std::size_t>(part_.end_layer - part_.first_layer),
+                    Vl = static_cast<std::size_t>(vl_), S = static_cast<std::size_t>(part_.slots);
   const std::size_t CA = static_cast<std::size_t>(ca_), FC = static_cast<std::size_t>(fc_);
   const std::size_t N = B * T;
   nc_max_ = N * C;
@@ -33,11 +43,11 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   // in fp32.
   const std::size_t per_block = N * (3 * C + 4 * CA + 2 * FC);
   const std::size_t per_block_stats = 4 * N + stats;
-  const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L;
+  const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L * S;
   const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
 
-  inputs_ = OpsBuffer(ops, N * i4);
-  targets_ = OpsBuffer(ops, N * i4);
+  inputs_ = OpsBuffer(ops, S * N * i4);
+  targets_ = OpsBuffer(ops, S * N * i4);
   block_store_ = OpsBuffer(ops, per_block * stored_blocks * es_);
   block_stats_ = OpsBuffer(ops, per_block_stats * stored_blocks * f4);
   std::size_t next = 0, next_stat = 0;
@@ -67,16 +77,19 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
     a.att_stats = take_stat(stats);
     blocks_.push_back(a);
   }
-  residual_ = OpsBuffer(ops, (L + 1) * N * C * es_);
-  lnf_ = OpsBuffer(ops, N * C * es_);
-  lnf_mean_ = OpsBuffer(ops, N * f4);
-  lnf_rstd_ = OpsBuffer(ops, N * f4);
-  logits_ = OpsBuffer(ops, N * Vl * es_);
-  if (tp_.active()) {
-    ce_max_ = OpsBuffer(ops, N * f4);
-    ce_sums_ = OpsBuffer(ops, 2 * N * f4);
+  residual_ = OpsBuffer(ops, S * (L + 1) * N * C * es_);
+  if (part_.head) {
+    lnf_ = OpsBuffer(ops, N * C * es_);
+    lnf_mean_ = OpsBuffer(ops, N * f4);
+    lnf_rstd_ = OpsBuffer(ops, N * f4);
+    logits_ = OpsBuffer(ops, N * Vl * es_);
+    if (tp_.active()) {
+      ce_max_ = OpsBuffer(ops, N * f4);
+      ce_sums_ = OpsBuffer(ops, 2 * N * f4);
+    }
+    losses_ = OpsBuffer(ops, N * f4);
+    host_losses_.resize(N);
   }
-  losses_ = OpsBuffer(ops, N * f4);
   loss_total_ = OpsBuffer(ops, sizeof(double));
   ops.fill_zero(loss_total_.as<void>(), sizeof(double));
   dres_ = OpsBuffer(ops, N * C * es_);
@@ -84,13 +97,18 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   dqkv_ = OpsBuffer(ops, 3 * N * CA * es_);
   dfch_ = OpsBuffer(ops, N * FC * es_);
   att_scratch_ = OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, nh_) * f4);
-  host_losses_.resize(N);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
 
   for (const OpsBuffer* b : {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_,
                              &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dtmp_, &dqkv_,
                              &dfch_, &att_scratch_, &ce_max_, &ce_sums_})
     activation_bytes_ += b->bytes();
+}
+
+void GptModel::set_slot(int slot) {
+  ZERO_CHECK(slot >= 0 && slot < part_.slots, "GptModel::set_slot: slot " + std::to_string(slot) +
+                                                  " out of range [0, " + std::to_string(part_.slots) + ")");
+  slot_ = slot;
 }
 
 void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
@@ -101,29 +119,38 @@ void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets
   b_ = B;
   t_ = T;
   const std::size_t bytes = static_cast<std::size_t>(B) * T * sizeof(std::int32_t);
-  ops_->upload(inputs_.as<void>(), inputs, bytes);
+  ops_->upload(slot_ids(inputs_), inputs, bytes);
   has_targets_ = targets != nullptr;
-  if (has_targets_) ops_->upload(targets_.as<void>(), targets, bytes);
+  if (has_targets_) ops_->upload(slot_ids(targets_), targets, bytes);
   loss_ready_ = false;
 }
 
+void GptModel::require_part(bool held, const char* what) const {
+  ZERO_CHECK(held, std::string("GptModel::") + what + ": this pipeline stage's part (blocks " +
+                       std::to_string(part_.first_layer) + " to " + std::to_string(part_.end_layer - 1) +
+                       ") does not hold " + (std::string_view(what).find("head") != std::string_view::npos
+                                                 ? "ln_f and the head (the last stage does)"
+                                                 : "the embeddings (the first stage does)"));
+}
+
 void GptModel::check_layer(int layer, const char* what) const {
-  ZERO_CHECK(layer >= 0 && layer < cfg_.n_layer,
+  ZERO_CHECK(layer >= part_.first_layer && layer < part_.end_layer,
              std::string("GptModel::") + what + ": layer " + std::to_string(layer) +
-                 " out of range [0, " + std::to_string(cfg_.n_layer) + ")");
+                 " out of range [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
+                 ")" + (part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 
 void GptModel::forward_embeddings(const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_embeddings: call set_batch first");
+  require_part(part_.embeddings, "forward_embeddings");
   if (!tp_.active()) {
-    ops_->encoder_forward(residual(0), inputs_.as<std::int32_t>(), emb[kWte], emb[kWpe], b_, t_,
-                          cfg_.n_embd);
+    ops_->encoder_forward(residual(0), slot_ids(inputs_), emb[kWte], emb[kWpe], b_, t_, cfg_.n_embd);
     return;
   }
   // Each rank looks up its own vocabulary rows (zeros for the others' ids), rank 0 adds the
   // positions, and the sum over the group is the embedding.
-  ops_->encoder_forward_part(residual(0), inputs_.as<std::int32_t>(), emb[kWte], row_bias(emb[kWpe]),
+  ops_->encoder_forward_part(residual(0), slot_ids(inputs_), emb[kWte], row_bias(emb[kWpe]),
                              b_, t_, cfg_.n_embd, v0_, vl_);
   tp_.all_reduce(*ops_, residual(0), static_cast<std::size_t>(b_) * t_ * cfg_.n_embd);
 }
@@ -172,6 +199,7 @@ void GptModel::forward_block(int layer, const Act* const* block) {
 
 void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_head: call set_batch first");
+  require_part(part_.head, "forward_head");
   const int N = b_ * t_, C = cfg_.n_embd;
   ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
                           residual(cfg_.n_layer), ln_f[kLnfW], ln_f[kLnfB], N, C);
@@ -185,7 +213,7 @@ void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
 
 void GptModel::cross_entropy(Act* dlogits, float dloss, bool stats_ready) {
   const int N = b_ * t_, V = cfg_.vocab_size;
-  const std::int32_t* targets = targets_.as<std::int32_t>();
+  const std::int32_t* targets = slot_ids(targets_);
   if (!tp_.active()) {
     ops_->softmax_cross_entropy(losses_.as<float>(), dlogits, logits_.as<Act>(), targets, N, V,
                                 cfg_.padded_vocab_size(), dloss);
@@ -251,6 +279,7 @@ void GptModel::logits_at(int b, int t, std::vector<float>& out) const {
 
 void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
                              Act* const* d_emb, float dloss) {
+  require_part(part_.head, "backward_head");
   ZERO_CHECK(has_targets_, "GptModel::backward_head: the batch has no targets (set_batch with "
                            "targets before a training forward)");
   const int N = b_ * t_, C = cfg_.n_embd;
@@ -312,13 +341,13 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
 
 void GptModel::backward_embeddings(Act* const* d_emb) {
   ZERO_CHECK(b_ > 0, "GptModel::backward_embeddings: call set_batch first");
+  require_part(part_.embeddings, "backward_embeddings");
   if (!tp_.active()) {
-    ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
-                           b_, t_, cfg_.n_embd);
+    ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_), b_, t_, cfg_.n_embd);
     return;
   }
   // dres is the group's: every rank adds the whole (replicated) wpe gradient and its own rows'.
-  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
+  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_),
                               b_, t_, cfg_.n_embd, v0_, vl_);
 }
 

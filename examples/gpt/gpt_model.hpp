@@ -19,6 +19,13 @@
 // columns, the head on its vocabulary ids; the calls that end a row-parallel product, the
 // embedding, or the backward of a column-parallel one all-reduce over the tensor group, so every
 // rank of the group must make the same calls in the same order.
+//
+// Under pipeline parallelism a model holds one stage (ModelPart): a contiguous range of blocks,
+// the embeddings on the first stage, ln_f and the head on the last, and activations for `slots`
+// micro-batches at once (1F1B keeps up to P - stage of them in flight on a stage; set_slot()
+// picks the one the next calls use). Only the stored activations (block internals, the residual
+// stream, the token ids) are per slot; the backward's gradient scratch and the head's logits
+// are shared (one backward runs at a time, and the last stage holds one micro-batch).
 #pragma once
 
 #include <cstddef>
@@ -73,11 +80,21 @@ class OpsBuffer {
   std::size_t bytes_ = 0;
 };
 
+// The part of the model one pipeline stage runs (the whole model by default).
+struct ModelPart {
+  int first_layer = 0;
+  int end_layer = -1;       // one past the last block; -1: n_layer
+  bool embeddings = true;   // the first stage: the token and position embeddings
+  bool head = true;         // the last stage: ln_f, the tied LM head and the loss
+  int slots = 1;            // micro-batches whose activations are held at once
+};
+
 class GptModel {
  public:
   // Activations for micro-batches of up to `max_batch` sequences of up to cfg.seq_len tokens.
   // With tp active, this rank's part of the model (see above); cfg is the whole model's shape.
-  GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp = {});
+  // part: the pipeline stage's blocks, ends and activation slots (the whole model by default).
+  GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp = {}, ModelPart part = {});
 
   const GptConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
@@ -86,6 +103,20 @@ class GptModel {
   int batch() const { return b_; }
   int seq_len() const { return t_; }
   std::size_t activation_bytes() const { return activation_bytes_; }
+  const ModelPart& part() const { return part_; }
+
+  // Pipeline stages: the micro-batch slot the following calls use (set_batch included).
+  void set_slot(int slot);
+  int slot() const { return slot_; }
+  // The current slot's stage input (the residual stream entering the first block: where a
+  // received activation goes) and output (leaving the last block: what is sent on), and the
+  // gradient of the output (received before backward_block of the last block; after the first
+  // block's backward it holds the gradient of the input, to send back). Each is
+  // boundary_elements() elements of the Ops' dtype.
+  Act* stage_input() const { return residual(part_.first_layer); }
+  Act* stage_output() const { return residual(part_.end_layer); }
+  Act* output_grad() const { return dres_.as<Act>(); }
+  std::size_t boundary_elements() const { return static_cast<std::size_t>(b_) * t_ * cfg_.n_embd; }
 
   // The micro-batch: B sequences of T tokens (host arrays of B*T ids). targets may be null
   // (sampling): the forward then stops at the logits and there is no loss or backward.
@@ -124,14 +155,26 @@ class GptModel {
   };
   void block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p);
   const BlockActs& acts(int layer) const {
-    return blocks_[cfg_.activation_checkpointing ? 0 : static_cast<std::size_t>(layer)];
+    const std::size_t n = static_cast<std::size_t>(part_.end_layer - part_.first_layer);
+    return blocks_[cfg_.activation_checkpointing ? 0
+                                                 : static_cast<std::size_t>(slot_) * n +
+                                                       static_cast<std::size_t>(layer - part_.first_layer)];
   }
-  // [B,T,C] slices of the Ops' element type.
-  Act* residual(int layer) const { return at(residual_, static_cast<std::size_t>(layer) * nc_max_); }
+  // [B,T,C] slices of the Ops' element type: the slot's residual stream at `layer` (a global
+  // index in [first_layer, end_layer]).
+  Act* residual(int layer) const {
+    const std::size_t per_slot = static_cast<std::size_t>(part_.end_layer - part_.first_layer + 1);
+    return at(residual_, (static_cast<std::size_t>(slot_) * per_slot +
+                          static_cast<std::size_t>(layer - part_.first_layer)) * nc_max_);
+  }
+  std::int32_t* slot_ids(const OpsBuffer& b) const {
+    return b.as<std::int32_t>() + static_cast<std::size_t>(slot_) * static_cast<std::size_t>(max_b_) * cfg_.seq_len;
+  }
   Act* at(const OpsBuffer& b, std::size_t elements) const {
     return act_offset(b.as<Act>(), elements, es_);
   }
   void check_layer(int layer, const char* what) const;
+  void require_part(bool held, const char* what) const;
   // losses_ (and, with dlogits non-null, the logits' gradient in place) from logits_: the
   // whole-row softmax cross-entropy, or its vocabulary-parallel passes under tensor parallelism.
   // stats_ready: the row maxima and sums of these logits are already reduced (by the forward).
@@ -141,6 +184,8 @@ class GptModel {
 
   GptConfig cfg_;
   TensorParallel tp_;
+  ModelPart part_;
+  int slot_ = 0;
   // This rank's widths: attention ca_ = C/T (nh_ heads), MLP hidden fc_ = 4C/T, vocabulary ids
   // [v0_, v0_ + vl_) of the padded vocabulary.
   int ca_ = 0, nh_ = 0, fc_ = 0, vl_ = 0, v0_ = 0;
@@ -154,10 +199,10 @@ class GptModel {
   int loss_terms_ = 0;       // means added to loss_total_
   std::size_t activation_bytes_ = 0;
 
-  OpsBuffer inputs_, targets_;
-  OpsBuffer block_store_, block_stats_;  // every BlockActs, carved
+  OpsBuffer inputs_, targets_;  // per slot
+  OpsBuffer block_store_, block_stats_;  // every BlockActs (per slot and block), carved
   std::vector<BlockActs> blocks_;
-  OpsBuffer residual_;  // [L+1][B,T,C]: the input of each block, then the last output
+  OpsBuffer residual_;  // [slots][blocks+1][B,T,C]: the input of each block, then the last output
   OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, loss_total_;
   OpsBuffer ce_max_, ce_sums_;  // vocabulary-parallel cross-entropy: [N] and [2N] fp32
   // Gradient scratch, one block's worth, reused layer after layer.

@@ -47,6 +47,10 @@ std::string format_si(double v) {
   return buf;
 }
 
+std::string format_grid(int tensor, int data, int pipeline) {
+  return "TP " + std::to_string(tensor) + " x DP " + std::to_string(data) + " x PP " + std::to_string(pipeline);
+}
+
 std::string format_significant(double v, int digits) {
   if (!std::isfinite(v)) return "?";
   // A fixed "%.1f" shows a 1.5B-parameter model's 0.04 samples/s as 0.0; keep `digits`
@@ -184,7 +188,12 @@ std::string Reporter::train_line(const TrainRecord& r) {
                 format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
                 format_mib(r.inter_node_bytes_max).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
                 r.token_budget_days);
-  return buf;
+  std::string text = buf;
+  if (r.pipeline_parallel > 1 || r.tensor_parallel > 1) {
+    std::snprintf(buf, sizeof buf, " | grid %s, bubble %.1f%%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel).c_str(), 100.0 * r.pipeline_bubble);
+    text += buf;
+  }
+  return text;
 }
 
 void Reporter::train(const TrainRecord& r) {
@@ -210,7 +219,9 @@ void Reporter::train(const TrainRecord& r) {
           {"elapsed_s", number(r.elapsed_s)},
           {"intra_node_bytes", number(r.intra_node_bytes)},
           {"inter_node_bytes", number(r.inter_node_bytes)},
-          {"inter_node_bytes_max", number(r.inter_node_bytes_max)}});
+          {"inter_node_bytes_max", number(r.inter_node_bytes_max)},
+          {"grid", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel)},
+          {"pipeline_bubble", number(r.pipeline_bubble)}});
 }
 
 void Reporter::eval(const EvalRecord& r) {

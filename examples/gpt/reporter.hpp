@@ -27,6 +27,8 @@ std::string format_duration(double seconds);
 std::string format_mib(double bytes);
 std::string format_si(double v);
 std::string format_significant(double v, int digits = 3);
+// A tensor x data x pipeline grid, as the log and metrics name it: "TP 2 x DP 1 x PP 2".
+std::string format_grid(int tensor, int data, int pipeline);
 
 // What MFU divides by: the peak per device in TFLOP/s and where it came from. tflops 0 means
 // unknown (a GPU that no planner preset describes, with no run.peak_tflops): the run trains all
@@ -61,6 +63,9 @@ struct TrainRecord {
   // (the ring model of zero/comm.hpp).
   double intra_node_bytes = 0, inter_node_bytes = 0;
   double inter_node_bytes_max = 0;  // the busiest rank's inter-node bytes in the last step
+  // The grid and the pipeline schedule's idle fraction (P - 1) / (m + P - 1) (0 without one).
+  int tensor_parallel = 1, pipeline_parallel = 1, data_parallel = 1;
+  double pipeline_bubble = 0;
 };
 
 struct EvalRecord {

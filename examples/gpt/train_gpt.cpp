@@ -157,7 +157,8 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    std::to_string(sched.warmup_num_steps) +
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
-  // The engine's batch arithmetic counts data-parallel ranks: a tensor group trains one batch.
+  // The engine's batch arithmetic counts data-parallel ranks: a tensor group and a pipeline
+  // train one batch together (world / (tensor x pipeline) data-parallel ranks).
   rc.cfg.resolve(zero::gpt::gpt_data_parallel_size(rc.settings, world_size));
   // The resolved sections replace what the file said (a preset name becomes its shape), so a
   // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
@@ -323,10 +324,17 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                 f.threads == 1 ? "" : "s");
   rep.line(buf);
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
-  if (trainer.tensor_parallel_size() > 1)
-    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
-             ": each layer split over " + std::to_string(trainer.tensor_parallel_size()) +
-             " ranks (tensor parallel), the engine's collectives over the data-parallel group");
+  const zero::gpt::PipelineReport pr = trainer.pipeline_report();
+  const std::string tensor_note =
+      trainer.tensor_parallel_size() > 1
+          ? "each layer split over " + std::to_string(trainer.tensor_parallel_size()) + " ranks (tensor parallel), "
+          : std::string();
+  if (pr.stages > 1)
+    rep.line("nodes: " + f.nodes + "; grid " + pr.describe() + " (rank 0's stage; " + tensor_note +
+             "each stage's engine reduces over its " + std::to_string(pr.data) + " data-parallel ranks)");
+  else if (trainer.tensor_parallel_size() > 1)
+    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() + ": " + tensor_note +
+             "the engine's collectives over the data-parallel group");
   else
     rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
              ": the engine's collectives span all ranks (one data-parallel group)");
@@ -368,7 +376,9 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
               {"world", f.world},
               {"grid", trainer.grid()},
               {"tensor_parallel", trainer.tensor_parallel_size()},
+              {"pipeline_parallel", pr.stages},
               {"data_parallel", trainer.data_parallel_size()},
+              {"pipeline_bubble", pr.bubble},
               {"stage", cfg.zero_optimization.stage},
               {"tokens_per_step", f.tokens_per_step},
               {"flops_per_token", f.flops.total()},
@@ -471,6 +481,11 @@ class TrainingLoop {
     // The ranks that send across nodes are those whose ring neighbour is on another node, which
     // rank 0 (whose record this is) often is not: the busiest rank's figure is the link's load.
     r.inter_node_bytes_max = ctx_.comm().all_reduce_scalar(r.inter_node_bytes, zero::ReduceOp::max);
+    const zero::gpt::PipelineReport pr = trainer_.pipeline_report();
+    r.tensor_parallel = pr.tensor;
+    r.pipeline_parallel = pr.stages;
+    r.data_parallel = pr.data;
+    r.pipeline_bubble = pr.bubble;
     rep_.train(r);
     interval_seconds_ = 0.0;
     interval_steps_ = 0;
@@ -593,7 +608,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   create_run_dir(ctx, rc);
 
   facts.nodes = zero::node_layout(ctx).describe();
-  // The whole model's (this rank's layout holds its tensor-parallel part).
+  // The whole model's (this rank's layout holds its tensor-parallel part of its stage).
   facts.params = static_cast<double>(trainer.model_config().num_params());
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());

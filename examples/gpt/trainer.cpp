@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
 #include "zero/strings.hpp"
+#include "reporter.hpp"
 #include "tensor_parallel.hpp"
 
 namespace zero::gpt {
@@ -53,25 +55,6 @@ std::string number(double v) {
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   return std::string(buf, r.ptr);
 }
-
-// Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
-// not record them as part of the training gather order; the guard restores training mode even
-// when the pass throws.
-class EvalScope {
- public:
-  explicit EvalScope(zero::Engine& e) : e_(e) { e_.set_eval(true); }
-  ~EvalScope() {
-    try {
-      e_.set_eval(false);
-    } catch (...) {
-    }
-  }
-  EvalScope(const EvalScope&) = delete;
-  EvalScope& operator=(const EvalScope&) = delete;
-
- private:
-  zero::Engine& e_;
-};
 
 // The engine outlives the trainer's Ops (owned_engine_ is declared before ops_; a borrowed
 // engine lives on, and the autotuner builds the next trainer on it) but holds the Ops' stream as
@@ -117,6 +100,7 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
     c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
     s.tensor_parallel = static_cast<int>(m.get_int("tensor_parallel", 1, 1, 4096));
+    s.pipeline_parallel = static_cast<int>(m.get_int("pipeline_parallel", 1, 1, 4096));
     s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
     s.init_from = m.get_string("init_from", "");
     if (c.n_embd % c.n_head != 0)
@@ -128,6 +112,10 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     } catch (const zero::Error& e) {
       m.fail("tensor_parallel", e.what());
     }
+    if (s.pipeline_parallel > c.n_layer)
+      m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
+                                      " blocks (n_layer): every stage needs at least one block; use at most " +
+                                      std::to_string(c.n_layer));
     m.finish();
     s.model = c;
   }
@@ -177,6 +165,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "vocab_size: " << model.vocab_size << "\n"
     << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
     << "tensor_parallel: " << tensor_parallel << "\n"
+    << "pipeline_parallel: " << pipeline_parallel << "\n"
     << "seed: " << init_seed << "\n";
   if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
   d << "train: " << quoted(train) << "\n"
@@ -213,6 +202,9 @@ std::string gpt_settings_help() {
          "                               columns and vocabulary); must divide n_head, the padded\n"
          "                               vocabulary and the number of ranks (the rest is data\n"
          "                               parallel)\n"
+         "  pipeline_parallel: 1         P pipeline stages of contiguous blocks, 1F1B over the\n"
+         "                               gradient_accumulation_steps micro-batches; ranks =\n"
+         "                               T x P x data-parallel ranks; ZeRO stages 0-1, host backend\n"
          "  seed: 42                     initialisation seed (same model at any world size)\n"
          "  init_from: \"\"                GPT-2 weights to start from: a Hugging Face directory\n"
          "                               (model.safetensors, config.json), a .safetensors file\n"
@@ -248,13 +240,12 @@ std::string gpt_settings_help() {
 }
 
 int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
-  const int T = settings.tensor_parallel;
-  ZERO_CHECK(T >= 1 && world_size % T == 0,
-             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of "
-             "model.tensor_parallel = " + std::to_string(T) +
-                 " ranks; run a multiple of " + std::to_string(T) +
-                 " ranks, or change tensor_parallel");
-  return world_size / T;
+  const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
+  ZERO_CHECK(T >= 1 && P >= 1 && world_size % (T * P) == 0,
+             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of model.tensor_parallel = " +
+                 std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) + " ranks; run a multiple of " +
+                 std::to_string(T * P) + " ranks (tensor x pipeline x data-parallel), or change the sizes");
+  return world_size / (T * P);
 }
 
 // ------------------------------------------------------------------------------ trainer
@@ -273,24 +264,30 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   ZERO_CHECK(cfg.train_micro_batch_size_per_gpu >= 1 && cfg.train_micro_batch_size_per_gpu <= INT32_MAX &&
                  cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
              "GptTrainer: the micro batch and accumulation steps must fit an int; use a resolved Config");
-  const int T = settings_.tensor_parallel;
+  // The grid: T tensor ranks x P pipeline stages, data parallel over the rest.
+  const int T = settings_.tensor_parallel, P = settings_.pipeline_parallel;
   check_tensor_parallel(mc, T);
   const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
-  ZERO_CHECK(!borrowed || T == 1,
-             "GptTrainer: model.tensor_parallel = " + std::to_string(T) +
-                 " on an engine built elsewhere (the autotuner's); --autotune does not consider "
-                 "tensor parallelism yet: run it with tensor_parallel: 1");
+  ZERO_CHECK(!borrowed || (T == 1 && P == 1),
+             "GptTrainer: model.tensor_parallel = " + std::to_string(T) + ", pipeline_parallel = " +
+                 std::to_string(P) + " on an engine built elsewhere (the autotuner's); --autotune does not "
+                 "consider model parallelism yet: run it with tensor_parallel: 1 and pipeline_parallel: 1");
   ZERO_CHECK(cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * data_size,
              "GptTrainer: the config is resolved for " +
                  std::to_string(cfg.train_batch_size /
                                 std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps)) +
                  " data-parallel ranks, but " + std::to_string(ctx.world_size()) + " ranks at tensor_parallel " +
-                 std::to_string(T) + " give " + std::to_string(data_size) +
-                 "; resolve it with gpt_data_parallel_size(settings, world size)");
-  if (T > 1) groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = 1});
+                 std::to_string(T) + " x pipeline_parallel " + std::to_string(P) + " give " +
+                 std::to_string(data_size) + "; resolve it with gpt_data_parallel_size(settings, world size)");
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
+  if (T > 1 || P > 1) groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = P});
+  if (P > 1) {
+    check_pipeline_config(cfg, P);
+    pipe_ = std::make_unique<PipelineState>();
+    pipe_->split = stage_split(mc.n_layer, P, groups_->coord().pipeline);
+  }
 
   // Data first: a bad path should fail before any memory is committed.
   const std::string& train = settings_.train;
@@ -308,7 +305,8 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   DataLoader::Options lo;
   lo.batch = micro_batch_;
   lo.seq_len = mc.seq_len;
-  // A tensor group reads one batch: the loader counts data-parallel ranks only.
+  // Ranks of one tensor group or one pipeline read the same batches: the loader counts
+  // data-parallel ranks only.
   lo.rank = data_parallel_rank();
   lo.world = data_parallel_size();
   lo.seed = settings_.data_seed;
@@ -334,7 +332,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
       weights.emplace(settings_.init_from);
       weights->check(mc.plan_shape());
     }
-    if (groups_)
+    if (pipe_)
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, stage_layout(mc, pipe_->split, T), *groups_);
+    else if (groups_)
       owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, tensor_parallel_layout(mc, T), *groups_);
     else
       owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
@@ -362,8 +362,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   if (!ops_) ops_ = make_host_ops();
   try {
     TensorParallel tp;
-    if (groups_) tp = {T, groups_->coord().tensor, &groups_->tensor()};
-    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, tp);
+    if (groups_ && T > 1) tp = {T, groups_->coord().tensor, &groups_->tensor()};
+    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, tp, pipeline_part());
+    if (pipe_) setup_pipeline_buffers();
   } catch (...) {
     // No destructor runs for a constructor that throws (out of memory is expected while the
     // autotuner tries micro-batch sizes), and ops_ is about to go.
@@ -379,8 +380,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 GptTrainer::~GptTrainer() { return_engine_stream(engine_, ops_.get()); }
 
 std::string GptTrainer::grid() const {
-  return "TP " + std::to_string(tensor_parallel_size()) + " x DP " + std::to_string(data_parallel_size()) +
-         " x PP 1";
+  return format_grid(tensor_parallel_size(), data_parallel_size(), pipeline_stages());
 }
 
 zero::TrafficBytes GptTrainer::tensor_traffic() const {
@@ -390,6 +390,7 @@ zero::TrafficBytes GptTrainer::tensor_traffic() const {
 zero::TrafficBytes GptTrainer::traffic() const {
   zero::TrafficBytes t = engine_->traffic();
   t += tensor_traffic();
+  if (pipe_) t += groups_->pipeline().traffic();  // activations, their gradients, the tied wte
   return t;
 }
 
@@ -525,6 +526,7 @@ double GptTrainer::run_micro_batch(bool train) {
 }
 
 GptTrainer::Step GptTrainer::train_step() {
+  if (pipe_) return pipeline_train_step();
   const int T = settings_.model.seq_len;
   model_->reset_loss_total();
   for (int k = 0; k < gas_; ++k) {
@@ -543,9 +545,15 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
   ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
                           "training data are shards and data.val names none)");
   EvalScope eval(*engine_);
+  if (pipe_) return pipeline_evaluate();
+  return evaluate_windows(data_parallel_size(), data_parallel_rank(), tensor_parallel_rank() == 0,
+                          [this] { return run_micro_batch(false); });
+}
+
+GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
+                                                    const std::function<double()>& forward) {
   const int T = settings_.model.seq_len;
-  // Windows are shared out over the data-parallel ranks; a tensor group evaluates the same ones.
-  const std::int64_t world = data_parallel_size(), rank = data_parallel_rank(), B = micro_batch_;
+  const std::int64_t B = micro_batch_;
   const std::int64_t available = val_loader_->num_samples();
   const std::int64_t total = settings_.eval_sequences > 0
                                  ? std::min(settings_.eval_sequences, available)
@@ -560,13 +568,17 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
     const std::int64_t first = (p * world + rank) * B;
     const int count = static_cast<int>(std::clamp<std::int64_t>(total - first, 0, B));
     val_loader_->read(count > 0 ? first : 0, std::max(count, 1), inputs_.data(), targets_.data());
+    model_->set_slot(0);
     model_->set_batch(inputs_.data(), targets_.data(), std::max(count, 1), T);
-    const double loss = run_micro_batch(false);
+    const double loss = forward();
+    if (!counts) continue;
     sums[0] += loss * count;
     sums[1] += count;
   }
-  const double loss_sum = data_comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
-  const double counted = data_comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
+  // Over the world: ranks that do not count (pipeline stages without the head, tensor ranks
+  // other than 0, which evaluate the same windows as their rank 0) add zeros.
+  const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
+  const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
   Evaluation e;
   e.loss = loss_sum / counted;
   e.sequences = total;
@@ -579,9 +591,11 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
-  // every forward pass, each gather being a collective).
-  // Under tensor parallelism rank 0's tensor group runs the passes together (each forward
-  // all-reduces over it, and logits_at sums the vocabulary parts); rank 0 returns the tokens.
+  // every forward pass, each gather being a collective). Under tensor parallelism rank 0's
+  // tensor group runs the passes together (each forward all-reduces over it, and logits_at sums
+  // the vocabulary parts). Under pipeline parallelism data-parallel rank 0's pipelines sample:
+  // each token's forward passes through their stages, the last stage draws the token and
+  // broadcasts it over its pipeline, and every stage appends it. World rank 0 returns the tokens.
   const zero::GatheredModel held = engine_->gather_all();
   if (data_parallel_rank() != 0) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
@@ -589,22 +603,25 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   const int T_max = settings_.model.seq_len;
   std::vector<std::int32_t> window;
   std::vector<float> logits;
-  std::uint64_t state = seed;
-  auto coin = [&state] {
-    // SplitMix64: the same stream for the same seed, whatever the world size.
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53;
-  };
+  SampleCoin coin(seed);
   for (int i = 0; i < n; ++i) {
     // The last seq_len tokens are the context: the model has no positions beyond that.
     const int T = static_cast<int>(std::min<std::size_t>(tokens.size(), static_cast<std::size_t>(T_max)));
     window.assign(tokens.end() - T, tokens.end());
+    model_->set_slot(0);
     model_->set_batch(window.data(), nullptr, 1, T);
-    run_micro_batch(false);
-    model_->logits_at(0, T - 1, logits);
-    tokens.push_back(sample_token(logits, temperature, top_k, coin()));
+    if (pipe_) pipeline_forward_only();
+    else run_micro_batch(false);
+    std::int32_t token = 0;
+    if (!pipe_ || pipe_->split.last()) {
+      model_->logits_at(0, T - 1, logits);
+      token = sample_token(logits, temperature, top_k, coin());
+    }
+    if (pipe_) {
+      const zero::CommSiteScope site("pipeline sample");
+      groups_->pipeline().broadcast(&token, sizeof token, pipe_->split.stages - 1);
+    }
+    tokens.push_back(token);
   }
   if (!ctx_.is_root()) return {};
   return {tokens.begin() + static_cast<std::ptrdiff_t>(first_new), tokens.end()};

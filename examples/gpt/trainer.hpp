@@ -8,17 +8,23 @@
 // over with engine.reduce(u) as soon as it is complete, so reduction overlaps the rest of the
 // backward. The embeddings are reduced last.
 //
+// With model.pipeline_parallel > 1 a rank holds one pipeline stage and a step is the 1F1B
+// schedule of pipeline.hpp over that stage's units.
+//
 // The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
 // gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
 // engine's 16-bit gradient storage when the unit is done (rounded once per micro-step).
 //
-// With model.tensor_parallel: T > 1 the trainer builds the process groups (zero/groups.hpp), the
-// model holds this rank's part (tensor_parallel.hpp), the engine shards, reduces and steps over
-// the data-parallel group, and the ranks of one tensor group read the same batches (the data
-// loader's rank is the data-parallel coordinate, its world the data-parallel size).
+// With model.tensor_parallel: T > 1 or pipeline_parallel: P > 1 the trainer builds the process
+// groups ProcessGroups(ctx, {T, P}) (zero/groups.hpp): the model holds this rank's part
+// (tensor_parallel.hpp: its share of every layer of its stage), the engine shards, reduces and
+// steps over the data-parallel group, and the ranks of one tensor group and of one pipeline
+// read the same batches (the data loader's rank is the data-parallel coordinate, its world the
+// data-parallel size world / (T x P)).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +33,7 @@
 #include "data.hpp"
 #include "gpt_config.hpp"
 #include "gpt_model.hpp"
+#include "pipeline.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
@@ -40,7 +47,8 @@ struct GptSettings {
   std::string preset = "tiny";
   GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
   std::uint64_t init_seed = 42;
-  int tensor_parallel = 1;  // T: ranks that split each layer (tensor_parallel.hpp)
+  int tensor_parallel = 1;    // T: ranks that split each layer (tensor_parallel.hpp)
+  int pipeline_parallel = 1;  // P: pipeline stages (pipeline.hpp)
   // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
   // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
   std::string init_from;
@@ -84,6 +92,41 @@ int gpt_data_parallel_size(const GptSettings& settings, int world_size);
 // Every key of the three sections with its default and meaning (for --help).
 std::string gpt_settings_help();
 
+// Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
+// not record them as part of the training gather order; the guard restores training mode even
+// when the pass throws.
+class EvalScope {
+ public:
+  explicit EvalScope(zero::Engine& e) : e_(e) { e_.set_eval(true); }
+  ~EvalScope() {
+    try {
+      e_.set_eval(false);
+    } catch (...) {
+    }
+  }
+  EvalScope(const EvalScope&) = delete;
+  EvalScope& operator=(const EvalScope&) = delete;
+
+ private:
+  zero::Engine& e_;
+};
+
+// The uniform draws of sampling: SplitMix64, the same stream for the same seed whatever the
+// world size or grid.
+class SampleCoin {
+ public:
+  explicit SampleCoin(std::uint64_t seed) : state_(seed) {}
+  double operator()() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return static_cast<double>((z ^ (z >> 31)) >> 11) * 0x1p-53;
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
 class GptTrainer {
  public:
   // cfg must be resolved for gpt_data_parallel_size(settings, ctx.world_size()).
@@ -114,7 +157,8 @@ class GptTrainer {
   // out. Collective.
   Evaluation evaluate();
   // Continues `prompt` by `n` tokens on rank 0; other ranks get an empty list. Collective only
-  // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass.
+  // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass;
+  // under pipeline parallelism data-parallel rank 0's pipeline takes part in every token.
   // The tokens depend only on the weights, the prompt and the seed.
   std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,
                           std::uint64_t seed);
@@ -138,14 +182,20 @@ class GptTrainer {
   const TokenSet* val_data() const { return val_set_.get(); }
   std::size_t activation_bytes() const { return model_->activation_bytes(); }
   // The grid (zero/groups.hpp): tensor x data x pipeline ranks, and this rank's data-parallel
-  // place (the engine's and the data loader's rank and world).
+  // place (the engine's and the data loader's rank and world). Without model parallelism there
+  // are no groups: the engine runs over the world.
   int tensor_parallel_size() const { return settings_.tensor_parallel; }
+  int tensor_parallel_rank() const { return groups_ ? groups_->coord().tensor : 0; }
   int data_parallel_size() const { return groups_ ? groups_->data_size() : ctx_.world_size(); }
   int data_parallel_rank() const { return groups_ ? groups_->coord().data : ctx_.rank(); }
-  std::string grid() const;  // "TP 2 x DP 2 x PP 1"
-  // Bytes this rank sent: the engine's collectives and the model's tensor-parallel all-reduces.
+  int pipeline_stages() const { return settings_.pipeline_parallel; }
+  std::string grid() const;  // "TP 2 x DP 1 x PP 2"
+  // Bytes this rank sent: the engine's collectives, the model's tensor-parallel all-reduces and
+  // the pipeline's point-to-point sends.
   zero::TrafficBytes traffic() const;
   zero::TrafficBytes tensor_traffic() const;  // the all-reduces over the tensor group alone
+  // This rank's stage, its schedule's figures and the activation peak seen so far.
+  PipelineReport pipeline_report() const;
 
  private:
   // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the
@@ -164,19 +214,32 @@ class GptTrainer {
   // the loss of an evaluation pass (a wait for the device); a training pass returns 0 and
   // leaves its loss in the model's running total.
   double run_micro_batch(bool train);
+  // The validation windows shared out over `world` ranks (this one `rank`): forward() runs the
+  // batch set on the model and returns its loss, which enters the mean where `counts`.
+  Evaluation evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
+                              const std::function<double()>& forward);
 
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
 
-  // The data-parallel group: evaluation sums its windows over it.
-  zero::Communicator& data_comm() { return groups_ ? groups_->data() : ctx_.comm(); }
+  // Pipeline parallelism (pipeline.cpp).
+  ModelPart pipeline_part() const;
+  void setup_pipeline_buffers();
+  std::size_t tied_elements() const;  // this rank's rows of wte, padded vocabulary included
+  void stage_forward();                // this stage's forward of the current slot
+  void stage_backward(bool last_micro);
+  void pipeline_forward_only();
+  Step pipeline_train_step();
+  Evaluation pipeline_evaluate();
 
   zero::Context& ctx_;
   GptSettings settings_;
-  std::unique_ptr<zero::ProcessGroups> groups_;  // with tensor parallelism; outlives the engine
+  // With tensor or pipeline parallelism; before the engine, which uses it, so it outlives it.
+  std::unique_ptr<zero::ProcessGroups> groups_;
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<GptModel> model_;
+  std::unique_ptr<PipelineState> pipe_;  // P > 1; after ops_, whose memory its buffers hold
   std::unique_ptr<TokenSet> train_set_, val_set_;
   std::unique_ptr<DataLoader> train_loader_, val_loader_;
   int micro_batch_ = 1, gas_ = 1;

@@ -2,7 +2,8 @@
 // collective and reduction op in fp32 / bf16 / fp16 against exactly known results, in-place
 // all-gather, broadcast from any root, groups, and the stream semantics of Work: a collective
 // sees the compute-stream kernel that wrote its input just before the call, and compute-stream
-// work enqueued after wait() sees its result, with no host synchronization in between.
+// work enqueued after wait() sees its result, with no host synchronization in between; and
+// point-to-point send/recv between device buffers in a ring.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -100,6 +101,34 @@ TEST_CASE("all_gather in place and out of place; broadcast from every root", "[c
   CHECK_THROWS_WITH(c.broadcast_async(nullptr, 4, world), Catch::Contains("not a rank"));
   CHECK(c.all_reduce_scalar(rank + 1.0, ReduceOp::sum) == world * (world + 1) / 2.0);
   c.barrier();
+}
+
+TEST_CASE("point to point: a ring of sends and receives of device buffers in every dtype", "[comm]") {
+  auto b = backend("cuda", test_comm());
+  Communicator& c = b->comm();
+  const int world = c.size(), rank = c.rank();
+  if (world < 2) return;
+  const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+  for (DType t : kTypes) {
+    INFO(dtype_name(t) << " over " << world << " ranks via " << test_comm());
+    const std::size_t n = 777;
+    Buffer send = upload(*b, filled(rank, n, t));
+    Buffer recv = b->alloc(n * dtype_size(t));
+    Work a, r;
+    {
+      // NCCL: a send and a receive toward each other must launch together, or both may wait.
+      CommGroup g(c);
+      r = c.recv_async(recv.get(), n, t, prev);
+      a = c.send_async(send.get(), n, t, next);
+      g.end();
+    }
+    r.wait();
+    a.wait();
+    auto got = download<char>(*b, recv, n * dtype_size(t));
+    auto want = filled(prev, n, t);
+    REQUIRE(std::memcmp(got.data(), want.data(), want.size()) == 0);
+  }
+  CHECK_THROWS_WITH(c.send_async(nullptr, 1, DType::f32, rank), Catch::Contains("not another rank"));
 }
 
 TEST_CASE("a group of collectives completes together; its Work waits only after group_end", "[comm]") {

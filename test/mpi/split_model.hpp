@@ -43,7 +43,9 @@ inline int stage_of(std::size_t unit, int P) {
 
 // This rank's part: its pipeline stage's units, its tensor rank's rows of the split parameters
 // (declared split along axis 0, so checkpoint tools can put them back together).
-inline Layout part_layout(int T, int P, GridCoord c) {
+// tied: the last stage also holds a copy of embed.w (as GPT's last stage holds the tied wte),
+// the same unit and parameter name, its norm counted on the first stage only.
+inline Layout part_layout(int T, int P, GridCoord c, bool tied = false) {
   Layout l;
   for (std::size_t u = 0; u < kModel.size(); ++u) {
     if (stage_of(u, P) != c.pipeline) continue;
@@ -54,6 +56,12 @@ inline Layout part_layout(int T, int P, GridCoord c) {
       if (p.replicated) l.set_replicated(id, p.name);
       else if (T > 1) l.set_split(id, p.name, 0);
     }
+  }
+  if (tied && P > 1 && c.pipeline == P - 1) {
+    const PSpec& w = kModel[0].params[0];
+    const int id = l.add_unit(kModel[0].name, {{w.name, {w.rows / T, w.cols}}});
+    if (T > 1) l.set_split(id, w.name, 0);
+    l.set_norm_counted_elsewhere(id, w.name);
   }
   return l;
 }

@@ -1,9 +1,12 @@
 // Process groups and node topology: the grid's rank order (Megatron's: tensor fastest, then
 // data, then pipeline), who is in each group, clear errors for grids the world does not fit,
-// and the bytes each collective sends inside and across nodes (the ring model of zero/comm.hpp).
+// and the bytes each collective sends inside and across nodes (the ring model of zero/comm.hpp);
+// point-to-point send/recv (values, any posting order, traffic by the peer's node, the receiver's
+// check of a mismatched pair, and ranks outside a transfer taking no part in it).
 // Run at 1, 2 and 4 ranks, and at 4 ranks with ZERO_RANKS_PER_NODE=2 (two simulated nodes).
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 using namespace zero;
 
 namespace {
+std::string fmt_peer(const char* what, int peer) { return std::string(what) + " " + std::to_string(peer); }
 int simulated_per_node() {
   const char* v = std::getenv("ZERO_RANKS_PER_NODE");
   return v ? std::atoi(v) : 0;
@@ -116,6 +120,103 @@ TEST_CASE("collectives count the bytes each rank sends inside its node and acros
   REQUIRE(sent([&] { c.barrier(); }) == 0);
   // The groups' total includes what data() sent.
   REQUIRE(g.traffic().intra_node + g.traffic().inter_node >= c.traffic().intra_node + c.traffic().inter_node);
+}
+
+TEST_CASE("point to point: a ring of sends and receives in every dtype, posted in either order, counted by the peer's node") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  if (world < 2) return;
+  ProcessGroups g(ctx);
+  Communicator& c = g.data();
+  const int next = (r + 1) % world, prev = (r + world - 1) % world;
+  const int per = simulated_per_node() ? simulated_per_node() : world;
+  const bool next_same_node = next / per == r / per;
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    for (bool recv_first : {false, true}) {
+      INFO(dtype_name(t) << (recv_first ? ", receive posted first" : ", send posted first"));
+      const std::size_t n = 1000 + static_cast<std::size_t>(r);  // each pair its own size
+      const std::size_t m = 1000 + static_cast<std::size_t>(prev);
+      std::vector<std::uint16_t> out16(n), in16(m);
+      std::vector<float> out32(n), in32(m);
+      for (std::size_t i = 0; i < n; ++i) {
+        out32[i] = static_cast<float>(r * 10000 + static_cast<int>(i));
+        out16[i] = static_cast<std::uint16_t>(r * 1000 + static_cast<int>(i));
+      }
+      const void* src = t == DType::f32 ? static_cast<const void*>(out32.data()) : out16.data();
+      void* dst = t == DType::f32 ? static_cast<void*>(in32.data()) : in16.data();
+      const TrafficBytes before = c.traffic();
+      Work a, b;
+      if (recv_first) {
+        b = c.recv_async(dst, m, t, prev);
+        a = c.send_async(src, n, t, next);
+      } else {
+        a = c.send_async(src, n, t, next);
+        b = c.recv_async(dst, m, t, prev);
+      }
+      b.wait();
+      a.wait();
+      for (std::size_t i = 0; i < m; ++i) {
+        if (t == DType::f32) REQUIRE(in32[i] == static_cast<float>(prev * 10000 + static_cast<int>(i)));
+        else REQUIRE(in16[i] == static_cast<std::uint16_t>(prev * 1000 + static_cast<int>(i)));
+      }
+      const TrafficBytes d = c.traffic() - before;
+      const auto bytes = static_cast<std::int64_t>(n * dtype_size(t));
+      REQUIRE((next_same_node ? d.intra_node : d.inter_node) == bytes);
+      REQUIRE((next_same_node ? d.inter_node : d.intra_node) == 0);
+    }
+  }
+  REQUIRE(c.recent_collectives().find(fmt_peer("send to rank", next)) != std::string::npos);
+  REQUIRE(c.recent_collectives().find(fmt_peer("recv from rank", prev)) != std::string::npos);
+}
+
+TEST_CASE("point to point involves only its two ranks: the others go on to their next collective") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  if (world < 2) return;
+  ProcessGroups g(ctx);
+  Communicator& c = g.data();
+  const int last = world - 1;
+  double v = 0;
+  if (r == 0) c.send(&r, 1, DType::f32, last);  // 4 bytes: the int's bits, read back as they are
+  if (r == last) {
+    int got = -1;
+    c.recv(&got, 1, DType::f32, 0);
+    REQUIRE(got == 0);
+  }
+  v = c.all_reduce_scalar(1.0, ReduceOp::sum);
+  REQUIRE(v == world);
+  // A peer outside the communicator, or this rank itself, is an error naming it.
+  REQUIRE_THROWS_WITH(c.send(&r, 1, DType::f32, world), Catch::Contains("peer " + std::to_string(world)));
+  REQUIRE_THROWS_WITH(c.recv(&v, 1, DType::f32, r), Catch::Contains("not another rank"));
+}
+
+TEST_CASE("a receive that does not match its send is an error naming both ranks and both sizes") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  if (world < 2) return;
+  // Its own groups: the refused payload stays unread in this communicator, which then goes.
+  ProcessGroups g(ctx);
+  Communicator& c = g.data();
+  std::vector<float> buf(8, 1.0f);
+  if (r == 0) c.send(buf.data(), 5, DType::f32, 1);
+  if (r == 1)
+    REQUIRE_THROWS_WITH(c.recv(buf.data(), 4, DType::bf16, 0),
+                        Catch::Contains("point-to-point mismatch") && Catch::Contains("rank 0 sent 5 fp32") &&
+                            Catch::Contains("rank 1 posted a receive of 4 bf16"));
+  ctx.comm().barrier();
+  if (world != 4) return;
+  // On a group whose ranks are not the world's (tensor rank 1's data group: world ranks 1 and 3),
+  // the two ranks are named by their world ranks, as the deadline reports name them.
+  ProcessGroups tp(ctx, {.tensor = 2});
+  if (tp.coord().tensor == 1) {
+    Communicator& d = tp.data();
+    if (d.rank() == 0) d.send(buf.data(), 5, DType::f32, 1);
+    else
+      REQUIRE_THROWS_WITH(d.recv(buf.data(), 4, DType::f32, 0),
+                          Catch::Contains("world rank 1 sent 5 fp32") &&
+                              Catch::Contains("world rank 3 posted a receive of 4 fp32"));
+  }
+  ctx.comm().barrier();
 }
 
 namespace {

@@ -27,11 +27,12 @@ struct Run {
   std::vector<std::vector<float>> master;  // per local unit, this rank's part
 };
 
-Run train_on(Context& ctx, ProcessGroups& g, int stage, int steps, bool fp16 = false, int poison_rank = -1) {
+Run train_on(Context& ctx, ProcessGroups& g, int stage, int steps, bool fp16 = false, int poison_rank = -1,
+             bool tied = false) {
   const int T = g.tensor_size(), P = g.pipeline_size();
   Config cfg = parse_config(config_text(stage, g.data_size(), fp16), "test_model_parallel");
   cfg.resolve(g.data_size());
-  Engine e(ctx, cfg, part_layout(T, P, g.coord()), g);
+  Engine e(ctx, cfg, part_layout(T, P, g.coord(), tied), g);
   init_part(e, g.coord());
   Run run;
   for (int s = 0; s < steps; ++s) run.norms.push_back(train_step(e, g, s, s == 1 && ctx.rank() == poison_rank));
@@ -39,9 +40,10 @@ Run train_on(Context& ctx, ProcessGroups& g, int stage, int steps, bool fp16 = f
   return run;
 }
 
-Run train(Context& ctx, int T, int P, int stage, int steps, bool fp16 = false, int poison_rank = -1) {
+Run train(Context& ctx, int T, int P, int stage, int steps, bool fp16 = false, int poison_rank = -1,
+          bool tied = false) {
   ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
-  return train_on(ctx, g, stage, steps, fp16, poison_rank);
+  return train_on(ctx, g, stage, steps, fp16, poison_rank, tied);
 }
 
 }  // namespace
@@ -80,6 +82,37 @@ TEST_CASE("tensor and pipeline parts of a model train as the whole model does un
             REQUIRE(std::abs(a - b) <= 1e-5f * std::max(1.0f, std::abs(b)));
           }
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("a tied copy on the last pipeline stage counts once in the norm and trains as the original") {
+  // The copy gets the same gradient as the original (as after GPT's tied-gradient all-reduce),
+  // so counted twice the norm would be too large and clipping would change every update.
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  std::vector<std::pair<int, int>> grids = {{1, 2}};
+  if (world == 4) grids.push_back({2, 2});
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Run ref = train(ctx, 1, 1, stage, 4);
+    for (auto [T, P] : grids) {
+      INFO("stage " << stage << ", TP " << T << " x PP " << P << " with a tied copy");
+      const Run mp = train(ctx, T, P, stage, 4, false, -1, /*tied=*/true);
+      for (std::size_t s = 0; s < ref.norms.size(); ++s) {
+        INFO("step " << s << ": norm " << mp.norms[s] << " vs " << ref.norms[s]);
+        REQUIRE(std::abs(mp.norms[s] - ref.norms[s]) <= 1e-5 * ref.norms[s]);
+      }
+      ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
+      if (g.coord().pipeline != P - 1) continue;
+      // The copy (the last unit of the last stage) equals the whole model's embed.w, part by part.
+      const Layout part = part_layout(T, P, g.coord(), true);
+      const ParamInfo& pp = part.unit(part.num_units() - 1).params[0];
+      REQUIRE(pp.norm_counted_elsewhere);
+      for (std::int64_t i = 0; i < pp.numel; ++i) {
+        const float a = mp.master.back()[static_cast<std::size_t>(i)];
+        const float b = ref.master[0][static_cast<std::size_t>(global_index(pp, g.coord().tensor, i))];
+        REQUIRE(std::abs(a - b) <= 1e-5f * std::max(1.0f, std::abs(b)));
       }
     }
   }

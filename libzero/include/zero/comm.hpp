@@ -28,6 +28,18 @@
 // The check costs one latency-bound all-reduce per collective (bench/RESULTS.md: under 1% of a
 // GPT step); ZERO_COLLECTIVE_CHECK=0 turns it off, for measuring that cost only.
 //
+// Point to point (send_async / recv_async, for pipeline stages): only the two ranks take part,
+// so the collective check's all-rank agreement does not apply (it would make every rank of the
+// communicator wait for a transfer between two of them). Instead, on MPI, each send carries a
+// small header (element count and dtype) on a private channel and the receiver compares it
+// with what it posted: a mismatch is an error naming both ranks and both descriptions, never a
+// truncated or misread buffer. The deadline covers P2P waits as it covers collectives, and P2P
+// calls appear in the rank's recent-collectives list ("send to rank 1 of 4096 f32"). Device
+// communicators record and count their P2P on the host communicator but do not exchange the
+// header (NCCL's send/recv pair on the device). Messages between two ranks arrive in the order
+// they were sent. On NCCL, a send and a receive that two ranks issue toward each other must be
+// started inside one group (CommGroup), or each may wait for the other; MPI needs no group.
+//
 // The fp32-then-round-once rule for 16-bit sums holds for the MPI-based communicators (host and
 // MPI-staged). NCCL reduces bf16/fp16 natively, rounding at each step of its ring or tree, so
 // with more than two ranks a 16-bit NCCL sum may differ from it in the last place.
@@ -97,7 +109,9 @@ class Work {
 // says what a node is). Counted by the ring model that NCCL's and MPI's large-message algorithms
 // follow, rank r sending to rank r+1 (mod size): an all-gather of s bytes per rank sends
 // (size-1)s, a reduce-scatter of s result bytes per rank (size-1)s, an all-reduce of b bytes
-// 2(size-1)ceil(b/size), a broadcast of b bytes b unless the next rank is the root. Payload bytes
+// 2(size-1)ceil(b/size), a broadcast of b bytes b unless the next rank is the root; a
+// point-to-point send of b bytes counts b, inside or across nodes by where the peer is (a
+// receive counts nothing: the sender counts it). Payload bytes
 // in the collective's dtype: the host communicator's fp32 staging of 16-bit sums is not counted.
 struct TrafficBytes {
   std::int64_t intra_node = 0;
@@ -144,6 +158,15 @@ class Communicator {
   void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
   void barrier() { barrier_async().wait(); }
 
+  // Point to point (see the top of this file): `count` elements of t to / from `peer`, a rank of
+  // this communicator other than this one. The receiver posts the same count and dtype. Not
+  // collective: the other ranks do nothing. A send's buffer must stay unchanged, and a receive's
+  // untouched, until its Work completes.
+  virtual Work send_async(const void* buf, std::size_t count, DType t, int peer) = 0;
+  virtual Work recv_async(void* buf, std::size_t count, DType t, int peer) = 0;
+  void send(const void* buf, std::size_t count, DType t, int peer) { send_async(buf, count, t, peer).wait(); }
+  void recv(void* buf, std::size_t count, DType t, int peer) { recv_async(buf, count, t, peer).wait(); }
+
   // Blocking reduction of one host double (grad norm partials, overflow flags, agreement on
   // errors), in double precision whatever the data dtype.
   virtual double all_reduce_scalar(double v, ReduceOp op) = 0;
@@ -155,6 +178,11 @@ class Communicator {
   // which also counts their traffic (they span the same ranks).
   virtual void check_collective(const char* kind, std::size_t count, DType t, int root) {
     (void)kind, (void)count, (void)t, (void)root;
+  }
+  // A point-to-point call a device communicator over the same ranks is about to issue: recorded
+  // for hang reports and counted as traffic (kind "send" or "recv"; no agreement is taken).
+  virtual void note_p2p(const char* kind, std::size_t count, DType t, int peer) {
+    (void)kind, (void)count, (void)t, (void)peer;
   }
   // What this rank has sent since the communicator was made (zeros where not counted).
   virtual TrafficBytes traffic() const { return {}; }

@@ -39,6 +39,11 @@ struct ParamInfo {
   // put a tensor-parallel model back together (zero-ckpt export).
   int split_axis = -1;
   int split_blocks = 1;
+  // Under pipeline parallelism, a copy of a parameter that another rank of the model group holds
+  // too and counts in the global gradient norm (GPT's tied wte: the last stage's copy of the first
+  // stage's embedding, the same name, values and summed gradient). This rank leaves it out of its
+  // part of the norm, so the parameter counts once. Updated like any other parameter.
+  bool norm_counted_elsewhere = false;
 };
 
 struct UnitInfo {
@@ -69,6 +74,9 @@ class Layout {
   void decay_matrices_only();
   // Marks a parameter as replicated across the tensor-parallel group (see ParamInfo::replicated).
   void set_replicated(int unit, std::string_view param, bool replicated = true);
+  // Marks a parameter as a copy whose gradient norm another rank counts (see
+  // ParamInfo::norm_counted_elsewhere).
+  void set_norm_counted_elsewhere(int unit, std::string_view param, bool elsewhere = true);
   // Marks a parameter as cut across the tensor-parallel group (see ParamInfo::split_axis). The
   // axis must exist in its shape and its extent divide by `blocks`.
   void set_split(int unit, std::string_view param, int axis, int blocks = 1);

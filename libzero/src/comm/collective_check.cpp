@@ -43,8 +43,8 @@ std::string describe_collective(const CommSite& site, const char* kind, std::siz
   if (site.call && site.unit) who += fmt::format("({})", *site.unit);
   if (site.eval) who += " [eval]";
   std::string what = kind;
-  if (root >= 0) what += fmt::format(" from rank {}", root);
   const std::string_view k(kind);
+  if (root >= 0) what += fmt::format(" {} rank {}", k == "send" ? "to" : "from", root);
   if (k == "all_reduce_scalar")
     what += " of one double";
   else if (count > 0)
@@ -65,14 +65,16 @@ CollectiveCheck::~CollectiveCheck() {
   if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+void CollectiveCheck::note(const char* kind, std::size_t count, DType t, int peer) {
+  const std::lock_guard<std::mutex> lock(recent_mu_);
+  recent_[static_cast<std::size_t>(stated_) % kRecent] = Stated{stated_ + 1, kind, count, t, peer, t_site};
+  ++stated_;
+}
+
 void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int root,
                             const std::function<void(MPI_Request&)>& wait) {
   const CommSite site = t_site;
-  {
-    const std::lock_guard<std::mutex> lock(recent_mu_);
-    recent_[static_cast<std::size_t>(stated_) % kRecent] = Stated{stated_ + 1, kind, count, t, root, site};
-    ++stated_;
-  }
+  note(kind, count, t, root);
   if (!enabled_ || size_ == 1) return;
   const std::int64_t seq = ++seq_;
   // The fingerprint covers what must match for the collectives to pair up correctly, and the

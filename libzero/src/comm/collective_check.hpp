@@ -36,6 +36,9 @@ class CollectiveCheck {
   // call when they differ. `wait` completes a request under the collective deadline.
   void agree(const char* kind, std::size_t count, DType t, int root,
              const std::function<void(MPI_Request&)>& wait);
+  // Records a point-to-point call (kind "send" or "recv", root: the peer) in the recent list
+  // without any agreement: only two ranks take part (zero/comm.hpp).
+  void note(const char* kind, std::size_t count, DType t, int peer);
   // This rank's last collectives, oldest first ("#25 reduce(h.1): reduce_scatter of ..."), for
   // reports written while a collective hangs (the CUDA watchdog's, from its own thread).
   std::string recent() const;
@@ -60,7 +63,8 @@ class CollectiveCheck {
   std::int64_t stated_ = 0;  // collectives stated, checked or not (the ring's count)
 };
 
-// "gather(h.3) [eval]: all_gather of 768 bf16": a collective as the check's messages name it.
+// "gather(h.3) [eval]: all_gather of 768 bf16": a collective as the check's messages name it
+// (a point-to-point call: "pipeline: send to rank 1 of 4096 f32").
 std::string describe_collective(const CommSite& site, const char* kind, std::size_t count, DType t, int root);
 
 }  // namespace zero

@@ -1,5 +1,9 @@
 // MpiCommunicator: the host-memory Communicator over an MPI communicator.
 //
+// Point-to-point sends go out on the communicator itself with one tag; with the collective
+// check on, a 3-integer header (count, dtype, sender) goes first on the private channel, and
+// the receiver's wait() compares it with what it posted before reading the payload.
+//
 // 16-bit reductions are staged through fp32 scratch: the payload is widened, reduced with
 // MPI's float sum, and rounded once on completion. That costs a copy, but the result is the
 // correctly rounded sum, independent of the order MPI combines ranks in as far as fp32 allows.
@@ -39,6 +43,9 @@ class MpiCommunicator final : public Communicator {
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;
   Work barrier_async() override;
   double all_reduce_scalar(double v, ReduceOp op) override;
+  Work send_async(const void* buf, std::size_t count, DType t, int peer) override;
+  Work recv_async(void* buf, std::size_t count, DType t, int peer) override;
+  void note_p2p(const char* kind, std::size_t count, DType t, int peer) override;
   void check_collective(const char* kind, std::size_t count, DType t, int root) override;
   std::string recent_collectives() const override { return check_->recent(); }
   TrafficBytes traffic() const override { return traffic_; }
@@ -63,9 +70,17 @@ class MpiCommunicator final : public Communicator {
     int kind = 0;  // index into the kind names in comm/mpi_comm.cpp
     std::size_t count = 0;
     DType dtype = DType::f32;  // of count; broadcast and barrier count bytes
+    int peer = -1;             // point to point: the other rank
   };
   // Polls `req` until it completes (backing off), or ends the job when the deadline passes.
   void wait(MPI_Request& req, const Call& call);
+  // Whether sends carry the header the receiver checks (the collective check's switch).
+  bool checks_p2p() const { return check_->enabled(); }
+  // The private channel of the P2P headers.
+  MPI_Comm side() const { return side_; }
+  // "rank 2" / "ranks 0, 1", as world ranks on a named group ("world rank 2"): how messages name
+  // this communicator's ranks.
+  std::string ranks_text(const std::vector<int>& ranks) const;
 
  private:
   // The next collective's Call, after the collective check has agreed on it (root: broadcast's).
@@ -81,12 +96,13 @@ class MpiCommunicator final : public Communicator {
   TrafficBytes traffic_;
   // Adds what this rank sends in one collective to traffic_ (the ring model of zero/comm.hpp).
   void count_traffic(int kind, std::size_t count, DType t, int root);
+  // Records and counts a P2P call; returns its Call for the deadline's report.
+  Call p2p_call(int kind, std::size_t count, DType t, int peer);
   std::string group_;            // set_group's name, or empty (the world, hpZ's group)
   std::vector<int> world_rank_;  // world rank of each rank, with a group name
-  // "rank 2" / "ranks 0, 1", as world ranks on a named group.
-  std::string ranks_text(const std::vector<int>& ranks) const;
   double timeout_s_ = 600.0;
   std::int64_t seq_ = 0;
+  std::int64_t p2p_seq_ = 0;  // P2P calls are numbered apart: only two ranks share each
   int rank_ = 0, size_ = 1;
   std::mutex scratch_mu_;
   std::vector<std::vector<float>> scratch_;

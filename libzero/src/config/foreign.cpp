@@ -90,7 +90,7 @@ const std::vector<Foreign>& foreign_keys() {
       {"tensor_parallel.autotp_size", Policy::refused, "0|1",
        "tensor parallelism is not implemented (data parallel only)"},
       {"pipeline.stages", Policy::refused, "1|auto",
-       "pipeline parallelism is not implemented (data parallel only)"},
+       "the engine has no pipeline of its own: pipeline the model in the training loop over zero::ProcessGroups (zero-gpt: model.pipeline_parallel)"},
       // zero_optimization
       {"zero_optimization.allgather_partitions", Policy::silent, "", "a performance hint"},
       {"zero_optimization.round_robin_gradients", Policy::silent, "", "a performance hint"},

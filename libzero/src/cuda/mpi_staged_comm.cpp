@@ -126,4 +126,22 @@ Work MpiStagedCommunicator::broadcast_async(void* buf, std::size_t bytes, int ro
   return Work(std::make_unique<StagedWork>(this, std::move(w), std::move(h), result, buf, rank() == root ? 0 : bytes));
 }
 
+Work MpiStagedCommunicator::send_async(const void* buf, std::size_t count, DType t, int peer) {
+  const std::size_t bytes = count * dtype_size(t);
+  offload::PinnedBuffer h = take(bytes, "send");
+  stage_in(h.data(), buf, bytes);
+  Work w = host_.send_async(h.data(), count, t, peer);
+  void* staged = h.data();
+  // Nothing comes back; the Work keeps the staging buffer until the send is done.
+  return Work(std::make_unique<StagedWork>(this, std::move(w), std::move(h), staged, nullptr, 0));
+}
+
+Work MpiStagedCommunicator::recv_async(void* buf, std::size_t count, DType t, int peer) {
+  const std::size_t bytes = count * dtype_size(t);
+  offload::PinnedBuffer h = take(bytes, "recv");
+  Work w = host_.recv_async(h.data(), count, t, peer);
+  void* staged = h.data();
+  return Work(std::make_unique<StagedWork>(this, std::move(w), std::move(h), staged, buf, bytes));
+}
+
 }  // namespace zero::cuda

@@ -37,6 +37,9 @@ class MpiStagedCommunicator final : public Communicator {
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;
   Work barrier_async() override { return host_.barrier_async(); }
   double all_reduce_scalar(double v, ReduceOp op) override { return host_.all_reduce_scalar(v, op); }
+  // Point to point through pinned host memory on the host communicator (its header check too).
+  Work send_async(const void* buf, std::size_t count, DType t, int peer) override;
+  Work recv_async(void* buf, std::size_t count, DType t, int peer) override;
 
   // Used by the Work handles.
   // Copies `bytes` at `host_src` (inside `buf`) to `dev_dst` on the compute stream; keeps `buf`

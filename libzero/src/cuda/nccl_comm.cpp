@@ -323,6 +323,24 @@ Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   });
 }
 
+Work NcclCommunicator::send_async(const void* buf, std::size_t count, DType t, int peer) {
+  ZERO_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+             fmt::format("send: peer {} is not another rank of this communicator of {} ranks", peer, size_));
+  host_.note_p2p("send", count, t, peer);
+  return launch("send", count * dtype_size(t), [&] {
+    ZERO_NCCL_CHECK(settle(ncclSend(buf, count, nccl_type(t), peer, comm_, streams_.comm)));
+  });
+}
+
+Work NcclCommunicator::recv_async(void* buf, std::size_t count, DType t, int peer) {
+  ZERO_CHECK(peer >= 0 && peer < size_ && peer != rank_,
+             fmt::format("recv: peer {} is not another rank of this communicator of {} ranks", peer, size_));
+  host_.note_p2p("recv", count, t, peer);
+  return launch("recv", count * dtype_size(t), [&] {
+    ZERO_NCCL_CHECK(settle(ncclRecv(buf, count, nccl_type(t), peer, comm_, streams_.comm)));
+  });
+}
+
 Work NcclCommunicator::barrier_async() { return host_.barrier_async(); }
 
 double NcclCommunicator::all_reduce_scalar(double v, ReduceOp op) { return host_.all_reduce_scalar(v, op); }

@@ -49,6 +49,9 @@ class NcclCommunicator final : public Communicator {
   // A host barrier (MPI): ranks meet; device work is not drained.
   Work barrier_async() override;
   double all_reduce_scalar(double v, ReduceOp op) override;
+  // ncclSend / ncclRecv on the comm stream, recorded and counted on the host communicator.
+  Work send_async(const void* buf, std::size_t count, DType t, int peer) override;
+  Work recv_async(void* buf, std::size_t count, DType t, int peer) override;
   void group_begin() override;
   void group_end() override;
 

@@ -73,6 +73,10 @@ void Layout::set_replicated(int id, std::string_view p, bool replicated) {
   param(id, p, "Layout::set_replicated").replicated = replicated;
 }
 
+void Layout::set_norm_counted_elsewhere(int id, std::string_view p, bool elsewhere) {
+  param(id, p, "Layout::set_norm_counted_elsewhere").norm_counted_elsewhere = elsewhere;
+}
+
 void Layout::set_split(int id, std::string_view p, int axis, int blocks) {
   ParamInfo& info = param(id, p, "Layout::set_split");
   ZERO_CHECK(axis >= 0 && axis < static_cast<int>(info.shape.size()),

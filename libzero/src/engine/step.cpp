@@ -135,7 +135,8 @@ void EngineImpl::check_step_ready(const char* what) const {
 // and the maximum over the replica group makes every group take the same norm (and the same
 // overflow decision) bit for bit, whatever the replica all-reduce's rounding. Under model parallelism the parts of the model add
 // up over the model group, a parameter replicated across the tensor group counted on its tensor
-// rank 0 only. An inf/nan on any rank makes the sum non-finite everywhere, so every rank agrees
+// rank 0 only, a copy marked norm_counted_elsewhere (a tied weight on two pipeline stages) only
+// where it is not marked. An inf/nan on any rank makes the sum non-finite everywhere, so every rank agrees
 // to skip.
 double EngineImpl::global_grad_sumsq() {
   backend_->stats_begin();
@@ -145,13 +146,15 @@ double EngineImpl::global_grad_sumsq() {
   for (int i = 0; i < layout_.num_units(); ++i) {
     const UnitShape& s = shape(i);
     const char* g = static_cast<const char*>(reducer_.owned(i));
-    // The owned range, less the replicated parameters' elements where another rank counts them.
+    // The owned range, less the elements another rank of the model group counts: replicated
+    // parameters off tensor rank 0, and copies held on another pipeline stage too.
     std::int64_t pos = s.own_begin;
     const std::int64_t end = s.own_begin + s.own_len;
-    if (model_comm_ != nullptr && tensor_rank_ != 0)
+    if (model_comm_ != nullptr)
       for (const ParamInfo& p : layout_.unit(i).params) {  // in offset order
         const std::int64_t b = std::max(pos, p.offset), e = std::min(end, p.offset + p.numel);
-        if (!p.replicated || b >= e) continue;
+        const bool elsewhere = (p.replicated && tensor_rank_ != 0) || p.norm_counted_elsewhere;
+        if (!elsewhere || b >= e) continue;
         if (b > pos) backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt, static_cast<std::size_t>(b - pos));
         pos = e;
       }

@@ -133,6 +133,13 @@ TEST_CASE("a GPU without a planner preset trains with MFU shown as n/a", "[gpt][
   CHECK(Reporter::train_line(r).find("| MFU n/a (set run.peak_tflops) |") != std::string::npos);
   r.mfu = 0.25;
   CHECK(Reporter::train_line(r).find("| MFU 25.0% |") != std::string::npos);
+  // The grid and the bubble only under model parallelism, in the start line's words.
+  CHECK(Reporter::train_line(r).find("grid") == std::string::npos);
+  r.tensor_parallel = 2;
+  r.pipeline_parallel = 2;
+  r.pipeline_bubble = 0.2;
+  CHECK(Reporter::train_line(r).ends_with(" | grid TP 2 x DP 1 x PP 2, bubble 20.0%"));
+  CHECK(format_grid(2, 1, 2) == "TP 2 x DP 1 x PP 2");
 }
 
 TEST_CASE("backend: cuda trains in bf16 and says so otherwise", "[gpt][settings]") {

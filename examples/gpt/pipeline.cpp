@@ -1,0 +1,306 @@
+// Pipeline parallelism for the GPT trainer: the split, the 1F1B schedule, the stage's layout,
+// and GptTrainer's pipelined training step, evaluation and sampling (see pipeline.hpp).
+#include "pipeline.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "reporter.hpp"
+#include "tensor_parallel.hpp"
+#include "trainer.hpp"
+#include "zero/error.hpp"
+#include "zero/groups.hpp"
+
+namespace zero::gpt {
+
+StageSplit stage_split(int n_layer, int stages, int stage) {
+  ZERO_CHECK(stages >= 1 && stages <= n_layer,
+             fmt::format("model.pipeline_parallel: {} stages for {} blocks (n_layer); every stage needs at least one "
+                         "block: use pipeline_parallel <= {}",
+                         stages, n_layer, n_layer));
+  ZERO_CHECK(stage >= 0 && stage < stages, fmt::format("stage_split: stage {} of {}", stage, stages));
+  const int base = n_layer / stages, extra = n_layer % stages;
+  StageSplit s;
+  s.stage = stage;
+  s.stages = stages;
+  s.first_layer = stage * base + std::min(stage, extra);
+  s.end_layer = s.first_layer + base + (stage < extra ? 1 : 0);
+  return s;
+}
+
+std::vector<PipeOp> one_f_one_b(int stages, int stage, int m) {
+  ZERO_CHECK(stages >= 1 && stage >= 0 && stage < stages && m >= 1,
+             fmt::format("one_f_one_b: stage {} of {} over {} micro-batches", stage, stages, m));
+  const int warmup = std::min(stages - 1 - stage, m);
+  std::vector<PipeOp> ops;
+  for (int k = 0; k < warmup; ++k) ops.push_back({true, k});
+  for (int k = 0; k < m - warmup; ++k) {
+    ops.push_back({true, warmup + k});
+    ops.push_back({false, k});
+  }
+  for (int k = m - warmup; k < m; ++k) ops.push_back({false, k});
+  return ops;
+}
+
+zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel) {
+  const zero::Layout full = tensor_parallel > 1 ? tensor_parallel_layout(cfg, tensor_parallel) : build_layout(cfg);
+  zero::Layout out;
+  // A unit of the full layout (the parameters `keep` selects), its weight decay flags and
+  // tensor cuts kept.
+  auto copy = [&](int unit, auto keep) {
+    const zero::UnitInfo& u = full.unit(unit);
+    std::vector<std::pair<std::string, zero::Layout::Shape>> ps;
+    for (const auto& p : u.params)
+      if (keep(p)) ps.emplace_back(p.name, p.shape);
+    const int id = out.add_unit(u.name, ps);
+    for (const auto& p : u.params) {
+      if (!keep(p)) continue;
+      out.set_decay(id, p.name, p.decay);
+      if (p.replicated) out.set_replicated(id, p.name);
+      if (p.split_axis >= 0) out.set_split(id, p.name, p.split_axis, p.split_blocks);
+    }
+    return id;
+  };
+  auto all = [](const zero::ParamInfo&) { return true; };
+  if (s.first()) {
+    copy(embeddings_unit(), all);
+  } else if (s.last()) {
+    const std::string& wte = full.unit(embeddings_unit()).params[kWte].name;
+    const int id = copy(embeddings_unit(), [&](const zero::ParamInfo& p) { return p.name == wte; });
+    out.set_norm_counted_elsewhere(id, wte);
+  }
+  for (int l = s.first_layer; l < s.end_layer; ++l) copy(block_unit(l), all);
+  if (s.last()) copy(ln_f_unit(cfg), all);
+  return out;
+}
+
+void check_pipeline_config(const zero::Config& cfg, int pipeline) {
+  if (pipeline <= 1) return;
+  ZERO_CHECK(cfg.zero_optimization.stage <= 1,
+             fmt::format("model.pipeline_parallel: {} with zero_optimization.stage {}: pipeline parallelism works with "
+                         "ZeRO stages 0 and 1 only (as in DeepSpeed). A pipeline stage accumulates its gradients over "
+                         "the step's micro-batches, which arrive interleaved with other micro-batches' forwards; stage "
+                         "2 would reduce-scatter and free them after every micro-batch and stage 3 would gather every "
+                         "unit again for each one, a data-parallel collective per unit per micro-batch inside the "
+                         "schedule. Use stage 1: each rank already holds only 1/{} of the model's parameters",
+                         pipeline, cfg.zero_optimization.stage, pipeline));
+  ZERO_CHECK(cfg.backend == zero::BackendKind::host,
+             fmt::format("model.pipeline_parallel: {} runs on the host backend only: the engine's process groups are "
+                         "host communicators. Set backend: host, or pipeline_parallel: 1",
+                         pipeline));
+}
+
+std::string PipelineReport::describe() const {
+  std::string holds;
+  if (stage == 0) holds += ", embeddings";
+  if (stage == stages - 1) holds += stages > 1 ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
+  return fmt::format("{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
+                     "activations of {} micro-batch{} held ({:.2f} MiB)",
+                     format_grid(tensor, data, stages), stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
+                     slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
+}
+
+// ------------------------------------------------------------------------------ the trainer's part
+
+ModelPart GptTrainer::pipeline_part() const {
+  if (!pipe_) return {};
+  const StageSplit& s = pipe_->split;
+  ModelPart part;
+  part.first_layer = s.first_layer;
+  part.end_layer = s.end_layer;
+  part.embeddings = s.first();
+  part.head = s.last();
+  part.slots = in_flight_bound(s.stages, s.stage, gas_);
+  return part;
+}
+
+void GptTrainer::setup_pipeline_buffers() {
+  PipelineState& ps = *pipe_;
+  const zero::Layout& layout = engine_->layout();
+  const StageSplit& s = ps.split;
+  // The stage's units by their names in the whole model's layout.
+  const std::vector<UnitSpec> units = gpt_units(settings_.model);
+  auto id = [&](int whole_unit) { return layout.find_unit(units[static_cast<std::size_t>(whole_unit)].name); };
+  if (s.first() || s.last()) ps.emb = id(embeddings_unit());
+  if (s.last()) ps.lnf = id(ln_f_unit(settings_.model));
+  for (int l = s.first_layer; l < s.end_layer; ++l) ps.blocks.push_back(id(block_unit(l)));
+  if (s.first() || s.last()) {
+    const std::size_t n = tied_elements() * ops_->elem_bytes();
+    ps.tied = OpsBuffer(*ops_, n);
+    ps.tied_peer = OpsBuffer(*ops_, n);
+  }
+  ps.act_sends.resize(static_cast<std::size_t>(model_->part().slots));
+}
+
+std::size_t GptTrainer::tied_elements() const {
+  return static_cast<std::size_t>(settings_.model.padded_vocab_size() / settings_.tensor_parallel) *
+         settings_.model.n_embd;
+}
+
+PipelineReport GptTrainer::pipeline_report() const {
+  PipelineReport r;
+  r.data = data_parallel_size();
+  r.tensor = tensor_parallel_size();
+  r.micro_batches = gas_;
+  r.end_layer = settings_.model.n_layer;
+  r.slots = model_->part().slots;
+  r.activation_bytes = model_->activation_bytes();
+  if (!pipe_) return r;
+  r.stages = pipe_->split.stages;
+  r.stage = pipe_->split.stage;
+  r.first_layer = pipe_->split.first_layer;
+  r.end_layer = pipe_->split.end_layer;
+  r.peak_in_flight = pipe_->peak_in_flight;
+  r.bubble = bubble_fraction(r.stages, gas_);
+  return r;
+}
+
+void GptTrainer::stage_forward() {
+  PipelineState& ps = *pipe_;
+  const StageSplit& s = ps.split;
+  zero::Communicator& pipe = groups_->pipeline();
+  const zero::CommSiteScope site("pipeline forward");
+  if (s.first()) {
+    zero::UnitParams E = engine_->gather(ps.emb);
+    model_->forward_embeddings(param_ptrs(E, emb_params_));
+  } else {
+    pipe.recv(model_->stage_input(), model_->boundary_elements(), ops_->dtype(), s.stage - 1);
+  }
+  for (int l = s.first_layer; l < s.end_layer; ++l) {
+    zero::UnitParams P = engine_->gather(ps.blocks[static_cast<std::size_t>(l - s.first_layer)]);
+    model_->forward_block(l, param_ptrs(P, unit_params_));
+  }
+  if (s.last()) {
+    zero::UnitParams E = engine_->gather(ps.emb);
+    const Act* const* pe = param_ptrs(E, emb_params_);
+    zero::UnitParams P = engine_->gather(ps.lnf);
+    model_->forward_head(param_ptrs(P, unit_params_), pe);
+  }
+}
+
+void GptTrainer::stage_backward(bool last_micro) {
+  PipelineState& ps = *pipe_;
+  const StageSplit& s = ps.split;
+  zero::Communicator& pipe = groups_->pipeline();
+  const zero::CommSiteScope site("pipeline backward");
+  const float dloss = engine_->loss_scale();
+  // The output gradient buffer is the one the last send read from.
+  ps.grad_send.wait();
+  if (!s.last()) pipe.recv(model_->output_grad(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
+
+  // wte's gradient goes to the step-long buffer on both stages that hold it; the engine's wte
+  // gradient receives the exchanged sum once, on the last micro-batch.
+  std::optional<zero::UnitGrads> GE;
+  Act* const* ge = nullptr;
+  Act* engine_wte = nullptr;
+  if (ps.emb >= 0) {
+    GE.emplace(engine_->grads(ps.emb));
+    grad_ptrs(ps.emb, *GE, emb_grads_);
+    engine_wte = emb_grads_.ptrs[kWte];
+    emb_grads_.ptrs[kWte] = ps.tied.as<Act>();
+    ge = emb_grads_.ptrs.data();
+  }
+  if (s.last()) {
+    zero::UnitParams E = engine_->gather(ps.emb);
+    const Act* const* pe = param_ptrs(E, emb_params_);
+    zero::UnitParams P = engine_->gather(ps.lnf);
+    zero::UnitGrads G = engine_->grads(ps.lnf);
+    model_->backward_head(param_ptrs(P, unit_params_), grad_ptrs(ps.lnf, G, unit_grads_), pe, ge, dloss);
+    commit_grads(ps.lnf, G, unit_grads_);
+    engine_->reduce(ps.lnf);
+  }
+  for (int l = s.end_layer - 1; l >= s.first_layer; --l) {
+    const int u = ps.blocks[static_cast<std::size_t>(l - s.first_layer)];
+    zero::UnitParams P = engine_->gather(u);
+    zero::UnitGrads G = engine_->grads(u);
+    model_->backward_block(l, param_ptrs(P, unit_params_), grad_ptrs(u, G, unit_grads_));
+    commit_grads(u, G, unit_grads_);
+    engine_->reduce(u);
+  }
+  // Before the tied exchange: the previous stage may be waiting for this gradient.
+  if (!s.first())
+    ps.grad_send = pipe.send_async(model_->output_grad(), model_->boundary_elements(), ops_->dtype(), s.stage - 1);
+  if (s.first()) model_->backward_embeddings(ge);
+  if (ps.emb >= 0) {
+    if (last_micro) {
+      // Both stages end up with mine + theirs, the same sum in the same fp32 (or bf16) rounding
+      // (addition commutes), so the two copies of wte get the same update.
+      const std::size_t n = tied_elements();
+      const zero::CommSiteScope tied_site("pipeline tied wte gradient");
+      const int peer = s.first() ? s.stages - 1 : 0;
+      zero::Work r = pipe.recv_async(ps.tied_peer.as<void>(), n, ops_->dtype(), peer);
+      zero::Work w = pipe.send_async(ps.tied.as<void>(), n, ops_->dtype(), peer);
+      r.wait();
+      w.wait();
+      ops_->residual_forward(ps.tied.as<Act>(), ps.tied.as<Act>(), ps.tied_peer.as<Act>(), n);
+      ops_->residual_forward(engine_wte, engine_wte, ps.tied.as<Act>(), n);
+    }
+    commit_grads(ps.emb, *GE, emb_grads_);
+    engine_->reduce(ps.emb);
+  }
+}
+
+GptTrainer::Step GptTrainer::pipeline_train_step() {
+  PipelineState& ps = *pipe_;
+  const StageSplit& s = ps.split;
+  zero::Communicator& pipe = groups_->pipeline();
+  const int T = settings_.model.seq_len;
+  model_->reset_loss_total();
+  if (ps.tied.bytes() > 0) ops_->fill_zero(ps.tied.as<void>(), ps.tied.bytes());
+  ps.in_flight = 0;
+  for (const PipeOp& op : one_f_one_b(s.stages, s.stage, gas_)) {
+    const int slot = op.micro % model_->part().slots;
+    model_->set_slot(slot);
+    if (op.forward) {
+      // The slot's activation buffer is free once its last send is done.
+      ps.act_sends[static_cast<std::size_t>(slot)].wait();
+      train_loader_->next(inputs_.data(), targets_.data());
+      model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
+      stage_forward();
+      if (!s.last()) {
+        const zero::CommSiteScope site("pipeline forward");
+        ps.act_sends[static_cast<std::size_t>(slot)] =
+            pipe.send_async(model_->stage_output(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
+      }
+      ps.peak_in_flight = std::max(ps.peak_in_flight, ++ps.in_flight);
+    } else {
+      stage_backward(op.micro == gas_ - 1);
+      --ps.in_flight;
+    }
+  }
+  for (auto& w : ps.act_sends) w.wait();
+  ps.grad_send.wait();
+  Step st;
+  st.result = engine_->step();
+  // The loss lives on the last stage; its ranks (one per data-parallel rank) hold their batch's
+  // mean, so the world's sum over them, divided by their count, is what every rank logs.
+  const double mine = s.last() ? model_->take_mean_loss() : 0.0;
+  st.loss = ctx_.comm().all_reduce_scalar(mine, zero::ReduceOp::sum) / (ctx_.world_size() / s.stages);
+  return st;
+}
+
+// One forward of the micro-batch set on the current slot through every stage, the activation
+// passed on (blocking: the next stage is already waiting for it, or soon will be).
+void GptTrainer::pipeline_forward_only() {
+  const StageSplit& s = pipe_->split;
+  stage_forward();
+  if (!s.last()) {
+    const zero::CommSiteScope site("pipeline forward");
+    groups_->pipeline().send(model_->stage_output(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
+  }
+}
+
+GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {
+  // The windows shared out over the data-parallel ranks; each one's loss comes from the last
+  // stage (the caller holds the engine in eval mode).
+  const bool last = pipe_->split.last();
+  return evaluate_windows(data_parallel_size(), data_parallel_rank(), last && tensor_parallel_rank() == 0, [this, last] {
+    pipeline_forward_only();
+    return last ? model_->loss() : 0.0;
+  });
+}
+
+}  // namespace zero::gpt

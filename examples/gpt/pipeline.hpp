@@ -1,0 +1,108 @@
+// Pipeline parallelism for the GPT trainer (model.pipeline_parallel: P).
+//
+// The n_layer blocks are cut into P contiguous stages, the first n_layer mod P stages taking one
+// block more than the others (8 blocks on 3 stages: 3, 3, 2). The first stage also holds the
+// embeddings, the last ln_f and the LM head. The head is tied to wte, so the last stage holds a
+// copy of wte as a unit of its own with the first stage's names (unit "embeddings", parameter
+// "wte.weight"), initialised identically; over a step each of the two stages adds its part of
+// wte's gradient into a private buffer, the two exchange them point to point on the last
+// micro-batch and both hand the same sum to the engine, which then updates both copies alike.
+// The copy's norm is counted on the first stage only (Layout::set_norm_counted_elsewhere).
+//
+// The schedule is 1F1B (PipeDream-Flush, as Megatron-LM's): stage s runs min(P - 1 - s, m)
+// warm-up forwards, then alternates one forward and one backward, and finishes with the
+// remaining backwards, over the m = gradient_accumulation_steps micro-batches. A stage holds at
+// most min(P - s, m) micro-batches' activations at once (the model's slots). Activations go to
+// the next stage and their gradients to the previous one point to point over the pipeline
+// group; sends are asynchronous and waited before their buffer is reused, receives block, which
+// cannot deadlock: a stage's receive depends only on earlier forwards of earlier stages or
+// earlier backwards of later stages. The idle fraction of the schedule (the bubble) is
+// (P - 1) / (m + P - 1).
+//
+// The engine runs over the data-parallel group (ProcessGroups); ranks of one pipeline read the
+// same batches (the data loader's rank is the data-parallel coordinate). ZeRO stages 0 and 1
+// only, on the host backend.
+//
+// With tensor parallelism T as well (ProcessGroups(ctx, {T, P})), each stage is cut T ways as
+// tensor_parallel.hpp cuts the whole model, and the pipeline group joins the ranks of the same
+// tensor rank: stage s's tensor rank t sends its activations to stage s + 1's tensor rank t
+// (the residual stream is replicated in a tensor group, so each pair carries the whole of it),
+// and the tied wte copies exchanged between the end stages are the same vocabulary rows.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "gpt_config.hpp"
+#include "gpt_model.hpp"
+#include "zero/comm.hpp"
+#include "zero/config.hpp"
+#include "zero/layout.hpp"
+
+namespace zero::gpt {
+
+// One stage's blocks [first_layer, end_layer) of the `stages`.
+struct StageSplit {
+  int stage = 0, stages = 1;
+  int first_layer = 0, end_layer = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+// Throws zero::Error when there are more stages than blocks (every stage needs one).
+StageSplit stage_split(int n_layer, int stages, int stage);
+
+// One step of a stage's schedule: the forward or the backward of micro-batch `micro`.
+struct PipeOp {
+  bool forward = true;
+  int micro = 0;
+  bool operator==(const PipeOp&) const = default;
+};
+// Stage `stage`'s 1F1B order over m micro-batches (forwards and backwards each in increasing
+// micro-batch order).
+std::vector<PipeOp> one_f_one_b(int stages, int stage, int micro_batches);
+// The most micro-batches whose activations stage `stage` holds at once under 1F1B.
+inline int in_flight_bound(int stages, int stage, int micro_batches) {
+  return stages - stage < micro_batches ? stages - stage : micro_batches;
+}
+// The schedule's idle fraction (P - 1) / (m + P - 1).
+inline double bubble_fraction(int stages, int micro_batches) {
+  return static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+// The stage's part of the model's layout at tensor parallelism T (build_layout(cfg), or
+// tensor_parallel_layout(cfg, T) with each parameter's cut): its blocks, the embeddings on the
+// first stage, ln_f on the last, and (P > 1) on the last the tied copy of wte first, as unit
+// "embeddings", cut by vocabulary like the first stage's.
+zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel = 1);
+
+// Refuses what pipeline parallelism does not support, with the reason: ZeRO stages 2 and 3, the
+// CUDA backend.
+void check_pipeline_config(const zero::Config& cfg, int pipeline);
+
+// A stage's figures for the log and the tests.
+struct PipelineReport {
+  int stages = 1, stage = 0, data = 1;
+  int first_layer = 0, end_layer = 0;
+  int micro_batches = 1;
+  int slots = 1;           // micro-batches' activations the model holds (the 1F1B bound)
+  int peak_in_flight = 0;  // the most held at once in the steps run so far
+  double bubble = 0.0;
+  std::size_t activation_bytes = 0;  // the model's (all slots)
+  int tensor = 1;           // T
+  // "TP 1 x DP 2 x PP 2: stage 0 (blocks 0-1, embeddings), 1F1B over 4 micro-batches, bubble 20.0%"
+  std::string describe() const;
+};
+
+// The trainer's pipeline state (GptTrainer holds one when P > 1).
+struct PipelineState {
+  StageSplit split;
+  int emb = -1, lnf = -1;  // engine unit ids (-1: not on this stage)
+  std::vector<int> blocks;  // engine unit of block first_layer + i
+  OpsBuffer tied, tied_peer;  // wte's gradient over the step, this stage's and the other's
+  std::vector<zero::Work> act_sends;  // per slot: the activation sent on
+  zero::Work grad_send;               // the last input gradient sent back
+  int in_flight = 0, peak_in_flight = 0;
+};
+
+}  // namespace zero::gpt
