@@ -119,8 +119,6 @@ const std::vector<Foreign>& foreign_keys() {
        "no MiCS groups"},
       {"zero_optimization.zero_quantized_nontrainable_weights", Policy::refused, "false",
        "quantized weights change the result"},
-      {"zero_optimization.zero_quantized_gradients", Policy::refused, "false",
-       "quantized gradient reduction changes the result"},
       {"zero_optimization.cpu_offload", Policy::refused, "false",
        "is DeepSpeed's old spelling; write offload_optimizer: {device: cpu}"},
       {"zero_optimization.cpu_offload_params", Policy::refused, "false",

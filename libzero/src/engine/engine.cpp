@@ -75,6 +75,24 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
   return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
+// qgZ's hierarchical quantized reduce-scatter over the data-parallel group, or null.
+std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host) {
+  const auto& z = cfg.zero_optimization;
+  if (!z.zero_quantized_gradients) return nullptr;
+  const std::string key = cfg.source + ": zero_optimization.zero_quantized_gradients";
+  ZERO_CHECK(z.stage >= 2, fmt::format("{} applies to stages 2 and 3 (it quantizes the per-micro-step gradient "
+                                       "reduce-scatter, which stage {} does not make); set it to false, or use stage "
+                                       "2 or 3",
+                                       key, z.stage));
+  ZERO_CHECK(z.reduce_scatter, key + " quantizes the gradient reduce-scatter, and zero_optimization.reduce_scatter: "
+                                     "false asks for an all-reduce instead; set reduce_scatter to true, or "
+                                     "zero_quantized_gradients to false");
+  ZERO_CHECK(cfg.backend == BackendKind::host, key + " runs on the host backend so far; set it to false with backend: cuda");
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
+  ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
+  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size));
+}
+
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
@@ -85,6 +103,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       model_comm_(groups && groups->model().size() > 1 ? &groups->model() : nullptr),
       tensor_rank_(groups ? groups->coord().tensor : 0),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
+      qgz_(make_qgz(cfg, host_comm_)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -98,9 +117,31 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       }())),
       params_(*backend_, cfg_, shapes_, rank_, dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
-      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_),
+      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
+               qgz_.get()),
       scaler_(cfg.fp16) {
   if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
+  if (qgz_ && rank_ == 0) report_qgz();
+}
+
+// What qgZ does on this layout: its groups, the bytes it sends, what it pads, its buffers.
+void EngineImpl::report_qgz() const {
+  TrafficBytes per_step;
+  std::int64_t feedback = 0, padding = 0;
+  for (const auto& s : shapes_) {
+    per_step += qgz_->bytes_per_reduction(static_cast<std::size_t>(s.slice));
+    const auto f = qgz_->make_feedback(static_cast<std::size_t>(s.slice));
+    feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+    padding += s.padded - s.numel;
+  }
+  log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
+           "across {} nodes x {} ranks between ranks of the same local rank with int4 blocks of {}, error feedback "
+           "{} per rank (fp32); this rank sends {} inside its node and {} across nodes per micro-step. Padding: the "
+           "units' own ({} elements in all, so that each splits into {} equal slices), and each message rounded up "
+           "to whole 4-byte words; no other size is changed, none falls back to the plain reduce-scatter",
+           qgz_->block(), qgz_->nodes(), qgz_->ranks_per_node(), qgz_->block(), format_bytes(static_cast<std::uint64_t>(feedback)),
+           format_bytes(static_cast<std::uint64_t>(per_step.intra_node)),
+           format_bytes(static_cast<std::uint64_t>(per_step.inter_node)), padding, world_);
 }
 
 // Stage 3 shards only the units at or above stage3_param_persistence_threshold (DeepSpeed's
@@ -386,6 +427,7 @@ std::string MemoryReport::to_string() const {
                               b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
                               b(gathered));
   if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
+  if (error_feedback) s += fmt::format(", qgZ error feedback {}", b(error_feedback));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
   if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
   return s;
@@ -411,6 +453,7 @@ TrafficBytes Engine::traffic() const { return impl_->traffic(); }
 TrafficBytes EngineImpl::traffic() const {
   TrafficBytes t = host_comm_.traffic();  // device communicators' collectives count there too
   if (hpz_comm_) t += hpz_comm_->traffic();
+  if (qgz_) t += qgz_->traffic();
   if (model_comm_) t += model_comm_->traffic();
   return t;
 }

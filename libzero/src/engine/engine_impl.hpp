@@ -84,6 +84,7 @@ class EngineImpl {
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
   void report_stage3_sharding() const;
+  void report_qgz() const;
   // Collective: checks the NVMe swap space of every filesystem against all the ranks that share
   // it, then each rank claims its own; a refusal leaves nothing claimed on any rank.
   void claim_nvme_space(offload::NvmeSwapper* swapper);
@@ -115,6 +116,8 @@ class EngineImpl {
   const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
+  // qgZ's hierarchical quantized gradient reduce-scatter, or null (comm/quantized_reduce_scatter.hpp).
+  std::unique_ptr<QuantizedReduceScatter> qgz_;
   const int rank_, world_, stage_, gas_;
   const DType dtype_;
   const std::vector<UnitShape> shapes_;
