@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -58,6 +60,12 @@ class EngineState {
   TrainingState training_state() const;
   // All-gathers of stage-3 units started so far, prefetches included.
   std::int64_t unit_all_gathers() const;
+
+  // qgZ's error-feedback buffers on this rank (zero_quantized_gradients; empty when off), and
+  // the layout they belong to ("world 4, 2 nodes x 2 ranks, block 256, rank 1"): they are this
+  // rank's errors for its place among the nodes, so they carry over only to the same layout.
+  std::vector<std::vector<float>*> error_feedback() const;
+  std::string error_feedback_layout() const;
 
   // Throws unless the engine is between steps: no partial accumulation, no held UnitParams.
   // `what` names the caller in the message.

@@ -238,6 +238,10 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     ckpt::ShardMeta mine;
     agree(comm, [&] {
       mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
+      const auto fb = e.error_feedback();
+      if (!fb.empty())
+        ckpt::write_feedback_file(tmp + "/" + ckpt::feedback_file_name(e.rank()), e.error_feedback_layout(),
+                                  std::vector<const std::vector<float>*>(fb.begin(), fb.end()));
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
@@ -280,6 +284,35 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
   });
 }
 
+// qgZ's error-feedback buffers: restored when every rank finds its own, saved for the same
+// layout (world, nodes, block); otherwise every rank starts them from zero and rank 0 says why.
+// They belong to a rank's place among the nodes, so another layout cannot use them.
+void restore_error_feedback(EngineState& e, Communicator& comm, const std::string& dir) {
+  const auto fb = e.error_feedback();
+  const std::string path = dir + "/" + ckpt::feedback_file_name(e.rank());
+  if (fb.empty()) {
+    std::error_code ec;
+    if (e.rank() == 0 && std::filesystem::exists(path, ec))
+      log_info("load_checkpoint: '{}' holds qgZ error-feedback buffers; this run does not use "
+               "zero_quantized_gradients, so they are not read",
+               dir);
+    return;
+  }
+  std::string why;
+  agree(comm, [&] {
+    std::error_code ec;
+    why = std::filesystem::exists(path, ec)
+              ? ckpt::read_feedback_file(path, e.error_feedback_layout(), fb)
+              : "the checkpoint has none for this rank (saved without zero_quantized_gradients, or by fewer ranks)";
+  });
+  if (comm.all_reduce_scalar(why.empty() ? 0.0 : 1.0, ReduceOp::max) == 0.0) return;
+  for (auto* a : fb) std::fill(a->begin(), a->end(), 0.0f);
+  if (e.rank() == 0)
+    log_info("load_checkpoint: qgZ's error-feedback buffers start from zero: {}. They hold the quantization error "
+             "not yet sent (under one step's worth); the rest of the state is restored in full",
+             why.empty() ? std::string("another rank's do not match its place") : why);
+}
+
 }  // namespace
 
 std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
@@ -297,6 +330,10 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
     }
     total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
   }
+  // qgZ: one error-feedback file per rank, as large on every rank (the index is under 4 KiB).
+  std::uint64_t feedback = 0;
+  for (const auto* a : e.error_feedback()) feedback += a->size() * sizeof(float);
+  if (feedback > 0) total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + 4096 + feedback);
   std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()),
                                       ckpt::ShardMeta{"shard_00000.ckpt", 0, 0});
   const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();
@@ -367,6 +404,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
       for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
     }
   });
+  restore_error_feedback(e, comm, dir);
   TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};
   e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());
   return m.client;

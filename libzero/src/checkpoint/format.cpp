@@ -27,7 +27,9 @@ namespace {
 
 constexpr char kMagic[8] = {'Z', 'E', 'R', 'O', 'C', 'K', 'P', 'T'};
 
-const char* kind_name(FileKind k) { return k == FileKind::metadata ? "metadata" : "shard"; }
+const char* kind_name(FileKind k) {
+  return k == FileKind::metadata ? "metadata" : k == FileKind::shard ? "shard" : "error feedback";
+}
 
 // Which libzero release writes a format version other than this build's.
 std::string writer_of(std::uint32_t version) {
@@ -51,6 +53,7 @@ void detail::file_fail(const std::string& path, const std::string& field, const 
 std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
 
 std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.ckpt", rank); }
+std::string feedback_file_name(int rank) { return fmt::format("feedback_{:05d}.ckpt", rank); }
 
 std::string step_dir_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -200,6 +203,22 @@ void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]) {
   put64(out + 24, h.index_bytes);
   put64(out + 32, h.index_checksum);
   put64(out + 56, checksum(out, 56));
+}
+
+void write_small_file(const std::string& path, FileKind kind, const std::string& index, const std::string& data) {
+  FileHeader h;
+  h.kind = kind;
+  h.payload_bytes = index.size() + data.size();
+  h.index_bytes = index.size();
+  h.index_checksum = checksum(index.data(), index.size());
+  unsigned char head[kHeaderBytes];
+  encode_header(h, head);
+  Fd f = Fd::create(path);
+  f.pwrite_all(head, kHeaderBytes, 0);
+  f.pwrite_all(index.data(), index.size(), kHeaderBytes);
+  f.pwrite_all(data.data(), data.size(), kHeaderBytes + index.size());
+  f.sync();
+  f.close();
 }
 
 FileHeader read_header(const Fd& f, FileKind expect) {

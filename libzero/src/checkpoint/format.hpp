@@ -3,6 +3,8 @@
 // A checkpoint is one directory per step, <root>/step_00000010/, holding
 //   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
+//   feedback_00000.ckpt ... with qgZ, one per saving rank: its error-feedback buffers (they
+//                        belong to the rank's place in the node layout, so they are not resliced)
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
@@ -47,11 +49,12 @@ namespace zero::ckpt {
 // 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
 constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::size_t kHeaderBytes = 64;
-enum class FileKind : std::uint32_t { metadata = 1, shard = 2 };
+enum class FileKind : std::uint32_t { metadata = 1, shard = 2, feedback = 3 };
 
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
 std::string shard_file_name(int rank);     // shard_00003.ckpt
+std::string feedback_file_name(int rank);  // feedback_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
 // The step of a directory name "step_<digits>" (8 or more digits), or -1.
 std::int64_t parse_step_dir_name(const std::string& name);
@@ -119,6 +122,8 @@ struct FileHeader {
   std::uint64_t index_checksum = 0;
 };
 void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]);
+// Creates `path` holding the header of `kind` and the payload `index` then `data`, fsync'd.
+void write_small_file(const std::string& path, FileKind kind, const std::string& index, const std::string& data = {});
 // Checks the file size, magic, version, header checksum and kind; errors name `path`. A file of
 // another format version is refused with the libzero release that writes that version.
 FileHeader read_header(const Fd& f, FileKind expect);
@@ -170,6 +175,19 @@ struct Metadata {
 
 void write_metadata_file(const std::string& path, const Metadata& m);
 Metadata read_metadata_file(const std::string& path);
+
+// ---------------------------------------------------------------- error feedback
+
+// One rank's qgZ error-feedback buffers. The index (text) names the layout they belong to
+// (world, nodes, block: EngineState::error_feedback_layout), each array's length and the data's
+// checksum; the fp32 arrays follow, in order.
+void write_feedback_file(const std::string& path, const std::string& layout,
+                         const std::vector<const std::vector<float>*>& arrays);
+// Fills `arrays` from the file when it was written for `layout` with the same lengths and
+// returns ""; otherwise leaves them alone and returns why not (for the log). A damaged file is
+// an error.
+std::string read_feedback_file(const std::string& path, const std::string& layout,
+                               const std::vector<std::vector<float>*>& arrays);
 
 // ---------------------------------------------------------------- shards
 

@@ -210,18 +210,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
 }
 
 void write_metadata_file(const std::string& path, const Metadata& m) {
-  std::string payload = m.to_json();
-  FileHeader h;
-  h.kind = FileKind::metadata;
-  h.payload_bytes = h.index_bytes = payload.size();
-  h.index_checksum = checksum(payload.data(), payload.size());
-  unsigned char head[kHeaderBytes];
-  encode_header(h, head);
-  Fd f = Fd::create(path);
-  f.pwrite_all(head, kHeaderBytes, 0);
-  f.pwrite_all(payload.data(), payload.size(), kHeaderBytes);
-  f.sync();
-  f.close();
+  write_small_file(path, FileKind::metadata, m.to_json());  // the index is the whole payload
 }
 
 Metadata read_metadata_file(const std::string& path) {

@@ -57,6 +57,15 @@ TrainingState EngineState::training_state() const {
 }
 std::int64_t EngineState::unit_all_gathers() const { return impl_->gatherer_.all_gathers(); }
 
+std::vector<std::vector<float>*> EngineState::error_feedback() const { return impl_->reducer_.error_feedback(); }
+
+std::string EngineState::error_feedback_layout() const {
+  const QuantizedReduceScatter* q = impl_->qgz_.get();
+  if (!q) return {};
+  return fmt::format("world {}, {} nodes x {} ranks, block {}, rank {}", impl_->world_, q->nodes(), q->ranks_per_node(),
+                     q->block(), impl_->rank_);
+}
+
 void EngineState::check_between_steps(const char* what) const {
   const EngineImpl& e = *impl_;
   ZERO_CHECK(e.micro_ == 0 && !e.reducer_.mid_micro_step() && !e.gatherer_.mid_micro_step(),
