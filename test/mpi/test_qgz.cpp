@@ -196,6 +196,10 @@ TEST_CASE("qgZ error feedback: summed over many reductions of a constant gradien
     std::vector<std::vector<float>> outs(4, std::vector<float>(S));
     std::vector<Work> works;
     for (int j = 0; j < 4; ++j) works.push_back(q.start(mine.data(), DType::f32, S, fb, outs[static_cast<std::size_t>(j)].data()));
+    // Polled in between (done() may move a reduction on to its second phase at different
+    // moments on different ranks; the phases must still pair up), then waited for.
+    for (int poll = 0; poll < 3; ++poll)
+      for (auto it = works.rbegin(); it != works.rend(); ++it) (void)it->done();
     for (auto& w : works) w.wait();
     for (const auto& o : outs) {
       if (first.empty()) first = o;

@@ -22,6 +22,9 @@ struct QuantizedReduceScatter::Op {
   std::size_t slice = 0;
   Feedback* fb = nullptr;
   float* out = nullptr;
+  // The site that started the reduction ("reduce", its unit): phase 2 starts later, from
+  // whatever call completes phase 1, and the collective check must see the same on every rank.
+  CommSite site;
   std::vector<float> send1, recv1, partial, send2, recv2;
   Work work1, work2;
   int phase = 1;  // 1: node all-to-all in flight, 2: cross-node all-to-all in flight, 3: done
@@ -102,6 +105,7 @@ Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice,
   op->slice = slice;
   op->fb = &fb;
   op->out = out;
+  op->site = comm_site();
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t chunk = M * slice;  // what one node peer gets: the slices of ranks R(*, l')
   if (L == 1) {
@@ -137,6 +141,7 @@ Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice,
 }
 
 void QuantizedReduceScatter::start_inter(Op& op) {
+  const CommSiteScope site(op.site);
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t slice = op.slice, chunk = M * slice;
   if (L > 1) {
