@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace zero::quant {
 
@@ -22,7 +23,19 @@ void quantize_blocks(std::size_t n, std::size_t block, Bits bits, void* out, Loa
   for (std::size_t b = 0, first = 0; first < n; ++b, first += block) {
     const std::size_t last = std::min(n, first + block);
     float amax = 0.0f;
-    for (std::size_t i = first; i < last; ++i) amax = std::max(amax, std::abs(load(i)));
+    bool finite = true;
+    for (std::size_t i = first; i < last; ++i) {
+      const float x = load(i);
+      finite = finite && std::isfinite(x);
+      amax = std::max(amax, std::abs(x));
+    }
+    if (!finite) {
+      // An inf or NaN (an fp16 overflow) must reach the receiver as such, so that the loss
+      // scaler sees it: the whole block comes back NaN.
+      scales[b] = std::numeric_limits<float>::quiet_NaN();
+      for (std::size_t i = first; i < last; ++i) store(i, 0);
+      continue;
+    }
     const float scale = amax / top;
     scales[b] = scale;
     for (std::size_t i = first; i < last; ++i) {

@@ -6,8 +6,9 @@
 //   int4 (qgZ across nodes): scale = max|x| / 7, values in [-7, 7] stored as value + 8 in a nibble,
 //        two per byte (the even element in the low nibble), about an eighth of fp32's bytes.
 //        Each value is within scale / 2 = max|x| / 14 of the original.
-// Round to nearest (half to even); a block of zeros gives zeros. Deterministic: the same input
-// gives the same bytes on every rank.
+// Round to nearest (half to even); a block of zeros gives zeros; a block holding an inf or NaN
+// comes back all NaN (an fp16 overflow stays visible to the loss scaler). Deterministic: the
+// same input gives the same bytes on every rank.
 //
 // The packed form of n values: ceil(n / block) fp32 scales, then the values (n bytes for int8,
 // ceil(n / 2) for int4), padded with zeros to a multiple of 4 bytes so that packed blocks can

@@ -174,6 +174,13 @@ void GradReducer::report(MemoryReport& r) const {
     r.error_feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
 }
 
+void GradReducer::adjust_error_feedback(bool drop, double rescale) {
+  if (!drop && rescale == 1.0) return;
+  const float f = drop ? 0.0f : static_cast<float>(rescale);  // scales are powers of two: exact
+  for (auto* v : error_feedback())
+    for (float& x : *v) x = drop ? 0.0f : x * f;
+}
+
 std::vector<std::vector<float>*> GradReducer::error_feedback() {
   std::vector<std::vector<float>*> all;
   for (auto& f : feedback_) {

@@ -66,6 +66,8 @@ class GradReducer {
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
   // qgZ's error-feedback buffers, every unit's (intra then inter, unit by unit); empty when off.
   std::vector<std::vector<float>*> error_feedback();
+  // After step(): zero the error feedback (drop), or multiply it by `rescale` (a new loss scale).
+  void adjust_error_feedback(bool drop, double rescale);
 
  private:
   struct Unit {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "comm/quantize.hpp"
@@ -130,4 +131,27 @@ TEST_CASE("int4 packs two values per byte, the even element in the low nibble, v
   REQUIRE(q[2] == (3 + 8));  // 3.4 rounds to 3; the high nibble of the odd count stays zero
   REQUIRE(q[3] == 0);
   REQUIRE(std::abs(v[4] - 0.4f) < 1e-6f);  // the residual 3.4 - 3
+}
+
+TEST_CASE("a block holding inf or NaN comes back all NaN, other blocks as usual") {
+  for (quant::Bits bits : {quant::Bits::int8, quant::Bits::int4})
+    for (float bad : {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> v = {1.0f, bad, 0.5f, 0.25f, 2.0f, -1.0f};
+      std::vector<char> packed(quant::packed_bytes(v.size(), 3, bits));
+      quant::quantize_keep_error(v.data(), v.size(), 3, bits, packed.data());
+      std::vector<float> acc(v.size(), 0.0f);
+      quant::dequantize_add(packed.data(), v.size(), 3, bits, acc.data());
+      for (int i = 0; i < 3; ++i) REQUIRE(std::isnan(acc[static_cast<std::size_t>(i)]));
+      const double tol = 2.0 * quant::error_bound(bits) * (1.0 + 1e-6);  // the block's max|x| is 2
+      REQUIRE(std::abs(acc[3] - 0.25f) <= tol);
+      REQUIRE(std::abs(acc[4] - 2.0f) <= tol);
+      REQUIRE(std::abs(acc[5] + 1.0f) <= tol);
+      std::vector<char> back(v.size() * 4);
+      std::vector<float> w = {1.0f, bad, 0.5f};
+      std::vector<char> p8(quant::packed_bytes(3, 3));
+      quant::quantize_int8(w.data(), DType::f32, 3, 3, p8.data());
+      quant::dequantize_int8(p8.data(), 3, 3, back.data(), DType::f32);
+      REQUIRE(std::isnan(load_as_f32(back.data(), 0, DType::f32)));
+    }
 }
