@@ -239,9 +239,9 @@ struct Run {
   MemoryReport memory;
 };
 
-Run train_run(int stage, const std::string& dtype, bool qgz, int steps) {
+Run train_run(int stage, const std::string& dtype, bool qgz, int steps, const std::string& extra = "") {
   Context& ctx = *Context::current();
-  Engine e(ctx, config(stage, dtype, qgz), make_layout());
+  Engine e(ctx, config(stage, dtype, qgz, extra), make_layout());
   e.init_params(init_value);
   Run r;
   const TrafficBytes before = e.traffic();
@@ -362,6 +362,15 @@ TEST_CASE("qgZ with fp16 loss scaling: overflowed steps are skipped, their error
   const auto [worst, largest] = weight_difference(plain_master, q_master);
   INFO("largest weight difference " << worst << " of " << largest);
   REQUIRE(worst <= 0.02f * largest);
+}
+
+TEST_CASE("qgZ with the optimizer offloaded to the host gives the same bits as without") {
+  for (int stage : {2, 3}) {
+    INFO("stage " << stage);
+    const Run on_device = train_run(stage, "bf16", true, 6);
+    const Run offloaded = train_run(stage, "bf16", true, 6, "  offload_optimizer:\n    device: cpu\n");
+    REQUIRE(offloaded.master == on_device.master);
+  }
 }
 
 TEST_CASE("qgZ's bad combinations are clear errors") {
