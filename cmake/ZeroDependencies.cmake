@@ -34,20 +34,22 @@ zero_require(fmt_FOUND "fmt" "libfmt-dev")
 find_package(OpenMP COMPONENTS CXX QUIET)
 zero_require(OpenMP_CXX_FOUND "OpenMP (libgomp)" "libgomp1 (part of build-essential)")
 
+# OpenBLAS: the GPT trainer's host kernels, and libzero's PowerSGD products (private to the library).
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS QUIET)
+zero_require(BLAS_FOUND "OpenBLAS" "libopenblas-dev")
+find_path(ZERO_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas openblas-pthread
+          HINTS /usr/include/x86_64-linux-gnu /usr/include/aarch64-linux-gnu)
+zero_require(ZERO_CBLAS_INCLUDE "cblas.h from OpenBLAS" "libopenblas-dev")
+if(NOT TARGET zero_blas)
+  add_library(zero_blas INTERFACE)
+  target_link_libraries(zero_blas INTERFACE ${BLAS_LIBRARIES})
+  target_include_directories(zero_blas INTERFACE ${ZERO_CBLAS_INCLUDE})
+endif()
+
 if(ZERO_BUILD_EXAMPLES OR ZERO_BUILD_BENCH OR ZERO_BUILD_TESTS)
   find_package(CLI11 CONFIG QUIET)
   zero_require(CLI11_FOUND "CLI11" "libcli11-dev")
-  set(BLA_VENDOR OpenBLAS)
-  find_package(BLAS QUIET)
-  zero_require(BLAS_FOUND "OpenBLAS" "libopenblas-dev")
-  find_path(ZERO_CBLAS_INCLUDE cblas.h PATH_SUFFIXES openblas openblas-pthread
-            HINTS /usr/include/x86_64-linux-gnu /usr/include/aarch64-linux-gnu)
-  zero_require(ZERO_CBLAS_INCLUDE "cblas.h from OpenBLAS" "libopenblas-dev")
-  if(NOT TARGET zero_blas)
-    add_library(zero_blas INTERFACE)
-    target_link_libraries(zero_blas INTERFACE ${BLAS_LIBRARIES})
-    target_include_directories(zero_blas INTERFACE ${ZERO_CBLAS_INCLUDE})
-  endif()
 endif()
 
 if(ZERO_BUILD_TESTS)

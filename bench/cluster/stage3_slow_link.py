@@ -42,7 +42,12 @@ ROWS = [
     ("stage 3 hpZ+qwZ+qgZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2",
                                       "zero_optimization.zero_quantized_weights=true",
                                       "zero_optimization.zero_quantized_gradients=true"]),
+    # MiCS: states sharded inside each host (2 ranks), replicated across hosts.
+    ("stage 3 MiCS", STAGE3 + ["zero_optimization.mics_shard_size=2"]),
     ("stage 0", ["zero_optimization.stage=0"]),
+    # PowerSGD rank 2 from step 2 (the --short-steps run cancels the plain steps out of the bytes).
+    ("stage 0 PowerSGD", ["zero_optimization.stage=0", "gradient_compression.type=powersgd",
+                          "gradient_compression.rank=2", "gradient_compression.start_step=2"]),
 ]
 
 PLAIN, ZEROPP = "stage 3", "stage 3 hpZ+qwZ+qgZ"

@@ -10,6 +10,7 @@
 
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
+#include "zero/groups.hpp"
 #include "zero/plan.hpp"
 
 namespace zero::gpt {
@@ -149,7 +150,12 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   for (const auto& o : req.overlap) overlap.push_back(o == "on");
   std::vector<OffloadDevice> offload;
   for (const auto& o : req.offload) offload.push_back(offload_device(o));
-  const std::vector<TuneCandidate> candidates = tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload);
+  std::vector<TuneCandidate> candidates = tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload);
+  // Across nodes, stage 3 is also tried with ZeRO++ (hpZ inside the node, qwZ): whether it pays
+  // depends on the links, which the timing measures.
+  const NodeLayout nodes = node_layout(ctx);
+  if (nodes.nodes > 1 && base.backend == BackendKind::host)  // (hpZ and qwZ are host-only for now)
+    candidates = with_zero_plus_plus(candidates, base.zero_optimization.stage, nodes.ranks_per_node);
 
   AutotuneOutcome out;
   out.memory_bytes = rank_memory_budget(ctx, req.memory_bytes);

@@ -8,19 +8,30 @@
 
 namespace zero::gpt {
 
-GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
-    : cfg_(cfg), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
+GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp)
+    : cfg_(cfg), tp_(tp), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
   cfg_.validate();
+  check_tensor_parallel(cfg_, tp_.size);
+  ZERO_CHECK(tp_.rank >= 0 && tp_.rank < tp_.size && (tp_.size == 1 || tp_.comm),
+             "GptModel: tensor rank " + std::to_string(tp_.rank) + " of " +
+                 std::to_string(tp_.size) + " needs a communicator of the tensor group");
   ZERO_CHECK(max_batch >= 1, "GptModel: the micro-batch size must be >= 1 (got " +
                                  std::to_string(max_batch) + ")");
+  ca_ = cfg_.n_embd / tp_.size;
+  nh_ = cfg_.n_head / tp_.size;
+  fc_ = 4 * cfg_.n_embd / tp_.size;
+  vl_ = tp_.vocab_rows(cfg_);
+  v0_ = tp_.vocab_begin(cfg_);
   const std::size_t B = static_cast<std::size_t>(max_batch), T = cfg_.seq_len, C = cfg_.n_embd,
-                    L = cfg_.n_layer, Vp = cfg_.padded_vocab_size();
+                    L = cfg_.n_layer, Vl = static_cast<std::size_t>(vl_);
+  const std::size_t CA = static_cast<std::size_t>(ca_), FC = static_cast<std::size_t>(fc_);
   const std::size_t N = B * T;
   nc_max_ = N * C;
-  const std::size_t stats = ops.attention_stats_floats(max_batch, cfg_.seq_len, cfg_.n_head);
-  // Per block: ln1, qkv(3), atty, res2, ln2, fch(4), fch_gelu(4) of width C in the Ops' dtype;
-  // 4 LayerNorm statistics per row and the attention's statistics in fp32.
-  const std::size_t per_block = N * C * (1 + 3 + 1 + 1 + 1 + 4 + 4);
+  const std::size_t stats = ops.attention_stats_floats(max_batch, cfg_.seq_len, nh_);
+  // Per block: ln1, res2, ln2 of width C; this rank's qkv (3 CA), atty (CA), fch and fch_gelu
+  // (FC each) in the Ops' dtype; 4 LayerNorm statistics per row and the attention's statistics
+  // in fp32.
+  const std::size_t per_block = N * (3 * C + 4 * CA + 2 * FC);
   const std::size_t per_block_stats = 4 * N + stats;
   const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L;
   const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
@@ -43,12 +54,12 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   for (std::size_t l = 0; l < stored_blocks; ++l) {
     BlockActs a{};
     a.ln1 = take(N * C);
-    a.qkv = take(3 * N * C);
-    a.atty = take(N * C);
+    a.qkv = take(3 * N * CA);
+    a.atty = take(N * CA);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
-    a.fch = take(4 * N * C);
-    a.fch_gelu = take(4 * N * C);
+    a.fch = take(N * FC);
+    a.fch_gelu = take(N * FC);
     a.ln1_mean = take_stat(N);
     a.ln1_rstd = take_stat(N);
     a.ln2_mean = take_stat(N);
@@ -60,22 +71,25 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops)
   lnf_ = OpsBuffer(ops, N * C * es_);
   lnf_mean_ = OpsBuffer(ops, N * f4);
   lnf_rstd_ = OpsBuffer(ops, N * f4);
-  logits_ = OpsBuffer(ops, N * Vp * es_);
+  logits_ = OpsBuffer(ops, N * Vl * es_);
+  if (tp_.active()) {
+    ce_max_ = OpsBuffer(ops, N * f4);
+    ce_sums_ = OpsBuffer(ops, 2 * N * f4);
+  }
   losses_ = OpsBuffer(ops, N * f4);
   loss_total_ = OpsBuffer(ops, sizeof(double));
   ops.fill_zero(loss_total_.as<void>(), sizeof(double));
   dres_ = OpsBuffer(ops, N * C * es_);
   dtmp_ = OpsBuffer(ops, N * C * es_);
-  dqkv_ = OpsBuffer(ops, 3 * N * C * es_);
-  dfch_ = OpsBuffer(ops, 4 * N * C * es_);
-  att_scratch_ =
-      OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, cfg_.n_head) * f4);
+  dqkv_ = OpsBuffer(ops, 3 * N * CA * es_);
+  dfch_ = OpsBuffer(ops, N * FC * es_);
+  att_scratch_ = OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, nh_) * f4);
   host_losses_.resize(N);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
 
   for (const OpsBuffer* b : {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_,
                              &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dtmp_, &dqkv_,
-                             &dfch_, &att_scratch_})
+                             &dfch_, &att_scratch_, &ce_max_, &ce_sums_})
     activation_bytes_ += b->bytes();
 }
 
@@ -102,23 +116,35 @@ void GptModel::check_layer(int layer, const char* what) const {
 
 void GptModel::forward_embeddings(const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_embeddings: call set_batch first");
-  ops_->encoder_forward(residual(0), inputs_.as<std::int32_t>(), emb[kWte], emb[kWpe], b_, t_,
-                        cfg_.n_embd);
+  if (!tp_.active()) {
+    ops_->encoder_forward(residual(0), inputs_.as<std::int32_t>(), emb[kWte], emb[kWpe], b_, t_,
+                          cfg_.n_embd);
+    return;
+  }
+  // Each rank looks up its own vocabulary rows (zeros for the others' ids), rank 0 adds the
+  // positions, and the sum over the group is the embedding.
+  ops_->encoder_forward_part(residual(0), inputs_.as<std::int32_t>(), emb[kWte], row_bias(emb[kWpe]),
+                             b_, t_, cfg_.n_embd, v0_, vl_);
+  tp_.all_reduce(*ops_, residual(0), static_cast<std::size_t>(b_) * t_ * cfg_.n_embd);
 }
 
 void GptModel::block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p) {
   const int N = b_ * t_, C = cfg_.n_embd;
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p[kLn1W], p[kLn1B], N, C);
-  ops_->matmul_forward(a.qkv, a.ln1, p[kAttnW], p[kAttnB], N, C, 3 * C);
-  ops_->attention_forward(a.atty, a.att_stats, a.qkv, b_, t_, C, cfg_.n_head);
-  ops_->matmul_forward(a.res2, a.atty, p[kAttnProjW], p[kAttnProjB], N, C, C);
+  // Under tensor parallelism qkv holds this rank's heads (ca_ = C/T columns of each of q, k, v)
+  // and fch its fc_ = 4C/T hidden columns; the two output projections make partial sums.
+  ops_->matmul_forward(a.qkv, a.ln1, p[kAttnW], p[kAttnB], N, C, 3 * ca_);
+  ops_->attention_forward(a.atty, a.att_stats, a.qkv, b_, t_, ca_, nh_);
+  ops_->matmul_forward(a.res2, a.atty, p[kAttnProjW], row_bias(p[kAttnProjB]), N, ca_, C);
+  tp_.all_reduce(*ops_, a.res2, NC);
   ops_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, p[kLn2W],
                                    p[kLn2B], N, C);
-  ops_->matmul_forward(a.fch_gelu, a.ln2, p[kFcW], p[kFcB], N, C, 4 * C, a.fch);
+  ops_->matmul_forward(a.fch_gelu, a.ln2, p[kFcW], p[kFcB], N, C, fc_, a.fch);
   // The recompute before a backward needs only the block's internals, not its output.
   if (!out) return;
-  ops_->matmul_forward(out, a.fch_gelu, p[kFcProjW], p[kFcProjB], N, 4 * C, C);
+  ops_->matmul_forward(out, a.fch_gelu, p[kFcProjW], row_bias(p[kFcProjB]), N, fc_, C);
+  tp_.all_reduce(*ops_, out, NC);
   ops_->residual_forward(out, out, a.res2, NC);
 }
 
@@ -146,16 +172,38 @@ void GptModel::forward_block(int layer, const Act* const* block) {
 
 void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_head: call set_batch first");
-  const int N = b_ * t_, C = cfg_.n_embd, Vp = cfg_.padded_vocab_size();
+  const int N = b_ * t_, C = cfg_.n_embd;
   ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
                           residual(cfg_.n_layer), ln_f[kLnfW], ln_f[kLnfB], N, C);
-  ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, Vp);
+  ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, vl_);
   if (!has_targets_) return;
-  ops_->softmax_cross_entropy(losses_.as<float>(), nullptr, logits_.as<Act>(),
-                              targets_.as<std::int32_t>(), N, cfg_.vocab_size, Vp, 0.0f);
+  cross_entropy(nullptr, 0.0f, false);
   ops_->add_mean(loss_total_.as<double>(), losses_.as<float>(), N);
   ++loss_terms_;
   loss_ready_ = true;
+}
+
+void GptModel::cross_entropy(Act* dlogits, float dloss, bool stats_ready) {
+  const int N = b_ * t_, V = cfg_.vocab_size;
+  const std::int32_t* targets = targets_.as<std::int32_t>();
+  if (!tp_.active()) {
+    ops_->softmax_cross_entropy(losses_.as<float>(), dlogits, logits_.as<Act>(), targets, N, V,
+                                cfg_.padded_vocab_size(), dloss);
+    return;
+  }
+  // The softmax over the whole vocabulary from the parts: the row maximum, then the sum of
+  // exp(l - max) and the target's logit, each reduced over the tensor group.
+  float* mx = ce_max_.as<float>();
+  float* sums = ce_sums_.as<float>();
+  const auto n = static_cast<std::size_t>(N);
+  if (!stats_ready) {
+    ops_->cross_entropy_part_max(mx, logits_.as<Act>(), N, vl_, v0_, V);
+    tp_.all_reduce(*ops_, mx, n, zero::ReduceOp::max);
+    ops_->cross_entropy_part_sums(sums, logits_.as<Act>(), mx, targets, N, vl_, v0_, V);
+    tp_.all_reduce(*ops_, sums, 2 * n, zero::ReduceOp::sum);
+  }
+  ops_->cross_entropy_part_finish(losses_.as<float>(), dlogits, logits_.as<Act>(), mx, sums,
+                                  targets, N, vl_, v0_, V, dloss);
 }
 
 double GptModel::loss() const {
@@ -189,25 +237,33 @@ void GptModel::logits_at(int b, int t, std::vector<float>& out) const {
                  ") is outside the last batch " + std::to_string(b_) + "x" + std::to_string(t_));
   const std::size_t V = static_cast<std::size_t>(cfg_.vocab_size);
   const std::size_t row = static_cast<std::size_t>(b) * t_ + t;
-  std::vector<std::byte> raw(V * es_);
-  ops_->download(raw.data(), at(logits_, row * cfg_.padded_vocab_size()), raw.size());
-  out.resize(V);
-  zero::convert(raw.data(), ops_->dtype(), out.data(), zero::DType::f32, V);
+  // This rank's ids [v0_, v0_ + vl_) in their place of the whole row, zeros elsewhere; under
+  // tensor parallelism the group's sum is the whole row.
+  const std::size_t Vl = static_cast<std::size_t>(vl_), v0 = static_cast<std::size_t>(v0_);
+  std::vector<std::byte> raw(Vl * es_);
+  ops_->download(raw.data(), at(logits_, row * Vl), raw.size());
+  std::vector<float> whole(static_cast<std::size_t>(cfg_.padded_vocab_size()), 0.0f);
+  zero::convert(raw.data(), ops_->dtype(), whole.data() + v0, zero::DType::f32, Vl);
+  if (tp_.active())
+    tp_.comm->all_reduce(whole.data(), whole.size(), zero::DType::f32, zero::ReduceOp::sum);
+  out.assign(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(V));
 }
 
 void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
                              Act* const* d_emb, float dloss) {
   ZERO_CHECK(has_targets_, "GptModel::backward_head: the batch has no targets (set_batch with "
                            "targets before a training forward)");
-  const int N = b_ * t_, C = cfg_.n_embd, Vp = cfg_.padded_vocab_size();
+  const int N = b_ * t_, C = cfg_.n_embd;
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   // The loss is a mean over the N positions; the logits become their own gradient in place.
   Act* logits = logits_.as<Act>();
-  ops_->softmax_cross_entropy(losses_.as<float>(), logits, logits, targets_.as<std::int32_t>(), N,
-                              cfg_.vocab_size, Vp, dloss / static_cast<float>(N));
+  // Under tensor parallelism the forward's reduced statistics serve again: no all-reduce here.
+  cross_entropy(logits, dloss / static_cast<float>(N), true);
   ops_->fill_zero(dtmp_.as<void>(), NC * es_);
   ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C,
-                        Vp);
+                        vl_);
+  // Each rank's ids give part of d(ln_f output).
+  tp_.all_reduce(*ops_, dtmp_.as<Act>(), NC);
   ops_->fill_zero(dres_.as<void>(), NC * es_);
   ops_->layernorm_backward(dres_.as<Act>(), d_ln_f[kLnfW], d_ln_f[kLnfB], dtmp_.as<Act>(),
                            residual(cfg_.n_layer), ln_f[kLnfW], lnf_mean_.as<float>(),
@@ -228,30 +284,42 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
 
   // MLP branch: out = res2 + fcproj(gelu(fc(ln2(res2)))). The GELU-fused product backward
   // overwrites dfch with the gradient of the GELU's input.
-  ops_->matmul_backward(dfch, g[kFcProjW], g[kFcProjB], dres, a.fch_gelu, p[kFcProjW], N, 4 * C,
-                        C, a.fch);
+  // Under tensor parallelism the replicated biases of the row-parallel products get the same
+  // gradient on every rank (dres is the group's), and each column-parallel product's input
+  // gradient is this rank's part of a sum.
+  ops_->matmul_backward(dfch, g[kFcProjW], g[kFcProjB], dres, a.fch_gelu, p[kFcProjW], N, fc_, C,
+                        a.fch);
   ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[kFcW], g[kFcB], dfch, a.ln2, p[kFcW], N, C, 4 * C);
+  ops_->matmul_backward(dtmp, g[kFcW], g[kFcB], dfch, a.ln2, p[kFcW], N, C, fc_);
+  tp_.all_reduce(*ops_, dtmp, NC);
   // The residual path passes dres through unchanged; the LayerNorm adds its branch to it.
   ops_->layernorm_backward(dres, g[kLn2W], g[kLn2B], dtmp, a.res2, p[kLn2W], a.ln2_mean,
                            a.ln2_rstd, N, C);
 
   // Attention branch: res2 = in + proj(attention(qkv(ln1(in)))).
-  ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[kAttnProjW], g[kAttnProjB], dres, a.atty, p[kAttnProjW], N, C, C);
-  ops_->fill_zero(dqkv, 3 * NC * es_);
+  const std::size_t NCA = static_cast<std::size_t>(N) * ca_;
+  ops_->fill_zero(dtmp, NCA * es_);
+  ops_->matmul_backward(dtmp, g[kAttnProjW], g[kAttnProjB], dres, a.atty, p[kAttnProjW], N, ca_, C);
+  ops_->fill_zero(dqkv, 3 * NCA * es_);
   ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, b_,
-                           t_, C, cfg_.n_head);
+                           t_, ca_, nh_);
   ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[kAttnW], g[kAttnB], dqkv, a.ln1, p[kAttnW], N, C, 3 * C);
+  ops_->matmul_backward(dtmp, g[kAttnW], g[kAttnB], dqkv, a.ln1, p[kAttnW], N, C, 3 * ca_);
+  tp_.all_reduce(*ops_, dtmp, NC);
   ops_->layernorm_backward(dres, g[kLn1W], g[kLn1B], dtmp, in, p[kLn1W], a.ln1_mean, a.ln1_rstd,
                            N, C);
 }
 
 void GptModel::backward_embeddings(Act* const* d_emb) {
   ZERO_CHECK(b_ > 0, "GptModel::backward_embeddings: call set_batch first");
-  ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
-                         b_, t_, cfg_.n_embd);
+  if (!tp_.active()) {
+    ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
+                           b_, t_, cfg_.n_embd);
+    return;
+  }
+  // dres is the group's: every rank adds the whole (replicated) wpe gradient and its own rows'.
+  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), inputs_.as<std::int32_t>(),
+                              b_, t_, cfg_.n_embd, v0_, vl_);
 }
 
 HostParams::HostParams(const GptConfig& cfg) : cfg_(cfg), specs_(gpt_units(cfg)) {

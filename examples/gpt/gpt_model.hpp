@@ -13,6 +13,12 @@
 // inputs (the residual stream) are kept, and each block's forward is recomputed just before its
 // backward into a single block's worth of scratch: about 1/L of the activation memory for one
 // extra forward pass (the 8 instead of 6 in the FLOPs-per-token accounting).
+//
+// Under tensor parallelism (tensor_parallel.hpp) the model computes one rank's part: the unit
+// pointers are that rank's parts of the parameters, attention runs on its heads, the MLP on its
+// columns, the head on its vocabulary ids; the calls that end a row-parallel product, the
+// embedding, or the backward of a column-parallel one all-reduce over the tensor group, so every
+// rank of the group must make the same calls in the same order.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +30,7 @@
 
 #include "gpt_config.hpp"
 #include "ops.hpp"
+#include "tensor_parallel.hpp"
 
 namespace zero::gpt {
 
@@ -69,9 +76,11 @@ class OpsBuffer {
 class GptModel {
  public:
   // Activations for micro-batches of up to `max_batch` sequences of up to cfg.seq_len tokens.
-  GptModel(const GptConfig& cfg, int max_batch, Ops& ops);
+  // With tp active, this rank's part of the model (see above); cfg is the whole model's shape.
+  GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp = {});
 
   const GptConfig& config() const { return cfg_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   Ops& ops() const { return *ops_; }
   int max_batch() const { return max_b_; }
   int batch() const { return b_; }
@@ -94,7 +103,8 @@ class GptModel {
   void reset_loss_total();
   double take_mean_loss();  // waits; the mean of the means added since the reset, then resets
   // The first vocab_size logits at (b, t) of the last forward, copied to `out`. Only valid
-  // before backward_head, which overwrites the logits with their gradient.
+  // before backward_head, which overwrites the logits with their gradient. Under tensor
+  // parallelism the ranks' parts are summed over the group: collective there.
   void logits_at(int b, int t, std::vector<float>& out) const;
 
   // Backward, in reverse unit order; every gradient is added into the given pointers.
@@ -122,8 +132,18 @@ class GptModel {
     return act_offset(b.as<Act>(), elements, es_);
   }
   void check_layer(int layer, const char* what) const;
+  // losses_ (and, with dlogits non-null, the logits' gradient in place) from logits_: the
+  // whole-row softmax cross-entropy, or its vocabulary-parallel passes under tensor parallelism.
+  // stats_ready: the row maxima and sums of these logits are already reduced (by the forward).
+  void cross_entropy(Act* dlogits, float dloss, bool stats_ready);
+  // A row-parallel product's bias enters on tensor rank 0 only: the all-reduce then adds it once.
+  const Act* row_bias(const Act* b) const { return tp_.rank == 0 ? b : nullptr; }
 
   GptConfig cfg_;
+  TensorParallel tp_;
+  // This rank's widths: attention ca_ = C/T (nh_ heads), MLP hidden fc_ = 4C/T, vocabulary ids
+  // [v0_, v0_ + vl_) of the padded vocabulary.
+  int ca_ = 0, nh_ = 0, fc_ = 0, vl_ = 0, v0_ = 0;
   Ops* ops_;
   std::size_t es_;  // bytes per element of ops_->dtype()
   int max_b_;
@@ -139,6 +159,7 @@ class GptModel {
   std::vector<BlockActs> blocks_;
   OpsBuffer residual_;  // [L+1][B,T,C]: the input of each block, then the last output
   OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, loss_total_;
+  OpsBuffer ce_max_, ce_sums_;  // vocabulary-parallel cross-entropy: [N] and [2N] fp32
   // Gradient scratch, one block's worth, reused layer after layer.
   OpsBuffer dres_, dtmp_, dqkv_, dfch_, att_scratch_;
   mutable std::vector<float> host_losses_;

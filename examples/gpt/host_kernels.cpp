@@ -73,31 +73,39 @@ inline T tanh_fast(T u) {
 
 }  // namespace
 
+// A token's row in this rank's part of wte, or null when the id lies outside it.
+template <class T>
+inline T* vocab_row(T* wte, std::int32_t token, int C, int row0, int rows) {
+  const std::int64_t r = static_cast<std::int64_t>(token) - row0;
+  if (rows >= 0 && (r < 0 || r >= rows)) return nullptr;
+  return wte + idx(static_cast<std::size_t>(r), C);
+}
+
 template <class T>
 void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                     int C) {
+                     int C, int row0, int rows) {
 #pragma omp parallel for
   for (int n = 0; n < B * T_; ++n) {
-    const T* e = wte + idx(tokens[n], C);
-    const T* p = wpe + idx(n % T_, C);
+    const T* e = vocab_row(wte, tokens[n], C, row0, rows);
+    const T* p = wpe ? wpe + idx(n % T_, C) : nullptr;
     T* o = out + idx(n, C);
-    for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+    for (int c = 0; c < C; ++c) o[c] = (e ? e[c] : T(0)) + (p ? p[c] : T(0));
   }
 }
 
 template <class T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
-                      int C) {
+                      int C, int row0, int rows) {
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for
   for (int k = 0; k < chunks; ++k) {
     const int c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
     for (int n = 0; n < B * T_; ++n) {
       const T* d = dout + idx(n, C);
-      T* e = dwte + idx(tokens[n], C);
+      T* e = vocab_row(dwte, tokens[n], C, row0, rows);
       T* p = dwpe + idx(n % T_, C);
       for (int c = c0; c < c1; ++c) {
-        e[c] += d[c];
+        if (e) e[c] += d[c];
         p[c] += d[c];
       }
     }
@@ -346,9 +354,59 @@ void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::in
   }
 }
 
+// The vocabulary-parallel pieces follow softmax_cross_entropy above: the same exp, the
+// normaliser summed in double, so a split over ranks differs from the whole only in the order of
+// that sum's terms.
+template <class T>
+void cross_entropy_part_max(float* row_max, const T* logits, int N, int Vl, int v0, int V) {
+  const int real = std::clamp(V - v0, 0, Vl);  // this part's ids below V
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* l = logits + idx(n, Vl);
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int v = 0; v < real; ++v) mx = std::max(mx, l[v]);
+    row_max[n] = static_cast<float>(mx);
+  }
+}
+
+template <class T>
+void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max,
+                             const std::int32_t* targets, int N, int Vl, int v0, int V) {
+  const int real = std::clamp(V - v0, 0, Vl);
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* l = logits + idx(n, Vl);
+    const T mx = static_cast<T>(row_max[n]);
+    double sum = 0;
+    for (int v = 0; v < real; ++v) sum += static_cast<double>(exp_fast(l[v] - mx));
+    sums[n] = static_cast<float>(sum);
+    const int t = targets[n] - v0;
+    sums[N + n] = t >= 0 && t < real ? static_cast<float>(l[t]) : 0.0f;
+  }
+}
+
+template <class T>
+void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max,
+                               const float* sums, const std::int32_t* targets, int N, int Vl,
+                               int v0, int V, T dloss) {
+  const int real = std::clamp(V - v0, 0, Vl);
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* l = logits + idx(n, Vl);
+    const T lse = static_cast<T>(row_max[n]) + static_cast<T>(std::log(static_cast<double>(sums[n])));
+    losses[n] = static_cast<float>(lse - static_cast<T>(sums[N + n]));
+    if (!dlogits) continue;
+    T* d = dlogits + idx(n, Vl);  // may alias l: each element is read before it is written
+    const int target = targets[n] - v0;
+    for (int v = 0; v < real; ++v) d[v] = (exp_fast(l[v] - lse) - (v == target ? T(1) : T(0))) * dloss;
+    for (int v = real; v < Vl; ++v) d[v] = 0;
+  }
+}
+
 #define ZERO_GPT_INSTANTIATE(T)                                                                   \
-  template void encoder_forward<T>(T*, const std::int32_t*, const T*, const T*, int, int, int);   \
-  template void encoder_backward<T>(T*, T*, const T*, const std::int32_t*, int, int, int);        \
+  template void encoder_forward<T>(T*, const std::int32_t*, const T*, const T*, int, int, int, int, \
+                                   int);                                                          \
+  template void encoder_backward<T>(T*, T*, const T*, const std::int32_t*, int, int, int, int, int); \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);         \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                       const T*, int, int);                                        \
@@ -362,7 +420,12 @@ void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::in
   template void residual_forward<T>(T*, const T*, const T*, std::size_t);                         \
   template void logits_forward<T>(T*, const T*, const T*, int, int, int);                         \
   template void logits_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);          \
-  template void softmax_cross_entropy<T>(T*, T*, const T*, const std::int32_t*, int, int, int, T);
+  template void softmax_cross_entropy<T>(T*, T*, const T*, const std::int32_t*, int, int, int, T); \
+  template void cross_entropy_part_max<T>(float*, const T*, int, int, int, int);                   \
+  template void cross_entropy_part_sums<T>(float*, const T*, const float*, const std::int32_t*,    \
+                                           int, int, int, int);                                    \
+  template void cross_entropy_part_finish<T>(float*, T*, const T*, const float*, const float*,     \
+                                             const std::int32_t*, int, int, int, int, T);
 
 ZERO_GPT_INSTANTIATE(float)
 ZERO_GPT_INSTANTIATE(double)

@@ -11,12 +11,15 @@
 
 namespace zero::gpt::host {
 
+// With a vocabulary part (tensor parallelism): wte holds the rows [row0, row0 + rows) only, ids
+// outside them contribute nothing (forward: zeros; backward: no gradient), and wpe may be null in
+// the forward (no position term). rows < 0: the whole vocabulary.
 template <class T>
 void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                     int C);
+                     int C, int row0 = 0, int rows = -1);
 template <class T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
-                      int C);
+                      int C, int row0 = 0, int rows = -1);
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C);
@@ -56,5 +59,17 @@ void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte,
 template <class T>
 void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets,
                            int N, int V, int Vp, T dloss);
+
+// Vocabulary-parallel cross-entropy (Ops::cross_entropy_part_*): logits [N, Vl] are the ids
+// [v0, v0 + Vl); ids >= V are padding and take no part.
+template <class T>
+void cross_entropy_part_max(float* row_max, const T* logits, int N, int Vl, int v0, int V);
+template <class T>
+void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max,
+                             const std::int32_t* targets, int N, int Vl, int v0, int V);
+template <class T>
+void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max,
+                               const float* sums, const std::int32_t* targets, int N, int Vl,
+                               int v0, int V, T dloss);
 
 }  // namespace zero::gpt::host

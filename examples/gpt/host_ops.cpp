@@ -55,6 +55,14 @@ class HostOps final : public Ops {
                         int T, int C) override {
     host::encoder_backward(F(dwte), F(dwpe), F(dout), tokens, B, T, C);
   }
+  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe,
+                            int B, int T, int C, int vocab_begin, int vocab_rows) override {
+    host::encoder_forward(F(out), tokens, F(wte), F(wpe), B, T, C, vocab_begin, vocab_rows);
+  }
+  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens,
+                             int B, int T, int C, int vocab_begin, int vocab_rows) override {
+    host::encoder_backward(F(dwte), F(dwpe), F(dout), tokens, B, T, C, vocab_begin, vocab_rows);
+  }
   void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
                          const Act* b, int N, int C) override {
     host::layernorm_forward(F(out), mean, rstd, F(inp), F(w), F(b), N, C);
@@ -115,6 +123,22 @@ class HostOps final : public Ops {
                              const std::int32_t* targets, int N, int V, int Vp,
                              float dloss) override {
     host::softmax_cross_entropy(losses, F(dlogits), F(logits), targets, N, V, Vp, dloss);
+  }
+  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
+                              int V) override {
+    host::cross_entropy_part_max(row_max, F(logits), N, Vl, v0, V);
+  }
+  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
+                               const std::int32_t* targets, int N, int Vl, int v0,
+                               int V) override {
+    host::cross_entropy_part_sums(sums, F(logits), row_max, targets, N, Vl, v0, V);
+  }
+  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
+                                 const float* row_max, const float* sums,
+                                 const std::int32_t* targets, int N, int Vl, int v0, int V,
+                                 float dloss) override {
+    host::cross_entropy_part_finish(losses, F(dlogits), F(logits), row_max, sums, targets, N, Vl,
+                                    v0, V, dloss);
   }
   void add_mean(double* total, const float* values, int n) override {
     double sum = 0.0;

@@ -80,6 +80,16 @@ class Ops {
   // order of the additions does not depend on scheduling.
   virtual void encoder_backward(Act* dwte, Act* dwpe, const Act* dout,
                                 const std::int32_t* tokens, int B, int T, int C) = 0;
+  // The same on one part of the vocabulary (tensor parallelism): wte holds the rows
+  // [vocab_begin, vocab_begin + vocab_rows) of the whole embedding; an id outside them
+  // contributes zeros in the forward and no gradient in the backward. wpe may be null in the
+  // forward (no position term: one rank adds it, the tensor group's all-reduce sums the parts).
+  virtual void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte,
+                                    const Act* wpe, int B, int T, int C, int vocab_begin,
+                                    int vocab_rows) = 0;
+  virtual void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout,
+                                     const std::int32_t* tokens, int B, int T, int C,
+                                     int vocab_begin, int vocab_rows) = 0;
 
   // LayerNorm over the last dimension (eps 1e-5); mean and rstd [N] are kept for the backward.
   virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp,
@@ -133,6 +143,26 @@ class Ops {
   virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
                                      const std::int32_t* targets, int N, int V, int Vp,
                                      float dloss) = 0;
+  // Vocabulary-parallel cross-entropy (tensor parallelism), in three passes with the tensor
+  // group's all-reduces between them, so no rank holds a whole row of logits. logits [N, Vl] are
+  // the ids [v0, v0 + Vl) of the padded vocabulary; ids >= V take no part. Every output is fp32
+  // in the Ops' memory:
+  //   part_max:    row_max[n] = the largest of the row's real logits here (-inf if none);
+  //                the caller then takes the maximum over the group;
+  //   part_sums:   sums[n] = sum of exp(l - row_max[n]) over the real logits here, and
+  //                sums[N + n] = the target's logit if this part holds it, else 0; the caller
+  //                then sums both over the group;
+  //   part_finish: losses[n] = log(sums[n]) + row_max[n] - sums[N + n], and with dlogits
+  //                non-null (may alias logits) softmax_cross_entropy's gradient for this part.
+  virtual void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
+                                      int V) = 0;
+  virtual void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
+                                       const std::int32_t* targets, int N, int Vl, int v0,
+                                       int V) = 0;
+  virtual void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
+                                         const float* row_max, const float* sums,
+                                         const std::int32_t* targets, int N, int Vl, int v0, int V,
+                                         float dloss) = 0;
   // total[0] += (values[0] + ... + values[n-1]) / n, summed in double in a fixed order; total
   // is in the Ops' memory. The training loss adds up here, so reading it costs one wait per
   // step instead of one per micro-step.

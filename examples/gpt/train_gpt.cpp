@@ -156,7 +156,8 @@ RunConfig load_run_config(const Cli& cli, int world_size) {
                    std::to_string(sched.warmup_num_steps) +
                    ": the run would end inside the warmup; raise run.steps or shorten the warmup");
   }
-  rc.cfg.resolve(world_size);
+  // The engine's batch arithmetic counts data-parallel ranks: a tensor group trains one batch.
+  rc.cfg.resolve(zero::gpt::gpt_data_parallel_size(rc.settings, world_size));
   // The resolved sections replace what the file said (a preset name becomes its shape), so a
   // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
   for (auto& [name, yaml] : rc.settings.sections()) rc.cfg.extra_sections[name] = yaml;
@@ -306,6 +307,8 @@ struct RunFacts {
   std::string resumed_from;    // the checkpoint this session continues ("" when it starts anew)
   std::string resume_command;  // this command line with --resume, for the stop message
   std::string nodes;           // "2 nodes x 2 ranks"
+  // The engine writes no checkpoints of a model split over ranks yet (zero/checkpoint.hpp).
+  bool checkpoints = true;
 };
 
 void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
@@ -321,17 +324,23 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                 f.threads == 1 ? "" : "s");
   rep.line(buf);
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
-  rep.line("nodes: " + f.nodes + "; the engine's collectives span all ranks (one data-parallel group)");
+  if (trainer.tensor_parallel_size() > 1)
+    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
+             ": each layer split over " + std::to_string(trainer.tensor_parallel_size()) +
+             " ranks (tensor parallel), the engine's collectives over the data-parallel group");
+  else
+    rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() +
+             ": the engine's collectives span all ranks (one data-parallel group)");
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
   std::snprintf(buf, sizeof buf,
                 "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
-                "accumulation %lld x %d ranks); activations %s per rank",
+                "accumulation %lld x %d data-parallel ranks); activations %s per rank",
                 static_cast<long long>(cfg.train_batch_size), mc.seq_len,
                 static_cast<long long>(trainer.tokens_per_step()),
                 static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps), f.world,
+                static_cast<long long>(cfg.gradient_accumulation_steps), trainer.data_parallel_size(),
                 zero::gpt::format_mib(static_cast<double>(trainer.activation_bytes())).c_str());
   rep.line(buf);
   std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
@@ -358,6 +367,9 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
               {"model", mc.describe()},
               {"params", f.params},
               {"world", f.world},
+              {"grid", trainer.grid()},
+              {"tensor_parallel", trainer.tensor_parallel_size()},
+              {"data_parallel", trainer.data_parallel_size()},
               {"stage", cfg.zero_optimization.stage},
               {"tokens_per_step", f.tokens_per_step},
               {"flops_per_token", f.flops.total()},
@@ -384,9 +396,9 @@ class TrainingLoop {
     if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
     for (std::int64_t step = f_.start_step + 1; step <= steps; ++step) {
       const auto t0 = Clock::now();
-      const zero::TrafficBytes sent = trainer_.engine().traffic();
+      const zero::TrafficBytes sent = trainer_.traffic();
       const GptTrainer::Step s = trainer_.train_step();
-      step_traffic_ = trainer_.engine().traffic() - sent;
+      step_traffic_ = trainer_.traffic() - sent;
       const double dt = seconds_since(t0);
       train_seconds_ += dt;
       interval_seconds_ += dt;
@@ -489,10 +501,16 @@ class TrainingLoop {
   }
 
   void stop(std::int64_t step, bool saved) {
-    if (!saved) save(step);
     const int signo = zero::StopSignal::received();
     const std::string by = signo != 0 ? std::string("signal ") + ::strsignal(signo)
                                       : std::string("a signal on another rank");
+    if (!f_.checkpoints) {
+      rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
+                std::to_string(s_.steps) + "; no checkpoint: a tensor-parallel run writes none yet");
+      rep_.record({{"type", "stop"}, {"step", step}, {"checkpoint", nullptr}});
+      return;
+    }
+    if (!saved) save(step);
     rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
               std::to_string(s_.steps) + "; checkpoint in " + f_.checkpoint_dir +
               "; resume with (behind the same mpirun or srun):\n  " + f_.resume_command);
@@ -532,6 +550,10 @@ int run(zero::Context& ctx, int argc, char** argv) {
     ZERO_CHECK(!cli.resume && cli.resume_from.empty() && !cli.sample_only,
                "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
                "with --resume or --sample (tune first, then resume with the winner's config file)");
+    ZERO_CHECK(settings.tensor_parallel == 1,
+               "zero-gpt: --autotune does not consider model.tensor_parallel yet (it is " +
+                   std::to_string(settings.tensor_parallel) + "); tune with tensor_parallel: 1, or give "
+                   "the batch and stage settings yourself");
     const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
     if (ctx.is_root()) {
       std::printf("%s", zero::gpt::autotune_report(tuned).c_str());
@@ -553,6 +575,14 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.checkpoint_dir = cli.checkpoint_dir.empty()
                              ? (fs::path(settings.out_dir) / "checkpoints").string()
                              : cli.checkpoint_dir;
+  // A tensor-parallel run is told before it trains, not at its first save, that the engine
+  // cannot write its checkpoints yet.
+  facts.checkpoints = trainer.tensor_parallel_size() == 1;
+  ZERO_CHECK(facts.checkpoints || (settings.save_interval == 0 && !cli.resume && cli.resume_from.empty() &&
+                                   !cli.sample_only),
+             "zero-gpt: model.tensor_parallel = " + std::to_string(trainer.tensor_parallel_size()) +
+                 ": checkpoints of a tensor-parallel run are not written or read yet; set run.save_interval: "
+                 "0, and train without --resume, --resume-from or --sample");
   if (cli.sample_only) {
     // Only reads: a sample may be taken beside the job that is writing the checkpoints.
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
@@ -564,10 +594,10 @@ int run(zero::Context& ctx, int argc, char** argv) {
   // A run may save into its checkpoint root at any step (a stop signal saves too): take the
   // root now, and the run directory its logs go to, so a second job on either is refused
   // before it trains or writes anything.
-  zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
+  if (facts.checkpoints) zero::lock_checkpoint_root(trainer.engine(), facts.checkpoint_dir);
   zero::lock_run_directory(trainer.engine(), settings.out_dir);
   // Hours of training must not end in a first save that cannot fit.
-  zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
+  if (facts.checkpoints) zero::check_checkpoint_space(trainer.engine(), facts.checkpoint_dir);
   if (!cli.resume_from.empty()) {
     facts.start_step = trainer.load_checkpoint(cli.resume_from);
     facts.resumed_from = cli.resume_from;
@@ -578,7 +608,8 @@ int run(zero::Context& ctx, int argc, char** argv) {
   create_run_dir(ctx, rc);
 
   facts.nodes = zero::node_layout(ctx).describe();
-  facts.params = static_cast<double>(trainer.engine().layout().num_params());
+  // The whole model's (this rank's layout holds its tensor-parallel part).
+  facts.params = static_cast<double>(trainer.model_config().num_params());
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
   facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());

@@ -18,6 +18,7 @@
 #include "zero/error.hpp"
 #include "zero/hf_gpt2.hpp"
 #include "zero/strings.hpp"
+#include "tensor_parallel.hpp"
 
 namespace zero::gpt {
 
@@ -115,12 +116,18 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     c.seq_len = static_cast<int>(m.get_int("seq_len", c.seq_len, 1, 1 << 20));
     c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
     c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
+    s.tensor_parallel = static_cast<int>(m.get_int("tensor_parallel", 1, 1, 4096));
     s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
     s.init_from = m.get_string("init_from", "");
     if (c.n_embd % c.n_head != 0)
       m.fail(m.has("n_head") ? "n_head" : "n_embd",
              "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
                  std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
+    try {
+      check_tensor_parallel(c, s.tensor_parallel);
+    } catch (const zero::Error& e) {
+      m.fail("tensor_parallel", e.what());
+    }
     m.finish();
     s.model = c;
   }
@@ -169,6 +176,7 @@ std::map<std::string, std::string> GptSettings::sections() const {
     << "seq_len: " << model.seq_len << "\n"
     << "vocab_size: " << model.vocab_size << "\n"
     << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
+    << "tensor_parallel: " << tensor_parallel << "\n"
     << "seed: " << init_seed << "\n";
   if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
   d << "train: " << quoted(train) << "\n"
@@ -201,6 +209,10 @@ std::string gpt_settings_help() {
          "  seq_len                      context length T (size of the position embedding)\n"
          "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
          "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
+         "  tensor_parallel: 1           ranks that split each layer (Megatron-style: heads, MLP\n"
+         "                               columns and vocabulary); must divide n_head, the padded\n"
+         "                               vocabulary and the number of ranks (the rest is data\n"
+         "                               parallel)\n"
          "  seed: 42                     initialisation seed (same model at any world size)\n"
          "  init_from: \"\"                GPT-2 weights to start from: a Hugging Face directory\n"
          "                               (model.safetensors, config.json), a .safetensors file\n"
@@ -235,6 +247,16 @@ std::string gpt_settings_help() {
          "                               on a GPU its preset's bf16 peak (none: MFU n/a)\n";
 }
 
+int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
+  const int T = settings.tensor_parallel;
+  ZERO_CHECK(T >= 1 && world_size % T == 0,
+             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of "
+             "model.tensor_parallel = " + std::to_string(T) +
+                 " ranks; run a multiple of " + std::to_string(T) +
+                 " ranks, or change tensor_parallel");
+  return world_size / T;
+}
+
 // ------------------------------------------------------------------------------ trainer
 
 GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings)
@@ -251,6 +273,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   ZERO_CHECK(cfg.train_micro_batch_size_per_gpu >= 1 && cfg.train_micro_batch_size_per_gpu <= INT32_MAX &&
                  cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
              "GptTrainer: the micro batch and accumulation steps must fit an int; use a resolved Config");
+  const int T = settings_.tensor_parallel;
+  check_tensor_parallel(mc, T);
+  const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
+  ZERO_CHECK(!borrowed || T == 1,
+             "GptTrainer: model.tensor_parallel = " + std::to_string(T) +
+                 " on an engine built elsewhere (the autotuner's); --autotune does not consider "
+                 "tensor parallelism yet: run it with tensor_parallel: 1");
+  ZERO_CHECK(cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * data_size,
+             "GptTrainer: the config is resolved for " +
+                 std::to_string(cfg.train_batch_size /
+                                std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps)) +
+                 " data-parallel ranks, but " + std::to_string(ctx.world_size()) + " ranks at tensor_parallel " +
+                 std::to_string(T) + " give " + std::to_string(data_size) +
+                 "; resolve it with gpt_data_parallel_size(settings, world size)");
+  if (T > 1) groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = 1});
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
@@ -271,8 +308,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   DataLoader::Options lo;
   lo.batch = micro_batch_;
   lo.seq_len = mc.seq_len;
-  lo.rank = ctx.rank();
-  lo.world = ctx.world_size();
+  // A tensor group reads one batch: the loader counts data-parallel ranks only.
+  lo.rank = data_parallel_rank();
+  lo.world = data_parallel_size();
   lo.seed = settings_.data_seed;
   lo.vocab_size = mc.vocab_size;
   train_loader_ = std::make_unique<DataLoader>(*train_set_, lo);
@@ -296,11 +334,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
       weights.emplace(settings_.init_from);
       weights->check(mc.plan_shape());
     }
-    owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+    if (groups_)
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, tensor_parallel_layout(mc, T), *groups_);
+    else
+      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
     engine_ = owned_engine_.get();
+    // Under tensor parallelism each rank computes the whole tensor and keeps its part, so the
+    // model is the same at every T.
+    const int t = groups_ ? groups_->coord().tensor : 0;
+    std::vector<float> whole;
     engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
-      if (weights) weights->read(p.name, p.shape, v);
-      else init_parameter(mc, p.name, v, settings_.init_seed);
+      const std::vector<std::int64_t> shape = whole_shape(p, T);
+      whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
+      if (weights) weights->read(p.name, shape, whole);
+      else init_parameter(mc, p.name, whole, settings_.init_seed);
+      take_part(whole, p, T, t, v);
     });
   }
 #if ZERO_GPT_CUDA
@@ -313,7 +361,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 #endif
   if (!ops_) ops_ = make_host_ops();
   try {
-    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_);
+    TensorParallel tp;
+    if (groups_) tp = {T, groups_->coord().tensor, &groups_->tensor()};
+    model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, tp);
   } catch (...) {
     // No destructor runs for a constructor that throws (out of memory is expected while the
     // autotuner tries micro-batch sizes), and ops_ is about to go.
@@ -327,6 +377,21 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 }
 
 GptTrainer::~GptTrainer() { return_engine_stream(engine_, ops_.get()); }
+
+std::string GptTrainer::grid() const {
+  return "TP " + std::to_string(tensor_parallel_size()) + " x DP " + std::to_string(data_parallel_size()) +
+         " x PP 1";
+}
+
+zero::TrafficBytes GptTrainer::tensor_traffic() const {
+  return groups_ ? groups_->tensor().traffic() : zero::TrafficBytes{};
+}
+
+zero::TrafficBytes GptTrainer::traffic() const {
+  zero::TrafficBytes t = engine_->traffic();
+  t += tensor_traffic();
+  return t;
+}
 
 std::int64_t GptTrainer::tokens_per_step() const {
   return engine_->config().train_batch_size * settings_.model.seq_len;
@@ -479,7 +544,8 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
                           "training data are shards and data.val names none)");
   EvalScope eval(*engine_);
   const int T = settings_.model.seq_len;
-  const std::int64_t world = ctx_.world_size(), rank = ctx_.rank(), B = micro_batch_;
+  // Windows are shared out over the data-parallel ranks; a tensor group evaluates the same ones.
+  const std::int64_t world = data_parallel_size(), rank = data_parallel_rank(), B = micro_batch_;
   const std::int64_t available = val_loader_->num_samples();
   const std::int64_t total = settings_.eval_sequences > 0
                                  ? std::min(settings_.eval_sequences, available)
@@ -499,8 +565,8 @@ GptTrainer::Evaluation GptTrainer::evaluate() {
     sums[0] += loss * count;
     sums[1] += count;
   }
-  const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
-  const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
+  const double loss_sum = data_comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
+  const double counted = data_comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
   Evaluation e;
   e.loss = loss_sum / counted;
   e.sequences = total;
@@ -514,8 +580,10 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
   // every forward pass, each gather being a collective).
+  // Under tensor parallelism rank 0's tensor group runs the passes together (each forward
+  // all-reduces over it, and logits_at sums the vocabulary parts); rank 0 returns the tokens.
   const zero::GatheredModel held = engine_->gather_all();
-  if (!ctx_.is_root()) return {};
+  if (data_parallel_rank() != 0) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
   const std::size_t first_new = tokens.size();
   const int T_max = settings_.model.seq_len;
@@ -538,6 +606,7 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
     model_->logits_at(0, T - 1, logits);
     tokens.push_back(sample_token(logits, temperature, top_k, coin()));
   }
+  if (!ctx_.is_root()) return {};
   return {tokens.begin() + static_cast<std::ptrdiff_t>(first_new), tokens.end()};
 }
 

@@ -11,6 +11,11 @@
 // The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
 // gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
 // engine's 16-bit gradient storage when the unit is done (rounded once per micro-step).
+//
+// With model.tensor_parallel: T > 1 the trainer builds the process groups (zero/groups.hpp), the
+// model holds this rank's part (tensor_parallel.hpp), the engine shards, reduces and steps over
+// the data-parallel group, and the ranks of one tensor group read the same batches (the data
+// loader's rank is the data-parallel coordinate, its world the data-parallel size).
 #pragma once
 
 #include <cstdint>
@@ -25,6 +30,7 @@
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
+#include "zero/groups.hpp"
 
 namespace zero::gpt {
 
@@ -34,6 +40,7 @@ struct GptSettings {
   std::string preset = "tiny";
   GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
   std::uint64_t init_seed = 42;
+  int tensor_parallel = 1;  // T: ranks that split each layer (tensor_parallel.hpp)
   // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
   // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
   std::string init_from;
@@ -71,12 +78,15 @@ inline const std::vector<std::string>& gpt_sections() {
 // Reads the model / data / run sections strictly: an unknown key, a wrong type or an
 // out-of-range value is a zero::Error naming the key, where it was set and what is expected.
 GptSettings read_gpt_settings(const zero::Config& cfg);
+// The data-parallel size the engine's config is resolved for: world / tensor_parallel. A world
+// size the grid does not divide is a zero::Error naming both.
+int gpt_data_parallel_size(const GptSettings& settings, int world_size);
 // Every key of the three sections with its default and meaning (for --help).
 std::string gpt_settings_help();
 
 class GptTrainer {
  public:
-  // cfg must be resolved for ctx.world_size().
+  // cfg must be resolved for gpt_data_parallel_size(settings, ctx.world_size()).
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings);
   // Trains on an engine someone else owns and has initialised (the autotuner builds one per
   // candidate): the batch settings come from engine.config(), the parameters are left as they
@@ -127,6 +137,15 @@ class GptTrainer {
   const TokenSet& train_data() const { return *train_set_; }
   const TokenSet* val_data() const { return val_set_.get(); }
   std::size_t activation_bytes() const { return model_->activation_bytes(); }
+  // The grid (zero/groups.hpp): tensor x data x pipeline ranks, and this rank's data-parallel
+  // place (the engine's and the data loader's rank and world).
+  int tensor_parallel_size() const { return settings_.tensor_parallel; }
+  int data_parallel_size() const { return groups_ ? groups_->data_size() : ctx_.world_size(); }
+  int data_parallel_rank() const { return groups_ ? groups_->coord().data : ctx_.rank(); }
+  std::string grid() const;  // "TP 2 x DP 2 x PP 1"
+  // Bytes this rank sent: the engine's collectives and the model's tensor-parallel all-reduces.
+  zero::TrafficBytes traffic() const;
+  zero::TrafficBytes tensor_traffic() const;  // the all-reduces over the tensor group alone
 
  private:
   // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the
@@ -148,8 +167,12 @@ class GptTrainer {
 
   GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
 
+  // The data-parallel group: evaluation sums its windows over it.
+  zero::Communicator& data_comm() { return groups_ ? groups_->data() : ctx_.comm(); }
+
   zero::Context& ctx_;
   GptSettings settings_;
+  std::unique_ptr<zero::ProcessGroups> groups_;  // with tensor parallelism; outlives the engine
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;

@@ -60,11 +60,15 @@ nlohmann::json plan_json(const Plan& p) {
                         {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))},
                         {"tensor_parallel", s.tensor_parallel},
                         {"pipeline_parallel", s.pipeline_parallel},
+                        {"hpz_partition_size", s.hpz_partition_size},
+                        {"quantized_weights", s.quantized_weights},
+                        {"mics_shard_size", s.mics_shard_size},
                         {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
           {"nvme_bytes", m.nvme_bytes},
           {"model_state_bytes", m.states.device()},
+          {"hpz_secondary_bytes", m.states.secondary},
           {"activation_bytes", m.activations},
           {"memory_stage", p.memory_stage},
           {"step_s", p.time.step_s},
@@ -103,6 +107,7 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.gpu_bytes), bytes(m.states.device()), bytes(m.states.params), bytes(m.states.grads),
              bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers),
              bytes(m.gathered), bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
+  if (m.states.secondary > 0) fmt::print("                 + hpZ secondary shards {}\n", bytes(m.states.secondary));
   fmt::print("host {:>10} per GPU = offloaded states {} + pinned buffers {} + overhead {}   (of {})\n",
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));
@@ -118,6 +123,13 @@ void print_plan(const Plan& p, const Cluster& c) {
                st.pipeline_parallel > 1
                    ? fmt::format("; bubble {:.1f}% of the pipeline, (P-1)/(m+P-1)", 100 * p.time.bubble)
                    : std::string());
+  if (st.tensor_parallel * st.pipeline_parallel == 1 && c.gpus > 1) {
+    // The rank whose ring successor is on the next node sends the most across (the last of its node).
+    const int r = std::min(c.gpus, c.gpus_per_node) - 1;
+    const TrafficBytes t = step_traffic(gpt_layout(p.shape), st, c.gpus, c.gpus_per_node, r);
+    fmt::print("     bytes per step (rank {}): {} inside its node, {} to other nodes\n", r,
+               bytes(t.intra_node), bytes(t.inter_node));
+  }
   fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
              p.tflops_per_gpu, p.days, p.token_budget);
 }
@@ -174,7 +186,8 @@ int main(int argc, char** argv) {
                                              "or a measured MFU)")->check(CLI::Range(0.001, 1.0));
   // Settings
   std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
-  std::vector<std::string> tp_s{"1"}, pp_s{"1"};
+  std::vector<std::string> tp_s{"1"}, pp_s{"1"}, hpz_s{"1"};
+  std::string qwz_s = "off";
   std::string ckpt_s = "any", dtype_s = "bf16";
   int accum = 1;
   std::int64_t space_global_batch = 0;
@@ -195,8 +208,16 @@ int main(int argc, char** argv) {
                               "of 2 up to the GPUs per node)")->delimiter(',');
   app.add_option("--pp", pp_s, "pipeline-parallel sizes (1F1B over the accumulation's micro-batches; any: powers "
                               "of 2 up to the GPU count); data parallel = GPUs / (tp x pp)")->delimiter(',');
+  auto* o_hpz = app.add_option("--hpz", hpz_s, "stage 3: ZeRO++ hpZ group sizes (1: off; any: 1 and the GPUs per "
+                                               "node)")->delimiter(',');
+  auto* o_qwz = app.add_option("--qwz", qwz_s, "stage 3: ZeRO++ qwZ int8 parameter gathers: on, off, any")
+                    ->check(CLI::IsMember({"on", "off", "any"}));
   app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
                                                        "accumulation for each micro-batch (overrides --accum)");
+  int mics = -1;
+  auto* o_mics = app.add_option("--mics-shard-size", mics,
+                                "MiCS (stages 1-3): shard model states over groups of this many data-parallel "
+                                "ranks, replicated across groups (zero_optimization.mics_shard_size; -1: off)");
   app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
   app.add_option("--top", top, "rows of the ranked table")->default_val(15);
   app.add_flag("--json", json, "print one JSON object");
@@ -220,6 +241,7 @@ int main(int argc, char** argv) {
     bool from_config = !config_path.empty();
     if (from_config) space.base = settings_from(load_config(config_path));
     space.base.grad_accum = from_config && !o_accum->count() ? space.base.grad_accum : accum;
+    if (!from_config || o_mics->count()) space.base.mics_shard_size = mics;
     if (!from_config || o_dtype->count())
       space.base.dtype = dtype_s == "fp32" ? DType::f32 : dtype_s == "fp16" ? DType::f16 : DType::bf16;
     const bool cfg_fixed = from_config;
@@ -264,6 +286,12 @@ int main(int argc, char** argv) {
     };
     space.tensor_parallel = sizes(tp_s, c.gpus_per_node, "--tp");
     space.pipeline_parallel = sizes(pp_s, c.gpus, "--pp");
+    if (cfg_fixed && !o_hpz->count()) space.hpz_partition_size = {space.base.hpz_partition_size};
+    else if (any(hpz_s)) space.hpz_partition_size = {1, c.gpus_per_node};
+    else space.hpz_partition_size = sizes(hpz_s, c.gpus, "--hpz");
+    if (cfg_fixed && !o_qwz->count()) space.quantized_weights = {space.base.quantized_weights};
+    else if (qwz_s == "any") space.quantized_weights = {false, true};
+    else space.quantized_weights = {qwz_s == "on"};
     if (ckpt_s == "on") space.checkpointing = {true};
     else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count())) space.checkpointing = {false};
 
@@ -309,7 +337,8 @@ int main(int argc, char** argv) {
     }
     ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
                                     "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
-                                    "a pipeline needs stage 0 or 1)");
+                                    "a pipeline needs stage 0 or 1; --mics-shard-size needs stage >= 1, a divisor "
+                                    "of the data-parallel ranks, and no --hpz)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
       if (json) fmt::print("{}\n", plan_json(p).dump(2));

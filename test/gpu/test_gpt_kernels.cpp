@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <tuple>
@@ -672,4 +673,96 @@ TEST_CASE("softmax_cross_entropy reports bad targets as NaN and rejects bad shap
   REQUIRE_THROWS_AS(g::softmax_cross_entropy(d_losses.get(), nullptr, bp(d_logits), d_targets.get(),
                                              2, 17, 16, 1.0f, st.get()),
                     zero::Error);
+}
+
+// --- tensor parallelism: one part of the vocabulary ---
+
+TEST_CASE("vocabulary parts: encoder and cross-entropy passes match the fp64 host kernels",
+          "[gpt][kernels][tensor_parallel]") {
+  const int B = 2, T = 5, C = 64, V = 300, Vp = 384, TP = 4, Vl = Vp / TP;  // part 3: ids 288-383
+  const std::size_t N = static_cast<std::size_t>(B) * T;
+  const auto wte = random_bf16(static_cast<std::size_t>(Vl) * C, 21, 1.0);  // one part's rows
+  const auto wpe = random_bf16(static_cast<std::size_t>(T) * C, 22, 0.5);
+  const auto tokens = random_ids(N, V, 23);
+  const auto dout = random_bf16(N * C, 24, 1.0);
+  DeviceArray<std::int32_t> d_tok(tokens);
+  Stream st;
+  for (int t = 0; t < TP; ++t) {
+    INFO("part " << t << " of " << TP);
+    const bool with_wpe = t == 0;
+    DevBf16 d_wte(wte.bits), d_wpe(wpe.bits), d_out(N * C);
+    g::encoder_forward(bp(d_out), d_tok.get(), bp(d_wte), with_wpe ? bp(d_wpe) : nullptr, B, T, C,
+                       st.get(), t * Vl, Vl);
+    st.sync();
+    std::vector<double> want(N * C);
+    h::encoder_forward(want.data(), tokens.data(), wte.val.data(), with_wpe ? wpe.val.data() : nullptr,
+                       B, T, C, t * Vl, Vl);
+    expect_close("out", values(d_out.download()), want,
+                 [&](std::size_t i) { return kBf16Round * std::abs(want[i]) + 4 * kF32 * (std::abs(want[i]) + 4); });
+
+    const std::size_t need = g::encoder_backward_scratch_bytes(B, T, C);
+    DeviceArray<std::uint8_t> d_scratch(need);
+    DevBf16 d_dout(dout.bits), d_dwte(wte.bits), d_dwpe(wpe.bits);
+    g::encoder_backward(bp(d_dwte), bp(d_dwpe), bp(d_dout), d_tok.get(), B, T, C, d_scratch.get(),
+                        need, st.get(), t * Vl, Vl);
+    st.sync();
+    std::vector<double> dwte = wte.val, dwpe = wpe.val;
+    h::encoder_backward(dwte.data(), dwpe.data(), dout.val.data(), tokens.data(), B, T, C, t * Vl, Vl);
+    // Sums of at most N terms of magnitude below 5 each.
+    const double slack = (static_cast<double>(N) + 4) * kF32 * 5.0 * static_cast<double>(N);
+    expect_close("dwte", values(d_dwte.download()), dwte,
+                 [&](std::size_t i) { return kBf16Round * std::abs(dwte[i]) + slack; });
+    expect_close("dwpe", values(d_dwpe.download()), dwpe,
+                 [&](std::size_t i) { return kBf16Round * std::abs(dwpe[i]) + slack; });
+  }
+
+  // Cross-entropy: each part's pass on the device, the group's max and sums taken on the host.
+  const int rows = 6;
+  const auto logits = random_bf16(static_cast<std::size_t>(rows) * Vp, 25, 4.0);
+  const auto targets = random_ids(rows, V, 26);
+  const float dloss = 1.0f / 64;
+  std::vector<double> want_losses(rows), want_d(logits.size(), 0.0);
+  h::softmax_cross_entropy<double>(want_losses.data(), want_d.data(), logits.val.data(),
+                                   targets.data(), rows, V, Vp, dloss);
+  DeviceArray<std::int32_t> d_targets(targets);
+  std::vector<std::unique_ptr<DevBf16>> owned;
+  for (int t = 0; t < TP; ++t) {
+    std::vector<std::uint16_t> bits;
+    for (int r = 0; r < rows; ++r)
+      bits.insert(bits.end(), logits.bits.begin() + r * Vp + t * Vl, logits.bits.begin() + r * Vp + (t + 1) * Vl);
+    owned.push_back(std::make_unique<DevBf16>(bits));
+  }
+  std::vector<float> mx(rows, -INFINITY), sums(2 * rows, 0.0f);
+  DeviceArray<float> d_max(rows), d_sums(2 * rows), d_losses(rows);
+  for (int t = 0; t < TP; ++t) {
+    g::cross_entropy_part_max(d_max.get(), bp(*owned[t]), rows, Vl, t * Vl, V, st.get());
+    st.sync();
+    const auto m = d_max.download();
+    for (int r = 0; r < rows; ++r) mx[r] = std::max(mx[r], m[r]);
+  }
+  d_max.upload(mx);
+  for (int t = 0; t < TP; ++t) {
+    g::cross_entropy_part_sums(d_sums.get(), bp(*owned[t]), d_max.get(), d_targets.get(), rows, Vl,
+                               t * Vl, V, st.get());
+    st.sync();
+    const auto s = d_sums.download();
+    for (int i = 0; i < 2 * rows; ++i) sums[i] += s[i];
+  }
+  d_sums.upload(sums);
+  for (int t = 0; t < TP; ++t) {
+    INFO("cross-entropy part " << t);
+    g::cross_entropy_part_finish(d_losses.get(), bp(*owned[t]), bp(*owned[t]), d_max.get(),
+                                 d_sums.get(), d_targets.get(), rows, Vl, t * Vl, V, dloss, st.get());
+    st.sync();
+    const auto got_losses = d_losses.download();
+    std::vector<double> gl(got_losses.begin(), got_losses.end());
+    expect_close("losses", gl, want_losses,
+                 [&](std::size_t r) { return 16 * kF32 * (std::abs(want_losses[r]) + 2 * 16 + V / 512.0 + 16); });
+    const auto got = values(owned[t]->download());
+    std::vector<double> want(got.size());
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < Vl; ++j) want[r * Vl + j] = want_d[r * Vp + t * Vl + j];
+    expect_close("dlogits", got, want,
+                 [&](std::size_t i) { return kBf16Round * std::abs(want[i]) + 0x1p-15 * dloss; });
+  }
 }

@@ -64,7 +64,7 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
   cluster.gpu.memory_bytes = static_cast<double>(plan::make_plan(shape, cluster, s2).memory.gpu_bytes);
 
   auto candidates = tune_grid({0, 2, 3}, {1, 2, 4});
-  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}});  // 3 does not divide 4 per rank
+  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}, {}, {}});  // 3 does not divide 4 per rank
   const auto dir = std::filesystem::temp_directory_path() / ("zero_autotune_np" + std::to_string(world));
   std::filesystem::create_directories(dir);
   TuneOptions opt;
@@ -118,4 +118,43 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
   text << table.rdbuf();
   for (const auto& t : r.trials) CHECK_THAT(text.str(), Catch::Contains(t.candidate.label()));
   CHECK_THAT(text.str(), Catch::Contains("(best)"));
+}
+
+TEST_CASE("autotune tries ZeRO++ variants of the stage-3 candidates", "[autotune][mpi]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const auto candidates = with_zero_plus_plus(tune_grid({2, 3}, {1}), 0, world);
+  // stage 2; stage 3, then qwZ, hpZ and both (hpZ only where the group has 2 ranks or more).
+  REQUIRE(candidates.size() == (world > 1 ? 5u : 3u));
+  CHECK(candidates[0].label() == "stage 2, mb 1");
+  CHECK(candidates[1].label() == "stage 3, mb 1");
+  CHECK(candidates[2].label() == "stage 3, mb 1, qwz");
+  if (world > 1) {
+    CHECK(candidates[3].label() == "stage 3, mb 1, hpz " + std::to_string(world));
+    CHECK(candidates[4].label() == "stage 3, mb 1, hpz " + std::to_string(world) + ", qwz");
+  }
+  // An unset stage follows the base's.
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 3, 2).size() == 4);
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 2, 2).size() == 1);
+
+  const plan::GptShape shape{"", 2, 2, 64, 32, 256};
+  std::string y = "train_batch_size: " + std::to_string(2 * world) + "\ntrain_micro_batch_size_per_gpu: 1\n";
+  y += "zero_optimization:\n  stage: 0\n  stage3_param_persistence_threshold: 100\n";
+  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+  const auto dir = std::filesystem::temp_directory_path() / ("zero_autotune_zpp_np" + std::to_string(world));
+  std::filesystem::create_directories(dir);
+  TuneOptions opt;
+  opt.timed_steps = 1;
+  opt.config_out = (dir / "best.yaml").string();
+  TuneResult r = autotune(ctx, parse_config(y, "test_autotune"), plan::gpt_layout(shape), init, train_step,
+                          candidates, opt);
+  for (const auto& t : r.trials) {
+    INFO(t.candidate.label() << ": " << t.note);
+    CHECK(t.outcome == TuneTrial::Outcome::timed);
+  }
+  REQUIRE(r.found);
+  // The winner's file carries its ZeRO++ settings.
+  const Config loaded = load_config(opt.config_out);
+  CHECK(loaded.zero_optimization.zero_hpz_partition_size == r.best_trial.candidate.hpz_partition_size.value_or(1));
+  CHECK(loaded.zero_optimization.zero_quantized_weights == r.best_trial.candidate.quantized_weights.value_or(false));
 }

@@ -54,12 +54,14 @@ struct Case {
   bool dynamic_fp16 = false;  // small window: the scale grows until it overflows, steps are skipped
   bool scheduler = false;
   bool mixed_decay = false;  // weight decay on the 2-D parameters only (Layout::decay_matrices_only)
+  int mics = -1;             // zero_optimization.mics_shard_size
   std::string nvme_dir;
 
   std::string name() const {
     return "stage " + std::to_string(stage) + " " + std::string(dtype_name(dtype)) + " offload " + offload +
            (gas > 1 ? " gas " + std::to_string(gas) : "") + (optimizer != "AdamW" ? " " + optimizer : "") +
-           (scheduler ? " WarmupLR" : "") + (mixed_decay ? " mixed-decay" : "");
+           (scheduler ? " WarmupLR" : "") + (mixed_decay ? " mixed-decay" : "") +
+           (mics != -1 ? " mics_shard_size " + std::to_string(mics) : "");
   }
 };
 
@@ -71,6 +73,7 @@ inline Config make_config(const Case& c, int world) {
   y += "zero_optimization:\n  stage: " + std::to_string(c.stage) + "\n";
   y += "  stage3_param_persistence_threshold: 20\n";  // "head" and "layer1" stay whole at stage 3
   y += "  sub_group_size: 50\n";                       // offload steps in several chunks
+  if (c.mics != -1) y += "  mics_shard_size: " + std::to_string(c.mics) + "\n";
   if (c.offload != "none") {
     y += "  offload_optimizer:\n    device: " + c.offload + "\n";
     if (c.offload == "nvme") y += "    nvme_path: " + c.nvme_dir + "\n";
@@ -184,6 +187,15 @@ inline void require_near_reference(const std::vector<std::vector<float>>& got, c
         REQUIRE(err <= tol);
       }
     }
+}
+
+// The directory that ctest shares between the entries of a multi-entry checkpoint test (an
+// environment variable set in test/mpi/CMakeLists.txt).
+inline std::string dir_from_env(const char* var) {
+  const char* d = std::getenv(var);
+  INFO(var << " names the directory the test's ctest entries share");
+  REQUIRE(d != nullptr);
+  return d;
 }
 
 // A directory every rank sees, made by rank 0 (the ranks share this machine's filesystem).

@@ -29,11 +29,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string test_dir() {
-  const char* d = std::getenv("ZERO_CKPT_TEST_DIR");
-  REQUIRE(d != nullptr);  // set by ctest (test/mpi/CMakeLists.txt)
-  return d;
-}
+std::string test_dir() { return dir_from_env("ZERO_CKPT_TEST_DIR"); }
 
 std::string name_of(int world, int stage) { return "n" + std::to_string(world) + "_s" + std::to_string(stage); }
 

@@ -20,6 +20,7 @@
 #include "trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
+#include "zero/groups.hpp"
 
 using namespace zero::gpt;
 
@@ -181,4 +182,32 @@ TEST_CASE("zero-gpt autotune times what fits and writes a loadable winner", "[gp
   REQUIRE(some.result.found);
   CHECK(some.result.best_trial.outcome == zero::TuneTrial::Outcome::timed);
   check_files(some);
+}
+
+TEST_CASE("zero-gpt autotune adds ZeRO++ variants of stage 3 across nodes only", "[gpt][autotune][mpi][zeropp]") {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zero_gpt_autotune_zpp_np" + std::to_string(ctx().world_size()));
+  const Setup setup = make_setup(dir.string());
+  AutotuneRequest req = small_request();
+  req.micro_batches = {4};
+  req.offload = {"none"};
+  req.memory_bytes = 1e12;
+  const AutotuneOutcome o = run_autotune(ctx(), setup.cfg, setup.settings, req);
+  const zero::NodeLayout nodes = zero::node_layout(ctx());
+  std::vector<std::string> labels;
+  for (const auto& t : o.result.trials) {
+    INFO(t.candidate.label() << ": " << t.note);
+    CHECK(t.outcome == zero::TuneTrial::Outcome::timed);
+    labels.push_back(t.candidate.label());
+  }
+  if (nodes.nodes > 1) {
+    const std::string h = "hpz " + std::to_string(nodes.ranks_per_node);
+    CHECK(labels == std::vector<std::string>{"stage 0, mb 4, offload none", "stage 3, mb 4, offload none",
+                                             "stage 3, mb 4, offload none, qwz",
+                                             "stage 3, mb 4, offload none, " + h,
+                                             "stage 3, mb 4, offload none, " + h + ", qwz"});
+  } else {
+    CHECK(labels == std::vector<std::string>{"stage 0, mb 4, offload none", "stage 3, mb 4, offload none"});
+  }
+  check_files(o);
 }

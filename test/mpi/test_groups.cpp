@@ -148,3 +148,81 @@ TEST_CASE("all_to_all delivers block j to rank j and counts each block on its de
       REQUIRE(d.inter_node == inter);
     }
 }
+namespace {
+// This rank's groups as lists of world ranks, read off a grid.
+ExplicitGroups lists_of(const ProcessGroups& g) {
+  ExplicitGroups e;
+  const GridCoord c = g.coord();
+  for (int t = 0; t < g.tensor_size(); ++t) e.tensor.push_back(g.world_rank({t, c.data, c.pipeline}));
+  for (int d = 0; d < g.data_size(); ++d) e.data.push_back(g.world_rank({c.tensor, d, c.pipeline}));
+  for (int p = 0; p < g.pipeline_size(); ++p) e.pipeline.push_back(g.world_rank({c.tensor, c.data, p}));
+  return e;
+}
+}  // namespace
+
+TEST_CASE("explicit groups: Megatron's own lists give Megatron's grid") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  for (int T = 1; T <= world; ++T)
+    for (int P = 1; T * P <= world; ++P) {
+      if (world % (T * P) != 0) continue;
+      INFO("TP " << T << " x PP " << P);
+      ProcessGroups ref(ctx, {.tensor = T, .pipeline = P});
+      ProcessGroups g(ctx, lists_of(ref));
+      REQUIRE(g.explicit_groups());
+      REQUIRE(g.tensor_size() == T);
+      REQUIRE(g.pipeline_size() == P);
+      REQUIRE(g.data_size() == ref.data_size());
+      REQUIRE(g.coord().tensor == ref.coord().tensor);
+      REQUIRE(g.coord().data == ref.coord().data);
+      REQUIRE(g.coord().pipeline == ref.coord().pipeline);
+      REQUIRE(sum_of_world_ranks(g.tensor()) == sum_of_world_ranks(ref.tensor()));
+      REQUIRE(sum_of_world_ranks(g.data()) == sum_of_world_ranks(ref.data()));
+      REQUIRE(sum_of_world_ranks(g.model()) == sum_of_world_ranks(ref.model()));
+    }
+}
+
+TEST_CASE("explicit groups in another order than Megatron's, and lists that do not form a grid") {
+  Context& ctx = *Context::current();
+  if (ctx.world_size() != 4) return;
+  const int r = ctx.rank();
+  // Tensor pairs {0, 2} and {1, 3} (data parallel adjacent instead): data pairs {0, 1}, {2, 3}.
+  ExplicitGroups e;
+  e.tensor = r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+  e.data = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+  e.pipeline = {r};
+  ProcessGroups g(ctx, e);
+  REQUIRE(g.tensor_size() == 2);
+  REQUIRE(g.data_size() == 2);
+  REQUIRE(g.coord().tensor == r / 2);
+  REQUIRE(g.coord().data == r % 2);
+  REQUIRE(g.world_rank(g.coord()) == r);
+  REQUIRE(g.world_rank({1, 0, 0}) == 2);
+  REQUIRE(g.tensor().rank() == r / 2);
+  REQUIRE(sum_of_world_ranks(g.tensor()) == (r % 2 == 0 ? 2 : 4));
+  REQUIRE(sum_of_world_ranks(g.data()) == (r < 2 ? 1 : 5));
+  REQUIRE(g.describe().find("explicit groups") != std::string::npos);
+
+  // Members that disagree on a group's order.
+  ExplicitGroups bad = e;
+  if (r == 2) bad.tensor = {2, 0};
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("rank 0's tensor group is [0, 2], but its member "
+                                                                 "rank 2 passes [2, 0]"));
+  // Groups that cross: tensor and data both {0, 1}, {2, 3}.
+  bad = e;
+  bad.tensor = bad.data;
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("ranks 0 and 1 share a tensor group [0, 1]") &&
+                                                     Catch::Contains("as in a grid"));
+  // Sizes that differ between ranks, or do not make the world; a rank outside its own group.
+  bad = e;
+  if (r == 3) bad.tensor = {3};
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("rank 3 passes a tensor group of 1 ranks [3], rank 0 "
+                                                                 "one of 2 [0, 2]"));
+  bad = e;
+  bad.pipeline = {0, 1};
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("tensor 2 x data 2 x pipeline 2 ranks is not the "
+                                                                 "world of 4"));
+  bad = e;
+  if (r == 1) bad.data = {0, 2};
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("rank 1's data group [0, 2] does not contain rank 1"));
+}

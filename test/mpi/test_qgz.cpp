@@ -383,6 +383,15 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
                       Catch::Contains("set reduce_scatter to true"));
   REQUIRE_THROWS_WITH(parse_config("zero_optimization:\n  zero_quantized_gradients: 3\n", "t"),
                       Catch::Contains("zero_quantized_gradients"));
+  // With MiCS: refused, whatever the group size.
+  REQUIRE_THROWS_WITH(Engine(ctx, config(3, "fp32", true, "  mics_shard_size: 1\n"), make_layout()),
+                      Catch::Contains("zero_quantized_gradients with zero_optimization.mics_shard_size = 1 is not "
+                                      "supported"));
+  // With PowerSGD: they never meet (PowerSGD is stages 0-1, qgZ 2-3); either stage is a clear error.
+  const std::string powersgd = "gradient_compression:\n  type: powersgd\n  rank: 2\n";
+  REQUIRE_THROWS_WITH(Engine(ctx, config(1, "fp32", true, powersgd), make_layout()),
+                      Catch::Contains("zero_quantized_gradients applies to stages 2 and 3"));
+  REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd), Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
   if (ctx.world_size() == 4) {
     // Nodes of 3 and 1 ranks: no hierarchy that gives every rank its slice evenly.
     const char* saved = std::getenv("ZERO_RANKS_PER_NODE");

@@ -29,6 +29,14 @@ class ForwardingOps : public Ops {
                         int C) override {
     host_->encoder_backward(a, b, d, t, B, T, C);
   }
+  void encoder_forward_part(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B,
+                            int T, int C, int v0, int rows) override {
+    host_->encoder_forward_part(o, t, a, b, B, T, C, v0, rows);
+  }
+  void encoder_backward_part(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T,
+                             int C, int v0, int rows) override {
+    host_->encoder_backward_part(a, b, d, t, B, T, C, v0, rows);
+  }
   void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b,
                          int N, int C) override {
     host_->layernorm_forward(o, m, r, i, w, b, N, C);
@@ -75,6 +83,18 @@ class ForwardingOps : public Ops {
   void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V,
                              int Vp, float dloss) override {
     host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
+  }
+  void cross_entropy_part_max(float* m, const Act* lg, int N, int Vl, int v0, int V) override {
+    host_->cross_entropy_part_max(m, lg, N, Vl, v0, V);
+  }
+  void cross_entropy_part_sums(float* s, const Act* lg, const float* m, const std::int32_t* t,
+                               int N, int Vl, int v0, int V) override {
+    host_->cross_entropy_part_sums(s, lg, m, t, N, Vl, v0, V);
+  }
+  void cross_entropy_part_finish(float* l, Act* dl, const Act* lg, const float* m, const float* s,
+                                 const std::int32_t* t, int N, int Vl, int v0, int V,
+                                 float dloss) override {
+    host_->cross_entropy_part_finish(l, dl, lg, m, s, t, N, Vl, v0, V, dloss);
   }
   void add_mean(double* total, const float* values, int n) override {
     host_->add_mean(total, values, n);

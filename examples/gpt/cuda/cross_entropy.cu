@@ -8,9 +8,14 @@
 // reads only the elements it then writes, so dlogits may alias logits. Loads are 16-byte (8
 // logits) when Vp is a multiple of 8 and the pointers are aligned, else one element.
 //
+// The vocabulary-parallel passes (tensor parallelism) are plainer: one block per row, one
+// element per load, a shared-memory reduction of the block's maximum or sum; the caller
+// all-reduces the per-row results across the tensor group between the passes.
+//
 // A target outside [0, V) is a caller's bug that the host cannot see without synchronising; the
 // kernel does not read out of bounds for it and reports it as a NaN loss, which the trainer's
 // loss check then stops on.
+#include <cmath>
 #include <string>
 
 #include "bf16_io.cuh"
@@ -94,7 +99,102 @@ __global__ void softmax_cross_entropy_kernel(float* losses, bf16* dlogits, const
   }
 }
 
+// The block's max or sum of v, in every thread.
+template <bool kMax>
+__device__ float block_reduce(float v) {
+  __shared__ float part[kThreads];
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half >>= 1) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      const float o = part[threadIdx.x + half];
+      part[threadIdx.x] = kMax ? fmaxf(part[threadIdx.x], o) : part[threadIdx.x] + o;
+    }
+    __syncthreads();
+  }
+  return part[0];
+}
+
+__global__ void cross_entropy_part_max_kernel(float* row_max, const bf16* logits, int Vl,
+                                              int real) {
+  const bf16* l = logits + static_cast<std::size_t>(blockIdx.x) * Vl;
+  float mx = -INFINITY;
+  for (int c = static_cast<int>(threadIdx.x); c < real; c += kThreads)
+    mx = fmaxf(mx, __bfloat162float(l[c]));
+  mx = block_reduce<true>(mx);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = mx;
+}
+
+__global__ void cross_entropy_part_sums_kernel(float* sums, const bf16* logits,
+                                               const float* row_max, const std::int32_t* targets,
+                                               int N, int Vl, int v0, int real) {
+  const bf16* l = logits + static_cast<std::size_t>(blockIdx.x) * Vl;
+  const float mx = row_max[blockIdx.x];
+  float sum = 0.0f;
+  for (int c = static_cast<int>(threadIdx.x); c < real; c += kThreads)
+    sum += expf(__bfloat162float(l[c]) - mx);
+  sum = block_reduce<false>(sum);
+  if (threadIdx.x == 0) {
+    const int t = targets[blockIdx.x] - v0;
+    sums[blockIdx.x] = sum;
+    sums[N + static_cast<int>(blockIdx.x)] = t >= 0 && t < real ? __bfloat162float(l[t]) : 0.0f;
+  }
+}
+
+__global__ void cross_entropy_part_finish_kernel(float* losses, bf16* dlogits, const bf16* logits,
+                                                 const float* row_max, const float* sums,
+                                                 const std::int32_t* targets, int N, int Vl,
+                                                 int v0, int real, float dloss) {
+  const std::size_t off = static_cast<std::size_t>(blockIdx.x) * Vl;
+  const float lse = row_max[blockIdx.x] + logf(sums[blockIdx.x]);
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - sums[N + static_cast<int>(blockIdx.x)];
+  if (dlogits == nullptr) return;
+  const int target = targets[blockIdx.x] - v0;
+  // Each thread reads only the elements it then writes: dlogits may alias logits.
+  for (int c = static_cast<int>(threadIdx.x); c < Vl; c += kThreads) {
+    const float v = c < real ? math::cross_entropy_dlogit(__bfloat162float(logits[off + c]), lse,
+                                                          c == target, dloss)
+                             : 0.0f;
+    dlogits[off + c] = __float2bfloat16(v);
+  }
+}
+
+void check_part_shape(const char* op, int N, int Vl, int v0, int V) {
+  ZERO_CHECK(N >= 1 && Vl >= 1 && v0 >= 0 && V >= 1,
+             std::string(op) + ": unsupported shape N=" + std::to_string(N) + ", Vl=" +
+                 std::to_string(Vl) + ", v0=" + std::to_string(v0) + ", V=" + std::to_string(V) +
+                 " (needs N, Vl, V >= 1 and v0 >= 0)");
+}
+int real_ids(int Vl, int v0, int V) { return V - v0 < 0 ? 0 : (V - v0 < Vl ? V - v0 : Vl); }
+
 }  // namespace
+
+void cross_entropy_part_max(float* row_max, const bf16* logits, int N, int Vl, int v0, int V,
+                            cudaStream_t stream) {
+  check_part_shape("cross_entropy_part_max", N, Vl, v0, V);
+  cross_entropy_part_max_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+      row_max, logits, Vl, real_ids(Vl, v0, V));
+  GPT_LAUNCH_CHECK("cross_entropy_part_max");
+}
+
+void cross_entropy_part_sums(float* sums, const bf16* logits, const float* row_max,
+                             const std::int32_t* targets, int N, int Vl, int v0, int V,
+                             cudaStream_t stream) {
+  check_part_shape("cross_entropy_part_sums", N, Vl, v0, V);
+  cross_entropy_part_sums_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+      sums, logits, row_max, targets, N, Vl, v0, real_ids(Vl, v0, V));
+  GPT_LAUNCH_CHECK("cross_entropy_part_sums");
+}
+
+void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits,
+                               const float* row_max, const float* sums,
+                               const std::int32_t* targets, int N, int Vl, int v0, int V,
+                               float dloss, cudaStream_t stream) {
+  check_part_shape("cross_entropy_part_finish", N, Vl, v0, V);
+  cross_entropy_part_finish_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
+      losses, dlogits, logits, row_max, sums, targets, N, Vl, v0, real_ids(Vl, v0, V), dloss);
+  GPT_LAUNCH_CHECK("cross_entropy_part_finish");
+}
 
 void softmax_cross_entropy(float* losses, bf16* dlogits, const bf16* logits,
                            const std::int32_t* targets, int N, int V, int Vp, float dloss,

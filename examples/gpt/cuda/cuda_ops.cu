@@ -131,6 +131,17 @@ class CudaOps final : public Ops {
     cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_,
                            stream_);
   }
+  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe,
+                            int B, int T, int C, int vocab_begin, int vocab_rows) override {
+    cuda::encoder_forward(dev(out), tokens, dev(wte), dev(wpe), B, T, C, stream_, vocab_begin,
+                          vocab_rows);
+  }
+  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens,
+                             int B, int T, int C, int vocab_begin, int vocab_rows) override {
+    void* s = scratch(cuda::encoder_backward_scratch_bytes(B, T, C));
+    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_,
+                           stream_, vocab_begin, vocab_rows);
+  }
 
   void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
                          const Act* b, int N, int C) override {
@@ -206,6 +217,22 @@ class CudaOps final : public Ops {
                              float dloss) override {
     cuda::softmax_cross_entropy(losses, dev(dlogits), dev(logits), targets, N, V, Vp, dloss,
                                 stream_);
+  }
+  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
+                              int V) override {
+    cuda::cross_entropy_part_max(row_max, dev(logits), N, Vl, v0, V, stream_);
+  }
+  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
+                               const std::int32_t* targets, int N, int Vl, int v0,
+                               int V) override {
+    cuda::cross_entropy_part_sums(sums, dev(logits), row_max, targets, N, Vl, v0, V, stream_);
+  }
+  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
+                                 const float* row_max, const float* sums,
+                                 const std::int32_t* targets, int N, int Vl, int v0, int V,
+                                 float dloss) override {
+    cuda::cross_entropy_part_finish(losses, dev(dlogits), dev(logits), row_max, sums, targets, N,
+                                    Vl, v0, V, dloss, stream_);
   }
   void add_mean(double* total, const float* values, int n) override {
     cuda::add_mean(total, values, n, stream_);

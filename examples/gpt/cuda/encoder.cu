@@ -7,7 +7,9 @@
 // dwte row. The B*T positions are sorted by token id (CUB radix sort, which is stable: equal ids
 // keep increasing position order), and the block that sits at the start of each run of equal
 // ids sums that run's dout rows in position order in fp32, then adds the total to the bf16 dwte
-// row once. dwpe[t] is a plain column sum over b in b order. All scratch (the sorted keys,
+// row once. dwpe[t] is a plain column sum over b in b order. Under tensor parallelism wte is one
+// part of the vocabulary, rows [row0, row0 + rows): ids outside it read zeros in the forward and
+// their runs are skipped in the backward; the forward's wpe may then be null. All scratch (the sorted keys,
 // position values and CUB's temporary storage) lives in the caller's buffer.
 #include <cub/device/device_radix_sort.cuh>
 #include <string>
@@ -44,17 +46,20 @@ void check_shape(const char* op, int B, int T, int C) {
 // One thread per VEC-wide chunk of an output row.
 template <int VEC>
 __global__ void encoder_forward_kernel(bf16* out, const std::int32_t* tokens, const bf16* wte,
-                                       const bf16* wpe, int T, int C, std::size_t chunks) {
+                                       const bf16* wpe, int T, int C, std::size_t chunks,
+                                       int row0, int rows) {
   const std::size_t per_row = static_cast<std::size_t>(C / VEC);
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t n = i / per_row;
     const std::size_t c = (i % per_row) * VEC;
     const std::size_t t = n % static_cast<std::size_t>(T);
-    const std::size_t tok = static_cast<std::size_t>(tokens[n]);
+    const int r = tokens[n] - row0;
     float e[VEC], p[VEC];
-    load_bf16<VEC>(wte + tok * C + c, e);
-    load_bf16<VEC>(wpe + t * C + c, p);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) e[k] = p[k] = 0.0f;
+    if (rows < 0 || (r >= 0 && r < rows)) load_bf16<VEC>(wte + static_cast<std::size_t>(r) * C + c, e);
+    if (wpe) load_bf16<VEC>(wpe + t * C + c, p);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) e[k] += p[k];
     store_bf16<VEC>(out + n * C + c, e);
@@ -72,11 +77,13 @@ __global__ void iota_kernel(std::int32_t* v, int n) {
 template <int VEC>
 __global__ void encoder_backward_wte_kernel(bf16* dwte, const bf16* dout,
                                             const std::int32_t* sorted_ids,
-                                            const std::int32_t* sorted_pos, int N, int C) {
+                                            const std::int32_t* sorted_pos, int N, int C,
+                                            int row0, int rows) {
   const int i = static_cast<int>(blockIdx.x);
   const std::int32_t id = sorted_ids[i];
   if (i > 0 && sorted_ids[i - 1] == id) return;
-  bf16* row = dwte + static_cast<std::size_t>(id) * C;
+  if (rows >= 0 && (id - row0 < 0 || id - row0 >= rows)) return;  // another rank's part
+  bf16* row = dwte + static_cast<std::size_t>(id - row0) * C;
   for (int c = static_cast<int>(threadIdx.x) * VEC; c < C;
        c += static_cast<int>(blockDim.x) * VEC) {
     float acc[VEC];
@@ -157,18 +164,20 @@ BackwardScratch backward_scratch(int N) {
 }  // namespace
 
 void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
-                     int T, int C, cudaStream_t stream) {
+                     int T, int C, cudaStream_t stream, int row0, int rows) {
   check_shape("encoder_forward", B, T, C);
   constexpr int kThreads = 256;
   const std::size_t N = static_cast<std::size_t>(B) * T;
   if (C % 8 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe)) {
     const std::size_t chunks = N * (C / 8);
     encoder_forward_kernel<8>
-        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks);
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks,
+                                                              row0, rows);
   } else {
     const std::size_t chunks = N * C;
     encoder_forward_kernel<1>
-        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks);
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks,
+                                                              row0, rows);
   }
   GPT_LAUNCH_CHECK("encoder_forward");
 }
@@ -179,7 +188,8 @@ std::size_t encoder_backward_scratch_bytes(int B, int T, int C) {
 }
 
 void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens, int B,
-                      int T, int C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+                      int T, int C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream,
+                      int row0, int rows) {
   check_shape("encoder_backward", B, T, C);
   const int N = B * T;
   const BackwardScratch s = backward_scratch(N);
@@ -208,10 +218,10 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
   const int wte_threads = row_chunks >= 256 ? 256 : (row_chunks + 31) / 32 * 32;
   if (vec) {
     encoder_backward_wte_kernel<8><<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(
-        dwte, dout, sorted_ids, sorted_pos, N, C);
+        dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
   } else {
     encoder_backward_wte_kernel<1><<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(
-        dwte, dout, sorted_ids, sorted_pos, N, C);
+        dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
   }
   GPT_LAUNCH_CHECK("encoder_backward (wte)");
   const std::size_t wpe_chunks = static_cast<std::size_t>(T) * row_chunks;

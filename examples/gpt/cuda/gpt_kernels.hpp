@@ -20,14 +20,16 @@ namespace zero::gpt::cuda {
 using bf16 = __nv_bfloat16;
 
 // --- encoder (encoder.cu) ---
+// rows >= 0: wte holds the vocabulary rows [row0, row0 + rows) only (tensor parallelism, the
+// Ops' *_part calls); other ids read zeros and get no gradient, and wpe may be null.
 void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe,
-                     int B, int T, int C, cudaStream_t stream);
+                     int B, int T, int C, cudaStream_t stream, int row0 = 0, int rows = -1);
 // Deterministic, no atomics on the hot path: the (b, t) positions are grouped by token id on the
 // device (a sort of B*T ids), then each id's rows are summed in position order.
 std::size_t encoder_backward_scratch_bytes(int B, int T, int C);
 void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens,
                       int B, int T, int C, void* scratch, std::size_t scratch_bytes,
-                      cudaStream_t stream);
+                      cudaStream_t stream, int row0 = 0, int rows = -1);
 
 // --- LayerNorm (layernorm.cu), eps 1e-5, statistics in fp32 ---
 void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
@@ -68,6 +70,17 @@ void add_mean(double* total, const float* values, int n, cudaStream_t stream);
 void softmax_cross_entropy(float* losses, bf16* dlogits, const bf16* logits,
                            const std::int32_t* targets, int N, int V, int Vp, float dloss,
                            cudaStream_t stream);
+// Vocabulary-parallel cross-entropy, the three passes of Ops::cross_entropy_part_* (logits
+// [N, Vl] are the ids [v0, v0 + Vl); ids >= V take no part); one block per row.
+void cross_entropy_part_max(float* row_max, const bf16* logits, int N, int Vl, int v0, int V,
+                            cudaStream_t stream);
+void cross_entropy_part_sums(float* sums, const bf16* logits, const float* row_max,
+                             const std::int32_t* targets, int N, int Vl, int v0, int V,
+                             cudaStream_t stream);
+void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits,
+                               const float* row_max, const float* sums,
+                               const std::int32_t* targets, int N, int Vl, int v0, int V,
+                               float dloss, cudaStream_t stream);
 
 // --- attention (attention.cu): causal, flash-style, head size hs = C / NH ---
 // qkv [B,T,3C] (q | k | v, head h at columns h*hs of each), out [B,T,C], lse [B,NH,T] fp32

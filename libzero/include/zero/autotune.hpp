@@ -34,6 +34,8 @@ struct TuneCandidate {
   std::optional<std::int64_t> bucket_size;   // reduce_bucket_size and allgather_bucket_size
   std::optional<bool> overlap_comm;
   std::optional<OffloadDevice> offload_optimizer;
+  std::optional<int> hpz_partition_size;     // ZeRO++ hpZ (stage 3)
+  std::optional<bool> quantized_weights;     // ZeRO++ qwZ (stage 3)
   std::string label() const;
 };
 
@@ -42,6 +44,12 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
                                      const std::vector<std::int64_t>& bucket_sizes = {},
                                      const std::vector<bool>& overlap = {},
                                      const std::vector<OffloadDevice>& offload = {});
+
+// ZeRO++ for runs across nodes: each stage-3 candidate (a stage of 3, or an unset stage when
+// the base is at stage 3) is followed by its variants with hpZ over `hpz_group` ranks (normally
+// the ranks of a node; 1 skips hpZ), with qwZ, and with both.
+std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>& candidates, int base_stage,
+                                               int hpz_group);
 
 struct TuneTrial {
   TuneCandidate candidate;

@@ -1,4 +1,5 @@
-// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage.
+// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage, and
+// of models split over a tensor x pipeline grid (one shard set per grid position).
 //
 // A checkpoint is a directory per step under a root, written atomically (temporary directory,
 // fsync, rename, then the `latest` pointer), so a job killed at any moment leaves the previous
@@ -20,8 +21,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -56,7 +59,9 @@ struct CheckpointLoadOptions {
 // root must be one directory every rank sees (the same path; a shared filesystem across nodes).
 // Call between steps (after step(), with no UnitParams handle alive). Saving a step that is
 // already the latest checkpoint is an error; a leftover of that step from an abandoned run or
-// an interrupted save is replaced.
+// an interrupted save is replaced. An engine built on process groups with tensor or pipeline
+// parallelism (zero/groups.hpp) saves each grid position's part as its own shard set, written
+// by that position's data-parallel ranks, and the step is committed once all are written.
 void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client = {},
                      const CheckpointOptions& opts = {});
 
@@ -64,6 +69,8 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 // position from <root>/latest (tag "latest") or step N (tag "N"); returns the client state.
 // `root` may also be a step directory. Replaces init_params. On failure every rank throws the
 // same zero::Error and the engine refuses to train until a load or init_params succeeds.
+// Under a grid each rank reads its position's part, at any data-parallel size; a checkpoint
+// saved on another tensor or pipeline size is refused naming both grids.
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
                             const CheckpointLoadOptions& opts = {});
 
@@ -83,7 +90,8 @@ void lock_checkpoint_root(Engine& engine, const std::string& root);
 void lock_run_directory(Engine& engine, const std::string& dir);
 
 // The bytes one save_checkpoint of this engine writes (every shard and the metadata, each file
-// rounded up to the filesystem's `block` size).
+// rounded up to the filesystem's `block` size): every grid position's under model parallelism,
+// which makes it collective over the model group there.
 std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block = 4096);
 // Collective, at a job's start: refuses a checkpoint root whose filesystem has less free space
 // than one save (the run would train for hours and then fail its first save), and warns when
@@ -104,8 +112,22 @@ std::vector<std::int64_t> list_checkpoints(const std::string& root);
 // a step directory: that one). Returns false when any file fails verification.
 bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_config = false);
 
+// A parameter of a checkpoint's whole model (for_each_checkpoint_tensor).
+struct CheckpointTensor {
+  std::string unit, name;
+  std::vector<std::int64_t> shape;  // the whole tensor's
+};
+// fn(tensor, fp32 master values) for every parameter of the whole model saved at path / tag,
+// in unit order. A checkpoint of a model split over a tensor x pipeline grid is put back
+// together as the export tools do (concatenated along each parameter's split axis, block by
+// block; replicated parameters and a unit held by several stages taken once). One whole unit is
+// in memory at a time; the values are valid during the call.
+void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
+                                const std::function<void(const CheckpointTensor&, std::span<const float>)>& fn);
+
 // Writes the consolidated master weights as a safetensors file (fp32 or bf16), tensors named as
-// stored, one unit in memory at a time. Parameter names must be unique across units.
+// stored, one unit in memory at a time (a grid's parts put together, as above). Parameter names
+// must be unique across units.
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype = DType::f32,
                         const std::string& tag = "latest");
 

@@ -42,6 +42,9 @@ enum class GradAccumDType { automatic, fp32, fp16, bf16 };
 // its accumulation steps, as llm.c's does), or nothing (the loop's gradients are already the
 // mean over the global batch).
 enum class GradientAverage { steps_and_ranks, ranks, none };
+// gradient_compression.type: none, or PowerSGD's low-rank compression of the gradient all-reduce
+// (stages 0 and 1; engine/powersgd.hpp).
+enum class CompressionType { none, powersgd };
 
 // Each enum's name as the config file spells it; the one spelling for messages, printed
 // configs and checkpoint metadata.
@@ -71,6 +74,7 @@ constexpr const char* to_string(SchedulerType t) {
   }
   return "?";
 }
+constexpr const char* to_string(CompressionType t) { return t == CompressionType::powersgd ? "powersgd" : "none"; }
 constexpr const char* to_string(WarmupType t) { return t == WarmupType::linear ? "linear" : "log"; }
 constexpr const char* to_string(BackendKind k) { return k == BackendKind::cuda ? "cuda" : "host"; }
 constexpr const char* to_string(CommKind k) { return k == CommKind::mpi ? "mpi" : "nccl"; }
@@ -122,6 +126,9 @@ struct ZeroOptimizationConfig {
   // ZeRO++ hpZ (stage 3): ranks per group keeping a secondary 16-bit shard of the gathered
   // parameters, so the backward's all-gathers stay inside the group (normally a node). 1: off.
   std::int64_t zero_hpz_partition_size = 1;
+  // MiCS / hybrid sharding (stages 1-3): model states sharded over groups of this many
+  // consecutive ranks (normally a node) and replicated across the groups. -1: off.
+  std::int64_t mics_shard_size = -1;
   // ZeRO++ qwZ (stage 3): parameter all-gathers send int8 values with one fp32 scale per block
   // of zero_quantized_weights_block_size elements (comm/quantize.hpp); master weights untouched.
   bool zero_quantized_weights = false;
@@ -132,6 +139,17 @@ struct ZeroOptimizationConfig {
   std::int64_t sub_group_size = 1000000000;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
+};
+
+// PowerSGD (Vogels et al. 2019), named as PyTorch's PowerSGDState: every matrix-shaped gradient
+// whose rank-`rank` factors are at least min_compression_rate times smaller than it is all-reduced
+// as two factors P and Q, with error feedback (engine/powersgd.hpp); the rest plainly.
+struct GradientCompressionConfig {
+  CompressionType type = CompressionType::none;
+  int rank = 1;                       // PyTorch: matrix_approximation_rank
+  std::int64_t start_step = 0;        // PyTorch: start_powerSGD_iter; plain all-reduce before it
+  double min_compression_rate = 2.0;  // as PyTorch's
+  bool warm_start = true;             // Q starts from the previous step's
 };
 
 struct AioConfig {
@@ -185,6 +203,7 @@ struct Config {
   double gradient_clipping = 0.0;  // 0: off
   GradientAverage gradient_average = GradientAverage::steps_and_ranks;
   ZeroOptimizationConfig zero_optimization;
+  GradientCompressionConfig gradient_compression;
   AioConfig aio;
   Fp16Config fp16;
   bool bf16_enabled = false;

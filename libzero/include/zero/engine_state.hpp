@@ -8,6 +8,11 @@
 // recomputes them and all-gathers the full copies the stage keeps, and a resumed run is
 // bit-identical. A restore is begin_restore(), write_owned() for every unit, then the collective
 // finish_restore(); until it completes the engine refuses to train.
+//
+// With MiCS (mics_shard_size N) the partition is over the rank's group of N consecutive ranks:
+// rank() and world_size() are the group's, and every group holds the same state. The first
+// group (data-parallel ranks 0..N-1, so partition rank r is data-parallel rank r) writes the
+// checkpoint's N shards; each rank loads the slices its group needs.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +28,8 @@
 #include "zero/loss_scaler.hpp"
 
 namespace zero {
+
+class ProcessGroups;
 
 // Where a rank's optimizer state lies in a unit: [begin, begin + len) of the padded unit.
 struct OwnedRange {
@@ -41,16 +48,24 @@ class EngineState {
  public:
   explicit EngineState(Engine& engine);
 
-  int rank() const;
-  int world_size() const;
+  int rank() const;        // in the partition group: the slice this rank owns
+  int world_size() const;  // ranks the partition spans (the data-parallel group, or MiCS's N)
+  // This rank's group writes the checkpoint's shards (the first MiCS group; always without MiCS).
+  bool writes_shards() const;
   int stage() const;
   DType compute_dtype() const;
   const Layout& layout() const;
   const Config& config() const;
-  // MPI over host memory, whatever communicator the backend moves device buffers with.
+  // MPI over host memory across every data-parallel rank (every MiCS group), whatever
+  // communicator the backend moves device buffers with.
   Communicator& host_comm() const;
   // The engine holds one part of a model split over ranks (tensor or pipeline parallelism).
   bool model_parallel() const;
+  // The process groups the engine was built on, or null (rank() and world_size() are then the
+  // world's; with groups they are the data-parallel group's).
+  ProcessGroups* groups() const;
+  // Every rank of the job (the Context's communicator, host memory), whatever the grid.
+  Communicator& world_comm() const;
   bool initialized() const;  // init_params or a restore has completed
 
   std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit
@@ -73,6 +88,11 @@ class EngineState {
   // The owned range of one tensor of `unit`: which 0 is the master, 1.. the moments.
   void read_owned(int unit, int which, float* owned) const;
   void write_owned(int unit, int which, const float* owned);
+  // Gradient compression's state on this rank (PowerSGD: every matrix's Q, then its error
+  // buffer, engine/powersgd.hpp); empty without compression. It differs between ranks.
+  // set_compression_state({}) puts back the start's state (zero error, the seeded Q).
+  std::vector<float> compression_state() const;
+  void set_compression_state(const std::vector<float>& s);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss
   // scaler's state when restore_scaler). The loop's rate is restored where the config lets the

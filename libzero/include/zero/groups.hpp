@@ -44,10 +44,25 @@ struct GridCoord {
   int tensor = 0, data = 0, pipeline = 0;
 };
 
+// Groups the application made itself (as Megatron's mpu hands them to DeepSpeed): this rank's
+// tensor, data and pipeline groups, each the world ranks of its members in group-rank order
+// (the order of MPI_Group_translate_ranks on the application's own communicators). A rank's
+// position in each list is its coordinate there, so every member of a group must pass the same
+// list, and the three kinds must form a grid: the members of a tensor group share their data
+// and pipeline coordinates, and so on.
+struct ExplicitGroups {
+  std::vector<int> tensor, data, pipeline;
+};
+
 class ProcessGroups {
  public:
   // Collective over the world. A world size that T x P does not divide is an error naming both.
   ProcessGroups(Context& ctx, GridSpec spec = {});
+  // Collective over the world: the application's own groups (see ExplicitGroups). Lists that do
+  // not form a grid over the world (sizes that differ between ranks or do not multiply to the
+  // world, a rank missing from its own group, members that disagree on a group, groups that
+  // cross) are an error naming the ranks and lists, the same on every rank.
+  ProcessGroups(Context& ctx, const ExplicitGroups& mine);
   ~ProcessGroups();
   ProcessGroups(const ProcessGroups&) = delete;
   ProcessGroups& operator=(const ProcessGroups&) = delete;
@@ -56,8 +71,11 @@ class ProcessGroups {
   int pipeline_size() const { return spec_.pipeline; }
   int data_size() const { return data_size_; }
   GridCoord coord() const { return coord_; }
-  // The world rank at a grid position (Megatron's order).
-  int world_rank(GridCoord c) const { return c.tensor + spec_.tensor * (c.data + data_size_ * c.pipeline); }
+  // The world rank at a grid position (Megatron's order, or the explicit groups').
+  int world_rank(GridCoord c) const {
+    return rank_at_[static_cast<std::size_t>(c.tensor + spec_.tensor * (c.data + data_size_ * c.pipeline))];
+  }
+  bool explicit_groups() const { return explicit_; }
 
   Communicator& tensor() { return *tensor_; }
   Communicator& data() { return *data_; }
@@ -79,7 +97,11 @@ class ProcessGroups {
   std::string describe() const;
 
  private:
+  // Splits the world by the coordinates of every world rank (coords[q]), and finds the nodes.
+  void build(Context& ctx, const std::vector<GridCoord>& coords);
   GridSpec spec_;
+  bool explicit_ = false;
+  std::vector<int> rank_at_;  // world rank per grid position, t + T x (d + D x p)
   int world_ = 1, data_size_ = 1;
   GridCoord coord_;
   int nodes_ = 1, node_index_ = 0, ranks_per_node_ = 1;

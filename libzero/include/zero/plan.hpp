@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/dtype.hpp"
 #include "zero/layout.hpp"
@@ -178,6 +179,17 @@ struct Settings {
   bool overlap_comm = true;
   int tensor_parallel = 1;    // T
   int pipeline_parallel = 1;  // P; the data-parallel size is GPUs / (T x P)
+  // What changes which links the collectives use (step_traffic below).
+  bool reduce_scatter = true;
+  std::int64_t max_reuse_distance = 1000000000;  // stage3_max_reuse_distance
+  int hpz_partition_size = 1;                    // zero_hpz_partition_size
+  bool quantized_weights = false;                // zero_quantized_weights
+  std::int64_t quantized_weights_block_size = 256;
+  // MiCS (zero_optimization.mics_shard_size, stages 1-3): model states sharded over groups of
+  // this many data-parallel ranks, replicated across them; -1: over every data-parallel rank.
+  int mics_shard_size = -1;
+  // The ranks model states are sharded over, for a data-parallel group of `data_parallel`.
+  int shard_ranks(int data_parallel) const { return mics_shard_size > 0 ? mics_shard_size : data_parallel; }
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
   // The dtype gradients accumulate in: fp32 with accumulation over 16-bit compute by default.
   DType grad_dtype() const { return grad_accum_dtype_for(grad_accum_dtype, dtype, grad_accum, BackendKind::cuda); }
@@ -190,13 +202,21 @@ Settings settings_from(const Config& cfg);
 
 // Model states per rank, the engine's MemoryReport categories: params + grads + master +
 // optimizer is MemoryReport::model_state(); host and nvme are the bytes the offload moved away
-// (tensor bytes, before the pinned pool's or the swapper's rounding).
+// (tensor bytes, before the pinned pool's or the swapper's rounding); secondary is hpZ's
+// MemoryReport::secondary, device memory besides the model states.
 struct ModelStates {
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
   std::int64_t host = 0, nvme = 0;
+  std::int64_t secondary = 0;
   std::int64_t device() const { return params + grads + master + optimizer; }
 };
+// `world`: the data-parallel ranks. With MiCS the states are sharded over its groups
+// (Settings::shard_ranks): the stage formulas with mics_shard_size in place of the world. hpZ
+// adds one chunk of every sharded unit: 1/hpz_partition_size of it in the compute dtype.
 ModelStates model_states(const Layout& layout, const Settings& s, int world);
+// Throws zero::Error unless the engine accepts the MiCS setting at this stage and data-parallel
+// size (stages 1-3, a divisor, not with hpZ; named after the config key).
+void check_groups(const Settings& s, int data_parallel);
 
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
 struct MemoryPlan {
@@ -213,6 +233,22 @@ struct MemoryPlan {
 // device; the process, MPI and the data loader on the host.
 inline constexpr std::int64_t kDeviceOverheadBytes = 2LL << 30;
 inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
+
+// ---- Traffic ------------------------------------------------------------------------------
+
+// The bytes rank `rank` of `world` data-parallel ranks sends in one optimizer step, inside its
+// node and to other nodes (nodes of `ranks_per_node` consecutive ranks), counted as the
+// communicators count them (zero::TrafficBytes: the ring model, each rank sending to the next):
+// the gradient reductions, the norm and agreement scalars, the trainer's mean loss, the
+// after-step all-gather, and at
+// stage 3 the parameter gathers in the GPT trainer's order (embeddings, blocks, ln_f; then
+// ln_f and the blocks backwards, the embeddings held for the whole micro-step) with the
+// gatherer's keep rule (stage3_max_reuse_distance), hpZ's in-group re-gathers and qwZ's int8
+// packing; with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
+// gradient slice and of the norm. A steady-state step: the run's first micro-step records the gather order and keeps
+// nothing, so the first step gathers more. Equals Engine::traffic() over such a step (tested
+// against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
+TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
 
 // ---- Time and the whole plan ---------------------------------------------------------------
 
@@ -258,6 +294,10 @@ struct SettingsSpace {
   std::vector<bool> checkpointing{false, true};
   std::vector<int> tensor_parallel{1};
   std::vector<int> pipeline_parallel{1};
+  // ZeRO++ at stage 3: hpZ group sizes (1: off; a size must divide the data-parallel group)
+  // and qwZ off/on. Other stages take only the first hpZ size 1 and qwZ off.
+  std::vector<int> hpz_partition_size{1};
+  std::vector<bool> quantized_weights{false};
   // > 0: sequences per optimizer step over all ranks; each micro-batch then gets the
   // accumulation that comes closest (at least 1), instead of base.grad_accum.
   std::int64_t global_batch = 0;

@@ -26,6 +26,7 @@
 #include "zero/engine.hpp"
 #include "zero/engine_state.hpp"
 #include "zero/error.hpp"
+#include "zero/groups.hpp"
 
 namespace zero {
 
@@ -147,7 +148,8 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
     u.name = ui.name;
     u.numel = ui.numel;
     u.slice = e.slice(i);
-    for (const auto& p : ui.params) u.params.push_back({p.name, p.shape, p.numel, p.offset});
+    for (const auto& p : ui.params)
+      u.params.push_back({p.name, p.shape, p.numel, p.offset, p.replicated, p.split_axis, p.split_blocks});
     m.units.push_back(std::move(u));
   }
   m.shards = std::move(shards);
@@ -156,18 +158,61 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   return m;
 }
 
+// How a parameter lies over the tensor group, for messages.
+std::string split_text(bool replicated, int axis, int blocks) {
+  if (replicated) return "replicated over the tensor group";
+  if (axis < 0) return "not split";
+  return fmt::format("split along axis {}{}", axis, blocks > 1 ? fmt::format(" in {} blocks", blocks) : "");
+}
+
+// Gradient compression keeps state of its own on each rank (PowerSGD's error buffers and Q).
+bool compresses(const EngineState& e) { return e.config().gradient_compression.type != CompressionType::none; }
+
+// Restores this rank's compression state where the checkpoint holds it for this world size.
+// Otherwise (another world size, a checkpoint saved without compression, another rank R) the
+// run continues from zero error buffers and the seeded Q, as at a start, and says so: the
+// error buffers are one rank's share of what was not yet sent, with no meaning for another
+// rank count.
+void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
+  const ckpt::Metadata& m = r.meta();
+  const bool lead = e.rank() == 0;
+  if (!compresses(e)) {
+    if (lead && !m.rank_state.empty())
+      log_info("load_checkpoint: the checkpoint's per-rank {} state (error buffers, Q) is not used: this run "
+               "compresses no gradients",
+               m.rank_state_kind);
+    return;
+  }
+  std::vector<float> s;
+  std::string why;
+  if (m.rank_state.empty()) why = "the checkpoint holds none (saved without gradient compression)";
+  else if (m.world != e.world_size()) why = fmt::format("it was saved by {} ranks, this run has {}", m.world, e.world_size());
+  else s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
+                                      m.rank_state[static_cast<std::size_t>(e.rank())]);
+  if (why.empty() && s.size() != e.compression_state().size()) {
+    why = fmt::format("it holds {} values per rank, this run's matrices {} (another rank or min_compression_rate?)",
+                      s.size(), e.compression_state().size());
+    s.clear();
+  }
+  if (lead && !why.empty())
+    log_warning("load_checkpoint: PowerSGD starts again from zero error buffers and its seeded Q: {}", why);
+  e.set_compression_state(s);  // empty: the start's state
+}
+
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
-void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const CheckpointLoadOptions& o) {
+// `units`: where the units are in the metadata ("units", or a grid position's).
+void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const std::string& units,
+                      const CheckpointLoadOptions& o) {
   const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
   const std::string fix = "; load it into the model it was saved from (the same Layout)";
   const Layout& l = e.layout();
   if (static_cast<int>(m.units.size()) != l.num_units())
-    ZERO_THROW(fmt::format("{}units' lists {} units, the engine's layout has {}{}", file, m.units.size(),
+    ZERO_THROW(fmt::format("{}{}' lists {} units, the engine's layout has {}{}", file, units, m.units.size(),
                            l.num_units(), fix));
   for (int i = 0; i < l.num_units(); ++i) {
     const UnitInfo& ui = l.unit(i);
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
-    std::string at = fmt::format("{}units[{}]", file, i);
+    std::string at = fmt::format("{}{}[{}]", file, units, i);
     if (cu.name != ui.name)
       ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i, ui.name,
                              fix));
@@ -184,6 +229,10 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
       if (cp.shape != p.shape)
         ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
                    shape_text(p.shape) + fix);
+      if (cp.replicated != p.replicated || cp.split_axis != p.split_axis || cp.split_blocks != p.split_blocks)
+        ZERO_THROW(fmt::format("{}' ('{}') is {}, the engine's parameter is {}{}", pat, p.name,
+                               split_text(cp.replicated, cp.split_axis, cp.split_blocks),
+                               split_text(p.replicated, p.split_axis, p.split_blocks), fix));
     }
   }
   if (m.moments != e.optimizer_moments())
@@ -204,20 +253,63 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
 }  // namespace
 
 namespace {
-// Each (tensor, pipeline) position would need its own shard set and a grid in the metadata;
-// until they exist, refuse rather than write files that the positions overwrite.
-void refuse_model_parallel(const EngineState& e, const char* what) {
-  ZERO_CHECK(!e.model_parallel(),
-             std::string(what) + ": this engine holds one part of a model split over ranks (tensor or pipeline "
-                                 "parallelism), and checkpoints of split models are not supported yet; save "
-                                 "with tensor and pipeline sizes of 1, or export the parts yourself (full_master)");
+
+// Where this rank's shards go: its (tensor, pipeline) position of the grid the engine runs on,
+// or no grid (1 x 1) for an engine that holds the whole model.
+struct GridPlace {
+  ckpt::GridMeta grid;
+  int tensor = 0, pipeline = 0;
+};
+GridPlace grid_place(const EngineState& e) {
+  if (!e.model_parallel()) return {};
+  const ProcessGroups& g = *e.groups();
+  return {{g.tensor_size(), g.pipeline_size()}, g.coord().tensor, g.coord().pipeline};
 }
+
+std::string shard_name(const GridPlace& at, int rank) {
+  return at.grid.split() ? ckpt::shard_file_name(rank, at.tensor, at.pipeline) : ckpt::shard_file_name(rank);
+}
+
+// Collective over the world: every position's units and shards, as its data-parallel rank 0
+// holds them, in position order (tensor fastest). The metadata is small: each position's text
+// is broadcast from its first rank.
+std::vector<ckpt::PositionMeta> gather_positions(EngineState& e, const GridPlace& at, ckpt::PositionMeta mine) {
+  ProcessGroups& g = *e.groups();
+  Communicator& world = e.world_comm();
+  std::vector<ckpt::PositionMeta> out;
+  for (int p = 0; p < at.grid.pipeline; ++p)
+    for (int t = 0; t < at.grid.tensor; ++t) {
+      const int root = g.world_rank({.tensor = t, .data = 0, .pipeline = p});
+      std::string text = world.rank() == root ? ckpt::position_to_json(mine, e.world_size()) : std::string();
+      std::uint64_t len = text.size();
+      world.broadcast(&len, sizeof len, root);
+      text.resize(static_cast<std::size_t>(len));
+      world.broadcast(text.data(), text.size(), root);
+      out.push_back(ckpt::position_from_json(text, e.world_size(), t, p, "the checkpoint's position list"));
+    }
+  return out;
+}
+
+// A checkpoint is resumed on the grid it was saved on: a tensor or pipeline size that differs
+// would need every parameter re-cut, which the loader does not do.
+void check_grid(const GridPlace& at, const ckpt::Metadata& m, const std::string& dir, int data_size) {
+  if (m.grid.tensor == at.grid.tensor && m.grid.pipeline == at.grid.pipeline) return;
+  ZERO_THROW(fmt::format("load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {} x DP {}; a "
+                         "checkpoint resumes only with the tensor and pipeline sizes it was saved with (any "
+                         "data-parallel size): run with {}, or export the whole model (zero-ckpt export) and "
+                         "initialise the new grid from it",
+                         dir, m.grid.describe(), m.world, at.grid.describe(), data_size, m.grid.describe()));
+}
+
 }  // namespace
 
 void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client, const CheckpointOptions& opts) {
   EngineState e(engine);
-  refuse_model_parallel(e, "save_checkpoint");
-  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
+  // Host memory: the MPI communicators, whatever the backend uses. The root, the commit and the
+  // agreement on errors span the world; shards are cut over each position's data-parallel group.
+  Communicator& comm = e.world_comm();
+  Communicator& data = e.host_comm();
+  const GridPlace at = grid_place(e);
   agree(comm, [&] {
     ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
     e.check_between_steps("save_checkpoint");
@@ -227,38 +319,59 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
                                                 opts.keep_last));
   });
   same_on_all_ranks(comm, root, "the checkpoint root");
+  const bool leader = comm.rank() == 0;
   same_on_all_ranks(comm, serialize(client), "the client state");
 
   const TrainingState st = e.training_state();
+  if (at.grid.split()) same_on_all_ranks(comm, std::to_string(st.step), "the step count (every position's engine)");
   const std::string tmp = root + "/.tmp_" + ckpt::step_dir_name(st.step);
   agree(comm, [&] {
-    if (e.rank() == 0) (void)ckpt::prepare(root, st.step, "save_checkpoint");
+    if (leader) (void)ckpt::prepare(root, st.step, "save_checkpoint");
   });
   try {
-    ckpt::ShardMeta mine;
+    ckpt::ShardMeta mine, mine_state;
+    const bool rank_state = compresses(e);
     agree(comm, [&] {
-      mine = write_shard(e, tmp + "/" + ckpt::shard_file_name(e.rank()), st.step);
-      const auto fb = e.error_feedback();
-      if (!fb.empty())
-        ckpt::write_feedback_file(tmp + "/" + ckpt::feedback_file_name(e.rank()), e.error_feedback_layout(),
-                                  std::vector<const std::vector<float>*>(fb.begin(), fb.end()));
+      // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
+      if (e.writes_shards()) {
+        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
+        if (rank_state)
+          mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.compression_state());
+        const auto fb = e.error_feedback();
+        if (!fb.empty())
+          ckpt::write_feedback_file(tmp + "/" + ckpt::feedback_file_name(e.rank()), e.error_feedback_layout(),
+                                    std::vector<const std::vector<float>*>(fb.begin(), fb.end()));
+      }
       fail_point("after_shard");
     });
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
-    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()));
+    // Shard r's writer is data-parallel rank r (engine_state.hpp).
+    std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size())), states;
     for (int r = 0; r < e.world_size(); ++r) {
-      std::uint64_t v[2] = {mine.bytes, mine.index_checksum};
-      comm.broadcast(v, sizeof v, r);
-      shards[static_cast<std::size_t>(r)] = {ckpt::shard_file_name(r), v[0], v[1]};
+      std::uint64_t v[4] = {mine.bytes, mine.index_checksum, mine_state.bytes, mine_state.index_checksum};
+      data.broadcast(v, sizeof v, r);
+      shards[static_cast<std::size_t>(r)] = {shard_name(at, r), v[0], v[1]};
+      if (rank_state) states.push_back({ckpt::rank_state_file_name(r), v[2], v[3]});
+    }
+    ckpt::Metadata meta = make_metadata(e, st, client, std::move(shards));
+    if (rank_state) {  // (gradient compression runs without tensor or pipeline parallelism)
+      meta.rank_state_kind = to_string(e.config().gradient_compression.type);
+      meta.rank_state = std::move(states);
+    }
+    if (at.grid.split()) {
+      meta.grid = at.grid;
+      meta.positions = gather_positions(e, at, {at.tensor, at.pipeline, std::move(meta.units), std::move(meta.shards)});
+      meta.units.clear();
+      meta.shards.clear();
     }
     agree(comm, [&] {
-      if (e.rank() != 0) return;
-      ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, make_metadata(e, st, client, std::move(shards)));
+      if (!leader) return;
+      ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, meta);
       ckpt::commit(root, tmp, st.step, opts.keep_last, fail_point);
     });
   } catch (...) {
     // An error (not a crash): remove the partial directory now rather than at the next save.
-    if (e.rank() == 0) {
+    if (leader) {
       std::error_code ec;
       std::filesystem::remove_all(tmp, ec);
     }
@@ -271,11 +384,11 @@ namespace {
 // Collective: rank 0 creates `dir` and holds its lock exclusively until the process exits.
 void lock_job_directory(Engine& engine, const std::string& dir, const char* kind) {
   EngineState e(engine);
-  Communicator& comm = e.host_comm();
+  Communicator& comm = e.world_comm();
   same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
   agree(comm, [&] {
     ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
-    if (e.rank() != 0) return;
+    if (comm.rank() != 0) return;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
@@ -334,6 +447,11 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
   std::uint64_t feedback = 0;
   for (const auto* a : e.error_feedback()) feedback += a->size() * sizeof(float);
   if (feedback > 0) total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + 4096 + feedback);
+  if (compresses(e))
+    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.compression_state().size() * sizeof(float));
+  // Under a grid every position saves its own shards: the model group holds one of each.
+  if (e.model_parallel())
+    total = static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));
   std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()),
                                       ckpt::ShardMeta{"shard_00000.ckpt", 0, 0});
   const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();
@@ -343,12 +461,16 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
 void check_checkpoint_space(Engine& engine, const std::string& root) {
   EngineState e(engine);
   // Every rank computes the size (a collective may be inside); rank 0 compares it.
+  Communicator& comm = e.world_comm();
   struct statvfs fs {};
-  const bool stated = e.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
+  const bool stated = comm.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
   const int stat_errno = errno;
-  const std::uint64_t need = checkpoint_bytes(engine, stated && fs.f_frsize > 0 ? fs.f_frsize : 4096);
-  agree(e.host_comm(), [&] {
-    if (e.rank() != 0) return;
+  // Every rank of a position passes rank 0's block size: the sum over the grid is collective.
+  double block = stated && fs.f_frsize > 0 ? static_cast<double>(fs.f_frsize) : 4096.0;
+  block = comm.all_reduce_scalar(comm.rank() == 0 ? block : 0.0, ReduceOp::max);
+  const std::uint64_t need = checkpoint_bytes(engine, static_cast<std::uint64_t>(block));
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
     ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
                                    std::strerror(stat_errno)));
     if (fs.f_blocks == 0) {
@@ -378,17 +500,22 @@ void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_direc
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {
   EngineState e(engine);
-  refuse_model_parallel(e, "load_checkpoint");
-  Communicator& comm = e.host_comm();  // host memory: the MPI communicator, whatever the backend uses
+  Communicator& comm = e.world_comm();  // host memory: MPI, whatever the backend uses
+  const GridPlace at = grid_place(e);
   same_on_all_ranks(comm, root + "\n" + tag, "the checkpoint root or tag");
   std::unique_ptr<ckpt::Reader> reader;
   std::string dir;
   agree(comm, [&] {
     e.check_between_steps("load_checkpoint");
     dir = ckpt::resolve(root, tag);
-    if (e.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
-    reader = std::make_unique<ckpt::Reader>(dir);
-    check_compatible(e, reader->meta(), dir, opts);
+    if (comm.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
+    const ckpt::Metadata meta = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
+    check_grid(at, meta, dir, e.world_size());
+    reader = std::make_unique<ckpt::Reader>(dir, meta, at.tensor, at.pipeline);
+    check_compatible(e, reader->meta(), dir,
+                     at.grid.split() ? fmt::format("grid.positions[{}].units", at.tensor + at.grid.tensor * at.pipeline)
+                                     : std::string("units"),
+                     opts);
   });
   same_on_all_ranks(comm, dir, "the checkpoint directory that '" + tag + "' names (was it replaced during the load?)");
   const ckpt::Metadata& m = reader->meta();
@@ -403,6 +530,7 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
       // Master first: a store may reset the moments when the master is written.
       for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
     }
+    restore_rank_state(e, *reader);
   });
   restore_error_feedback(e, comm, dir);
   TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};

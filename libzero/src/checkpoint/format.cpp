@@ -11,6 +11,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "checkpoint/json.hpp"
 #include "zero/error.hpp"
@@ -28,7 +29,13 @@ namespace {
 constexpr char kMagic[8] = {'Z', 'E', 'R', 'O', 'C', 'K', 'P', 'T'};
 
 const char* kind_name(FileKind k) {
-  return k == FileKind::metadata ? "metadata" : k == FileKind::shard ? "shard" : "error feedback";
+  switch (k) {
+    case FileKind::metadata: return "metadata";
+    case FileKind::shard: return "shard";
+    case FileKind::rank_state: return "rank state";
+    case FileKind::feedback: return "error feedback";
+  }
+  return "unknown";
 }
 
 // Which libzero release writes a format version other than this build's.
@@ -53,6 +60,12 @@ void detail::file_fail(const std::string& path, const std::string& field, const 
 std::uint64_t checksum(const void* data, std::size_t bytes) { return XXH3_64bits(data, bytes); }
 
 std::string shard_file_name(int rank) { return fmt::format("shard_{:05d}.ckpt", rank); }
+std::string shard_file_name(int rank, int tensor, int pipeline) {
+  return fmt::format("shard_t{:02d}_p{:02d}_{:05d}.ckpt", tensor, pipeline, rank);
+}
+
+std::string GridMeta::describe() const { return fmt::format("TP {} x PP {}", tensor, pipeline); }
+std::string rank_state_file_name(int rank) { return fmt::format("rank_state_{:05d}.ckpt", rank); }
 std::string feedback_file_name(int rank) { return fmt::format("feedback_{:05d}.ckpt", rank); }
 
 std::string step_dir_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
@@ -274,6 +287,37 @@ std::string read_index(const Fd& f, const FileHeader& h) {
               fmt::format("does not match the {} index (stored {}, computed {}): the file is corrupted",
                           kind_name(h.kind), json::hex64(h.index_checksum), json::hex64(c)));
   return index;
+}
+
+ShardMeta write_rank_state_file(const std::string& path, const std::vector<float>& values) {
+  const std::size_t bytes = values.size() * sizeof(float);
+  FileHeader h;
+  h.kind = FileKind::rank_state;
+  h.payload_bytes = h.index_bytes = bytes;
+  h.index_checksum = checksum(values.data(), bytes);
+  unsigned char head[kHeaderBytes];
+  encode_header(h, head);
+  Fd f = Fd::create(path);
+  f.pwrite_all(head, kHeaderBytes, 0);
+  if (bytes > 0) f.pwrite_all(values.data(), bytes, kHeaderBytes);
+  f.sync();
+  f.close();
+  return ShardMeta{std::filesystem::path(path).filename().string(), kHeaderBytes + bytes, h.index_checksum};
+}
+
+std::vector<float> read_rank_state_file(const std::string& path, const ShardMeta& expect) {
+  Fd f = Fd::open_read(path);
+  const FileHeader h = read_header(f, FileKind::rank_state);
+  if (h.index_bytes != h.payload_bytes || h.payload_bytes % sizeof(float) != 0)
+    file_fail(path, "header.index_bytes", "must equal payload_bytes, a whole number of fp32 values");
+  if (kHeaderBytes + h.payload_bytes != expect.bytes || h.index_checksum != expect.index_checksum)
+    file_fail(path, "header", fmt::format("does not match the metadata's record of it ({} bytes, checksum {}): the "
+                                          "file belongs to another checkpoint",
+                                          expect.bytes, json::hex64(expect.index_checksum)));
+  const std::string payload = read_index(f, h);
+  std::vector<float> out(payload.size() / sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), payload.data(), payload.size());
+  return out;
 }
 
 }  // namespace zero::ckpt

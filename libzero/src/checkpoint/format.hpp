@@ -5,6 +5,8 @@
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
 //   feedback_00000.ckpt ... with qgZ, one per saving rank: its error-feedback buffers (they
 //                        belong to the rank's place in the node layout, so they are not resliced)
+//   rank_state_00000.ckpt ... with gradient compression, one per rank: its own state (PowerSGD's
+//                        error buffers and Q), which differs between ranks and cannot be resliced
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
@@ -20,6 +22,14 @@
 // loads into any world size and stage by cutting new ranges out of the old slices.
 // Compute-dtype parameters are not stored: they are the master rounded to the compute dtype,
 // which is also what the optimizer writes every step.
+//
+// A model split over a tensor x pipeline grid (zero/groups.hpp) saves one shard set per grid
+// position (t, p) into the same step directory, shard_t01_p00_00003.ckpt being data-parallel
+// rank 3's shard of position (1, 0); the metadata's "grid" lists every position's units
+// (with each parameter's split axis and blocks, or replicated) and shards, and the counters
+// once. Within a position everything above holds: its shards tile its units, and it loads into
+// any data-parallel size. The step is committed (renamed, `latest` moved) once every position's
+// shards are written, so a checkpoint is complete only as a whole.
 //
 // All integers are little-endian; the payload's floats are stored in the host's order, which
 // the build requires to be little-endian too. Every checksum is XXH3-64 (seed 0) of the bytes it
@@ -49,11 +59,14 @@ namespace zero::ckpt {
 // 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
 constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::size_t kHeaderBytes = 64;
-enum class FileKind : std::uint32_t { metadata = 1, shard = 2, feedback = 3 };
+enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3, feedback = 4 };
 
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
 std::string shard_file_name(int rank);     // shard_00003.ckpt
+// A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline stage 0, rank 3).
+std::string shard_file_name(int rank, int tensor, int pipeline);
+std::string rank_state_file_name(int rank);  // rank_state_00003.ckpt
 std::string feedback_file_name(int rank);  // feedback_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
 // The step of a directory name "step_<digits>" (8 or more digits), or -1.
@@ -139,6 +152,10 @@ struct ParamMeta {
   std::string name;
   std::vector<std::int64_t> shape;
   std::int64_t numel = 0, offset = 0;
+  // Under tensor parallelism (zero::ParamInfo): the same on every tensor rank, or cut along
+  // split_axis with split_blocks blocks each cut T ways. Written only when set.
+  bool replicated = false;
+  int split_axis = -1, split_blocks = 1;
 };
 struct UnitMeta {
   std::string name;
@@ -150,10 +167,23 @@ struct ShardMeta {
   std::uint64_t bytes = 0;           // whole file
   std::uint64_t index_checksum = 0;  // binds the shard to this metadata
 };
+// One position of a model-parallel grid: its part of the model and its shard set.
+struct PositionMeta {
+  int tensor = 0, pipeline = 0;
+  std::vector<UnitMeta> units;
+  std::vector<ShardMeta> shards;
+};
+// The tensor x pipeline grid a checkpoint was saved on (1 x 1: none, as every checkpoint
+// before grids).
+struct GridMeta {
+  int tensor = 1, pipeline = 1;
+  bool split() const { return tensor * pipeline > 1; }
+  std::string describe() const;  // "TP 2 x PP 1"
+};
 
 struct Metadata {
   std::int64_t step = 0, applied = 0;
-  int world = 1, stage = 0;
+  int world = 1, stage = 0;  // world: the data-parallel ranks that saved (each position's, with a grid)
   DType compute_dtype = DType::f32;
   std::string optimizer;  // to_string(OptimizerType): AdamW | Adam | SGD
   int moments = 2;        // fp32 arrays besides the master: Adam 2 (m, v), SGD 1 (momentum)
@@ -162,16 +192,32 @@ struct Metadata {
   std::string scheduler;
   std::int64_t scheduler_step = 0;
   std::optional<double> loop_lr;  // the rate the loop set (Engine::set_lr); absent when it set none
+  // The units and shards of one position: the whole model's without a grid; with one, those
+  // of the position a Reader opened (positions holds them all).
   std::vector<UnitMeta> units;
   std::vector<ShardMeta> shards;
+  GridMeta grid;
+  std::vector<PositionMeta> positions;  // with a grid: tensor fastest, index t + T x p
+  // Per-rank state beside the shards (rank_state_kind "powersgd"), one file per rank of `world`;
+  // empty when the engine kept none.
+  std::string rank_state_kind;
+  std::vector<ShardMeta> rank_state;
   ClientState client;
   std::string config_yaml;
 
   std::string to_json() const;
+  // The position at grid coordinates (t, p); throws naming the grid when outside it.
+  const PositionMeta& position(int tensor, int pipeline) const;
   // Strict: every field present with its type and range, nothing unknown; errors name
   // `origin` and the field.
   static Metadata parse(const std::string& text, const std::string& origin);
 };
+
+// One position as JSON text and back (a save sends each position's part to the rank that
+// writes the metadata); the parse is as strict as Metadata::parse and names `origin`.
+std::string position_to_json(const PositionMeta& p, int world);
+PositionMeta position_from_json(const std::string& text, int world, int tensor, int pipeline,
+                                const std::string& origin);
 
 void write_metadata_file(const std::string& path, const Metadata& m);
 Metadata read_metadata_file(const std::string& path);
@@ -217,14 +263,22 @@ class ShardWriter {
   int next_ = 0;
 };
 
+// A rank-state file: one fp32 array, its checksum in the header (the whole payload is the index).
+ShardMeta write_rank_state_file(const std::string& path, const std::vector<float>& values);
+// Reads and checks it against what the metadata recorded (size and checksum).
+std::vector<float> read_rank_state_file(const std::string& path, const ShardMeta& expect);
+
 // The size of a shard file holding `elements` floats of each of 1 + moments arrays over `units` units.
 std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements);
 
 // Reads a checkpoint directory: metadata parsed and every shard's header and index checked
-// against it on open; sections are verified when read.
+// against it on open; sections are verified when read. With a grid, the Reader reads the shard
+// set of one position (tensor, pipeline): meta().units and meta().shards are that position's.
 class Reader {
  public:
-  explicit Reader(const std::string& step_dir);
+  explicit Reader(const std::string& step_dir, int tensor = 0, int pipeline = 0);
+  // An already parsed metadata of step_dir (the full-model reader opens every position).
+  Reader(const std::string& step_dir, const Metadata& meta, int tensor, int pipeline);
   ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
@@ -245,6 +299,45 @@ class Reader {
   Metadata meta_;
   std::vector<std::unique_ptr<Shard>> shards_;
 };
+
+// The whole model of a checkpoint, whatever grid saved it: what the export tools read. Without a
+// grid it is the checkpoint's own units. With one, the units of every pipeline stage in stage
+// order; a unit name at more than one stage (GPT's tied embedding, held by the first and the
+// last) is one unit, each parameter taken from the lowest stage that holds it. A parameter cut
+// over the tensor group is its T parts concatenated along split_axis (with split_blocks > 1,
+// block by block: [q_0 q_1 | k_0 k_1 | v_0 v_1]); a replicated one is tensor rank 0's. A
+// parameter that is neither, under T > 1, cannot be put back together: an error names it.
+class ModelReader {
+ public:
+  explicit ModelReader(const std::string& step_dir);
+  ~ModelReader();
+  ModelReader(const ModelReader&) = delete;
+  ModelReader& operator=(const ModelReader&) = delete;
+
+  // The counters, config and client state as saved; units: the whole model's (shapes whole,
+  // offsets within the whole unit, slice = numel), grid and positions cleared.
+  const Metadata& meta() const { return meta_; }
+  const GridMeta& grid() const { return grid_; }  // the grid it was saved on
+  const std::string& dir() const { return dir_; }
+  // The fp32 master of whole unit `unit` (meta().units[unit].numel elements).
+  void read_unit(int unit, float* master);
+
+ private:
+  struct Source {  // where a whole parameter comes from: stage, and unit and parameter there
+    int pipeline = 0, unit = 0, param = 0;
+  };
+  std::string dir_;
+  GridMeta grid_;
+  Metadata meta_;
+  std::vector<std::vector<Source>> sources_;  // per whole unit, per parameter
+  std::vector<std::unique_ptr<Reader>> readers_;  // per position, t + T x p
+};
+
+// Concatenates T equal parts (each of shape `part`) along `axis`, each part's extent there cut
+// into `blocks` equal blocks that are interleaved: whole block b is [part_0 block b | part_1
+// block b | ...]. The result has part[axis] x T along axis.
+void concat_parts(const std::vector<const float*>& parts, const std::vector<std::int64_t>& part, int axis, int blocks,
+                  float* whole);
 
 // The step directory for `tag` under `root`: "latest" follows the latest file; digits name a
 // step. `root` may also be a step directory itself (then tag must be "latest").

@@ -18,11 +18,12 @@ namespace zero::hf {
 // The GPT-2 shape of the model in r's checkpoint: n_layer, n_embd and seq_len from its tensors,
 // n_head and the true vocabulary from `o` or the saved `model` section. Throws zero::Error,
 // naming the export `format` ("hf", "llmc"), when a tensor is missing, extra or misshapen.
-plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::string_view format);
+plan::GptShape gpt2_shape(const ckpt::ModelReader& r, const ExportOptions& o, std::string_view format);
 
-// fn(param, values) for every parameter of the checkpoint, in its order; values are the fp32
-// master weights, valid during the call. One unit is in memory at a time.
-void for_each_param(ckpt::Reader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn);
+// fn(param, values) for every parameter of the checkpoint's whole model (a tensor/pipeline
+// grid's parts put together), in its order; values are the fp32 master weights, valid during
+// the call. One whole unit is in memory at a time.
+void for_each_param(ckpt::ModelReader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn);
 
 // src [rows, cols] row-major into dst [cols, rows].
 void transpose(const float* src, float* dst, std::int64_t rows, std::int64_t cols);

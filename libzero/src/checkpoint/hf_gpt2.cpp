@@ -65,7 +65,7 @@ std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadat
 
 }  // namespace
 
-plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::string_view format) {
+plan::GptShape gpt2_shape(const ckpt::ModelReader& r, const ExportOptions& o, std::string_view format) {
   const ckpt::Metadata& m = r.meta();
   const std::string& step_dir = r.dir();
   const auto by_name = params_by_name(m);
@@ -118,13 +118,13 @@ plan::GptShape gpt2_shape(const ckpt::Reader& r, const ExportOptions& o, std::st
   return c;
 }
 
-void for_each_param(ckpt::Reader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn) {
+void for_each_param(ckpt::ModelReader& r, const std::function<void(const ckpt::ParamMeta&, const float*)>& fn) {
   const ckpt::Metadata& m = r.meta();
   std::vector<float> master;
   for (std::size_t i = 0; i < m.units.size(); ++i) {
     const auto& u = m.units[i];
     master.resize(static_cast<std::size_t>(u.numel));
-    r.read_range(static_cast<int>(i), 0, u.numel, master.data(), nullptr, nullptr);
+    r.read_unit(static_cast<int>(i), master.data());
     for (const auto& p : u.params) fn(p, master.data() + p.offset);
   }
 }
@@ -162,7 +162,7 @@ std::string config_json(const plan::GptShape& c, DType dtype) {
 }
 
 plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& o) {
-  ckpt::Reader r(ckpt::resolve(checkpoint, o.tag));
+  ckpt::ModelReader r(ckpt::resolve(checkpoint, o.tag));
   const plan::GptShape c = gpt2_shape(r, o, "hf");
   std::vector<safetensors::TensorSpec> tensors;
   const Layout layout = plan::gpt_layout(c);

@@ -171,7 +171,7 @@ std::map<std::string, Placement> placements(const Header& h) {
 }
 
 plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_file, const hf::ExportOptions& o) {
-  ckpt::Reader r(ckpt::resolve(checkpoint, o.tag));
+  ckpt::ModelReader r(ckpt::resolve(checkpoint, o.tag));
   const plan::GptShape c = hf::gpt2_shape(r, o, "llmc");
   const Header h = header_for(c, o.dtype);
   const std::map<std::string, Placement> where = placements(h);

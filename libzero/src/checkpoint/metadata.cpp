@@ -26,7 +26,160 @@ DType dtype_from(const json::Field& f) {
   f.fail(fmt::format("= \"{}\" is not one of fp32, bf16, fp16", s));
 }
 
+json::Json units_json(const std::vector<UnitMeta>& units, int world) {
+  using json::Json;
+  Json us = Json::array();
+  for (const auto& u : units) {
+    Json ps = Json::array();
+    for (const auto& p : u.params) {
+      Json pj = {{"name", p.name}, {"shape", p.shape}, {"dtype", "fp32"}, {"numel", p.numel}, {"offset", p.offset}};
+      // Only when set, so checkpoints of unsplit models read as before.
+      if (p.replicated) pj["replicated"] = true;
+      if (p.split_axis >= 0) pj["split"] = {{"axis", p.split_axis}, {"blocks", p.split_blocks}};
+      ps.push_back(std::move(pj));
+    }
+    us.push_back({{"name", u.name},
+                  {"numel", u.numel},
+                  {"slice", u.slice},
+                  {"padded", u.slice * world},
+                  {"padding", u.slice * world - u.numel},
+                  {"params", std::move(ps)}});
+  }
+  return us;
+}
+
+// A list of per-rank files (the shards, the rank-state files): rank, canonical name, size and
+// index checksum each.
+json::Json file_list(const std::vector<ShardMeta>& files) {
+  json::Json out = json::Json::array();
+  for (std::size_t r = 0; r < files.size(); ++r)
+    out.push_back({{"rank", r},
+                   {"file", files[r].file},
+                   {"bytes", files[r].bytes},
+                   {"index_checksum", json::hex64(files[r].index_checksum)}});
+  return out;
+}
+
+std::vector<UnitMeta> parse_units(json::Field us, int world) {
+  std::vector<UnitMeta> units;
+  if (us.size() == 0 || us.size() > (1u << 24)) us.fail("must list between 1 and 2^24 units");
+  for (std::size_t i = 0; i < us.size(); ++i) {
+    json::Field uf = us[i];
+    uf.expect_keys({"name", "numel", "slice", "padded", "padding", "params"});
+    UnitMeta u;
+    u.name = uf.at("name").str();
+    if (u.name.empty()) uf.at("name").fail("is empty");
+    for (const auto& prev : units)
+      if (prev.name == u.name) uf.at("name").fail(fmt::format("= \"{}\" repeats an earlier unit's name", u.name));
+    u.numel = uf.at("numel").i64(1, kMaxElements);
+    u.slice = uf.at("slice").i64(0, kMaxElements / world);
+    if (u.slice * world < u.numel)
+      uf.at("slice").fail(fmt::format("x world_size is smaller than numel ({})", u.numel));
+    uf.at("padded").i64(u.slice * world, u.slice * world);
+    uf.at("padding").i64(u.slice * world - u.numel, u.slice * world - u.numel);
+    json::Field ps = uf.at("params");
+    if (ps.size() == 0) ps.fail("is empty");
+    std::int64_t offset = 0;
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      json::Field pf = ps[k];
+      pf.expect_keys({"name", "shape", "dtype", "numel", "offset"}, {"replicated", "split"});
+      ParamMeta p;
+      p.name = pf.at("name").str();
+      if (p.name.empty()) pf.at("name").fail("is empty");
+      for (const auto& prev : u.params)
+        if (prev.name == p.name)
+          pf.at("name").fail(fmt::format("= \"{}\" repeats an earlier parameter's name", p.name));
+      if (pf.at("dtype").str() != "fp32") pf.at("dtype").fail("must be \"fp32\" (the master's type)");
+      json::Field sh = pf.at("shape");
+      if (sh.size() > 16) sh.fail("has more than 16 dimensions");
+      std::int64_t n = 1;
+      for (std::size_t j = 0; j < sh.size(); ++j) {
+        std::int64_t dim = sh[j].i64(1, kMaxElements);
+        if (n > kMaxElements / dim) sh.fail("has more than 2^50 elements");
+        n *= dim;
+        p.shape.push_back(dim);
+      }
+      p.numel = pf.at("numel").i64(n, n);
+      p.offset = pf.at("offset").i64(offset, offset);
+      if (pf.has("replicated")) p.replicated = pf.at("replicated").boolean();
+      if (pf.has("split")) {
+        json::Field sp = pf.at("split");
+        sp.expect_keys({"axis", "blocks"});
+        p.split_axis = static_cast<int>(sp.at("axis").i64(0, static_cast<std::int64_t>(p.shape.size()) - 1));
+        p.split_blocks = static_cast<int>(sp.at("blocks").i64(1, p.shape[static_cast<std::size_t>(p.split_axis)]));
+        if (p.shape[static_cast<std::size_t>(p.split_axis)] % p.split_blocks != 0)
+          sp.at("blocks").fail(fmt::format("= {} does not divide the axis' extent {}", p.split_blocks,
+                                           p.shape[static_cast<std::size_t>(p.split_axis)]));
+        if (p.replicated) pf.at("split").fail("is given for a replicated parameter");
+      }
+      offset += n;
+      if (offset > u.numel) pf.at("numel").fail(fmt::format("runs past the unit's numel ({})", u.numel));
+      u.params.push_back(std::move(p));
+    }
+    if (offset != u.numel) uf.at("numel").fail(fmt::format("= {} but the parameters hold {}", u.numel, offset));
+    units.push_back(std::move(u));
+  }
+  return units;
+}
+
+// `name(r)`: the one file name rank r's file may have (never a path out of the checkpoint).
+template <class Name>
+std::vector<ShardMeta> parse_file_list(json::Field ss, int world, const char* what, Name name) {
+  std::vector<ShardMeta> shards;
+  if (ss.size() != static_cast<std::size_t>(world))
+    ss.fail(fmt::format("lists {} {} for world_size {}", ss.size(), what, world));
+  for (std::size_t r = 0; r < ss.size(); ++r) {
+    json::Field sf = ss[r];
+    sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
+    sf.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
+    ShardMeta s;
+    s.file = sf.at("file").str();
+    const std::string want = name(static_cast<int>(r));
+    if (s.file != want) sf.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, want));
+    s.bytes = static_cast<std::uint64_t>(sf.at("bytes").i64(kHeaderBytes));
+    s.index_checksum = sf.at("index_checksum").hex64();
+    shards.push_back(std::move(s));
+  }
+  return shards;
+}
+
+PositionMeta parse_position(json::Field pf, int world, int tensor, int pipeline) {
+  pf.expect_keys({"tensor", "pipeline", "units", "shards"});
+  PositionMeta p;
+  p.tensor = static_cast<int>(pf.at("tensor").i64(tensor, tensor));
+  p.pipeline = static_cast<int>(pf.at("pipeline").i64(pipeline, pipeline));
+  p.units = parse_units(pf.at("units"), world);
+  p.shards = parse_file_list(pf.at("shards"), world, "shards",
+                             [&](int r) { return shard_file_name(r, tensor, pipeline); });
+  return p;
+}
+
+json::Json position_json(const PositionMeta& p, int world) {
+  return {{"tensor", p.tensor},
+          {"pipeline", p.pipeline},
+          {"units", units_json(p.units, world)},
+          {"shards", file_list(p.shards)}};
+}
+
 }  // namespace
+
+std::string position_to_json(const PositionMeta& p, int world) {
+  return json::dump_pretty(position_json(p, world), "checkpoint position");
+}
+
+PositionMeta position_from_json(const std::string& text, int world, int tensor, int pipeline,
+                                const std::string& origin) {
+  json::Json doc = json::parse(text, origin);
+  return parse_position(json::Field(doc, origin, "", kMetaHint), world, tensor, pipeline);
+}
+
+const PositionMeta& Metadata::position(int tensor, int pipeline) const {
+  ZERO_CHECK(tensor >= 0 && tensor < grid.tensor && pipeline >= 0 && pipeline < grid.pipeline &&
+                 positions.size() == static_cast<std::size_t>(grid.tensor * grid.pipeline),
+             fmt::format("checkpoint: position (tensor {}, pipeline {}) is outside its grid {}", tensor, pipeline,
+                         grid.describe()));
+  return positions[static_cast<std::size_t>(tensor + grid.tensor * pipeline)];
+}
 
 std::string Metadata::to_json() const {
   using json::Json;
@@ -55,24 +208,17 @@ std::string Metadata::to_json() const {
     ZERO_CHECK(std::isfinite(*loop_lr), fmt::format("checkpoint: the learning rate {} is not finite", *loop_lr));
     d["scheduler"]["lr"] = *loop_lr;
   }
-  Json& us = d["units"] = Json::array();
-  for (const auto& u : units) {
+  if (grid.split()) {
+    ZERO_CHECK(positions.size() == static_cast<std::size_t>(grid.tensor * grid.pipeline),
+               fmt::format("checkpoint: {} positions for the grid {}", positions.size(), grid.describe()));
     Json ps = Json::array();
-    for (const auto& p : u.params)
-      ps.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", "fp32"}, {"numel", p.numel}, {"offset", p.offset}});
-    us.push_back({{"name", u.name},
-                  {"numel", u.numel},
-                  {"slice", u.slice},
-                  {"padded", u.slice * world},
-                  {"padding", u.slice * world - u.numel},
-                  {"params", std::move(ps)}});
+    for (const auto& p : positions) ps.push_back(position_json(p, world));
+    d["grid"] = {{"tensor", grid.tensor}, {"pipeline", grid.pipeline}, {"positions", std::move(ps)}};
+  } else {
+    d["units"] = units_json(units, world);
+    d["shards"] = file_list(shards);
   }
-  Json& ss = d["shards"] = Json::array();
-  for (std::size_t r = 0; r < shards.size(); ++r)
-    ss.push_back({{"rank", r},
-                  {"file", shards[r].file},
-                  {"bytes", shards[r].bytes},
-                  {"index_checksum", json::hex64(shards[r].index_checksum)}});
+  if (!rank_state.empty()) d["rank_state"] = {{"kind", rank_state_kind}, {"files", file_list(rank_state)}};
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -83,9 +229,11 @@ std::string Metadata::to_json() const {
 Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   json::Json doc = json::parse(text, origin);
   json::Field d(doc, origin, "", kMetaHint);
+  // Units and shards are at the top, or per position under a grid (checked below).
   d.expect_keys({"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype",
                  "master_dtype", "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler",
-                 "units", "shards", "client_state", "config_yaml"});
+                 "client_state", "config_yaml"},
+                {"units", "shards", "grid", "rank_state"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   if (d.at("format_version").i64() != kFormatVersion)
@@ -138,69 +286,29 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     if (!(*m.loop_lr >= 0 && std::isfinite(*m.loop_lr))) sc.at("lr").fail("must be a finite rate >= 0");
   }
 
-  json::Field us = d.at("units");
-  if (us.size() == 0 || us.size() > (1u << 24)) us.fail("must list between 1 and 2^24 units");
-  for (std::size_t i = 0; i < us.size(); ++i) {
-    json::Field uf = us[i];
-    uf.expect_keys({"name", "numel", "slice", "padded", "padding", "params"});
-    UnitMeta u;
-    u.name = uf.at("name").str();
-    if (u.name.empty()) uf.at("name").fail("is empty");
-    for (const auto& prev : m.units)
-      if (prev.name == u.name) uf.at("name").fail(fmt::format("= \"{}\" repeats an earlier unit's name", u.name));
-    u.numel = uf.at("numel").i64(1, kMaxElements);
-    u.slice = uf.at("slice").i64(0, kMaxElements / m.world);
-    if (u.slice * m.world < u.numel)
-      uf.at("slice").fail(fmt::format("x world_size is smaller than numel ({})", u.numel));
-    uf.at("padded").i64(u.slice * m.world, u.slice * m.world);
-    uf.at("padding").i64(u.slice * m.world - u.numel, u.slice * m.world - u.numel);
-    json::Field ps = uf.at("params");
-    if (ps.size() == 0) ps.fail("is empty");
-    std::int64_t offset = 0;
-    for (std::size_t k = 0; k < ps.size(); ++k) {
-      json::Field pf = ps[k];
-      pf.expect_keys({"name", "shape", "dtype", "numel", "offset"});
-      ParamMeta p;
-      p.name = pf.at("name").str();
-      if (p.name.empty()) pf.at("name").fail("is empty");
-      for (const auto& prev : u.params)
-        if (prev.name == p.name)
-          pf.at("name").fail(fmt::format("= \"{}\" repeats an earlier parameter's name", p.name));
-      if (pf.at("dtype").str() != "fp32") pf.at("dtype").fail("must be \"fp32\" (the master's type)");
-      json::Field sh = pf.at("shape");
-      if (sh.size() > 16) sh.fail("has more than 16 dimensions");
-      std::int64_t n = 1;
-      for (std::size_t j = 0; j < sh.size(); ++j) {
-        std::int64_t dim = sh[j].i64(1, kMaxElements);
-        if (n > kMaxElements / dim) sh.fail("has more than 2^50 elements");
-        n *= dim;
-        p.shape.push_back(dim);
-      }
-      p.numel = pf.at("numel").i64(n, n);
-      p.offset = pf.at("offset").i64(offset, offset);
-      offset += n;
-      if (offset > u.numel) pf.at("numel").fail(fmt::format("runs past the unit's numel ({})", u.numel));
-      u.params.push_back(std::move(p));
-    }
-    if (offset != u.numel) uf.at("numel").fail(fmt::format("= {} but the parameters hold {}", u.numel, offset));
-    m.units.push_back(std::move(u));
+  if (d.has("grid")) {
+    json::Field g = d.at("grid");
+    g.expect_keys({"tensor", "pipeline", "positions"});
+    m.grid.tensor = static_cast<int>(g.at("tensor").i64(1, 1 << 20));
+    m.grid.pipeline = static_cast<int>(g.at("pipeline").i64(1, 1 << 20));
+    if (!m.grid.split()) g.fail("is 1 x 1; a checkpoint without model parallelism has no grid");
+    json::Field ps = g.at("positions");
+    if (ps.size() != static_cast<std::size_t>(m.grid.tensor) * static_cast<std::size_t>(m.grid.pipeline))
+      ps.fail(fmt::format("lists {} positions for the grid {}", ps.size(), m.grid.describe()));
+    for (std::size_t i = 0; i < ps.size(); ++i)
+      m.positions.push_back(parse_position(ps[i], m.world, static_cast<int>(i) % m.grid.tensor,
+                                           static_cast<int>(i) / m.grid.tensor));
+    if (d.has("units") || d.has("shards")) d.fail("has both a grid and top-level units or shards");
+  } else {
+    m.units = parse_units(d.at("units"), m.world);
+    m.shards = parse_file_list(d.at("shards"), m.world, "shards", [](int r) { return shard_file_name(r); });
   }
-
-  json::Field ss = d.at("shards");
-  if (ss.size() != static_cast<std::size_t>(m.world))
-    ss.fail(fmt::format("lists {} shards for world_size {}", ss.size(), m.world));
-  for (std::size_t r = 0; r < ss.size(); ++r) {
-    json::Field sf = ss[r];
-    sf.expect_keys({"rank", "file", "bytes", "index_checksum"});
-    sf.at("rank").i64(static_cast<std::int64_t>(r), static_cast<std::int64_t>(r));
-    ShardMeta s;
-    s.file = sf.at("file").str();
-    // Only the canonical name: a path in here must never lead the reader outside the checkpoint.
-    if (s.file != shard_file_name(static_cast<int>(r)))
-      sf.at("file").fail(fmt::format("= \"{}\", expected \"{}\"", s.file, shard_file_name(static_cast<int>(r))));
-    s.bytes = static_cast<std::uint64_t>(sf.at("bytes").i64(kHeaderBytes));
-    s.index_checksum = sf.at("index_checksum").hex64();
-    m.shards.push_back(std::move(s));
+  if (d.has("rank_state")) {
+    json::Field rs = d.at("rank_state");
+    rs.expect_keys({"kind", "files"});
+    m.rank_state_kind = rs.at("kind").str();
+    if (m.rank_state_kind != "powersgd") rs.at("kind").fail("is not \"powersgd\"");
+    m.rank_state = parse_file_list(rs.at("files"), m.world, "files", rank_state_file_name);
   }
 
   json::Field cs = d.at("client_state");

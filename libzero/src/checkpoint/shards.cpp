@@ -94,8 +94,20 @@ struct Reader::Shard {
 
 Reader::~Reader() = default;
 
-Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
-  meta_ = read_metadata_file(dir_ + "/" + kMetadataFile);
+Reader::Reader(const std::string& step_dir, int tensor, int pipeline)
+    : Reader(step_dir, read_metadata_file(step_dir + "/" + kMetadataFile), tensor, pipeline) {}
+
+Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, int pipeline)
+    : dir_(step_dir), meta_(meta) {
+  if (meta_.grid.split()) {
+    const PositionMeta& pos = meta_.position(tensor, pipeline);
+    meta_.units = pos.units;
+    meta_.shards = pos.shards;
+  } else {
+    ZERO_CHECK(tensor == 0 && pipeline == 0,
+               fmt::format("checkpoint '{}' was saved without a tensor/pipeline grid; it has no position ({}, {})",
+                           dir_, tensor, pipeline));
+  }
   // A step directory holds its own step: files copied from another step would resume a run at a
   // step its name, `latest` and keep_last pruning all disagree with.
   fs::path name = fs::path(dir_).lexically_normal();

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <ostream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,20 +45,62 @@ std::string client_value_text(const std::string& v) {
   return text && v.size() <= 64 ? fmt::format("\"{}\"", v) : fmt::format("<{} bytes>", v.size());
 }
 
+// How a parameter lies over the tensor group, for listings: "" when whole.
+std::string split_note(const ckpt::ParamMeta& p) {
+  if (p.replicated) return "  replicated";
+  if (p.split_axis < 0) return "";
+  return fmt::format("  split axis {}{}", p.split_axis, p.split_blocks > 1 ? fmt::format(" blocks {}", p.split_blocks) : "");
+}
+
+// One shard set (a whole checkpoint's, or one grid position's): units, then its files verified.
+// Adds the files' bytes to `total`; returns false on any failure.
+bool inspect_shards(ckpt::Reader& r, std::ostream& out, const std::string& indent, std::uint64_t& total) {
+  const ckpt::Metadata& m = r.meta();
+  std::int64_t params = 0;
+  for (const auto& u : m.units) params += u.numel;
+  out << m.units.size() << " units, " << params << " parameters:\n";  // after the caller's heading
+  for (const auto& u : m.units) {
+    out << indent << "  " << escape_bytes(u.name) << ": " << u.numel << " elements, slice " << u.slice << ", padding "
+        << (u.slice * m.world - u.numel) << "\n";
+    for (const auto& p : u.params)
+      out << indent << "    " << escape_bytes(p.name) << " " << shape_text(p.shape) << " fp32 offset " << p.offset
+          << split_note(p) << "\n";
+  }
+  bool ok = true;
+  std::uint64_t bytes = 0;
+  std::ostringstream files;
+  for (int k = 0; k < m.world; ++k) {
+    const auto& s = m.shards[static_cast<std::size_t>(k)];
+    files << indent << "  " << s.file << "  " << s.bytes << " bytes  ";
+    try {
+      r.verify_shard(k);
+      files << "checksums ok\n";
+    } catch (const std::exception& e) {
+      files << "FAILED: " << e.what() << "\n";
+      ok = false;
+    }
+    bytes += s.bytes;
+  }
+  out << indent << "files (" << bytes << " bytes):\n" << files.str();
+  total += bytes;
+  return ok;
+}
+
 // One step directory: summary, then every file verified. Returns false on any failure.
 bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
-  std::unique_ptr<ckpt::Reader> r;
+  // Every position's shard set is opened (and checked against the metadata) before printing.
+  ckpt::Metadata m;
+  std::vector<std::unique_ptr<ckpt::Reader>> readers;
   try {
-    r = std::make_unique<ckpt::Reader>(dir);
+    m = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
+    for (int p = 0; p < m.grid.pipeline; ++p)
+      for (int t = 0; t < m.grid.tensor; ++t) readers.push_back(std::make_unique<ckpt::Reader>(dir, m, t, p));
   } catch (const std::exception& e) {
     out << "  FAILED: " << e.what() << "\n";
     return false;
   }
-  const ckpt::Metadata& m = r->meta();
-  std::int64_t params = 0;
-  for (const auto& u : m.units) params += u.numel;
   out << "  step " << m.step << " (applied updates " << m.applied << "), saved by " << m.world << " rank(s) at stage "
-      << m.stage << "\n";
+      << m.stage << (m.grid.split() ? " in each grid position" : "") << "\n";
   out << "  compute dtype " << dtype_name(m.compute_dtype) << " (params not stored: rounded from the fp32 master), "
       << "optimizer " << m.optimizer << " (" << m.moments << " moment(s))\n";
   out << "  loss scaler: " << (m.scaler_dynamic ? "dynamic" : "static") << ", scale " << m.scaler.scale
@@ -66,31 +109,35 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
   for (const auto& [k, v] : m.client) out << "\n    " << escape_bytes(k) << " = " << client_value_text(v);
-  out << "\n  " << m.units.size() << " units, " << params << " parameters:\n";
-  for (const auto& u : m.units) {
-    out << "    " << escape_bytes(u.name) << ": " << u.numel << " elements, slice " << u.slice << ", padding "
-        << (u.slice * m.world - u.numel) << "\n";
-    for (const auto& p : u.params)
-      out << "      " << escape_bytes(p.name) << " " << shape_text(p.shape) << " fp32 offset " << p.offset << "\n";
-  }
+  out << "\n";
   bool ok = true;
   std::uint64_t total = 0;
   std::error_code ec;
   auto meta_bytes = fs::file_size(fs::path(dir) / ckpt::kMetadataFile, ec);
-  out << "  files:\n    " << ckpt::kMetadataFile << "  " << meta_bytes << " bytes  checksum ok\n";
   total += meta_bytes;
-  for (int k = 0; k < m.world; ++k) {
-    const auto& s = m.shards[static_cast<std::size_t>(k)];
-    out << "    " << s.file << "  " << s.bytes << " bytes  ";
-    try {
-      r->verify_shard(k);
-      out << "checksums ok\n";
-    } catch (const std::exception& e) {
-      out << "FAILED: " << e.what() << "\n";
-      ok = false;
+  if (m.grid.split()) {
+    out << "  grid " << m.grid.describe() << " x DP " << m.world << " (" << m.grid.tensor * m.grid.pipeline
+        << " positions, " << m.grid.tensor * m.grid.pipeline * m.world << " ranks)\n";
+    for (std::size_t i = 0; i < readers.size(); ++i) {
+      const ckpt::PositionMeta& pos = m.positions[i];
+      out << "  position tensor " << pos.tensor << ", pipeline " << pos.pipeline << ": ";
+      ok = inspect_shards(*readers[i], out, "    ", total) && ok;
     }
-    total += s.bytes;
+    // What the export tools read: the parts put back together (an error here is no damage).
+    try {
+      ckpt::ModelReader whole(dir);
+      std::int64_t n = 0;
+      for (const auto& u : whole.meta().units) n += u.numel;
+      out << "  whole model (the grid's parts put together): " << whole.meta().units.size() << " units, " << n
+          << " parameters\n";
+    } catch (const std::exception& e) {
+      out << "  whole model: " << e.what() << "\n";
+    }
+  } else {
+    out << "  ";
+    ok = inspect_shards(*readers[0], out, "  ", total);
   }
+  out << "  " << ckpt::kMetadataFile << "  " << meta_bytes << " bytes  checksum ok\n";
   out << "  total " << total << " bytes: " << (ok ? "all checksums ok" : "VERIFICATION FAILED") << "\n";
   if (show_config) {
     out << "  config:\n";
@@ -151,8 +198,21 @@ bool inspect_checkpoint(const std::string& path, std::ostream& out, bool show_co
   return ok;
 }
 
+void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
+                                const std::function<void(const CheckpointTensor&, std::span<const float>)>& fn) {
+  ckpt::ModelReader r(ckpt::resolve(path, tag));
+  std::vector<float> master;
+  for (std::size_t i = 0; i < r.meta().units.size(); ++i) {
+    const auto& u = r.meta().units[i];
+    master.resize(static_cast<std::size_t>(u.numel));
+    r.read_unit(static_cast<int>(i), master.data());
+    for (const auto& p : u.params)
+      fn({u.name, p.name, p.shape}, std::span<const float>(master.data() + p.offset, static_cast<std::size_t>(p.numel)));
+  }
+}
+
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype, const std::string& tag) {
-  ckpt::Reader r(ckpt::resolve(path, tag));
+  ckpt::ModelReader r(ckpt::resolve(path, tag));
   const ckpt::Metadata& m = r.meta();
   std::vector<safetensors::TensorSpec> tensors;
   for (const auto& u : m.units)
@@ -168,7 +228,7 @@ void export_safetensors(const std::string& path, const std::string& out_file, DT
   for (std::size_t i = 0; i < m.units.size(); ++i) {
     const auto& u = m.units[i];
     master.resize(static_cast<std::size_t>(u.numel));
-    r.read_range(static_cast<int>(i), 0, u.numel, master.data(), nullptr, nullptr);
+    r.read_unit(static_cast<int>(i), master.data());
     for (const auto& p : u.params) {
       const float* src = master.data() + p.offset;
       if (dtype == DType::f32) {
@@ -187,44 +247,61 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
                         const std::string& tag) {
   ZERO_CHECK(world >= 1 && world <= (1 << 20), fmt::format("reshard: --world {} must be in [1, 2^20]", world));
   ZERO_CHECK(stage >= -1 && stage <= 3, fmt::format("reshard: --stage {} must be 0, 1, 2 or 3", stage));
-  ckpt::Reader r(ckpt::resolve(path, tag));
-  const ckpt::Metadata& old = r.meta();
-  // The new slicing is the engine's: rebuild the layout and ask it.
-  Layout layout;
-  for (const auto& u : old.units) {
-    std::vector<std::pair<std::string, Layout::Shape>> ps;
-    for (const auto& p : u.params) ps.emplace_back(p.name, p.shape);
-    layout.add_unit(u.name, std::move(ps));
-  }
+  const std::string dir = ckpt::resolve(path, tag);
+  const ckpt::Metadata old = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
   ckpt::Metadata nm = old;
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
-  nm.shards.assign(static_cast<std::size_t>(world), {});
-  for (std::size_t i = 0; i < nm.units.size(); ++i) nm.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
+  // Per-rank state (PowerSGD's error buffers and Q) has no meaning at another slicing: dropped.
+  nm.rank_state_kind.clear();
+  nm.rank_state.clear();
 
   // An offline tool never rolls a root back: into a root with newer steps it refuses.
   std::string tmp = ckpt::prepare(out_root, old.step, "reshard", /*refuse_older=*/true);
   try {
-    // One new shard at a time, one unit at a time: memory is one new slice plus the old
-    // section being cut, never a whole unit.
-    std::vector<float> section;
-    const int moments = old.moments;
-    for (int k = 0; k < world; ++k) {
-      std::vector<ckpt::ShardWriter::Range> ranges;
-      for (const auto& u : nm.units) {
-        std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
-        ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+    // Each grid position (or the one shard set without a grid) is cut anew for `world`
+    // data-parallel ranks; the grid stays as it was.
+    for (int p = 0; p < old.grid.pipeline; ++p)
+      for (int t = 0; t < old.grid.tensor; ++t) {
+        ckpt::Reader r(dir, old, t, p);
+        ckpt::PositionMeta pos{t, p, r.meta().units, {}};
+        // The new slicing is the engine's: rebuild the layout and ask it.
+        Layout layout;
+        for (const auto& u : pos.units) {
+          std::vector<std::pair<std::string, Layout::Shape>> ps;
+          for (const auto& q : u.params) ps.emplace_back(q.name, q.shape);
+          layout.add_unit(u.name, std::move(ps));
+        }
+        for (std::size_t i = 0; i < pos.units.size(); ++i)
+          pos.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
+        // One new shard at a time, one unit at a time: memory is one new slice plus the old
+        // section being cut, never a whole unit.
+        std::vector<float> section;
+        const int moments = old.moments;
+        for (int k = 0; k < world; ++k) {
+          std::vector<ckpt::ShardWriter::Range> ranges;
+          for (const auto& u : pos.units) {
+            std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
+            ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+          }
+          const std::string file = old.grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
+          ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges);
+          for (std::size_t i = 0; i < pos.units.size(); ++i) {
+            const auto len = ranges[i].len;
+            section.resize(static_cast<std::size_t>(len) * static_cast<std::size_t>(1 + moments));
+            r.read_range(static_cast<int>(i), ranges[i].begin, len, section.data(), section.data() + len,
+                         moments >= 2 ? section.data() + 2 * len : nullptr);
+            w.add_section(section.data());
+          }
+          pos.shards.push_back(w.finish());
+        }
+        if (old.grid.split()) {
+          nm.positions[static_cast<std::size_t>(t + old.grid.tensor * p)] = std::move(pos);
+        } else {
+          nm.units = std::move(pos.units);
+          nm.shards = std::move(pos.shards);
+        }
       }
-      ckpt::ShardWriter w(tmp + "/" + ckpt::shard_file_name(k), k, world, nm.stage, moments, old.step, ranges);
-      for (std::size_t i = 0; i < nm.units.size(); ++i) {
-        const auto len = ranges[i].len;
-        section.resize(static_cast<std::size_t>(len) * static_cast<std::size_t>(1 + moments));
-        r.read_range(static_cast<int>(i), ranges[i].begin, len, section.data(), section.data() + len,
-                     moments >= 2 ? section.data() + 2 * len : nullptr);
-        w.add_section(section.data());
-      }
-      nm.shards[static_cast<std::size_t>(k)] = w.finish();
-    }
     ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, nm);
     ckpt::commit(out_root, tmp, old.step, 0, [](const char*) {});
   } catch (...) {

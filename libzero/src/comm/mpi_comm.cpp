@@ -155,6 +155,26 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) cons
   return sub;
 }
 
+void MpiCommunicator::set_group(std::string name) {
+  group_ = std::move(name);
+  MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  ZERO_MPI_CHECK(MPI_Comm_group(comm_, &mine));
+  ZERO_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> local(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) local[static_cast<std::size_t>(r)] = r;
+  world_rank_.assign(static_cast<std::size_t>(size_), -1);
+  ZERO_MPI_CHECK(MPI_Group_translate_ranks(mine, size_, local.data(), world, world_rank_.data()));
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+}
+
+std::string MpiCommunicator::ranks_text(const std::vector<int>& ranks) const {
+  if (group_.empty()) return rank_list(ranks);
+  std::vector<int> w;
+  for (int r : ranks) w.push_back(world_rank_[static_cast<std::size_t>(r)]);
+  return "world " + rank_list(w);
+}
+
 void MpiCommunicator::check_collective(const char* kind, std::size_t count, DType t, int root) {
   // A device communicator's collective: stalls in its check are reported as this kind.
   int k = 0;
@@ -243,8 +263,8 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
     else if (r == rank_ || (a[0] == call.seq && a[1] == call.kind))
       with_me.push_back(r);
     else
-      elsewhere += fmt::format("; rank {} waits in {} #{} instead (the ranks issue different collectives)", r,
-                               kind_name(a[1]), a[0]);
+      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)",
+                               ranks_text({r}), kind_name(a[1]), a[0]);
   }
   const std::string limit =
       timeout_s_ > 0.0
@@ -253,16 +273,20 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
           : fmt::format("was abandoned after {:.1f} s: a peer's collective deadline passed", waited_s);
   const std::string arrivals =
       missing.empty() ? std::string("every rank answered")
-                      : rank_list(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
+                      : ranks_text(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
+  std::vector<int> everyone;
+  for (int r = 0; r < size_; ++r) everyone.push_back(r);
+  const std::string where =
+      group_.empty() ? std::string() : fmt::format(" on the {} ({})", group_, ranks_text(everyone));
   // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
   // without waiting on stdio's lock. The layout is the log's ("[rank r/n] error: ..."), as the
   // CUDA watchdog's report.
   write_last_words(log_line_text(
       LogLevel::error,
-      fmt::format("{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
+      fmt::format("{}{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
                   "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
                   "This rank's last collectives: {}",
-                  describe(call), limit, arrivals, rank_list(with_me), elsewhere, check_->recent())) +
+                  describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere, check_->recent())) +
                    '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.

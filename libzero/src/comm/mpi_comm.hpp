@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "comm/collective_check.hpp"
@@ -48,6 +49,10 @@ class MpiCommunicator final : public Communicator {
   // Collective over this communicator: the sub-communicator of the ranks with the same color,
   // ordered by key (MPI_Comm_split), as a communicator of its own.
   std::unique_ptr<MpiCommunicator> split(int color, int key) const;
+  // Names this communicator as one of the process groups ("tensor group"): its deadline reports
+  // then say which group and name ranks by their world rank, so reports from different groups
+  // (a tensor all-reduce on one rank, a data reduce-scatter on its peers) read together.
+  void set_group(std::string name);
 
   // fp32 scratch reused across calls (collectives in flight each hold their own).
   std::vector<float> take_scratch(std::size_t n);
@@ -77,6 +82,10 @@ class MpiCommunicator final : public Communicator {
   TrafficBytes traffic_;
   // Adds what this rank sends in one collective to traffic_ (the ring model of zero/comm.hpp).
   void count_traffic(int kind, std::size_t count, DType t, int root);
+  std::string group_;            // set_group's name, or empty (the world, hpZ's group)
+  std::vector<int> world_rank_;  // world rank of each rank, with a group name
+  // "rank 2" / "ranks 0, 1", as world ranks on a named group.
+  std::string ranks_text(const std::vector<int>& ranks) const;
   double timeout_s_ = 600.0;
   std::int64_t seq_ = 0;
   int rank_ = 0, size_ = 1;

@@ -60,7 +60,11 @@ std::string decaying_only(const Config& c) {
              : "does not apply to WarmupLR, which stays at warmup_max_lr after the warmup; use "
                "WarmupDecayLR or WarmupCosineLR to decay";
 }
-
+std::string powersgd_only(const Config& c) {
+  return c.gradient_compression.type == CompressionType::powersgd
+             ? std::string()
+             : "applies to gradient_compression.type: powersgd only";
+}
 
 }  // namespace
 
@@ -151,6 +155,12 @@ const std::vector<Spec>& config_keys() {
        .range = ge(1), .auto_rule = Auto::fallback,
        .doc = "Stage 3, ZeRO++ hpZ: ranks per group (consecutive, normally a node) keeping a secondary "
               "shard of the gathered parameters; gathers after the first in a step stay in the group. 1: off."},
+      {.path = "zero_optimization.mics_shard_size", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.zero_optimization.mics_shard_size; },
+       .range = ge(-1), .auto_rule = Auto::fallback,
+       .doc = "Stages 1-3, MiCS / hybrid sharding: model states sharded over groups of this many consecutive "
+              "ranks (normally a node), replicated across groups; gradients all-reduced across groups once per "
+              "step. A divisor of the data-parallel ranks; -1: off."},
       {.path = "zero_optimization.zero_quantized_weights", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.zero_quantized_weights; },
        .auto_rule = Auto::fallback,
@@ -218,6 +228,34 @@ const std::vector<Spec>& config_keys() {
       {.path = "zero_optimization.offload_param.max_in_cpu", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.max_in_cpu; },
        .range = ge(0), .doc = "Accepted for DeepSpeed; a slice is resident only while gathered."},
+
+      // ---- gradient_compression (PowerSGD, with PyTorch's PowerSGDState names as aliases)
+      {.path = "gradient_compression.type", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.gradient_compression.type); },
+                        [](Config& k, int v) { k.gradient_compression.type = CompressionType(v); }};
+       },
+       .choices = {"none", "powersgd"}, .any_case = true,
+       .doc = "`powersgd`: low-rank compression of the gradient all-reduce with error feedback (Vogels et "
+              "al. 2019, PyTorch's `powerSGD_hook`), stages 0 and 1, host backend; see the README's PowerSGD "
+              "section."},
+      {.path = "gradient_compression.rank", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.gradient_compression.rank; }, .range = between(1, 1 << 16),
+       .aliases = {"matrix_approximation_rank"},
+       .doc = "PowerSGD: rank of each matrix's approximation (columns of P and Q).", .inapplicable = powersgd_only},
+      {.path = "gradient_compression.start_step", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.gradient_compression.start_step; }, .range = ge(0),
+       .aliases = {"start_powerSGD_iter"},
+       .doc = "PowerSGD: steps (counted from 0, skipped ones included) reduced plainly before compressing.",
+       .inapplicable = powersgd_only},
+      {.path = "gradient_compression.min_compression_rate", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.gradient_compression.min_compression_rate; }, .range = ge(0),
+       .doc = "PowerSGD: compress a matrix only where rows x cols > this x (rows + cols) x rank.",
+       .inapplicable = powersgd_only},
+      {.path = "gradient_compression.warm_start", .kind = Kind::flag,
+       .slot = [](Config& c) -> Slot { return &c.gradient_compression.warm_start; },
+       .doc = "PowerSGD: start each step's power iteration from the previous step's Q (false: a new random Q).",
+       .inapplicable = powersgd_only},
 
       // ---- aio
       {.path = "aio.block_size", .kind = Kind::integer,

@@ -338,6 +338,22 @@ class Loader {
                                  "); set stage: 1 or higher, or offload_optimizer.device: none");
       }
     });
+    // PowerSGD all-reduces low-rank factors of the whole gradient: stages 2 and 3 reduce-scatter
+    // it, and the reduce-scatter of a product P Q^T does not exist (each rank would need all of
+    // P and Q to form its slice, which is the all-reduce again).
+    check([&] {
+      const GradientCompressionConfig& g = cfg_.gradient_compression;
+      if (g.type != CompressionType::powersgd) return;
+      StrictSection* gs = section("gradient_compression");
+      if (!gs) return;
+      if (z.stage >= 2)
+        gs->fail("type", fmt::format("= powersgd applies to zero_optimization.stage 0 and 1, but stage is {}{}: "
+                                     "stages 2 and 3 reduce-scatter the gradient, and a low-rank product P Q^T "
+                                     "cannot be reduce-scattered; use stage 0 or 1, or type: none",
+                                     z.stage, zs ? " (" + zs->where("stage") + ")" : std::string()));
+      if (cfg_.backend == BackendKind::cuda)
+        gs->fail("type", "= powersgd runs on the host backend so far; set backend: host, or type: none");
+    });
     check([&] {
       if (cfg_.aio.block_size % 4096 != 0) {
         section("aio")->fail("block_size",

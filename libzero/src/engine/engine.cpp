@@ -37,8 +37,10 @@ int accumulation_steps(const Config& cfg) {
 
 }  // namespace
 
-// The backend over the data-parallel group: all ranks, or groups->data().
-std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups) {
+// The backend over the partition group: all ranks, groups->data(), or MiCS's shard group.
+std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups,
+                                             Communicator* mics_shard) {
+  if (mics_shard != nullptr) return make_host_backend(*mics_shard);  // make_mics_comms refuses cuda
   if (groups == nullptr) return make_backend(ctx, cfg);
   ZERO_CHECK(cfg.backend == BackendKind::host || groups->data_size() == ctx.world_size(),
              "Engine: with tensor or pipeline parallelism the engine runs on backend: host so far (the CUDA "
@@ -76,7 +78,7 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
 }
 
 // qgZ's hierarchical quantized reduce-scatter over the data-parallel group, or null.
-std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host) {
+std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, bool model_parallel) {
   const auto& z = cfg.zero_optimization;
   if (!z.zero_quantized_gradients) return nullptr;
   const std::string key = cfg.source + ": zero_optimization.zero_quantized_gradients";
@@ -88,41 +90,136 @@ std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator
                                      "false asks for an all-reduce instead; set reduce_scatter to true, or "
                                      "zero_quantized_gradients to false");
   ZERO_CHECK(cfg.backend == BackendKind::host, key + " runs on the host backend so far; set it to false with backend: cuda");
+  // MiCS reduces inside its groups and then all-reduces across them; qgZ's two phases would have
+  // to be rebuilt around that, so the combination is refused rather than half supported.
+  ZERO_CHECK(z.mics_shard_size == -1,
+             fmt::format("{} with zero_optimization.mics_shard_size = {} is not supported; use one of them",
+                         key, z.mics_shard_size));
+  // Its per-rank error-feedback files are named by data-parallel rank, which every grid position shares.
+  ZERO_CHECK(!model_parallel, key + " runs without tensor or pipeline parallelism so far; use tensor and pipeline "
+                                    "sizes of 1, or set it to false");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
   return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size));
+}
+
+// gradient_compression's compressor, or null. The config loader refuses the bad combinations
+// with the key's file and line; these checks catch a Config built by hand.
+std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, const Layout& layout,
+                                        const std::vector<UnitShape>& shapes, int rank, bool model_parallel) {
+  if (cfg.gradient_compression.type == CompressionType::none) return nullptr;
+  // Its per-rank state files are named by data-parallel rank, which every grid position shares.
+  ZERO_CHECK(!model_parallel, cfg.source + ": gradient_compression.type = powersgd runs without tensor or pipeline "
+                                           "parallelism so far; use tensor and pipeline sizes of 1, or type: none");
+  ZERO_CHECK(cfg.zero_optimization.mics_shard_size == -1,
+             cfg.source + ": gradient_compression.type = powersgd with zero_optimization.mics_shard_size is not "
+                          "supported; use one of them");
+  ZERO_CHECK(cfg.backend == BackendKind::host,
+             cfg.source + ": gradient_compression.type = powersgd runs on the host backend so far; set backend: host, "
+                          "or type: none");
+  return std::make_unique<PowerSgd>(comm, layout, shapes, cfg.gradient_compression, cfg.grad_dtype(),
+                                    cfg.zero_optimization.stage, rank == 0);
+}
+
+// MiCS (mics_shard_size N): groups of N consecutive data-parallel ranks, each holding the whole
+// model state sharded N ways, and the replica groups of the ranks at the same position in every
+// group. Off (-1) or N = every rank (plain ZeRO): no communicators.
+MicsComms make_mics_comms(const Config& cfg, Communicator& dp) {
+  const std::int64_t n = cfg.zero_optimization.mics_shard_size;
+  if (n == -1) return {};
+  const std::string key = fmt::format("{}: zero_optimization.mics_shard_size = {}", cfg.source, n);
+  ZERO_CHECK(n >= 1, key + " is not a group size; use the ranks per node (a divisor of the data-parallel ranks), "
+                           "or -1 for off");
+  ZERO_CHECK(cfg.zero_optimization.stage >= 1,
+             key + " applies to stages 1-3 (it shards the model states inside groups; stage 0 shards nothing); "
+                   "set it to -1, or use stage 1, 2 or 3");
+  ZERO_CHECK(dp.size() % n == 0,
+             fmt::format("{} does not divide the {} data-parallel ranks; use a divisor, normally the ranks per node",
+                         key, dp.size()));
+  ZERO_CHECK(cfg.zero_optimization.zero_hpz_partition_size == 1,
+             fmt::format("{} and zero_hpz_partition_size = {} together: hpZ's secondary shards are not built "
+                         "inside MiCS groups; use one of them (MiCS keeps every parameter gather inside its group)",
+                         key, cfg.zero_optimization.zero_hpz_partition_size));
+  ZERO_CHECK(cfg.backend == BackendKind::host,
+             key + ": MiCS runs on the host backend so far; set it to -1 with backend: cuda");
+  if (n == dp.size()) return {};  // one group of every rank: plain ZeRO
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&dp);
+  ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
+  const int size = static_cast<int>(n), r = dp.rank();
+  MicsComms m;
+  m.shard = mpi->split(r / size, r % size);
+  m.replica = mpi->split(r % size, r / size);
+  return m;
 }
 
 EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGroups* groups)
     : ctx_(ctx),
       cfg_(cfg),
       layout_(std::move(layout)),
-      backend_(make_engine_backend(ctx, cfg, groups)),
+      dp_comm_(groups ? groups->data() : ctx.comm()),
+      mics_(make_mics_comms(cfg, dp_comm_)),
+      backend_(make_engine_backend(ctx, cfg, groups, mics_.shard.get())),
       comm_(backend_->comm()),
-      host_comm_(groups ? groups->data() : ctx.comm()),
+      host_comm_(mics_.shard ? *mics_.shard : dp_comm_),
       model_comm_(groups && groups->model().size() > 1 ? &groups->model() : nullptr),
       tensor_rank_(groups ? groups->coord().tensor : 0),
+      groups_(groups),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
-      qgz_(make_qgz(cfg, host_comm_)),
+      qgz_(make_qgz(cfg, host_comm_, model_comm_ != nullptr)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
       gas_(accumulation_steps(cfg)),
+      dp_world_(dp_comm_.size()),
       dtype_(cfg.compute_dtype()),
       shapes_(plan_units()),
-      opt_(make_optimizer_store(*backend_, cfg_, rank_, [this] {
+      // The data-parallel rank names the NVMe swap directories: MiCS groups repeat rank_.
+      opt_(make_optimizer_store(*backend_, cfg_, dp_comm_.rank(), [this] {
         std::vector<std::int64_t> owned;
         for (const auto& s : shapes_) owned.push_back(s.own_len);
         return owned;
       }())),
-      params_(*backend_, cfg_, shapes_, rank_, dtype_),
+      params_(*backend_, cfg_, shapes_, dp_comm_.rank(), dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
-               qgz_.get()),
+               cfg_.gradient_compression.type != CompressionType::none, mics_.replica.get(), qgz_.get()),
+      powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {
-  if (stage_ == 3 && rank_ == 0) report_stage3_sharding();
-  if (qgz_ && rank_ == 0) report_qgz();
+  if (dp_comm_.rank() == 0 && cfg_.zero_optimization.mics_shard_size != -1) report_mics_groups();
+  if (stage_ == 3 && dp_comm_.rank() == 0) report_stage3_sharding();
+  if (qgz_ && dp_comm_.rank() == 0) report_qgz();
 }
+
+// The start-up line: MiCS's groups, and whether each stays inside a node (as it should: its
+// parameter gathers and reduce-scatters then never cross a node boundary).
+void EngineImpl::report_mics_groups() const {
+  const int n = world_, groups = dp_world_ / world_;
+  if (!mics_.shard) {
+    log_info("MiCS: mics_shard_size {} = every data-parallel rank: one group, plain ZeRO stage {}", n, stage_);
+    return;
+  }
+  // The node of every data-parallel rank (the host communicator knows them).
+  const std::vector<int>& node = static_cast<const MpiCommunicator&>(dp_comm_).nodes();
+  std::vector<std::string> shard_groups, replica_groups;
+  bool inside_nodes = true;
+  for (int g = 0; g < groups; ++g) {
+    shard_groups.push_back(n == 1 ? fmt::format("{}", g) : fmt::format("{}-{}", g * n, g * n + n - 1));
+    for (int k = 1; k < n; ++k)
+      inside_nodes = inside_nodes && node[static_cast<std::size_t>(g * n + k)] == node[static_cast<std::size_t>(g * n)];
+  }
+  for (int k = 0; k < n; ++k) {
+    std::vector<int> members;
+    for (int g = 0; g < groups; ++g) members.push_back(g * n + k);
+    replica_groups.push_back(fmt::format("{{{}}}", fmt::join(members, ",")));
+  }
+  log_info("MiCS: mics_shard_size {}: stage {} model states sharded over {} groups of {} consecutive ranks ({}), "
+           "replicated across groups; parameter gathers, reduce-scatters and the optimizer step stay in the group "
+           "{}; gradients all-reduced across groups between ranks of the same position ({})",
+           n, stage_, groups, n, fmt::join(shard_groups, ", "),
+           inside_nodes ? "(each inside one node)" : "(groups span nodes: make mics_shard_size the ranks per node)",
+           fmt::join(replica_groups, ", "));
+}
+
 
 // What qgZ does on this layout: its groups, the bytes it sends, what it pads, its buffers.
 void EngineImpl::report_qgz() const {
@@ -246,10 +343,10 @@ void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
 std::vector<UnitShape> EngineImpl::plan_units() const {
   ZERO_CHECK(cfg_.resolved, "Engine: the config is not resolved; call Config::resolve(world_size) first");
   ZERO_CHECK(layout_.num_units() > 0, "Engine: the layout has no units; declare the model with Layout::add_unit");
-  ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * world_,
+  ZERO_CHECK(cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu * gas_ * dp_world_,
              fmt::format("Engine: the config was resolved for another world size (train_batch_size {} != micro {} x "
                          "accumulation {} x world {})",
-                         cfg_.train_batch_size, cfg_.train_micro_batch_size_per_gpu, gas_, world_));
+                         cfg_.train_batch_size, cfg_.train_micro_batch_size_per_gpu, gas_, dp_world_));
   report_inert_settings();
   return make_unit_shapes(layout_, rank_, world_, stage_, cfg_.zero_optimization.stage3_param_persistence_threshold);
 }
@@ -280,7 +377,7 @@ void EngineImpl::report_inert_settings() const {
   if (z.offload_param.device == OffloadDevice::cpu)
     notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
                     "memory");
-  if (rank_ == 0)
+  if (dp_comm_.rank() == 0)
     for (const auto& n : notes) log_info("{}", n);
 }
 
@@ -297,8 +394,8 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
     const CommSiteScope site("init_params", &layout_.unit(i).name);
     double sum = 0.0;
     for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
-    double lo = -comm_.all_reduce_scalar(-sum, ReduceOp::max);
-    double hi = comm_.all_reduce_scalar(sum, ReduceOp::max);
+    double lo = -all_ranks().all_reduce_scalar(-sum, ReduceOp::max);
+    double hi = all_ranks().all_reduce_scalar(sum, ReduceOp::max);
     ZERO_CHECK(lo == hi, "init_params: unit '" + layout_.unit(i).name +
                              "' got different initial values on different ranks; seed the initialiser "
                              "identically on every rank");
@@ -318,6 +415,8 @@ MemoryReport EngineImpl::memory() const {
   MemoryReport r;
   params_.report(r);
   reducer_.report(r);
+  // PowerSGD's error buffers, Q and factor staging: buffers of the gradients' communication.
+  if (powersgd_) r.comm_buffers += static_cast<std::int64_t>(powersgd_->buffer_bytes());
   opt_->report(r);
   r.gathered = gatherer_.peak_bytes();
   r.secondary = gatherer_.secondary_bytes();
@@ -451,7 +550,11 @@ GatheredModel Engine::gather_all() { return impl_->gather_all(); }
 TrafficBytes Engine::traffic() const { return impl_->traffic(); }
 
 TrafficBytes EngineImpl::traffic() const {
-  TrafficBytes t = host_comm_.traffic();  // device communicators' collectives count there too
+  TrafficBytes t = dp_comm_.traffic();  // device communicators' collectives count there too
+  if (mics_.shard) {
+    t += mics_.shard->traffic();
+    t += mics_.replica->traffic();
+  }
   if (hpz_comm_) t += hpz_comm_->traffic();
   if (qgz_) t += qgz_->traffic();
   if (model_comm_) t += model_comm_->traffic();

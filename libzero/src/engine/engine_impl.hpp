@@ -5,7 +5,8 @@
 //                                               rank's slice, on NVMe with offload_param;
 //   ParamGatherer  (engine/gather.hpp)          stage 3: the recorded gather order, prefetch, live set;
 //   GradReducer    (engine/reduce.hpp)          gradient storage, buckets, reduce-scatters in flight;
-//   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload.
+//   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload;
+//   PowerSgd       (engine/powersgd.hpp)        with gradient_compression, the stage-0/1 reduction.
 // EngineImpl keeps what ties them together: the micro-step and step counters, eval mode, the
 // loss scaler, and the checks that turn misuse into errors. Files: engine/engine.cpp
 // (construction, init, reports), engine/loop.cpp (gather, grads, reduce), engine/step.cpp (the
@@ -23,6 +24,7 @@
 #include "engine/gather.hpp"
 #include "engine/optimizer_store.hpp"
 #include "engine/param_store.hpp"
+#include "engine/powersgd.hpp"
 #include "engine/reduce.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/config.hpp"
@@ -36,6 +38,11 @@ namespace zero {
 
 // The backend an engine runs on (the backends' tests compare it with what the engine reports).
 Backend& engine_backend(Engine& e);
+
+// MiCS's two communicators (engine/engine.cpp, make_mics_comms).
+struct MicsComms {
+  std::unique_ptr<Communicator> shard, replica;
+};
 
 class EngineImpl {
  public:
@@ -85,6 +92,10 @@ class EngineImpl {
   void report_inert_settings() const;
   void report_stage3_sharding() const;
   void report_qgz() const;
+  void report_mics_groups() const;
+  // Collectives that every rank of the data-parallel group must agree on (the init check, the
+  // step's decisions): the partition group's communicator, or with MiCS the whole group.
+  Communicator& all_ranks() { return mics_.shard ? dp_comm_ : comm_; }
   // Collective: checks the NVMe swap space of every filesystem against all the ranks that share
   // it, then each rank claims its own; a refusal leaves nothing claimed on any rank.
   void claim_nvme_space(offload::NvmeSwapper* swapper);
@@ -107,18 +118,27 @@ class EngineImpl {
   Context& ctx_;
   const Config cfg_;
   const Layout layout_;
+  // Every rank of the data-parallel group (host memory, MPI): checkpoints, agreement checks.
+  Communicator& dp_comm_;
+  // MiCS (mics_shard_size N): the engine partitions over `shard`, its N consecutive ranks;
+  // `replica` joins the ranks at the same position in every group. Both null when off.
+  MicsComms mics_;
   std::unique_ptr<Backend> backend_;  // host or cuda, as cfg.backend says (backend/factory.cpp)
+  // The partition group: every rank of dp_comm_, or with MiCS its shard group.
   Communicator& comm_;
-  // Host-memory collectives over the data-parallel group (the backend's comm_ may be NCCL).
+  // Host-memory collectives over the partition group (the backend's comm_ may be NCCL).
   Communicator& host_comm_;
   // The other ranks holding parts of this model replica (tensor x pipeline), or null.
   Communicator* model_comm_;
   const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
+  ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
   // qgZ's hierarchical quantized gradient reduce-scatter, or null (comm/quantized_reduce_scatter.hpp).
   std::unique_ptr<QuantizedReduceScatter> qgz_;
+  // rank_ and world_ are the partition group's: the rank owns slice rank_ of world_ slices.
   const int rank_, world_, stage_, gas_;
+  const int dp_world_;  // the data-parallel ranks the gradient sums over (world_ x MiCS replicas)
   const DType dtype_;
   const std::vector<UnitShape> shapes_;
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
@@ -131,6 +151,8 @@ class EngineImpl {
   bool param_space_ = (claim_nvme_space(params_.swapper()), true);
   ParamGatherer gatherer_;
   GradReducer reducer_;
+  // gradient_compression: powersgd, or null: reduces the stage-0/1 gradients at step().
+  std::unique_ptr<PowerSgd> powersgd_;
   LossScaler scaler_;
   std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
 

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zero/error.hpp"
 
@@ -10,15 +11,17 @@ namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
                          const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                         DType grad_dtype, int stage, QuantizedReduceScatter* qgz)
+                         DType grad_dtype, int stage, bool deferred, Communicator* replica, QuantizedReduceScatter* qgz)
     : backend_(backend),
       comm_(comm),
+      replica_(replica),
       layout_(layout),
       shapes_(shapes),
       z_(z),
       dtype_(dtype),
       gdt_(grad_dtype),
       stage_(stage),
+      deferred_(deferred && stage <= 1),
       units_(shapes.size()),
       grad_pool_(backend),
       scratch_pool_(backend),
@@ -62,7 +65,7 @@ bool GradReducer::ready(int unit, bool boundary) {
                         static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded));
     grad_pool_.give_back(std::move(u.micro));
   }
-  if (stage_ >= 2 || boundary) {
+  if (stage_ >= 2 || (boundary && !deferred_)) {
     (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
     pending_.push_back(unit);
     pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;
@@ -151,6 +154,21 @@ void GradReducer::wait_in_flight(std::size_t keep) {
 }
 
 void GradReducer::wait_all() { wait_in_flight(0); }
+
+void GradReducer::all_reduce_replicas() {
+  if (replica_ == nullptr) return;
+  std::vector<Work> works;
+  {
+    CommGroup group(*replica_);
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      const CommSiteScope site("reduce across MiCS groups", &layout_.unit(static_cast<int>(i)).name);
+      works.push_back(replica_->all_reduce_async(owned(static_cast<int>(i)), static_cast<std::size_t>(shapes_[i].own_len),
+                                                 gdt_, ReduceOp::sum));
+    }
+    group.end();
+  }
+  for (auto& w : works) w.wait();
+}
 
 void* GradReducer::owned(int unit) {
   Unit& u = units_[static_cast<std::size_t>(unit)];

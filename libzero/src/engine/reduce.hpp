@@ -10,7 +10,12 @@
 //   does, and keep the owned slice: more traffic, the same result;)
 //   stage 1: reduce-scatter at the boundary; the rank's slice is copied back into its range;
 //   stages 2/3: every micro-step, reduce-scatter of the micro-step's gradient buffer, added into
-//               the rank's gradient slice; the full-size buffer then goes back to the pool.
+//               the rank's gradient slice; the full-size buffer then goes back to the pool;
+//   deferred (PowerSGD, stages 0/1): nothing at the boundary; the step reduces full() itself.
+// With MiCS (mics_shard_size) the collectives above run inside the rank's group of N ranks, and
+// all_reduce_replicas() then sums each owned slice over the ranks at the same position in the
+// other groups, once per step, after the last micro-step: the slow links carry the accumulated
+// slice once, not every micro-step's.
 // With overlap_comm the bucket's collectives run while the backward continues and are waited
 // on only when their buffers are needed (two buckets in flight, then the oldest is completed);
 // without it each bucket completes before ready() returns. What the optimizer reads is owned(u):
@@ -47,9 +52,11 @@ namespace zero {
 class GradReducer {
  public:
   // dtype: the compute dtype grads() hands out; grad_dtype: what gradients accumulate in.
+  // deferred (stages 0/1, gradient compression): the boundary starts no collective; the step
+  // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
   GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
-              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage,
-              QuantizedReduceScatter* qgz = nullptr);
+              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage, bool deferred = false,
+              Communicator* replica = nullptr, QuantizedReduceScatter* qgz = nullptr);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
   void* grads(int unit);                 // where the backward adds this micro-step's gradient
@@ -60,7 +67,11 @@ class GradReducer {
   bool mid_micro_step() const { return reduced_this_micro_ != 0 || !pending_.empty(); }
   int reduced_this_micro() const { return reduced_this_micro_; }
   void wait_all();                       // every bucket reduced and accumulated
+  // MiCS: after wait_all() at the step's end, the owned slices summed over the replica group
+  // (every data-parallel rank's gradient then counts once); nothing without MiCS.
+  void all_reduce_replicas();
   void* owned(int unit);                 // the gradient values the optimizer reads (owned range)
+  void* full(int unit) { return units_[static_cast<std::size_t>(unit)].full.get(); }  // stages 0/1: the padded unit
   DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
@@ -91,11 +102,13 @@ class GradReducer {
 
   Backend& backend_;
   Communicator& comm_;
+  Communicator* replica_;  // MiCS's replica group, or null
   const Layout& layout_;  // unit names, for the collective check's messages
   const std::vector<UnitShape>& shapes_;
   const ZeroOptimizationConfig z_;
   DType dtype_, gdt_;
   int stage_;
+  bool deferred_;
   std::vector<Unit> units_;
   BufferPool grad_pool_, scratch_pool_;
   std::vector<int> pending_;  // ready units not yet handed to a collective

@@ -42,8 +42,11 @@ int EngineState::stage() const { return impl_->stage_; }
 DType EngineState::compute_dtype() const { return impl_->dtype_; }
 const Layout& EngineState::layout() const { return impl_->layout_; }
 const Config& EngineState::config() const { return impl_->cfg_; }
-Communicator& EngineState::host_comm() const { return impl_->host_comm_; }
+bool EngineState::writes_shards() const { return impl_->dp_comm_.rank() < impl_->world_; }
+Communicator& EngineState::host_comm() const { return impl_->dp_comm_; }
 bool EngineState::model_parallel() const { return impl_->model_comm_ != nullptr; }
+ProcessGroups* EngineState::groups() const { return impl_->groups_; }
+Communicator& EngineState::world_comm() const { return impl_->ctx_.comm(); }
 bool EngineState::initialized() const { return impl_->initialized_; }
 std::int64_t EngineState::slice(int unit) const { return impl_->shape(unit).slice; }
 OwnedRange EngineState::owned_range(int unit) const {
@@ -85,6 +88,16 @@ void EngineState::read_owned(int unit, int which, float* owned) const {
 void EngineState::write_owned(int unit, int which, const float* owned) {
   if (which == 0) impl_->opt_->write_master(unit, owned);
   else impl_->opt_->write_moment(unit, which - 1, owned);
+}
+
+std::vector<float> EngineState::compression_state() const {
+  return impl_->powersgd_ ? impl_->powersgd_->state() : std::vector<float>{};
+}
+
+void EngineState::set_compression_state(const std::vector<float>& s) {
+  ZERO_CHECK(impl_->powersgd_ || s.empty(), "set_compression_state: the engine compresses no gradients "
+                                            "(gradient_compression.type: none)");
+  if (impl_->powersgd_) impl_->powersgd_->set_state(s);  // empty: reset
 }
 
 void EngineState::begin_restore() {

@@ -22,7 +22,7 @@ namespace zero {
 double EngineImpl::grad_denominator() const {
   const GradientAverage a = cfg_.gradient_average;
   const double steps = a == GradientAverage::steps_and_ranks ? gas_ : 1;
-  const double ranks = a == GradientAverage::none ? 1 : world_;
+  const double ranks = a == GradientAverage::none ? 1 : dp_world_;
   return scaler_.scale() * steps * ranks;
 }
 
@@ -32,7 +32,13 @@ GradNorm EngineImpl::grad_norm() { return pre_step_norm("grad_norm()"); }
 GradNorm EngineImpl::pre_step_norm(const char* what) {
   check_step_ready(what);
   if (!sumsq_) {
+    if (powersgd_) {
+      std::vector<void*> fulls;
+      for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
+      powersgd_->reduce(fulls, step_, scaler_.scale());
+    }
     reducer_.wait_all();
+    reducer_.all_reduce_replicas();  // MiCS: the groups' sums into the data-parallel sum
     sumsq_ = global_grad_sumsq();
   }
   const bool overflow = !std::isfinite(*sumsq_);
@@ -103,11 +109,11 @@ double EngineImpl::next_lr() const {
 // never start). One pair of scalar reductions compares a fingerprint of the decisions (their
 // bit patterns).
 void EngineImpl::check_ranks_agree(double lr, const StepOptions& opts) {
-  if (world_ == 1) return;
+  if (dp_world_ == 1) return;
   const double decisions[3] = {lr, opts.skip ? 1.0 : 0.0, opts.clip_coefficient.value_or(-1.0)};
   const double fp = static_cast<double>(XXH3_64bits(decisions, sizeof decisions) >> 12);  // exact in a double
-  const double hi = comm_.all_reduce_scalar(fp, ReduceOp::max);
-  const double lo = -comm_.all_reduce_scalar(-fp, ReduceOp::max);
+  const double hi = all_ranks().all_reduce_scalar(fp, ReduceOp::max);
+  const double lo = -all_ranks().all_reduce_scalar(-fp, ReduceOp::max);
   ZERO_CHECK(lo == hi, fmt::format("step(): the ranks disagree on the learning rate, the skip or the clip "
                                    "coefficient (this rank: lr {}, skip {}, clip coefficient {}); give "
                                    "Engine::set_lr and StepOptions the same values on every rank (decide from "
@@ -128,7 +134,10 @@ void EngineImpl::check_step_ready(const char* what) const {
 }
 
 // Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every
-// rank; otherwise the owned slices add up. Under model parallelism the parts of the model add
+// rank; otherwise the owned slices add up over the partition group. With MiCS every group holds
+// the same slices (world / N copies of each): the sum over one group counts each element once,
+// and the maximum over the replica group makes every group take the same norm (and the same
+// overflow decision) bit for bit, whatever the replica all-reduce's rounding. Under model parallelism the parts of the model add
 // up over the model group, a parameter replicated across the tensor group counted on its tensor
 // rank 0 only. An inf/nan on any rank makes the sum non-finite everywhere, so every rank agrees
 // to skip.
@@ -156,6 +165,7 @@ double EngineImpl::global_grad_sumsq() {
   const CommSiteScope site("step() gradient norm");
   if (stage_ > 0) sumsq = comm_.all_reduce_scalar(sumsq, ReduceOp::sum);
   if (model_comm_ != nullptr) sumsq = model_comm_->all_reduce_scalar(sumsq, ReduceOp::sum);
+  if (mics_.replica) sumsq = mics_.replica->all_reduce_scalar(sumsq, ReduceOp::max);
   return sumsq;
 }
 

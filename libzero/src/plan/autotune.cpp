@@ -25,6 +25,8 @@ Config apply(const Config& base, const TuneCandidate& c, int world) {
   if (c.bucket_size) z.reduce_bucket_size = z.allgather_bucket_size = *c.bucket_size;
   if (c.overlap_comm) z.overlap_comm = *c.overlap_comm;
   if (c.offload_optimizer) z.offload_optimizer.device = *c.offload_optimizer;
+  if (c.hpz_partition_size) z.zero_hpz_partition_size = *c.hpz_partition_size;
+  if (c.quantized_weights) z.zero_quantized_weights = *c.quantized_weights;
   if (c.micro_batch) {
     cfg.train_micro_batch_size_per_gpu = *c.micro_batch;
     cfg.gradient_accumulation_steps = 0;  // derived from the global batch
@@ -49,6 +51,8 @@ std::string TuneCandidate::label() const {
   if (bucket_size) { l << sep << "bucket " << *bucket_size; sep = ", "; }
   if (overlap_comm) { l << sep << (*overlap_comm ? "overlap" : "no overlap"); sep = ", "; }
   if (offload_optimizer) { l << sep << "offload " << to_string(*offload_optimizer); sep = ", "; }
+  if (hpz_partition_size && *hpz_partition_size > 1) { l << sep << "hpz " << *hpz_partition_size; sep = ", "; }
+  if (quantized_weights && *quantized_weights) { l << sep << "qwz"; sep = ", "; }
   std::string s = l.str();
   return s.empty() ? "base" : s;
 }
@@ -70,8 +74,27 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
         for (auto ov : opts(overlap))
           for (auto off : opts(offload)) {
             if (off && *off != OffloadDevice::none && st && *st == 0) continue;  // offload needs stage >= 1
-            out.push_back(TuneCandidate{st, mb, b, ov, off});
+            out.push_back(TuneCandidate{st, mb, b, ov, off, {}, {}});
           }
+  return out;
+}
+
+std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>& candidates, int base_stage,
+                                               int hpz_group) {
+  std::vector<TuneCandidate> out;
+  for (const TuneCandidate& c : candidates) {
+    out.push_back(c);
+    if (c.stage.value_or(base_stage) != 3) continue;
+    for (int hpz : {1, hpz_group})
+      for (bool qwz : {false, true}) {
+        if (hpz == 1 && !qwz) continue;  // the candidate itself
+        if (hpz_group <= 1 && hpz != 1) continue;
+        TuneCandidate v = c;
+        v.hpz_partition_size = hpz;
+        v.quantized_weights = qwz;
+        out.push_back(v);
+      }
+  }
   return out;
 }
 

@@ -1,15 +1,20 @@
 // Model-state bytes as the engine accounts them (EngineImpl::memory: ParamStore, GradReducer and
 // the optimizer stores), and the settings a Config asks for.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <sstream>
 #include <string>
 
+#include "zero/error.hpp"
 #include "zero/optim.hpp"
 #include "zero/plan.hpp"
 
 namespace zero::plan {
 
-ModelStates model_states(const Layout& layout, const Settings& s, int world) {
+ModelStates model_states(const Layout& layout, const Settings& s, int data_parallel) {
+  // MiCS: the engine partitions over its group (rank r owns slice r mod N, sized for N).
+  const int world = s.shard_ranks(data_parallel);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
   const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   const std::int64_t state_per_elem = static_cast<std::int64_t>(sizeof(float)) * (1 + s.moments);
@@ -25,6 +30,8 @@ ModelStates model_states(const Layout& layout, const Settings& s, int world) {
     else if (sharded && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
     else m.params += pbytes;
     m.grads += (s.stage <= 1 ? padded : slice) * ges;
+    // hpZ: the rank's chunk of the gathered unit (padded for every rank), kept for the group.
+    if (sharded && s.hpz_partition_size > 1) m.secondary += padded / s.hpz_partition_size * es;
     // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
     const std::int64_t own = s.stage == 0 ? padded : slice;
     switch (s.offload_optimizer) {
@@ -37,6 +44,17 @@ ModelStates model_states(const Layout& layout, const Settings& s, int world) {
     }
   }
   return m;
+}
+
+void check_groups(const Settings& s, int data_parallel) {
+  if (s.mics_shard_size != -1) {
+    const std::string key = fmt::format("zero-plan: mics_shard_size {}", s.mics_shard_size);
+    ZERO_CHECK(s.mics_shard_size >= 1, key + " is not a group size; use a divisor of the data-parallel ranks, or -1");
+    ZERO_CHECK(s.stage >= 1, fmt::format("{} applies to stages 1-3 (got stage {})", key, s.stage));
+    ZERO_CHECK(data_parallel % s.mics_shard_size == 0,
+               fmt::format("{} does not divide the {} data-parallel ranks", key, data_parallel));
+    ZERO_CHECK(s.hpz_partition_size == 1, key + " with hpZ: the engine takes one of them");
+  }
 }
 
 Settings settings_from(const Config& cfg) {
@@ -57,6 +75,12 @@ Settings settings_from(const Config& cfg) {
   s.persistence_threshold = z.stage3_param_persistence_threshold;
   s.sub_group_size = z.sub_group_size;
   s.overlap_comm = z.overlap_comm;
+  s.reduce_scatter = z.reduce_scatter;
+  s.max_reuse_distance = z.stage3_max_reuse_distance;
+  s.hpz_partition_size = static_cast<int>(z.zero_hpz_partition_size);
+  s.quantized_weights = z.zero_quantized_weights;
+  s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
+  s.mics_shard_size = static_cast<int>(z.mics_shard_size);
   return s;
 }
 
@@ -69,6 +93,9 @@ std::string Settings::label() const {
   if (offload_param != OffloadDevice::none) l << ", param " << dev(offload_param);
   if (tensor_parallel > 1) l << ", tp " << tensor_parallel;
   if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
+  if (hpz_partition_size > 1) l << ", hpz " << hpz_partition_size;
+  if (quantized_weights) l << ", qwz";
+  if (mics_shard_size != -1) l << ", mics " << mics_shard_size;
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";

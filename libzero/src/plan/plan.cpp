@@ -48,13 +48,15 @@ std::string over_text(const char* what, double need, double have) {
 }
 
 // The memory of one rank at pipeline stage part.stage: its part of the model (layout) sharded
-// over the N ranks of its data-parallel group, with 1F1B's micro-batches in flight.
-MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StagePart& part, int N, const Cluster& c,
+// over the D ranks of its data-parallel group (or MiCS's groups of them), with 1F1B's
+// micro-batches in flight.
+MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StagePart& part, int D, const Cluster& c,
                        const Settings& s) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const int N = s.shard_ranks(D);
   const UnitSizes u = unit_sizes(layout, N);
   MemoryPlan m;
-  m.states = model_states(layout, s, N);
+  m.states = model_states(layout, s, D);
   // 1F1B: stage k holds the activations of min(P - k, m) micro-batches at its peak.
   const int in_flight = std::min(part.pp - part.stage, s.grad_accum);
   // A plan is for GPUs: the CUDA trainer's flash-style attention.
@@ -85,17 +87,19 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
   m.device_overhead = kDeviceOverheadBytes;
   m.host_overhead = kHostOverheadBytes;
-  m.gpu_bytes = m.states.device() + m.activations + m.comm_buffers + m.gathered + m.device_overhead;
+  m.gpu_bytes = m.states.device() + m.states.secondary + m.activations + m.comm_buffers + m.gathered +
+                m.device_overhead;
   m.host_bytes = m.states.host + m.pinned + m.host_overhead;
   m.nvme_bytes = m.states.nvme * c.ranks_per_node();
   return m;
 }
 
 // Step time of the slowest rank: `layout` is its part of the model (all of it without model
-// parallelism), N its data-parallel group's size.
-StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& shape, int N, const Cluster& c,
+// parallelism), D its data-parallel group's size, N the ranks its states are sharded over (D, or
+// MiCS's group).
+StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& shape, int D, const Cluster& c,
                    const Settings& s) {
-  const int T = s.tensor_parallel, P = s.pipeline_parallel;
+  const int T = s.tensor_parallel, P = s.pipeline_parallel, N = s.shard_ranks(D);
   const double es = static_cast<double>(dtype_size(s.dtype));
   const UnitSizes u = unit_sizes(layout, N);
   StepTime t;
@@ -115,7 +119,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   const double tp_fwd = 2.0 * blocks * tp_ar;
   const double tp_bwd = (s.activation_checkpointing ? 4.0 : 2.0) * blocks * tp_ar;
   // Pipeline: each micro-batch's activations go to the next stage, their gradient comes back.
-  const double p2p = P > 1 ? act / c.group_bytes_per_s(P, T * N) : 0.0;
+  const double p2p = P > 1 ? act / c.group_bytes_per_s(P, T * D) : 0.0;
   t.tp_comm_s = s.grad_accum * (tp_fwd + tp_bwd);
   t.pp_comm_s = s.grad_accum * 2 * p2p;
   const double fwd_slot_extra = tp_fwd + p2p, bwd_slot_extra = tp_bwd + p2p;
@@ -130,13 +134,28 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
     case 0: boundary = 2 * grad_ring; break;  // all-reduce during the last backward
     case 1: boundary = grad_ring; post_step = ring; break;
     case 2: bwd_comm = ring; post_step = ring; break;
-    case 3: fwd_comm = ring; bwd_comm = 2 * ring; break;  // gather forward, gather + reduce backward
+    case 3: {  // gather forward, gather + reduce backward
+      // qwZ sends int8 values and an fp32 scale per block instead of the compute dtype; hpZ
+      // re-gathers in the backward inside its group (normally the node) from secondary shards.
+      const double q = s.quantized_weights ? (1.0 + 4.0 / static_cast<double>(s.quantized_weights_block_size)) / es : 1.0;
+      const int H = s.hpz_partition_size;
+      const double regather = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : q * ring;
+      fwd_comm = q * ring;
+      bwd_comm = regather + ring;
+      break;
+    }
   }
+  // MiCS: once per step, after the last backward, each rank's accumulated gradient slice is
+  // all-reduced over the D / N groups (ranks N x T apart), in the gradients' dtype.
+  const int R = D / N;
+  if (R > 1 && s.stage >= 1)
+    boundary += 2.0 * (R - 1.0) / R * (full / N) * static_cast<double>(dtype_size(s.grad_dtype())) / es /
+                c.group_bytes_per_s(R, T * N);
   // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
   // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
   // (A 2-rank all-reduce moves the whole gradient through each rank's link once.)
   const double tied = P > 1 ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
-                                  static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * N)
+                                  static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * D)
                             : 0.0;
   t.pp_comm_s += tied;
   t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step + t.tp_comm_s + t.pp_comm_s;
@@ -209,6 +228,12 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
                          s.stage, P));
   check_split(shape, T, P);
   const int D = c.gpus / (T * P);
+  ZERO_CHECK((s.hpz_partition_size == 1 && !s.quantized_weights) || s.stage == 3,
+             "zero-plan: hpZ and qwZ (ZeRO++) gather parameters, which only stage 3 does; use --stage 3");
+  ZERO_CHECK(s.hpz_partition_size >= 1 && D % s.hpz_partition_size == 0,
+             fmt::format("zero-plan: the hpZ group of {} ranks does not divide the {} data-parallel ranks",
+                         s.hpz_partition_size, D));
+  check_groups(s, D);
   Plan p;
   p.shape = shape;
   p.params = gpt_layout(shape).num_params();
@@ -260,12 +285,20 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
     for (auto oo : offload_optimizer)
       for (auto op : offload_param)
         for (int mb : micro_batches)
-          for (bool ckpt : checkpointing) {
+          for (bool ckpt : checkpointing)
+          for (int hpz : hpz_partition_size)
+          for (bool qwz : quantized_weights) {
             if (op != OffloadDevice::none && stage < 3) continue;
+            if ((hpz != 1 || qwz) && stage != 3) continue;
+            if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
             if (oo != OffloadDevice::none && stage == 0) continue;
             if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
             if (pp > 1 && stage >= 2) continue;
             const int dp = gpus / (tp * pp);
+            // MiCS as the engine takes it: stages 1-3, a divisor, not with hpZ.
+            if (base.mics_shard_size != -1 &&
+                (stage == 0 || base.mics_shard_size < 1 || dp % base.mics_shard_size != 0 || hpz != 1))
+              continue;
             Settings s = base;
             s.tensor_parallel = tp;
             s.pipeline_parallel = pp;
@@ -274,6 +307,8 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.offload_param = op;
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
+            s.hpz_partition_size = hpz;
+            s.quantized_weights = qwz;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(
                   1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));

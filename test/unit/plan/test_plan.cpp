@@ -76,6 +76,64 @@ TEST_CASE("model states follow the ZeRO formula when nothing is padded", "[plan]
   CHECK(m.nvme == 0);
 }
 
+TEST_CASE("MiCS and hpZ memory per rank: the stage formulas with the group size, hpZ's 2 Psi / N", "[plan]") {
+  const Layout l = aligned_layout();
+  // MiCS over groups of 2 of 8 data-parallel ranks: the formulas with N = 2, not 8.
+  for (int stage = 1; stage <= 3; ++stage) {
+    Settings s = bf16_stage(stage);
+    s.mics_shard_size = 2;
+    CHECK(model_states(l, s, 8).device() == model_states(l, bf16_stage(stage), 2).device());
+  }
+  Settings s = bf16_stage(3);
+  s.mics_shard_size = 2;
+  CHECK(model_states(l, s, 8).device() == 16 * kPsi / 2);
+  // hpZ over groups of 4 of 8 ranks: the stage-3 states, plus 2 bytes x Psi / 4.
+  s = bf16_stage(3);
+  s.hpz_partition_size = 4;
+  const ModelStates h = model_states(l, s, 8);
+  CHECK(h.device() == 16 * kPsi / 8);
+  CHECK(h.secondary == 2 * kPsi / 4);
+  CHECK(model_states(l, bf16_stage(3), 8).secondary == 0);
+  // The engine's rules, named after the keys: {stage, mics, hpz} and the message.
+  struct Bad {
+    int stage, mics, hpz;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{0, 2, 1, "mics_shard_size 2 applies to stages 1-3"},
+                       Bad{2, 3, 1, "mics_shard_size 3 does not divide the 8 data-parallel ranks"},
+                       Bad{3, 2, 2, "with hpZ"}}) {
+    s = bf16_stage(b.stage);
+    s.mics_shard_size = b.mics;
+    s.hpz_partition_size = b.hpz;
+    CHECK_THROWS_WITH(check_groups(s, 8), Catch::Contains(b.says));
+  }
+  s = bf16_stage(3);
+  s.hpz_partition_size = 2;
+  CHECK_NOTHROW(check_groups(s, 8));
+}
+
+TEST_CASE("MiCS moves the gradient sums across groups once per step, and fewer bytes through the slow links",
+          "[plan]") {
+  // 1.5B parameters on 2 nodes of 8 with a slow link: stage 3's gathers and reduce-scatters
+  // cross it every micro-step, MiCS's only the slice's all-reduce at the end of the step.
+  Cluster c;
+  c.gpu = gpu_preset("H100-SXM");
+  c.gpus = 16;
+  c.gpus_per_node = 8;
+  c.inter_node_bytes_per_s = 12.5e9;
+  Settings s;
+  s.stage = 3;
+  s.micro_batch = 4;
+  s.grad_accum = 4;
+  s.activation_checkpointing = true;
+  const Plan plain = make_plan(gpt_preset("gpt2-xl"), c, s);
+  s.mics_shard_size = 8;
+  const Plan mics = make_plan(gpt_preset("gpt2-xl"), c, s);
+  CHECK(mics.time.comm_s < plain.time.comm_s);
+  CHECK(mics.memory.states.device() > plain.memory.states.device());  // sharded 8 ways, not 16
+  CHECK(mics.settings.label().find("mics 8") != std::string::npos);
+}
+
 TEST_CASE("gradients accumulate in fp32 with accumulation over 16-bit compute, as on the CUDA backend", "[plan]") {
   const Layout l = aligned_layout();
   Settings s = bf16_stage(2);
@@ -517,4 +575,39 @@ TEST_CASE("grid: autotune's fit verdict is a rank's of the grid", "[plan][grid]"
   CHECK_THAT(why, Catch::Contains("GPU memory"));
   // As one rank of TP 4 x PP 4 x DP 4 it holds 1/16 of the model.
   CHECK(plan_fits(gpt_preset("gpt3-13b"), c, 4, 4)(cfg, why));
+}
+
+TEST_CASE("ZeRO++: hpZ and qwZ lead the ranking when the inter-node link is slow, and only then", "[plan]") {
+  Cluster c;
+  c.gpu = gpu_preset("H100-SXM");
+  c.gpus = 16;
+  c.gpus_per_node = 8;
+  SettingsSpace space;
+  space.stages = {3};
+  space.micro_batches = {4};
+  space.checkpointing = {true};
+  space.hpz_partition_size = {1, 8};
+  space.quantized_weights = {false, true};
+  c.inter_node_bytes_per_s = 2e9;  // 16 Gbit/s per node: stage 3's gathers dominate
+  auto slow = rank_plans(gpt_preset("gpt2-xl"), c, space);
+  REQUIRE(slow.size() == 4);
+  CHECK(slow.front().settings.hpz_partition_size == 8);
+  CHECK(slow.front().settings.quantized_weights);
+  CHECK(slow.back().settings.hpz_partition_size == 1);
+  CHECK_FALSE(slow.back().settings.quantized_weights);
+  CHECK(slow.front().time.step_s < 0.6 * slow.back().time.step_s);
+  // Inside one node the links are all NVLink: hpZ saves nothing there.
+  c.gpus = 8;
+  space.quantized_weights = {false};
+  auto one_node = rank_plans(gpt_preset("gpt2-xl"), c, space);
+  REQUIRE(one_node.size() == 2);
+  CHECK(one_node[0].time.step_s == Approx(one_node[1].time.step_s).epsilon(1e-9));
+  // Other stages do not gather parameters; a group that does not divide the ranks is refused.
+  Settings s;
+  s.stage = 2;
+  s.hpz_partition_size = 8;
+  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("only stage 3"));
+  s.stage = 3;
+  s.hpz_partition_size = 3;
+  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("does not divide the 8 data-parallel ranks"));
 }

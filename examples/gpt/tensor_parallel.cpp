@@ -1,0 +1,123 @@
+#include "tensor_parallel.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "zero/dtype.hpp"
+#include "zero/error.hpp"
+
+namespace zero::gpt {
+
+void TensorParallel::all_reduce(Ops& ops, Act* data, std::size_t n) const {
+  if (!active() || n == 0) return;
+  if (ops.host_memory() && ops.dtype() == zero::DType::f32) {
+    comm->all_reduce(data, n, zero::DType::f32, zero::ReduceOp::sum);
+    return;
+  }
+  std::vector<std::byte> raw(n * ops.elem_bytes());
+  std::vector<float> f(n);
+  ops.download(raw.data(), data, raw.size());
+  zero::convert(raw.data(), ops.dtype(), f.data(), zero::DType::f32, n);
+  comm->all_reduce(f.data(), n, zero::DType::f32, zero::ReduceOp::sum);
+  zero::convert(f.data(), zero::DType::f32, raw.data(), ops.dtype(), n);
+  ops.upload(data, raw.data(), raw.size());
+}
+
+void TensorParallel::all_reduce(Ops& ops, float* data, std::size_t n, zero::ReduceOp op) const {
+  if (!active() || n == 0) return;
+  if (ops.host_memory()) {
+    comm->all_reduce(data, n, zero::DType::f32, op);
+    return;
+  }
+  std::vector<float> f(n);
+  ops.download(f.data(), data, n * sizeof(float));
+  comm->all_reduce(f.data(), n, zero::DType::f32, op);
+  ops.upload(data, f.data(), n * sizeof(float));
+}
+
+void check_tensor_parallel(const GptConfig& cfg, int T) {
+  ZERO_CHECK(T >= 1, "model.tensor_parallel must be >= 1 (got " + std::to_string(T) + ")");
+  ZERO_CHECK(cfg.n_head % T == 0,
+             "model.tensor_parallel = " + std::to_string(T) + " does not divide n_head = " +
+                 std::to_string(cfg.n_head) +
+                 ": each tensor-parallel rank computes n_head / tensor_parallel whole attention "
+                 "heads; choose tensor_parallel among the divisors of n_head");
+  ZERO_CHECK(cfg.padded_vocab_size() % T == 0,
+             "model.tensor_parallel = " + std::to_string(T) +
+                 " does not divide the padded vocabulary " + std::to_string(cfg.padded_vocab_size()) +
+                 " (vocab_size " + std::to_string(cfg.vocab_size) +
+                 " rounded up to a multiple of 128): each rank holds an equal part of the "
+                 "embedding and of the logits; choose tensor_parallel among its divisors");
+}
+
+TensorCut tensor_cut(std::string_view name) {
+  auto ends = [&](std::string_view s) { return name.ends_with(s); };
+  if (name == "wte.weight") return {false, 0, 1};                // vocabulary rows
+  if (ends("attn.c_attn.weight")) return {false, 1, 3};          // q | k | v columns per head
+  if (ends("attn.c_attn.bias")) return {false, 0, 3};
+  if (ends("mlp.c_fc.weight")) return {false, 1, 1};             // column-parallel
+  if (ends("mlp.c_fc.bias")) return {false, 0, 1};
+  if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return {false, 0, 1};  // row-parallel
+  return {true, -1, 1};  // LayerNorms, wpe, row-parallel biases
+}
+
+zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
+  check_tensor_parallel(cfg, T);
+  const zero::Layout whole = build_layout(cfg);
+  zero::Layout part;
+  for (const zero::UnitInfo& u : whole.units()) {
+    std::vector<std::pair<std::string, zero::Layout::Shape>> params;
+    for (const zero::ParamInfo& p : u.params) {
+      zero::Layout::Shape shape = p.shape;
+      const TensorCut cut = tensor_cut(p.name);
+      if (!cut.replicated) shape[static_cast<std::size_t>(cut.axis)] /= T;
+      params.emplace_back(p.name, std::move(shape));
+    }
+    const int id = part.add_unit(u.name, std::move(params));
+    for (const zero::ParamInfo& p : u.params) {
+      part.set_decay(id, p.name, p.decay);
+      const TensorCut cut = tensor_cut(p.name);
+      if (cut.replicated) part.set_replicated(id, p.name);
+      else part.set_split(id, p.name, cut.axis, cut.blocks);
+    }
+  }
+  return part;
+}
+
+std::vector<std::int64_t> whole_shape(const zero::ParamInfo& part, int T) {
+  std::vector<std::int64_t> s = part.shape;
+  if (part.split_axis >= 0) s[static_cast<std::size_t>(part.split_axis)] *= T;
+  return s;
+}
+
+void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T, int t,
+               std::span<float> out) {
+  ZERO_CHECK(out.size() == static_cast<std::size_t>(part.numel) &&
+                 whole.size() == static_cast<std::size_t>(part.numel) *
+                                     static_cast<std::size_t>(part.split_axis >= 0 ? T : 1),
+             "take_part: " + part.name + " has " + std::to_string(part.numel) +
+                 " elements per rank, but was given " + std::to_string(whole.size()) +
+                 " whole and " + std::to_string(out.size()) + " out");
+  if (part.split_axis < 0) {
+    std::copy(whole.begin(), whole.end(), out.begin());
+    return;
+  }
+  // The whole tensor as [outer, A, inner] around the cut axis A: each of the `blocks` blocks
+  // of A is cut into T runs of A / (blocks T), and rank t takes run t of every block.
+  const auto axis = static_cast<std::size_t>(part.split_axis);
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < axis; ++i) outer *= part.shape[i];
+  for (std::size_t i = axis + 1; i < part.shape.size(); ++i) inner *= part.shape[i];
+  const std::int64_t local = part.shape[axis], A = local * T, run = local / part.split_blocks;
+  const std::int64_t block = A / part.split_blocks;
+  std::size_t next = 0;
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (int b = 0; b < part.split_blocks; ++b) {
+      const std::int64_t first = (o * A + b * block + t * run) * inner;
+      const auto n = static_cast<std::size_t>(run * inner);
+      std::copy_n(whole.begin() + first, n, out.begin() + static_cast<std::ptrdiff_t>(next));
+      next += n;
+    }
+}
+
+}  // namespace zero::gpt

@@ -1,0 +1,90 @@
+// PowerSgd: low-rank compression of the gradient all-reduce with error feedback (Vogels et al.
+// 2019, "PowerSGD", as PyTorch's powerSGD_hook), for stages 0 and 1 at the accumulation boundary.
+//
+// Every parameter of two or more dimensions is a matrix M [rows, numel / rows]; it is compressed
+// where its rank-r factors are smaller than it by gradient_compression.min_compression_rate:
+//   M = this rank's accumulated gradient + its error buffer;
+//   P = M Q (Q: [cols, r], the previous step's, or a fixed seed's at the start); all-reduce P;
+//   orthogonalize P (Gram-Schmidt in double, twice: deterministic, identical on every rank);
+//   Q = M^T P; all-reduce Q (kept for the next step's warm start);
+//   the reduced gradient is P Q^T, the sum over ranks of the projection of each M onto span(P),
+//   identical on every rank; error = M - P Q^T / world, this rank's share of what was not sent.
+// Vectors and matrices that would not shrink are all-reduced as they are, in one batch. What
+// crosses the ranks per step: (rows + cols) x r fp32 per compressed matrix, plus the plain rest.
+//
+// The error is kept in fp32 without the loss scale (the gradients carry the step's scale, which
+// dynamic fp16 scaling changes between steps). Before gradient_compression.start_step, and in a
+// step whose gradient is not finite on some rank (one scalar all-reduce decides), every unit is
+// all-reduced plainly and the error and Q are left untouched: the engine then skips the step
+// on the overflow as it does without compression.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/unit_shape.hpp"
+#include "zero/comm.hpp"
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/layout.hpp"
+
+namespace zero {
+
+class PowerSgd {
+ public:
+  struct Matrix {
+    int unit = 0;
+    std::int64_t offset = 0;  // element offset in the unit's flat storage
+    std::int64_t rows = 0, cols = 0;
+    int rank = 0;             // min(gradient_compression.rank, rows, cols)
+    std::vector<float> q;     // [cols, rank], row-major
+    std::vector<float> error; // [rows, cols]; during reduce() it holds M
+  };
+
+  // grad_dtype: what the gradient buffers hold. Logs the plan on rank 0 when `log`.
+  PowerSgd(Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
+           const GradientCompressionConfig& cfg, DType grad_dtype, int stage, bool log);
+
+  // Replaces every unit's gradient (fulls[u]: the padded unit in grad_dtype, this rank's sum over
+  // its micro-steps, scaled by loss_scale) with the sum over ranks: compressed from start_step on.
+  // step: the engine's step() count. Returns true when it compressed.
+  bool reduce(const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
+
+  const std::vector<Matrix>& matrices() const { return matrices_; }
+  // The last compressed step's orthogonalized P of every matrix, back to back ([rows, rank] each).
+  const std::vector<float>& last_p() const { return p_; }
+  // Elements all-reduced per compressed step: the factors (fp32), and the plain rest (grad dtype).
+  std::int64_t factor_elements() const { return p_elems_ + q_elems_; }
+  std::int64_t plain_elements() const { return plain_elems_; }
+
+  // Checkpoint support: every matrix's Q, then every matrix's error, one flat fp32 array;
+  // set_state({}) restores the start's (zero error, the seeded Q).
+  std::vector<float> state() const;
+  void set_state(const std::vector<float>& s);
+  std::size_t state_size() const;
+  // Host memory it holds: the state, the factors and the plain batch's staging.
+  std::size_t buffer_bytes() const {
+    return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size();
+  }
+
+ private:
+  struct Run {  // a stretch of a unit's elements all-reduced plainly
+    int unit;
+    std::int64_t offset, len;
+  };
+  void plain_all(const std::vector<void*>& fulls);
+  void random_q(Matrix& m, std::uint64_t stream) const;
+
+  Communicator& comm_;
+  const std::vector<UnitShape>& shapes_;
+  const GradientCompressionConfig cfg_;
+  DType gdt_;
+  std::vector<Matrix> matrices_;
+  std::vector<Run> plain_;  // the parameters not compressed, in unit order
+  std::int64_t p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
+  std::vector<float> p_, qsum_;      // every matrix's P, then Q, back to back (one all-reduce each)
+  std::vector<char> plain_buf_;      // the plain parameters' gradients, back to back
+  std::vector<float> row_;           // conversion scratch
+};
+
+}  // namespace zero

@@ -1,0 +1,147 @@
+// The bytes one rank sends in a training step (zero/plan.hpp: step_traffic), collective by
+// collective as the engine issues them for the GPT trainer and as the communicators count them.
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/quantize.hpp"
+#include "zero/error.hpp"
+#include "zero/plan.hpp"
+
+namespace zero::plan {
+namespace {
+
+// One communicator seen from one rank under the ring model (zero/comm.hpp): its size, and
+// whether the rank's successor in the ring is on another node (then all it sends crosses).
+struct Ring {
+  std::int64_t size = 1;
+  bool crosses = false;
+
+  void all_gather(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
+    add(t, (size - 1) * count * esize);
+  }
+  void reduce_scatter(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
+    add(t, (size - 1) * count * esize);
+  }
+  void all_reduce(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
+    add(t, 2 * (size - 1) * ((count + size - 1) / size) * esize);
+  }
+  void scalar(TrafficBytes& t) const { all_reduce(t, size, static_cast<std::int64_t>(sizeof(double))); }
+  void add(TrafficBytes& t, std::int64_t bytes) const { (crosses ? t.inter_node : t.intra_node) += bytes; }
+};
+
+// The ring of the group of `size` consecutive ranks that holds `rank` (the world: size = world).
+Ring ring_of(int rank, int size, int ranks_per_node) {
+  const int first = rank / size * size;
+  const int next = first + (rank - first + 1) % size;
+  return Ring{size, next / ranks_per_node != rank / ranks_per_node};
+}
+
+}  // namespace
+
+TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank) {
+  ZERO_CHECK(world >= 1 && rank >= 0 && rank < world && ranks_per_node >= 1,
+             fmt::format("step_traffic: rank {} of {} ranks with {} per node is not a rank of the job", rank, world,
+                         ranks_per_node));
+  ZERO_CHECK(s.tensor_parallel == 1 && s.pipeline_parallel == 1,
+             "step_traffic: models data parallelism only; tensor and pipeline parallel traffic is not modelled");
+  const int units = layout.num_units();
+  ZERO_CHECK(units >= 3, "step_traffic: the GPT trainer's layout has embeddings, at least one block and ln_f");
+  ZERO_CHECK(s.hpz_partition_size >= 1 && world % s.hpz_partition_size == 0,
+             fmt::format("step_traffic: zero_hpz_partition_size {} does not divide {} ranks", s.hpz_partition_size, world));
+  check_groups(s, world);
+  TrafficBytes t;
+  if (world == 1) return t;
+  const Ring all = ring_of(rank, world, ranks_per_node);
+  // MiCS: the engine's collectives run over the rank's group of N consecutive ranks (`all` is
+  // then the agreement checks' and the trainer's world), and the gradient slices are summed over
+  // the ranks N apart (the replica ring: rank r sends to r + N).
+  const int N = s.shard_ranks(world);
+  const Ring part = ring_of(rank, N, ranks_per_node);
+  const Ring replica{world / N, (rank + N) % world / ranks_per_node != rank / ranks_per_node};
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
+  std::vector<std::int64_t> slice(static_cast<std::size_t>(units)), padded(slice.size());
+  std::vector<bool> sharded(slice.size());
+  for (int u = 0; u < units; ++u) {
+    slice[static_cast<std::size_t>(u)] = layout.slice_numel(u, N);
+    padded[static_cast<std::size_t>(u)] = slice[static_cast<std::size_t>(u)] * N;
+    sharded[static_cast<std::size_t>(u)] = s.stage == 3 && layout.unit(u).numel >= s.persistence_threshold;
+  }
+
+  // Gradients: stages 0 and 1 reduce the accumulated gradient at the boundary, stages 2 and 3
+  // each micro-step's gradient in the compute dtype.
+  for (int u = 0; u < units; ++u) {
+    const std::int64_t sl = slice[static_cast<std::size_t>(u)], pd = padded[static_cast<std::size_t>(u)];
+    if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) part.all_reduce(t, pd, gesize);
+    else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);
+    else
+      for (int m = 0; m < s.grad_accum; ++m) {
+        if (s.reduce_scatter) part.reduce_scatter(t, sl, esize);
+        else part.all_reduce(t, pd, esize);
+      }
+  }
+  // MiCS: each rank's accumulated slice, once per step, over the replicas.
+  if (N < world)
+    for (int u = 0; u < units; ++u) replica.all_reduce(t, slice[static_cast<std::size_t>(u)], gesize);
+  // The global norm's sum (stage 0 holds the whole gradient; MiCS's replicas then agree on the
+  // maximum), the two scalars that check the ranks agree on the step's decisions, and the
+  // trainer's mean loss over the ranks (on the same world communicator, so the engine's
+  // counters include it).
+  if (s.stage > 0) part.scalar(t);
+  if (N < world) replica.scalar(t);
+  for (int k = 0; k < 3; ++k) all.scalar(t);
+  // After the update every rank all-gathers the slices it did not write (sharded units stay
+  // sharded: the next gathers rebuild them).
+  if (s.stage > 0)
+    for (int u = 0; u < units; ++u)
+      if (!sharded[static_cast<std::size_t>(u)]) part.all_gather(t, slice[static_cast<std::size_t>(u)], esize);
+  if (s.stage != 3) return t;
+
+  // Stage 3: the trainer's gather order, and when each lease ends (the position of the next
+  // gather then): blocks and ln_f right after their use, the embeddings at the micro-step's end.
+  const int emb = 0, lnf = units - 1, layers = units - 2;
+  std::vector<int> order{emb};
+  for (int l = 0; l < layers; ++l) order.push_back(1 + l);
+  order.push_back(lnf);
+  order.push_back(lnf);
+  for (int l = layers - 1; l >= 0; --l) order.push_back(1 + l);
+  const std::size_t n = order.size();
+  const Ring hpz = ring_of(rank, s.hpz_partition_size, ranks_per_node);
+  std::vector<bool> gathered(slice.size(), false), secondary(slice.size(), false);
+  auto release = [&](int u, std::size_t pos) {  // the gatherer's keep rule
+    std::int64_t distance = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const int next = order[(pos + j) % n];
+      if (next == u) {
+        if (distance > s.max_reuse_distance) gathered[static_cast<std::size_t>(u)] = false;
+        return;
+      }
+      distance += padded[static_cast<std::size_t>(next)];
+    }
+  };
+  for (int m = 0; m < s.grad_accum; ++m)
+    for (std::size_t k = 0; k < n; ++k) {
+      const int u = order[k];
+      const auto ui = static_cast<std::size_t>(u);
+      if (!sharded[ui]) continue;
+      if (!gathered[ui]) {
+        if (s.hpz_partition_size > 1 && secondary[ui]) {
+          hpz.all_gather(t, padded[ui] / s.hpz_partition_size, esize);
+        } else if (s.quantized_weights) {
+          const auto packed = static_cast<std::int64_t>(quant::packed_bytes(
+              static_cast<std::size_t>(slice[ui]), static_cast<std::size_t>(s.quantized_weights_block_size)));
+          part.all_gather(t, packed / 4, 4);
+        } else {
+          part.all_gather(t, slice[ui], esize);
+        }
+        gathered[ui] = true;
+        secondary[ui] = s.hpz_partition_size > 1;
+      }
+      release(u, u == emb ? n : k + 1);
+    }
+  return t;
+}
+
+}  // namespace zero::plan

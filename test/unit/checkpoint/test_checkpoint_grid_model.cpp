@@ -1,0 +1,397 @@
+// The whole model of a checkpoint saved on a tensor x pipeline grid, put back together by the
+// export tools' reader (for_each_checkpoint_tensor, ckpt::ModelReader), on a hand-made
+// checkpoint with known values: TP 2 x PP 2, each position saved by 2 data-parallel ranks.
+// Every whole tensor holds base + its flat index; each position's part is cut out of it by
+// columns or rows written out literally here (not by the code under test), so a wrong
+// concatenation order, block interleave or source shows as a wrong value. A tiny GPT-2 split as
+// Megatron splits it (TP 2 x PP 2, tied embedding on both end stages) exports to Hugging Face
+// files byte for byte equal to the unsplit model's.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint/format.hpp"
+#include "checkpoint/json.hpp"
+#include "zero/checkpoint.hpp"
+#include "zero/hf_gpt2.hpp"
+#include "zero/plan.hpp"
+#include "zero/error.hpp"
+
+using namespace zero;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string temp_dir() {
+  std::string t = (fs::temp_directory_path() / "zero_grid_model_XXXXXX").string();
+  std::vector<char> buf(t.begin(), t.end());
+  buf.push_back('\0');
+  REQUIRE(::mkdtemp(buf.data()) != nullptr);
+  return buf.data();
+}
+
+// A whole 2-D tensor [rows, cols] holding base + flat index, and a part of it: the rows and
+// columns listed, in that order.
+struct Part {
+  std::string name;
+  std::vector<std::int64_t> rows, cols;
+  float base;
+  bool replicated = false;
+  int axis = -1, blocks = 1;
+};
+std::vector<std::int64_t> range(std::int64_t b, std::int64_t e) {
+  std::vector<std::int64_t> v;
+  for (auto i = b; i < e; ++i) v.push_back(i);
+  return v;
+}
+
+// Whole shapes: wte [4, 3] (vocabulary rows split), wpe [2, 3] replicated, qkv [2, 12] (3 blocks
+// of 4 columns, each split), proj [4, 2] (rows split), ln [1, 3] replicated, head [3, 4]
+// (columns split), lnf [1, 2] replicated.
+float value(float base, std::int64_t r, std::int64_t c, int whole_cols) { return base + static_cast<float>(r * whole_cols + c); }
+
+struct UnitParts {
+  std::string unit;
+  std::vector<Part> parts;
+};
+
+// Position (t, p)'s units.
+std::vector<UnitParts> position(int t, int p) {
+  // qkv: rank 0 holds [q0 | k0 | v0] = whole columns 0,1 | 4,5 | 8,9; rank 1 the others.
+  const std::vector<std::int64_t> qkv = t == 0 ? std::vector<std::int64_t>{0, 1, 4, 5, 8, 9}
+                                               : std::vector<std::int64_t>{2, 3, 6, 7, 10, 11};
+  // A replicated copy on tensor rank 1 differs, to show that rank 0's is the one taken.
+  const float rep = t == 0 ? 0.0f : 0.5f;
+  if (p == 0)
+    return {{"embed",
+             {{"wte", range(2 * t, 2 * t + 2), range(0, 3), 100, false, 0},
+              {"wpe", range(0, 2), range(0, 3), 200 + rep, true}}},
+            {"h.0",
+             {{"qkv", range(0, 2), qkv, 300, false, 1, 3},
+              {"proj", range(2 * t, 2 * t + 2), range(0, 2), 400, false, 0},
+              {"ln", range(0, 1), range(0, 3), 500 + rep, true}}}};
+  // The last stage: a block, the head, and the tied embedding again (other values: the first
+  // stage's copy is the one taken) with a parameter of its own.
+  return {{"h.1", {{"head", range(0, 3), range(2 * t, 2 * t + 2), 600, false, 1}}},
+          {"embed",
+           {{"wte", range(2 * t, 2 * t + 2), range(0, 3), 9100, false, 0},
+            {"lnf", range(0, 1), range(0, 2), 700 + rep, true}}}};
+}
+int whole_cols(const std::string& name) {
+  const std::map<std::string, int> cols = {{"wte", 3}, {"wpe", 3}, {"qkv", 12}, {"proj", 2},
+                                           {"ln", 3},  {"head", 4}, {"lnf", 2}};
+  return cols.at(name);
+}
+
+// A unit of one position as the test writes it: each parameter's metadata and its part's values.
+struct TestParam {
+  ckpt::ParamMeta meta;  // name, shape (the part's), split; numel and offset filled in
+  std::vector<float> values;
+};
+struct TestUnit {
+  std::string name;
+  std::vector<TestParam> params;
+};
+
+// Writes a checkpoint of step 7 saved on a T x P grid (no grid when 1 x 1), each position's
+// units (positions[t + T x p]) flat and cut into D data-parallel shards, moments -1.
+void write_checkpoint(const std::string& root, int T, int P, int D, const std::vector<std::vector<TestUnit>>& positions) {
+  const std::int64_t step = 7;
+  std::string tmp = ckpt::prepare(root, step, "test");
+  ckpt::Metadata m;
+  m.step = m.applied = m.scheduler_step = step;
+  m.world = D;
+  m.stage = 1;
+  m.optimizer = "AdamW";
+  m.scheduler = "none";
+  m.grid = {T, P};
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < T; ++t) {
+      ckpt::PositionMeta pos{t, p, {}, {}};
+      std::vector<std::vector<float>> flat;
+      for (const auto& u : positions[static_cast<std::size_t>(t + T * p)]) {
+        ckpt::UnitMeta um{u.name, 0, 0, {}};
+        std::vector<float> values;
+        for (const auto& tp : u.params) {
+          ckpt::ParamMeta pm = tp.meta;
+          pm.numel = static_cast<std::int64_t>(tp.values.size());
+          pm.offset = um.numel;
+          values.insert(values.end(), tp.values.begin(), tp.values.end());
+          um.numel += pm.numel;
+          um.params.push_back(pm);
+        }
+        um.slice = (um.numel + D - 1) / D;
+        pos.units.push_back(um);
+        flat.push_back(values);
+      }
+      for (int d = 0; d < D; ++d) {
+        std::vector<ckpt::ShardWriter::Range> ranges;
+        for (const auto& u : pos.units) {
+          const std::int64_t b = std::min<std::int64_t>(d * u.slice, u.numel);
+          ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+        }
+        const std::string file = m.grid.split() ? ckpt::shard_file_name(d, t, p) : ckpt::shard_file_name(d);
+        ckpt::ShardWriter w(tmp + "/" + file, d, D, 1, 2, step, ranges);
+        for (std::size_t u = 0; u < pos.units.size(); ++u) {
+          std::vector<float> section;
+          const auto& r = ranges[u];
+          for (int k = 0; k < 3; ++k)
+            for (std::int64_t i = r.begin; i < r.begin + r.len; ++i)
+              section.push_back(k == 0 ? flat[u][static_cast<std::size_t>(i)] : -1.0f);
+          w.add_section(section.data());
+        }
+        pos.shards.push_back(w.finish());
+      }
+      if (m.grid.split()) {
+        m.positions.push_back(std::move(pos));
+      } else {
+        m.units = std::move(pos.units);
+        m.shards = std::move(pos.shards);
+      }
+    }
+  ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, m);
+  ckpt::commit(root, tmp, step, 0, [](const char*) {});
+}
+
+// The hand-made TP 2 x PP 2 model above, each position saved by 2 data-parallel ranks.
+void write_grid_checkpoint(const std::string& root, bool leave_one_unmarked = false) {
+  std::vector<std::vector<TestUnit>> positions;
+  for (int p = 0; p < 2; ++p)
+    for (int t = 0; t < 2; ++t) {
+      positions.emplace_back();
+      for (const auto& u : position(t, p)) {
+        TestUnit tu{u.unit, {}};
+        for (const auto& part : u.parts) {
+          TestParam tp;
+          tp.meta.name = part.name;
+          tp.meta.shape = {static_cast<std::int64_t>(part.rows.size()), static_cast<std::int64_t>(part.cols.size())};
+          tp.meta.replicated = part.replicated;
+          tp.meta.split_axis = leave_one_unmarked && part.name == "proj" ? -1 : part.axis;
+          tp.meta.split_blocks = part.blocks;
+          for (auto r : part.rows)
+            for (auto c : part.cols) tp.values.push_back(value(part.base, r, c, whole_cols(part.name)));
+          tu.params.push_back(std::move(tp));
+        }
+        positions.back().push_back(std::move(tu));
+      }
+    }
+  write_checkpoint(root, 2, 2, 2, positions);
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in.good());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  struct Got {
+    std::string unit;
+    std::vector<std::int64_t> shape;
+    std::vector<float> values;
+  };
+  std::map<std::string, Got> got;
+  std::vector<std::string> order;
+  for_each_checkpoint_tensor(root, "latest", [&](const CheckpointTensor& t, std::span<const float> v) {
+    order.push_back(t.unit + "." + t.name);
+    got[t.name] = {t.unit, t.shape, {v.begin(), v.end()}};
+  });
+  // Stage order; the tied embedding is one unit, its lnf (only on the last stage) appended.
+  CHECK(order == std::vector<std::string>{"embed.wte", "embed.wpe", "embed.lnf", "h.0.qkv", "h.0.proj", "h.0.ln",
+                                          "h.1.head"});
+  const std::map<std::string, std::pair<std::vector<std::int64_t>, float>> want = {
+      {"wte", {{4, 3}, 100}}, {"wpe", {{2, 3}, 200}}, {"qkv", {{2, 12}, 300}}, {"proj", {{4, 2}, 400}},
+      {"ln", {{1, 3}, 500}},  {"head", {{3, 4}, 600}}, {"lnf", {{1, 2}, 700}}};
+  for (const auto& [name, w] : want) {
+    INFO(name);
+    const Got& g = got.at(name);
+    REQUIRE(g.shape == w.first);
+    const auto n = static_cast<std::size_t>(w.first[0] * w.first[1]);
+    REQUIRE(g.values.size() == n);
+    // The whole tensor holds base + flat index: every part back in its place, rank 0's copy of
+    // the replicated ones, the first stage's copy of the tied embedding.
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(g.values[i] == w.second + static_cast<float>(i));
+  }
+
+  // inspect: the grid, and per position its units and bytes, all verified.
+  std::ostringstream listing;
+  REQUIRE(inspect_checkpoint(root, listing));
+  CHECK_THAT(listing.str(), Contains("grid TP 2 x PP 2 x DP 2 (4 positions, 8 ranks)") &&
+                                Contains("position tensor 1, pipeline 1: 2 units") &&
+                                Contains("qkv [2, 6] fp32 offset 0  split axis 1 blocks 3") &&
+                                Contains("shard_t01_p01_00001.ckpt") && Contains("all checksums ok") &&
+                                Contains("whole model (the grid's parts put together): 3 units, 67 parameters"));
+
+  // The data-parallel size of each position can be changed offline; the whole model stays.
+  reshard_checkpoint(root, root + "/dp3", 3);
+  std::vector<float> again, before;
+  for_each_checkpoint_tensor(root + "/dp3", "latest",
+                             [&](const CheckpointTensor&, std::span<const float> v) { again.insert(again.end(), v.begin(), v.end()); });
+  for_each_checkpoint_tensor(root, "latest",
+                             [&](const CheckpointTensor&, std::span<const float> v) { before.insert(before.end(), v.begin(), v.end()); });
+  CHECK(again == before);
+  CHECK(ckpt::Reader(ckpt::resolve(root + "/dp3", "latest"), 1, 1).meta().world == 3);
+  fs::remove_all(root);
+}
+
+TEST_CASE("grid metadata: written and read back, and read strictly") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  const std::string file = ckpt::resolve(root, "latest") + "/" + ckpt::kMetadataFile;
+  const ckpt::Metadata m = ckpt::read_metadata_file(file);
+  REQUIRE(m.grid.tensor == 2);
+  REQUIRE(m.grid.pipeline == 2);
+  REQUIRE(m.positions.size() == 4);
+  REQUIRE(m.units.empty());
+  const ckpt::PositionMeta& p = m.position(1, 0);
+  REQUIRE(p.units[1].name == "h.0");
+  CHECK(p.units[1].params[0].split_axis == 1);
+  CHECK(p.units[1].params[0].split_blocks == 3);
+  CHECK(p.units[1].params[2].replicated);
+  CHECK(p.shards[1].file == "shard_t01_p00_00001.ckpt");
+  CHECK(ckpt::Metadata::parse(m.to_json(), "again").to_json() == m.to_json());
+  CHECK_THROWS_WITH(m.position(2, 0), Contains("outside its grid TP 2 x PP 2"));
+
+  // Each change is refused with the field it concerns.
+  auto refused = [&](const std::function<void(json::Json&)>& edit, const std::string& says) {
+    json::Json doc = json::parse(m.to_json(), "test");
+    edit(doc);
+    CHECK_THROWS_WITH(ckpt::Metadata::parse(doc.dump(), "edited"), Contains(says));
+  };
+  refused([](json::Json& d) { d["grid"]["positions"].erase(3); }, "lists 3 positions for the grid TP 2 x PP 2");
+  refused([](json::Json& d) { d["grid"]["positions"][1]["shards"][0]["file"] = "shard_00000.ckpt"; },
+          "expected \"shard_t01_p00_00000.ckpt\"");
+  refused([](json::Json& d) { d["grid"]["positions"][0]["tensor"] = 1; }, "grid.positions[0].tensor");
+  refused([](json::Json& d) { d["grid"]["positions"][0]["units"][1]["params"][0]["split"]["blocks"] = 4; },
+          "does not divide");
+  refused([](json::Json& d) { d["grid"]["tensor"] = 1, d["grid"]["pipeline"] = 1; }, "is 1 x 1");
+  refused([](json::Json& d) { d["units"] = d["grid"]["positions"][0]["units"]; }, "has both a grid and top-level");
+  fs::remove_all(root);
+}
+
+TEST_CASE("concat_parts interleaves blocks") {
+  // Two parts [1, 6] with 3 blocks: whole [a0 a1 b0 b1 | a2 a3 b2 b3 | a4 a5 b4 b5].
+  const std::vector<float> a = {0, 1, 2, 3, 4, 5}, b = {10, 11, 12, 13, 14, 15};
+  std::vector<float> whole(12);
+  ckpt::concat_parts({a.data(), b.data()}, {1, 6}, 1, 3, whole.data());
+  CHECK(whole == std::vector<float>{0, 1, 10, 11, 2, 3, 12, 13, 4, 5, 14, 15});
+  // Along rows, one block: the parts one after the other.
+  ckpt::concat_parts({a.data(), b.data()}, {3, 2}, 0, 1, whole.data());
+  CHECK(whole == std::vector<float>{0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15});
+}
+
+TEST_CASE("a grid checkpoint with a parameter neither split nor replicated cannot be put together") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root, /*leave_one_unmarked=*/true);
+  REQUIRE_THROWS_WITH(for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}),
+                      Contains("parameter 'proj' of unit 'h.0' is neither split nor replicated") &&
+                          Contains("set_split"));
+  fs::remove_all(root);
+}
+
+namespace {
+
+// Part t of T of a whole 1-D or 2-D tensor cut along `axis` in `blocks` blocks, by index
+// arithmetic of its own: along the axis, block b's extent n/blocks is cut into T runs of
+// n/(blocks T), and part t takes run t of every block.
+std::vector<float> cut(const std::vector<float>& whole, const std::vector<std::int64_t>& shape, int axis, int blocks,
+                       int T, int t) {
+  const std::int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  const std::int64_t n = shape[static_cast<std::size_t>(axis)], run = n / blocks / T;
+  auto keep = [&](std::int64_t k) { return (k % (n / blocks)) / run == t; };
+  std::vector<float> part;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      if (keep(axis == 0 ? r : c)) part.push_back(whole[static_cast<std::size_t>(r * cols + c)]);
+  return part;
+}
+
+}  // namespace
+
+TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export of the unsplit model") {
+  // A tiny GPT-2 split as Megatron splits it: QKV by output columns in 3 blocks, the MLP's
+  // up-projection by columns, both down-projections by rows (their biases replicated),
+  // LayerNorms and wpe replicated, wte by vocabulary rows; blocks h.0 on the first stage, h.1
+  // and ln_f on the last, which also holds the tied wte (other values: the first stage's count).
+  plan::GptShape c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 8, c.seq_len = 4, c.vocab_size = 100;
+  const Layout whole = plan::gpt_layout(c);
+  auto split_of = [](const std::string& name) -> std::pair<int, int> {  // {axis, blocks}; axis -1: replicated
+    if (name == "wte.weight") return {0, 1};
+    if (name.ends_with("c_attn.weight")) return {1, 3};
+    if (name.ends_with("c_attn.bias")) return {0, 3};
+    if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return {name.ends_with("weight") ? 1 : 0, 1};
+    if (name.ends_with("c_proj.weight")) return {0, 1};
+    return {-1, 1};
+  };
+  auto values_of = [](int unit, const ParamInfo& p) {
+    std::vector<float> v(static_cast<std::size_t>(p.numel));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(unit) + 0.001f * static_cast<float>(p.offset + static_cast<std::int64_t>(i));
+    return v;
+  };
+  auto stage_of = [](const std::string& unit) { return unit == "embeddings" || unit == "h.0" ? 0 : 1; };
+
+  std::vector<TestUnit> unsplit;
+  std::vector<std::vector<TestUnit>> grid(4);
+  for (int u = 0; u < whole.num_units(); ++u) {
+    const UnitInfo& ui = whole.unit(u);
+    TestUnit one{ui.name, {}};
+    for (const auto& p : ui.params) one.params.push_back({{p.name, p.shape, 0, 0}, values_of(u, p)});
+    unsplit.push_back(one);
+    for (int t = 0; t < 2; ++t) {
+      TestUnit part{ui.name, {}};
+      for (const auto& p : ui.params) {
+        const auto [axis, blocks] = split_of(p.name);
+        TestParam tp{{p.name, p.shape, 0, 0}, values_of(u, p)};
+        if (axis < 0) {
+          tp.meta.replicated = true;
+        } else {
+          tp.values = cut(tp.values, p.shape, axis, blocks, 2, t);
+          tp.meta.shape[static_cast<std::size_t>(axis)] /= 2;
+          tp.meta.split_axis = axis;
+          tp.meta.split_blocks = blocks;
+        }
+        part.params.push_back(std::move(tp));
+      }
+      grid[static_cast<std::size_t>(t + 2 * stage_of(ui.name))].push_back(part);
+      if (ui.name == "embeddings") {  // the last stage's tied copy: wte only, other values
+        TestUnit tied{ui.name, {part.params[0]}};
+        for (auto& v : tied.params[0].values) v += 1000.0f;
+        grid[static_cast<std::size_t>(t + 2)].push_back(tied);
+      }
+    }
+  }
+  // The last stage holds the tied embedding after its own units, as a trainer appends it.
+  for (int t = 0; t < 2; ++t) {
+    auto& last = grid[static_cast<std::size_t>(t + 2)];
+    std::rotate(last.begin(), last.begin() + 1, last.end());
+  }
+
+  const std::string root = temp_dir();
+  write_checkpoint(root + "/whole", 1, 1, 1, {unsplit});
+  write_checkpoint(root + "/grid", 2, 2, 2, grid);
+  hf::ExportOptions o;
+  o.n_head = c.n_head;
+  o.vocab_size = c.vocab_size;
+  hf::export_gpt2(root + "/whole", root + "/hf_whole", o);
+  hf::export_gpt2(root + "/grid", root + "/hf_grid", o);
+  const std::string a = file_bytes(root + "/hf_whole/model.safetensors"), b = file_bytes(root + "/hf_grid/model.safetensors");
+  CHECK(a.size() > 4 * static_cast<std::size_t>(plan::gpt_layout(c).num_params() - 28 * 8));  // the tensors are there
+  CHECK(a == b);
+  CHECK(file_bytes(root + "/hf_whole/config.json") == file_bytes(root + "/hf_grid/config.json"));
+  fs::remove_all(root);
+}
