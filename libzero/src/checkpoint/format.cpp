@@ -29,13 +29,7 @@ namespace {
 constexpr char kMagic[8] = {'Z', 'E', 'R', 'O', 'C', 'K', 'P', 'T'};
 
 const char* kind_name(FileKind k) {
-  switch (k) {
-    case FileKind::metadata: return "metadata";
-    case FileKind::shard: return "shard";
-    case FileKind::rank_state: return "rank state";
-    case FileKind::feedback: return "error feedback";
-  }
-  return "unknown";
+  return k == FileKind::metadata ? "metadata" : (k == FileKind::shard ? "shard" : "rank state");
 }
 
 // Which libzero release writes a format version other than this build's.
@@ -66,7 +60,6 @@ std::string shard_file_name(int rank, int tensor, int pipeline) {
 
 std::string GridMeta::describe() const { return fmt::format("TP {} x PP {}", tensor, pipeline); }
 std::string rank_state_file_name(int rank) { return fmt::format("rank_state_{:05d}.ckpt", rank); }
-std::string feedback_file_name(int rank) { return fmt::format("feedback_{:05d}.ckpt", rank); }
 
 std::string step_dir_name(std::int64_t step) { return fmt::format("step_{:08d}", step); }
 

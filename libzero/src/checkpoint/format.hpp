@@ -3,10 +3,9 @@
 // A checkpoint is one directory per step, <root>/step_00000010/, holding
 //   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
-//   feedback_00000.ckpt ... with qgZ, one per saving rank: its error-feedback buffers (they
-//                        belong to the rank's place in the node layout, so they are not resliced)
-//   rank_state_00000.ckpt ... with gradient compression, one per rank: its own state (PowerSGD's
-//                        error buffers and Q), which differs between ranks and cannot be resliced
+//   rank_state_00000.ckpt ... with PowerSGD or qgZ, one per rank: its own state (PowerSGD's
+//                        error buffers and Q, qgZ's error-feedback buffers), which differs
+//                        between ranks and cannot be resliced
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
@@ -59,7 +58,7 @@ namespace zero::ckpt {
 // 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
 constexpr std::uint32_t kFormatVersion = 2;
 constexpr std::size_t kHeaderBytes = 64;
-enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3, feedback = 4 };
+enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3 };
 
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
@@ -67,7 +66,6 @@ std::string shard_file_name(int rank);     // shard_00003.ckpt
 // A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline stage 0, rank 3).
 std::string shard_file_name(int rank, int tensor, int pipeline);
 std::string rank_state_file_name(int rank);  // rank_state_00003.ckpt
-std::string feedback_file_name(int rank);  // feedback_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
 // The step of a directory name "step_<digits>" (8 or more digits), or -1.
 std::int64_t parse_step_dir_name(const std::string& name);
@@ -198,9 +196,11 @@ struct Metadata {
   std::vector<ShardMeta> shards;
   GridMeta grid;
   std::vector<PositionMeta> positions;  // with a grid: tensor fastest, index t + T x p
-  // Per-rank state beside the shards (rank_state_kind "powersgd"), one file per rank of `world`;
-  // empty when the engine kept none.
+  // Per-rank state beside the shards (EngineState::rank_state), one file per rank of `world`;
+  // empty when the engine kept none. Kind: "powersgd" or "qgz"; layout: what else it belongs to
+  // (EngineState::rank_state_layout; "" when nothing, and absent from the JSON then).
   std::string rank_state_kind;
+  std::string rank_state_layout;
   std::vector<ShardMeta> rank_state;
   ClientState client;
   std::string config_yaml;
@@ -221,19 +221,6 @@ PositionMeta position_from_json(const std::string& text, int world, int tensor, 
 
 void write_metadata_file(const std::string& path, const Metadata& m);
 Metadata read_metadata_file(const std::string& path);
-
-// ---------------------------------------------------------------- error feedback
-
-// One rank's qgZ error-feedback buffers. The index (text) names the layout they belong to
-// (world, nodes, block: EngineState::error_feedback_layout), each array's length and the data's
-// checksum; the fp32 arrays follow, in order.
-void write_feedback_file(const std::string& path, const std::string& layout,
-                         const std::vector<const std::vector<float>*>& arrays);
-// Fills `arrays` from the file when it was written for `layout` with the same lengths and
-// returns ""; otherwise leaves them alone and returns why not (for the log). A damaged file is
-// an error.
-std::string read_feedback_file(const std::string& path, const std::string& layout,
-                               const std::vector<std::vector<float>*>& arrays);
 
 // ---------------------------------------------------------------- shards
 
