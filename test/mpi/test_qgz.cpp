@@ -22,6 +22,7 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/error.hpp"
+#include "zero/groups.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -392,6 +393,12 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
   REQUIRE_THROWS_WITH(Engine(ctx, config(1, "fp32", true, powersgd), make_layout()),
                       Catch::Contains("zero_quantized_gradients applies to stages 2 and 3"));
   REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd), Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
+  // Under tensor parallelism (its per-rank checkpoint files are named by data-parallel rank).
+  if (ctx.world_size() % 2 == 0) {
+    ProcessGroups g(ctx, {.tensor = 2, .pipeline = 1});
+    REQUIRE_THROWS_WITH(Engine(ctx, config(3, "fp32", true), make_layout(), g),
+                        Catch::Contains("zero_quantized_gradients runs without tensor or pipeline parallelism"));
+  }
   if (ctx.world_size() == 4) {
     // Nodes of 3 and 1 ranks: no hierarchy that gives every rank its slice evenly.
     const char* saved = std::getenv("ZERO_RANKS_PER_NODE");
