@@ -10,7 +10,9 @@ to --rate. Per row it measures:
     Not metrics.jsonl's inter_node_bytes: that is rank 0's alone, and with 2 ranks per host rank
     0's ring neighbour shares its host, so it reads 0 while its peers at the node boundary send
     the job's inter-node traffic.
-Rows for later features (qgZ, MiCS, PowerSGD) are more entries in ROWS.
+Rows for later features (MiCS, PowerSGD) are more entries in ROWS. The last line compares plain
+stage 3 with ZeRO++ (hpZ+qwZ+qgZ):
+    slow-link: plain <x> steps/s, zero++ <y> steps/s, speedup <r>x, inter-node bytes/step <a> -> <b>
 
     stage3_slow_link.py [--zero-gpt build/cpu/examples/gpt/zero-gpt] [--rate 50mbit] [--work DIR]
 
@@ -37,6 +39,9 @@ ROWS = [
     ("stage 3 hpZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2"]),
     ("stage 3 hpZ+qwZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2",
                                   "zero_optimization.zero_quantized_weights=true"]),
+    ("stage 3 hpZ+qwZ+qgZ", STAGE3 + ["zero_optimization.zero_hpz_partition_size=2",
+                                      "zero_optimization.zero_quantized_weights=true",
+                                      "zero_optimization.zero_quantized_gradients=true"]),
     # MiCS: states sharded inside each host (2 ranks), replicated across hosts.
     ("stage 3 MiCS", STAGE3 + ["zero_optimization.mics_shard_size=2"]),
     ("stage 0", ["zero_optimization.stage=0"]),
@@ -44,6 +49,8 @@ ROWS = [
     ("stage 0 PowerSGD", ["zero_optimization.stage=0", "gradient_compression.type=powersgd",
                           "gradient_compression.rank=2", "gradient_compression.start_step=2"]),
 ]
+
+PLAIN, ZEROPP = "stage 3", "stage 3 hpZ+qwZ+qgZ"
 
 # The tiny GPT (bytes vocabulary) at a test's size: every run takes seconds on a 2-core machine.
 TINY = ["scheduler.params.warmup_num_steps=2", "steps_per_print=1", "model.n_layer=2", "model.n_embd=32",
@@ -111,8 +118,9 @@ def main():
     shape = (a.hosts, a.ranks_per_host)
     print(f"stage3_slow_link: zero-gpt on {a.hosts} hosts x {a.ranks_per_host} ranks, host links {a.rate} "
           f"(reference {a.fast_rate}), {a.steps} steps; overrides: {' '.join(a.set) or 'none'}")
-    print(f"{'row':<16} {'steps/s':>8} {'tokens/s':>9} {'steps/s @' + a.fast_rate:>16} {'waiting':>8} "
+    print(f"{'row':<20} {'steps/s':>8} {'tokens/s':>9} {'steps/s @' + a.fast_rate:>16} {'waiting':>8} "
           f"{'inter-node B/step (wire)':>25}")
+    measured = {}  # name: (steps/s, inter-node bytes per step on the wire)
     try:
         for name, row_sets in ROWS:
             tag = name.replace(" ", "_")
@@ -124,11 +132,15 @@ def main():
             steps_s, tok_s = steady(recs)
             fast_steps_s, _ = steady(fast_recs)
             wire = (sent_long - sent_short) / (a.steps - a.short_steps)
-            print(f"{name:<16} {steps_s:8.2f} {tok_s:9.0f} {fast_steps_s:16.2f} {1 - steps_s / fast_steps_s:8.0%} "
+            measured[name] = (steps_s, wire)
+            print(f"{name:<20} {steps_s:8.2f} {tok_s:9.0f} {fast_steps_s:16.2f} {1 - steps_s / fast_steps_s:8.0%} "
                   f"{wire:25.0f}", flush=True)
     except Skip as e:
         print(f"stage3_slow_link: SKIPPED: {e}")
         sys.exit(77)
+    (plain, plain_bytes), (zpp, zpp_bytes) = measured[PLAIN], measured[ZEROPP]
+    print(f"slow-link: plain {plain:.2f} steps/s, zero++ {zpp:.2f} steps/s, speedup {zpp / plain:.2f}x, "
+          f"inter-node bytes/step {plain_bytes:.0f} -> {zpp_bytes:.0f}")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ nlohmann::json plan_json(const Plan& p) {
                         {"pipeline_parallel", s.pipeline_parallel},
                         {"hpz_partition_size", s.hpz_partition_size},
                         {"quantized_weights", s.quantized_weights},
+                        {"quantized_gradients", s.quantized_gradients},
                         {"mics_shard_size", s.mics_shard_size},
                         {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
@@ -69,6 +70,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"nvme_bytes", m.nvme_bytes},
           {"model_state_bytes", m.states.device()},
           {"hpz_secondary_bytes", m.states.secondary},
+          {"qgz_error_feedback_bytes", m.states.error_feedback},
           {"activation_bytes", m.activations},
           {"memory_stage", p.memory_stage},
           {"step_s", p.time.step_s},
@@ -108,6 +110,8 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers),
              bytes(m.gathered), bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
   if (m.states.secondary > 0) fmt::print("                 + hpZ secondary shards {}\n", bytes(m.states.secondary));
+  if (m.states.error_feedback > 0)
+    fmt::print("                 + qgZ error feedback {}\n", bytes(m.states.error_feedback));
   fmt::print("host {:>10} per GPU = offloaded states {} + pinned buffers {} + overhead {}   (of {})\n",
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));

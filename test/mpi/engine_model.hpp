@@ -3,6 +3,7 @@
 // loop, and an independent single-process reference that applies the same global batch.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -35,6 +36,22 @@ inline Layout make_mixed_decay_layout() {
   l.decay_matrices_only();
   l.set_decay(l.find_unit("big"), "w", true);
   return l;
+}
+
+// How far apart two models' weights (units of values) are: the largest |a - b|, and the
+// largest |a|, for checks of the form "within x% of a's largest weight".
+struct WeightDifference {
+  float worst = 0.0f, largest = 0.0f;
+};
+inline WeightDifference weight_difference(const std::vector<std::vector<float>>& a,
+                                          const std::vector<std::vector<float>>& b) {
+  WeightDifference d;
+  for (std::size_t u = 0; u < a.size(); ++u)
+    for (std::size_t i = 0; i < a[u].size(); ++i) {
+      d.largest = std::max(d.largest, std::abs(a[u][i]));
+      d.worst = std::max(d.worst, std::abs(b[u][i] - a[u][i]));
+    }
+  return d;
 }
 
 // Deterministic values in [-1, 1) from two integers.

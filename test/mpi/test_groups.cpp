@@ -219,6 +219,37 @@ TEST_CASE("a receive that does not match its send is an error naming both ranks 
   ctx.comm().barrier();
 }
 
+
+TEST_CASE("all_to_all delivers block j to rank j and counts each block on its destination's side") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size(), r = ctx.rank();
+  ProcessGroups g(ctx);
+  Communicator& c = g.data();
+  const int per = simulated_per_node() ? simulated_per_node() : world;
+  for (DType t : {DType::f32, DType::bf16})
+    for (std::size_t n : {0u, 1u, 37u}) {
+      INFO(dtype_name(t) << ", " << n << " elements per rank");
+      std::vector<char> send(n * dtype_size(t) * static_cast<std::size_t>(world) + 1),
+          recv(n * dtype_size(t) * static_cast<std::size_t>(world) + 1);
+      // Integers below 256: exact in bf16 (up to 4 ranks).
+      auto value = [](int from, int to, std::size_t i) {
+        return static_cast<float>(from * 32 + to * 8 + static_cast<int>(i % 8));
+      };
+      for (int j = 0; j < world; ++j)
+        for (std::size_t i = 0; i < n; ++i) store_from_f32(send.data(), static_cast<std::size_t>(j) * n + i, t, value(r, j, i));
+      const TrafficBytes before = c.traffic();
+      c.all_to_all(send.data(), recv.data(), n, t);
+      const TrafficBytes d = c.traffic() - before;
+      for (int j = 0; j < world; ++j)
+        for (std::size_t i = 0; i < n; ++i)
+          REQUIRE(load_as_f32(recv.data(), static_cast<std::size_t>(j) * n + i, t) == value(j, r, i));
+      std::int64_t intra = 0, inter = 0;
+      for (int j = 0; j < world; ++j)
+        if (j != r) (j / per == r / per ? intra : inter) += static_cast<std::int64_t>(n * dtype_size(t));
+      REQUIRE(d.intra_node == intra);
+      REQUIRE(d.inter_node == inter);
+    }
+}
 namespace {
 // This rank's groups as lists of world ranks, read off a grid.
 ExplicitGroups lists_of(const ProcessGroups& g) {

@@ -112,12 +112,7 @@ TEST_CASE("qwZ: int8 parameter gathers train close to plain stage 3, determinist
     REQUIRE(q.master == again.master);  // deterministic
     // Every gathered value is within max|x|/254 of its block of 16, the master weights are
     // exact: after 30 steps the weights stay within 2% of plain's largest, the norms within 2%.
-    float largest = 0, worst = 0;
-    for (std::size_t u = 0; u < plain.master.size(); ++u)
-      for (std::size_t i = 0; i < plain.master[u].size(); ++i) {
-        largest = std::max(largest, std::abs(plain.master[u][i]));
-        worst = std::max(worst, std::abs(q.master[u][i] - plain.master[u][i]));
-      }
+    const auto [worst, largest] = weight_difference(plain.master, q.master);
     INFO("largest weight difference " << worst << " of " << largest);
     REQUIRE(worst <= 0.02f * largest);
     if (world > 1) REQUIRE(worst > 0.0f);  // the gathers did go through int8

@@ -2,7 +2,8 @@
 // every stage, optimizer offload (none, cpu, nvme), parameter offload to NVMe at stage 3,
 // compute dtype, fp32 gradient accumulation under bf16 (data_types.grad_accum_dtype), and the world size this test runs at (ctest runs it at 1, 2, 3 and 4 ranks),
 // on a small GPT layout whose units pad differently at each world size; and for MiCS
-// (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes.
+// (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes, and
+// qgZ's error-feedback buffers (zero_quantized_gradients) at stages 2 and 3.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -112,5 +113,23 @@ TEST_CASE("plan model states equal engine.memory() with MiCS and hpZ", "[plan][m
         CHECK(m.secondary == r.secondary);
         if (hpz) CHECK(r.secondary > 0);
       }
+    }
+}
+
+TEST_CASE("plan model states equal engine.memory() with qgZ's error feedback", "[plan][mpi]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  for (int stage : {2, 3})
+    DYNAMIC_SECTION("stage " << stage << " qgZ, " << world << " ranks") {
+      const Config cfg = make_config(stage, "none", "none", "bf16", "", "  zero_quantized_gradients: true\n");
+      Engine engine(ctx, cfg, plan::gpt_layout(shape));
+      engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
+      zero_step(engine);
+      const MemoryReport r = engine.memory();
+      const plan::ModelStates m = plan::model_states(plan::gpt_layout(shape), plan::settings_from(cfg), world);
+      CHECK(m.device() == r.params + r.grads + r.master + r.optimizer);
+      CHECK(m.error_feedback == r.error_feedback);
+      if (world > 1) CHECK(r.error_feedback > 0);
     }
 }

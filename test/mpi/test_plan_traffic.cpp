@@ -1,7 +1,7 @@
 // zero-plan's bytes per step inside and across nodes (plan::step_traffic) equal what the GPT
 // trainer's engine counts (Engine::traffic()) over a training step, for every stage, dtype,
 // the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ, qwZ and
-// MiCS.
+// MiCS, and qgZ (stages 2 and 3, with and without hpZ and qwZ).
 // ctest runs it at 2 ranks on one node and at 4 ranks on two simulated nodes of two.
 #include <catch2/catch.hpp>
 
@@ -48,12 +48,15 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
   const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 64\n";
   // MiCS: two groups of world / 2 (one per simulated node at 4 ranks; of 1 rank at 2).
   const std::string mics = "  mics_shard_size: " + std::to_string(std::max(1, world / 2)) + "\n";
+  const std::string qgz = "  zero_quantized_gradients: true\n", block = "  zero_quantized_weights_block_size: 48\n";
   const std::vector<std::string> cases = {
       "  stage: 0\n", "  stage: 1\n", "  stage: 2\n", "  stage: 3\n",
       "  stage: 1\n  reduce_scatter: false\n", "  stage: 2\n  reduce_scatter: false\n",
       regather, regather + hpz, regather + qwz, regather + hpz + qwz, "  stage: 3\n" + hpz,
       "  stage: 1\n" + mics, "  stage: 2\n" + mics, "  stage: 3\n" + mics, regather + mics,
       "  stage: 1\n  reduce_scatter: false\n" + mics,
+      "  stage: 2\n" + qgz + block, "  stage: 3\n" + qgz + block, regather + qgz + block,
+      "  stage: 3\n" + hpz + qgz + block, "  stage: 3\n" + qwz + qgz, regather + hpz + qwz + qgz,
   };
   for (const std::string& keys : cases)
     for (bool bf16 : {false, true}) {
@@ -99,6 +102,14 @@ TEST_CASE("plan::step_traffic: hpZ and qwZ send fewer bytes across nodes than pl
   hq.quantized_weights = true;
   CHECK(inter(h) < plain);
   CHECK(inter(hq) < inter(h));
+  // qgZ: int4 gradient slices across nodes instead of the compute dtype's reduce-scatter.
+  zero::plan::Settings hqg = hq;
+  hqg.quantized_gradients = true;
+  CHECK(inter(hqg) < inter(hq));
+  zero::plan::Settings g = s;
+  g.stage = 1;
+  g.quantized_gradients = true;
+  REQUIRE_THROWS_WITH(zero::plan::step_traffic(layout, g, 4, 2, 0), Catch::Matchers::Contains("stages 2 and 3"));
   // Rank 0's successor is on its own node: with 2 ranks per node only ranks 1 and 3 send across.
   CHECK(zero::plan::step_traffic(layout, s, 4, 2, 0).inter_node == 0);
   REQUIRE_THROWS_WITH(zero::plan::step_traffic(layout, s, 4, 2, 4), Catch::Matchers::Contains("not a rank"));

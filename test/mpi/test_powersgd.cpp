@@ -330,7 +330,7 @@ TEST_CASE("PowerSGD: an fp16 overflow skips the step and leaves error and Q unto
   const int me = ctx().rank(), world = ctx().world_size();
   train(e, me, world, 0, 2);
   EngineState st(e);
-  const std::vector<float> before = st.compression_state();
+  const std::vector<float> before = st.rank_state();
   REQUIRE(!before.empty());
   // Step 2, with an infinity in rank 0's gradient of the first unit.
   const int n = e.layout().num_units();
@@ -345,9 +345,9 @@ TEST_CASE("PowerSGD: an fp16 overflow skips the step and leaves error and Q unto
   const StepResult r = e.step();
   CHECK(r.overflow);
   CHECK(r.skipped);
-  CHECK(st.compression_state() == before);
+  CHECK(st.rank_state() == before);
   train(e, me, world, 3, 1);
-  CHECK(st.compression_state() != before);
+  CHECK(st.rank_state() != before);
 }
 
 TEST_CASE("PowerSGD: bad combinations are clear errors", "[powersgd]") {
@@ -385,7 +385,7 @@ TEST_CASE("PowerSGD: a checkpoint keeps the error buffers and Q, resume is bit f
       e.init_params(init_value);
       train(e, me, world, 0, 3);
       save_checkpoint(e, root);
-      state_at_save = EngineState(e).compression_state();
+      state_at_save = EngineState(e).rank_state();
       train(e, me, world, 3, 3);
       for (int u = 0; u < e.layout().num_units(); ++u) straight.push_back(e.full_params(u));
     }
@@ -393,8 +393,8 @@ TEST_CASE("PowerSGD: a checkpoint keeps the error buffers and Q, resume is bit f
       Engine e(ctx(), run_config(c), make_layout());
       load_checkpoint(e, root);
       EngineState st(e);
-      if (!drop) CHECK(st.compression_state() == state_at_save);
-      if (drop) st.set_compression_state({});  // as a resume at another world size does
+      if (!drop) CHECK(st.rank_state() == state_at_save);
+      if (drop) st.set_rank_state({});  // as a resume at another world size does
       train(e, me, world, 3, 3);
       auto& out = drop ? reset : resumed;
       for (int u = 0; u < e.layout().num_units(); ++u) out.push_back(e.full_params(u));
@@ -417,17 +417,17 @@ TEST_CASE("PowerSGD: a checkpoint keeps the error buffers and Q, resume is bit f
   std::vector<float> fresh;
   {
     Engine e(ctx(), run_config(Run{}), make_layout());
-    fresh = EngineState(e).compression_state();
+    fresh = EngineState(e).rank_state();
     e.init_params(init_value);
     train(e, me, world, 0, 2);
-    CHECK(EngineState(e).compression_state() != fresh);
+    CHECK(EngineState(e).rank_state() != fresh);
     load_checkpoint(e, root + "/plain");
-    CHECK(EngineState(e).compression_state() == fresh);
+    CHECK(EngineState(e).rank_state() == fresh);
     save_checkpoint(e, root + "/psgd");
   }
   Engine e(ctx(), run_config(plain), make_layout());
   load_checkpoint(e, root + "/psgd");
-  CHECK(EngineState(e).compression_state().empty());
+  CHECK(EngineState(e).rank_state().empty());
   train(e, me, world, 2, 1);
 }
 

@@ -109,10 +109,12 @@ class Work {
 // says what a node is). Counted by the ring model that NCCL's and MPI's large-message algorithms
 // follow, rank r sending to rank r+1 (mod size): an all-gather of s bytes per rank sends
 // (size-1)s, a reduce-scatter of s result bytes per rank (size-1)s, an all-reduce of b bytes
-// 2(size-1)ceil(b/size), a broadcast of b bytes b unless the next rank is the root; a
-// point-to-point send of b bytes counts b, inside or across nodes by where the peer is (a
-// receive counts nothing: the sender counts it). Payload bytes
-// in the collective's dtype: the host communicator's fp32 staging of 16-bit sums is not counted.
+// 2(size-1)ceil(b/size), a broadcast of b bytes b unless the next rank is the root. An all-to-all
+// sends each block straight to its rank, so each block of s bytes counts toward that rank's side
+// of the node boundary ((size-1)s in all); a point-to-point send of b bytes counts b, inside or
+// across nodes by where the peer is (a receive counts nothing: the sender counts it). Payload
+// bytes in the collective's dtype: the host communicator's fp32 staging of 16-bit sums is not
+// counted.
 struct TrafficBytes {
   std::int64_t intra_node = 0;
   std::int64_t inter_node = 0;
@@ -142,6 +144,9 @@ class Communicator {
   // send holds send_count elements; recv gets size()*send_count, rank r's block at r*send_count.
   // send may alias recv + rank()*send_count (in place).
   virtual Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) = 0;
+  // send holds size()*count elements, block j for rank j; recv (not overlapping send) gets
+  // size()*count elements, block j from rank j. The elements are copied, never combined.
+  virtual Work all_to_all_async(const void* send, void* recv, std::size_t count, DType t) = 0;
   virtual Work broadcast_async(void* buf, std::size_t bytes, int root) = 0;
   virtual Work barrier_async() = 0;
 
@@ -154,6 +159,9 @@ class Communicator {
   }
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t) {
     all_gather_async(send, recv, send_count, t).wait();
+  }
+  void all_to_all(const void* send, void* recv, std::size_t count, DType t) {
+    all_to_all_async(send, recv, count, t).wait();
   }
   void broadcast(void* buf, std::size_t bytes, int root) { broadcast_async(buf, bytes, root).wait(); }
   void barrier() { barrier_async().wait(); }

@@ -171,6 +171,7 @@ struct MemoryReport {
   std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers
   std::int64_t gathered = 0;        // peak of full units gathered at stage 3
   std::int64_t secondary = 0;       // hpZ's secondary shards (zero_hpz_partition_size > 1)
+  std::int64_t error_feedback = 0;  // qgZ's fp32 error-feedback buffers (zero_quantized_gradients)
   std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine
   std::int64_t offloaded_nvme = 0;  // bytes kept on NVMe
   std::int64_t model_state() const { return params + grads + master + optimizer; }

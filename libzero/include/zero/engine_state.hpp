@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "zero/comm.hpp"
@@ -75,17 +76,26 @@ class EngineState {
   // All-gathers of stage-3 units started so far, prefetches included.
   std::int64_t unit_all_gathers() const;
 
+
   // Throws unless the engine is between steps: no partial accumulation, no held UnitParams.
   // `what` names the caller in the message.
   void check_between_steps(const char* what) const;
   // The owned range of one tensor of `unit`: which 0 is the master, 1.. the moments.
   void read_owned(int unit, int which, float* owned) const;
   void write_owned(int unit, int which, const float* owned);
-  // Gradient compression's state on this rank (PowerSGD: every matrix's Q, then its error
-  // buffer, engine/powersgd.hpp); empty without compression. It differs between ranks.
-  // set_compression_state({}) puts back the start's state (zero error, the seeded Q).
-  std::vector<float> compression_state() const;
-  void set_compression_state(const std::vector<float>& s);
+  // State of this rank's own that no other rank holds, saved one file per rank beside the
+  // shards (the checkpoint metadata's `rank_state`): PowerSGD's (gradient_compression: every
+  // matrix's Q, then its error buffer, engine/powersgd.hpp) or qgZ's error-feedback buffers
+  // (zero_quantized_gradients: every unit's intra-node then inter-node errors). At most one kind
+  // per engine (PowerSGD runs at stages 0-1, qgZ at 2-3). rank_state_kind(): "powersgd", "qgz",
+  // or "" (none; rank_state() is then empty). rank_state_layout(): what the state belongs to
+  // besides the world size, which a resume must match ("" for PowerSGD, whose sizes say it;
+  // qgZ: "2 nodes x 2 ranks, block 256", a rank's place among the nodes).
+  // set_rank_state({}) puts back the start's state (zero errors, PowerSGD's seeded Q).
+  std::string rank_state_kind() const;
+  std::string rank_state_layout() const;
+  std::vector<float> rank_state() const;
+  void set_rank_state(const std::vector<float>& s);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss
   // scaler's state when restore_scaler). The loop's rate is restored where the config lets the

@@ -184,7 +184,8 @@ struct Settings {
   std::int64_t max_reuse_distance = 1000000000;  // stage3_max_reuse_distance
   int hpz_partition_size = 1;                    // zero_hpz_partition_size
   bool quantized_weights = false;                // zero_quantized_weights
-  std::int64_t quantized_weights_block_size = 256;
+  std::int64_t quantized_weights_block_size = 256;  // qwZ's and qgZ's
+  bool quantized_gradients = false;                // zero_quantized_gradients (qgZ), stages 2-3
   // MiCS (zero_optimization.mics_shard_size, stages 1-3): model states sharded over groups of
   // this many data-parallel ranks, replicated across them; -1: over every data-parallel rank.
   int mics_shard_size = -1;
@@ -208,14 +209,18 @@ struct ModelStates {
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
   std::int64_t host = 0, nvme = 0;
   std::int64_t secondary = 0;
+  std::int64_t error_feedback = 0;  // qgZ's fp32 buffers: MemoryReport::error_feedback
   std::int64_t device() const { return params + grads + master + optimizer; }
 };
 // `world`: the data-parallel ranks. With MiCS the states are sharded over its groups
 // (Settings::shard_ranks): the stage formulas with mics_shard_size in place of the world. hpZ
-// adds one chunk of every sharded unit: 1/hpz_partition_size of it in the compute dtype.
+// adds one chunk of every sharded unit: 1/hpz_partition_size of it in the compute dtype. qgZ
+// keeps in fp32 all that a rank sends of every unit's gradient, (L-1) M + (M-1) = world - 1
+// slices for M nodes of L ranks, whatever the node layout.
 ModelStates model_states(const Layout& layout, const Settings& s, int world);
 // Throws zero::Error unless the engine accepts the MiCS setting at this stage and data-parallel
-// size (stages 1-3, a divisor, not with hpZ; named after the config key).
+// size (stages 1-3, a divisor, not with hpZ; named after the config key), and qgZ's (stages
+// 2-3, reduce_scatter on, not with MiCS).
 void check_groups(const Settings& s, int data_parallel);
 
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
@@ -244,7 +249,9 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // stage 3 the parameter gathers in the GPT trainer's order (embeddings, blocks, ln_f; then
 // ln_f and the blocks backwards, the embeddings held for the whole micro-step) with the
 // gatherer's keep rule (stage3_max_reuse_distance), hpZ's in-group re-gathers and qwZ's int8
-// packing; with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
+// packing; qgZ's two all-to-alls per unit and micro-step in place of the reduce-scatter (int8
+// blocks to the L-1 node peers, M slices each; int4 blocks to the M-1 other nodes, one slice
+// each; every message rounded up to whole 4-byte words, as quant::packed_bytes); with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
 // gradient slice and of the norm. A steady-state step: the run's first micro-step records the gather order and keeps
 // nothing, so the first step gathers more. Equals Engine::traffic() over such a step (tested
 // against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.

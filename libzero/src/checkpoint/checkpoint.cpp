@@ -165,38 +165,52 @@ std::string split_text(bool replicated, int axis, int blocks) {
   return fmt::format("split along axis {}{}", axis, blocks > 1 ? fmt::format(" in {} blocks", blocks) : "");
 }
 
-// Gradient compression keeps state of its own on each rank (PowerSGD's error buffers and Q).
-bool compresses(const EngineState& e) { return e.config().gradient_compression.type != CompressionType::none; }
+// What a kind of per-rank state is, and what a run without it starts from (for the log).
+std::string rank_state_what(const std::string& kind) {
+  if (kind == "powersgd") return "PowerSGD's error buffers and Q";
+  if (kind == "qgz") return "qgZ's error-feedback buffers";
+  return "per-rank state of kind '" + kind + "'";
+}
+std::string rank_state_start(const std::string& kind) {
+  return kind == "powersgd" ? "zero error buffers and the seeded Q" : "zero (under one step's quantization error)";
+}
 
-// Restores this rank's compression state where the checkpoint holds it for this world size.
-// Otherwise (another world size, a checkpoint saved without compression, another rank R) the
-// run continues from zero error buffers and the seeded Q, as at a start, and says so: the
-// error buffers are one rank's share of what was not yet sent, with no meaning for another
-// rank count.
+// Restores this rank's own state (EngineState::rank_state: PowerSGD's or qgZ's) where the
+// checkpoint holds it of the same kind, for this world size and layout. Otherwise (another world
+// size or node layout, a checkpoint saved without it, another PowerSGD rank) the run continues
+// from the start's state, and rank 0 says why: the state is one rank's share of what was not
+// yet sent, with no meaning for another place among the ranks. The decision rests on the
+// metadata and the sizes, the same on every rank.
 void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
   const ckpt::Metadata& m = r.meta();
   const bool lead = e.rank() == 0;
-  if (!compresses(e)) {
+  const std::string kind = e.rank_state_kind();
+  if (kind.empty()) {
     if (lead && !m.rank_state.empty())
-      log_info("load_checkpoint: the checkpoint's per-rank {} state (error buffers, Q) is not used: this run "
-               "compresses no gradients",
-               m.rank_state_kind);
+      log_info("load_checkpoint: the checkpoint's per-rank {} are not used: this run keeps none",
+               rank_state_what(m.rank_state_kind));
     return;
   }
   std::vector<float> s;
   std::string why;
-  if (m.rank_state.empty()) why = "the checkpoint holds none (saved without gradient compression)";
+  const std::string layout = e.rank_state_layout();
+  if (m.rank_state.empty()) why = "the checkpoint holds none (saved without them)";
+  else if (m.rank_state_kind != kind) why = "the checkpoint holds " + rank_state_what(m.rank_state_kind) + " instead";
   else if (m.world != e.world_size()) why = fmt::format("it was saved by {} ranks, this run has {}", m.world, e.world_size());
+  else if (m.rank_state_layout != layout)
+    why = fmt::format("they were saved for {}, this run is {}", m.rank_state_layout, layout);
   else s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
                                       m.rank_state[static_cast<std::size_t>(e.rank())]);
-  if (why.empty() && s.size() != e.compression_state().size()) {
-    why = fmt::format("it holds {} values per rank, this run's matrices {} (another rank or min_compression_rate?)",
-                      s.size(), e.compression_state().size());
+  const std::size_t want = e.rank_state().size();
+  if (why.empty() && s.size() != want) {
+    why = fmt::format("they hold {} values per rank, this run's {}{}", s.size(), want,
+                      kind == "powersgd" ? " (another rank or min_compression_rate?)" : " (another layout of units?)");
     s.clear();
   }
   if (lead && !why.empty())
-    log_warning("load_checkpoint: PowerSGD starts again from zero error buffers and its seeded Q: {}", why);
-  e.set_compression_state(s);  // empty: the start's state
+    log_warning("load_checkpoint: {} start again from {}: {}; the rest of the state is restored in full",
+                rank_state_what(kind), rank_state_start(kind), why);
+  e.set_rank_state(s);  // empty: the start's state
 }
 
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
@@ -330,13 +344,14 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   });
   try {
     ckpt::ShardMeta mine, mine_state;
-    const bool rank_state = compresses(e);
+    const std::string state_kind = e.rank_state_kind();
+    const bool rank_state = !state_kind.empty();
     agree(comm, [&] {
       // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
       if (e.writes_shards()) {
         mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
         if (rank_state)
-          mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.compression_state());
+          mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.rank_state());
       }
       fail_point("after_shard");
     });
@@ -350,8 +365,9 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
       if (rank_state) states.push_back({ckpt::rank_state_file_name(r), v[2], v[3]});
     }
     ckpt::Metadata meta = make_metadata(e, st, client, std::move(shards));
-    if (rank_state) {  // (gradient compression runs without tensor or pipeline parallelism)
-      meta.rank_state_kind = to_string(e.config().gradient_compression.type);
+    if (rank_state) {  // (PowerSGD and qgZ run without tensor or pipeline parallelism)
+      meta.rank_state_kind = state_kind;
+      meta.rank_state_layout = e.rank_state_layout();
       meta.rank_state = std::move(states);
     }
     if (at.grid.split()) {
@@ -410,8 +426,8 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
     }
     total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
   }
-  if (compresses(e))
-    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.compression_state().size() * sizeof(float));
+  if (!e.rank_state_kind().empty())  // one per rank, as large on every rank
+    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.rank_state().size() * sizeof(float));
   // Under a grid every position saves its own shards: the model group holds one of each.
   if (e.model_parallel())
     total = static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));

@@ -211,6 +211,22 @@ void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]) {
   put64(out + 56, checksum(out, 56));
 }
 
+void write_small_file(const std::string& path, FileKind kind, const std::string& index, const std::string& data) {
+  FileHeader h;
+  h.kind = kind;
+  h.payload_bytes = index.size() + data.size();
+  h.index_bytes = index.size();
+  h.index_checksum = checksum(index.data(), index.size());
+  unsigned char head[kHeaderBytes];
+  encode_header(h, head);
+  Fd f = Fd::create(path);
+  f.pwrite_all(head, kHeaderBytes, 0);
+  f.pwrite_all(index.data(), index.size(), kHeaderBytes);
+  f.pwrite_all(data.data(), data.size(), kHeaderBytes + index.size());
+  f.sync();
+  f.close();
+}
+
 FileHeader read_header(const Fd& f, FileKind expect) {
   const std::string& p = f.path();
   std::uint64_t size = f.size();

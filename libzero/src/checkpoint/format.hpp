@@ -3,8 +3,9 @@
 // A checkpoint is one directory per step, <root>/step_00000010/, holding
 //   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
-//   rank_state_00000.ckpt ... with gradient compression, one per rank: its own state (PowerSGD's
-//                        error buffers and Q), which differs between ranks and cannot be resliced
+//   rank_state_00000.ckpt ... with PowerSGD or qgZ, one per rank: its own state (PowerSGD's
+//                        error buffers and Q, qgZ's error-feedback buffers), which differs
+//                        between ranks and cannot be resliced
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
@@ -132,6 +133,8 @@ struct FileHeader {
   std::uint64_t index_checksum = 0;
 };
 void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]);
+// Creates `path` holding the header of `kind` and the payload `index` then `data`, fsync'd.
+void write_small_file(const std::string& path, FileKind kind, const std::string& index, const std::string& data = {});
 // Checks the file size, magic, version, header checksum and kind; errors name `path`. A file of
 // another format version is refused with the libzero release that writes that version.
 FileHeader read_header(const Fd& f, FileKind expect);
@@ -193,9 +196,11 @@ struct Metadata {
   std::vector<ShardMeta> shards;
   GridMeta grid;
   std::vector<PositionMeta> positions;  // with a grid: tensor fastest, index t + T x p
-  // Per-rank state beside the shards (rank_state_kind "powersgd"), one file per rank of `world`;
-  // empty when the engine kept none.
+  // Per-rank state beside the shards (EngineState::rank_state), one file per rank of `world`;
+  // empty when the engine kept none. Kind: "powersgd" or "qgz"; layout: what else it belongs to
+  // (EngineState::rank_state_layout; "" when nothing, and absent from the JSON then).
   std::string rank_state_kind;
+  std::string rank_state_layout;
   std::vector<ShardMeta> rank_state;
   ClientState client;
   std::string config_yaml;

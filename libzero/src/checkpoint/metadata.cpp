@@ -218,7 +218,11 @@ std::string Metadata::to_json() const {
     d["units"] = units_json(units, world);
     d["shards"] = file_list(shards);
   }
-  if (!rank_state.empty()) d["rank_state"] = {{"kind", rank_state_kind}, {"files", file_list(rank_state)}};
+  if (!rank_state.empty()) {
+    json::Json rs = {{"kind", rank_state_kind}, {"files", file_list(rank_state)}};
+    if (!rank_state_layout.empty()) rs["layout"] = rank_state_layout;
+    d["rank_state"] = std::move(rs);
+  }
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -305,9 +309,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   }
   if (d.has("rank_state")) {
     json::Field rs = d.at("rank_state");
-    rs.expect_keys({"kind", "files"});
+    rs.expect_keys({"kind", "files"}, {"layout"});
     m.rank_state_kind = rs.at("kind").str();
-    if (m.rank_state_kind != "powersgd") rs.at("kind").fail("is not \"powersgd\"");
+    if (m.rank_state_kind != "powersgd" && m.rank_state_kind != "qgz")
+      rs.at("kind").fail("is not \"powersgd\" or \"qgz\"");
+    if (rs.has("layout")) m.rank_state_layout = rs.at("layout").str();
     m.rank_state = parse_file_list(rs.at("files"), m.world, "files", rank_state_file_name);
   }
 
@@ -318,18 +324,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
 }
 
 void write_metadata_file(const std::string& path, const Metadata& m) {
-  std::string payload = m.to_json();
-  FileHeader h;
-  h.kind = FileKind::metadata;
-  h.payload_bytes = h.index_bytes = payload.size();
-  h.index_checksum = checksum(payload.data(), payload.size());
-  unsigned char head[kHeaderBytes];
-  encode_header(h, head);
-  Fd f = Fd::create(path);
-  f.pwrite_all(head, kHeaderBytes, 0);
-  f.pwrite_all(payload.data(), payload.size(), kHeaderBytes);
-  f.sync();
-  f.close();
+  write_small_file(path, FileKind::metadata, m.to_json());  // the index is the whole payload
 }
 
 Metadata read_metadata_file(const std::string& path) {

@@ -254,6 +254,7 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   nm.stage = stage < 0 ? old.stage : stage;
   // Per-rank state (PowerSGD's error buffers and Q) has no meaning at another slicing: dropped.
   nm.rank_state_kind.clear();
+  nm.rank_state_layout.clear();
   nm.rank_state.clear();
 
   // An offline tool never rolls a root back: into a root with newer steps it refuses.

@@ -31,10 +31,12 @@ int checked_count(std::size_t n, const char* what) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
-enum Kind : int { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllReduceScalar, kSend, kRecv, kKinds };
+enum Kind : int {
+  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllReduceScalar, kSend, kRecv, kAllToAll, kKinds
+};
 const char* kind_name(std::int64_t k) {
-  static const char* names[kKinds] = {"all_reduce", "reduce_scatter",    "all_gather", "broadcast",
-                                      "barrier",    "all_reduce_scalar", "send",       "recv"};
+  static const char* names[kKinds] = {"all_reduce", "reduce_scatter",    "all_gather", "broadcast", "barrier",
+                                      "all_reduce_scalar", "send",       "recv",       "all_to_all"};
   return k >= 0 && k < kKinds ? names[k] : "an unknown collective";
 }
 // Side-channel tags: a rank past its deadline sends a query; a waiting rank answers with the
@@ -186,6 +188,14 @@ void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int ro
   const std::int64_t n = size_, esize = static_cast<std::int64_t>(dtype_size(t));
   const std::int64_t c = static_cast<std::int64_t>(count);
   std::int64_t bytes = 0;
+  if (kind == kAllToAll) {  // each block goes straight to its rank
+    for (int j = 0; j < size_; ++j)
+      if (j != rank_)
+        (node_of_[static_cast<std::size_t>(j)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
+                                                                                             : traffic_.inter_node) +=
+            c * esize;
+    return;
+  }
   switch (kind) {
     case kAllGather:
     case kReduceScatter: bytes = (n - 1) * c * esize; break;
@@ -424,6 +434,15 @@ Work MpiCommunicator::all_gather_async(const void* send, void* recv, std::size_t
   const Call call = next_call(kAllGather, send_count, t);
   MPI_Request req;
   ZERO_MPI_CHECK(MPI_Iallgather(src, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &req));
+  return Work(std::make_unique<MpiWork>(this, call, req, nullptr));
+}
+
+Work MpiCommunicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType t) {
+  const int bytes = checked_count(count * dtype_size(t), "all_to_all (bytes per rank)");
+  checked_count(count * dtype_size(t) * static_cast<std::size_t>(size_), "all_to_all (bytes)");
+  const Call call = next_call(kAllToAll, count, t);
+  MPI_Request req;
+  ZERO_MPI_CHECK(MPI_Ialltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm_, &req));
   return Work(std::make_unique<MpiWork>(this, call, req, nullptr));
 }
 

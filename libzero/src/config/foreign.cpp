@@ -117,8 +117,6 @@ const std::vector<Foreign>& foreign_keys() {
        "a performance hint: MiCS's parameter gathers run inside its group (make it a node)"},
       {"zero_optimization.zero_quantized_nontrainable_weights", Policy::refused, "false",
        "quantized weights change the result"},
-      {"zero_optimization.zero_quantized_gradients", Policy::refused, "false",
-       "quantized gradient reduction changes the result"},
       {"zero_optimization.cpu_offload", Policy::refused, "false",
        "is DeepSpeed's old spelling; write offload_optimizer: {device: cpu}"},
       {"zero_optimization.cpu_offload_params", Policy::refused, "false",

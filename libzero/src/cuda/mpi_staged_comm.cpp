@@ -116,6 +116,16 @@ Work MpiStagedCommunicator::all_gather_async(const void* send, void* recv, std::
   return Work(std::make_unique<StagedWork>(this, std::move(w), std::move(h), result, recv, total));
 }
 
+Work MpiStagedCommunicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType t) {
+  const std::size_t total = count * dtype_size(t) * static_cast<std::size_t>(size());
+  // One pinned buffer: what goes out in its first half, what comes in in its second.
+  offload::PinnedBuffer h = take(2 * total, "all_to_all");
+  stage_in(h.data(), send, total);
+  Work w = host_.all_to_all_async(h.data(), h.as<char>() + total, count, t);
+  void* result = h.as<char>() + total;
+  return Work(std::make_unique<StagedWork>(this, std::move(w), std::move(h), result, recv, total));
+}
+
 Work MpiStagedCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size(), fmt::format("broadcast: root {} is not a rank", root));
   offload::PinnedBuffer h = take(bytes, "broadcast");

@@ -315,6 +315,21 @@ Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_
   });
 }
 
+Work NcclCommunicator::all_to_all_async(const void* send, void* recv, std::size_t count, DType t) {
+  host_.check_collective("all_to_all", count, t, -1);
+  const std::size_t block = count * dtype_size(t);
+  return launch("all_to_all", block * static_cast<std::size_t>(size_), [&] {
+    // One send and one receive per peer, fused into one launch (NCCL groups nest).
+    ZERO_NCCL_CHECK(settle(ncclGroupStart()));
+    for (int j = 0; j < size_; ++j) {
+      const std::size_t at = static_cast<std::size_t>(j) * block;
+      ZERO_NCCL_CHECK(settle(ncclSend(static_cast<const char*>(send) + at, count, nccl_type(t), j, comm_, streams_.comm)));
+      ZERO_NCCL_CHECK(settle(ncclRecv(static_cast<char*>(recv) + at, count, nccl_type(t), j, comm_, streams_.comm)));
+    }
+    ZERO_NCCL_CHECK(settle(ncclGroupEnd()));
+  });
+}
+
 Work NcclCommunicator::broadcast_async(void* buf, std::size_t bytes, int root) {
   ZERO_CHECK(root >= 0 && root < size_, fmt::format("broadcast: root {} is not a rank", root));
   host_.check_collective("broadcast", bytes, DType::f32, root);

@@ -45,6 +45,7 @@ class NcclCommunicator final : public Communicator {
   Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) override;
   Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) override;
   Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) override;
+  Work all_to_all_async(const void* send, void* recv, std::size_t count, DType t) override;
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;
   // A host barrier (MPI): ranks meet; device work is not drained.
   Work barrier_async() override;

@@ -77,6 +77,32 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
   return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
+// qgZ's hierarchical quantized reduce-scatter over the data-parallel group, or null.
+std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, bool model_parallel) {
+  const auto& z = cfg.zero_optimization;
+  if (!z.zero_quantized_gradients) return nullptr;
+  const std::string key = cfg.source + ": zero_optimization.zero_quantized_gradients";
+  ZERO_CHECK(z.stage >= 2, fmt::format("{} applies to stages 2 and 3 (it quantizes the per-micro-step gradient "
+                                       "reduce-scatter, which stage {} does not make); set it to false, or use stage "
+                                       "2 or 3",
+                                       key, z.stage));
+  ZERO_CHECK(z.reduce_scatter, key + " quantizes the gradient reduce-scatter, and zero_optimization.reduce_scatter: "
+                                     "false asks for an all-reduce instead; set reduce_scatter to true, or "
+                                     "zero_quantized_gradients to false");
+  ZERO_CHECK(cfg.backend == BackendKind::host, key + " runs on the host backend so far; set it to false with backend: cuda");
+  // MiCS reduces inside its groups and then all-reduces across them; qgZ's two phases would have
+  // to be rebuilt around that, so the combination is refused rather than half supported.
+  ZERO_CHECK(z.mics_shard_size == -1,
+             fmt::format("{} with zero_optimization.mics_shard_size = {} is not supported; use one of them",
+                         key, z.mics_shard_size));
+  // Its per-rank error-feedback files are named by data-parallel rank, which every grid position shares.
+  ZERO_CHECK(!model_parallel, key + " runs without tensor or pipeline parallelism so far; use tensor and pipeline "
+                                    "sizes of 1, or set it to false");
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
+  ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
+  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size));
+}
+
 // gradient_compression's compressor, or null. The config loader refuses the bad combinations
 // with the key's file and line; these checks catch a Config built by hand.
 std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, const Layout& layout,
@@ -139,6 +165,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       tensor_rank_(groups ? groups->coord().tensor : 0),
       groups_(groups),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
+      qgz_(make_qgz(cfg, host_comm_, model_comm_ != nullptr)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -155,11 +182,12 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       params_(*backend_, cfg_, shapes_, dp_comm_.rank(), dtype_),
       gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
-               cfg_.gradient_compression.type != CompressionType::none, mics_.replica.get()),
+               cfg_.gradient_compression.type != CompressionType::none, mics_.replica.get(), qgz_.get()),
       powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {
   if (dp_comm_.rank() == 0 && cfg_.zero_optimization.mics_shard_size != -1) report_mics_groups();
   if (stage_ == 3 && dp_comm_.rank() == 0) report_stage3_sharding();
+  if (qgz_ && dp_comm_.rank() == 0) report_qgz();
 }
 
 // The start-up line: MiCS's groups, and whether each stays inside a node (as it should: its
@@ -190,6 +218,27 @@ void EngineImpl::report_mics_groups() const {
            n, stage_, groups, n, fmt::join(shard_groups, ", "),
            inside_nodes ? "(each inside one node)" : "(groups span nodes: make mics_shard_size the ranks per node)",
            fmt::join(replica_groups, ", "));
+}
+
+
+// What qgZ does on this layout: its groups, the bytes it sends, what it pads, its buffers.
+void EngineImpl::report_qgz() const {
+  TrafficBytes per_step;
+  std::int64_t feedback = 0, padding = 0;
+  for (const auto& s : shapes_) {
+    per_step += qgz_->bytes_per_reduction(static_cast<std::size_t>(s.slice));
+    const auto f = qgz_->make_feedback(static_cast<std::size_t>(s.slice));
+    feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+    padding += s.padded - s.numel;
+  }
+  log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
+           "across {} nodes x {} ranks between ranks of the same local rank with int4 blocks of {}, error feedback "
+           "{} per rank (fp32); this rank sends {} inside its node and {} across nodes per micro-step. Padding: the "
+           "units' own ({} elements in all, so that each splits into {} equal slices), and each message rounded up "
+           "to whole 4-byte words; no other size is changed, none falls back to the plain reduce-scatter",
+           qgz_->block(), qgz_->nodes(), qgz_->ranks_per_node(), qgz_->block(), format_bytes(static_cast<std::uint64_t>(feedback)),
+           format_bytes(static_cast<std::uint64_t>(per_step.intra_node)),
+           format_bytes(static_cast<std::uint64_t>(per_step.inter_node)), padding, world_);
 }
 
 // Stage 3 shards only the units at or above stage3_param_persistence_threshold (DeepSpeed's
@@ -477,6 +526,7 @@ std::string MemoryReport::to_string() const {
                               b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
                               b(gathered));
   if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
+  if (error_feedback) s += fmt::format(", qgZ error feedback {}", b(error_feedback));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
   if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
   return s;
@@ -506,6 +556,7 @@ TrafficBytes EngineImpl::traffic() const {
     t += mics_.replica->traffic();
   }
   if (hpz_comm_) t += hpz_comm_->traffic();
+  if (qgz_) t += qgz_->traffic();
   if (model_comm_) t += model_comm_->traffic();
   return t;
 }

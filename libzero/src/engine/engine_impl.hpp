@@ -91,6 +91,7 @@ class EngineImpl {
   void check_unit(int unit, const char* what) const;
   void report_inert_settings() const;
   void report_stage3_sharding() const;
+  void report_qgz() const;
   void report_mics_groups() const;
   // Collectives that every rank of the data-parallel group must agree on (the init check, the
   // step's decisions): the partition group's communicator, or with MiCS the whole group.
@@ -133,6 +134,8 @@ class EngineImpl {
   ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
+  // qgZ's hierarchical quantized gradient reduce-scatter, or null (comm/quantized_reduce_scatter.hpp).
+  std::unique_ptr<QuantizedReduceScatter> qgz_;
   // rank_ and world_ are the partition group's: the rank owns slice rank_ of world_ slices.
   const int rank_, world_, stage_, gas_;
   const int dp_world_;  // the data-parallel ranks the gradient sums over (world_ x MiCS replicas)

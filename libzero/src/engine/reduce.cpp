@@ -11,7 +11,7 @@ namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
                          const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                         DType grad_dtype, int stage, bool deferred, Communicator* replica)
+                         DType grad_dtype, int stage, bool deferred, Communicator* replica, QuantizedReduceScatter* qgz)
     : backend_(backend),
       comm_(comm),
       replica_(replica),
@@ -24,12 +24,17 @@ GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& lay
       deferred_(deferred && stage <= 1),
       units_(shapes.size()),
       grad_pool_(backend),
-      scratch_pool_(backend) {
+      scratch_pool_(backend),
+      qgz_(qgz) {
   ZERO_CHECK(gdt_ == dtype_ || gdt_ == DType::f32,
              "GradReducer: gradients accumulate in the compute dtype or in fp32 (data_types.grad_accum_dtype)");
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * gesize());
     else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * gesize());
+  }
+  if (qgz_) {
+    ZERO_CHECK(stage_ >= 2 && z_.reduce_scatter, "GradReducer: qgZ needs stage 2 or 3 with reduce_scatter");
+    for (const auto& s : shapes_) feedback_.push_back(qgz_->make_feedback(static_cast<std::size_t>(s.slice)));
   }
 }
 
@@ -96,6 +101,23 @@ void GradReducer::flush_bucket() {
       f.finish.push_back([this, unit, out, slice_bytes] {
         backend_.copy(owned(unit), out->get(), slice_bytes);
         scratch_pool_.give_back(std::move(*out));
+      });
+    } else if (qgz_) {
+      auto src = std::make_shared<Buffer>(std::move(u.micro));
+      // fp32 sum, then (16-bit gradients) its rounding to the compute dtype after it.
+      const std::size_t n = static_cast<std::size_t>(s.slice);
+      auto sum = std::make_shared<Buffer>(scratch_pool_.acquire(n * (sizeof(float) + esize()), false));
+      f.works.push_back(qgz_->start(src->get(), dtype_, n, feedback_[static_cast<std::size_t>(unit)], sum->as<float>()));
+      f.finish.push_back([this, &u, n, sum, src] {
+        if (gdt_ == DType::f32) {
+          backend_.accumulate(u.slice.get(), gdt_, sum->get(), DType::f32, n);
+        } else {
+          char* rounded = sum->as<char>() + n * sizeof(float);
+          convert(sum->get(), DType::f32, rounded, dtype_, n);
+          backend_.accumulate(u.slice.get(), gdt_, rounded, dtype_, n);
+        }
+        scratch_pool_.give_back(std::move(*sum));
+        grad_pool_.give_back(std::move(*src));
       });
     } else {
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
@@ -166,6 +188,24 @@ void GradReducer::clear() {
 void GradReducer::report(MemoryReport& r) const {
   for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
   r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
+  for (const auto& f : feedback_)
+    r.error_feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+}
+
+void GradReducer::adjust_error_feedback(bool drop, double rescale) {
+  if (!drop && rescale == 1.0) return;
+  const float f = drop ? 0.0f : static_cast<float>(rescale);  // scales are powers of two: exact
+  for (auto* v : error_feedback())
+    for (float& x : *v) x = drop ? 0.0f : x * f;
+}
+
+std::vector<std::vector<float>*> GradReducer::error_feedback() {
+  std::vector<std::vector<float>*> all;
+  for (auto& f : feedback_) {
+    all.push_back(&f.intra);
+    all.push_back(&f.inter);
+  }
+  return all;
 }
 
 }  // namespace zero

@@ -27,6 +27,11 @@
 // ready(u), into the full fp32 gradient (the boundary's collective then reduces fp32); at
 // stages 2 and 3 after the micro-step's reduce-scatter (still in the compute dtype), into the
 // fp32 slice. A 16-bit sum of many micro-steps keeps few bits of the later ones; fp32 keeps them.
+//
+// qgZ (zero_quantized_gradients, stages 2/3): each micro-step's reduce-scatter is the
+// hierarchical quantized one (comm/quantized_reduce_scatter.hpp), summed in fp32, rounded once
+// to the compute dtype (as a plain reduce-scatter's sum is) unless gradients accumulate in fp32.
+// Each unit keeps its error-feedback buffers here, between steps; checkpoints save them.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +40,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/quantized_reduce_scatter.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -50,7 +56,7 @@ class GradReducer {
   // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
   GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
               const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage, bool deferred = false,
-              Communicator* replica = nullptr);
+              Communicator* replica = nullptr, QuantizedReduceScatter* qgz = nullptr);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
   void* grads(int unit);                 // where the backward adds this micro-step's gradient
@@ -69,6 +75,10 @@ class GradReducer {
   DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
+  // qgZ's error-feedback buffers, every unit's (intra then inter, unit by unit); empty when off.
+  std::vector<std::vector<float>*> error_feedback();
+  // After step(): zero the error feedback (drop), or multiply it by `rescale` (a new loss scale).
+  void adjust_error_feedback(bool drop, double rescale);
 
  private:
   struct Unit {
@@ -105,6 +115,8 @@ class GradReducer {
   std::int64_t pending_elems_ = 0;
   int reduced_this_micro_ = 0;
   std::deque<InFlight> in_flight_;
+  QuantizedReduceScatter* qgz_;  // null: plain reduce-scatter
+  std::vector<QuantizedReduceScatter::Feedback> feedback_;  // qgZ: per unit
 };
 
 }  // namespace zero

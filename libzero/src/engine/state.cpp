@@ -60,6 +60,7 @@ TrainingState EngineState::training_state() const {
 }
 std::int64_t EngineState::unit_all_gathers() const { return impl_->gatherer_.all_gathers(); }
 
+
 void EngineState::check_between_steps(const char* what) const {
   const EngineImpl& e = *impl_;
   ZERO_CHECK(e.micro_ == 0 && !e.reducer_.mid_micro_step() && !e.gatherer_.mid_micro_step(),
@@ -81,14 +82,42 @@ void EngineState::write_owned(int unit, int which, const float* owned) {
   else impl_->opt_->write_moment(unit, which - 1, owned);
 }
 
-std::vector<float> EngineState::compression_state() const {
-  return impl_->powersgd_ ? impl_->powersgd_->state() : std::vector<float>{};
+std::string EngineState::rank_state_kind() const {
+  if (impl_->powersgd_) return "powersgd";
+  return impl_->qgz_ ? "qgz" : "";
 }
 
-void EngineState::set_compression_state(const std::vector<float>& s) {
-  ZERO_CHECK(impl_->powersgd_ || s.empty(), "set_compression_state: the engine compresses no gradients "
-                                            "(gradient_compression.type: none)");
-  if (impl_->powersgd_) impl_->powersgd_->set_state(s);  // empty: reset
+std::string EngineState::rank_state_layout() const {
+  const QuantizedReduceScatter* q = impl_->qgz_.get();
+  if (!q) return {};
+  return fmt::format("{} nodes x {} ranks, block {}", q->nodes(), q->ranks_per_node(), q->block());
+}
+
+std::vector<float> EngineState::rank_state() const {
+  if (impl_->powersgd_) return impl_->powersgd_->state();
+  std::vector<float> s;
+  for (const auto* a : impl_->reducer_.error_feedback()) s.insert(s.end(), a->begin(), a->end());
+  return s;
+}
+
+void EngineState::set_rank_state(const std::vector<float>& s) {
+  ZERO_CHECK(!rank_state_kind().empty() || s.empty(),
+             "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no zero_quantized_gradients)");
+  if (impl_->powersgd_) {
+    impl_->powersgd_->set_state(s);  // empty: reset
+    return;
+  }
+  const auto buffers = impl_->reducer_.error_feedback();
+  std::size_t total = 0;
+  for (const auto* a : buffers) total += a->size();
+  ZERO_CHECK(s.empty() || s.size() == total,
+             fmt::format("set_rank_state: {} values for qgZ's error-feedback buffers of {}", s.size(), total));
+  std::size_t at = 0;
+  for (auto* a : buffers) {
+    if (s.empty()) std::fill(a->begin(), a->end(), 0.0f);
+    else std::copy(s.begin() + static_cast<std::ptrdiff_t>(at), s.begin() + static_cast<std::ptrdiff_t>(at + a->size()), a->begin());
+    at += a->size();
+  }
 }
 
 void EngineState::begin_restore() {

@@ -77,7 +77,11 @@ StepResult EngineImpl::step(const StepOptions& opts) {
   micro_ = 0;
   r.step = ++step_;
   r.skipped = overflow || opts.skip;
+  const double old_scale = scaler_.scale();
   scaler_.update(overflow);  // throws when overflowing at the minimum scale
+  // qgZ's error feedback is in loss-scaled units: follow a new scale; a skipped step's error
+  // (of gradients thrown away; not finite after an overflow) is dropped.
+  reducer_.adjust_error_feedback(r.skipped, scaler_.scale() / old_scale);
   return r;
 }
 

@@ -32,6 +32,7 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
     m.grads += (s.stage <= 1 ? padded : slice) * ges;
     // hpZ: the rank's chunk of the gathered unit (padded for every rank), kept for the group.
     if (sharded && s.hpz_partition_size > 1) m.secondary += padded / s.hpz_partition_size * es;
+    if (s.quantized_gradients) m.error_feedback += (world - 1) * slice * static_cast<std::int64_t>(sizeof(float));
     // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
     const std::int64_t own = s.stage == 0 ? padded : slice;
     switch (s.offload_optimizer) {
@@ -54,6 +55,12 @@ void check_groups(const Settings& s, int data_parallel) {
     ZERO_CHECK(data_parallel % s.mics_shard_size == 0,
                fmt::format("{} does not divide the {} data-parallel ranks", key, data_parallel));
     ZERO_CHECK(s.hpz_partition_size == 1, key + " with hpZ: the engine takes one of them");
+  }
+  if (s.quantized_gradients) {
+    const std::string key = "zero-plan: zero_quantized_gradients (qgZ)";
+    ZERO_CHECK(s.stage >= 2, fmt::format("{} applies to stages 2 and 3 (got stage {})", key, s.stage));
+    ZERO_CHECK(s.reduce_scatter, key + " quantizes the gradient reduce-scatter; it needs reduce_scatter on");
+    ZERO_CHECK(s.mics_shard_size == -1, key + " with MiCS: the engine takes one of them");
   }
 }
 
@@ -80,6 +87,7 @@ Settings settings_from(const Config& cfg) {
   s.hpz_partition_size = static_cast<int>(z.zero_hpz_partition_size);
   s.quantized_weights = z.zero_quantized_weights;
   s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
+  s.quantized_gradients = z.zero_quantized_gradients;
   s.mics_shard_size = static_cast<int>(z.mics_shard_size);
   return s;
 }
@@ -95,6 +103,7 @@ std::string Settings::label() const {
   if (pipeline_parallel > 1) l << ", pp " << pipeline_parallel;
   if (hpz_partition_size > 1) l << ", hpz " << hpz_partition_size;
   if (quantized_weights) l << ", qwz";
+  if (quantized_gradients) l << ", qgz";
   if (mics_shard_size != -1) l << ", mics " << mics_shard_size;
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;

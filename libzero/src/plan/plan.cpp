@@ -87,7 +87,7 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
   m.device_overhead = kDeviceOverheadBytes;
   m.host_overhead = kHostOverheadBytes;
-  m.gpu_bytes = m.states.device() + m.states.secondary + m.activations + m.comm_buffers + m.gathered +
+  m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.activations + m.comm_buffers + m.gathered +
                 m.device_overhead;
   m.host_bytes = m.states.host + m.pinned + m.host_overhead;
   m.nvme_bytes = m.states.nvme * c.ranks_per_node();
@@ -308,6 +308,8 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
             s.hpz_partition_size = hpz;
+            // qgZ (from a config) where the engine takes it: stages 2-3 without a grid or MiCS.
+            s.quantized_gradients = base.quantized_gradients && stage >= 2 && tp * pp == 1 && base.mics_shard_size == -1;
             s.quantized_weights = qwz;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(

@@ -1,5 +1,6 @@
 // The bytes one rank sends in a training step (zero/plan.hpp: step_traffic), collective by
 // collective as the engine issues them for the GPT trainer and as the communicators count them.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -64,6 +65,18 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   std::vector<std::int64_t> slice(static_cast<std::size_t>(units)), padded(slice.size());
   std::vector<bool> sharded(slice.size());
+  // qgZ (comm/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
+  // the M slices it serves as int8 blocks, then to each of the M-1 other nodes one slice as int4.
+  const int L = std::min(world, ranks_per_node), M = world / L;
+  ZERO_CHECK(!s.quantized_gradients || world % L == 0,
+             fmt::format("step_traffic: qgZ needs the same ranks on every node; {} ranks by {} per node", world, L));
+  auto qgz = [&](TrafficBytes& to, std::int64_t sl) {
+    const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
+    to.intra_node += (L - 1) * static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(M * sl), block,
+                                                                             quant::Bits::int8));
+    to.inter_node += (M - 1) * static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(sl), block,
+                                                                             quant::Bits::int4));
+  };
   for (int u = 0; u < units; ++u) {
     slice[static_cast<std::size_t>(u)] = layout.slice_numel(u, N);
     padded[static_cast<std::size_t>(u)] = slice[static_cast<std::size_t>(u)] * N;
@@ -78,7 +91,8 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
     else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);
     else
       for (int m = 0; m < s.grad_accum; ++m) {
-        if (s.reduce_scatter) part.reduce_scatter(t, sl, esize);
+        if (s.quantized_gradients) qgz(t, sl);
+        else if (s.reduce_scatter) part.reduce_scatter(t, sl, esize);
         else part.all_reduce(t, pd, esize);
       }
   }

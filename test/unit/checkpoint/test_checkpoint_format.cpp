@@ -211,6 +211,31 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
                 {"m", "duplicate member name 'step'"});
 }
 
+// Per-rank state (PowerSGD's, qgZ's): kind and files, and the layout when there is one.
+TEST_CASE("metadata: the per-rank state record round-trips for each kind and refuses others") {
+  for (const std::string kind : {"powersgd", "qgz"}) {
+    ckpt::Metadata m = sample_metadata();
+    m.rank_state_kind = kind;
+    m.rank_state_layout = kind == "qgz" ? "2 nodes x 1 ranks, block 256" : "";
+    for (int r = 0; r < m.world; ++r) m.rank_state.push_back({ckpt::rank_state_file_name(r), 64 + 4u * r, 0x42u + r});
+    const std::string text = m.to_json();
+    CHECK((text.find("\"layout\"") != std::string::npos) == (kind == "qgz"));
+    const ckpt::Metadata b = ckpt::Metadata::parse(text, "meta");
+    CHECK(b.rank_state_kind == kind);
+    CHECK(b.rank_state_layout == m.rank_state_layout);
+    REQUIRE(b.rank_state.size() == 2);
+    CHECK(b.rank_state[1].file == "rank_state_00001.ckpt");
+    CHECK(b.rank_state[1].bytes == 68);
+    CHECK(b.rank_state[1].index_checksum == 0x43);
+    json::Json d = json::parse(text, "t");
+    d["rank_state"]["kind"] = "topk";
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"rank_state.kind", "is not \"powersgd\" or \"qgz\""});
+    d = json::parse(text, "t");
+    d["rank_state"]["files"][0]["file"] = "feedback_00000.ckpt";
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"rank_state.files[0].file"});
+  }
+}
+
 // Format 1 (libzero 0.1.0, its own checksum) is refused by name, before any checksum is compared.
 TEST_CASE("a checkpoint of format 1 is refused with the release that wrote it") {
   // Written by libzero 0.1.0 (one unit of 3 elements, AdamW, step 4) and kept as it was.

@@ -94,6 +94,14 @@ TEST_CASE("MiCS and hpZ memory per rank: the stage formulas with the group size,
   CHECK(h.device() == 16 * kPsi / 8);
   CHECK(h.secondary == 2 * kPsi / 4);
   CHECK(model_states(l, bf16_stage(3), 8).secondary == 0);
+  // qgZ: fp32 error feedback of world - 1 slices (7/8 of Psi at 8 ranks), at stages 2 and 3.
+  for (int stage : {2, 3}) {
+    s = bf16_stage(stage);
+    s.quantized_gradients = true;
+    CHECK(model_states(l, s, 8).error_feedback == 4 * kPsi / 8 * 7);
+    CHECK(model_states(l, s, 8).device() == model_states(l, bf16_stage(stage), 8).device());
+  }
+  CHECK(model_states(l, bf16_stage(3), 8).error_feedback == 0);
   // The engine's rules, named after the keys: {stage, mics, hpz} and the message.
   struct Bad {
     int stage, mics, hpz;

@@ -1,0 +1,231 @@
+// qgZ's hierarchical quantized reduce-scatter (see comm/quantized_reduce_scatter.hpp).
+#include "comm/quantized_reduce_scatter.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/mpi_comm.hpp"
+#include "comm/quantize.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+using quant::Bits;
+
+// One reduction in flight: its inputs, scratch (fp32 words from the communicator's pool) and
+// the two phases' collectives.
+struct QuantizedReduceScatter::Op {
+  const void* grad = nullptr;
+  DType t = DType::f32;
+  std::size_t slice = 0;
+  Feedback* fb = nullptr;
+  float* out = nullptr;
+  // The site that started the reduction ("reduce", its unit): phase 2 starts later, from
+  // whatever call completes phase 1, and the collective check must see the same on every rank.
+  CommSite site;
+  std::vector<float> send1, recv1, partial, send2, recv2;
+  Work work1, work2;
+  int phase = 1;  // 1: node all-to-all in flight, 2: cross-node all-to-all in flight, 3: done
+};
+
+class QuantizedReduceScatter::OpWork final : public Work::Impl {
+ public:
+  OpWork(QuantizedReduceScatter* owner, std::shared_ptr<Op> op) : owner_(owner), op_(std::move(op)) {}
+  void wait() override { owner_->complete(op_.get()); }
+  bool test() override { return owner_->poll(op_.get()); }
+
+ private:
+  QuantizedReduceScatter* owner_;
+  std::shared_ptr<Op> op_;
+};
+
+namespace {
+std::size_t words(std::size_t bytes) { return bytes / sizeof(float); }  // packed sizes are whole words
+}  // namespace
+
+QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block) : dp_(dp), block_(block) {
+  ZERO_CHECK(block_ >= 1, "qgZ: the quantization block must hold at least one element");
+  const std::vector<int>& node_of = dp.nodes();
+  nodes_ = *std::max_element(node_of.begin(), node_of.end()) + 1;
+  owner_.assign(static_cast<std::size_t>(nodes_), {});
+  for (int r = 0; r < dp.size(); ++r) owner_[static_cast<std::size_t>(node_of[static_cast<std::size_t>(r)])].push_back(r);
+  per_node_ = static_cast<int>(owner_[0].size());
+  std::string sizes;
+  bool uniform = true;
+  for (const auto& members : owner_) {
+    uniform = uniform && static_cast<int>(members.size()) == per_node_;
+    sizes += (sizes.empty() ? "" : ", ") + std::to_string(members.size());
+  }
+  ZERO_CHECK(uniform, fmt::format("zero_optimization.zero_quantized_gradients: the {} data-parallel ranks lie on {} "
+                                  "nodes holding different numbers of them ({}); qgZ's hierarchical reduce-scatter "
+                                  "needs the same number on every node. Place the ranks evenly (or set "
+                                  "ZERO_RANKS_PER_NODE to a divisor of the world size), or set it to false",
+                                  dp.size(), nodes_, sizes));
+  node_ = node_of[static_cast<std::size_t>(dp.rank())];
+  const auto& mine = owner_[static_cast<std::size_t>(node_)];
+  local_ = static_cast<int>(std::find(mine.begin(), mine.end(), dp.rank()) - mine.begin());
+  node_comm_ = dp.split(node_, local_);
+  cross_comm_ = dp.split(local_, node_);
+}
+
+QuantizedReduceScatter::~QuantizedReduceScatter() {
+  try {
+    while (!in_phase1_.empty()) complete(in_phase1_.front().get());
+  } catch (...) {
+  }
+}
+
+QuantizedReduceScatter::Feedback QuantizedReduceScatter::make_feedback(std::size_t slice) const {
+  Feedback f;
+  f.intra.assign(static_cast<std::size_t>(per_node_ - 1) * static_cast<std::size_t>(nodes_) * slice, 0.0f);
+  f.inter.assign(static_cast<std::size_t>(nodes_ - 1) * slice, 0.0f);
+  return f;
+}
+
+TrafficBytes QuantizedReduceScatter::bytes_per_reduction(std::size_t slice) const {
+  TrafficBytes t;
+  t.intra_node = static_cast<std::int64_t>((per_node_ - 1) *
+                                           quant::packed_bytes(static_cast<std::size_t>(nodes_) * slice, block_, Bits::int8));
+  t.inter_node = static_cast<std::int64_t>((nodes_ - 1) * quant::packed_bytes(slice, block_, Bits::int4));
+  return t;
+}
+
+TrafficBytes QuantizedReduceScatter::traffic() const {
+  TrafficBytes t = node_comm_->traffic();
+  t += cross_comm_->traffic();
+  return t;
+}
+
+Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out) {
+  auto op = std::make_shared<Op>();
+  op->grad = grad;
+  op->t = t;
+  op->slice = slice;
+  op->fb = &fb;
+  op->out = out;
+  op->site = comm_site();
+  const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
+  const std::size_t chunk = M * slice;  // what one node peer gets: the slices of ranks R(*, l')
+  if (L == 1) {
+    // No node peers: the partial sum is this rank's own gradient, exactly.
+    op->partial = dp_.take_scratch(chunk);
+    for (std::size_t n = 0; n < M; ++n)
+      for (std::size_t i = 0; i < slice; ++i)
+        op->partial[n * slice + i] =
+            load_as_f32(grad, static_cast<std::size_t>(owner_[n][0]) * slice + i, t);
+    start_inter(*op);
+    return Work(std::make_unique<OpWork>(this, std::move(op)));
+  }
+  const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
+  op->send1 = dp_.take_scratch(L * words(packed));
+  op->recv1 = dp_.take_scratch(L * words(packed));
+  for (std::size_t l = 0, k = 0; l < L; ++l) {
+    char* dst = reinterpret_cast<char*>(op->send1.data()) + l * packed;
+    if (static_cast<int>(l) == local_) {
+      std::memset(dst, 0, packed);  // the block to itself is not used
+      continue;
+    }
+    // The chunk for peer l plus the error kept from last time, quantized; the new error stays.
+    float* v = fb.intra.data() + k++ * chunk;
+    for (std::size_t n = 0; n < M; ++n) {
+      const std::size_t from = static_cast<std::size_t>(owner_[n][l]) * slice;
+      for (std::size_t i = 0; i < slice; ++i) v[n * slice + i] += load_as_f32(grad, from + i, t);
+    }
+    quant::quantize_keep_error(v, chunk, block_, Bits::int8, dst);
+  }
+  op->work1 = node_comm_->all_to_all_async(op->send1.data(), op->recv1.data(), words(packed), DType::f32);
+  in_phase1_.push_back(op);
+  return Work(std::make_unique<OpWork>(this, std::move(op)));
+}
+
+void QuantizedReduceScatter::start_inter(Op& op) {
+  const CommSiteScope site(op.site);
+  const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
+  const std::size_t slice = op.slice, chunk = M * slice;
+  if (L > 1) {
+    // The node's partial sum of the M slices this local rank serves, in local-rank order.
+    const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
+    op.partial = dp_.take_scratch(chunk);
+    std::fill(op.partial.begin(), op.partial.end(), 0.0f);
+    for (std::size_t l = 0; l < L; ++l) {
+      if (static_cast<int>(l) != local_) {
+        quant::dequantize_add(reinterpret_cast<const char*>(op.recv1.data()) + l * packed, chunk, block_, Bits::int8,
+                              op.partial.data());
+        continue;
+      }
+      for (std::size_t n = 0; n < M; ++n) {
+        const std::size_t from = static_cast<std::size_t>(owner_[n][l]) * slice;
+        for (std::size_t i = 0; i < slice; ++i) op.partial[n * slice + i] += load_as_f32(op.grad, from + i, op.t);
+      }
+    }
+    dp_.give_scratch(std::move(op.send1));
+    dp_.give_scratch(std::move(op.recv1));
+  }
+  if (M == 1) {
+    std::copy_n(op.partial.data(), slice, op.out);
+    dp_.give_scratch(std::move(op.partial));
+    op.phase = 3;
+    return;
+  }
+  const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
+  op.send2 = dp_.take_scratch(M * words(packed));
+  op.recv2 = dp_.take_scratch(M * words(packed));
+  for (std::size_t n = 0, k = 0; n < M; ++n) {
+    char* dst = reinterpret_cast<char*>(op.send2.data()) + n * packed;
+    if (static_cast<int>(n) == node_) {
+      std::memset(dst, 0, packed);
+      continue;
+    }
+    float* v = op.fb->inter.data() + k++ * slice;
+    for (std::size_t i = 0; i < slice; ++i) v[i] += op.partial[n * slice + i];
+    quant::quantize_keep_error(v, slice, block_, Bits::int4, dst);
+  }
+  op.work2 = cross_comm_->all_to_all_async(op.send2.data(), op.recv2.data(), words(packed), DType::f32);
+  op.phase = 2;
+}
+
+void QuantizedReduceScatter::finish(Op& op) {
+  const std::size_t M = static_cast<std::size_t>(nodes_), slice = op.slice;
+  const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
+  std::fill_n(op.out, slice, 0.0f);
+  for (std::size_t n = 0; n < M; ++n) {
+    if (static_cast<int>(n) == node_) {
+      for (std::size_t i = 0; i < slice; ++i) op.out[i] += op.partial[n * slice + i];
+      continue;
+    }
+    quant::dequantize_add(reinterpret_cast<const char*>(op.recv2.data()) + n * packed, slice, block_, Bits::int4,
+                          op.out);
+  }
+  dp_.give_scratch(std::move(op.partial));
+  dp_.give_scratch(std::move(op.send2));
+  dp_.give_scratch(std::move(op.recv2));
+  op.phase = 3;
+}
+
+void QuantizedReduceScatter::advance_through(Op* op) {
+  // Phase 2 collectives start in the order the reductions did, on every rank alike.
+  while (op->phase == 1) {
+    std::shared_ptr<Op> front = in_phase1_.front();
+    in_phase1_.pop_front();
+    front->work1.wait();
+    start_inter(*front);
+  }
+}
+
+void QuantizedReduceScatter::complete(Op* op) {
+  advance_through(op);
+  if (op->phase == 2) {
+    op->work2.wait();
+    finish(*op);
+  }
+}
+
+bool QuantizedReduceScatter::poll(Op* op) {
+  if (op->phase == 1 && in_phase1_.front().get() == op && op->work1.done()) advance_through(op);
+  if (op->phase == 2 && op->work2.done()) finish(*op);
+  return op->phase == 3;
+}
+
+}  // namespace zero

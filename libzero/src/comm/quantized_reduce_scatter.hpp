@@ -1,0 +1,87 @@
+// qgZ (ZeRO++'s zero_quantized_gradients): a hierarchical reduce-scatter whose payload is
+// block-quantized (comm/quantize.hpp), with error feedback.
+//
+// The data-parallel ranks form M nodes of L ranks each (comm/topology.hpp). Rank R(n, l), local
+// rank l on node n, must end with slice R(n, l) of the sum over all ranks, as the engine's
+// partition says (rank r owns slice r of every unit). Two all-to-alls:
+//   1. inside the node: to each node peer l' this rank sends the M slices that ranks R(*, l')
+//      own, as int8 blocks. Each rank dequantizes what its L-1 peers sent, adds its own slices
+//      exactly, in local-rank order, in fp32: the node's partial sum of the M slices it serves.
+//   2. across nodes, between the ranks with the same local rank (one rank per node): to the
+//      rank on node n' it sends the partial sum of slice R(n', l), as int4 blocks; it sums the
+//      M-1 received and its own, in node order, in fp32: the full sum of its own slice.
+// Every slice size works: the chunks are whole slices, so nothing is padded beyond the units'
+// own padding (each message is rounded up to a whole 4-byte word, see quant::packed_bytes).
+// Error feedback: what a rank sends in each phase is quantized from its values plus the
+// quantization error it kept from the previous reduction of the same tensor, and the new error
+// replaces the old (quant::quantize_keep_error), so no part of a gradient is lost, only
+// delayed. The buffers hold exactly what a rank sends: (L-1)/L of the tensor for phase 1 and
+// (M-1)/(M L) for phase 2, in fp32. Sums run in a fixed order: the same inputs give the same bits.
+//
+// Collectives go over two sub-communicators of the data-parallel group, so their traffic counts
+// inside the node and across it exactly as sent. Host (MPI) memory only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zero/comm.hpp"
+
+namespace zero {
+
+class MpiCommunicator;
+
+class QuantizedReduceScatter {
+ public:
+  // One tensor's error-feedback state (one unit's gradient).
+  struct Feedback {
+    std::vector<float> intra;  // phase 1: the L-1 chunks sent to node peers, in local-rank order
+    std::vector<float> inter;  // phase 2: the M-1 slices sent to other nodes, in node order
+  };
+
+  // Collective over `dp`: splits it into this rank's node and its cross-node group. Throws when
+  // the nodes hold different numbers of data-parallel ranks.
+  QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block);
+  ~QuantizedReduceScatter();
+  QuantizedReduceScatter(const QuantizedReduceScatter&) = delete;
+  QuantizedReduceScatter& operator=(const QuantizedReduceScatter&) = delete;
+
+  int nodes() const { return nodes_; }
+  int ranks_per_node() const { return per_node_; }
+  std::size_t block() const { return block_; }
+  // A Feedback sized for a tensor of `slice` elements per rank, zeroed.
+  Feedback make_feedback(std::size_t slice) const;
+  // Bytes this rank sends for one reduction of a tensor of `slice` elements per rank (inside its
+  // node, across nodes).
+  TrafficBytes bytes_per_reduction(std::size_t slice) const;
+
+  // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice).
+  // When the Work completes, out (slice fp32 values) holds the sum over ranks of this rank's
+  // slice. grad, fb and out must stay valid until then. Works must be started in the same order
+  // on every rank (as every collective).
+  Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
+
+  TrafficBytes traffic() const;
+
+ private:
+  struct Op;
+  class OpWork;
+  void start_inter(Op& op);   // phase 1 done: sum it, start phase 2 (or finish)
+  void finish(Op& op);        // phase 2 done: sum into out
+  void advance_through(Op* op);  // completes phase 1 of every op up to op, in start order
+  void complete(Op* op);
+  bool poll(Op* op);
+
+  MpiCommunicator& dp_;
+  std::unique_ptr<MpiCommunicator> node_comm_, cross_comm_;  // ranks: local rank l; node n
+  int nodes_ = 1, per_node_ = 1, node_ = 0, local_ = 0;        // M, L, and this rank's n and l
+  std::vector<std::vector<int>> owner_;  // owner_[n][l]: the data-parallel rank R(n, l)
+  std::size_t block_;
+  std::deque<std::shared_ptr<Op>> in_phase1_;  // ops whose phase 1 is in flight, in start order
+};
+
+}  // namespace zero
