@@ -2,12 +2,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
+#include "reporter.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
 #include "zero/groups.hpp"
@@ -43,6 +45,14 @@ void add_autotune_options(CLI::App& app, AutotuneRequest& r) {
       ->delimiter(',')
       ->check(CLI::IsMember({"none", "cpu", "nvme"}))
       ->capture_default_str();
+  g->add_option("--autotune-tp", r.tensor_parallel,
+                "model.tensor_parallel sizes to try, e.g. 1,2 (default: the config's); each must divide the ranks")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  g->add_option("--autotune-pp", r.pipeline_parallel,
+                "model.pipeline_parallel sizes to try, e.g. 1,2 (default: the config's); a pipeline runs at stages 0-1")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   g->add_option("--autotune-warmup", r.warmup_steps, "untimed optimizer steps per candidate")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -102,7 +112,9 @@ std::string mib(double bytes) {
 
 // The planner's memory for one candidate, summed for the host backend: the engine's "device"
 // memory and the offloaded states are the same RAM, and the host model keeps fp32 activations
-// whatever the parameters' dtype. The planner's stated per-process overheads (a CUDA context,
+// whatever the parameters' dtype. Under a tensor x pipeline grid it is the rank the planner
+// finds fullest (the first or the last stage): its part of the model, sharded over its
+// data-parallel group, and the activations of its 1F1B micro-batches in flight, split by TP. The planner's stated per-process overheads (a CUDA context,
 // the process and MPI) are left out: the budget is measured with the processes running.
 FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double budget) {
   const plan::GptShape shape = model.plan_shape();
@@ -118,17 +130,24 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
   cluster.host_bytes_per_gpu = budget;
   cluster.nvme_bytes_per_node = 1e18;  // NVMe space is the engine's to check (aio.nvme_path)
   const bool ckpt = model.activation_checkpointing;
-  return [shape, cluster, ckpt, budget](const Config& cfg, std::string& why) {
+  return [shape, cluster, ckpt, budget](const Config& cfg, GridSpec grid, std::string& why) {
     plan::Settings s = plan::settings_from(cfg);
     s.activation_checkpointing = ckpt;
-    const plan::MemoryPlan m = plan::make_plan(shape, cluster, s).memory;
-    const std::int64_t activations = plan::activation_bytes(shape, s.micro_batch, ckpt, 4,
-                                                                   plan::AttentionStore::probabilities);
+    s.tensor_parallel = grid.tensor;
+    s.pipeline_parallel = grid.pipeline;
+    // Throws for a grid or stage the planner refuses: the candidate is refused with its reason.
+    const plan::Plan p = plan::make_plan(shape, cluster, s);
+    const plan::MemoryPlan& m = p.memory;
+    const plan::StagePart part{grid.tensor, grid.pipeline, p.memory_stage};
+    const int in_flight = std::min(grid.pipeline - part.stage, s.grad_accum);
+    const std::int64_t activations = plan::stage_activation_bytes(shape, part, s.micro_batch, in_flight, ckpt, 4,
+                                                                  plan::AttentionStore::probabilities);
     const std::int64_t states = m.states.device() + m.states.host;
     const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
     const double need = static_cast<double>(states + activations + buffers);
     // Said for the candidates that run too: the table then shows how close each came.
-    why = "memory per rank: " + mib(need) + " (model states " + mib(static_cast<double>(states)) +
+    const std::string where = grid.pipeline > 1 ? "pipeline stage " + std::to_string(part.stage) + ": " : "";
+    why = "memory per rank: " + mib(need) + " (" + where + "model states " + mib(static_cast<double>(states)) +
           " + activations " + mib(static_cast<double>(activations)) + " + buffers " +
           mib(static_cast<double>(buffers)) + (need <= budget ? ") of " : ") > ") + mib(budget);
     return need <= budget;
@@ -137,11 +156,25 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
 
 }  // namespace
 
+GptSettings with_grid(const GptSettings& settings, GridSpec grid) {
+  GptSettings s = settings;
+  s.tensor_parallel = grid.tensor;
+  s.pipeline_parallel = grid.pipeline;
+  return s;
+}
+
 AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings& settings,
                              const AutotuneRequest& req) {
   ZERO_CHECK(base.resolved, "run_autotune: the base config must be resolved for the world size");
   const int world = ctx.world_size();
-  const std::int64_t per_rank = base.train_batch_size / world;
+  // The default micro-batches divide the batch of a data-parallel rank at the largest
+  // data-parallel size tried (the smallest grid): they divide it at every other grid too.
+  auto smallest = [](const std::vector<int>& sizes, int config) {
+    return sizes.empty() ? config : *std::min_element(sizes.begin(), sizes.end());
+  };
+  const int fewest = smallest(req.tensor_parallel, settings.tensor_parallel) *
+                     smallest(req.pipeline_parallel, settings.pipeline_parallel);
+  const std::int64_t per_rank = base.train_batch_size / std::max(1, world / fewest);
   std::vector<std::int64_t> micro = req.micro_batches;
   if (micro.empty())
     for (std::int64_t mb = 1; mb <= per_rank; mb *= 2)
@@ -150,7 +183,9 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   for (const auto& o : req.overlap) overlap.push_back(o == "on");
   std::vector<OffloadDevice> offload;
   for (const auto& o : req.offload) offload.push_back(offload_device(o));
-  std::vector<TuneCandidate> candidates = tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload);
+  std::vector<TuneCandidate> candidates =
+      with_grids(tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload), req.tensor_parallel,
+                 req.pipeline_parallel);
   // Across nodes, stage 3 is also tried with ZeRO++ (hpZ inside the node, qwZ): whether it pays
   // depends on the links, which the timing measures.
   const NodeLayout nodes = node_layout(ctx);
@@ -179,23 +214,41 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   opt.timed_steps = req.timed_steps;
   opt.fits = host_fits(settings.model, world, ctx.local_size(), out.memory_bytes);
   opt.config_out = out.config_path;
-  const GptConfig model = settings.model;
-  const std::uint64_t seed = settings.init_seed;
-  auto init = [model, seed](const ParamInfo& p, std::span<float> v) { init_parameter(model, p.name, v, seed); };
-  // Each candidate trains with its own trainer on the autotuner's engine: activations sized by
-  // its micro-batch, the data stream from the start, so every candidate sees the same batches.
-  auto make_step = [&ctx, &settings](Engine& engine) -> TrainStepFn {
-    auto trainer = std::make_shared<GptTrainer>(ctx, engine, settings);
+  opt.grid = {settings.tensor_parallel, settings.pipeline_parallel};
+  // The grid lives in the model section: every candidate's config (and so the winner's file)
+  // carries its own.
+  opt.record_grid = [&settings](Config& cfg, GridSpec grid) {
+    for (const auto& [name, yaml] : with_grid(settings, grid).sections()) cfg.extra_sections[name] = yaml;
+  };
+  // Each candidate's groups and engine: this rank's part of the model at the candidate's grid,
+  // initialised as zero-gpt initialises it.
+  auto make_engine = [&ctx, &settings](const Config& cfg, GridSpec grid) {
+    TuneEngine run;
+    if (grid.tensor > 1 || grid.pipeline > 1) run.groups = std::make_unique<ProcessGroups>(ctx, grid);
+    run.engine = make_gpt_engine(ctx, cfg, with_grid(settings, grid), run.groups.get());
+    return run;
+  };
+  // Each candidate trains with its own trainer on that engine: activations sized by its
+  // micro-batch, the data stream from the start, so every candidate sees the same batches.
+  auto make_step = [&ctx, &settings](TuneEngine& run) -> TrainStepFn {
+    const GptSettings s = with_grid(
+        settings, {run.groups ? run.groups->tensor_size() : 1, run.groups ? run.groups->pipeline_size() : 1});
+    auto trainer = run.groups ? std::make_shared<GptTrainer>(ctx, *run.engine, *run.groups, s)
+                              : std::make_shared<GptTrainer>(ctx, *run.engine, s);
     return [trainer](Engine&) { trainer->train_step(); };
   };
-  out.result = autotune_per_engine(ctx, tuned, build_layout(model), init, make_step, candidates, opt);
+  const GptConfig& model = settings.model;
+  out.result = autotune_grid(ctx, tuned, make_engine, make_step, candidates, opt);
 
   if (ctx.is_root()) {
     std::ofstream f(out.table_path);
     ZERO_CHECK(f, "zero-gpt --autotune: cannot write " + out.table_path + "; check the directory is writable");
     f << "# zero-gpt --autotune: " << model.describe() << ", " << world << " rank" << (world == 1 ? "" : "s")
       << ", global batch " << base.train_batch_size << ", " << req.warmup_steps << " warm-up + "
-      << req.timed_steps << " timed steps per candidate, memory per rank " << mib(out.memory_bytes) << "\n"
+      << req.timed_steps << " timed steps per candidate, memory per rank " << mib(out.memory_bytes)
+      << ", the config's grid " << format_grid(opt.grid.tensor, world / (opt.grid.tensor * opt.grid.pipeline),
+                                               opt.grid.pipeline)
+      << " (a candidate without tp / pp runs at it)\n"
       << out.result.table();
   }
   ctx.comm().barrier();

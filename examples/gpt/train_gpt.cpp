@@ -558,10 +558,6 @@ int run(zero::Context& ctx, int argc, char** argv) {
     ZERO_CHECK(!cli.resume && cli.resume_from.empty() && !cli.sample_only,
                "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
                "with --resume or --sample (tune first, then resume with the winner's config file)");
-    ZERO_CHECK(settings.tensor_parallel == 1,
-               "zero-gpt: --autotune does not consider model.tensor_parallel yet (it is " +
-                   std::to_string(settings.tensor_parallel) + "); tune with tensor_parallel: 1, or give "
-                   "the batch and stage settings yourself");
     const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
     if (ctx.is_root()) {
       std::printf("%s", zero::gpt::autotune_report(tuned).c_str());
@@ -572,6 +568,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
                                        "raise --autotune-memory");
     if (cli.autotune.then == "exit") return 0;
     rc.cfg = tuned.result.best;
+    rc.settings = zero::gpt::with_grid(rc.settings, tuned.result.best_trial.grid);  // `settings` follows
     rc.resolved_yaml = resolved_yaml(rc.cfg, settings);
   }
   // Data and engine first: a wrong data path fails before the run directory is created.

@@ -250,14 +250,71 @@ int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
 
 // ------------------------------------------------------------------------------ trainer
 
+namespace {
+
+// This rank's part of the model: the whole of it, its tensor part, or its stage's tensor part.
+zero::Layout rank_layout(const GptSettings& settings, const zero::ProcessGroups* groups) {
+  const GptConfig& mc = settings.model;
+  const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
+  if (!groups) return build_layout(mc);
+  if (P > 1) return stage_layout(mc, stage_split(mc.n_layer, P, groups->coord().pipeline), T);
+  return tensor_parallel_layout(mc, T);
+}
+
+void check_groups_match(const GptSettings& settings, const zero::ProcessGroups* groups) {
+  const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
+  ZERO_CHECK(groups ? groups->tensor_size() == T && groups->pipeline_size() == P : T == 1 && P == 1,
+             "zero-gpt: model.tensor_parallel = " + std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) +
+                 (groups ? " on process groups of tensor " + std::to_string(groups->tensor_size()) + " x pipeline " +
+                               std::to_string(groups->pipeline_size())
+                         : " without process groups") +
+                 "; build the groups with ProcessGroups(ctx, {tensor_parallel, pipeline_parallel})");
+}
+
+}  // namespace
+
+std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
+                                              zero::ProcessGroups* groups) {
+  const GptConfig& mc = settings.model;
+  const int T = settings.tensor_parallel;
+  check_groups_match(settings, groups);
+  check_tensor_parallel(mc, T);
+  check_pipeline_config(cfg, settings.pipeline_parallel);
+  // Pretrained weights are checked against the model before any memory is committed.
+  std::optional<zero::hf::Gpt2Weights> weights;
+  if (!settings.init_from.empty()) {
+    weights.emplace(settings.init_from);
+    weights->check(mc.plan_shape());
+  }
+  const zero::Layout layout = rank_layout(settings, groups);
+  auto engine = groups ? std::make_unique<zero::Engine>(ctx, cfg, layout, *groups)
+                       : std::make_unique<zero::Engine>(ctx, cfg, layout);
+  // Under tensor parallelism each rank computes the whole tensor and keeps its part, so the
+  // model is the same at every T.
+  const int t = groups ? groups->coord().tensor : 0;
+  std::vector<float> whole;
+  engine->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
+    const std::vector<std::int64_t> shape = whole_shape(p, T);
+    whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
+    if (weights) weights->read(p.name, shape, whole);
+    else init_parameter(mc, p.name, whole, settings.init_seed);
+    take_part(whole, p, T, t, v);
+  });
+  return engine;
+}
+
 GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings)
-    : GptTrainer(ctx, cfg, settings, nullptr) {}
+    : GptTrainer(ctx, cfg, settings, nullptr, nullptr) {}
 
 GptTrainer::GptTrainer(zero::Context& ctx, zero::Engine& engine, const GptSettings& settings)
-    : GptTrainer(ctx, engine.config(), settings, &engine) {}
+    : GptTrainer(ctx, engine.config(), settings, &engine, nullptr) {}
+
+GptTrainer::GptTrainer(zero::Context& ctx, zero::Engine& engine, zero::ProcessGroups& groups,
+                       const GptSettings& settings)
+    : GptTrainer(ctx, engine.config(), settings, &engine, &groups) {}
 
 GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
-                       zero::Engine* borrowed)
+                       zero::Engine* borrowed, zero::ProcessGroups* borrowed_groups)
     : ctx_(ctx), settings_(settings) {
   const GptConfig& mc = settings_.model;
   mc.validate();
@@ -268,10 +325,6 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   const int T = settings_.tensor_parallel, P = settings_.pipeline_parallel;
   check_tensor_parallel(mc, T);
   const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
-  ZERO_CHECK(!borrowed || (T == 1 && P == 1),
-             "GptTrainer: model.tensor_parallel = " + std::to_string(T) + ", pipeline_parallel = " +
-                 std::to_string(P) + " on an engine built elsewhere (the autotuner's); --autotune does not "
-                 "consider model parallelism yet: run it with tensor_parallel: 1 and pipeline_parallel: 1");
   ZERO_CHECK(cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * data_size,
              "GptTrainer: the config is resolved for " +
                  std::to_string(cfg.train_batch_size /
@@ -282,7 +335,13 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
-  if (T > 1 || P > 1) groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = P});
+  if (borrowed) {
+    groups_ = borrowed_groups;
+    check_groups_match(settings_, groups_);
+  } else if (T > 1 || P > 1) {
+    owned_groups_ = std::make_unique<zero::ProcessGroups>(ctx, zero::GridSpec{.tensor = T, .pipeline = P});
+    groups_ = owned_groups_.get();
+  }
   if (P > 1) {
     check_pipeline_config(cfg, P);
     pipe_ = std::make_unique<PipelineState>();
@@ -318,38 +377,16 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   }
 
   if (borrowed) {
-    const zero::Layout expected = build_layout(mc);
+    const zero::Layout expected = rank_layout(settings_, groups_);
     ZERO_CHECK(borrowed->layout().num_units() == expected.num_units() &&
                    borrowed->layout().num_params() == expected.num_params(),
                "GptTrainer: the engine it was given holds another model (" +
-                   std::to_string(borrowed->layout().num_params()) + " parameters, this GPT has " +
-                   std::to_string(expected.num_params()) + "); build the engine from build_layout(settings.model)");
+                   std::to_string(borrowed->layout().num_params()) + " parameters, this rank's part of this GPT has " +
+                   std::to_string(expected.num_params()) + "); build the engine with make_gpt_engine");
     engine_ = borrowed;
   } else {
-    // Pretrained weights are checked against the model before any memory is committed.
-    std::optional<zero::hf::Gpt2Weights> weights;
-    if (!settings_.init_from.empty()) {
-      weights.emplace(settings_.init_from);
-      weights->check(mc.plan_shape());
-    }
-    if (pipe_)
-      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, stage_layout(mc, pipe_->split, T), *groups_);
-    else if (groups_)
-      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, tensor_parallel_layout(mc, T), *groups_);
-    else
-      owned_engine_ = std::make_unique<zero::Engine>(ctx, cfg, build_layout(mc));
+    owned_engine_ = make_gpt_engine(ctx, cfg, settings_, groups_);
     engine_ = owned_engine_.get();
-    // Under tensor parallelism each rank computes the whole tensor and keeps its part, so the
-    // model is the same at every T.
-    const int t = groups_ ? groups_->coord().tensor : 0;
-    std::vector<float> whole;
-    engine_->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
-      const std::vector<std::int64_t> shape = whole_shape(p, T);
-      whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
-      if (weights) weights->read(p.name, shape, whole);
-      else init_parameter(mc, p.name, whole, settings_.init_seed);
-      take_part(whole, p, T, t, v);
-    });
   }
 #if ZERO_GPT_CUDA
   if (engine_->config().backend == zero::BackendKind::cuda) {

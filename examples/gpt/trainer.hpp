@@ -89,6 +89,13 @@ GptSettings read_gpt_settings(const zero::Config& cfg);
 // The data-parallel size the engine's config is resolved for: world / tensor_parallel. A world
 // size the grid does not divide is a zero::Error naming both.
 int gpt_data_parallel_size(const GptSettings& settings, int world_size);
+// This rank's engine for `settings` (cfg resolved as GptTrainer wants it): over groups->data()
+// with this rank's part of the model (its pipeline stage's units, each cut tensor_parallel ways)
+// when `groups` is given, else the whole model over the world; the parameters from init_from
+// or init_seed, the same model at every grid. `groups` must have the settings' sizes. The
+// trainer builds its own engine so; the autotuner builds one per candidate grid.
+std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
+                                              zero::ProcessGroups* groups);
 // Every key of the three sections with its default and meaning (for --help).
 std::string gpt_settings_help();
 
@@ -135,6 +142,9 @@ class GptTrainer {
   // candidate): the batch settings come from engine.config(), the parameters are left as they
   // are, and the engine must outlive the trainer.
   GptTrainer(zero::Context& ctx, zero::Engine& engine, const GptSettings& settings);
+  // The same with model parallelism: the engine runs over groups.data() (make_gpt_engine), the
+  // groups have the settings' tensor and pipeline sizes and outlive the trainer.
+  GptTrainer(zero::Context& ctx, zero::Engine& engine, zero::ProcessGroups& groups, const GptSettings& settings);
   ~GptTrainer();
   GptTrainer(const GptTrainer&) = delete;
   GptTrainer& operator=(const GptTrainer&) = delete;
@@ -219,7 +229,8 @@ class GptTrainer {
   Evaluation evaluate_windows(std::int64_t world, std::int64_t rank, bool counts,
                               const std::function<double()>& forward);
 
-  GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed);
+  GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed,
+             zero::ProcessGroups* borrowed_groups);
 
   // Pipeline parallelism (pipeline.cpp).
   ModelPart pipeline_part() const;
@@ -234,7 +245,8 @@ class GptTrainer {
   zero::Context& ctx_;
   GptSettings settings_;
   // With tensor or pipeline parallelism; before the engine, which uses it, so it outlives it.
-  std::unique_ptr<zero::ProcessGroups> groups_;
+  std::unique_ptr<zero::ProcessGroups> owned_groups_;
+  zero::ProcessGroups* groups_ = nullptr;  // owned_groups_, or the borrowed ones
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
   std::unique_ptr<Ops> ops_;

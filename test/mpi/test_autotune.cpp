@@ -2,6 +2,8 @@
 // rules out are not run, a candidate whose micro-batch does not divide the global batch fails
 // with the config's message, every other one is timed, the fastest wins, and the winner's config
 // file loads back with the winner's settings.
+// with_grids builds the grid candidates; autotune() without an engine factory fails a grid
+// candidate that needs groups and refuses one whose sizes do not divide the ranks.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -64,7 +66,7 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
   cluster.gpu.memory_bytes = static_cast<double>(plan::make_plan(shape, cluster, s2).memory.gpu_bytes);
 
   auto candidates = tune_grid({0, 2, 3}, {1, 2, 4});
-  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}, {}, {}});  // 3 does not divide 4 per rank
+  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}, {}, {}, {}, {}});  // 3 does not divide 4 per rank
   const auto dir = std::filesystem::temp_directory_path() / ("zero_autotune_np" + std::to_string(world));
   std::filesystem::create_directories(dir);
   TuneOptions opt;
@@ -157,4 +159,41 @@ TEST_CASE("autotune tries ZeRO++ variants of the stage-3 candidates", "[autotune
   const Config loaded = load_config(opt.config_out);
   CHECK(loaded.zero_optimization.zero_hpz_partition_size == r.best_trial.candidate.hpz_partition_size.value_or(1));
   CHECK(loaded.zero_optimization.zero_quantized_weights == r.best_trial.candidate.quantized_weights.value_or(false));
+}
+
+TEST_CASE("autotune grids: with_grids, refused sizes, the whole-model entry points", "[autotune][mpi]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  // The grid varies slowest; an empty list keeps the base's size (unset).
+  const auto c = with_grids(tune_grid({0, 1}, {}), {1, 2}, {});
+  REQUIRE(c.size() == 4);
+  CHECK(c[0].label() == "stage 0, tp 1");
+  CHECK(c[1].label() == "stage 1, tp 1");
+  CHECK(c[3].label() == "stage 1, tp 2");
+  CHECK_FALSE(c[3].pipeline_parallel);
+  CHECK(c[3].grid({1, 3}).tensor == 2);
+  CHECK(c[3].grid({1, 3}).pipeline == 3);
+
+  const plan::GptShape shape{"", 2, 2, 64, 32, 256};
+  std::string y = "train_batch_size: " + std::to_string(2 * world) + "\ntrain_micro_batch_size_per_gpu: 1\n";
+  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+  // tp 1 runs; tp <world> needs groups, which autotune() does not build; tp <world + 1> does not
+  // divide the ranks.
+  const auto candidates = with_grids(tune_grid({0}, {}), {1, world, world + 1}, {});
+  TuneOptions opt;
+  opt.timed_steps = 1;
+  TuneResult r =
+      autotune(ctx, parse_config(y, "test_autotune"), plan::gpt_layout(shape), init, train_step, candidates, opt);
+  REQUIRE(r.trials.size() == 3);
+  CHECK(r.trials[0].outcome == TuneTrial::Outcome::timed);
+  if (world > 1) {
+    CHECK(r.trials[1].outcome == TuneTrial::Outcome::failed);
+    CHECK_THAT(r.trials[1].note, Catch::Contains("use autotune_grid()"));
+  }
+  CHECK(r.trials[2].outcome == TuneTrial::Outcome::refused);
+  CHECK_THAT(r.trials[2].note, Catch::Contains("does not divide the " + std::to_string(world) + " ranks"));
+  CHECK(r.trials[2].grid.tensor == world + 1);
+  CHECK_THAT(r.table(), Catch::Contains("stage 0, tp " + std::to_string(world + 1) + " | refused |"));
+  REQUIRE(r.found);
+  CHECK(r.best_index == 0);
 }

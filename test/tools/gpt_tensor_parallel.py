@@ -4,9 +4,9 @@
 The same global batch and initial model: every step's loss and gradient norm in metrics.jsonl
 agree within 1e-4 relative, the validation loss likewise, and the greedy sample is the same
 text. The start record and the log show the grid. A world that tensor groups of 2 do not fill
-(3 ranks) and a model whose heads do not divide are refused with a message naming the setting, and
-so is --autotune (which does not consider tensor parallelism yet). Checkpoints under tensor
-parallelism: gpt_tensor_parallel_checkpoint.py.
+(3 ranks) and a model whose heads do not divide are refused with a message naming the setting.
+--autotune with tensor_parallel 2 tunes at that grid and its winner's file keeps it. Checkpoints
+under tensor parallelism: gpt_tensor_parallel_checkpoint.py.
 
     gpt_tensor_parallel.py MPIEXEC "FLAGS;..." ZERO_GPT CONFIG WORKDIR
 """
@@ -86,9 +86,16 @@ bad_heads = run(1, os.path.join(work, "heads"), "--set", "model.tensor_parallel=
 if bad_heads.returncode == 0 or "n_head = 2" not in bad_heads.stdout + bad_heads.stderr:
     sys.exit(f"2 heads at tensor_parallel 4 were not refused clearly:\n{bad_heads.stdout}\n{bad_heads.stderr}")
 
-tune = run(2, os.path.join(work, "tune"), "--set", "model.tensor_parallel=2", "--autotune")
-if tune.returncode == 0 or "--autotune does not consider model.tensor_parallel" not in tune.stdout + tune.stderr:
-    sys.exit(f"--autotune at tensor_parallel 2 was not refused:\n{tune.stdout}\n{tune.stderr}")
+tune_dir = os.path.join(work, "tune")
+tune = run(2, tune_dir, "--set", "model.tensor_parallel=2", "--autotune", "--autotune-stages", "0,1",
+           "--autotune-micro-batches", "4", "--autotune-offload", "none", "--autotune-steps", "1")
+if tune.returncode != 0 or "fastest: " not in tune.stdout:
+    sys.exit(f"--autotune at tensor_parallel 2 did not tune:\n{tune.stdout}\n{tune.stderr}")
+with open(os.path.join(tune_dir, "autotune.yaml"), encoding="utf-8") as f:
+    tuned = f.read()
+if "  tensor_parallel: 2\n" not in tuned or "TP 2 x DP 1 x PP 1" not in tune.stdout + open(
+        os.path.join(tune_dir, "autotune.txt"), encoding="utf-8").read():
+    sys.exit(f"--autotune's winner lost the grid tensor_parallel 2:\n{tuned}\n{tune.stdout}")
 
 print(f"TP 2 on 2 ranks = 1 rank over {STEPS} steps: loss {train_w[0]['loss']:.4f} -> "
       f"{train_w[-1]['loss']:.4f}, largest deviation {worst:.1e} (loss, gradient norm); "

@@ -4,15 +4,21 @@
 // DeepSpeed's autotuner launches trials, including ones that run out of memory; here the
 // planner (zero/plan.hpp) rules those out first, so only candidates that can fit cost time.
 // Each candidate is the base config with some settings changed (stage, micro-batch at the same
-// global batch, bucket sizes, overlap, optimizer offload). The application supplies its training
-// step; every candidate gets a fresh Engine, the same initial parameters, warm-up steps, then
-// timed steps (the slowest rank's wall time). The result holds the winning Config (written as
-// YAML when asked) and a table of every candidate: skipped with the planner's reason, failed
-// with its error, or timed.
+// global batch, bucket sizes, overlap, optimizer offload, and the tensor x pipeline grid of a
+// loop with model parallelism). The application supplies its training step; every candidate
+// gets a fresh Engine, the same initial parameters, warm-up steps, then timed steps (the slowest
+// rank's wall time). The result holds the winning Config (written as YAML when asked) and a
+// table of every candidate: refused (a grid that does not divide the world, or that the planner
+// refuses), skipped with the planner's memory verdict, failed with its error, or timed.
+//
+// A candidate with its own grid needs its own process groups (zero/groups.hpp) and this rank's
+// part of the model: autotune_grid() takes a factory that builds both for a (config, grid)
+// pair; autotune() and autotune_per_engine() are that with the whole model over the world.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +26,7 @@
 
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
+#include "zero/groups.hpp"
 #include "zero/layout.hpp"
 #include "zero/plan.hpp"
 
@@ -36,6 +43,13 @@ struct TuneCandidate {
   std::optional<OffloadDevice> offload_optimizer;
   std::optional<int> hpz_partition_size;     // ZeRO++ hpZ (stage 3)
   std::optional<bool> quantized_weights;     // ZeRO++ qwZ (stage 3)
+  // The grid (ProcessGroups): ranks splitting each layer, pipeline stages; the data-parallel
+  // size, which the config is resolved for, is world / (T x P). Unset: TuneOptions::grid's.
+  std::optional<int> tensor_parallel;
+  std::optional<int> pipeline_parallel;
+  GridSpec grid(GridSpec base) const {
+    return {tensor_parallel.value_or(base.tensor), pipeline_parallel.value_or(base.pipeline)};
+  }
   std::string label() const;
 };
 
@@ -48,24 +62,30 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
 // ZeRO++ for runs across nodes: each stage-3 candidate (a stage of 3, or an unset stage when
 // the base is at stage 3) is followed by its variants with hpZ over `hpz_group` ranks (normally
 // the ranks of a node; 1 skips hpZ), with qwZ, and with both.
+// Each candidate once per (tensor, pipeline) pair of the lists, the grid varying slowest (an
+// empty list keeps the base's size).
+std::vector<TuneCandidate> with_grids(const std::vector<TuneCandidate>& candidates, const std::vector<int>& tensor,
+                                      const std::vector<int>& pipeline);
+
 std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>& candidates, int base_stage,
                                                int hpz_group);
 
 struct TuneTrial {
   TuneCandidate candidate;
-  enum class Outcome { timed, does_not_fit, failed } outcome = Outcome::failed;
+  enum class Outcome { timed, does_not_fit, failed, refused } outcome = Outcome::failed;
   std::string note;            // the planner's reason, or the error
+  GridSpec grid;               // the tensor x pipeline sizes it ran (or would have run) with
   double step_s = 0;           // mean over the timed steps, slowest rank
   double samples_per_s = 0;    // global batch / step_s
 };
 
-// The planner's verdict on a resolved candidate config: true to run it; false with `why` set.
-using FitsFn = std::function<bool(const Config& cfg, std::string& why)>;
-// fits() for a GPT of `shape` on `cluster` (plan::make_plan with the config's settings). A loop
-// whose engine runs over the data-parallel group of a tensor x pipeline grid (zero::ProcessGroups)
-// passes the grid's sizes: the verdict is then a rank's, holding its part of the model.
-FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster, int tensor_parallel = 1,
-                 int pipeline_parallel = 1);
+// The planner's verdict on a resolved candidate config (resolved for the data-parallel size of
+// `grid`): true to run it; false with `why` set. A zero::Error thrown here refuses the
+// candidate with its message (a grid or stage the planner does not accept).
+using FitsFn = std::function<bool(const Config& cfg, GridSpec grid, std::string& why)>;
+// fits() for a GPT of `shape` on `cluster` (plan::make_plan with the config's settings and the
+// candidate's grid): a rank's verdict, holding its part of the model.
+FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster);
 
 struct TuneOptions {
   int warmup_steps = 1;
@@ -73,12 +93,16 @@ struct TuneOptions {
   FitsFn fits;                // null: every candidate runs
   std::string config_out;     // rank 0 writes the winner's YAML here (empty: not written)
   std::string table_out;      // rank 0 writes the trial table here (empty: not written)
+  GridSpec grid;              // the base's grid: what a candidate without sizes runs with
+  // Where the application's config keeps the grid (the engine's keys do not: a GPT's model
+  // section, say): called on every candidate's resolved config, so the winner's carries it.
+  std::function<void(Config& cfg, GridSpec grid)> record_grid;
 };
 
 struct TuneResult {
   bool found = false;
   int best_index = -1;        // into trials
-  Config best;                // resolved for the world size it was tuned at
+  Config best;                // resolved for its data-parallel size at the world size it was tuned at
   TuneTrial best_trial;
   std::vector<TuneTrial> trials;
   std::string table() const;  // one row per candidate, the winner marked
@@ -102,5 +126,24 @@ using MakeTrainStepFn = std::function<TrainStepFn(Engine& engine)>;
 TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
                                const MakeTrainStepFn& make_train_step,
                                const std::vector<TuneCandidate>& candidates, const TuneOptions& options = {});
+
+// A candidate's engine and the groups it runs over. Members in this order: the engine goes
+// before its groups.
+struct TuneEngine {
+  std::unique_ptr<ProcessGroups> groups;  // null: the engine runs over the world (a 1 x 1 grid)
+  std::unique_ptr<Engine> engine;         // this rank's part of the model, parameters initialised
+};
+// Collective: builds the engine for a resolved candidate config over `grid` (its groups, this
+// rank's layout, the engine over groups->data(), the initial parameters). A zero::Error fails
+// the candidate with its message (a grid the model cannot be split by, a stage it refuses).
+using MakeEngineFn = std::function<TuneEngine(const Config& cfg, GridSpec grid)>;
+// As MakeTrainStepFn, with the groups the step's model parallelism runs over.
+using MakeGridStepFn = std::function<TrainStepFn(TuneEngine& run)>;
+// Candidates with their own grids: each one's groups and engine come from make_engine, the
+// config is resolved for world / (T x P) data-parallel ranks at the base's global batch, and
+// a grid whose T x P does not divide the world is refused before anything is built.
+TuneResult autotune_grid(Context& ctx, const Config& base, const MakeEngineFn& make_engine,
+                         const MakeGridStepFn& make_train_step, const std::vector<TuneCandidate>& candidates,
+                         const TuneOptions& options = {});
 
 }  // namespace zero

@@ -14,11 +14,12 @@ namespace zero {
 
 namespace {
 
-// The base config with the candidate's changes, resolved for `world` ranks at the base's
-// global batch. Throws (zero::Error) when the micro-batch does not divide the global batch.
-Config apply(const Config& base, const TuneCandidate& c, int world) {
+// The base config with the candidate's changes, resolved for `data_parallel` ranks at the
+// base's global batch (the base is resolved for `base_data_parallel` when it is not yet).
+// Throws (zero::Error) when the micro-batch does not divide the global batch.
+Config apply(const Config& base, const TuneCandidate& c, int base_data_parallel, int data_parallel) {
   Config cfg = base;
-  if (!cfg.resolved) cfg.resolve(world);
+  if (!cfg.resolved) cfg.resolve(base_data_parallel);
   const std::int64_t global = cfg.train_batch_size;
   auto& z = cfg.zero_optimization;
   if (c.stage) z.stage = *c.stage;
@@ -27,13 +28,12 @@ Config apply(const Config& base, const TuneCandidate& c, int world) {
   if (c.offload_optimizer) z.offload_optimizer.device = *c.offload_optimizer;
   if (c.hpz_partition_size) z.zero_hpz_partition_size = *c.hpz_partition_size;
   if (c.quantized_weights) z.zero_quantized_weights = *c.quantized_weights;
-  if (c.micro_batch) {
-    cfg.train_micro_batch_size_per_gpu = *c.micro_batch;
-    cfg.gradient_accumulation_steps = 0;  // derived from the global batch
-  }
+  if (c.micro_batch) cfg.train_micro_batch_size_per_gpu = *c.micro_batch;
+  // Derived from the global batch: another micro-batch or data-parallel size changes it.
+  if (c.micro_batch || data_parallel != base_data_parallel) cfg.gradient_accumulation_steps = 0;
   cfg.train_batch_size = global;
   cfg.resolved = false;
-  cfg.resolve(world);
+  cfg.resolve(data_parallel);
   return cfg;
 }
 
@@ -53,6 +53,8 @@ std::string TuneCandidate::label() const {
   if (offload_optimizer) { l << sep << "offload " << to_string(*offload_optimizer); sep = ", "; }
   if (hpz_partition_size && *hpz_partition_size > 1) { l << sep << "hpz " << *hpz_partition_size; sep = ", "; }
   if (quantized_weights && *quantized_weights) { l << sep << "qwz"; sep = ", "; }
+  if (tensor_parallel) { l << sep << "tp " << *tensor_parallel; sep = ", "; }
+  if (pipeline_parallel) { l << sep << "pp " << *pipeline_parallel; sep = ", "; }
   std::string s = l.str();
   return s.empty() ? "base" : s;
 }
@@ -74,8 +76,24 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
         for (auto ov : opts(overlap))
           for (auto off : opts(offload)) {
             if (off && *off != OffloadDevice::none && st && *st == 0) continue;  // offload needs stage >= 1
-            out.push_back(TuneCandidate{st, mb, b, ov, off, {}, {}});
+            out.push_back(TuneCandidate{st, mb, b, ov, off, {}, {}, {}, {}});
           }
+  return out;
+}
+
+std::vector<TuneCandidate> with_grids(const std::vector<TuneCandidate>& candidates, const std::vector<int>& tensor,
+                                      const std::vector<int>& pipeline) {
+  std::vector<std::optional<int>> ts(tensor.begin(), tensor.end()), ps(pipeline.begin(), pipeline.end());
+  if (ts.empty()) ts.emplace_back();
+  if (ps.empty()) ps.emplace_back();
+  std::vector<TuneCandidate> out;
+  for (const auto& t : ts)
+    for (const auto& p : ps)
+      for (TuneCandidate c : candidates) {
+        c.tensor_parallel = t;
+        c.pipeline_parallel = p;
+        out.push_back(std::move(c));
+      }
   return out;
 }
 
@@ -98,12 +116,11 @@ std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>&
   return out;
 }
 
-FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster, int tensor_parallel,
-                 int pipeline_parallel) {
-  return [shape, cluster, tensor_parallel, pipeline_parallel](const Config& cfg, std::string& why) {
+FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster) {
+  return [shape, cluster](const Config& cfg, GridSpec grid, std::string& why) {
     plan::Settings s = plan::settings_from(cfg);
-    s.tensor_parallel = tensor_parallel;
-    s.pipeline_parallel = pipeline_parallel;
+    s.tensor_parallel = grid.tensor;
+    s.pipeline_parallel = grid.pipeline;
     const plan::Plan p = plan::make_plan(shape, cluster, s);
     why = p.why;
     return p.fits;
@@ -120,39 +137,81 @@ TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, cons
 TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
                                const MakeTrainStepFn& make_train_step,
                                const std::vector<TuneCandidate>& candidates, const TuneOptions& options) {
+  auto make_engine = [&ctx, &layout, &init](const Config& cfg, GridSpec grid) {
+    ZERO_CHECK(grid.tensor == 1 && grid.pipeline == 1,
+               fmt::format("autotune: a candidate with tensor {} x pipeline {} needs its own process groups and "
+                           "its part of the model; use autotune_grid() with an engine factory",
+                           grid.tensor, grid.pipeline));
+    TuneEngine run;
+    run.engine = std::make_unique<Engine>(ctx, cfg, layout);
+    run.engine->init_params(init);
+    return run;
+  };
+  return autotune_grid(
+      ctx, base, make_engine, [&make_train_step](TuneEngine& run) { return make_train_step(*run.engine); },
+      candidates, options);
+}
+
+TuneResult autotune_grid(Context& ctx, const Config& base, const MakeEngineFn& make_engine,
+                         const MakeGridStepFn& make_train_step, const std::vector<TuneCandidate>& candidates,
+                         const TuneOptions& options) {
   ZERO_CHECK(!candidates.empty(), "autotune: no candidates; build some with tune_grid()");
   ZERO_CHECK(options.timed_steps >= 1 && options.warmup_steps >= 0,
              "autotune: timed_steps must be >= 1 and warmup_steps >= 0");
   Communicator& comm = ctx.comm();
   const int world = ctx.world_size();
+  const int base_ranks = options.grid.tensor * options.grid.pipeline;
+  ZERO_CHECK(base_ranks >= 1 && world % base_ranks == 0,
+             fmt::format("autotune: the base grid tensor {} x pipeline {} does not divide the {} ranks; set "
+                         "TuneOptions::grid to the sizes the base config runs with",
+                         options.grid.tensor, options.grid.pipeline, world));
   TuneResult result;
   for (const auto& cand : candidates) {
     TuneTrial t;
     t.candidate = cand;
+    t.grid = cand.grid(options.grid);
+    const int ranks = t.grid.tensor * t.grid.pipeline;
+    if (ranks < 1 || t.grid.tensor < 1 || world % ranks != 0) {
+      t.outcome = TuneTrial::Outcome::refused;
+      t.note = fmt::format("tensor {} x pipeline {} does not divide the {} ranks", t.grid.tensor, t.grid.pipeline,
+                           world);
+      result.trials.push_back(std::move(t));
+      continue;
+    }
     Config cfg;
     try {
-      cfg = apply(base, cand, world);
+      cfg = apply(base, cand, world / base_ranks, world / ranks);
+      if (options.record_grid) options.record_grid(cfg, t.grid);
     } catch (const Error& e) {
       t.note = e.what();
       result.trials.push_back(std::move(t));
       continue;
     }
-    if (options.fits && !options.fits(cfg, t.note)) {
-      t.outcome = TuneTrial::Outcome::does_not_fit;
-      result.trials.push_back(std::move(t));
-      continue;
+    if (options.fits) {
+      bool fits = false;
+      try {
+        fits = options.fits(cfg, t.grid, t.note);
+        t.outcome = fits ? TuneTrial::Outcome::failed : TuneTrial::Outcome::does_not_fit;
+      } catch (const Error& e) {
+        t.outcome = TuneTrial::Outcome::refused;
+        t.note = e.what();
+      }
+      if (!fits) {
+        result.trials.push_back(std::move(t));
+        continue;
+      }
     }
     // A failure on any rank fails the candidate on every rank, so all ranks move on together.
     double elapsed = 0;
     std::string error;
     try {
-      Engine engine(ctx, cfg, layout);
-      engine.init_params(init);
-      const TrainStepFn train_step = make_train_step(engine);
-      for (int s = 0; s < options.warmup_steps; ++s) train_step(engine);
+      TuneEngine run = make_engine(cfg, t.grid);
+      ZERO_CHECK(run.engine, "autotune: the engine factory returned no engine");
+      const TrainStepFn train_step = make_train_step(run);
+      for (int s = 0; s < options.warmup_steps; ++s) train_step(*run.engine);
       comm.barrier();
       const auto start = std::chrono::steady_clock::now();
-      for (int s = 0; s < options.timed_steps; ++s) train_step(engine);
+      for (int s = 0; s < options.timed_steps; ++s) train_step(*run.engine);
       elapsed = seconds_since(start);
     } catch (const std::exception& e) {
       error = e.what();
@@ -201,6 +260,7 @@ std::string TuneResult::table() const {
       case TuneTrial::Outcome::timed: o << fmt::format("timed | {:.6f} | {:.1f} | ", t.step_s, t.samples_per_s); break;
       case TuneTrial::Outcome::does_not_fit: o << "does not fit | - | - | "; break;
       case TuneTrial::Outcome::failed: o << "failed | - | - | "; break;
+      case TuneTrial::Outcome::refused: o << "refused | - | - | "; break;
     }
     o << t.note << "\n";
   }
