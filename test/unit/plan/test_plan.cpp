@@ -579,10 +579,14 @@ TEST_CASE("grid: autotune's fit verdict is a rank's of the grid", "[plan][grid]"
   cfg.gradient_accumulation_steps = 4;
   std::string why;
   // 13B at stage 1 over 64 data-parallel ranks: 6 bytes a parameter stay on every rank.
-  CHECK_FALSE(plan_fits(gpt_preset("gpt3-13b"), c)(cfg, why));
+  CHECK_FALSE(plan_fits(gpt_preset("gpt3-13b"), c)(cfg, {}, why));
   CHECK_THAT(why, Catch::Contains("GPU memory"));
   // As one rank of TP 4 x PP 4 x DP 4 it holds 1/16 of the model.
-  CHECK(plan_fits(gpt_preset("gpt3-13b"), c, 4, 4)(cfg, why));
+  CHECK(plan_fits(gpt_preset("gpt3-13b"), c)(cfg, {4, 4}, why));
+  // Stage 2 with a pipeline: the planner refuses it (autotune lists the candidate as refused).
+  cfg.zero_optimization.stage = 2;
+  CHECK_THROWS_WITH(plan_fits(gpt_preset("gpt3-13b"), c)(cfg, {4, 4}, why),
+                    Catch::Contains("ZeRO stage 2 with pipeline parallelism 4 is refused"));
 }
 
 TEST_CASE("ZeRO++: hpZ and qwZ lead the ranking when the inter-node link is slow, and only then", "[plan]") {
