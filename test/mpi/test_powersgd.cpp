@@ -1,6 +1,7 @@
 // PowerSGD (gradient_compression: {type: powersgd}), at 2 and 4 ranks:
 //   - one compressor step against a double-precision reference of the same algorithm, written
 //     here from every rank's (deterministic) gradient: P, Q, the reduced gradient and the error;
+//   - bf16 factors: half the factors' bytes, Q rounded to bf16, the rounding kept as error;
 //   - a rank of at least min(rows, cols) gives the plain all-reduce, step after step;
 //   - error feedback: the applied gradients add up to the true ones, less the mean error;
 //   - the engine: start_step, stage 1 against stage 0, offload, accumulation, clipping, an
@@ -10,6 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -156,6 +159,60 @@ TEST_CASE("PowerSGD: two compressed steps against a double-precision reference",
     CHECK(poff <= tol);  // orthonormal columns: entries at most 1
     CHECK(eoff <= tol * max_abs(sum));
     // The error is what was not sent: P P^T of it is zero up to rounding (P orthonormal).
+  }
+}
+
+TEST_CASE("PowerSGD: bf16 factors halve their bytes, and the rounding goes into the error buffers", "[powersgd]") {
+  const int world = ctx().world_size(), me = ctx().rank();
+  const std::int64_t rows = 40, cols = 30;
+  const int r = 3;
+  Bench b32(rows, cols), b16(rows, cols);
+  GradientCompressionConfig g16 = psgd(r, 2.0);
+  g16.factor_dtype = DType::bf16;
+  PowerSgd p32(ctx().comm(), b32.layout, b32.shapes, psgd(r, 2.0), DType::f32, 0, false);
+  PowerSgd p16(ctx().comm(), b16.layout, b16.shapes, g16, DType::f32, 0, false);
+  // The ring model's bytes of one all-reduce of c elements of one byte, per rank.
+  auto ring = [&](std::int64_t c) { return 2 * (world - 1) * ((c + world - 1) / world); };
+  for (int t = 0; t < 2; ++t) {
+    b32.fill(me, t);
+    b16.fill(me, t);
+    const TrafficBytes t0 = ctx().comm().traffic();
+    REQUIRE(p32.reduce(b32.fulls(), t, 1.0));
+    const TrafficBytes t1 = ctx().comm().traffic();
+    REQUIRE(p16.reduce(b16.fulls(), t, 1.0));
+    const TrafficBytes t2 = ctx().comm().traffic();
+    const std::int64_t d32 = (t1 - t0).intra_node + (t1 - t0).inter_node;
+    const std::int64_t d16 = (t2 - t1).intra_node + (t2 - t1).inter_node;
+    // Everything else is the same; P's and Q's all-reduces take 2 bytes an element instead of 4.
+    CHECK(d32 - d16 == 2 * (ring(rows * r) + ring(cols * r)));
+    // The agreed Q is a sum rounded to bf16: every value has a zero lower half.
+    for (float v : p16.matrices()[0].q) CHECK((std::bit_cast<std::uint32_t>(v) & 0xFFFFu) == 0u);
+    // Within bf16 rounding (2^-8 relative per factor) of the fp32 factors' gradient, not equal.
+    double worst = 0, largest = 0;
+    for (std::int64_t i = 0; i < rows * cols; ++i) {
+      worst = std::max(worst, static_cast<double>(std::abs(b16.full[static_cast<std::size_t>(i)] - b32.full[static_cast<std::size_t>(i)])));
+      largest = std::max(largest, static_cast<double>(std::abs(b32.full[static_cast<std::size_t>(i)])));
+    }
+    INFO("step " << t << ": bf16 factors' gradient off by " << worst << " (largest " << largest << ")");
+    CHECK(worst <= 1.5e-2 * largest);
+    CHECK(worst > 0.0);
+    for (std::int64_t i = 0; i < 5; ++i)  // the plain rest is untouched by the factors' dtype
+      CHECK(b16.full[static_cast<std::size_t>(rows * cols + i)] == b32.full[static_cast<std::size_t>(rows * cols + i)]);
+    if (t == 0) {
+      // Nothing lost: the sent gradient plus every rank's error is the sum of the gradients.
+      std::vector<float> err = p16.matrices()[0].error;
+      ctx().comm().all_reduce(err.data(), err.size(), DType::f32);
+      std::vector<double> sum(err.size(), 0.0);
+      for (int k = 0; k < world; ++k) {
+        Bench g(rows, cols);
+        g.fill(k, t);
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += g.full[i];
+      }
+      double off = 0;
+      for (std::size_t i = 0; i < sum.size(); ++i) off = std::max(off, std::abs(b16.full[i] + err[i] - sum[i]));
+      INFO("sent + errors against the sum: off by " << off << " (largest " << max_abs(sum) << ")");
+      CHECK(off <= 1e-5 * max_abs(sum));
+    }
   }
 }
 

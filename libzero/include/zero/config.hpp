@@ -150,6 +150,9 @@ struct GradientCompressionConfig {
   std::int64_t start_step = 0;        // PyTorch: start_powerSGD_iter; plain all-reduce before it
   double min_compression_rate = 2.0;  // as PyTorch's
   bool warm_start = true;             // Q starts from the previous step's
+  // What the factors P and Q are all-reduced in: fp32, or bf16 (half the bytes; as PyTorch's
+  // bf16_compress_wrapper around powerSGD_hook). The error buffers see the rounded factors.
+  DType factor_dtype = DType::f32;
 };
 
 struct AioConfig {

@@ -257,6 +257,16 @@ const std::vector<Spec>& config_keys() {
        .slot = [](Config& c) -> Slot { return &c.gradient_compression.warm_start; },
        .doc = "PowerSGD: start each step's power iteration from the previous step's Q (false: a new random Q).",
        .inapplicable = powersgd_only},
+      {.path = "gradient_compression.factor_dtype", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.gradient_compression.factor_dtype); },
+                        [](Config& k, int v) { k.gradient_compression.factor_dtype = DType(v); }};
+       },
+       .choices = {"fp32", "bf16"},
+       .doc = "PowerSGD: the dtype the factors P and Q are all-reduced in; `bf16` (as PyTorch's "
+              "`bf16_compress_wrapper`) halves their counted bytes and keeps the rounding in the error "
+              "buffers; the host backend's MPI wire still carries them as fp32 (README, PowerSGD).",
+       .inapplicable = powersgd_only},
 
       // ---- aio
       {.path = "aio.block_size", .kind = Kind::integer,

@@ -60,11 +60,13 @@ void orthogonalize(float* p, std::int64_t rows, int r, std::vector<double>& cols
 
 PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
                    const GradientCompressionConfig& cfg, DType grad_dtype, int stage, bool log)
-    : comm_(comm), shapes_(shapes), cfg_(cfg), gdt_(grad_dtype) {
+    : comm_(comm), shapes_(shapes), cfg_(cfg), gdt_(grad_dtype), fdt_(cfg.factor_dtype) {
   ZERO_CHECK(stage <= 1, fmt::format("gradient_compression: PowerSGD applies to stages 0 and 1, not stage {}: stages "
                                      "2 and 3 reduce-scatter the gradient, and a low-rank product cannot be "
                                      "reduce-scattered; use stage 0 or 1",
                                      stage));
+  ZERO_CHECK(fdt_ == DType::f32 || fdt_ == DType::bf16,
+             fmt::format("gradient_compression.factor_dtype = {}: the factors go as fp32 or bf16", dtype_name(fdt_)));
   ZERO_CHECK(cfg.rank >= 1, fmt::format("gradient_compression.rank = {}: PowerSGD needs a rank of at least 1", cfg.rank));
   std::int64_t compressed_elems = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
@@ -101,14 +103,17 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
   p_.resize(static_cast<std::size_t>(p_elems_));
   qsum_.resize(static_cast<std::size_t>(q_elems_));
   plain_buf_.resize(static_cast<std::size_t>(plain_elems_) * dtype_size(gdt_));
+  if (fdt_ != DType::f32) wire_.resize(static_cast<std::size_t>(std::max(p_elems_, q_elems_)) * dtype_size(fdt_));
   row_.resize(kChunk);
   if (log) {
     const double plain_bytes = static_cast<double>(compressed_elems + plain_elems_) * static_cast<double>(dtype_size(gdt_));
-    const double sent = static_cast<double>(factor_elements()) * 4.0 + static_cast<double>(plain_elems_) * static_cast<double>(dtype_size(gdt_));
+    const double sent = static_cast<double>(factor_elements()) * static_cast<double>(dtype_size(fdt_)) +
+                        static_cast<double>(plain_elems_) * static_cast<double>(dtype_size(gdt_));
     log_info("gradient_compression: PowerSGD rank {} from step {}: {} matrices compressed ({} elements) into {} "
-             "fp32 factor elements, {} elements all-reduced plainly; {} all-reduced per step instead of {} ({:.1f}x "
+             "{} factor elements, {} elements all-reduced plainly; {} all-reduced per step instead of {} ({:.1f}x "
              "fewer){}",
-             cfg.rank, cfg.start_step, matrices_.size(), compressed_elems, factor_elements(), plain_elems_,
+             cfg.rank, cfg.start_step, matrices_.size(), compressed_elems, factor_elements(), dtype_name(fdt_),
+             plain_elems_,
              format_bytes(static_cast<std::uint64_t>(sent)), format_bytes(static_cast<std::uint64_t>(plain_bytes)),
              sent > 0 ? plain_bytes / sent : 0.0,
              stage == 1 ? "; stage 1: the factors are all-reduced (no reduce-scatter), each rank keeps its slice" : "");
@@ -119,6 +124,20 @@ void PowerSgd::random_q(Matrix& m, std::uint64_t stream) const {
   std::uint64_t s = 0x5EED0F9A2D3C4B1Full ^ (stream * 0xD1B54A32D192ED03ull);
   m.q.resize(static_cast<std::size_t>(m.cols * m.rank));
   for (float& v : m.q) v = static_cast<float>(static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+void PowerSgd::all_reduce_factors(std::vector<float>& v, std::int64_t n) {
+  if (n == 0) return;
+  const std::size_t c = static_cast<std::size_t>(n);
+  if (fdt_ == DType::f32) {
+    comm_.all_reduce(v.data(), c, DType::f32);
+    return;
+  }
+  // Each rank's factors rounded to 16 bits, the sum rounded again: every rank then computes
+  // with the same rounded values, and the error buffers keep what the rounding lost.
+  convert(v.data(), DType::f32, wire_.data(), fdt_, c);
+  comm_.all_reduce(wire_.data(), c, fdt_);
+  convert(wire_.data(), fdt_, v.data(), DType::f32, c);
 }
 
 void PowerSgd::plain_all(const std::vector<void*>& fulls) {
@@ -178,7 +197,7 @@ bool PowerSgd::reduce(const std::vector<void*>& fulls, std::int64_t step, double
                 1.0f, m.error.data(), static_cast<int>(m.cols), m.q.data(), m.rank, 0.0f, p_.data() + po, m.rank);
     po += static_cast<std::size_t>(m.rows * m.rank);
   }
-  if (p_elems_ > 0) comm_.all_reduce(p_.data(), static_cast<std::size_t>(p_elems_), DType::f32);
+  all_reduce_factors(p_, p_elems_);
 
   // Orthogonalize P (the same input on every rank gives the same P), then Q = M^T P.
   std::vector<double> work;
@@ -192,7 +211,7 @@ bool PowerSgd::reduce(const std::vector<void*>& fulls, std::int64_t step, double
     po += static_cast<std::size_t>(m.rows * m.rank);
     qo += static_cast<std::size_t>(m.cols * m.rank);
   }
-  if (q_elems_ > 0) comm_.all_reduce(qsum_.data(), static_cast<std::size_t>(q_elems_), DType::f32);
+  all_reduce_factors(qsum_, q_elems_);
 
   // The reduced gradient P Q^T and this rank's new error. Written out as loops, not a BLAS
   // call: every rank must produce the same bits from the same P and Q, whatever its BLAS

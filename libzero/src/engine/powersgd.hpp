@@ -10,7 +10,10 @@
 //   the reduced gradient is P Q^T, the sum over ranks of the projection of each M onto span(P),
 //   identical on every rank; error = M - P Q^T / world, this rank's share of what was not sent.
 // Vectors and matrices that would not shrink are all-reduced as they are, in one batch. What
-// crosses the ranks per step: (rows + cols) x r fp32 per compressed matrix, plus the plain rest.
+// crosses the ranks per step: (rows + cols) x r factor values per compressed matrix, in fp32 or
+// (gradient_compression.factor_dtype) bf16, plus the plain rest. With bf16 each rank's P and Q
+// are rounded before the all-reduce and the sum after it, so every rank orthogonalizes and
+// multiplies the same values, and M - P Q^T / world carries the rounding into the error buffer.
 //
 // The error is kept in fp32 without the loss scale (the gradients carry the step's scale, which
 // dynamic fp16 scaling changes between steps). Before gradient_compression.start_step, and in a
@@ -53,7 +56,7 @@ class PowerSgd {
   const std::vector<Matrix>& matrices() const { return matrices_; }
   // The last compressed step's orthogonalized P of every matrix, back to back ([rows, rank] each).
   const std::vector<float>& last_p() const { return p_; }
-  // Elements all-reduced per compressed step: the factors (fp32), and the plain rest (grad dtype).
+  // Elements all-reduced per compressed step: the factors (factor_dtype), and the plain rest (grad dtype).
   std::int64_t factor_elements() const { return p_elems_ + q_elems_; }
   std::int64_t plain_elements() const { return plain_elems_; }
 
@@ -64,7 +67,7 @@ class PowerSgd {
   std::size_t state_size() const;
   // Host memory it holds: the state, the factors and the plain batch's staging.
   std::size_t buffer_bytes() const {
-    return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size();
+    return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size() + wire_.size();
   }
 
  private:
@@ -73,18 +76,21 @@ class PowerSgd {
     std::int64_t offset, len;
   };
   void plain_all(const std::vector<void*>& fulls);
+  void all_reduce_factors(std::vector<float>& v, std::int64_t n);  // the first n values, summed
   void random_q(Matrix& m, std::uint64_t stream) const;
 
   Communicator& comm_;
   const std::vector<UnitShape>& shapes_;
   const GradientCompressionConfig cfg_;
   DType gdt_;
+  DType fdt_;  // the factors' dtype on the wire
   std::vector<Matrix> matrices_;
   std::vector<Run> plain_;  // the parameters not compressed, in unit order
   std::int64_t p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
   std::vector<float> p_, qsum_;      // every matrix's P, then Q, back to back (one all-reduce each)
   std::vector<char> plain_buf_;      // the plain parameters' gradients, back to back
   std::vector<float> row_;           // conversion scratch
+  std::vector<char> wire_;           // a 16-bit factor all-reduce's buffer
 };
 
 }  // namespace zero
