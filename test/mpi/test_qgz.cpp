@@ -393,6 +393,12 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
   REQUIRE_THROWS_WITH(Engine(ctx, config(1, "fp32", true, powersgd), make_layout()),
                       Catch::Contains("zero_quantized_gradients applies to stages 2 and 3"));
   REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd), Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
+  // On backend: cuda: refused before any device is touched (the device's quantize kernels are not
+  // wired into the engine's reduce-scatter yet).
+  Config cuda = config(3, "fp32", true);
+  cuda.backend = BackendKind::cuda;
+  REQUIRE_THROWS_WITH(Engine(ctx, cuda, make_layout()),
+                      Catch::Contains("zero_quantized_gradients (qgZ) runs on the host backend so far"));
   // Under tensor parallelism (its per-rank checkpoint files are named by data-parallel rank).
   if (ctx.world_size() % 2 == 0) {
     ProcessGroups g(ctx, {.tensor = 2, .pipeline = 1});

@@ -144,6 +144,16 @@ class Backend {
   virtual void from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
 
   virtual Communicator& comm() = 0;
+  // A communicator for this backend's memory over the ranks of `group`: a host (MPI)
+  // communicator over some of comm()'s ranks (hpZ's and MiCS's groups, made by
+  // MpiCommunicator::split), which must outlive the result and keeps counting its traffic and
+  // checking its collectives. Device backends build one of their own kind over those ranks (NCCL
+  // bootstrapped over `group`, or MPI-staged); null on the host backend, whose memory `group`
+  // reaches as it is.
+  virtual std::unique_ptr<Communicator> group_comm(Communicator& group) {
+    (void)group;
+    return nullptr;
+  }
 
   // Device backends: the stream the backend's own work and the user's kernels are ordered on
   // (a cudaStream_t; the legacy default stream unless set). Setting it orders the new stream
@@ -201,8 +211,12 @@ class BufferPool {
 std::unique_ptr<Backend> make_host_backend(Communicator& comm);
 
 // The backend the config names (Config::backend): host, or cuda (with the communicator of
-// Config::comm). backend cuda in a build without CUDA, or on a rank without a device, throws a
-// zero::Error saying what to change. Defined in backend/factory.cpp.
+// Config::comm), over every rank of the job. backend cuda in a build without CUDA, or on a rank
+// without a device, throws a zero::Error saying what to change. Defined in backend/factory.cpp.
 std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg);
+// The same over the ranks of `ranks`, a host (MPI) communicator (the data-parallel group of a
+// tensor x pipeline grid, a MiCS shard group), which must outlive the backend: the CUDA backend
+// bootstraps its device communicator over it.
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communicator& ranks);
 
 }  // namespace zero

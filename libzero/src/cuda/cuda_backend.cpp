@@ -42,7 +42,8 @@ void unpin_host(void* p) { cudaFreeHost(p); }
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(Context& ctx, const Config& cfg) : device_(ctx.device()), alloc_(ctx.device()) {
+  CudaBackend(Context& ctx, const Config& cfg, Communicator& ranks)
+      : device_(ctx.device()), comm_kind_(cfg.comm), alloc_(ctx.device()) {
     ZERO_CUDA_CHECK(cudaSetDevice(device_));
     offload::enable_cuda_pinning({pin_host, unpin_host});  // the context exists now; pinned memory may use it
     timeout_s_ = Watchdog::timeout_from_env();
@@ -62,10 +63,7 @@ class CudaBackend final : public Backend {
     sumsq_blocks_ = sumsq_blocks();
     stats_ = static_cast<double*>(alloc_.allocate(stats_bytes()));
     stats_host_ = pinned_.acquire(sizeof(double));
-    if (cfg.comm == CommKind::nccl)
-      comm_ = std::make_unique<NcclCommunicator>(ctx.comm(), streams_, device_);
-    else
-      comm_ = std::make_unique<MpiStagedCommunicator>(ctx.comm(), streams_, pinned_);
+    comm_ = group_comm(ranks);
     staging_ = std::make_unique<CudaOffloadStaging>(streams_, pinned_);
   }
 
@@ -220,6 +218,14 @@ class CudaBackend final : public Backend {
   }
 
   Communicator& comm() override { return *comm_; }
+  // Every rank of `group` calls this at the same point (the NCCL setup is collective over it).
+  // The new communicator shares the backend's streams, so its collectives are ordered with the
+  // backend's other communicators' on the one comm stream.
+  std::unique_ptr<Communicator> group_comm(Communicator& group) override {
+    use_device(device_);
+    if (comm_kind_ == CommKind::nccl) return std::make_unique<NcclCommunicator>(group, streams_, device_);
+    return std::make_unique<MpiStagedCommunicator>(group, streams_, pinned_);
+  }
 
   void* compute_stream() const override { return static_cast<void*>(streams_.compute); }
   void set_compute_stream(void* stream) override {
@@ -247,6 +253,7 @@ class CudaBackend final : public Backend {
   // Declaration order is destruction order reversed: streams and events outlive the allocator
   // and the pinned pool, which outlive the communicator and the staging that use them.
   int device_;
+  CommKind comm_kind_;  // comm: nccl or mpi, for the backend's communicator and its groups'
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S bounds the shutdown's waits too
   Stream comm_stream_, copy_stream_, upload_stream_;
   StreamSet streams_;
@@ -264,7 +271,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg, Communicator& ranks) {
   if (ctx.device() < 0) {
     int count = 0;
     const cudaError_t rc = cudaGetDeviceCount(&count);
@@ -273,7 +280,7 @@ std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
                            "check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host",
                            ctx.rank(), rc == cudaSuccess ? fmt::format("{} devices", count) : cudaGetErrorName(rc)));
   }
-  return std::make_unique<cuda::CudaBackend>(ctx, cfg);
+  return std::make_unique<cuda::CudaBackend>(ctx, cfg, ranks);
 }
 
 }  // namespace zero
