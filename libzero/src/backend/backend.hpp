@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/quantize.hpp"
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
@@ -134,6 +135,17 @@ class Backend {
                     DType pt, std::size_t n, const AdamHyper& h) = 0;
   virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
                    std::size_t n, const SgdHyper& h) = 0;
+
+  // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
+  // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host
+  // backend, kernels with the same per-element arithmetic (comm/quantize_math.hpp) on the
+  // device, so both give the same bytes. `out` / `in` hold quant::packed_bytes(n, block, bits).
+  virtual void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) = 0;
+  virtual void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) = 0;
+  // v (fp32) quantized into out; v keeps what the receiver will not get back (error feedback).
+  virtual void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) = 0;
+  // acc[i] += the dequantized value i (fp32).
+  virtual void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) = 0;
 
   // True when backend memory is ordinary host memory (the host backend): the host optimizer
   // can then read gradients and write parameters in place, without staging copies.

@@ -200,6 +200,23 @@ class CudaBackend final : public Backend {
     launch_sgd(master, mom, grad, gt, param_out, pt, n, h, streams_.compute);
   }
 
+  void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
+    use_device(device_);
+    launch_quantize_int8(src, t, n, block, out, streams_.compute);
+  }
+  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) override {
+    use_device(device_);
+    launch_dequantize_int8(in, n, block, dst, t, streams_.compute);
+  }
+  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) override {
+    use_device(device_);
+    launch_quantize_keep_error(v, n, block, bits == quant::Bits::int8, out, streams_.compute);
+  }
+  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) override {
+    use_device(device_);
+    launch_dequantize_add(in, n, block, bits == quant::Bits::int8, acc, streams_.compute);
+  }
+
   bool host_accessible() const override { return false; }
 
   // Outside the training loop only: these wait for the compute stream, so the host buffer is

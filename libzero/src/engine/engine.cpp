@@ -42,12 +42,9 @@ int accumulation_steps(const Config& cfg) {
 std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups,
                                              Communicator* mics_shard) {
   // Refused before a device is touched, so that the reason is the first error. The device has
-  // quantize kernels (cuda/quantize_kernels.cu), but the engine's quantized gather and reduce-
-  // scatter still call the host quantizer on backend memory.
+  // the quantize kernels (Backend::quantize_keep_error, dequantize_add), but qgZ's reduce-scatter
+  // still keeps its scratch and error feedback in host memory and runs over MPI.
   if (cfg.backend == BackendKind::cuda) {
-    ZERO_CHECK(!cfg.zero_optimization.zero_quantized_weights,
-               cfg.source + ": zero_optimization.zero_quantized_weights (qwZ) runs on the host backend so far; set "
-                            "it to false with backend: cuda");
     ZERO_CHECK(!cfg.zero_optimization.zero_quantized_gradients,
                cfg.source + ": zero_optimization.zero_quantized_gradients (qgZ) runs on the host backend so far; set "
                             "it to false with backend: cuda");
