@@ -411,15 +411,19 @@ TEST_CASE("the CUDA engine is repeatable bit for bit, clipping included", "[engi
 
 // ZeRO++ / MiCS on the device: hpZ's secondary gathers over a device communicator of its group,
 // MiCS's backend over the shard group with the replica all-reduce on a device communicator of
-// its own, qwZ's int8 gathers quantized by the backend's kernels. Each equals the host backend's
-// run bit for bit over comm: mpi (the kernels equal the host quantizer byte for byte:
-// test_cuda_quantize), and within the NCCL tolerance otherwise.
-TEST_CASE("hpZ, MiCS and qwZ on the CUDA backend equal the host backend", "[engine][zeropp]") {
+// its own, qwZ's int8 gathers quantized by the backend's kernels, qgZ's hierarchical reduce-
+// scatter with its error feedback in device memory and its all-to-alls on device communicators
+// of the node and cross-node groups (test_cuda_engine_mpi_np4_nodes2 makes 2 nodes x 2 ranks, so
+// both of its phases run). Each equals the host backend's run bit for bit over comm: mpi (the
+// kernels equal the host quantizer byte for byte: test_cuda_quantize), and within the NCCL
+// tolerance otherwise.
+TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "[engine][zeropp]") {
   const int world = ctx().world_size();
   const int group = world % 2 == 0 ? 2 : world;        // hpZ: 1 (off) on one rank
   const int shard = world % 2 == 0 ? world / 2 : 1;    // MiCS: replicated groups where world > 1
   const std::string hpz = "  zero_hpz_partition_size: " + std::to_string(group) + "\n";
   const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n";
+  const std::string qgz = "  zero_quantized_gradients: true\n";
   for (DType t : {DType::f32, DType::bf16}) {
     Case c;
     c.stage = 3;
@@ -431,6 +435,12 @@ TEST_CASE("hpZ, MiCS and qwZ on the CUDA backend equal the host backend", "[engi
     SECTION("qwZ " + c.name()) { check_parity(c); }
     c.extra = knobs(true) + hpz + qwz;
     SECTION("hpZ + qwZ " + c.name()) { check_parity(c); }
+    c.extra = knobs(true) + hpz + qwz + qgz;
+    SECTION("hpZ + qwZ + qgZ " + c.name()) { check_parity(c); }
+    Case g = c;
+    g.stage = 2;
+    g.extra = knobs(false) + qgz;
+    SECTION("qgZ " + g.name()) { check_parity(g); }
     for (int stage : {1, 2, 3}) {
       Case m = c;
       m.stage = stage;

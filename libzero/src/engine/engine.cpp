@@ -41,14 +41,6 @@ int accumulation_steps(const Config& cfg) {
 // CUDA backend bootstraps its device communicator over that group's host communicator.
 std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups,
                                              Communicator* mics_shard) {
-  // Refused before a device is touched, so that the reason is the first error. The device has
-  // the quantize kernels (Backend::quantize_keep_error, dequantize_add), but qgZ's reduce-scatter
-  // still keeps its scratch and error feedback in host memory and runs over MPI.
-  if (cfg.backend == BackendKind::cuda) {
-    ZERO_CHECK(!cfg.zero_optimization.zero_quantized_gradients,
-               cfg.source + ": zero_optimization.zero_quantized_gradients (qgZ) runs on the host backend so far; set "
-                            "it to false with backend: cuda");
-  }
   if (mics_shard != nullptr) return make_backend(ctx, cfg, *mics_shard);
   return make_backend(ctx, cfg, groups ? groups->data() : ctx.comm());
 }
@@ -86,7 +78,8 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
 }
 
 // qgZ's hierarchical quantized reduce-scatter over the data-parallel group, or null.
-std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, bool model_parallel) {
+std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, Backend& backend,
+                                                 bool model_parallel) {
   const auto& z = cfg.zero_optimization;
   if (!z.zero_quantized_gradients) return nullptr;
   const std::string key = cfg.source + ": zero_optimization.zero_quantized_gradients";
@@ -107,7 +100,8 @@ std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator
                                     "sizes of 1, or set it to false");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
-  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size));
+  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size),
+                                                  &backend);
 }
 
 // gradient_compression's compressor, or null. The config loader refuses the bad combinations
@@ -172,7 +166,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
       hpz_device_(make_group_device_comm(*backend_, hpz_comm_.get())),
       replica_device_(make_group_device_comm(*backend_, mics_.replica.get())),
-      qgz_(make_qgz(cfg, host_comm_, model_comm_ != nullptr)),
+      qgz_(make_qgz(cfg, host_comm_, *backend_, model_comm_ != nullptr)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -237,7 +231,7 @@ void EngineImpl::report_qgz() const {
   for (const auto& s : shapes_) {
     per_step += qgz_->bytes_per_reduction(static_cast<std::size_t>(s.slice));
     const auto f = qgz_->make_feedback(static_cast<std::size_t>(s.slice));
-    feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+    feedback += static_cast<std::int64_t>((f.intra_n + f.inter_n) * sizeof(float));
     padding += s.padded - s.numel;
   }
   log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
