@@ -537,7 +537,7 @@ if [ ${#TARGETS[@]} -gt 0 ]; then
   echo "gpu test targets (from ctest -L gpu): ${TARGETS[*]}"
 else
   note "could not read the gpu tests from ctest: building the fixed list"
-  for t in test_cuda_kernels test_cuda_watchdog test_cuda_comm test_cuda_engine \
+  for t in test_cuda_kernels test_cuda_watchdog test_cuda_quantize test_cuda_comm test_cuda_engine \
            test_gpt_attention test_gpt_matmul test_gpt_kernels; do
     has_target "$t" && TARGETS+=("$t")
   done

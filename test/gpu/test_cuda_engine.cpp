@@ -2,7 +2,8 @@
 // data) through backend: cuda and backend: host, compared after 5 steps, for every stage, compute
 // dtype and optimizer offload mode, with the bucket / overlap / prefetch knobs varied as in
 // test/mpi/test_engine.cpp, plus SGD, Adam (L2), an fp16 overflow that must skip the step on
-// both, a user-supplied compute stream, repeatability, and memory accounting.
+// both, a user-supplied compute stream, repeatability, memory accounting, and hpZ, MiCS and qwZ
+// (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups).
 //
 // The loop hands the engine device pointers the way a CUDA training loop would: it reads the
 // gathered parameters back to the host to compute the gradient there, and writes the updated
@@ -405,5 +406,46 @@ TEST_CASE("the CUDA engine is repeatable bit for bit, clipping included", "[engi
       REQUIRE(a.master[u] == b.master[u]);
     }
     for (std::size_t s = 0; s < a.steps.size(); ++s) REQUIRE(a.steps[s].grad_norm == b.steps[s].grad_norm);
+  }
+}
+
+// ZeRO++ / MiCS on the device: hpZ's secondary gathers over a device communicator of its group,
+// MiCS's backend over the shard group with the replica all-reduce on a device communicator of
+// its own, qwZ's int8 gathers quantized by the backend's kernels, qgZ's hierarchical reduce-
+// scatter with its error feedback in device memory and its all-to-alls on device communicators
+// of the node and cross-node groups (test_cuda_engine_mpi_np4_nodes2 makes 2 nodes x 2 ranks, so
+// both of its phases run). Each equals the host backend's run bit for bit over comm: mpi (the
+// kernels equal the host quantizer byte for byte: test_cuda_quantize), and within the NCCL
+// tolerance otherwise.
+TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "[engine][zeropp]") {
+  const int world = ctx().world_size();
+  const int group = world % 2 == 0 ? 2 : world;        // hpZ: 1 (off) on one rank
+  const int shard = world % 2 == 0 ? world / 2 : 1;    // MiCS: replicated groups where world > 1
+  const std::string hpz = "  zero_hpz_partition_size: " + std::to_string(group) + "\n";
+  const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n";
+  const std::string qgz = "  zero_quantized_gradients: true\n";
+  for (DType t : {DType::f32, DType::bf16}) {
+    Case c;
+    c.stage = 3;
+    c.dtype = t;
+    c.gas = 2;
+    c.extra = knobs(true) + hpz;
+    SECTION("hpZ " + c.name()) { check_parity(c); }
+    c.extra = knobs(false) + qwz;
+    SECTION("qwZ " + c.name()) { check_parity(c); }
+    c.extra = knobs(true) + hpz + qwz;
+    SECTION("hpZ + qwZ " + c.name()) { check_parity(c); }
+    c.extra = knobs(true) + hpz + qwz + qgz;
+    SECTION("hpZ + qwZ + qgZ " + c.name()) { check_parity(c); }
+    Case g = c;
+    g.stage = 2;
+    g.extra = knobs(false) + qgz;
+    SECTION("qgZ " + g.name()) { check_parity(g); }
+    for (int stage : {1, 2, 3}) {
+      Case m = c;
+      m.stage = stage;
+      m.extra = knobs(stage % 2 == 1) + "  mics_shard_size: " + std::to_string(shard) + "\n";
+      SECTION("MiCS " + std::to_string(shard) + " " + m.name()) { check_parity(m); }
+    }
   }
 }

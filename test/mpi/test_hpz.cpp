@@ -100,6 +100,19 @@ TEST_CASE("hpZ's bad combinations are clear errors") {
                       Catch::Contains("zero_hpz_partition_size"));
   REQUIRE_THROWS_WITH(Engine(ctx, config(2, "fp32", 1, true), make_layout()),
                       Catch::Contains("zero_quantized_weights applies to stage 3 only"));
+  // hpZ and qwZ on backend: cuda: hpZ's group gets a device communicator, qwZ quantizes with the
+  // backend's kernels. Here (no device, or a build without CUDA) the only error left is the
+  // backend's own, never a refusal of either.
+  for (bool qwz : {false, true}) {
+    Config cuda = config(3, "fp32", ctx.world_size(), qwz);
+    cuda.backend = BackendKind::cuda;
+    try {
+      Engine e(ctx, cuda, make_layout());
+    } catch (const Error& e) {
+      CHECK_THAT(std::string(e.what()),
+                 Catch::Contains("backend: cuda") && !Catch::Contains("hpZ") && !Catch::Contains("qwZ"));
+    }
+  }
 }
 
 TEST_CASE("qwZ: int8 parameter gathers train close to plain stage 3, deterministically, with fewer bytes") {

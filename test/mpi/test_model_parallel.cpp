@@ -141,3 +141,19 @@ TEST_CASE("explicit groups in another rank order train as Megatron's grid does")
   // The same parts see the same samples: the norms match the Megatron-ordered run's.
   for (std::size_t s = 0; s < ref.norms.size(); ++s) REQUIRE(std::abs(mine.norms[s] - ref.norms[s]) <= 1e-6 * ref.norms[s]);
 }
+
+TEST_CASE("backend: cuda runs the engine over the data-parallel group of a grid") {
+  // The CUDA backend is built over groups->data(): here (no device, or a build without CUDA) the
+  // only error left is the backend's own, never a refusal of tensor or pipeline parallelism.
+  Context& ctx = *Context::current();
+  if (ctx.world_size() % 2 != 0) return;
+  ProcessGroups g(ctx, {.tensor = 2, .pipeline = 1});
+  Config cfg = parse_config(config_text(1, g.data_size(), false), "test_model_parallel");
+  cfg.resolve(g.data_size());
+  cfg.backend = BackendKind::cuda;
+  try {
+    Engine e(ctx, cfg, part_layout(2, 1, g.coord(), false), g);
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("backend: cuda") && !Catch::Contains("tensor or pipeline"));
+  }
+}

@@ -152,8 +152,8 @@ TEST_CASE("qgZ: each rank gets its slice of the sum, every value within the stat
         const Reference ref = reference(g, t, me, S, block);
         const std::vector<char> mine = local_gradient(me, S * static_cast<std::size_t>(world), dt);
         auto fb = q.make_feedback(S);
-        REQUIRE(fb.intra.size() == (L - 1) * M * S);
-        REQUIRE(fb.inter.size() == (M - 1) * S);
+        REQUIRE(fb.intra_n == (L - 1) * M * S);
+        REQUIRE(fb.inter_n == (M - 1) * S);
         std::vector<float> out(S, -1.0f);
         const TrafficBytes before = q.traffic();
         q.start(mine.data(), dt, S, fb, out.data()).wait();
@@ -393,6 +393,16 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
   REQUIRE_THROWS_WITH(Engine(ctx, config(1, "fp32", true, powersgd), make_layout()),
                       Catch::Contains("zero_quantized_gradients applies to stages 2 and 3"));
   REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd), Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
+  // On backend: cuda the reduce-scatter runs on the backend's memory, kernels and device
+  // communicators: here (no device, or a build without CUDA) the only error left is the
+  // backend's own, never a refusal of qgZ.
+  Config cuda = config(3, "fp32", true);
+  cuda.backend = BackendKind::cuda;
+  try {
+    Engine e(ctx, cuda, make_layout());
+  } catch (const Error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("backend: cuda") && !Catch::Contains("zero_quantized_gradients"));
+  }
   // Under tensor parallelism (its per-rank checkpoint files are named by data-parallel rank).
   if (ctx.world_size() % 2 == 0) {
     ProcessGroups g(ctx, {.tensor = 2, .pipeline = 1});

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/quantize.hpp"
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
@@ -135,6 +136,17 @@ class Backend {
   virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
                    std::size_t n, const SgdHyper& h) = 0;
 
+  // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
+  // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host
+  // backend, kernels with the same per-element arithmetic (comm/quantize_math.hpp) on the
+  // device, so both give the same bytes. `out` / `in` hold quant::packed_bytes(n, block, bits).
+  virtual void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) = 0;
+  virtual void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) = 0;
+  // v (fp32) quantized into out; v keeps what the receiver will not get back (error feedback).
+  virtual void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) = 0;
+  // acc[i] += the dequantized value i (fp32).
+  virtual void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) = 0;
+
   // True when backend memory is ordinary host memory (the host backend): the host optimizer
   // can then read gradients and write parameters in place, without staging copies.
   virtual bool host_accessible() const = 0;
@@ -144,6 +156,16 @@ class Backend {
   virtual void from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
 
   virtual Communicator& comm() = 0;
+  // A communicator for this backend's memory over the ranks of `group`: a host (MPI)
+  // communicator over some of comm()'s ranks (hpZ's and MiCS's groups, made by
+  // MpiCommunicator::split), which must outlive the result and keeps counting its traffic and
+  // checking its collectives. Device backends build one of their own kind over those ranks (NCCL
+  // bootstrapped over `group`, or MPI-staged); null on the host backend, whose memory `group`
+  // reaches as it is.
+  virtual std::unique_ptr<Communicator> group_comm(Communicator& group) {
+    (void)group;
+    return nullptr;
+  }
 
   // Device backends: the stream the backend's own work and the user's kernels are ordered on
   // (a cudaStream_t; the legacy default stream unless set). Setting it orders the new stream
@@ -201,8 +223,12 @@ class BufferPool {
 std::unique_ptr<Backend> make_host_backend(Communicator& comm);
 
 // The backend the config names (Config::backend): host, or cuda (with the communicator of
-// Config::comm). backend cuda in a build without CUDA, or on a rank without a device, throws a
-// zero::Error saying what to change. Defined in backend/factory.cpp.
+// Config::comm), over every rank of the job. backend cuda in a build without CUDA, or on a rank
+// without a device, throws a zero::Error saying what to change. Defined in backend/factory.cpp.
 std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg);
+// The same over the ranks of `ranks`, a host (MPI) communicator (the data-parallel group of a
+// tensor x pipeline grid, a MiCS shard group), which must outlive the backend: the CUDA backend
+// bootstraps its device communicator over it.
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communicator& ranks);
 
 }  // namespace zero

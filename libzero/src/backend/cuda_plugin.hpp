@@ -15,12 +15,15 @@ class Backend;
 class Context;
 struct Config;
 
-inline constexpr int kCudaPluginAbi = 1;
+inline constexpr int kCudaPluginAbi = 2;
+
+class Communicator;
 
 struct CudaPlugin {
   int abi = kCudaPluginAbi;
-  // The CUDA backend (cuda/cuda_backend.hpp); throws zero::Error as make_cuda_backend does.
-  std::unique_ptr<Backend> (*make_backend)(Context& ctx, const Config& cfg) = nullptr;
+  // The CUDA backend over the ranks of a host communicator (cuda/cuda_backend.hpp); throws
+  // zero::Error as make_cuda_backend does.
+  std::unique_ptr<Backend> (*make_backend)(Context& ctx, const Config& cfg, Communicator& ranks) = nullptr;
   // The device for a local rank (round robin over the visible devices), -1 when there is none
   // or no driver.
   int (*device_for_local_rank)(int local_rank) = nullptr;

@@ -63,9 +63,11 @@ int cuda_device_for_local_rank(int local_rank) {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg) {
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg) { return make_backend(ctx, cfg, ctx.comm()); }
+
+std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communicator& ranks) {
   const std::string where = cfg.source.empty() ? std::string("the config") : cfg.source;
-  if (cfg.backend == BackendKind::host) return make_host_backend(ctx.comm());
+  if (cfg.backend == BackendKind::host) return make_host_backend(ranks);
 #if ZERO_WITH_CUDA
   // The engine would keep the parameter shard in device memory regardless: refuse rather than
   // ignore the setting.
@@ -79,8 +81,9 @@ std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg) {
                  ". It needs the CUDA runtime, cuBLASLt and NCCL libraries this libzero was built with: install "
                  "them or add their folder to LD_LIBRARY_PATH (ldd on the library lists what is missing), or set "
                  "backend: host");
-  return load.plugin->make_backend(ctx, cfg);
+  return load.plugin->make_backend(ctx, cfg, ranks);
 #else
+  (void)ctx, (void)ranks;
   ZERO_THROW(where + ": backend: cuda, but this libzero was built without CUDA (only the host backend is "
                      "available). Rebuild with -DZERO_CUDA=ON (needs nvcc, cuBLASLt and NCCL; cmake prints why "
                      "they were not found), or set backend: host");

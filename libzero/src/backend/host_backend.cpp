@@ -93,6 +93,19 @@ class HostBackend final : public Backend {
            std::size_t n, const SgdHyper& h) override {
     offload::sgd_step(master, mom, grad, gt, param_out, pt, n, h);
   }
+  void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
+    quant::quantize_int8(src, t, n, block, out);
+  }
+  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) override {
+    quant::dequantize_int8(in, n, block, dst, t);
+  }
+  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) override {
+    quant::quantize_keep_error(v, n, block, bits, out);
+  }
+  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) override {
+    quant::dequantize_add(in, n, block, bits, acc);
+  }
+
   bool host_accessible() const override { return true; }
   void to_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
   void from_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }

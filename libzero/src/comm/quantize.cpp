@@ -4,15 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
+
+#include "comm/quantize_math.hpp"
 
 namespace zero::quant {
 
 namespace {
 
-std::size_t blocks(std::size_t n, std::size_t block) { return (n + block - 1) / block; }
-std::size_t value_bytes(std::size_t n, Bits bits) { return bits == Bits::int8 ? n : (n + 1) / 2; }
-float levels(Bits bits) { return bits == Bits::int8 ? 127.0f : 7.0f; }
+using math::blocks;
+float levels(Bits bits) { return math::levels(bits == Bits::int8); }
 
 // Quantizes n values read by load(i) into out: the scale of each block, then q(i, v) stores the
 // integer v of element i. Returns nothing; the padding after the values is zeroed.
@@ -26,31 +26,20 @@ void quantize_blocks(std::size_t n, std::size_t block, Bits bits, void* out, Loa
     bool finite = true;
     for (std::size_t i = first; i < last; ++i) {
       const float x = load(i);
-      finite = finite && std::isfinite(x);
+      finite = finite && math::finite(x);
       amax = std::max(amax, std::abs(x));
     }
-    if (!finite) {
-      // An inf or NaN (an fp16 overflow) must reach the receiver as such, so that the loss
-      // scaler sees it: the whole block comes back NaN.
-      scales[b] = std::numeric_limits<float>::quiet_NaN();
-      for (std::size_t i = first; i < last; ++i) store(i, 0);
-      continue;
-    }
-    const float scale = amax / top;
+    const float scale = math::block_scale(amax, finite, top);
     scales[b] = scale;
-    for (std::size_t i = first; i < last; ++i) {
-      // nearbyint: round half to even, the same on every rank; |x| <= amax keeps it in range.
-      const float v = scale > 0.0f ? std::nearbyint(load(i) / scale) : 0.0f;
-      store(i, static_cast<int>(std::clamp(v, -top, top)));
-    }
+    // A NaN scale (an inf or NaN in the block) sends zeros, which come back as NaN.
+    for (std::size_t i = first; i < last; ++i) store(i, math::quantize_value(load(i), scale, top));
   }
 }
 
 }  // namespace
 
 std::size_t packed_bytes(std::size_t n, std::size_t block, Bits bits) {
-  const std::size_t bytes = blocks(n, block) * sizeof(float) + value_bytes(n, bits);
-  return (bytes + 3) / 4 * 4;
+  return math::packed_bytes(n, block, bits == Bits::int8);
 }
 
 double error_bound(Bits bits) { return 0.5 / static_cast<double>(levels(bits)); }
@@ -67,7 +56,7 @@ void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, v
 void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) {
   const auto* scales = static_cast<const float*>(in);
   const auto* q = reinterpret_cast<const std::int8_t*>(scales + blocks(n, block));
-  for (std::size_t i = 0; i < n; ++i) store_from_f32(dst, i, t, static_cast<float>(q[i]) * scales[i / block]);
+  for (std::size_t i = 0; i < n; ++i) store_from_f32(dst, i, t, math::dequantize_value(q[i], scales[i / block]));
 }
 
 void quantize_keep_error(float* v, std::size_t n, std::size_t block, Bits bits, void* out) {
@@ -78,9 +67,9 @@ void quantize_keep_error(float* v, std::size_t n, std::size_t block, Bits bits, 
   std::memset(static_cast<char*>(out) + start, 0, packed_bytes(n, block, bits) - start);
   quantize_blocks(n, block, bits, out, [&](std::size_t i) { return v[i]; }, [&](std::size_t i, int k) {
     if (bits == Bits::int8) q[i] = static_cast<unsigned char>(static_cast<std::int8_t>(k));
-    else q[i / 2] |= static_cast<unsigned char>((k + 8) << (4 * (i % 2)));
+    else q[i / 2] |= math::int4_nibble(k, i);
     // The receiver computes k * scale in fp32: the residual is what it misses.
-    v[i] -= static_cast<float>(k) * scales[i / block];
+    v[i] -= math::dequantize_value(k, scales[i / block]);
   });
 }
 
@@ -89,12 +78,11 @@ void dequantize_add(const void* in, std::size_t n, std::size_t block, Bits bits,
   const auto* q = reinterpret_cast<const unsigned char*>(scales + blocks(n, block));
   if (bits == Bits::int8) {
     for (std::size_t i = 0; i < n; ++i)
-      acc[i] += static_cast<float>(static_cast<std::int8_t>(q[i])) * scales[i / block];
+      acc[i] += math::dequantize_value(static_cast<std::int8_t>(q[i]), scales[i / block]);
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
-    const int k = ((q[i / 2] >> (4 * (i % 2))) & 0xF) - 8;
-    acc[i] += static_cast<float>(k) * scales[i / block];
+    acc[i] += math::dequantize_value(math::int4_value(q[i / 2], i), scales[i / block]);
   }
 }
 

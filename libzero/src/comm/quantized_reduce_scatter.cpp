@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
 
 #include "comm/mpi_comm.hpp"
 #include "comm/quantize.hpp"
@@ -25,7 +24,7 @@ struct QuantizedReduceScatter::Op {
   // The site that started the reduction ("reduce", its unit): phase 2 starts later, from
   // whatever call completes phase 1, and the collective check must see the same on every rank.
   CommSite site;
-  std::vector<float> send1, recv1, partial, send2, recv2;
+  Buffer send1, recv1, partial, send2, recv2;  // backend memory from the pool
   Work work1, work2;
   int phase = 1;  // 1: node all-to-all in flight, 2: cross-node all-to-all in flight, 3: done
 };
@@ -43,9 +42,14 @@ class QuantizedReduceScatter::OpWork final : public Work::Impl {
 
 namespace {
 std::size_t words(std::size_t bytes) { return bytes / sizeof(float); }  // packed sizes are whole words
+float* floats(const Buffer& b) { return b.as<float>(); }
 }  // namespace
 
-QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block) : dp_(dp), block_(block) {
+QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block, Backend* backend)
+    : own_backend_(backend ? nullptr : make_host_backend(dp)),
+      backend_(backend ? *backend : *own_backend_),
+      pool_(backend_),
+      block_(block) {
   ZERO_CHECK(block_ >= 1, "qgZ: the quantization block must hold at least one element");
   const std::vector<int>& node_of = dp.nodes();
   nodes_ = *std::max_element(node_of.begin(), node_of.end()) + 1;
@@ -68,6 +72,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t 
   local_ = static_cast<int>(std::find(mine.begin(), mine.end(), dp.rank()) - mine.begin());
   node_comm_ = dp.split(node_, local_);
   cross_comm_ = dp.split(local_, node_);
+  node_dev_ = backend_.group_comm(*node_comm_);
+  cross_dev_ = backend_.group_comm(*cross_comm_);
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {
@@ -77,10 +83,21 @@ QuantizedReduceScatter::~QuantizedReduceScatter() {
   }
 }
 
+Communicator& QuantizedReduceScatter::node() {
+  if (node_dev_) return *node_dev_;
+  return *node_comm_;
+}
+Communicator& QuantizedReduceScatter::cross() {
+  if (cross_dev_) return *cross_dev_;
+  return *cross_comm_;
+}
+
 QuantizedReduceScatter::Feedback QuantizedReduceScatter::make_feedback(std::size_t slice) const {
   Feedback f;
-  f.intra.assign(static_cast<std::size_t>(per_node_ - 1) * static_cast<std::size_t>(nodes_) * slice, 0.0f);
-  f.inter.assign(static_cast<std::size_t>(nodes_ - 1) * slice, 0.0f);
+  f.intra_n = static_cast<std::size_t>(per_node_ - 1) * static_cast<std::size_t>(nodes_) * slice;
+  f.inter_n = static_cast<std::size_t>(nodes_ - 1) * slice;
+  f.intra = backend_.alloc(f.intra_n * sizeof(float));  // zero-filled
+  f.inter = backend_.alloc(f.inter_n * sizeof(float));
   return f;
 }
 
@@ -108,34 +125,33 @@ Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice,
   op->site = comm_site();
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t chunk = M * slice;  // what one node peer gets: the slices of ranks R(*, l')
+  const std::size_t esize = dtype_size(t);
+  // Rank r's slice of the gradient, in backend memory.
+  auto slice_of = [&](int r) { return static_cast<const char*>(grad) + static_cast<std::size_t>(r) * slice * esize; };
   if (L == 1) {
     // No node peers: the partial sum is this rank's own gradient, exactly.
-    op->partial = dp_.take_scratch(chunk);
+    op->partial = pool_.acquire(chunk * sizeof(float), false);
     for (std::size_t n = 0; n < M; ++n)
-      for (std::size_t i = 0; i < slice; ++i)
-        op->partial[n * slice + i] =
-            load_as_f32(grad, static_cast<std::size_t>(owner_[n][0]) * slice + i, t);
+      backend_.convert(slice_of(owner_[n][0]), t, floats(op->partial) + n * slice, DType::f32, slice);
     start_inter(*op);
     return Work(std::make_unique<OpWork>(this, std::move(op)));
   }
   const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
-  op->send1 = dp_.take_scratch(L * words(packed));
-  op->recv1 = dp_.take_scratch(L * words(packed));
+  op->send1 = pool_.acquire(L * packed, false);
+  op->recv1 = pool_.acquire(L * packed, false);
   for (std::size_t l = 0, k = 0; l < L; ++l) {
-    char* dst = reinterpret_cast<char*>(op->send1.data()) + l * packed;
+    char* dst = op->send1.as<char>() + l * packed;
     if (static_cast<int>(l) == local_) {
-      std::memset(dst, 0, packed);  // the block to itself is not used
+      backend_.zero(dst, packed);  // the block to itself is not used
       continue;
     }
     // The chunk for peer l plus the error kept from last time, quantized; the new error stays.
-    float* v = fb.intra.data() + k++ * chunk;
-    for (std::size_t n = 0; n < M; ++n) {
-      const std::size_t from = static_cast<std::size_t>(owner_[n][l]) * slice;
-      for (std::size_t i = 0; i < slice; ++i) v[n * slice + i] += load_as_f32(grad, from + i, t);
-    }
-    quant::quantize_keep_error(v, chunk, block_, Bits::int8, dst);
+    float* v = floats(fb.intra) + k++ * chunk;
+    for (std::size_t n = 0; n < M; ++n)
+      backend_.accumulate(v + n * slice, DType::f32, slice_of(owner_[n][l]), t, slice);
+    backend_.quantize_keep_error(v, chunk, block_, Bits::int8, dst);
   }
-  op->work1 = node_comm_->all_to_all_async(op->send1.data(), op->recv1.data(), words(packed), DType::f32);
+  op->work1 = node().all_to_all_async(op->send1.get(), op->recv1.get(), words(packed), DType::f32);
   in_phase1_.push_back(op);
   return Work(std::make_unique<OpWork>(this, std::move(op)));
 }
@@ -147,60 +163,60 @@ void QuantizedReduceScatter::start_inter(Op& op) {
   if (L > 1) {
     // The node's partial sum of the M slices this local rank serves, in local-rank order.
     const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
-    op.partial = dp_.take_scratch(chunk);
-    std::fill(op.partial.begin(), op.partial.end(), 0.0f);
+    const std::size_t esize = dtype_size(op.t);
+    op.partial = pool_.acquire(chunk * sizeof(float), false);
+    float* partial = floats(op.partial);
+    backend_.zero(partial, chunk * sizeof(float));
     for (std::size_t l = 0; l < L; ++l) {
       if (static_cast<int>(l) != local_) {
-        quant::dequantize_add(reinterpret_cast<const char*>(op.recv1.data()) + l * packed, chunk, block_, Bits::int8,
-                              op.partial.data());
+        backend_.dequantize_add(op.recv1.as<const char>() + l * packed, chunk, block_, Bits::int8, partial);
         continue;
       }
       for (std::size_t n = 0; n < M; ++n) {
-        const std::size_t from = static_cast<std::size_t>(owner_[n][l]) * slice;
-        for (std::size_t i = 0; i < slice; ++i) op.partial[n * slice + i] += load_as_f32(op.grad, from + i, op.t);
+        const char* from = static_cast<const char*>(op.grad) + static_cast<std::size_t>(owner_[n][l]) * slice * esize;
+        backend_.accumulate(partial + n * slice, DType::f32, from, op.t, slice);
       }
     }
-    dp_.give_scratch(std::move(op.send1));
-    dp_.give_scratch(std::move(op.recv1));
+    pool_.give_back(std::move(op.send1));
+    pool_.give_back(std::move(op.recv1));
   }
   if (M == 1) {
-    std::copy_n(op.partial.data(), slice, op.out);
-    dp_.give_scratch(std::move(op.partial));
+    backend_.copy(op.out, op.partial.get(), slice * sizeof(float));
+    pool_.give_back(std::move(op.partial));
     op.phase = 3;
     return;
   }
   const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
-  op.send2 = dp_.take_scratch(M * words(packed));
-  op.recv2 = dp_.take_scratch(M * words(packed));
+  op.send2 = pool_.acquire(M * packed, false);
+  op.recv2 = pool_.acquire(M * packed, false);
   for (std::size_t n = 0, k = 0; n < M; ++n) {
-    char* dst = reinterpret_cast<char*>(op.send2.data()) + n * packed;
+    char* dst = op.send2.as<char>() + n * packed;
     if (static_cast<int>(n) == node_) {
-      std::memset(dst, 0, packed);
+      backend_.zero(dst, packed);
       continue;
     }
-    float* v = op.fb->inter.data() + k++ * slice;
-    for (std::size_t i = 0; i < slice; ++i) v[i] += op.partial[n * slice + i];
-    quant::quantize_keep_error(v, slice, block_, Bits::int4, dst);
+    float* v = floats(op.fb->inter) + k++ * slice;
+    backend_.accumulate(v, DType::f32, floats(op.partial) + n * slice, DType::f32, slice);
+    backend_.quantize_keep_error(v, slice, block_, Bits::int4, dst);
   }
-  op.work2 = cross_comm_->all_to_all_async(op.send2.data(), op.recv2.data(), words(packed), DType::f32);
+  op.work2 = cross().all_to_all_async(op.send2.get(), op.recv2.get(), words(packed), DType::f32);
   op.phase = 2;
 }
 
 void QuantizedReduceScatter::finish(Op& op) {
   const std::size_t M = static_cast<std::size_t>(nodes_), slice = op.slice;
   const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
-  std::fill_n(op.out, slice, 0.0f);
+  backend_.zero(op.out, slice * sizeof(float));
   for (std::size_t n = 0; n < M; ++n) {
     if (static_cast<int>(n) == node_) {
-      for (std::size_t i = 0; i < slice; ++i) op.out[i] += op.partial[n * slice + i];
+      backend_.accumulate(op.out, DType::f32, floats(op.partial) + n * slice, DType::f32, slice);
       continue;
     }
-    quant::dequantize_add(reinterpret_cast<const char*>(op.recv2.data()) + n * packed, slice, block_, Bits::int4,
-                          op.out);
+    backend_.dequantize_add(op.recv2.as<const char>() + n * packed, slice, block_, Bits::int4, op.out);
   }
-  dp_.give_scratch(std::move(op.partial));
-  dp_.give_scratch(std::move(op.send2));
-  dp_.give_scratch(std::move(op.recv2));
+  pool_.give_back(std::move(op.partial));
+  pool_.give_back(std::move(op.send2));
+  pool_.give_back(std::move(op.recv2));
   op.phase = 3;
 }
 

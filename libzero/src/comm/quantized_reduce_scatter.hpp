@@ -19,7 +19,12 @@
 // (M-1)/(M L) for phase 2, in fp32. Sums run in a fixed order: the same inputs give the same bits.
 //
 // Collectives go over two sub-communicators of the data-parallel group, so their traffic counts
-// inside the node and across it exactly as sent. Host (MPI) memory only.
+// inside the node and across it exactly as sent. Every buffer (the gradient, the result, the
+// error feedback, the scratch) is the backend's memory and every element operation the
+// backend's (convert, accumulate, quantize_keep_error, dequantize_add): on the host backend the
+// host quantizer over MPI; on CUDA kernels with the same per-element arithmetic (the same bytes)
+// over device communicators of the two groups (Backend::group_comm), ordered on the backend's
+// streams. The host only sequences the phases.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "zero/comm.hpp"
 
 namespace zero {
@@ -38,14 +44,18 @@ class MpiCommunicator;
 class QuantizedReduceScatter {
  public:
   // One tensor's error-feedback state (one unit's gradient).
+  // fp32 values in the backend's memory, zeroed when made.
   struct Feedback {
-    std::vector<float> intra;  // phase 1: the L-1 chunks sent to node peers, in local-rank order
-    std::vector<float> inter;  // phase 2: the M-1 slices sent to other nodes, in node order
+    Buffer intra;  // phase 1: the L-1 chunks sent to node peers, in local-rank order
+    Buffer inter;  // phase 2: the M-1 slices sent to other nodes, in node order
+    std::size_t intra_n = 0, inter_n = 0;  // their elements
   };
 
   // Collective over `dp`: splits it into this rank's node and its cross-node group. Throws when
-  // the nodes hold different numbers of data-parallel ranks.
-  QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block);
+  // the nodes hold different numbers of data-parallel ranks. `backend` (over dp's ranks, or a
+  // host backend of its own when null) supplies memory, arithmetic and the groups' device
+  // communicators; it must outlive this object and every Feedback made by it.
+  QuantizedReduceScatter(MpiCommunicator& dp, std::size_t block, Backend* backend = nullptr);
   ~QuantizedReduceScatter();
   QuantizedReduceScatter(const QuantizedReduceScatter&) = delete;
   QuantizedReduceScatter& operator=(const QuantizedReduceScatter&) = delete;
@@ -59,8 +69,8 @@ class QuantizedReduceScatter {
   // node, across nodes).
   TrafficBytes bytes_per_reduction(std::size_t slice) const;
 
-  // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice).
-  // When the Work completes, out (slice fp32 values) holds the sum over ranks of this rank's
+  // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice;
+  // backend memory). When the Work completes, out (slice fp32 values, backend memory) holds the sum over ranks of this rank's
   // slice. grad, fb and out must stay valid until then. Works must be started in the same order
   // on every rank (as every collective).
   Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
@@ -76,8 +86,17 @@ class QuantizedReduceScatter {
   void complete(Op* op);
   bool poll(Op* op);
 
-  MpiCommunicator& dp_;
+  // The communicators the all-to-alls use: the device ones where there are, else the host ones.
+  Communicator& node();
+  Communicator& cross();
+
+  std::unique_ptr<Backend> own_backend_;  // a host backend, when none was given
+  Backend& backend_;
   std::unique_ptr<MpiCommunicator> node_comm_, cross_comm_;  // ranks: local rank l; node n
+  // Device communicators over the same two groups (null on the host backend); traffic and the
+  // collective check stay with the host ones above.
+  std::unique_ptr<Communicator> node_dev_, cross_dev_;
+  BufferPool pool_;  // scratch: the packed messages and the partial sums
   int nodes_ = 1, per_node_ = 1, node_ = 0, local_ = 0;        // M, L, and this rank's n and l
   std::vector<std::vector<int>> owner_;  // owner_[n][l]: the data-parallel rank R(n, l)
   std::size_t block_;

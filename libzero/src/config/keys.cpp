@@ -176,8 +176,8 @@ const std::vector<Spec>& config_keys() {
        .doc = "Stages 2-3, ZeRO++ qgZ: the gradient reduce-scatter runs inside each node with int8 blocks (each value "
               "within max abs(x) / 254 of its block), then across nodes with int4 blocks (within max abs(x) / 14), "
               "summed in fp32, with error feedback (each rank keeps the fp32 error of what it sent and adds it to "
-              "the next reduction). Needs reduce_scatter: true; host backend; not with mics_shard_size or tensor/"
-              "pipeline parallelism."},
+              "the next reduction). Needs reduce_scatter: true; not with mics_shard_size or tensor/pipeline "
+              "parallelism."},
       {.path = "zero_optimization.sub_group_size", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.sub_group_size; },
        .range = ge(0), .auto_rule = Auto::fallback,

@@ -42,7 +42,8 @@ void unpin_host(void* p) { cudaFreeHost(p); }
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(Context& ctx, const Config& cfg) : device_(ctx.device()), alloc_(ctx.device()) {
+  CudaBackend(Context& ctx, const Config& cfg, Communicator& ranks)
+      : device_(ctx.device()), comm_kind_(cfg.comm), alloc_(ctx.device()) {
     ZERO_CUDA_CHECK(cudaSetDevice(device_));
     offload::enable_cuda_pinning({pin_host, unpin_host});  // the context exists now; pinned memory may use it
     timeout_s_ = Watchdog::timeout_from_env();
@@ -62,10 +63,7 @@ class CudaBackend final : public Backend {
     sumsq_blocks_ = sumsq_blocks();
     stats_ = static_cast<double*>(alloc_.allocate(stats_bytes()));
     stats_host_ = pinned_.acquire(sizeof(double));
-    if (cfg.comm == CommKind::nccl)
-      comm_ = std::make_unique<NcclCommunicator>(ctx.comm(), streams_, device_);
-    else
-      comm_ = std::make_unique<MpiStagedCommunicator>(ctx.comm(), streams_, pinned_);
+    comm_ = group_comm(ranks);
     staging_ = std::make_unique<CudaOffloadStaging>(streams_, pinned_);
   }
 
@@ -202,6 +200,23 @@ class CudaBackend final : public Backend {
     launch_sgd(master, mom, grad, gt, param_out, pt, n, h, streams_.compute);
   }
 
+  void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
+    use_device(device_);
+    launch_quantize_int8(src, t, n, block, out, streams_.compute);
+  }
+  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) override {
+    use_device(device_);
+    launch_dequantize_int8(in, n, block, dst, t, streams_.compute);
+  }
+  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) override {
+    use_device(device_);
+    launch_quantize_keep_error(v, n, block, bits == quant::Bits::int8, out, streams_.compute);
+  }
+  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) override {
+    use_device(device_);
+    launch_dequantize_add(in, n, block, bits == quant::Bits::int8, acc, streams_.compute);
+  }
+
   bool host_accessible() const override { return false; }
 
   // Outside the training loop only: these wait for the compute stream, so the host buffer is
@@ -220,6 +235,14 @@ class CudaBackend final : public Backend {
   }
 
   Communicator& comm() override { return *comm_; }
+  // Every rank of `group` calls this at the same point (the NCCL setup is collective over it).
+  // The new communicator shares the backend's streams, so its collectives are ordered with the
+  // backend's other communicators' on the one comm stream.
+  std::unique_ptr<Communicator> group_comm(Communicator& group) override {
+    use_device(device_);
+    if (comm_kind_ == CommKind::nccl) return std::make_unique<NcclCommunicator>(group, streams_, device_);
+    return std::make_unique<MpiStagedCommunicator>(group, streams_, pinned_);
+  }
 
   void* compute_stream() const override { return static_cast<void*>(streams_.compute); }
   void set_compute_stream(void* stream) override {
@@ -247,6 +270,7 @@ class CudaBackend final : public Backend {
   // Declaration order is destruction order reversed: streams and events outlive the allocator
   // and the pinned pool, which outlive the communicator and the staging that use them.
   int device_;
+  CommKind comm_kind_;  // comm: nccl or mpi, for the backend's communicator and its groups'
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S bounds the shutdown's waits too
   Stream comm_stream_, copy_stream_, upload_stream_;
   StreamSet streams_;
@@ -264,7 +288,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace cuda
 
-std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
+std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg, Communicator& ranks) {
   if (ctx.device() < 0) {
     int count = 0;
     const cudaError_t rc = cudaGetDeviceCount(&count);
@@ -273,7 +297,7 @@ std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg) {
                            "check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host",
                            ctx.rank(), rc == cudaSuccess ? fmt::format("{} devices", count) : cudaGetErrorName(rc)));
   }
-  return std::make_unique<cuda::CudaBackend>(ctx, cfg);
+  return std::make_unique<cuda::CudaBackend>(ctx, cfg, ranks);
 }
 
 }  // namespace zero

@@ -1,5 +1,5 @@
 // Host entry points of the CUDA backend's kernels: fills and casts, accumulation, the global
-// sum of squares, and the fused optimizer updates over a flat shard.
+// sum of squares, the fused optimizer updates over a flat shard, and block quantization.
 //
 // The optimizer kernels repeat the host reference (offload/src/host_adam.cpp's scalar kernel)
 // operation for operation: the same per-step constants, computed on the host in double and
@@ -56,5 +56,20 @@ int sumsq_blocks();
 void launch_sumsq_add(const void* g, DType t, std::size_t n, double* partials, int blocks, cudaStream_t stream);
 // *out = the fixed-order sum of the partials.
 void launch_sumsq_finish(const double* partials, int blocks, double* out, cudaStream_t stream);
+
+// Block quantization (ZeRO++ qwZ / qgZ) on device buffers: comm/quantize.hpp's packed layout,
+// rounding and NaN rule, element by element through comm/quantize_math.hpp, so the packed bytes
+// and the residuals equal the host quantizer's bit for bit. `out` holds
+// quant::packed_bytes(n, block, bits) bytes (4-byte aligned: the scales are fp32); block >= 1.
+// int8 from values of dtype t; the padding after the values is zeroed.
+void launch_quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out, cudaStream_t stream);
+// dst[i] = the dequantized value, rounded once to t.
+void launch_dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t, cudaStream_t stream);
+// Error feedback (qgZ): quantizes v (int8, or int4 packed two per byte) into out and leaves in v
+// what the receiver will not get back, v - dequantize(out), as quant::quantize_keep_error does.
+void launch_quantize_keep_error(float* v, std::size_t n, std::size_t block, bool int8, void* out, cudaStream_t stream);
+// acc[i] += the dequantized value i, in fp32 (quant::dequantize_add).
+void launch_dequantize_add(const void* in, std::size_t n, std::size_t block, bool int8, float* acc,
+                           cudaStream_t stream);
 
 }  // namespace zero::cuda

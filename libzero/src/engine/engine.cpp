@@ -37,16 +37,21 @@ int accumulation_steps(const Config& cfg) {
 
 }  // namespace
 
-// The backend over the partition group: all ranks, groups->data(), or MiCS's shard group.
+// The backend over the partition group: all ranks, groups->data(), or MiCS's shard group. A
+// CUDA backend bootstraps its device communicator over that group's host communicator.
 std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, ProcessGroups* groups,
                                              Communicator* mics_shard) {
-  if (mics_shard != nullptr) return make_host_backend(*mics_shard);  // make_mics_comms refuses cuda
-  if (groups == nullptr) return make_backend(ctx, cfg);
-  ZERO_CHECK(cfg.backend == BackendKind::host || groups->data_size() == ctx.world_size(),
-             "Engine: with tensor or pipeline parallelism the engine runs on backend: host so far (the CUDA "
-             "backend spans all ranks); set backend: host, or tensor and pipeline sizes of 1");
-  return cfg.backend == BackendKind::host ? make_host_backend(groups->data()) : make_backend(ctx, cfg);
+  if (mics_shard != nullptr) return make_backend(ctx, cfg, *mics_shard);
+  return make_backend(ctx, cfg, groups ? groups->data() : ctx.comm());
 }
+
+// A communicator for backend memory over a host sub-group (hpZ's, MiCS's replica group): the
+// backend's own kind over its ranks, or the host group itself (null) on the host backend.
+namespace {
+std::unique_ptr<Communicator> make_group_device_comm(Backend& backend, Communicator* group) {
+  return group != nullptr ? backend.group_comm(*group) : nullptr;
+}
+}  // namespace
 
 // hpZ's group (zero_hpz_partition_size consecutive ranks of the data-parallel group), or null.
 std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& host) {
@@ -56,9 +61,6 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
                fmt::format("{}: zero_optimization.zero_quantized_weights applies to stage 3 only (it quantizes the "
                            "parameter all-gathers, which stage {} does not make); set it to false, or use stage 3",
                            cfg.source, cfg.zero_optimization.stage));
-    ZERO_CHECK(cfg.backend == BackendKind::host,
-               cfg.source + ": zero_optimization.zero_quantized_weights runs on the host backend so far; set it to "
-                            "false with backend: cuda");
   }
   const std::int64_t n = cfg.zero_optimization.zero_hpz_partition_size;
   if (n == 1) return nullptr;
@@ -70,15 +72,14 @@ std::unique_ptr<Communicator> make_hpz_comm(const Config& cfg, Communicator& hos
   ZERO_CHECK(host.size() % n == 0,
              fmt::format("{} does not divide the {} data-parallel ranks; use a divisor, normally the ranks per node",
                          key, host.size()));
-  ZERO_CHECK(cfg.backend == BackendKind::host,
-             key + ": hpZ runs on the host backend so far; set it to 1 with backend: cuda");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
   return mpi->split(host.rank() / static_cast<int>(n), host.rank());
 }
 
 // qgZ's hierarchical quantized reduce-scatter over the data-parallel group, or null.
-std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, bool model_parallel) {
+std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator& host, Backend& backend,
+                                                 bool model_parallel) {
   const auto& z = cfg.zero_optimization;
   if (!z.zero_quantized_gradients) return nullptr;
   const std::string key = cfg.source + ": zero_optimization.zero_quantized_gradients";
@@ -89,7 +90,6 @@ std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator
   ZERO_CHECK(z.reduce_scatter, key + " quantizes the gradient reduce-scatter, and zero_optimization.reduce_scatter: "
                                      "false asks for an all-reduce instead; set reduce_scatter to true, or "
                                      "zero_quantized_gradients to false");
-  ZERO_CHECK(cfg.backend == BackendKind::host, key + " runs on the host backend so far; set it to false with backend: cuda");
   // MiCS reduces inside its groups and then all-reduces across them; qgZ's two phases would have
   // to be rebuilt around that, so the combination is refused rather than half supported.
   ZERO_CHECK(z.mics_shard_size == -1,
@@ -100,7 +100,8 @@ std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator
                                     "sizes of 1, or set it to false");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
-  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size));
+  return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size),
+                                                  &backend);
 }
 
 // gradient_compression's compressor, or null. The config loader refuses the bad combinations
@@ -140,8 +141,6 @@ MicsComms make_mics_comms(const Config& cfg, Communicator& dp) {
              fmt::format("{} and zero_hpz_partition_size = {} together: hpZ's secondary shards are not built "
                          "inside MiCS groups; use one of them (MiCS keeps every parameter gather inside its group)",
                          key, cfg.zero_optimization.zero_hpz_partition_size));
-  ZERO_CHECK(cfg.backend == BackendKind::host,
-             key + ": MiCS runs on the host backend so far; set it to -1 with backend: cuda");
   if (n == dp.size()) return {};  // one group of every rank: plain ZeRO
   auto* mpi = dynamic_cast<MpiCommunicator*>(&dp);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
@@ -165,7 +164,9 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       tensor_rank_(groups ? groups->coord().tensor : 0),
       groups_(groups),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
-      qgz_(make_qgz(cfg, host_comm_, model_comm_ != nullptr)),
+      hpz_device_(make_group_device_comm(*backend_, hpz_comm_.get())),
+      replica_device_(make_group_device_comm(*backend_, mics_.replica.get())),
+      qgz_(make_qgz(cfg, host_comm_, *backend_, model_comm_ != nullptr)),
       rank_(comm_.rank()),
       world_(comm_.size()),
       stage_(cfg.zero_optimization.stage),
@@ -180,9 +181,11 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
         return owned;
       }())),
       params_(*backend_, cfg_, shapes_, dp_comm_.rank(), dtype_),
-      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_, hpz_comm_.get()),
+      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_,
+                hpz_device_ ? hpz_device_.get() : hpz_comm_.get()),
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
-               cfg_.gradient_compression.type != CompressionType::none, mics_.replica.get(), qgz_.get()),
+               cfg_.gradient_compression.type != CompressionType::none,
+               replica_device_ ? replica_device_.get() : mics_.replica.get(), qgz_.get()),
       powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {
   if (dp_comm_.rank() == 0 && cfg_.zero_optimization.mics_shard_size != -1) report_mics_groups();
@@ -228,7 +231,7 @@ void EngineImpl::report_qgz() const {
   for (const auto& s : shapes_) {
     per_step += qgz_->bytes_per_reduction(static_cast<std::size_t>(s.slice));
     const auto f = qgz_->make_feedback(static_cast<std::size_t>(s.slice));
-    feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+    feedback += static_cast<std::int64_t>((f.intra_n + f.inter_n) * sizeof(float));
     padding += s.padded - s.numel;
   }
   log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "

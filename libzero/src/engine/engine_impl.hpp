@@ -134,6 +134,10 @@ class EngineImpl {
   ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
+  // The device communicators over hpZ's group and MiCS's replica group on a device backend
+  // (Backend::group_comm); null on the host backend, where the host groups move backend memory.
+  // Their traffic and collective checks stay with the host groups above.
+  std::unique_ptr<Communicator> hpz_device_, replica_device_;
   // qgZ's hierarchical quantized gradient reduce-scatter, or null (comm/quantized_reduce_scatter.hpp).
   std::unique_ptr<QuantizedReduceScatter> qgz_;
   // rank_ and world_ are the partition group's: the rank owns slice rank_ of world_ slices.

@@ -67,7 +67,7 @@ void ParamGatherer::start(int unit, const char* why, bool eval) {
     const std::size_t packed = quant::packed_bytes(static_cast<std::size_t>(s.slice), qwz_block_);
     u.q_send = pool_.acquire(packed, false);
     u.q_recv = pool_.acquire(packed * static_cast<std::size_t>(comm_.size()), false);
-    quant::quantize_int8(params_.shard(unit), dtype_, static_cast<std::size_t>(s.slice), qwz_block_, u.q_send.get());
+    backend_.quantize_int8(params_.shard(unit), dtype_, static_cast<std::size_t>(s.slice), qwz_block_, u.q_send.get());
     // Packed bytes travel as fp32 words: the all-gather copies them, it computes nothing.
     u.work = comm_.all_gather_async(u.q_send.get(), u.q_recv.get(), packed / sizeof(float), DType::f32);
   } else {
@@ -88,7 +88,7 @@ void ParamGatherer::finish(int unit) {
     const std::size_t slice = static_cast<std::size_t>(s.slice);
     const std::size_t packed = quant::packed_bytes(slice, qwz_block_);
     for (int r = 0; r < comm_.size(); ++r)
-      quant::dequantize_int8(u.q_recv.as<char>() + static_cast<std::size_t>(r) * packed, slice, qwz_block_,
+      backend_.dequantize_int8(u.q_recv.as<char>() + static_cast<std::size_t>(r) * packed, slice, qwz_block_,
                              u.gathered.as<char>() + static_cast<std::size_t>(r) * slice * dtype_size(dtype_), dtype_);
     pool_.give_back(std::move(u.q_send));
     pool_.give_back(std::move(u.q_recv));

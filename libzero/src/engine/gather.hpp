@@ -18,7 +18,8 @@
 // the result is bit for bit that of plain stage 3; only the links they cross change.
 //
 // qwZ (zero_quantized_weights): the all-gather over every rank sends each rank's slice block-
-// quantized to int8 (comm/quantize.hpp) and dequantizes on arrival into the compute dtype. With
+// quantized to int8 (comm/quantize.hpp; the backend's quantizer: kernels on CUDA, the same bytes)
+// and dequantizes on arrival into the compute dtype. With
 // hpZ the secondary chunk keeps the dequantized values, so the backward sees the forward's.
 #pragma once
 

@@ -1,8 +1,11 @@
 // Gradient reduction in buckets (see engine/reduce.hpp).
 #include "engine/reduce.hpp"
 
+#include <fmt/format.h>
+
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zero/error.hpp"
@@ -113,7 +116,7 @@ void GradReducer::flush_bucket() {
           backend_.accumulate(u.slice.get(), gdt_, sum->get(), DType::f32, n);
         } else {
           char* rounded = sum->as<char>() + n * sizeof(float);
-          convert(sum->get(), DType::f32, rounded, dtype_, n);
+          backend_.convert(sum->get(), DType::f32, rounded, dtype_, n);
           backend_.accumulate(u.slice.get(), gdt_, rounded, dtype_, n);
         }
         scratch_pool_.give_back(std::move(*sum));
@@ -188,24 +191,53 @@ void GradReducer::clear() {
 void GradReducer::report(MemoryReport& r) const {
   for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
   r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
-  for (const auto& f : feedback_)
-    r.error_feedback += static_cast<std::int64_t>((f.intra.size() + f.inter.size()) * sizeof(float));
+  r.error_feedback += static_cast<std::int64_t>(error_feedback_size() * sizeof(float));
 }
 
 void GradReducer::adjust_error_feedback(bool drop, double rescale) {
   if (!drop && rescale == 1.0) return;
-  const float f = drop ? 0.0f : static_cast<float>(rescale);  // scales are powers of two: exact
-  for (auto* v : error_feedback())
-    for (float& x : *v) x = drop ? 0.0f : x * f;
+  if (drop) {
+    set_error_feedback({});
+    return;
+  }
+  // A new loss scale (rare: fp16 only); the values make a round trip through the host, which
+  // on a device waits for the stream once.
+  const float f = static_cast<float>(rescale);  // scales are powers of two: exact
+  std::vector<float> v = error_feedback();
+  for (float& x : v) x *= f;
+  set_error_feedback(v);
 }
 
-std::vector<std::vector<float>*> GradReducer::error_feedback() {
-  std::vector<std::vector<float>*> all;
-  for (auto& f : feedback_) {
-    all.push_back(&f.intra);
-    all.push_back(&f.inter);
+std::size_t GradReducer::error_feedback_size() const {
+  std::size_t n = 0;
+  for (const auto& f : feedback_) n += f.intra_n + f.inter_n;
+  return n;
+}
+
+std::vector<float> GradReducer::error_feedback() const {
+  std::vector<float> all(error_feedback_size());
+  std::size_t at = 0;
+  for (const auto& f : feedback_) {
+    backend_.to_host(all.data() + at, f.intra.get(), f.intra_n * sizeof(float));
+    at += f.intra_n;
+    backend_.to_host(all.data() + at, f.inter.get(), f.inter_n * sizeof(float));
+    at += f.inter_n;
   }
   return all;
+}
+
+void GradReducer::set_error_feedback(const std::vector<float>& v) {
+  ZERO_CHECK(v.empty() || v.size() == error_feedback_size(),
+             fmt::format("set_rank_state: {} values for qgZ's error-feedback buffers of {}", v.size(),
+                         error_feedback_size()));
+  std::size_t at = 0;
+  for (auto& f : feedback_) {
+    for (auto [buf, n] : {std::pair{&f.intra, f.intra_n}, std::pair{&f.inter, f.inter_n}}) {
+      if (v.empty()) backend_.zero(buf->get(), n * sizeof(float));
+      else backend_.from_host(buf->get(), v.data() + at, n * sizeof(float));
+      at += n;
+    }
+  }
 }
 
 }  // namespace zero

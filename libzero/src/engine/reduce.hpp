@@ -75,8 +75,12 @@ class GradReducer {
   DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
-  // qgZ's error-feedback buffers, every unit's (intra then inter, unit by unit); empty when off.
-  std::vector<std::vector<float>*> error_feedback();
+  // qgZ's error-feedback values, every unit's (intra then inter, unit by unit), read from the
+  // backend's memory; empty when off. set_error_feedback writes them back (empty: zeros) and
+  // throws unless `v` is empty or holds error_feedback_size() values.
+  std::vector<float> error_feedback() const;
+  std::size_t error_feedback_size() const;
+  void set_error_feedback(const std::vector<float>& v);
   // After step(): zero the error feedback (drop), or multiply it by `rescale` (a new loss scale).
   void adjust_error_feedback(bool drop, double rescale);
 

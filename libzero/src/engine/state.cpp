@@ -95,9 +95,7 @@ std::string EngineState::rank_state_layout() const {
 
 std::vector<float> EngineState::rank_state() const {
   if (impl_->powersgd_) return impl_->powersgd_->state();
-  std::vector<float> s;
-  for (const auto* a : impl_->reducer_.error_feedback()) s.insert(s.end(), a->begin(), a->end());
-  return s;
+  return impl_->reducer_.error_feedback();
 }
 
 void EngineState::set_rank_state(const std::vector<float>& s) {
@@ -107,17 +105,7 @@ void EngineState::set_rank_state(const std::vector<float>& s) {
     impl_->powersgd_->set_state(s);  // empty: reset
     return;
   }
-  const auto buffers = impl_->reducer_.error_feedback();
-  std::size_t total = 0;
-  for (const auto* a : buffers) total += a->size();
-  ZERO_CHECK(s.empty() || s.size() == total,
-             fmt::format("set_rank_state: {} values for qgZ's error-feedback buffers of {}", s.size(), total));
-  std::size_t at = 0;
-  for (auto* a : buffers) {
-    if (s.empty()) std::fill(a->begin(), a->end(), 0.0f);
-    else std::copy(s.begin() + static_cast<std::ptrdiff_t>(at), s.begin() + static_cast<std::ptrdiff_t>(at + a->size()), a->begin());
-    at += a->size();
-  }
+  impl_->reducer_.set_error_feedback(s);
 }
 
 void EngineState::begin_restore() {
