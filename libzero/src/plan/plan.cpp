@@ -72,6 +72,14 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   else m.comm_buffers = 2 * std::max(bucket, u.largest) * es;
   // Stages 1/2 all-gather the updated slices after the step through one bucket.
   if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
+  // PowerSGD, as the engine counts its buffers (PowerSgd::buffer_bytes, less its conversion row):
+  // the fp32 error of every compressed matrix and its Q kept between steps, the P and summed Q
+  // factors, the plain rest's batch in the gradients' dtype, and with 16-bit factors their wire copy.
+  if (s.powersgd()) {
+    const PowerSgdElements e = powersgd_elements(layout, s.compression);
+    const auto fes = static_cast<std::int64_t>(dtype_size(s.compression.factor_dtype));
+    m.comm_buffers += 4 * (e.compressed + e.q + e.p + e.q) + e.plain * ges + (fes != 4 ? std::max(e.p, e.q) * fes : 0);
+  }
   // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
   if (s.stage == 3) {
     const std::int64_t ahead =

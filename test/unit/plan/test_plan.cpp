@@ -727,6 +727,12 @@ TEST_CASE("step time: qgZ's two phases and PowerSGD's factors, worked by hand", 
   CHECK(psgd.time.compress_s == Approx(compute).epsilon(1e-9));
   CHECK(plain0.time.step_s - psgd.time.step_s == Approx(all_reduce - factors - compute).epsilon(1e-6));
   CHECK(psgd.time.step_s < 0.5 * plain0.time.step_s);
+  // Its buffers in GPU memory: the fp32 error and Q of every compressed matrix, the fp32 P and
+  // summed Q, the plain rest in fp32 (accumulated gradients), the bf16 wire copy of P or Q.
+  const std::int64_t buffers =
+      4 * (e.compressed + 2 * e.q + e.p) + 4 * e.plain + 2 * std::max(e.p, e.q);
+  CHECK(psgd.memory.comm_buffers - plain0.memory.comm_buffers == buffers);
+  CHECK(psgd.memory.gpu_bytes - plain0.memory.gpu_bytes == buffers);
 }
 
 TEST_CASE("across nodes: qgZ, MiCS and PowerSGD lead their stages on a slow link, and not on one node", "[plan]") {
