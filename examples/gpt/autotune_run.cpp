@@ -186,10 +186,11 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   std::vector<TuneCandidate> candidates =
       with_grids(tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload), req.tensor_parallel,
                  req.pipeline_parallel);
-  // Across nodes, stage 3 is also tried with ZeRO++ (hpZ inside the node, qwZ): whether it pays
-  // depends on the links, which the timing measures.
+  // Across nodes, stage 3 is also tried with ZeRO++ (hpZ inside the node, qwZ, qgZ), stage 2
+  // with qgZ, stages 1-3 with MiCS over the node: whether they pay depends on the links, which
+  // the timing measures.
   const NodeLayout nodes = node_layout(ctx);
-  if (nodes.nodes > 1 && base.backend == BackendKind::host)  // (hpZ and qwZ are host-only for now)
+  if (nodes.nodes > 1 && base.backend == BackendKind::host)  // (ZeRO++ and MiCS are host-only for now)
     candidates = with_zero_plus_plus(candidates, base.zero_optimization.stage, nodes.ranks_per_node);
 
   AutotuneOutcome out;

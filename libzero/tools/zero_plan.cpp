@@ -64,6 +64,8 @@ nlohmann::json plan_json(const Plan& p) {
                         {"quantized_weights", s.quantized_weights},
                         {"quantized_gradients", s.quantized_gradients},
                         {"mics_shard_size", s.mics_shard_size},
+                        {"powersgd_rank", s.powersgd() ? s.compression.rank : 0},
+                        {"powersgd_factor_dtype", std::string(dtype_name(s.compression.factor_dtype))},
                         {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
@@ -74,6 +76,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"activation_bytes", m.activations},
           {"memory_stage", p.memory_stage},
           {"step_s", p.time.step_s},
+          {"compress_s", p.time.compress_s},
           {"tp_comm_s", p.time.tp_comm_s},
           {"pp_comm_s", p.time.pp_comm_s},
           {"bubble", p.time.bubble},
@@ -116,11 +119,13 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));
   fmt::print("NVMe {:>10} per node   (of {})\n", bytes(m.nvme_bytes), bytes(c.nvme_bytes_per_node));
-  fmt::print("step {:.3f} s = compute {:.3f} s + {}exposed comm {:.3f} s + optimizer {:.3f} s + offload {:.3f} s (comm "
-             "{:.3f} s in all)\n",
+  fmt::print("step {:.3f} s = compute {:.3f} s + {}exposed comm {:.3f} s + {}optimizer {:.3f} s + offload {:.3f} s "
+             "(comm {:.3f} s in all)\n",
              p.time.step_s, p.time.compute_s,
              st.pipeline_parallel > 1 ? fmt::format("pipeline bubble {:.3f} s + ", p.time.bubble_s) : std::string(),
-             p.time.exposed_comm_s, p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
+             p.time.exposed_comm_s,
+             p.time.compress_s > 0 ? fmt::format("PowerSGD compression {:.3f} s + ", p.time.compress_s) : std::string(),
+             p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
   if (st.tensor_parallel * st.pipeline_parallel > 1)
     fmt::print("     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s{}\n", p.time.tp_comm_s,
                p.time.pp_comm_s,
@@ -191,7 +196,8 @@ int main(int argc, char** argv) {
   // Settings
   std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
   std::vector<std::string> tp_s{"1"}, pp_s{"1"}, hpz_s{"1"};
-  std::string qwz_s = "off";
+  std::string qwz_s = "off", qgz_s = "off", psgd_dtype_s = "fp32";
+  std::vector<std::string> mics_s{"-1"}, psgd_s{"0"};
   std::string ckpt_s = "any", dtype_s = "bf16";
   int accum = 1;
   std::int64_t space_global_batch = 0;
@@ -218,10 +224,19 @@ int main(int argc, char** argv) {
                     ->check(CLI::IsMember({"on", "off", "any"}));
   app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
                                                        "accumulation for each micro-batch (overrides --accum)");
-  int mics = -1;
-  auto* o_mics = app.add_option("--mics-shard-size", mics,
+  auto* o_qgz = app.add_option("--qgz", qgz_s, "stages 2-3: ZeRO++ qgZ quantized gradient reduce-scatter (int8 "
+                                               "inside the node, int4 across): on, off, any")
+                    ->check(CLI::IsMember({"on", "off", "any"}));
+  auto* o_mics = app.add_option("--mics-shard-size", mics_s,
                                 "MiCS (stages 1-3): shard model states over groups of this many data-parallel "
-                                "ranks, replicated across groups (zero_optimization.mics_shard_size; -1: off)");
+                                "ranks, replicated across groups (zero_optimization.mics_shard_size; -1: off; "
+                                "any: off and the GPUs per node)")->delimiter(',');
+  auto* o_psgd = app.add_option("--powersgd-rank", psgd_s,
+                                "stages 0-1: PowerSGD gradient compression ranks (gradient_compression.rank; 0: "
+                                "off; any: off, 1, 4 and 16)")->delimiter(',');
+  auto* o_psgd_dtype = app.add_option("--powersgd-factor-dtype", psgd_dtype_s,
+                                      "PowerSGD's factors on the wire (gradient_compression.factor_dtype)")
+                           ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--tokens", tokens, "token budget for the days figure")->default_val(100e9);
   app.add_option("--top", top, "rows of the ranked table")->default_val(15);
   app.add_flag("--json", json, "print one JSON object");
@@ -245,7 +260,6 @@ int main(int argc, char** argv) {
     bool from_config = !config_path.empty();
     if (from_config) space.base = settings_from(load_config(config_path));
     space.base.grad_accum = from_config && !o_accum->count() ? space.base.grad_accum : accum;
-    if (!from_config || o_mics->count()) space.base.mics_shard_size = mics;
     if (!from_config || o_dtype->count())
       space.base.dtype = dtype_s == "fp32" ? DType::f32 : dtype_s == "fp16" ? DType::f16 : DType::bf16;
     const bool cfg_fixed = from_config;
@@ -296,6 +310,39 @@ int main(int argc, char** argv) {
     if (cfg_fixed && !o_qwz->count()) space.quantized_weights = {space.base.quantized_weights};
     else if (qwz_s == "any") space.quantized_weights = {false, true};
     else space.quantized_weights = {qwz_s == "on"};
+    // Across nodes: an empty list keeps the config's (base's) value.
+    auto ints = [&](const std::vector<std::string>& v, int lo, const char* flag) {
+      std::vector<int> out;
+      for (const auto& x : v) {
+        int k = lo - 1;
+        try {
+          k = std::stoi(x);
+        } catch (const std::exception&) {
+        }
+        ZERO_CHECK(k >= lo, fmt::format("zero-plan: {} '{}' is not a size, off or any", flag, x));
+        out.push_back(k);
+      }
+      return out;
+    };
+    if (!cfg_fixed || o_qgz->count())
+      space.quantized_gradients = qgz_s == "any" ? std::vector<bool>{false, true} : std::vector<bool>{qgz_s == "on"};
+    if (!cfg_fixed || o_mics->count()) {
+      space.mics_shard_size = any(mics_s) ? std::vector<int>{-1, c.gpus_per_node} : ints(mics_s, -1, "--mics-shard-size");
+      for (int m : space.mics_shard_size)
+        ZERO_CHECK(m == -1 || m >= 1, fmt::format("zero-plan: --mics-shard-size {} is not -1 (off) or a group size", m));
+    }
+    if (!cfg_fixed || o_psgd->count())
+      space.powersgd_rank = any(psgd_s) ? std::vector<int>{0, 1, 4, 16} : ints(psgd_s, 0, "--powersgd-rank");
+    if (!cfg_fixed || o_psgd_dtype->count())
+      space.base.compression.factor_dtype = psgd_dtype_s == "bf16" ? DType::bf16 : DType::f32;
+    // The first value of each list stands for the base (the one-grid error below names it).
+    if (!space.quantized_gradients.empty()) space.base.quantized_gradients = space.quantized_gradients.front();
+    if (!space.mics_shard_size.empty()) space.base.mics_shard_size = space.mics_shard_size.front();
+    if (!space.powersgd_rank.empty()) {
+      const int r = space.powersgd_rank.front();
+      space.base.compression.type = r > 0 ? CompressionType::powersgd : CompressionType::none;
+      if (r > 0) space.base.compression.rank = r;
+    }
     if (ckpt_s == "on") space.checkpointing = {true};
     else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count())) space.checkpointing = {false};
 
@@ -342,7 +389,8 @@ int main(int argc, char** argv) {
     ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
                                     "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
                                     "a pipeline needs stage 0 or 1; --mics-shard-size needs stage >= 1, a divisor "
-                                    "of the data-parallel ranks, and no --hpz)");
+                                    "of the data-parallel ranks, and no --hpz; --qgz needs stage 2-3 and no MiCS; "
+                                    "--powersgd-rank needs stage 0-1 and no MiCS)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
       if (json) fmt::print("{}\n", plan_json(p).dump(2));

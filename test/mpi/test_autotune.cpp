@@ -66,7 +66,7 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
   cluster.gpu.memory_bytes = static_cast<double>(plan::make_plan(shape, cluster, s2).memory.gpu_bytes);
 
   auto candidates = tune_grid({0, 2, 3}, {1, 2, 4});
-  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}, {}, {}, {}, {}});  // 3 does not divide 4 per rank
+  candidates.push_back(TuneCandidate{2, 3, {}, {}, {}, {}, {}, {}, {}, {}, {}});  // 3 does not divide 4 per rank
   const auto dir = std::filesystem::temp_directory_path() / ("zero_autotune_np" + std::to_string(world));
   std::filesystem::create_directories(dir);
   TuneOptions opt;
@@ -122,22 +122,33 @@ TEST_CASE("autotune runs what fits and keeps the fastest", "[autotune][mpi]") {
   CHECK_THAT(text.str(), Catch::Contains("(best)"));
 }
 
-TEST_CASE("autotune tries ZeRO++ variants of the stage-3 candidates", "[autotune][mpi]") {
+TEST_CASE("autotune tries ZeRO++ and MiCS variants of the candidates", "[autotune][mpi]") {
   Context& ctx = *Context::current();
   const int world = ctx.world_size();
   const auto candidates = with_zero_plus_plus(tune_grid({2, 3}, {1}), 0, world);
-  // stage 2; stage 3, then qwZ, hpZ and both (hpZ only where the group has 2 ranks or more).
-  REQUIRE(candidates.size() == (world > 1 ? 5u : 3u));
-  CHECK(candidates[0].label() == "stage 2, mb 1");
-  CHECK(candidates[1].label() == "stage 3, mb 1");
-  CHECK(candidates[2].label() == "stage 3, mb 1, qwz");
-  if (world > 1) {
-    CHECK(candidates[3].label() == "stage 3, mb 1, hpz " + std::to_string(world));
-    CHECK(candidates[4].label() == "stage 3, mb 1, hpz " + std::to_string(world) + ", qwz");
-  }
-  // An unset stage follows the base's.
-  CHECK(with_zero_plus_plus({TuneCandidate{}}, 3, 2).size() == 4);
-  CHECK(with_zero_plus_plus({TuneCandidate{}}, 2, 2).size() == 1);
+  // stage 2, then qgZ and MiCS; stage 3, then qwZ, hpZ, both, the three with qgZ, and MiCS (hpZ
+  // and MiCS only where the group has 2 ranks or more).
+  std::vector<std::string> labels;
+  for (const auto& c : candidates) labels.push_back(c.label());
+  const std::string w = std::to_string(world);
+  if (world > 1)
+    CHECK(labels == std::vector<std::string>{"stage 2, mb 1", "stage 2, mb 1, qgz", "stage 2, mb 1, mics " + w,
+                                             "stage 3, mb 1", "stage 3, mb 1, qwz", "stage 3, mb 1, hpz " + w,
+                                             "stage 3, mb 1, hpz " + w + ", qwz",
+                                             "stage 3, mb 1, hpz " + w + ", qwz, qgz", "stage 3, mb 1, mics " + w});
+  else
+    CHECK(labels == std::vector<std::string>{"stage 2, mb 1", "stage 2, mb 1, qgz", "stage 3, mb 1",
+                                             "stage 3, mb 1, qwz", "stage 3, mb 1, qwz, qgz"});
+  // An unset stage follows the base's: stage 1 gets MiCS only, stage 0 nothing.
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 3, 2).size() == 6);
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 2, 2).size() == 3);
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 1, 2).size() == 2);
+  CHECK(with_zero_plus_plus({TuneCandidate{}}, 0, 2).size() == 1);
+  // With a tensor-parallel grid: no qgZ and no MiCS (the engine refuses both there).
+  TuneCandidate tp;
+  tp.tensor_parallel = 2;
+  CHECK(with_zero_plus_plus({tp}, 3, 2).size() == 4);
+  CHECK(with_zero_plus_plus({tp}, 2, 2).size() == 1);
 
   const plan::GptShape shape{"", 2, 2, 64, 32, 256};
   std::string y = "train_batch_size: " + std::to_string(2 * world) + "\ntrain_micro_batch_size_per_gpu: 1\n";
@@ -159,6 +170,9 @@ TEST_CASE("autotune tries ZeRO++ variants of the stage-3 candidates", "[autotune
   const Config loaded = load_config(opt.config_out);
   CHECK(loaded.zero_optimization.zero_hpz_partition_size == r.best_trial.candidate.hpz_partition_size.value_or(1));
   CHECK(loaded.zero_optimization.zero_quantized_weights == r.best_trial.candidate.quantized_weights.value_or(false));
+  CHECK(loaded.zero_optimization.zero_quantized_gradients ==
+        r.best_trial.candidate.quantized_gradients.value_or(false));
+  CHECK(loaded.zero_optimization.mics_shard_size == r.best_trial.candidate.mics_shard_size.value_or(-1));
 }
 
 TEST_CASE("autotune grids: with_grids, refused sizes, the whole-model entry points", "[autotune][mpi]") {

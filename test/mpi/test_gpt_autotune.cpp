@@ -197,7 +197,7 @@ TEST_CASE("zero-gpt autotune times what fits and writes a loadable winner", "[gp
   check_files(some);
 }
 
-TEST_CASE("zero-gpt autotune adds ZeRO++ variants of stage 3 across nodes only", "[gpt][autotune][mpi][zeropp]") {
+TEST_CASE("zero-gpt autotune adds ZeRO++ and MiCS variants across nodes only", "[gpt][autotune][mpi][zeropp]") {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zero_gpt_autotune_zpp_np" + std::to_string(ctx().world_size()));
   const Setup setup = make_setup(dir.string());
@@ -215,10 +215,13 @@ TEST_CASE("zero-gpt autotune adds ZeRO++ variants of stage 3 across nodes only",
   }
   if (nodes.nodes > 1) {
     const std::string h = "hpz " + std::to_string(nodes.ranks_per_node);
+    const std::string m = "mics " + std::to_string(nodes.ranks_per_node);
     CHECK(labels == std::vector<std::string>{"stage 0, mb 4, offload none", "stage 3, mb 4, offload none",
                                              "stage 3, mb 4, offload none, qwz",
                                              "stage 3, mb 4, offload none, " + h,
-                                             "stage 3, mb 4, offload none, " + h + ", qwz"});
+                                             "stage 3, mb 4, offload none, " + h + ", qwz",
+                                             "stage 3, mb 4, offload none, " + h + ", qwz, qgz",
+                                             "stage 3, mb 4, offload none, " + m});
   } else {
     CHECK(labels == std::vector<std::string>{"stage 0, mb 4, offload none", "stage 3, mb 4, offload none"});
   }

@@ -1,7 +1,8 @@
 // zero-plan's bytes per step inside and across nodes (plan::step_traffic) equal what the GPT
 // trainer's engine counts (Engine::traffic()) over a training step, for every stage, dtype,
 // the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ, qwZ and
-// MiCS, and qgZ (stages 2 and 3, with and without hpZ and qwZ).
+// MiCS, qgZ (stages 2 and 3, with and without hpZ and qwZ) and PowerSGD (stages 0 and 1, fp32
+// and bf16 factors, the steps after start_step).
 // ctest runs it at 2 ranks on one node and at 4 ranks on two simulated nodes of two.
 #include <catch2/catch.hpp>
 
@@ -20,8 +21,9 @@ namespace {
 
 zero::Context& ctx() { return *zero::Context::current(); }
 
-zero::Config make_config(const std::string& zero_keys, bool bf16) {
-  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 2\n";
+// `top`: more top-level sections (gradient_compression).
+zero::Config make_config(const std::string& zero_keys, bool bf16, const std::string& top = "") {
+  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 2\n" + top;
   y += "zero_optimization:\n" + zero_keys;
   y += "  reduce_bucket_size: 20000\n  allgather_bucket_size: 20000\n";
   y += "  stage3_param_persistence_threshold: 100\n  stage3_prefetch_bucket_size: 20000\n";
@@ -58,12 +60,26 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
       "  stage: 2\n" + qgz + block, "  stage: 3\n" + qgz + block, regather + qgz + block,
       "  stage: 3\n" + hpz + qgz + block, "  stage: 3\n" + qwz + qgz, regather + hpz + qwz + qgz,
   };
-  for (const std::string& keys : cases)
+  // PowerSGD from the second step on (the measured steps): its own rank and factor dtype each.
+  auto powersgd = [](int r, const char* factor) {
+    return "gradient_compression:\n  type: powersgd\n  start_step: 1\n  rank: " + std::to_string(r) +
+           "\n  factor_dtype: " + factor + "\n";
+  };
+  struct Case {
+    std::string keys, top;
+  };
+  std::vector<Case> all;
+  for (const std::string& keys : cases) all.push_back({keys, ""});
+  for (const char* stage : {"  stage: 0\n", "  stage: 1\n"}) {
+    all.push_back({stage, powersgd(2, "fp32")});
+    all.push_back({stage, powersgd(3, "bf16")});
+  }
+  for (const auto& [keys, top] : all)
     for (bool bf16 : {false, true}) {
       if ((keys.find("hpz") != std::string::npos || keys.find("mics") != std::string::npos) && world % 2 != 0)
         continue;
-      DYNAMIC_SECTION(keys << (bf16 ? "bf16" : "fp32")) {
-        const zero::Config cfg = make_config(keys, bf16);
+      DYNAMIC_SECTION(keys << top << (bf16 ? "bf16" : "fp32")) {
+        const zero::Config cfg = make_config(keys, bf16, top);
         GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));
         // The first step records stage 3's gather order; the plan is of the steps after it.
         trainer.train_step();

@@ -88,6 +88,21 @@ check(j["memory_stage"] in (0, 1), f"memory_stage {j['memory_stage']}")
 j = run("--model", "gpt2", "--gpus", "2", "--stage", "1", "--micro-batch", "1", "--ckpt", "off")
 check(j["settings"]["data_parallel"] == 2 and j["bubble"] == 0 and j["tp_comm_s"] == 0, "no grid: plain DP")
 
+# Across two nodes of 8 at 10 Gbit/s: qgZ, MiCS and PowerSGD are candidates (--qgz any,
+# --mics-shard-size any, --powersgd-rank), named in the settings; one of them ranks first.
+slow = ["--model", "gpt2-medium", "--gpu", "A100-80GB", "--gpus", "16", "--gpus-per-node", "8", "--inter-gbps",
+        "1.25", "--micro-batch", "8", "--ckpt", "off"]
+j = run(*slow, "--qgz", "any", "--mics-shard-size", "any", "--powersgd-rank", "0,4", "--powersgd-factor-dtype", "bf16")
+check(j["candidates"] == 11, f"stage 0: 2, stages 1-3: 3 each; got {j['candidates']}")
+st = j["settings"]
+check(st["quantized_gradients"] or st["mics_shard_size"] != -1 or st["powersgd_rank"] > 0, f"plain ranked first: {st}")
+# One PowerSGD setting: its rank, factor dtype and compression time in the JSON.
+j = run(*slow, "--stage", "0", "--powersgd-rank", "4", "--powersgd-factor-dtype", "bf16")
+check(j["settings"]["powersgd_rank"] == 4 and j["settings"]["powersgd_factor_dtype"] == "bf16", f"{j['settings']}")
+check(j["compress_s"] > 0, f"compress_s {j['compress_s']}")
+j = run(*slow, "--stage", "2", "--qgz", "on")
+check(j["settings"]["quantized_gradients"] is True and j["qgz_error_feedback_bytes"] > 0, "qgZ at stage 2")
+
 
 def fails(*args):
     p = subprocess.run([plan, *args], capture_output=True, text=True)
@@ -101,6 +116,13 @@ rc, err = fails("--model", "gpt2", "--gpus", "4", "--pp", "2", "--stage", "3", "
 check(rc == 2 and "refused" in err, f"stage 3 with a pipeline: {rc} {err}")
 rc, err = fails("--model", "gpt2", "--gpus", "4", "--tp", "x")
 check(rc == 2 and "--tp 'x'" in err, f"--tp x: {rc} {err}")
+# What the engine refuses is refused here.
+rc, err = fails(*slow, "--stage", "2", "--powersgd-rank", "4")
+check(rc == 2 and "stages 0 and 1" in err, f"PowerSGD at stage 2: {rc} {err}")
+rc, err = fails(*slow, "--stage", "2", "--qgz", "on", "--mics-shard-size", "8")
+check(rc == 2 and "with MiCS" in err, f"qgZ with MiCS: {rc} {err}")
+rc, err = fails(*slow, "--stage", "1", "--powersgd-rank", "x")
+check(rc == 2 and "--powersgd-rank 'x'" in err, f"--powersgd-rank x: {rc} {err}")
 
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))

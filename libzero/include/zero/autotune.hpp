@@ -43,6 +43,8 @@ struct TuneCandidate {
   std::optional<OffloadDevice> offload_optimizer;
   std::optional<int> hpz_partition_size;     // ZeRO++ hpZ (stage 3)
   std::optional<bool> quantized_weights;     // ZeRO++ qwZ (stage 3)
+  std::optional<bool> quantized_gradients;   // ZeRO++ qgZ (stages 2-3)
+  std::optional<int> mics_shard_size;        // MiCS (stages 1-3)
   // The grid (ProcessGroups): ranks splitting each layer, pipeline stages; the data-parallel
   // size, which the config is resolved for, is world / (T x P). Unset: TuneOptions::grid's.
   std::optional<int> tensor_parallel;
@@ -59,16 +61,18 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
                                      const std::vector<bool>& overlap = {},
                                      const std::vector<OffloadDevice>& offload = {});
 
-// ZeRO++ for runs across nodes: each stage-3 candidate (a stage of 3, or an unset stage when
-// the base is at stage 3) is followed by its variants with hpZ over `hpz_group` ranks (normally
-// the ranks of a node; 1 skips hpZ), with qwZ, and with both.
+// ZeRO++ and MiCS for runs across nodes, `node_ranks` ranks a node (1 skips hpZ and MiCS). Each
+// candidate (its stage, or the base's when unset) is followed by its variants: at stage 3 with
+// qwZ, hpZ over the node, both, and the three of hpZ, qwZ and qgZ (qwZ and qgZ without hpZ on
+// one rank a node); at stage 2 with qgZ; at stages 1-3 with MiCS over the node. Candidates with
+// a tensor or pipeline size above 1 get no qgZ or MiCS variant (the engine takes neither there).
 // Each candidate once per (tensor, pipeline) pair of the lists, the grid varying slowest (an
 // empty list keeps the base's size).
 std::vector<TuneCandidate> with_grids(const std::vector<TuneCandidate>& candidates, const std::vector<int>& tensor,
                                       const std::vector<int>& pipeline);
 
 std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>& candidates, int base_stage,
-                                               int hpz_group);
+                                               int node_ranks);
 
 struct TuneTrial {
   TuneCandidate candidate;

@@ -8,7 +8,10 @@
 //   time    — compute at a stated fraction of the GPU's peak, ring collectives over the slower of
 //             the intra- and inter-node links with the engine's overlap rules (stage 2/3 reduce
 //             and stage 3 gathers hide behind compute; the stage 0/1 boundary reduce and the
-//             post-step gather do not), and offload traffic (PCIe, host AdamW, NVMe).
+//             post-step gather do not), and offload traffic (PCIe, host AdamW, NVMe); across
+//             nodes hpZ's in-node re-gather, qwZ's int8 gathers, qgZ's int8-in-node /
+//             int4-across reduce, MiCS's replica all-reduce and PowerSGD's factor all-reduces
+//             with their compression compute.
 // Model parallelism (tensor x pipeline x data, Megatron's grid): each rank holds 1/T of every
 // block's matrices and 1/P of the blocks, ZeRO shards that part over the data-parallel group;
 // TP all-reduces run on the critical path, pipeline stages pay the 1F1B bubble (P-1)/(m+P-1).
@@ -189,6 +192,11 @@ struct Settings {
   // MiCS (zero_optimization.mics_shard_size, stages 1-3): model states sharded over groups of
   // this many data-parallel ranks, replicated across them; -1: over every data-parallel rank.
   int mics_shard_size = -1;
+  // PowerSGD (gradient_compression, stages 0-1, not with MiCS): type powersgd turns it on; the
+  // plan models a step from start_step on (engine/powersgd.hpp: the factors all-reduced instead
+  // of the matrices' gradients).
+  GradientCompressionConfig compression;
+  bool powersgd() const { return compression.type == CompressionType::powersgd; }
   // The ranks model states are sharded over, for a data-parallel group of `data_parallel`.
   int shard_ranks(int data_parallel) const { return mics_shard_size > 0 ? mics_shard_size : data_parallel; }
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
@@ -220,7 +228,7 @@ struct ModelStates {
 ModelStates model_states(const Layout& layout, const Settings& s, int world);
 // Throws zero::Error unless the engine accepts the MiCS setting at this stage and data-parallel
 // size (stages 1-3, a divisor, not with hpZ; named after the config key), and qgZ's (stages
-// 2-3, reduce_scatter on, not with MiCS).
+// 2-3, reduce_scatter on, not with MiCS), and PowerSGD's (stages 0-1, not with MiCS).
 void check_groups(const Settings& s, int data_parallel);
 
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
@@ -249,13 +257,24 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // stage 3 the parameter gathers in the GPT trainer's order (embeddings, blocks, ln_f; then
 // ln_f and the blocks backwards, the embeddings held for the whole micro-step) with the
 // gatherer's keep rule (stage3_max_reuse_distance), hpZ's in-group re-gathers and qwZ's int8
-// packing; qgZ's two all-to-alls per unit and micro-step in place of the reduce-scatter (int8
+// packing; PowerSGD's (stages 0-1, a step from start_step on) finiteness scalar and its plain,
+// P and Q all-reduces in place of the gradient all-reduce; qgZ's two all-to-alls per unit and micro-step in place of the reduce-scatter (int8
 // blocks to the L-1 node peers, M slices each; int4 blocks to the M-1 other nodes, one slice
 // each; every message rounded up to whole 4-byte words, as quant::packed_bytes); with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
 // gradient slice and of the norm. A steady-state step: the run's first micro-step records the gather order and keeps
 // nothing, so the first step gathers more. Equals Engine::traffic() over such a step (tested
 // against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
+
+// PowerSGD's all-reduces in a compressed step (engine/powersgd.hpp, powersgd_rank): the P factors
+// (rows x r of every compressed matrix) and the Q factors (cols x r), each one all-reduce in
+// factor_dtype; the parameters left plain (vectors, matrices that would not shrink), one
+// all-reduce in the gradients' dtype; and the elements the compressed matrices hold.
+struct PowerSgdElements {
+  std::int64_t p = 0, q = 0, plain = 0, compressed = 0;
+  double flops = 0;  // M Q and M^T P: 4 x rows x cols x r per matrix
+};
+PowerSgdElements powersgd_elements(const Layout& layout, const GradientCompressionConfig& cfg);
 
 // ---- Time and the whole plan ---------------------------------------------------------------
 
@@ -265,6 +284,7 @@ struct StepTime {
   double exposed_comm_s = 0;
   double offload_s = 0;  // PCIe, NVMe and host AdamW time
   double optimizer_s = 0;
+  double compress_s = 0;  // PowerSGD's compression compute, after the last backward
   double tp_comm_s = 0;   // tensor-parallel all-reduces (on the critical path)
   double pp_comm_s = 0;   // pipeline sends of activations and their gradients
   double bubble_s = 0;    // pipeline fill and drain: (P - 1) micro-batch slots
@@ -305,6 +325,13 @@ struct SettingsSpace {
   // and qwZ off/on. Other stages take only the first hpZ size 1 and qwZ off.
   std::vector<int> hpz_partition_size{1};
   std::vector<bool> quantized_weights{false};
+  // Across nodes, each empty = base's value: qgZ off/on (stages 2-3, no grid), MiCS shard sizes
+  // (-1: off; stages 1-3, a divisor of the data-parallel size, not with hpZ) and PowerSGD ranks
+  // (0: off; stages 0-1, no grid, not with MiCS; base.compression's other fields). A listed value
+  // that does not apply is skipped; base's qgZ or PowerSGD is off where it does not apply.
+  std::vector<bool> quantized_gradients;
+  std::vector<int> mics_shard_size;
+  std::vector<int> powersgd_rank;
   // > 0: sequences per optimizer step over all ranks; each micro-batch then gets the
   // accumulation that comes closest (at least 1), instead of base.grad_accum.
   std::int64_t global_batch = 0;

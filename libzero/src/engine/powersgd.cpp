@@ -58,6 +58,16 @@ void orthogonalize(float* p, std::int64_t rows, int r, std::vector<double>& cols
 
 }  // namespace
 
+int powersgd_rank(const ParamInfo& p, const GradientCompressionConfig& cfg) {
+  const std::int64_t rows = p.shape.size() >= 2 ? p.shape[0] : 0;
+  const std::int64_t cols = rows > 0 ? p.numel / rows : 0;
+  const int r = static_cast<int>(std::min<std::int64_t>({cfg.rank, rows, cols}));
+  const bool compress = rows > 0 && r > 0 &&
+                        static_cast<double>((rows + cols) * r) * cfg.min_compression_rate <
+                            static_cast<double>(rows * cols);
+  return compress ? r : 0;
+}
+
 PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
                    const GradientCompressionConfig& cfg, DType grad_dtype, int stage, bool log)
     : comm_(comm), shapes_(shapes), cfg_(cfg), gdt_(grad_dtype), fdt_(cfg.factor_dtype) {
@@ -71,14 +81,8 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
   std::int64_t compressed_elems = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const ParamInfo& p : layout.unit(u).params) {
-      const std::int64_t rows = p.shape.size() >= 2 ? p.shape[0] : 0;
-      const std::int64_t cols = rows > 0 ? p.numel / rows : 0;
-      const int r = static_cast<int>(std::min<std::int64_t>({cfg.rank, rows, cols}));
-      // As PyTorch decides: compress where the factors are min_compression_rate times smaller.
-      const bool compress = rows > 0 && r > 0 &&
-                            static_cast<double>((rows + cols) * r) * cfg.min_compression_rate <
-                                static_cast<double>(rows * cols);
-      if (!compress) {
+      const int r = powersgd_rank(p, cfg);
+      if (r == 0) {
         if (!plain_.empty() && plain_.back().unit == u && plain_.back().offset + plain_.back().len == p.offset)
           plain_.back().len += p.numel;
         else
@@ -86,6 +90,7 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
         plain_elems_ += p.numel;
         continue;
       }
+      const std::int64_t rows = p.shape[0], cols = p.numel / rows;
       Matrix m;
       m.unit = u;
       m.offset = p.offset;

@@ -33,6 +33,11 @@
 
 namespace zero {
 
+// The rank a parameter's gradient is compressed with, 0 where it goes plainly: a tensor of two or
+// more dimensions is a [shape[0], numel / shape[0]] matrix, compressed (as PyTorch decides) where
+// its rank-r factors are min_compression_rate times smaller than it. zero-plan counts with it.
+int powersgd_rank(const ParamInfo& p, const GradientCompressionConfig& cfg);
+
 class PowerSgd {
  public:
   struct Matrix {

@@ -28,6 +28,8 @@ Config apply(const Config& base, const TuneCandidate& c, int base_data_parallel,
   if (c.offload_optimizer) z.offload_optimizer.device = *c.offload_optimizer;
   if (c.hpz_partition_size) z.zero_hpz_partition_size = *c.hpz_partition_size;
   if (c.quantized_weights) z.zero_quantized_weights = *c.quantized_weights;
+  if (c.quantized_gradients) z.zero_quantized_gradients = *c.quantized_gradients;
+  if (c.mics_shard_size) z.mics_shard_size = *c.mics_shard_size;
   if (c.micro_batch) cfg.train_micro_batch_size_per_gpu = *c.micro_batch;
   // Derived from the global batch: another micro-batch or data-parallel size changes it.
   if (c.micro_batch || data_parallel != base_data_parallel) cfg.gradient_accumulation_steps = 0;
@@ -53,6 +55,8 @@ std::string TuneCandidate::label() const {
   if (offload_optimizer) { l << sep << "offload " << to_string(*offload_optimizer); sep = ", "; }
   if (hpz_partition_size && *hpz_partition_size > 1) { l << sep << "hpz " << *hpz_partition_size; sep = ", "; }
   if (quantized_weights && *quantized_weights) { l << sep << "qwz"; sep = ", "; }
+  if (quantized_gradients && *quantized_gradients) { l << sep << "qgz"; sep = ", "; }
+  if (mics_shard_size && *mics_shard_size != -1) { l << sep << "mics " << *mics_shard_size; sep = ", "; }
   if (tensor_parallel) { l << sep << "tp " << *tensor_parallel; sep = ", "; }
   if (pipeline_parallel) { l << sep << "pp " << *pipeline_parallel; sep = ", "; }
   std::string s = l.str();
@@ -76,7 +80,7 @@ std::vector<TuneCandidate> tune_grid(const std::vector<int>& stages, const std::
         for (auto ov : opts(overlap))
           for (auto off : opts(offload)) {
             if (off && *off != OffloadDevice::none && st && *st == 0) continue;  // offload needs stage >= 1
-            out.push_back(TuneCandidate{st, mb, b, ov, off, {}, {}, {}, {}});
+            out.push_back(TuneCandidate{st, mb, b, ov, off, {}, {}, {}, {}, {}, {}});
           }
   return out;
 }
@@ -98,20 +102,33 @@ std::vector<TuneCandidate> with_grids(const std::vector<TuneCandidate>& candidat
 }
 
 std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>& candidates, int base_stage,
-                                               int hpz_group) {
+                                               int node_ranks) {
   std::vector<TuneCandidate> out;
   for (const TuneCandidate& c : candidates) {
     out.push_back(c);
-    if (c.stage.value_or(base_stage) != 3) continue;
-    for (int hpz : {1, hpz_group})
-      for (bool qwz : {false, true}) {
-        if (hpz == 1 && !qwz) continue;  // the candidate itself
-        if (hpz_group <= 1 && hpz != 1) continue;
-        TuneCandidate v = c;
-        v.hpz_partition_size = hpz;
-        v.quantized_weights = qwz;
-        out.push_back(v);
+    const int stage = c.stage.value_or(base_stage);
+    const bool grid = c.tensor_parallel.value_or(1) * c.pipeline_parallel.value_or(1) > 1;
+    auto variant = [&](int hpz, bool qwz, bool qgz) {
+      TuneCandidate v = c;
+      if (hpz > 1) v.hpz_partition_size = hpz;
+      if (qwz) v.quantized_weights = true;
+      if (qgz) v.quantized_gradients = true;
+      out.push_back(v);
+    };
+    if (stage == 3) {
+      variant(1, true, false);
+      if (node_ranks > 1) {
+        variant(node_ranks, false, false);
+        variant(node_ranks, true, false);
       }
+      if (!grid) variant(node_ranks, true, true);  // all of ZeRO++ (hpZ 1: off)
+    }
+    if (stage == 2 && !grid) variant(1, false, true);
+    if (stage >= 1 && stage <= 3 && !grid && node_ranks > 1) {
+      TuneCandidate v = c;
+      v.mics_shard_size = node_ranks;
+      out.push_back(v);
+    }
   }
   return out;
 }

@@ -62,6 +62,14 @@ void check_groups(const Settings& s, int data_parallel) {
     ZERO_CHECK(s.reduce_scatter, key + " quantizes the gradient reduce-scatter; it needs reduce_scatter on");
     ZERO_CHECK(s.mics_shard_size == -1, key + " with MiCS: the engine takes one of them");
   }
+  if (s.powersgd()) {
+    const std::string key = "zero-plan: PowerSGD (gradient_compression)";
+    ZERO_CHECK(s.stage <= 1, fmt::format("{} applies to stages 0 and 1 (got stage {})", key, s.stage));
+    ZERO_CHECK(s.mics_shard_size == -1, key + " with MiCS: the engine takes one of them");
+    ZERO_CHECK(s.tensor_parallel == 1 && s.pipeline_parallel == 1,
+               key + " runs without tensor or pipeline parallelism, as the engine does");
+    ZERO_CHECK(s.compression.rank >= 1, fmt::format("{}: rank {} must be at least 1", key, s.compression.rank));
+  }
 }
 
 Settings settings_from(const Config& cfg) {
@@ -89,6 +97,7 @@ Settings settings_from(const Config& cfg) {
   s.quantized_weights_block_size = z.zero_quantized_weights_block_size;
   s.quantized_gradients = z.zero_quantized_gradients;
   s.mics_shard_size = static_cast<int>(z.mics_shard_size);
+  s.compression = cfg.gradient_compression;
   return s;
 }
 
@@ -105,6 +114,7 @@ std::string Settings::label() const {
   if (quantized_weights) l << ", qwz";
   if (quantized_gradients) l << ", qgz";
   if (mics_shard_size != -1) l << ", mics " << mics_shard_size;
+  if (powersgd()) l << ", powersgd " << compression.rank;
   l << ", mb " << micro_batch;
   if (grad_accum > 1) l << "x" << grad_accum;
   if (activation_checkpointing) l << ", ckpt";

@@ -72,6 +72,14 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   else m.comm_buffers = 2 * std::max(bucket, u.largest) * es;
   // Stages 1/2 all-gather the updated slices after the step through one bucket.
   if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
+  // PowerSGD, as the engine counts its buffers (PowerSgd::buffer_bytes, less its conversion row):
+  // the fp32 error of every compressed matrix and its Q kept between steps, the P and summed Q
+  // factors, the plain rest's batch in the gradients' dtype, and with 16-bit factors their wire copy.
+  if (s.powersgd()) {
+    const PowerSgdElements e = powersgd_elements(layout, s.compression);
+    const auto fes = static_cast<std::int64_t>(dtype_size(s.compression.factor_dtype));
+    m.comm_buffers += 4 * (e.compressed + e.q + e.p + e.q) + e.plain * ges + (fes != 4 ? std::max(e.p, e.q) * fes : 0);
+  }
   // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
   if (s.stage == 3) {
     const std::int64_t ahead =
@@ -129,11 +137,39 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   const double ring = N > 1 ? (N - 1.0) / N * full / c.group_bytes_per_s(N, T) : 0.0;
   // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the bytes).
   const double grad_ring = ring * static_cast<double>(dtype_size(s.grad_dtype())) / es;
+  // qgZ (stages 2-3) replaces each micro-step's reduce-scatter by two all-to-alls over the nodes
+  // of L ranks (M of them): int8 blocks with an fp32 scale each to the L-1 node peers ((L-1)/L of
+  // the gradient, over the intra-node link), then int4 blocks to the M-1 other nodes (one slice,
+  // 1/D of the gradient, to each; over the rank's part of the node's NICs, every rank sending at
+  // once, where a ring's one crossing has the NICs to itself). The
+  // quantization passes run at memory speed and are not counted against the links' time.
+  double reduce = ring;
+  if (s.quantized_gradients) {
+    const int L = std::min(D, c.ranks_per_node()), M = D / L;
+    const double elems = static_cast<double>(u.total_padded);
+    const double scale = 4.0 / static_cast<double>(s.quantized_weights_block_size);
+    reduce = (L > 1 ? (L - 1.0) / L * elems * (1.0 + scale) / c.group_bytes_per_s(L, T) : 0.0) +
+             (M > 1 ? (M - 1.0) / D * elems * (0.5 + scale) / c.group_bytes_per_s(M, T * L) : 0.0);
+  }
+  // PowerSGD (stages 0-1, from start_step on): after the last backward the plain rest and the P
+  // and Q factors are all-reduced instead of the gradient, one after the other (the factors wait
+  // for the compression compute), so nothing hides them. The compression compute: M Q and M^T P
+  // (4 x rows x cols x r FLOPs per matrix) at the training compute's rate, and about ten fp32
+  // passes over the matrices (error feedback in and out, the two products, the reduced gradient)
+  // at the device's memory bandwidth, as on a GPU; the orthogonalization (rows x r^2) is left out.
+  double powersgd_comm = 0;
+  if (s.powersgd()) {
+    const PowerSgdElements e = powersgd_elements(layout, s.compression);
+    const double bytes = static_cast<double>(e.plain) * static_cast<double>(dtype_size(s.grad_dtype())) +
+                         static_cast<double>(e.p + e.q) * static_cast<double>(dtype_size(s.compression.factor_dtype));
+    powersgd_comm = D > 1 ? 2.0 * (D - 1.0) / D * bytes / c.group_bytes_per_s(D, T) : 0.0;
+    t.compress_s = e.flops / rate + static_cast<double>(e.compressed) * 40.0 / c.gpu.hbm_bytes_per_s;
+  }
   double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
   switch (s.stage) {
-    case 0: boundary = 2 * grad_ring; break;  // all-reduce during the last backward
-    case 1: boundary = grad_ring; post_step = ring; break;
-    case 2: bwd_comm = ring; post_step = ring; break;
+    case 0: boundary = s.powersgd() ? 0.0 : 2 * grad_ring; break;  // all-reduce during the last backward
+    case 1: boundary = s.powersgd() ? 0.0 : grad_ring; post_step = ring; break;
+    case 2: bwd_comm = reduce; post_step = ring; break;
     case 3: {  // gather forward, gather + reduce backward
       // qwZ sends int8 values and an fp32 scale per block instead of the compute dtype; hpZ
       // re-gathers in the backward inside its group (normally the node) from secondary shards.
@@ -141,7 +177,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
       const int H = s.hpz_partition_size;
       const double regather = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : q * ring;
       fwd_comm = q * ring;
-      bwd_comm = regather + ring;
+      bwd_comm = regather + reduce;
       break;
     }
   }
@@ -158,6 +194,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
                                   static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * D)
                             : 0.0;
   t.pp_comm_s += tied;
+  post_step += powersgd_comm;
   t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step + t.tp_comm_s + t.pp_comm_s;
   post_step += tied;
   // Parameter slices that live off the device travel each gather (forward and backward) and are
@@ -200,7 +237,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
     opt_offload = pcie + std::max(0.0, swap - t.optimizer_s);
   }
   t.offload_s = opt_offload + param_write + s.grad_accum * 2 * param_io;
-  t.step_s = micro_steps + post_step + param_write + t.optimizer_s + opt_offload;
+  t.step_s = micro_steps + post_step + t.compress_s + param_write + t.optimizer_s + opt_offload;
   // Exposed: what the step spends beyond compute and the bubble (TP and PP traffic included).
   t.exposed_comm_s = std::max(0.0, micro_steps - t.bubble_s - t.compute_s) + post_step;
   return t;
@@ -278,6 +315,16 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
 }
 
 std::vector<Settings> SettingsSpace::expand(int gpus) const {
+  // An empty list takes base's value. A listed value that does not apply at a candidate's stage
+  // or grid drops the candidate; base's (a config's) qgZ or PowerSGD is kept where it applies and
+  // off elsewhere, its MiCS drops the candidate (as the engine refuses it).
+  const std::vector<bool> qgz_list = quantized_gradients.empty() ? std::vector<bool>{base.quantized_gradients}
+                                                                 : quantized_gradients;
+  const std::vector<int> mics_list = mics_shard_size.empty() ? std::vector<int>{base.mics_shard_size} : mics_shard_size;
+  const std::vector<int> psgd_list =
+      powersgd_rank.empty() ? std::vector<int>{base.powersgd() ? base.compression.rank : 0} : powersgd_rank;
+  const bool qgz_listed = !quantized_gradients.empty(), psgd_listed = !powersgd_rank.empty();
+  const bool mics_off = std::find(mics_list.begin(), mics_list.end(), -1) != mics_list.end();
   std::vector<Settings> out;
   for (int tp : tensor_parallel)
   for (int pp : pipeline_parallel)
@@ -287,7 +334,10 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
         for (int mb : micro_batches)
           for (bool ckpt : checkpointing)
           for (int hpz : hpz_partition_size)
-          for (bool qwz : quantized_weights) {
+          for (bool qwz : quantized_weights)
+          for (bool qgz : qgz_list)
+          for (int mics : mics_list)
+          for (int psgd : psgd_list) {
             if (op != OffloadDevice::none && stage < 3) continue;
             if ((hpz != 1 || qwz) && stage != 3) continue;
             if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
@@ -296,9 +346,21 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             if (pp > 1 && stage >= 2) continue;
             const int dp = gpus / (tp * pp);
             // MiCS as the engine takes it: stages 1-3, a divisor, not with hpZ.
-            if (base.mics_shard_size != -1 &&
-                (stage == 0 || base.mics_shard_size < 1 || dp % base.mics_shard_size != 0 || hpz != 1))
-              continue;
+            if (mics != -1 && (stage == 0 || mics < 1 || dp % mics != 0 || hpz != 1)) continue;
+            // One group of every rank is plain sharding: listed once, as off, when off is listed.
+            if (mics == dp && mics_off) continue;
+            // qgZ where the engine takes it: stages 2-3 without a grid or MiCS.
+            bool qg = qgz;
+            if (qg && (stage < 2 || tp * pp != 1 || mics != -1 || !base.reduce_scatter)) {
+              if (qgz_listed) continue;
+              qg = false;
+            }
+            // PowerSGD: stages 0-1 without a grid or MiCS.
+            int ps = psgd;
+            if (ps > 0 && (stage > 1 || tp * pp != 1 || mics != -1)) {
+              if (psgd_listed) continue;
+              ps = 0;
+            }
             Settings s = base;
             s.tensor_parallel = tp;
             s.pipeline_parallel = pp;
@@ -308,9 +370,11 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
             s.micro_batch = mb;
             s.activation_checkpointing = ckpt;
             s.hpz_partition_size = hpz;
-            // qgZ (from a config) where the engine takes it: stages 2-3 without a grid or MiCS.
-            s.quantized_gradients = base.quantized_gradients && stage >= 2 && tp * pp == 1 && base.mics_shard_size == -1;
+            s.quantized_gradients = qg;
             s.quantized_weights = qwz;
+            s.mics_shard_size = mics;
+            s.compression.type = ps > 0 ? CompressionType::powersgd : CompressionType::none;
+            if (ps > 0) s.compression.rank = ps;
             if (global_batch > 0)
               s.grad_accum = static_cast<int>(std::max<std::int64_t>(
                   1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));

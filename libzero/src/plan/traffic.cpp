@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "comm/quantize.hpp"
+#include "engine/powersgd.hpp"
 #include "zero/error.hpp"
 #include "zero/plan.hpp"
 
@@ -40,6 +41,23 @@ Ring ring_of(int rank, int size, int ranks_per_node) {
 }
 
 }  // namespace
+
+PowerSgdElements powersgd_elements(const Layout& layout, const GradientCompressionConfig& cfg) {
+  PowerSgdElements e;
+  for (int u = 0; u < layout.num_units(); ++u)
+    for (const ParamInfo& p : layout.unit(u).params) {
+      const int r = powersgd_rank(p, cfg);
+      if (r == 0) {
+        e.plain += p.numel;
+        continue;
+      }
+      e.p += p.shape[0] * r;
+      e.q += p.numel / p.shape[0] * r;
+      e.compressed += p.numel;
+      e.flops += 4.0 * static_cast<double>(p.numel) * r;
+    }
+  return e;
+}
 
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank) {
   ZERO_CHECK(world >= 1 && rank >= 0 && rank < world && ranks_per_node >= 1,
@@ -85,7 +103,15 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
 
   // Gradients: stages 0 and 1 reduce the accumulated gradient at the boundary, stages 2 and 3
   // each micro-step's gradient in the compute dtype.
-  for (int u = 0; u < units; ++u) {
+  if (s.powersgd()) {  // one agreement scalar on finiteness, the plain rest, then P, then Q
+    const PowerSgdElements e = powersgd_elements(layout, s.compression);
+    const auto fsize = static_cast<std::int64_t>(dtype_size(s.compression.factor_dtype));
+    part.scalar(t);
+    if (e.plain > 0) part.all_reduce(t, e.plain, gesize);
+    if (e.p > 0) part.all_reduce(t, e.p, fsize);
+    if (e.q > 0) part.all_reduce(t, e.q, fsize);
+  }
+  for (int u = 0; u < units && !s.powersgd(); ++u) {
     const std::int64_t sl = slice[static_cast<std::size_t>(u)], pd = padded[static_cast<std::size_t>(u)];
     if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) part.all_reduce(t, pd, gesize);
     else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);

@@ -55,6 +55,17 @@ Settings bf16_stage(int stage) {
   return s;
 }
 
+// One micro-batch size, no checkpointing; qgZ off and on, MiCS off and 8 ranks, PowerSGD off and rank 4.
+SettingsSpace across_nodes_space(int micro) {
+  SettingsSpace space;
+  space.micro_batches = {micro};
+  space.checkpointing = {false};
+  space.quantized_gradients = {false, true};
+  space.mics_shard_size = {-1, 8};
+  space.powersgd_rank = {0, 4};
+  return space;
+}
+
 }  // namespace
 
 TEST_CASE("model states follow the ZeRO formula when nothing is padded", "[plan]") {
@@ -622,4 +633,140 @@ TEST_CASE("ZeRO++: hpZ and qwZ lead the ranking when the inter-node link is slow
   s.stage = 3;
   s.hpz_partition_size = 3;
   REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("does not divide the 8 data-parallel ranks"));
+}
+
+TEST_CASE("across nodes: the candidates of qgZ, MiCS and PowerSGD follow the engine's rules", "[plan]") {
+  const SettingsSpace space = across_nodes_space(4);
+  // 16 ranks: stage 0 plain or PowerSGD; stage 1 plain, PowerSGD or MiCS (not both); stages 2
+  // and 3 plain, qgZ or MiCS (not both).
+  const auto all = space.expand(16);
+  REQUIRE(all.size() == 2 + 3 + 3 + 3);
+  for (const Settings& s : all) {
+    CHECK_NOTHROW(check_groups(s, 16));
+    CHECK((!s.powersgd() || s.stage <= 1));
+    CHECK((!s.quantized_gradients || s.stage >= 2));
+    CHECK((s.mics_shard_size == -1 || s.stage >= 1));
+    CHECK(int(s.powersgd()) + int(s.quantized_gradients) + int(s.mics_shard_size != -1) <= 1);
+    if (s.powersgd()) CHECK(s.label().find("powersgd 4") != std::string::npos);
+  }
+  // On 8 ranks a group of 8 is plain sharding: listed once, as plain.
+  for (const Settings& s : space.expand(8)) CHECK(s.mics_shard_size == -1);
+  // A lone qgZ or PowerSGD value (a config's) applies where it can and is off elsewhere.
+  SettingsSpace cfg;
+  cfg.micro_batches = {4};
+  cfg.checkpointing = {false};
+  cfg.base.quantized_gradients = true;
+  cfg.base.compression.type = CompressionType::powersgd;
+  cfg.base.compression.rank = 2;
+  const auto fixed = cfg.expand(16);
+  REQUIRE(fixed.size() == 4);
+  for (const Settings& s : fixed) {
+    CHECK(s.quantized_gradients == (s.stage >= 2));
+    CHECK(s.powersgd() == (s.stage <= 1));
+  }
+  // What the engine refuses, named after its keys.
+  Settings s;
+  s.stage = 2;
+  s.compression.type = CompressionType::powersgd;
+  CHECK_THROWS_WITH(check_groups(s, 16), Catch::Contains("applies to stages 0 and 1"));
+  s.stage = 1;
+  s.mics_shard_size = 8;
+  CHECK_THROWS_WITH(check_groups(s, 16), Catch::Contains("PowerSGD (gradient_compression) with MiCS"));
+}
+
+TEST_CASE("step time: qgZ's two phases and PowerSGD's factors, worked by hand", "[plan]") {
+  Cluster c = cluster_of("A100-80GB", 16, 8, 1.25e9);  // two nodes, 10 Gbit/s each
+  const GptShape shape = gpt_preset("gpt2");
+  const Layout layout = gpt_layout(shape);
+  auto padded = [&](int world) {
+    double total = 0;
+    for (int u = 0; u < layout.num_units(); ++u) total += static_cast<double>(layout.padded_numel(u, world));
+    return total;
+  };
+  const double nvlink = c.gpu.nvlink_bytes_per_s, nic = c.inter_node_bytes_per_s;
+  Settings s;
+  s.overlap_comm = false;  // every collective on the step's critical path
+  s.micro_batch = 4;
+  s.grad_accum = 2;
+  // qgZ at stage 2: per micro-step the bf16 ring reduce-scatter over 16 ranks (the whole NIC for
+  // the one ring that leaves each node) becomes 7/8 of the gradient as int8 + scales over NVLink
+  // and one slice (1/16) to the other node as int4 + scales over the rank's eighth of the NIC.
+  s.stage = 2;
+  const Plan plain2 = make_plan(shape, c, s);
+  s.quantized_gradients = true;
+  const Plan qgz = make_plan(shape, c, s);
+  const double n = padded(16), scale = 4.0 / 256;
+  const double ring = 15.0 / 16 * n * 2 / nic;
+  const double two_phase = 7.0 / 8 * n * (1 + scale) / nvlink + 1.0 / 16 * n * (0.5 + scale) / (nic / 8);
+  CHECK(plain2.time.step_s - qgz.time.step_s == Approx(2 * (ring - two_phase)).epsilon(1e-6));
+  // PowerSGD at stage 0: the fp32 boundary all-reduce of the whole gradient (grad_accum 2: fp32
+  // accumulation) becomes the all-reduce of the plain rest (fp32) and the factors (bf16), after
+  // the backward, plus the compression compute.
+  s = Settings{};
+  s.overlap_comm = false;
+  s.micro_batch = 4;
+  s.grad_accum = 2;
+  s.stage = 0;
+  const Plan plain0 = make_plan(shape, c, s);
+  s.compression.type = CompressionType::powersgd;
+  s.compression.rank = 4;
+  s.compression.factor_dtype = DType::bf16;
+  const Plan psgd = make_plan(shape, c, s);
+  const PowerSgdElements e = powersgd_elements(layout, s.compression);
+  // wte [50304, 768], wpe [1024, 768] and every block's four matrices ([768, 2304], [768, 768],
+  // [768, 3072], [3072, 768]) are compressed at rank 4; the rest are vectors.
+  CHECK(e.compressed == 50304LL * 768 + 1024 * 768 + 12LL * (768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768));
+  CHECK(e.p == 4 * (50304 + 1024 + 12LL * (768 + 768 + 768 + 3072)));
+  CHECK(e.q == 4 * (768 + 768 + 12LL * (2304 + 768 + 3072 + 768)));
+  CHECK(e.compressed + e.plain == layout.num_params());
+  CHECK(e.flops == Approx(4.0 * 4 * static_cast<double>(e.compressed)));
+  const double all_reduce = 2.0 * 15 / 16 * n * 4 / nic;
+  const double factors = 2.0 * 15 / 16 * (static_cast<double>(e.plain) * 4 + static_cast<double>(e.p + e.q) * 2) / nic;
+  const double compute = e.flops / (c.gpu.peak_flops * c.gpu.efficiency) +
+                         static_cast<double>(e.compressed) * 40 / c.gpu.hbm_bytes_per_s;
+  CHECK(psgd.time.compress_s == Approx(compute).epsilon(1e-9));
+  CHECK(plain0.time.step_s - psgd.time.step_s == Approx(all_reduce - factors - compute).epsilon(1e-6));
+  CHECK(psgd.time.step_s < 0.5 * plain0.time.step_s);
+  // Its buffers in GPU memory: the fp32 error and Q of every compressed matrix, the fp32 P and
+  // summed Q, the plain rest in fp32 (accumulated gradients), the bf16 wire copy of P or Q.
+  const std::int64_t buffers =
+      4 * (e.compressed + 2 * e.q + e.p) + 4 * e.plain + 2 * std::max(e.p, e.q);
+  CHECK(psgd.memory.comm_buffers - plain0.memory.comm_buffers == buffers);
+  CHECK(psgd.memory.gpu_bytes - plain0.memory.gpu_bytes == buffers);
+}
+
+TEST_CASE("across nodes: qgZ, MiCS and PowerSGD lead their stages on a slow link, and not on one node", "[plan]") {
+  Cluster c = cluster_of("A100-80GB", 16, 8, 1.25e9);  // two nodes, 10 Gbit/s each
+  const SettingsSpace space = across_nodes_space(8);
+  const GptShape shape = gpt_preset("gpt2-medium");
+  auto plain = [](const Plan& p) {
+    return !p.settings.quantized_gradients && p.settings.mics_shard_size == -1 && !p.settings.powersgd();
+  };
+  // The fastest plan of each stage, and the plain one of that stage.
+  auto best = [&](const std::vector<Plan>& ranked, int stage, bool want_plain) {
+    for (const Plan& p : ranked)
+      if (p.settings.stage == stage && plain(p) == want_plain) return p;
+    FAIL("no plan at stage " << stage);
+    return Plan{};
+  };
+  const auto slow = rank_plans(shape, c, space);
+  REQUIRE(slow.size() == 11);
+  CHECK_FALSE(plain(slow.front()));
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Plan with = best(slow, stage, false), without = best(slow, stage, true);
+    INFO("stage " << stage << ": " << with.settings.label());
+    CHECK(with.tokens_per_s > 1.3 * without.tokens_per_s);
+  }
+  CHECK(best(slow, 0, false).settings.powersgd());
+  // qgZ on its own beats plain stages 2 and 3 there.
+  for (const Plan& p : slow)
+    if (p.settings.quantized_gradients) CHECK(p.tokens_per_s > 1.2 * best(slow, p.settings.stage, true).tokens_per_s);
+  // Inside one node every link is NVLink: nothing ranks ahead of plain at its stage.
+  c.gpus = 8;
+  const auto one_node = rank_plans(shape, c, space);
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    for (const Plan& p : one_node)
+      if (p.settings.stage == stage && !plain(p)) CHECK(p.tokens_per_s <= best(one_node, stage, true).tokens_per_s);
+  }
 }
