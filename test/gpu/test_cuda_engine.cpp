@@ -4,7 +4,7 @@
 // test/mpi/test_engine.cpp, plus SGD, Adam (L2), an fp16 overflow that must skip the step on
 // both, a user-supplied compute stream, repeatability, memory accounting, and hpZ, MiCS and qwZ
 // (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups), and
-// PowerSGD (host-staged on CUDA).
+// PowerSGD (host-staged on CUDA), its checkpoint resume included.
 //
 // The loop hands the engine device pointers the way a CUDA training loop would: it reads the
 // gathered parameters back to the host to compute the gradient there, and writes the updated
@@ -35,7 +35,9 @@
 #include "gpu_test_util.hpp"
 #include "scratch_dir.hpp"
 #include "spin_kernel.hpp"
+#include "zero/checkpoint.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -108,13 +110,14 @@ Config make_config(const Case& c, const std::string& kind) {
 double loop_lr(int s) { return 0.01 * (s + 1) / 4.0; }
 
 // engine_model.hpp's train(), with the parameters and gradients behind backend pointers.
-void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results) {
+// Steps first .. first + steps - 1 (a resumed run goes on with the same data).
+void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results, int first = 0) {
   const int rank = ctx().rank(), world = ctx().world_size();
   const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
   const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
   const int n = e.layout().num_units();
   const DType t = c.dtype;
-  for (int s = 0; s < steps; ++s) {
+  for (int s = first; s < first + steps; ++s) {
     for (int k = 0; k < gas; ++k) {
       for (int u = 0; u < n; ++u) e.gather(u);
       for (int u = n - 1; u >= 0; --u) {
@@ -486,5 +489,48 @@ TEST_CASE("PowerSGD on the CUDA backend equals the host backend", "[engine][powe
         CHECK(a.mem.comm_buffers > b.mem.comm_buffers);
       }
     }
+  }
+}
+
+// The CUDA run's PowerSGD state (error buffers and Q, host memory) equals the host backend's
+// after the same steps, a checkpoint saves it, and a resume goes on bit for bit.
+TEST_CASE("PowerSGD on the CUDA backend: checkpoint resume is bit for bit", "[engine][powersgd][checkpoint]") {
+  for (int stage : {0, 1}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = stage == 1 ? DType::bf16 : DType::f32;
+    c.top = "gradient_compression:\n  type: powersgd\n  rank: 1\n  min_compression_rate: 1\n";
+    c.host_reduced = true;
+    INFO(c.name());
+    const std::string root = process_scratch_dir("gpu_powersgd") + "/stage" + std::to_string(stage);
+    std::vector<StepResult> results;
+    std::vector<std::vector<float>> straight, resumed;
+    std::vector<float> saved, host_state;
+    {
+      Engine e(ctx(), make_config(c, "host"), make_layout());
+      e.init_params(init_value);
+      train(e, engine_backend(e), c, 3, results);
+      host_state = EngineState(e).rank_state();
+    }
+    {
+      Engine e(ctx(), make_config(c, "cuda"), make_layout());
+      Backend& b = engine_backend(e);
+      e.init_params(init_value);
+      train(e, b, c, 3, results);
+      save_checkpoint(e, root);
+      saved = EngineState(e).rank_state();
+      train(e, b, c, 3, results, 3);
+      for (int u = 0; u < e.layout().num_units(); ++u) straight.push_back(e.full_params(u));
+    }
+    REQUIRE_FALSE(saved.empty());
+    CHECK(saved == host_state);
+    {
+      Engine e(ctx(), make_config(c, "cuda"), make_layout());
+      load_checkpoint(e, root);
+      CHECK(EngineState(e).rank_state() == saved);
+      train(e, engine_backend(e), c, 3, results, 3);
+      for (int u = 0; u < e.layout().num_units(); ++u) resumed.push_back(e.full_params(u));
+    }
+    CHECK(resumed == straight);
   }
 }
