@@ -3,7 +3,8 @@
 // dtype and optimizer offload mode, with the bucket / overlap / prefetch knobs varied as in
 // test/mpi/test_engine.cpp, plus SGD, Adam (L2), an fp16 overflow that must skip the step on
 // both, a user-supplied compute stream, repeatability, memory accounting, and hpZ, MiCS and qwZ
-// (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups).
+// (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups), and
+// PowerSGD (host-staged on CUDA), its checkpoint resume included.
 //
 // The loop hands the engine device pointers the way a CUDA training loop would: it reads the
 // gathered parameters back to the host to compute the gradient there, and writes the updated
@@ -34,7 +35,9 @@
 #include "gpu_test_util.hpp"
 #include "scratch_dir.hpp"
 #include "spin_kernel.hpp"
+#include "zero/checkpoint.hpp"
 #include "zero/engine.hpp"
+#include "zero/engine_state.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -50,6 +53,10 @@ struct Case {
   std::string optimizer = "AdamW";
   std::string offload = "none";  // offload_optimizer.device
   std::string extra;             // more lines under zero_optimization
+  std::string top;               // more top-level lines (gradient_compression)
+  // The gradient reduction runs over the host communicator on both backends (PowerSGD, staged
+  // through the host on CUDA): the same sums in the same order whatever `comm` is.
+  bool host_reduced = false;
   int inf_step = -1;             // step at which rank 0 writes an inf into a gradient
   bool user_stream = false;      // run the CUDA engine on a stream of the test's own
   bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
@@ -74,6 +81,7 @@ Config make_config(const Case& c, const std::string& kind) {
   y += "train_micro_batch_size_per_gpu: 2\n";
   y += "gradient_accumulation_steps: " + std::to_string(c.gas) + "\n";
   y += "gradient_clipping: " + std::to_string(c.clip) + "\n";
+  y += c.top;
   y += "zero_optimization:\n  stage: " + std::to_string(c.stage) + "\n" + c.extra;
   if (c.offload != "none") {
     y += "  sub_group_size: 50\n  offload_optimizer:\n    device: " + c.offload + "\n    nvme_path: " + nvme_dir() +
@@ -102,13 +110,14 @@ Config make_config(const Case& c, const std::string& kind) {
 double loop_lr(int s) { return 0.01 * (s + 1) / 4.0; }
 
 // engine_model.hpp's train(), with the parameters and gradients behind backend pointers.
-void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results) {
+// Steps first .. first + steps - 1 (a resumed run goes on with the same data).
+void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResult>& results, int first = 0) {
   const int rank = ctx().rank(), world = ctx().world_size();
   const int gas = static_cast<int>(e.config().gradient_accumulation_steps);
   const int micro = static_cast<int>(e.config().train_micro_batch_size_per_gpu);
   const int n = e.layout().num_units();
   const DType t = c.dtype;
-  for (int s = 0; s < steps; ++s) {
+  for (int s = first; s < first + steps; ++s) {
     for (int k = 0; k < gas; ++k) {
       for (int u = 0; u < n; ++u) e.gather(u);
       for (int u = n - 1; u >= 0; --u) {
@@ -190,7 +199,7 @@ double ulp(DType t, double x) {
 // Clipping (by the config or the loop) scales by a coefficient from the norm, whose sum of
 // squares the device adds in another order: equal to rounding, not bit for bit.
 bool bitwise_expected(const Case& c) {
-  return c.clip == 0.0 && !c.loop_controls && (test_comm() == "mpi" || ctx().world_size() == 1);
+  return c.clip == 0.0 && !c.loop_controls && (c.host_reduced || test_comm() == "mpi" || ctx().world_size() == 1);
 }
 
 void compare_values(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want, DType t,
@@ -447,5 +456,81 @@ TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "
       m.extra = knobs(stage % 2 == 1) + "  mics_shard_size: " + std::to_string(shard) + "\n";
       SECTION("MiCS " + std::to_string(shard) + " " + m.name()) { check_parity(m); }
     }
+  }
+}
+
+// PowerSGD on CUDA stages the accumulated gradients through the host and runs the host
+// compressor over the host communicator: the same arithmetic as the host backend's, so the
+// parameters are expected bit for bit whatever `comm` is (no clipping). Rank 1 with
+// min_compression_rate 1 compresses make_layout()'s three matrices (7x5, 11x3, 4x4); start_step 1
+// runs one plain step first, and the overflow case must skip on both without touching the state.
+TEST_CASE("PowerSGD on the CUDA backend equals the host backend", "[engine][powersgd]") {
+  const std::string psgd =
+      "gradient_compression:\n  type: powersgd\n  rank: 1\n  start_step: 1\n  min_compression_rate: 1\n";
+  for (int stage : {0, 1}) {
+    for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+      Case c;
+      c.stage = stage;
+      c.dtype = t;
+      c.gas = 2;
+      c.extra = knobs(stage == 1);
+      c.top = psgd;
+      c.host_reduced = true;
+      if (t == DType::f16) c.inf_step = 2;
+      SECTION("PowerSGD " + c.name()) {
+        check_parity(c);
+        // The compressor ran: the host run differs from the same run without it.
+        Case plain = c;
+        plain.top.clear();
+        const Run a = run(c, "host"), b = run(plain, "host");
+        bool differs = false;
+        for (std::size_t u = 0; u < a.params.size(); ++u) differs = differs || a.params[u] != b.params[u];
+        CHECK(differs);
+        CHECK(a.mem.comm_buffers > b.mem.comm_buffers);
+      }
+    }
+  }
+}
+
+// The CUDA run's PowerSGD state (error buffers and Q, host memory) equals the host backend's
+// after the same steps, a checkpoint saves it, and a resume goes on bit for bit.
+TEST_CASE("PowerSGD on the CUDA backend: checkpoint resume is bit for bit", "[engine][powersgd][checkpoint]") {
+  for (int stage : {0, 1}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = stage == 1 ? DType::bf16 : DType::f32;
+    c.top = "gradient_compression:\n  type: powersgd\n  rank: 1\n  min_compression_rate: 1\n";
+    c.host_reduced = true;
+    INFO(c.name());
+    const std::string root = process_scratch_dir("gpu_powersgd") + "/stage" + std::to_string(stage);
+    std::vector<StepResult> results;
+    std::vector<std::vector<float>> straight, resumed;
+    std::vector<float> saved, host_state;
+    {
+      Engine e(ctx(), make_config(c, "host"), make_layout());
+      e.init_params(init_value);
+      train(e, engine_backend(e), c, 3, results);
+      host_state = EngineState(e).rank_state();
+    }
+    {
+      Engine e(ctx(), make_config(c, "cuda"), make_layout());
+      Backend& b = engine_backend(e);
+      e.init_params(init_value);
+      train(e, b, c, 3, results);
+      save_checkpoint(e, root);
+      saved = EngineState(e).rank_state();
+      train(e, b, c, 3, results, 3);
+      for (int u = 0; u < e.layout().num_units(); ++u) straight.push_back(e.full_params(u));
+    }
+    REQUIRE_FALSE(saved.empty());
+    CHECK(saved == host_state);
+    {
+      Engine e(ctx(), make_config(c, "cuda"), make_layout());
+      load_checkpoint(e, root);
+      CHECK(EngineState(e).rank_state() == saved);
+      train(e, engine_backend(e), c, 3, results, 3);
+      for (int u = 0; u < e.layout().num_units(); ++u) resumed.push_back(e.full_params(u));
+    }
+    CHECK(resumed == straight);
   }
 }

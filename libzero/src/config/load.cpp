@@ -351,8 +351,6 @@ class Loader {
                                      "stages 2 and 3 reduce-scatter the gradient, and a low-rank product P Q^T "
                                      "cannot be reduce-scattered; use stage 0 or 1, or type: none",
                                      z.stage, zs ? " (" + zs->where("stage") + ")" : std::string()));
-      if (cfg_.backend == BackendKind::cuda)
-        gs->fail("type", "= powersgd runs on the host backend so far; set backend: host, or type: none");
     });
     check([&] {
       if (cfg_.aio.block_size % 4096 != 0) {

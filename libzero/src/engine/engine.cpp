@@ -115,9 +115,6 @@ std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, c
   ZERO_CHECK(cfg.zero_optimization.mics_shard_size == -1,
              cfg.source + ": gradient_compression.type = powersgd with zero_optimization.mics_shard_size is not "
                           "supported; use one of them");
-  ZERO_CHECK(cfg.backend == BackendKind::host,
-             cfg.source + ": gradient_compression.type = powersgd runs on the host backend so far; set backend: host, "
-                          "or type: none");
   return std::make_unique<PowerSgd>(comm, layout, shapes, cfg.gradient_compression, cfg.grad_dtype(),
                                     cfg.zero_optimization.stage, rank == 0);
 }
@@ -186,7 +183,8 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
                cfg_.gradient_compression.type != CompressionType::none,
                replica_device_ ? replica_device_.get() : mics_.replica.get(), qgz_.get()),
-      powersgd_(make_powersgd(cfg_, comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
+      // PowerSGD's factors are host vectors: the host communicator, on every backend.
+      powersgd_(make_powersgd(cfg_, host_comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {
   if (dp_comm_.rank() == 0 && cfg_.zero_optimization.mics_shard_size != -1) report_mics_groups();
   if (stage_ == 3 && dp_comm_.rank() == 0) report_stage3_sharding();

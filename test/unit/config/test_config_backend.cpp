@@ -48,6 +48,20 @@ TEST_CASE("backend and comm accept their values", "[config]") {
   CHECK(j.comm == CommKind::mpi);
 }
 
+// PowerSGD runs on the CUDA backend (staged through the host): the loader accepts it there at
+// stages 0 and 1, and refuses stages 2 and 3 as on the host backend.
+TEST_CASE("gradient_compression: powersgd loads with backend: cuda", "[config]") {
+  const std::string psgd = "gradient_compression:\n  type: powersgd\n  rank: 2\n";
+  for (int stage : {0, 1}) {
+    Config c = parse("backend: cuda\nzero_optimization:\n  stage: " + std::to_string(stage) + "\n" + psgd);
+    CHECK(c.backend == BackendKind::cuda);
+    CHECK(c.gradient_compression.type == zero::CompressionType::powersgd);
+    CHECK(c.gradient_compression.rank == 2);
+  }
+  CHECK_THROWS_WITH(parse("backend: cuda\nzero_optimization:\n  stage: 2\n" + psgd),
+                    Contains("powersgd applies to zero_optimization.stage 0 and 1"));
+}
+
 TEST_CASE("unknown backend or comm values are errors that list the choices", "[config]") {
   CHECK_THROWS_WITH(parse("backend: gpu\n"),
                     Contains("backend.yaml:1") && Contains("backend") && Contains("one of host, cuda"));
