@@ -115,6 +115,17 @@ class Work {
 // across nodes by where the peer is (a receive counts nothing: the sender counts it). Payload
 // bytes in the collective's dtype: the host communicator's fp32 staging of 16-bit sums is not
 // counted.
+// The ring model's bytes one rank sends in a collective over `size` ranks, elements of `esize`
+// bytes: an all-gather of `count` elements per rank or a reduce-scatter of `count` result
+// elements per rank, and an all-reduce of `count` elements. The communicators count with these,
+// and zero-plan predicts with them (plan::step_traffic).
+inline std::int64_t ring_gather_bytes(std::int64_t size, std::int64_t count, std::int64_t esize) {
+  return (size - 1) * count * esize;
+}
+inline std::int64_t ring_all_reduce_bytes(std::int64_t size, std::int64_t count, std::int64_t esize) {
+  return 2 * (size - 1) * ((count + size - 1) / size) * esize;
+}
+
 struct TrafficBytes {
   std::int64_t intra_node = 0;
   std::int64_t inter_node = 0;

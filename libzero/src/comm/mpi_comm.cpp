@@ -198,9 +198,9 @@ void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int ro
   }
   switch (kind) {
     case kAllGather:
-    case kReduceScatter: bytes = (n - 1) * c * esize; break;
-    case kAllReduce: bytes = 2 * (n - 1) * ((c + n - 1) / n) * esize; break;
-    case kAllReduceScalar: bytes = 2 * (n - 1) * static_cast<std::int64_t>(sizeof(double)); break;
+    case kReduceScatter: bytes = ring_gather_bytes(n, c, esize); break;
+    case kAllReduce: bytes = ring_all_reduce_bytes(n, c, esize); break;
+    case kAllReduceScalar: bytes = ring_all_reduce_bytes(n, n, static_cast<std::int64_t>(sizeof(double))); break;
     case kBroadcast: bytes = (rank_ + 1) % size_ == root ? 0 : c; break;  // count is bytes
     default: break;  // barrier: no payload
   }

@@ -21,13 +21,13 @@ struct Ring {
   bool crosses = false;
 
   void all_gather(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
-    add(t, (size - 1) * count * esize);
+    add(t, ring_gather_bytes(size, count, esize));
   }
   void reduce_scatter(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
-    add(t, (size - 1) * count * esize);
+    add(t, ring_gather_bytes(size, count, esize));
   }
   void all_reduce(TrafficBytes& t, std::int64_t count, std::int64_t esize) const {
-    add(t, 2 * (size - 1) * ((count + size - 1) / size) * esize);
+    add(t, ring_all_reduce_bytes(size, count, esize));
   }
   void scalar(TrafficBytes& t) const { all_reduce(t, size, static_cast<std::int64_t>(sizeof(double))); }
   void add(TrafficBytes& t, std::int64_t bytes) const { (crosses ? t.inter_node : t.intra_node) += bytes; }
