@@ -393,7 +393,12 @@ if [ "$SYSTEM_DEPS" = 0 ] && [ ${#MISSING[@]} -gt 0 ]; then
     export LD_LIBRARY_PATH="$P/usr/lib/$A:$P/lib/$A:$ob:$P/usr/lib/$A/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export PKG_CONFIG_PATH="$P/usr/lib/$A/pkgconfig:$P/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export CMAKE_PREFIX_PATH="$P/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-    if [ "$SYS_MPI" = 0 ]; then export OPAL_PREFIX=$P/usr; fi
+    # The relocated OpenMPI finds itself through OPAL_PREFIX; its PMIx looks for its plugins
+    # where Debian installed them, and without its compression plugin every mpiexec printed a
+    # help-file error (seen with the system's copies hidden in a mount namespace).
+    if [ "$SYS_MPI" = 0 ]; then
+      export OPAL_PREFIX=$P/usr PMIX_MCA_mca_base_component_path=$P/usr/lib/$A/pmix2/lib/pmix
+    fi
     [ -x "$P/usr/bin/pkgconf" ] && ! pkg-config --version >/dev/null 2>&1 && ln -sf pkgconf "$P/usr/bin/pkg-config"
     [ -f "$P/usr/include/$A/openblas-pthread/cblas.h" ] && CMAKE_ARGS+=("-DZERO_CBLAS_INCLUDE=$P/usr/include/$A/openblas-pthread")
     # Key libraries whose dependencies still resolve to nothing are printed.
@@ -426,9 +431,18 @@ CMAKE_ARGS+=("-DZERO_PLOT_PYTHON:FILEPATH=${PLOT_PY:-$(command -v python3)}")
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none
-if command -v mpiexec >/dev/null 2>&1; then
+# Two ranks that initialise MPI and sum over it (mpiexec alone starts no MPI client): a broken
+# MPI runtime shows here, not as every multi-rank test failing later.
+if command -v mpiexec >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1; then
   mpiexec --version 2>&1 | head -2
-  timeout 60 mpiexec -n 2 hostname || note "warning: 'mpiexec -n 2 hostname' failed: the multi-rank tests will fail"
+  printf '%s\n' '#include <mpi.h>' '#include <stdio.h>' \
+    'int main(int c, char** v) { int r, n, s = 0; MPI_Init(&c, &v); MPI_Comm_rank(MPI_COMM_WORLD, &r);' \
+    '  MPI_Comm_size(MPI_COMM_WORLD, &n); int x = r + 1; MPI_Allreduce(&x, &s, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);' \
+    '  if (r == 0) printf("mpi probe: %d ranks, sum %d\n", n, s); MPI_Finalize(); return s == n * (n + 1) / 2 ? 0 : 1; }' \
+    >"$LOG_DIR/mpi_probe.c"
+  if ! { mpicc "$LOG_DIR/mpi_probe.c" -o "$LOG_DIR/mpi_probe" && timeout 60 mpiexec -n 2 "$LOG_DIR/mpi_probe"; }; then
+    note "warning: the 2-rank MPI probe failed: the multi-rank tests will fail"
+  fi
 fi
 
 # NCCL: the toolkit, the system, NCCL_HOME, or PyTorch's wheels. The wheels keep NCCL in
