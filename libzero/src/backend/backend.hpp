@@ -28,7 +28,10 @@ struct Config;
 // host_grads(range, begin, n) call, the engine's sub-group. Times are milliseconds from the
 // origin: the moment the gradient copies could start in begin(). Copy times are device events
 // measured from an origin event; host times are steady_clock readings from the instant the host
-// saw that event complete, so the two clocks agree to within one event wait's latency.
+// saw that event complete. The event completed at most origin_uncertainty ms before that instant
+// (the time between the host enqueuing it and seeing it complete), so a device time at or before
+// a host instant reads at most origin_uncertainty later than it, and a device time after a host
+// instant always reads after it.
 struct OffloadTimeline {
   struct Group {
     std::size_t range = 0, begin = 0, n = 0;
@@ -39,7 +42,8 @@ struct OffloadTimeline {
     double h2d_start = -1, h2d_end = -1;  // its parameters' copy back (device); -1: none
   };
   double origin_s = 0;  // the origin on steady_clock, in seconds since that clock's epoch
-  double finish = 0;    // finish() called (host)
+  double origin_uncertainty = 0;  // ms: the origin event's record-to-seen interval
+  double finish = 0;              // finish() called (host)
   std::vector<Group> groups;
 };
 

@@ -83,6 +83,7 @@ void CudaOffloadStaging::begin(std::size_t grad_esize, std::size_t param_esize, 
     // The step's gradients are final when the copy stream passes the origin. The engine has
     // just waited for the gradient statistics, so this wait costs next to nothing.
     Trace& t = *active_;
+    const double recorded_s = steady_seconds();
     ZERO_CUDA_CHECK(cudaEventRecord(t.origin.get(), streams_.copy));
     ZERO_CUDA_CHECK(cudaEventSynchronize(t.origin.get()));
     t.origin_s = steady_seconds();
@@ -90,6 +91,7 @@ void CudaOffloadStaging::begin(std::size_t grad_esize, std::size_t param_esize, 
     t.pending.clear();
     t.sink->groups.clear();
     t.sink->origin_s = t.origin_s;
+    t.sink->origin_uncertainty = (t.origin_s - recorded_s) * 1e3;
     t.sink->finish = 0;
   }
 }
