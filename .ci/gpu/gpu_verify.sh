@@ -149,6 +149,7 @@ finish() {
       ctest_lines "$LOG_DIR/sanitizer.log"
       echo "compute-sanitizer ERROR SUMMARY lines: $(grep -c 'ERROR SUMMARY' "$LOG_DIR/sanitizer.log"), with errors: $(grep -cE 'ERROR SUMMARY: [1-9]' "$LOG_DIR/sanitizer.log")"
       grep -hE 'ERROR SUMMARY: [1-9]' "$LOG_DIR/sanitizer.log" | head -5
+      grep -hE "^sanitizer: initcheck's .* library kernels" "$LOG_DIR/sanitizer.log" | head -5
       if [ -s "$LOG_DIR/sanitizer_unavailable.txt" ]; then
         echo "sanitizer unavailable (not a failure) in $(wc -l <"$LOG_DIR/sanitizer_unavailable.txt") run(s):"
         head -3 "$LOG_DIR/sanitizer_unavailable.txt"
