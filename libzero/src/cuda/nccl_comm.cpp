@@ -49,6 +49,9 @@ class NcclWork final : public Work::Impl {
     const std::uint64_t t = ticket();
     ZERO_CHECK(t != 0, "Work::wait() on a collective of a communicator group that is still open; close the group "
                        "(group_end() or CommGroup::end()) before waiting on its collectives");
+    // The compute stream may be the legacy stream, which names the current device's: a thread
+    // whose current device is another would make that device wait instead.
+    use_device(c_->device());
     // A captured stream cannot wait on an event recorded outside its capture.
     refuse_capture(c_->streams().compute, "Work::wait()");
     c_->watchdog().stream_wait(c_->streams().compute, t);

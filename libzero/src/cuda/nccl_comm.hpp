@@ -67,6 +67,7 @@ class NcclCommunicator final : public Communicator {
   void wait_when_group_closes(const std::shared_ptr<const std::uint64_t>& group);
 
   ncclComm_t handle() const { return comm_; }
+  int device() const { return device_; }
   Watchdog& watchdog() { return *watchdog_; }
   StreamSet& streams() { return streams_; }
 
