@@ -3,11 +3,13 @@
 // all-gather, broadcast from any root, groups, and the stream semantics of Work: a collective
 // sees the compute-stream kernel that wrote its input just before the call, and compute-stream
 // work enqueued after wait() sees its result, with no host synchronization in between; and
-// point-to-point send/recv between device buffers in a ring.
+// point-to-point send/recv between device buffers in a ring; all-to-all; groups spanning two
+// communicators, and a Work dropped inside its group.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,31 @@ TEST_CASE("all_gather in place and out of place; broadcast from every root", "[c
   c.barrier();
 }
 
+TEST_CASE("all_to_all: block j goes to rank j, in every dtype", "[comm]") {
+  auto b = backend("cuda", test_comm());
+  Communicator& c = b->comm();
+  const int world = c.size(), rank = c.rank();
+  const auto w = static_cast<std::size_t>(world);
+  for (DType t : kTypes) {
+    INFO(dtype_name(t) << " over " << world << " ranks via " << test_comm());
+    const std::size_t count = 131, es = dtype_size(t);
+    // Block j of rank r holds filled(r * world + j): each block says where it came from.
+    std::vector<char> send_host;
+    for (int j = 0; j < world; ++j) {
+      const auto block = filled(rank * world + j, count, t);
+      send_host.insert(send_host.end(), block.begin(), block.end());
+    }
+    Buffer send = upload(*b, send_host);
+    Buffer recv = b->alloc(count * w * es);
+    c.all_to_all(send.get(), recv.get(), count, t);
+    auto got = download<char>(*b, recv, count * w * es);
+    for (int j = 0; j < world; ++j) {
+      const auto want = filled(j * world + rank, count, t);
+      REQUIRE(std::memcmp(got.data() + static_cast<std::size_t>(j) * count * es, want.data(), want.size()) == 0);
+    }
+  }
+}
+
 TEST_CASE("point to point: a ring of sends and receives of device buffers in every dtype", "[comm]") {
   auto b = backend("cuda", test_comm());
   Communicator& c = b->comm();
@@ -165,6 +192,68 @@ TEST_CASE("a group of collectives completes together; its Work waits only after 
   w.wait();
   { CommGroup empty(c); }
   if (test_comm() == "nccl") CHECK_THROWS_WITH(c.group_end(), Catch::Contains("group_begin"));
+}
+
+TEST_CASE("a collective on another communicator inside a group joins the group", "[comm][group]") {
+  auto b = backend("cuda", test_comm());
+  Communicator& c = b->comm();
+  // A second device communicator over the same ranks, as hpZ's, MiCS's and qgZ's are made.
+  std::unique_ptr<Communicator> other = b->group_comm(ctx().comm());
+  REQUIRE(other != nullptr);
+  const int world = c.size(), rank = c.rank();
+  const std::size_t n = 1000;
+  Buffer x = upload(*b, filled(rank, n, DType::f32));
+  Buffer y = upload(*b, filled(rank + 1, n, DType::f32));
+  Work wx, wy;
+  {
+    CommGroup g(c);
+    wx = c.all_reduce_async(x.get(), n, DType::f32, ReduceOp::sum);
+    // NCCL's group is the thread's: the other communicator's collective is launched at this
+    // group's end too, so its Work cannot complete (or be waited on) before then either.
+    wy = other->all_reduce_async(y.get(), n, DType::f32, ReduceOp::avg);
+    if (test_comm() == "nccl") CHECK_THROWS_WITH(wy.wait(), Catch::Contains("still open"));
+    g.end();
+  }
+  wy.wait();
+  wx.wait();
+  auto gx = download<float>(*b, x, n);
+  auto gy = download<float>(*b, y, n);
+  for (std::size_t i = 0; i < n; ++i) {
+    float sx = 0.0f, sy = 0.0f;
+    for (int r = 0; r < world; ++r) {
+      sx += value(r, i);
+      sy += value(r + 1, i);
+    }
+    REQUIRE(gx[i] == sx);
+    REQUIRE(gy[i] == sy / static_cast<float>(world));
+  }
+}
+
+TEST_CASE("a Work dropped inside its open group still orders later compute work", "[comm][group][streams]") {
+  auto b = backend("cuda", test_comm());
+  Communicator& c = b->comm();
+  const int world = c.size(), rank = c.rank();
+  const auto w = static_cast<std::size_t>(world);
+  const std::size_t n = small_run() ? 4096 : 4u << 20;
+  Buffer send = upload(*b, std::vector<float>(n, static_cast<float>(rank + 1)));
+  Buffer all = b->alloc(n * w * sizeof(float));  // zero-filled
+  Buffer acc = b->alloc(n * w * sizeof(float));
+  // The collective, ordered after this, starts ~20 ms late: a consumer that does not wait for
+  // it reads zeros.
+  spin(static_cast<cudaStream_t>(b->compute_stream()));
+  {
+    CommGroup g(c);
+    // Dropped at once: its destructor cannot wait while the group is open.
+    (void)c.all_gather_async(send.get(), all.get(), n, DType::f32);
+  }
+  b->accumulate(acc.get(), all.get(), DType::f32, n * w);  // compute-stream kernel after the group
+  auto got = download<float>(*b, acc, n * w);
+  for (int r = 0; r < world; ++r)
+    for (std::size_t i = 0; i < n; i += 977) {
+      INFO("rank " << r << "'s block, element " << i);
+      REQUIRE(got[static_cast<std::size_t>(r) * n + i] == static_cast<float>(r + 1));
+    }
+  REQUIRE(got[n * w - 1] == static_cast<float>(world));
 }
 
 TEST_CASE("collectives are ordered after the compute stream and before what follows wait()", "[comm][streams]") {

@@ -144,6 +144,12 @@ TEST_CASE("an asynchronous communicator error is reported", "[watchdog]") {
 }
 
 TEST_CASE("ZERO_NCCL_TIMEOUT_S is read and validated", "[watchdog]") {
+  // ZERO_TIMEOUT_S, the host collectives' deadline, takes precedence (comm/collective_timeout.hpp):
+  // set in the environment, it would hide every value below. It is restored at the end.
+  const char* outer = std::getenv("ZERO_TIMEOUT_S");
+  const bool had = outer != nullptr;
+  const std::string saved = had ? outer : "";
+  unsetenv("ZERO_TIMEOUT_S");
   unsetenv("ZERO_NCCL_TIMEOUT_S");
   CHECK(Watchdog::timeout_from_env() == 600.0);
   setenv("ZERO_NCCL_TIMEOUT_S", "12.5", 1);
@@ -155,4 +161,5 @@ TEST_CASE("ZERO_NCCL_TIMEOUT_S is read and validated", "[watchdog]") {
     CHECK_THROWS_WITH(Watchdog::timeout_from_env(), Catch::Contains("ZERO_NCCL_TIMEOUT_S") && Catch::Contains(bad));
   }
   unsetenv("ZERO_NCCL_TIMEOUT_S");
+  if (had) setenv("ZERO_TIMEOUT_S", saved.c_str(), 1);
 }

@@ -51,6 +51,8 @@ MpiStagedCommunicator::~MpiStagedCommunicator() {
 }
 
 offload::PinnedBuffer MpiStagedCommunicator::take(std::size_t bytes, const char* what) {
+  // First CUDA call of every collective: the legacy compute stream is the current device's.
+  use_device(device_);
   refuse_capture(streams_.compute, what);
   while (!retired_.empty() && cudaEventQuery(retired_.front().second.get()) == cudaSuccess) {
     spare_events_.push_back(std::move(retired_.front().second));

@@ -40,13 +40,22 @@ class NcclWork final : public Work::Impl {
  public:
   NcclWork(NcclCommunicator* c, std::uint64_t ticket, std::shared_ptr<const std::uint64_t> group)
       : c_(c), ticket_(ticket), group_(std::move(group)) {}
+  // Dropped unwaited inside its open group (Work's destructor swallowed wait()'s refusal): the
+  // group's end makes the compute stream wait instead, so later compute work still sees it.
+  ~NcclWork() override {
+    if (!waited_ && group_ && *group_ == 0) c_->wait_when_group_closes(group_);
+  }
   void wait() override {
     const std::uint64_t t = ticket();
     ZERO_CHECK(t != 0, "Work::wait() on a collective of a communicator group that is still open; close the group "
                        "(group_end() or CommGroup::end()) before waiting on its collectives");
+    // The compute stream may be the legacy stream, which names the current device's: a thread
+    // whose current device is another would make that device wait instead.
+    use_device(c_->device());
     // A captured stream cannot wait on an event recorded outside its capture.
     refuse_capture(c_->streams().compute, "Work::wait()");
     c_->watchdog().stream_wait(c_->streams().compute, t);
+    waited_ = true;
   }
   bool test() override {
     const std::uint64_t t = ticket();
@@ -58,7 +67,22 @@ class NcclWork final : public Work::Impl {
   NcclCommunicator* c_;
   std::uint64_t ticket_;
   std::shared_ptr<const std::uint64_t> group_;
+  bool waited_ = false;
 };
+
+// NCCL's group state is the calling thread's: from ncclGroupStart to the matching ncclGroupEnd
+// every NCCL call this thread makes, on any communicator, is only recorded, and the outermost
+// ncclGroupEnd enqueues them all. This is the thread's group depth over every NcclCommunicator
+// and the communicators with collectives in the open group, so that each one's completion
+// event is recorded after that ncclGroupEnd, not before its collectives are on the stream.
+struct ThreadGroup {
+  int depth = 0;
+  std::vector<NcclCommunicator*> members;
+};
+ThreadGroup& thread_group() {
+  thread_local ThreadGroup g;
+  return g;
+}
 
 }  // namespace
 
@@ -202,6 +226,10 @@ bool NcclCommunicator::abort_once() {
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  // Destroyed inside an open group (an error unwinding through it): the group's end must not
+  // reach this communicator.
+  auto& members = thread_group().members;
+  members.erase(std::remove(members.begin(), members.end(), this), members.end());
   if (!comm_) return;
   if (std::uncaught_exceptions() > 0) {
     // Unwinding from an error: collectives this rank enqueued may never be matched by the
@@ -262,8 +290,10 @@ Work NcclCommunicator::launch(const char* what, std::size_t bytes, Issue&& issue
   refuse_capture(streams_.compute, what);
   stream_after(streams_.comm, streams_.compute, ready_.get());
   issue();
-  if (group_depth_ > 0) {
-    // Inside a group NCCL enqueues at ncclGroupEnd, so the division must wait until then.
+  if (thread_group().depth > 0) {
+    // Inside a group (this communicator's or another's on this thread) NCCL enqueues at the
+    // outermost ncclGroupEnd, so the division and the completion event wait until then.
+    join_group();
     if (divide.buf) group_divides_.push_back(divide);
     if (!group_what_) group_what_ = what;
     group_bytes_ += bytes;
@@ -361,23 +391,72 @@ Work NcclCommunicator::barrier_async() { return host_.barrier_async(); }
 double NcclCommunicator::all_reduce_scalar(double v, ReduceOp op) { return host_.all_reduce_scalar(v, op); }
 
 void NcclCommunicator::group_begin() {
-  if (group_depth_++ > 0) return;
+  // NCCL's groups nest: every begin is an ncclGroupStart, every end an ncclGroupEnd.
   ZERO_NCCL_CHECK(ncclGroupStart());
-  group_ticket_ = std::make_shared<std::uint64_t>(0);
-  group_what_ = nullptr;
-  group_bytes_ = 0;
-  group_ops_ = 0;
+  ++group_depth_;
+  ++thread_group().depth;
 }
 
 void NcclCommunicator::group_end() {
   ZERO_CHECK(group_depth_ > 0, "group_end() without a matching group_begin()");
-  if (--group_depth_ > 0) return;
   use_device(device_);
-  std::shared_ptr<std::uint64_t> ticket = std::move(group_ticket_);
-  ZERO_NCCL_CHECK(settle(ncclGroupEnd()));
-  for (const Divide& d : group_divides_) run_divide(d);
+  --group_depth_;
+  ThreadGroup& g = thread_group();
+  const ncclResult_t rc = ncclGroupEnd();
+  if (--g.depth > 0) {
+    ZERO_NCCL_CHECK(rc);
+    return;
+  }
+  // The outermost end: every member's collectives are enqueued now (or failed). Each member
+  // closes, even when another's fails, so none keeps a group that no longer exists.
+  std::vector<NcclCommunicator*> members = std::move(g.members);
+  g.members.clear();
+  std::exception_ptr first;
+  for (NcclCommunicator* m : members) {
+    try {
+      m->close_group(rc);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  // A group with no collective of this communicator still reports a failed ncclGroupEnd.
+  if (members.empty()) ZERO_NCCL_CHECK(settle(rc));
+}
+
+void NcclCommunicator::join_group() {
+  if (group_ticket_) return;
+  thread_group().members.push_back(this);
+  group_ticket_ = std::make_shared<std::uint64_t>(0);
+  group_what_ = nullptr;
+  group_bytes_ = 0;
+  group_ops_ = 0;
+  group_dropped_ = false;
   group_divides_.clear();
-  if (group_ops_ > 0) *ticket = watchdog_->record(streams_.comm, group_what_, group_bytes_, group_ops_);
+}
+
+void NcclCommunicator::close_group(ncclResult_t rc) {
+  const std::shared_ptr<std::uint64_t> ticket = std::move(group_ticket_);
+  group_ticket_.reset();
+  const std::vector<Divide> divides = std::move(group_divides_);
+  group_divides_.clear();
+  const bool dropped = group_dropped_;
+  group_dropped_ = false;
+  use_device(device_);
+  // A non-blocking communicator's ncclGroupEnd may return ncclInProgress: each communicator of
+  // the group is then polled until its part is enqueued.
+  ZERO_NCCL_CHECK(settle(rc));
+  for (const Divide& d : divides) run_divide(d);
+  if (group_ops_ == 0) return;
+  *ticket = watchdog_->record(streams_.comm, group_what_, group_bytes_, group_ops_);
+  if (dropped) {
+    refuse_capture(streams_.compute, "group_end() (a Work of the group was dropped before it closed)");
+    watchdog_->stream_wait(streams_.compute, *ticket);
+  }
+}
+
+void NcclCommunicator::wait_when_group_closes(const std::shared_ptr<const std::uint64_t>& group) {
+  if (group_ticket_ && group == group_ticket_) group_dropped_ = true;
 }
 
 }  // namespace zero::cuda

@@ -10,8 +10,14 @@
 //     makes the compute stream wait on it, never the host (see zero/comm.hpp).
 // Between group_begin() and group_end() collectives are issued inside ncclGroupStart/End, so a
 // bucket of units is one launch; the group's Works share one completion event, recorded at the
-// outermost group_end(). fp32, bf16 and fp16 reduce natively; an average is NCCL's sum
-// divided by the world size in fp32 on the comm stream (never ncclAvg: see nccl_comm.cpp).
+// outermost group_end(). NCCL's group belongs to the calling thread, not to one communicator:
+// a collective on another NcclCommunicator while this one's group is open (qgZ's all-to-alls in
+// the reducer's bucket group) is deferred by NCCL to the same outermost ncclGroupEnd, so it joins
+// the open group here too and gets its completion event there. A Work dropped while its group
+// is open (its destructor cannot wait yet) makes the compute stream wait for the group when it
+// closes, as a dropped Work waits everywhere else.
+// fp32, bf16 and fp16 reduce natively; an average is NCCL's sum divided by the world size in
+// fp32 on the comm stream (never ncclAvg: see nccl_comm.cpp).
 // Scalar reductions and barriers are host operations and go to the host communicator.
 // Setup and teardown are bounded by the collective timeout (ZERO_NCCL_TIMEOUT_S): the setup is
 // non-blocking and polled, and names the ranks that never reached it; the teardown drains the
@@ -56,7 +62,12 @@ class NcclCommunicator final : public Communicator {
   void group_begin() override;
   void group_end() override;
 
+  // Used by the Work handles: a Work of the open group `group` was dropped before it closed;
+  // the compute stream waits for the group when it does.
+  void wait_when_group_closes(const std::shared_ptr<const std::uint64_t>& group);
+
   ncclComm_t handle() const { return comm_; }
+  int device() const { return device_; }
   Watchdog& watchdog() { return *watchdog_; }
   StreamSet& streams() { return streams_; }
 
@@ -90,12 +101,21 @@ class NcclCommunicator final : public Communicator {
   std::atomic<int> state_{kOpen};
   std::mutex comm_mu_;  // the watchdog's error polling vs the start of the finalization
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S: setup, collectives and teardown
-  // The open group: depth, its shared ticket cell (0 until group_end), what it holds.
+  // This communicator's collectives in the thread's open NCCL group joined it (first one only).
+  void join_group();
+  // The thread's outermost ncclGroupEnd returned `rc`: this member's collectives are enqueued
+  // (or failed); settles them, runs their divisions and records the group's ticket.
+  void close_group(ncclResult_t rc);
+
+  // group_begin() calls not yet ended on this communicator (a group_end() needs one).
   int group_depth_ = 0;
+  // Its collectives in the thread's open group: the shared ticket cell (null when it has none
+  // there; 0 until the group closes), what they are, and whether a dropped Work awaits them.
   std::shared_ptr<std::uint64_t> group_ticket_;
   const char* group_what_ = nullptr;
   std::size_t group_bytes_ = 0;
   int group_ops_ = 0;
+  bool group_dropped_ = false;
   std::vector<Divide> group_divides_;  // run after the group's ncclGroupEnd
 };
 
