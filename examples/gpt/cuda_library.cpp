@@ -1,6 +1,7 @@
 #include "cuda_library.hpp"
 
 #include <mutex>
+#include <string>
 
 #include "zero/error.hpp"
 #include "zero/library.hpp"
@@ -14,19 +15,21 @@ const GptCudaLibrary& gpt_cuda_library() {
   std::call_once(once, [] {
     const LibrarySymbol entry = find_library_symbol(ZERO_GPT_CUDA_FILE, "zero_gpt_cuda_library");
     if (entry.address == nullptr) {
-      error = entry.error;
+      error = entry.error +
+              ". It needs the CUDA runtime and cuBLASLt this build was made with: install them or add their "
+              "folder to LD_LIBRARY_PATH";
       return;
     }
     library = reinterpret_cast<const GptCudaLibrary* (*)()>(entry.address)();
     if (library == nullptr || library->abi != kGptCudaAbi) {
-      error = std::string(ZERO_GPT_CUDA_FILE) + " is from another build of zero-gpt";
+      error = std::string(ZERO_GPT_CUDA_FILE) + " is from another build of zero-gpt (interface version " +
+              (library ? std::to_string(library->abi) : std::string("unknown")) + ", this build's is " +
+              std::to_string(kGptCudaAbi) + "): build or install it together with this zero-gpt";
       library = nullptr;
     }
   });
   ZERO_CHECK(library != nullptr,
-             "zero-gpt: backend: cuda, but the GPT model's CUDA library " + error +
-                 ". It needs the CUDA runtime and cuBLASLt this build was made with: install them or add their "
-                 "folder to LD_LIBRARY_PATH, or set backend: host");
+             "zero-gpt: backend: cuda, but the GPT model's CUDA library " + error + ", or set backend: host");
   return *library;
 }
 

@@ -14,7 +14,12 @@
 
 namespace zero::gpt {
 
-inline constexpr int kGptCudaAbi = 1;
+// What the trainer and the library must agree on: this table and the Ops interface (ops.hpp)
+// whose objects make_ops returns, virtual calls and all. Bump it with any change to either, so
+// that a libzero_gpt_cuda from another build is refused instead of called through a vtable of
+// another shape. 2: Ops gained the tensor-parallel part calls (encoder_*_part,
+// cross_entropy_part_*).
+inline constexpr int kGptCudaAbi = 2;
 
 struct GptCudaLibrary {
   int abi = kGptCudaAbi;

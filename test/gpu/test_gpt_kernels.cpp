@@ -677,92 +677,205 @@ TEST_CASE("softmax_cross_entropy reports bad targets as NaN and rejects bad shap
 
 // --- tensor parallelism: one part of the vocabulary ---
 
+namespace {
+
+struct PartShape {
+  int V, Vp, TP, C;
+  bool misaligned;
+};
+
+std::string text(const PartShape& s) {
+  return "V=" + std::to_string(s.V) + " Vp=" + std::to_string(s.Vp) + " TP=" +
+         std::to_string(s.TP) + " C=" + std::to_string(s.C) + (s.misaligned ? " misaligned" : "");
+}
+
+// n random ids in [0, V), the first ones replaced by ids that put every part with real ids on
+// and off its slice: each part's first id (twice, a run), its last real id, one in the middle,
+// and V - 1. Random ids alone leave a small part's slice empty in most draws.
+std::vector<std::int32_t> ids_on_every_part(std::size_t n, int V, int Vl, std::uint64_t seed) {
+  std::vector<std::int32_t> ids = random_ids(n, V, seed);
+  std::vector<std::int32_t> chosen;
+  for (int v0 = 0; v0 < V; v0 += Vl) {
+    const int last = std::min(V, v0 + Vl) - 1;
+    for (const int id : {v0, v0, last, v0 + (last - v0) / 2}) chosen.push_back(id);
+  }
+  chosen.push_back(V - 1);
+  REQUIRE(chosen.size() <= n);
+  // Spread over the batch (position k * n / size), so the runs are not adjacent positions.
+  for (std::size_t k = 0; k < chosen.size(); ++k) ids[k * n / chosen.size()] = chosen[k];
+  return ids;
+}
+
+}  // namespace
+
 TEST_CASE("vocabulary parts: encoder and cross-entropy passes match the fp64 host kernels",
           "[gpt][kernels][tensor_parallel]") {
-  const int B = 2, T = 5, C = 64, V = 300, Vp = 384, TP = 4, Vl = Vp / TP;  // part 3: ids 288-383
-  const std::size_t N = static_cast<std::size_t>(B) * T;
-  const auto wte = random_bf16(static_cast<std::size_t>(Vl) * C, 21, 1.0);  // one part's rows
-  const auto wpe = random_bf16(static_cast<std::size_t>(T) * C, 22, 0.5);
-  const auto tokens = random_ids(N, V, 23);
-  const auto dout = random_bf16(N * C, 24, 1.0);
-  DeviceArray<std::int32_t> d_tok(tokens);
-  Stream st;
-  for (int t = 0; t < TP; ++t) {
-    INFO("part " << t << " of " << TP);
-    const bool with_wpe = t == 0;
-    DevBf16 d_wte(wte.bits), d_wpe(wpe.bits), d_out(N * C);
-    g::encoder_forward(bp(d_out), d_tok.get(), bp(d_wte), with_wpe ? bp(d_wpe) : nullptr, B, T, C,
-                       st.get(), t * Vl, Vl);
-    st.sync();
-    std::vector<double> want(N * C);
-    h::encoder_forward(want.data(), tokens.data(), wte.val.data(), with_wpe ? wpe.val.data() : nullptr,
-                       B, T, C, t * Vl, Vl);
-    expect_close("out", values(d_out.download()), want,
-                 [&](std::size_t i) { return kBf16Round * std::abs(want[i]) + 4 * kF32 * (std::abs(want[i]) + 4); });
+  // 300 of 384 ids in 4 parts of 96, fewer than a cross-entropy block's 512 threads (part 3:
+  // ids 288-299 and padding). 2136 of 3072 in 4 parts of 768: a block walks each row twice,
+  // part 2's real ids end inside its second pass, part 3 holds padding only (max -inf, sums 0).
+  // C = 37 and a misaligned run take the encoder's element-by-element path.
+  for (const PartShape s :
+       {PartShape{300, 384, 4, 64, false}, PartShape{2136, 3072, 4, 64, false},
+        PartShape{300, 384, 2, 37, false}, PartShape{2136, 3072, 4, 64, true}}) {
+    INFO(text(s));
+    const int B = 3, T = 7, C = s.C, V = s.V, Vp = s.Vp, TP = s.TP, Vl = Vp / TP;
+    const std::size_t N = static_cast<std::size_t>(B) * T, off = s.misaligned ? 1 : 0;
+    const auto wte = random_bf16(static_cast<std::size_t>(Vl) * C, 21, 1.0);  // one part's rows
+    const auto wpe = random_bf16(static_cast<std::size_t>(T) * C, 22, 0.5);
+    const auto tokens = ids_on_every_part(N, V, Vl, 23);
+    const auto dout = random_bf16(N * C, 24, 1.0);
+    DeviceArray<std::int32_t> d_tok(tokens);
+    Stream st;
+    for (int t = 0; t < TP; ++t) {
+      INFO("part " << t << " of " << TP);
+      const bool with_wpe = t == 0;
+      DevBf16 d_wte(wte.bits, off), d_wpe(wpe.bits, off), d_out(N * C, off);
+      g::encoder_forward(bp(d_out), d_tok.get(), bp(d_wte), with_wpe ? bp(d_wpe) : nullptr, B, T,
+                         C, st.get(), t * Vl, Vl);
+      st.sync();
+      std::vector<double> want(N * C);
+      h::encoder_forward(want.data(), tokens.data(), wte.val.data(),
+                         with_wpe ? wpe.val.data() : nullptr, B, T, C, t * Vl, Vl);
+      // Without wpe a row is a copy of a wte row or zeros: exact. With it, one fp32 add (within
+      // 2^-24 of |e| + |p|) and one bf16 rounding.
+      expect_close("out", values(d_out.download()), want, [&](std::size_t i) {
+        if (!with_wpe) return 0.0;
+        const std::size_t n = i / C, c = i % C;
+        const int r = tokens[n] - t * Vl;
+        const double e = r >= 0 && r < Vl ? std::abs(wte.val[static_cast<std::size_t>(r) * C + c]) : 0.0;
+        return kBf16Round * std::abs(want[i]) + 2 * kF32 * (e + std::abs(wpe.val[(n % T) * C + c]));
+      });
 
-    const std::size_t need = g::encoder_backward_scratch_bytes(B, T, C);
-    DeviceArray<std::uint8_t> d_scratch(need);
-    DevBf16 d_dout(dout.bits), d_dwte(wte.bits), d_dwpe(wpe.bits);
-    g::encoder_backward(bp(d_dwte), bp(d_dwpe), bp(d_dout), d_tok.get(), B, T, C, d_scratch.get(),
-                        need, st.get(), t * Vl, Vl);
-    st.sync();
-    std::vector<double> dwte = wte.val, dwpe = wpe.val;
-    h::encoder_backward(dwte.data(), dwpe.data(), dout.val.data(), tokens.data(), B, T, C, t * Vl, Vl);
-    // Sums of at most N terms of magnitude below 5 each.
-    const double slack = (static_cast<double>(N) + 4) * kF32 * 5.0 * static_cast<double>(N);
-    expect_close("dwte", values(d_dwte.download()), dwte,
-                 [&](std::size_t i) { return kBf16Round * std::abs(dwte[i]) + slack; });
-    expect_close("dwpe", values(d_dwpe.download()), dwpe,
-                 [&](std::size_t i) { return kBf16Round * std::abs(dwpe[i]) + slack; });
-  }
+      const std::size_t need = g::encoder_backward_scratch_bytes(B, T, C);
+      DeviceArray<std::uint8_t> d_scratch(need);
+      DevBf16 d_dout(dout.bits, off), d_dwte(wte.bits, off), d_dwpe(wpe.bits, off);
+      g::encoder_backward(bp(d_dwte), bp(d_dwpe), bp(d_dout), d_tok.get(), B, T, C,
+                          d_scratch.get(), need, st.get(), t * Vl, Vl);
+      st.sync();
+      std::vector<double> dwte = wte.val, dwpe = wpe.val;
+      h::encoder_backward(dwte.data(), dwpe.data(), dout.val.data(), tokens.data(), B, T, C, t * Vl,
+                          Vl);
+      // Magnitudes: the same sums over absolute values; a run of up to N rows (dwte) or B rows
+      // (dwpe) summed in fp32, plus the add to the old gradient.
+      std::vector<double> mag_te(dwte.size()), mag_pe(dwpe.size()), abs_dout(dout.size());
+      for (std::size_t i = 0; i < mag_te.size(); ++i) mag_te[i] = std::abs(wte.val[i]);
+      for (std::size_t i = 0; i < mag_pe.size(); ++i) mag_pe[i] = std::abs(wpe.val[i]);
+      for (std::size_t i = 0; i < abs_dout.size(); ++i) abs_dout[i] = std::abs(dout.val[i]);
+      h::encoder_backward(mag_te.data(), mag_pe.data(), abs_dout.data(), tokens.data(), B, T, C,
+                          t * Vl, Vl);
+      const double k_te = static_cast<double>(N) + 4, k_pe = B + 4.0;
+      const auto got_dwte = d_dwte.download();
+      expect_close("dwte", values(got_dwte), dwte, [&](std::size_t i) {
+        return kBf16Round * std::abs(dwte[i]) + k_te * kF32 * mag_te[i];
+      });
+      expect_close("dwpe", values(d_dwpe.download()), dwpe, [&](std::size_t i) {
+        return kBf16Round * std::abs(dwpe[i]) + k_pe * kF32 * mag_pe[i];
+      });
+      // Rows of this part that no token names are left as they were, bit for bit.
+      std::vector<bool> named(static_cast<std::size_t>(Vl), false);
+      for (const auto id : tokens)
+        if (id >= t * Vl && id < (t + 1) * Vl) named[static_cast<std::size_t>(id - t * Vl)] = true;
+      std::size_t changed = 0;
+      for (std::size_t i = 0; i < got_dwte.size(); ++i)
+        changed += !named[i / C] && got_dwte[i] != wte.bits[i];
+      CHECK(changed == 0);
+    }
 
-  // Cross-entropy: each part's pass on the device, the group's max and sums taken on the host.
-  const int rows = 6;
-  const auto logits = random_bf16(static_cast<std::size_t>(rows) * Vp, 25, 4.0);
-  const auto targets = random_ids(rows, V, 26);
-  const float dloss = 1.0f / 64;
-  std::vector<double> want_losses(rows), want_d(logits.size(), 0.0);
-  h::softmax_cross_entropy<double>(want_losses.data(), want_d.data(), logits.val.data(),
-                                   targets.data(), rows, V, Vp, dloss);
-  DeviceArray<std::int32_t> d_targets(targets);
-  std::vector<std::unique_ptr<DevBf16>> owned;
-  for (int t = 0; t < TP; ++t) {
-    std::vector<std::uint16_t> bits;
-    for (int r = 0; r < rows; ++r)
-      bits.insert(bits.end(), logits.bits.begin() + r * Vp + t * Vl, logits.bits.begin() + r * Vp + (t + 1) * Vl);
-    owned.push_back(std::make_unique<DevBf16>(bits));
-  }
-  std::vector<float> mx(rows, -INFINITY), sums(2 * rows, 0.0f);
-  DeviceArray<float> d_max(rows), d_sums(2 * rows), d_losses(rows);
-  for (int t = 0; t < TP; ++t) {
-    g::cross_entropy_part_max(d_max.get(), bp(*owned[t]), rows, Vl, t * Vl, V, st.get());
-    st.sync();
-    const auto m = d_max.download();
-    for (int r = 0; r < rows; ++r) mx[r] = std::max(mx[r], m[r]);
-  }
-  d_max.upload(mx);
-  for (int t = 0; t < TP; ++t) {
-    g::cross_entropy_part_sums(d_sums.get(), bp(*owned[t]), d_max.get(), d_targets.get(), rows, Vl,
-                               t * Vl, V, st.get());
-    st.sync();
-    const auto s = d_sums.download();
-    for (int i = 0; i < 2 * rows; ++i) sums[i] += s[i];
-  }
-  d_sums.upload(sums);
-  for (int t = 0; t < TP; ++t) {
-    INFO("cross-entropy part " << t);
-    g::cross_entropy_part_finish(d_losses.get(), bp(*owned[t]), bp(*owned[t]), d_max.get(),
-                                 d_sums.get(), d_targets.get(), rows, Vl, t * Vl, V, dloss, st.get());
-    st.sync();
-    const auto got_losses = d_losses.download();
-    std::vector<double> gl(got_losses.begin(), got_losses.end());
-    expect_close("losses", gl, want_losses,
-                 [&](std::size_t r) { return 16 * kF32 * (std::abs(want_losses[r]) + 2 * 16 + V / 512.0 + 16); });
-    const auto got = values(owned[t]->download());
-    std::vector<double> want(got.size());
-    for (int r = 0; r < rows; ++r)
-      for (int j = 0; j < Vl; ++j) want[r * Vl + j] = want_d[r * Vp + t * Vl + j];
-    expect_close("dlogits", got, want,
-                 [&](std::size_t i) { return kBf16Round * std::abs(want[i]) + 0x1p-15 * dloss; });
+    // Cross-entropy: each part's pass on the device, the group's max and sums taken on the
+    // host. Targets on every part (its first, middle and last real id, and V - 1).
+    const int rows = 24;
+    const auto logits = random_bf16(static_cast<std::size_t>(rows) * Vp, 25, 4.0);
+    const auto targets = ids_on_every_part(rows, V, Vl, 26);
+    const float dloss = 1.0f / 64;
+    std::vector<double> want_losses(rows), want_d(logits.size(), 0.0);
+    h::softmax_cross_entropy<double>(want_losses.data(), want_d.data(), logits.val.data(),
+                                     targets.data(), rows, V, Vp, dloss);
+    DeviceArray<std::int32_t> d_targets(targets);
+    std::vector<std::unique_ptr<DevBf16>> owned;
+    for (int t = 0; t < TP; ++t) {
+      std::vector<std::uint16_t> bits;
+      for (int r = 0; r < rows; ++r)
+        bits.insert(bits.end(), logits.bits.begin() + r * Vp + t * Vl,
+                    logits.bits.begin() + r * Vp + (t + 1) * Vl);
+      owned.push_back(std::make_unique<DevBf16>(bits));
+    }
+    // A part's real ids: [t Vl, t Vl + real(t)).
+    auto real = [&](int t) { return std::clamp(V - t * Vl, 0, Vl); };
+    std::vector<float> mx(rows, -INFINITY), sums(2 * rows, 0.0f);
+    DeviceArray<float> d_max(rows), d_sums(2 * rows), d_losses(rows);
+    for (int t = 0; t < TP; ++t) {
+      INFO("cross-entropy max, part " << t);
+      g::cross_entropy_part_max(d_max.get(), bp(*owned[t]), rows, Vl, t * Vl, V, st.get());
+      st.sync();
+      const auto m = d_max.download();
+      // A maximum of bf16 values is one of them: exact, -inf for a part of padding only.
+      std::size_t wrong = 0;
+      for (int r = 0; r < rows; ++r) {
+        float want = -INFINITY;
+        for (int j = 0; j < real(t); ++j)
+          want = std::max(want, static_cast<float>(logits.val[r * Vp + t * Vl + j]));
+        wrong += m[r] != want;
+        mx[r] = std::max(mx[r], m[r]);
+      }
+      CHECK(wrong == 0);
+    }
+    d_max.upload(mx);
+    for (int t = 0; t < TP; ++t) {
+      INFO("cross-entropy sums, part " << t);
+      g::cross_entropy_part_sums(d_sums.get(), bp(*owned[t]), d_max.get(), d_targets.get(), rows,
+                                 Vl, t * Vl, V, st.get());
+      st.sync();
+      const auto got = d_sums.download();
+      std::size_t wrong_target = 0, wrong_sum = 0;
+      for (int r = 0; r < rows; ++r) {
+        // The target's logit from the part that holds it (a copy: exact), 0 from the others.
+        const int j = targets[r] - t * Vl;
+        const float want_t =
+            j >= 0 && j < real(t) ? static_cast<float>(logits.val[r * Vp + targets[r]]) : 0.0f;
+        wrong_target += got[rows + r] != want_t;
+        // The part's sum of exp(l - max), positive terms, exactly 0 for a part of padding only.
+        // Each term is off by the rounding of l - max (2^-24 |l - max| relative once exp'd) and
+        // expf's 2 ulp; the sum adds per-thread runs of Vl / 512 terms and a tree of 9 levels.
+        double want_s = 0, spread = 0;
+        for (int k = 0; k < real(t); ++k) {
+          const double d = logits.val[r * Vp + t * Vl + k] - mx[r];
+          want_s += std::exp(d);
+          spread = std::max(spread, -d);
+        }
+        const double k_sum = spread + 2 + Vl / 512.0 + 9 + 4;
+        wrong_sum += !(std::abs(got[r] - want_s) <= 2 * k_sum * kF32 * want_s);
+        sums[r] += got[r];
+        sums[rows + r] += got[rows + r];
+      }
+      CHECK(wrong_target == 0);
+      CHECK(wrong_sum == 0);
+    }
+    d_sums.upload(sums);
+    for (int t = 0; t < TP; ++t) {
+      INFO("cross-entropy part " << t);
+      g::cross_entropy_part_finish(d_losses.get(), bp(*owned[t]), bp(*owned[t]), d_max.get(),
+                                   d_sums.get(), d_targets.get(), rows, Vl, t * Vl, V, dloss,
+                                   st.get());
+      st.sync();
+      const auto got_losses = d_losses.download();
+      std::vector<double> gl(got_losses.begin(), got_losses.end());
+      // As the whole-row kernel's bound, with the part sums added in fp32 on the host.
+      expect_close("losses", gl, want_losses, [&](std::size_t r) {
+        double m = 0;
+        for (int v = 0; v < V; ++v) m = std::max(m, std::abs(logits.val[r * Vp + v]));
+        return 16 * kF32 * (std::abs(want_losses[r]) + 2 * m + Vl / 512.0 + TP + 16);
+      });
+      const auto got_bits = owned[t]->download();
+      const auto got = values(got_bits);
+      std::vector<double> want(got.size());
+      for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < Vl; ++j) want[r * Vl + j] = want_d[r * Vp + t * Vl + j];
+      expect_close("dlogits", got, want,
+                   [&](std::size_t i) { return kBf16Round * std::abs(want[i]) + 0x1p-15 * dloss; });
+      std::size_t padded_nonzero = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int j = real(t); j < Vl; ++j) padded_nonzero += got_bits[r * Vl + j] != 0;
+      CHECK(padded_nonzero == 0);  // +0.0 bits exactly
+    }
   }
 }
