@@ -6,7 +6,8 @@
 // the counters see exactly the bytes sent. Training is deterministic and stays within 2% of plain
 // stage 3 (weights and a held-out loss); across two simulated nodes (ctest entries *_nodes2)
 // far fewer bytes cross the node boundary; bad combinations are clear errors. The gradient
-// reducer issues qgZ's all-to-alls outside its bucket groups (an NCCL group would hold them back).
+// reducer issues qgZ's all-to-alls outside its bucket groups (an NCCL group would hold them back),
+// and rank 0's start-up report allocates no buffers of its own.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -19,6 +20,7 @@
 
 #include "comm/mpi_comm.hpp"
 #include "comm/quantized_reduce_scatter.hpp"
+#include "engine/engine_impl.hpp"
 #include "engine/reduce.hpp"
 #include "engine/unit_shape.hpp"
 #include "engine_model.hpp"
@@ -351,6 +353,21 @@ double held_out_loss(const std::vector<std::vector<float>>& w) {
 }
 
 }  // namespace
+
+// Rank 0's start-up line reports the error-feedback buffers; measuring them must not make more
+// of them (backend memory, device memory on CUDA, kept in the allocator's cache there): every
+// rank's allocation peak after construction is the same.
+TEST_CASE("qgZ's start-up report allocates nothing: every rank's backend peak is the same") {
+  Context& ctx = *Context::current();
+  for (int stage : {2, 3}) {
+    Engine e(ctx, config(stage, "fp32", true), make_layout());
+    const double peak = static_cast<double>(engine_backend(e).max_bytes_allocated());
+    const double hi = ctx.comm().all_reduce_scalar(peak, ReduceOp::max);
+    const double lo = -ctx.comm().all_reduce_scalar(-peak, ReduceOp::max);
+    INFO("stage " << stage << ": this rank's peak " << peak << " bytes, the ranks' range " << lo << " to " << hi);
+    CHECK(lo == hi);
+  }
+}
 
 TEST_CASE("qgZ trains within 2% of plain, deterministically, sending fewer bytes across nodes") {
   Context& ctx = *Context::current();
