@@ -516,7 +516,7 @@ TEST_CASE("qgZ on the CUDA backend: error feedback equals the host's, checkpoint
     c.gas = 2;
     c.extra = knobs(stage == 3) + "  zero_quantized_gradients: true\n";
     INFO(c.name() << " via " << test_comm() << " on " << ctx().world_size() << " ranks");
-    const Resumed r = resume_run(c, process_scratch_dir("gpu_qgz") + "/stage" + std::to_string(stage));
+    const Resumed r = resume_run(c, process_scratch_dir("gpu_qgz") + "/qgz_stage" + std::to_string(stage));
     if (ctx().world_size() == 1) CHECK(r.saved.empty());
     else REQUIRE_FALSE(r.saved.empty());
     REQUIRE(r.saved.size() == r.host_state.size());
