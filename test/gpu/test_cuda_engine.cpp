@@ -3,8 +3,9 @@
 // dtype and optimizer offload mode, with the bucket / overlap / prefetch knobs varied as in
 // test/mpi/test_engine.cpp, plus SGD, Adam (L2), an fp16 overflow that must skip the step on
 // both, a user-supplied compute stream, repeatability, memory accounting, and hpZ, MiCS and qwZ
-// (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups), and
-// PowerSGD (host-staged on CUDA), its checkpoint resume included.
+// (the backend over MiCS's shard group, device communicators over hpZ's and MiCS's groups), qgZ's
+// error feedback through a checkpoint, and PowerSGD (host-staged on CUDA), its checkpoint resume
+// included.
 //
 // The loop hands the engine device pointers the way a CUDA training loop would: it reads the
 // gathered parameters back to the host to compute the gradient there, and writes the updated
@@ -260,6 +261,44 @@ std::string knobs(bool odd) {
          "  stage3_max_reuse_distance: " + (odd ? "0" : "1000000000") + "\n";
 }
 
+// A CUDA run that keeps per-rank state (PowerSGD's, qgZ's) through a checkpoint: the host
+// backend's state after 3 steps; the CUDA run's state then, saved into `root`, and its
+// parameters 3 steps later; a run resumed from `root`: its loaded state and its parameters
+// after the same 3 steps.
+struct Resumed {
+  std::vector<float> host_state, saved, loaded;
+  std::vector<std::vector<float>> straight, resumed;
+};
+
+Resumed resume_run(const Case& c, const std::string& root) {
+  Resumed r;
+  std::vector<StepResult> results;
+  {
+    Engine e(ctx(), make_config(c, "host"), make_layout());
+    e.init_params(init_value);
+    train(e, engine_backend(e), c, 3, results);
+    r.host_state = EngineState(e).rank_state();
+  }
+  {
+    Engine e(ctx(), make_config(c, "cuda"), make_layout());
+    Backend& b = engine_backend(e);
+    e.init_params(init_value);
+    train(e, b, c, 3, results);
+    save_checkpoint(e, root);
+    r.saved = EngineState(e).rank_state();
+    train(e, b, c, 3, results, 3);
+    for (int u = 0; u < e.layout().num_units(); ++u) r.straight.push_back(e.full_params(u));
+  }
+  {
+    Engine e(ctx(), make_config(c, "cuda"), make_layout());
+    load_checkpoint(e, root);
+    r.loaded = EngineState(e).rank_state();
+    train(e, engine_backend(e), c, 3, results, 3);
+    for (int u = 0; u < e.layout().num_units(); ++u) r.resumed.push_back(e.full_params(u));
+  }
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("CUDA engine parity with the host backend: every stage x dtype x offload", "[engine]") {
@@ -445,7 +484,12 @@ TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "
     c.extra = knobs(true) + hpz + qwz;
     SECTION("hpZ + qwZ " + c.name()) { check_parity(c); }
     c.extra = knobs(true) + hpz + qwz + qgz;
-    SECTION("hpZ + qwZ + qgZ " + c.name()) { check_parity(c); }
+    // With the compute stream held back before each reduce and step: the quantize kernels before
+    // qwZ's all-gathers and qgZ's all-to-alls, and hpZ's chunk copies, then finish late, so a
+    // collective that does not wait for them sends stale bytes.
+    Case late = c;
+    late.spin = true;
+    SECTION("hpZ + qwZ + qgZ " + c.name() + " spin") { check_parity(late); }
     Case g = c;
     g.stage = 2;
     g.extra = knobs(false) + qgz;
@@ -456,6 +500,29 @@ TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "
       m.extra = knobs(stage % 2 == 1) + "  mics_shard_size: " + std::to_string(shard) + "\n";
       SECTION("MiCS " + std::to_string(shard) + " " + m.name()) { check_parity(m); }
     }
+  }
+}
+
+// qgZ's error-feedback buffers are device memory on CUDA: after the same steps they equal the
+// host backend's (bit for bit where the sums are the host communicator's), a checkpoint reads
+// them back from the device, and a resume writes them to it and goes on bit for bit. One rank
+// keeps none (no node peer, one node); test_cuda_engine_mpi_np4_nodes2 fills both phases' buffers.
+TEST_CASE("qgZ on the CUDA backend: error feedback equals the host's, checkpoint resume is bit for bit",
+          "[engine][zeropp][checkpoint]") {
+  for (int stage : {2, 3}) {
+    Case c;
+    c.stage = stage;
+    c.dtype = DType::bf16;
+    c.gas = 2;
+    c.extra = knobs(stage == 3) + "  zero_quantized_gradients: true\n";
+    INFO(c.name() << " via " << test_comm() << " on " << ctx().world_size() << " ranks");
+    const Resumed r = resume_run(c, process_scratch_dir("gpu_qgz") + "/qgz_stage" + std::to_string(stage));
+    if (ctx().world_size() == 1) CHECK(r.saved.empty());
+    else REQUIRE_FALSE(r.saved.empty());
+    REQUIRE(r.saved.size() == r.host_state.size());
+    if (bitwise_expected(c)) CHECK(r.saved == r.host_state);
+    CHECK(r.loaded == r.saved);
+    CHECK(r.resumed == r.straight);
   }
 }
 
@@ -502,35 +569,10 @@ TEST_CASE("PowerSGD on the CUDA backend: checkpoint resume is bit for bit", "[en
     c.top = "gradient_compression:\n  type: powersgd\n  rank: 1\n  min_compression_rate: 1\n";
     c.host_reduced = true;
     INFO(c.name());
-    const std::string root = process_scratch_dir("gpu_powersgd") + "/stage" + std::to_string(stage);
-    std::vector<StepResult> results;
-    std::vector<std::vector<float>> straight, resumed;
-    std::vector<float> saved, host_state;
-    {
-      Engine e(ctx(), make_config(c, "host"), make_layout());
-      e.init_params(init_value);
-      train(e, engine_backend(e), c, 3, results);
-      host_state = EngineState(e).rank_state();
-    }
-    {
-      Engine e(ctx(), make_config(c, "cuda"), make_layout());
-      Backend& b = engine_backend(e);
-      e.init_params(init_value);
-      train(e, b, c, 3, results);
-      save_checkpoint(e, root);
-      saved = EngineState(e).rank_state();
-      train(e, b, c, 3, results, 3);
-      for (int u = 0; u < e.layout().num_units(); ++u) straight.push_back(e.full_params(u));
-    }
-    REQUIRE_FALSE(saved.empty());
-    CHECK(saved == host_state);
-    {
-      Engine e(ctx(), make_config(c, "cuda"), make_layout());
-      load_checkpoint(e, root);
-      CHECK(EngineState(e).rank_state() == saved);
-      train(e, engine_backend(e), c, 3, results, 3);
-      for (int u = 0; u < e.layout().num_units(); ++u) resumed.push_back(e.full_params(u));
-    }
-    CHECK(resumed == straight);
+    const Resumed r = resume_run(c, process_scratch_dir("gpu_powersgd") + "/stage" + std::to_string(stage));
+    REQUIRE_FALSE(r.saved.empty());
+    CHECK(r.saved == r.host_state);
+    CHECK(r.loaded == r.saved);
+    CHECK(r.resumed == r.straight);
   }
 }

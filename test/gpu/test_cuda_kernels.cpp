@@ -27,7 +27,11 @@ namespace {
 
 const DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
 
-std::size_t big_n() { return small_run() ? 5000 : (std::size_t{1} << 20) + 12345; }  // > one full grid
+// More elements than one full grid covers, so that threads go round the grid-stride loops: the
+// grid is at most 4096 blocks of 256 threads (device_math.cuh), each thread moving four elements
+// on the aligned path, so 2^22 elements are one grid; 2^23 + 12345 take each thread round twice
+// and end in a scalar tail of 1.
+std::size_t big_n() { return small_run() ? 5000 : (std::size_t{1} << 23) + 12345; }
 
 // v >= 0 as a second moment is; a few specials still included.
 std::vector<float> second_moment(std::size_t n, std::uint64_t seed) {

@@ -5,7 +5,9 @@
 // feedback makes the sum of many reductions of a constant gradient converge to the exact sum;
 // the counters see exactly the bytes sent. Training is deterministic and stays within 2% of plain
 // stage 3 (weights and a held-out loss); across two simulated nodes (ctest entries *_nodes2)
-// far fewer bytes cross the node boundary; bad combinations are clear errors.
+// far fewer bytes cross the node boundary; bad combinations are clear errors. The gradient
+// reducer issues qgZ's all-to-alls outside its bucket groups (an NCCL group would hold them back),
+// and rank 0's start-up report allocates no buffers of its own.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -18,6 +20,9 @@
 
 #include "comm/mpi_comm.hpp"
 #include "comm/quantized_reduce_scatter.hpp"
+#include "engine/engine_impl.hpp"
+#include "engine/reduce.hpp"
+#include "engine/unit_shape.hpp"
 #include "engine_model.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
@@ -223,6 +228,86 @@ TEST_CASE("qgZ error feedback: summed over many reductions of a constant gradien
 
 namespace {
 
+// Forwards every call to `inner`, and counts the groups (group_begin .. group_end) during which
+// qgZ's communicators sent anything. On NCCL a group is open for the whole calling thread, not
+// for one communicator: an all-to-all of qgZ's issued inside the partition communicator's group
+// is enqueued only at that group's end, after its own completion event was recorded.
+class GroupWatch final : public Communicator {
+ public:
+  GroupWatch(Communicator& inner, const QuantizedReduceScatter& q) : inner_(inner), q_(q) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Work all_reduce_async(void* b, std::size_t n, DType t, ReduceOp op) override { return inner_.all_reduce_async(b, n, t, op); }
+  Work reduce_scatter_async(const void* s, void* r, std::size_t n, DType t, ReduceOp op) override {
+    return inner_.reduce_scatter_async(s, r, n, t, op);
+  }
+  Work all_gather_async(const void* s, void* r, std::size_t n, DType t) override { return inner_.all_gather_async(s, r, n, t); }
+  Work all_to_all_async(const void* s, void* r, std::size_t n, DType t) override { return inner_.all_to_all_async(s, r, n, t); }
+  Work broadcast_async(void* b, std::size_t bytes, int root) override { return inner_.broadcast_async(b, bytes, root); }
+  Work barrier_async() override { return inner_.barrier_async(); }
+  Work send_async(const void* b, std::size_t n, DType t, int peer) override { return inner_.send_async(b, n, t, peer); }
+  Work recv_async(void* b, std::size_t n, DType t, int peer) override { return inner_.recv_async(b, n, t, peer); }
+  double all_reduce_scalar(double v, ReduceOp op) override { return inner_.all_reduce_scalar(v, op); }
+  void group_begin() override {
+    if (depth_++ == 0) before_ = q_.traffic();
+    inner_.group_begin();
+  }
+  void group_end() override {
+    inner_.group_end();
+    if (--depth_ > 0) return;
+    const TrafficBytes d = q_.traffic() - before_;
+    if (d.intra_node != 0 || d.inter_node != 0) ++holding_qgz_;
+  }
+  int groups_holding_qgz() const { return holding_qgz_; }
+
+ private:
+  Communicator& inner_;
+  const QuantizedReduceScatter& q_;
+  int depth_ = 0, holding_qgz_ = 0;
+  TrafficBytes before_;
+};
+
+}  // namespace
+
+TEST_CASE("the gradient reducer issues qgZ's all-to-alls outside any group of the partition communicator") {
+  MpiCommunicator& comm = world_comm();
+  const int world = comm.size(), me = comm.rank();
+  QuantizedReduceScatter q(comm, 16);
+  GroupWatch watch(comm, q);
+  auto host = make_host_backend(comm);
+  const Layout layout = make_layout();
+  const std::vector<UnitShape> shapes = make_unit_shapes(layout, me, world, 2, 0);
+  ZeroOptimizationConfig z;
+  z.stage = 2;
+  z.overlap_comm = true;
+  z.reduce_bucket_size = 64;  // several buckets, two in flight
+  GradReducer reducer(*host, watch, layout, shapes, z, DType::f32, DType::f32, 2, false, nullptr, &q);
+  const TrafficBytes before = q.traffic();
+  for (int u = layout.num_units() - 1; u >= 0; --u) {
+    auto* g = static_cast<float*>(reducer.grads(u));
+    for (std::int64_t j = 0; j < shapes[static_cast<std::size_t>(u)].padded; ++j)
+      g[j] = grad_value(me + u, static_cast<std::size_t>(j));
+    reducer.ready(u, true);
+  }
+  reducer.wait_all();
+  const TrafficBytes sent = q.traffic() - before;
+  if (world > 1) REQUIRE(sent.intra_node + sent.inter_node > 0);  // qgZ had something to send
+  CHECK(watch.groups_holding_qgz() == 0);
+  // Each owned slice is qgZ's sum of the unit, as one reduction of it with fresh error feedback gives.
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const std::size_t S = static_cast<std::size_t>(shapes[static_cast<std::size_t>(u)].slice);
+    std::vector<float> g(S * static_cast<std::size_t>(world)), want(S);
+    for (std::size_t j = 0; j < g.size(); ++j) g[j] = grad_value(me + u, j);
+    auto fb = q.make_feedback(S);
+    q.start(g.data(), DType::f32, S, fb, want.data()).wait();
+    const auto* got = static_cast<const float*>(reducer.owned(u));
+    INFO("unit " << u);
+    REQUIRE(std::vector<float>(got, got + S) == want);
+  }
+}
+
+namespace {
+
 Config config(int stage, const std::string& dtype, bool qgz, const std::string& extra = "") {
   std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
                   "zero_optimization:\n  stage: " + std::to_string(stage) +
@@ -268,6 +353,21 @@ double held_out_loss(const std::vector<std::vector<float>>& w) {
 }
 
 }  // namespace
+
+// Rank 0's start-up line reports the error-feedback buffers; measuring them must not make more
+// of them (backend memory, device memory on CUDA, kept in the allocator's cache there): every
+// rank's allocation peak after construction is the same.
+TEST_CASE("qgZ's start-up report allocates nothing: every rank's backend peak is the same") {
+  Context& ctx = *Context::current();
+  for (int stage : {2, 3}) {
+    Engine e(ctx, config(stage, "fp32", true), make_layout());
+    const double peak = static_cast<double>(engine_backend(e).max_bytes_allocated());
+    const double hi = ctx.comm().all_reduce_scalar(peak, ReduceOp::max);
+    const double lo = -ctx.comm().all_reduce_scalar(-peak, ReduceOp::max);
+    INFO("stage " << stage << ": this rank's peak " << peak << " bytes, the ranks' range " << lo << " to " << hi);
+    CHECK(lo == hi);
+  }
+}
 
 TEST_CASE("qgZ trains within 2% of plain, deterministically, sending fewer bytes across nodes") {
   Context& ctx = *Context::current();

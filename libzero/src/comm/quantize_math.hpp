@@ -2,8 +2,9 @@
 // host quantizer (comm/quantize.cpp) and the CUDA kernels (cuda/quantize_kernels.cu): both
 // compute a block's scale, each integer, each dequantized value and each residual with these
 // functions, so the device's packed bytes and error-feedback residuals are the host's bit for
-// bit (test_gpu_quantize compares them). The device code is compiled with -fmad=false, so no
-// product here is fused into an add behind the host's back.
+// bit (test_cuda_quantize compares them). The device code is compiled with -fmad=false and the
+// host's (comm/quantize.cpp) with -ffp-contract=off, so neither compiler fuses a product here
+// into an add (a fused multiply-add rounds once, and the residuals would differ).
 //
 // The packed layout: ceil(n / block) fp32 scales, then the values (int8: one byte each; int4:
 // value + 8 in a nibble, element i in the low nibble of byte i / 2 when i is even, the high one

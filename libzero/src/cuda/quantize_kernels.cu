@@ -122,16 +122,24 @@ void launch_quantize_int8(const void* src, DType t, std::size_t n, std::size_t b
   if (n == 0) return;
   auto* q = static_cast<unsigned char*>(out) + qm::blocks(n, block) * sizeof(float);
   const unsigned b = blocks_for(n);
+  // The scales are launched first, each in its own statement: a launch written inside another
+  // launch's arguments would run between that launch's configuration and its call.
   switch (t) {
-    case DType::f32:
-      quantize_int8_kernel<kF32><<<b, kThreads, 0, s>>>(src, n, block, write_scales<kF32>(src, n, block, true, out, s), q);
+    case DType::f32: {
+      const float* scales = write_scales<kF32>(src, n, block, true, out, s);
+      quantize_int8_kernel<kF32><<<b, kThreads, 0, s>>>(src, n, block, scales, q);
       break;
-    case DType::bf16:
-      quantize_int8_kernel<kBF16><<<b, kThreads, 0, s>>>(src, n, block, write_scales<kBF16>(src, n, block, true, out, s), q);
+    }
+    case DType::bf16: {
+      const float* scales = write_scales<kBF16>(src, n, block, true, out, s);
+      quantize_int8_kernel<kBF16><<<b, kThreads, 0, s>>>(src, n, block, scales, q);
       break;
-    case DType::f16:
-      quantize_int8_kernel<kF16><<<b, kThreads, 0, s>>>(src, n, block, write_scales<kF16>(src, n, block, true, out, s), q);
+    }
+    case DType::f16: {
+      const float* scales = write_scales<kF16>(src, n, block, true, out, s);
+      quantize_int8_kernel<kF16><<<b, kThreads, 0, s>>>(src, n, block, scales, q);
       break;
+    }
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
 }

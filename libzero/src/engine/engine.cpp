@@ -225,13 +225,14 @@ void EngineImpl::report_mics_groups() const {
 // What qgZ does on this layout: its groups, the bytes it sends, what it pads, its buffers.
 void EngineImpl::report_qgz() const {
   TrafficBytes per_step;
-  std::int64_t feedback = 0, padding = 0;
+  std::int64_t padding = 0;
   for (const auto& s : shapes_) {
     per_step += qgz_->bytes_per_reduction(static_cast<std::size_t>(s.slice));
-    const auto f = qgz_->make_feedback(static_cast<std::size_t>(s.slice));
-    feedback += static_cast<std::int64_t>((f.intra_n + f.inter_n) * sizeof(float));
     padding += s.padded - s.numel;
   }
+  // The reducer's buffers, already made: a Feedback made here to be measured would take (device)
+  // memory on rank 0 alone, and stay cached there.
+  const std::size_t feedback = reducer_.error_feedback_size() * sizeof(float);
   log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
            "across {} nodes x {} ranks between ranks of the same local rank with int4 blocks of {}, error feedback "
            "{} per rank (fp32); this rank sends {} inside its node and {} across nodes per micro-step. Padding: the "

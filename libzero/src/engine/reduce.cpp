@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,8 +84,12 @@ bool GradReducer::ready(int unit, bool boundary) {
 void GradReducer::flush_bucket() {
   if (pending_.empty()) return;
   InFlight f;
-  // One communicator group per bucket: NCCL launches the bucket's collectives together.
-  CommGroup group(comm_);
+  // One communicator group per bucket: NCCL launches the bucket's collectives together. Not
+  // with qgZ, whose all-to-alls run on its own communicators: an NCCL group is open for the
+  // whole thread, not for one communicator, so it would hold them back until group.end(),
+  // after their completion events were recorded, and their Works would not wait for them.
+  std::optional<CommGroup> group;
+  if (!qgz_) group.emplace(comm_);
   for (int unit : pending_) {
     const CommSiteScope site("reduce", &layout_.unit(unit).name);
     Unit& u = units_[static_cast<std::size_t>(unit)];
@@ -140,7 +145,7 @@ void GradReducer::flush_bucket() {
       });
     }
   }
-  group.end();  // before any wait: a group's Work can be waited on only once it is closed
+  if (group) group->end();  // before any wait: a group's Work can be waited on only once it is closed
   pending_.clear();
   pending_elems_ = 0;
   in_flight_.push_back(std::move(f));

@@ -117,6 +117,31 @@ TEST_CASE("int8 and int4 blocks with error feedback: within max|x|/254 and max|x
       }
 }
 
+// The residual kept for error feedback is x minus the receiver's value k x scale, the product
+// rounded on its own, and the receiver adds that rounded product to its sum: what the CUDA
+// kernels compute (built with -fmad=false), byte for byte. A compiler-formed fused multiply-add
+// (GCC forms them in C++ wherever the target has FMA: aarch64, or -march on x86-64) rounds once
+// instead and changes both, unless quantize.cpp is built with -ffp-contract=off.
+TEST_CASE("error feedback rounds the product k x scale on its own: no fused multiply-add") {
+  for (quant::Bits bits : {quant::Bits::int8, quant::Bits::int4})
+    for (std::size_t block : {3u, 16u}) {
+      INFO((bits == quant::Bits::int8 ? "int8" : "int4") << " block " << block);
+      const std::size_t n = 1000;
+      std::vector<float> x(n), v(n), received(n, 0.0f), acc(n), want(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = v[i] = value(i), acc[i] = 3.0f * value(i + 7);
+      std::vector<char> packed(quant::packed_bytes(n, block, bits));
+      quant::quantize_keep_error(v.data(), n, block, bits, packed.data());
+      quant::dequantize_add(packed.data(), n, block, bits, received.data());  // 0 + round(k x scale)
+      for (std::size_t i = 0; i < n; ++i) want[i] = acc[i] + received[i];
+      quant::dequantize_add(packed.data(), n, block, bits, acc.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        INFO("element " << i << ": x " << x[i] << ", received " << received[i]);
+        REQUIRE(v[i] == x[i] - received[i]);
+        REQUIRE(acc[i] == want[i]);
+      }
+    }
+}
+
 TEST_CASE("int4 packs two values per byte, the even element in the low nibble, value + 8") {
   std::vector<float> v = {7.0f, -7.0f, 1.0f, 0.0f, 3.4f};
   std::vector<char> packed(quant::packed_bytes(v.size(), 8, quant::Bits::int4));
