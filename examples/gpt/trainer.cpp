@@ -112,6 +112,25 @@ GptSettings read_gpt_settings(const zero::Config& cfg) {
     } catch (const zero::Error& e) {
       m.fail("tensor_parallel", e.what());
     }
+    // backend: cuda multiplies bf16 rows through cuBLASLt, which needs every row 16-byte
+    // aligned: a tensor rank's widths (n_embd, and 3, 1 and 4 x n_embd / T) and its part of the
+    // padded vocabulary must be multiples of 8 elements. Said here, naming the keys, rather than
+    // by the first product with a width the user never set.
+    const int T = s.tensor_parallel;
+    if (cfg.backend == zero::BackendKind::cuda && c.n_embd % c.n_head == 0 && c.n_head % T == 0) {
+      if ((c.n_embd / T) % 8 != 0)
+        m.fail(m.has("n_embd") || T == 1 ? "n_embd" : "tensor_parallel",
+               "backend: cuda needs n_embd / tensor_parallel (" + std::to_string(c.n_embd) + " / " +
+                   std::to_string(T) + ") to be a multiple of 8: its bf16 matrix rows must be 16-byte "
+                   "aligned; choose n_embd a multiple of 8 x tensor_parallel (" + std::to_string(8 * T) +
+                   ")" + (T > 1 ? " or a smaller tensor_parallel" : ""));
+      else if (c.padded_vocab_size() % T == 0 && (c.padded_vocab_size() / T) % 8 != 0)
+        m.fail("tensor_parallel",
+               "backend: cuda needs each tensor rank's part of the padded vocabulary (" +
+                   std::to_string(c.padded_vocab_size()) + " / " + std::to_string(T) + " ids) to be a "
+                   "multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
+                   "dividing " + std::to_string(c.padded_vocab_size() / 8));
+    }
     if (s.pipeline_parallel > c.n_layer)
       m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
                                       " blocks (n_layer): every stage needs at least one block; use at most " +

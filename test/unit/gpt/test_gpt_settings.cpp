@@ -149,6 +149,20 @@ TEST_CASE("backend: cuda trains in bf16 and says so otherwise", "[gpt][settings]
   CHECK_THROWS_WITH(read("backend: cuda\nfp16:\n  enabled: true\n"),
                     Contains("fp16") && Contains("fp16.enabled: false"));
   CHECK(read("backend: cuda\nbf16:\n  enabled: true\n").preset == "tiny");
+  // cuBLASLt's bf16 rows: n_embd / T and the vocabulary part must be multiples of 8, said by key.
+  const std::string cuda = "backend: cuda\nbf16:\n  enabled: true\n";
+  CHECK_THROWS_WITH(read(cuda + "model:\n  n_embd: 100\n  n_head: 4\n"),
+                    Contains("model.n_embd") && Contains("(100 / 1) to be a multiple of 8"));
+  CHECK_THROWS_WITH(read(cuda + "model:\n  n_embd: 112\n  n_head: 8\n  tensor_parallel: 4\n"),
+                    Contains("model.n_embd") && Contains("112 / 4") && Contains("(32) or a smaller"));
+  CHECK_THROWS_WITH(read(cuda + "model:\n  preset: gpt2\n  n_head: 64\n  tensor_parallel: 64\n"),
+                    Contains("model.tensor_parallel") && Contains("768 / 64") && Contains("(512)"));
+  // gpt2's 50304 ids over 32 ranks are parts of 1572: refused; 16 ranks (3144 ids) pass.
+  CHECK_THROWS_WITH(read(cuda + "model:\n  preset: gpt2\n  n_head: 32\n  tensor_parallel: 32\n"),
+                    Contains("50304 / 32 ids") && Contains("dividing 6288"));
+  CHECK(read(cuda + "model:\n  preset: gpt2\n  n_head: 16\n  tensor_parallel: 16\n").tensor_parallel == 16);
+  // The host backend has no such rule.
+  CHECK(read("model:\n  n_embd: 100\n  n_head: 4\n").model.n_embd == 100);
 #else
   CHECK_THROWS_WITH(read("backend: cuda\nbf16:\n  enabled: true\n"), Contains("no CUDA support"));
 #endif
