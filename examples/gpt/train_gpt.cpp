@@ -213,10 +213,13 @@ zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, 
   if (cfg.backend == zero::BackendKind::cuda) {
     // The dense bf16 tensor peak of the device's preset, or none known (an H100 PCIe, a
     // consumer card): MFU is then n/a until run.peak_tflops states it.
+    // Never the host measurement below: its barrier would wait for ranks whose query worked.
     std::string name;
     double bytes = 0;
     if (zero::gpt::gpt_cuda_library().current_device(&name, &bytes))
       return zero::gpt::gpu_mfu_peak(s.peak_tflops, name, bytes);
+    return {0.0, "the CUDA device could not be queried, so MFU is shown as n/a; set run.peak_tflops to its "
+                 "dense bf16 tensor peak (TFLOP/s) to see it"};
   }
 #else
   (void)cfg;
