@@ -92,7 +92,10 @@ class Work {
   Work() = default;
   explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
   Work(Work&&) noexcept = default;
-  Work& operator=(Work&& o) noexcept {
+  // Waits for the collective it replaces first, so it throws what that wait throws (a failed
+  // or timed-out collective, a wait inside a group still open): not noexcept, which would turn
+  // such an error into std::terminate.
+  Work& operator=(Work&& o) {
     if (this != &o) { wait(); impl_ = std::move(o.impl_); }
     return *this;
   }
