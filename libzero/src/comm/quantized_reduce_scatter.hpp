@@ -76,6 +76,9 @@ class QuantizedReduceScatter {
   Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
 
   TrafficBytes traffic() const;
+  // The most scratch bytes (packed messages and partial sums) handed out at once so far: what
+  // qgZ adds to the reduce staging (MemoryReport::comm_buffers; plan::qgz_buffer_bytes models it).
+  std::int64_t scratch_peak() const { return pool_.peak(); }
 
  private:
   struct Op;
