@@ -137,7 +137,7 @@ TEST_CASE("plan model states equal engine.memory() with qgZ's error feedback", "
     }
 }
 
-// qgZ's scratch peak, as the engine's pool counts it and as the plan models it, over the bucket
+// qgZ's scratch, as the engine's pool holds it and as the plan models it, over the bucket
 // schedules that change it: every unit a bucket of its own, [ln_f h.1] [h.0] [embeddings] (the
 // reduce order is the units backwards), and one bucket of all; one bucket kept in flight or none;
 // one micro-step per step or two (the last bucket still in flight when the next micro-step's
@@ -176,14 +176,16 @@ TEST_CASE("plan's qgZ scratch equals engine.memory()", "[plan][mpi][qgz]") {
 
 // comm_buffers holds qgZ's scratch: one unit per bucket, none in flight, so the reducer's own
 // staging differs only by qgZ's fp32 sum beside each slice (4 bytes per element of the largest
-// slice); everything beyond that is qgZ's pool, and its figure is the one worked out by hand:
-// the largest unit (a block) at its completion, the partial sum of the M slices this rank serves
-// (4 M slice bytes) and the larger of the phases' packed messages, sent and received (int8: one
-// byte per value and a 4-byte scale per block of 256, each message rounded up to whole words).
+// slice); everything beyond that is qgZ's pool, and its figure is the one worked out by hand.
+// One reduction at a time, so the pool keeps, for each of the three unit sizes (embeddings, a
+// block, ln_f), the buffers of one reduction: phase 1's int8 messages of the M slices this rank
+// serves to its L node peers (a byte per value and a 4-byte scale per block of 256, rounded up to
+// whole words), sent and received; the fp32 partial sum of the M slices; phase 2's int4 messages
+// of one slice to the M nodes, sent and received.
 TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]") {
   Context& ctx = *Context::current();
   const int world = ctx.world_size();
-  const int L = std::min(world, node_layout(ctx).ranks_per_node), M = world / L;
+  const std::int64_t L = std::min(world, node_layout(ctx).ranks_per_node), M = world / L;
   const plan::GptShape shape{"", 2, 3, 72, 40, 300};
   const Layout layout = plan::gpt_layout(shape);
   auto memory = [&](bool qgz) {
@@ -199,15 +201,17 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
     return engine.memory();
   };
   const MemoryReport with = memory(true), without = memory(false);
-  const std::int64_t slice = layout.slice_numel(1, world);  // h.0's, the largest
-  REQUIRE(layout.unit(1).numel == 12 * 72 * 72 + 13 * 72);
+  REQUIRE(layout.unit(1).numel == 12 * 72 * 72 + 13 * 72);  // h.0 and h.1: the largest
   auto words = [](std::int64_t bytes) { return (bytes + 3) / 4 * 4; };
-  const std::int64_t int8 = words(M * slice + 4 * ((M * slice + 255) / 256));
-  const std::int64_t int4 = words((slice + 1) / 2 + 4 * ((slice + 255) / 256));
-  const std::int64_t phase1 = L > 1 ? 2 * L * int8 : 0, phase2 = M > 1 ? 2 * M * int4 : 0;
-  const std::int64_t expected = 4 * M * slice + (L > 1 ? std::max(phase1, phase2) : phase2);
+  std::int64_t expected = 0;
+  for (int unit : {0, 1, 3}) {
+    const std::int64_t slice = layout.slice_numel(unit, world);
+    const std::int64_t int8 = words(M * slice + 4 * ((M * slice + 255) / 256));
+    const std::int64_t int4 = words((slice + 1) / 2 + 4 * ((slice + 255) / 256));
+    expected += (L > 1 ? 2 * L * int8 : 0) + 4 * M * slice + (M > 1 ? 2 * M * int4 : 0);
+  }
   CHECK(without.qgz_buffers == 0);
   CHECK(with.qgz_buffers == expected);
-  CHECK(with.comm_buffers - without.comm_buffers == expected + 4 * slice);
+  CHECK(with.comm_buffers - without.comm_buffers == expected + 4 * layout.slice_numel(1, world));
   CHECK(with.to_string().find("(qgZ ") != std::string::npos);
 }

@@ -231,8 +231,9 @@ ModelStates model_states(const Layout& layout, const Settings& s, int world);
 // 2-3, reduce_scatter on, not with MiCS), and PowerSGD's (stages 0-1, not with MiCS).
 void check_groups(const Settings& s, int data_parallel);
 
-// qgZ's scratch at its peak (zero_quantized_gradients, stages 2-3): the packed int8/int4
-// messages and fp32 partial sums its two all-to-alls use, in the backend's (device) memory;
+// The bytes qgZ's scratch takes at most (zero_quantized_gradients, stages 2-3): the packed
+// int8/int4 messages and fp32 partial sums of its two all-to-alls, in the backend's (device)
+// memory, as its buffer pool holds them (freed buffers kept for reuse included);
 // MemoryReport::qgz_buffers, a part of comm_buffers. `data_parallel` ranks on nodes of
 // `ranks_per_node` (L = the smaller of the two, M = data_parallel / L nodes; an uneven split is
 // an error, as in the engine), gradients reduced in the GPT trainer's order (the units
