@@ -3,7 +3,9 @@
 // compute dtype, fp32 gradient accumulation under bf16 (data_types.grad_accum_dtype), and the world size this test runs at (ctest runs it at 1, 2, 3 and 4 ranks),
 // on a small GPT layout whose units pad differently at each world size; and for MiCS
 // (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes, and
-// qgZ's error-feedback buffers (zero_quantized_gradients) at stages 2 and 3.
+// qgZ's error-feedback buffers (zero_quantized_gradients) at stages 2 and 3; and qgZ's scratch
+// (MemoryReport::qgz_buffers, part of comm_buffers) against plan::qgz_buffer_bytes, also on
+// simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2, both phases; 2 ranks as 2 x 1).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "scratch_dir.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
+#include "zero/groups.hpp"
 #include "zero/plan.hpp"
 
 using namespace zero;
@@ -132,4 +135,83 @@ TEST_CASE("plan model states equal engine.memory() with qgZ's error feedback", "
       CHECK(m.error_feedback == r.error_feedback);
       if (world > 1) CHECK(r.error_feedback > 0);
     }
+}
+
+// qgZ's scratch, as the engine's pool holds it and as the plan models it, over the bucket
+// schedules that change it: every unit a bucket of its own, [ln_f h.1] [h.0] [embeddings] (the
+// reduce order is the units backwards), and one bucket of all; one bucket kept in flight or none;
+// one micro-step per step or two (the last bucket still in flight when the next micro-step's
+// first starts).
+TEST_CASE("plan's qgZ scratch equals engine.memory()", "[plan][mpi][qgz]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const int per_node = node_layout(ctx).ranks_per_node;
+  // Units of 30528 (embeddings), 63144 (h.0, h.1) and 144 (ln_f) elements before padding.
+  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  const Layout layout = plan::gpt_layout(shape);
+  for (int stage : {2, 3})
+    for (std::int64_t bucket : {1, 60000, 500000000})
+      for (bool overlap : {false, true})
+        for (int gas : {1, 2})
+          DYNAMIC_SECTION("stage " << stage << " bucket " << bucket << " overlap " << overlap << " gas " << gas << ", "
+                                   << world << " ranks, " << per_node << " per node") {
+            const std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " +
+                                  std::to_string(gas) + "\nbf16:\n  enabled: true\nzero_optimization:\n  stage: " +
+                                  std::to_string(stage) + "\n  zero_quantized_gradients: true\n  reduce_bucket_size: " +
+                                  std::to_string(bucket) + "\n  overlap_comm: " + (overlap ? "true" : "false") +
+                                  "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+            Config cfg = parse_config(y, "test_plan_engine");
+            cfg.resolve(world);
+            Engine engine(ctx, cfg, layout);
+            engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
+            zero_step(engine);
+            const std::int64_t planned = plan::qgz_buffer_bytes(layout, plan::settings_from(cfg), world, per_node);
+            CHECK(engine.memory().qgz_buffers == planned);
+            CHECK(planned > 0);
+            // A second step reuses the buffers: the peak stays.
+            zero_step(engine);
+            CHECK(engine.memory().qgz_buffers == planned);
+          }
+}
+
+// comm_buffers holds qgZ's scratch: one unit per bucket, none in flight, so the reducer's own
+// staging differs only by qgZ's fp32 sum beside each slice (4 bytes per element of the largest
+// slice); everything beyond that is qgZ's pool, and its figure is the one worked out by hand.
+// One reduction at a time, so the pool keeps, for each of the three unit sizes (embeddings, a
+// block, ln_f), the buffers of one reduction: phase 1's int8 messages of the M slices this rank
+// serves to its L node peers (a byte per value and a 4-byte scale per block of 256, rounded up to
+// whole words), sent and received; the fp32 partial sum of the M slices; phase 2's int4 messages
+// of one slice to the M nodes, sent and received.
+TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const std::int64_t L = std::min(world, node_layout(ctx).ranks_per_node), M = world / L;
+  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  const Layout layout = plan::gpt_layout(shape);
+  auto memory = [&](bool qgz) {
+    const std::string y = std::string("train_micro_batch_size_per_gpu: 1\nbf16:\n  enabled: true\n") +
+                          "zero_optimization:\n  stage: 2\n  reduce_bucket_size: 1\n  overlap_comm: false\n" +
+                          "  zero_quantized_gradients: " + (qgz ? "true" : "false") +
+                          "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+    Config cfg = parse_config(y, "test_plan_engine");
+    cfg.resolve(world);
+    Engine engine(ctx, cfg, layout);
+    engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
+    zero_step(engine);
+    return engine.memory();
+  };
+  const MemoryReport with = memory(true), without = memory(false);
+  REQUIRE(layout.unit(1).numel == 12 * 72 * 72 + 13 * 72);  // h.0 and h.1: the largest
+  auto words = [](std::int64_t bytes) { return (bytes + 3) / 4 * 4; };
+  std::int64_t expected = 0;
+  for (int unit : {0, 1, 3}) {
+    const std::int64_t slice = layout.slice_numel(unit, world);
+    const std::int64_t int8 = words(M * slice + 4 * ((M * slice + 255) / 256));
+    const std::int64_t int4 = words((slice + 1) / 2 + 4 * ((slice + 255) / 256));
+    expected += (L > 1 ? 2 * L * int8 : 0) + 4 * M * slice + (M > 1 ? 2 * M * int4 : 0);
+  }
+  CHECK(without.qgz_buffers == 0);
+  CHECK(with.qgz_buffers == expected);
+  CHECK(with.comm_buffers - without.comm_buffers == expected + 4 * layout.slice_numel(1, world));
+  CHECK(with.to_string().find("(qgZ ") != std::string::npos);
 }

@@ -389,6 +389,7 @@ TEST_CASE("PowerSGD: an fp16 overflow skips the step and leaves error and Q unto
   EngineState st(e);
   const std::vector<float> before = st.rank_state();
   REQUIRE(!before.empty());
+  CHECK(st.rank_state_size() == before.size());
   // Step 2, with an infinity in rank 0's gradient of the first unit.
   const int n = e.layout().num_units();
   for (int u = 0; u < n; ++u) e.gather(u);

@@ -7,7 +7,8 @@
 // stage 3 (weights and a held-out loss); across two simulated nodes (ctest entries *_nodes2)
 // far fewer bytes cross the node boundary; bad combinations are clear errors. The gradient
 // reducer issues qgZ's all-to-alls outside its bucket groups (an NCCL group would hold them back),
-// and rank 0's start-up report allocates no buffers of its own.
+// and rank 0's start-up report allocates no buffers of its own. BufferPool (its scratch) counts
+// what it holds, freed buffers kept for reuse included.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -519,4 +520,30 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
     else ::unsetenv("ZERO_RANKS_PER_NODE");
     REQUIRE_THROWS_WITH(QuantizedReduceScatter(uneven, 16), Catch::Contains("different numbers of them (3, 1)"));
   }
+}
+
+// qgZ's figure in MemoryReport::qgz_buffers is its pool's held_peak: a freed buffer serves only a
+// request of its own size, so buffers of other sizes stay held beside those in use.
+TEST_CASE("BufferPool counts the bytes it holds, freed buffers kept for reuse included") {
+  auto host = make_host_backend(world_comm());
+  BufferPool pool(*host);
+  Buffer a = pool.acquire(100, false);
+  Buffer b = pool.acquire(200, false);
+  pool.give_back(std::move(a));
+  Buffer c = pool.acquire(200, false);  // the freed 100 does not fit: a new buffer
+  CHECK(pool.in_use() == 400);
+  CHECK(pool.peak() == 400);
+  CHECK(pool.held_peak() == 500);
+  pool.give_back(std::move(b));
+  Buffer d = pool.acquire(200, false);  // reuses b
+  Buffer e = pool.acquire(100, true);   // reuses a
+  CHECK(pool.peak() == 500);
+  CHECK(pool.held_peak() == 500);
+  pool.give_back(std::move(c));
+  pool.give_back(std::move(d));
+  pool.give_back(std::move(e));
+  pool.trim();  // gives the buffers back to the backend: a new one counts again from there
+  Buffer f = pool.acquire(600, false);
+  CHECK(pool.held_peak() == 600);
+  pool.give_back(std::move(f));
 }

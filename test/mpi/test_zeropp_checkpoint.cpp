@@ -129,6 +129,14 @@ TEST_CASE("qgZ's error feedback is saved as per-rank state; without a match it s
   Engine b(ctx, cfg, make_layout());
   load_checkpoint(b, kept);
   REQUIRE(EngineState(b).rank_state() == saved);
+  // The size the load compares against, taken without copying the (device) buffers.
+  CHECK(EngineState(b).rank_state_size() == saved.size());
+
+  // An engine without qgZ keeps no per-rank state.
+  {
+    Engine none(ctx, config(3, "fp32", ""), make_layout());
+    CHECK(EngineState(none).rank_state_size() == 0);
+  }
 
   // A checkpoint saved without qgZ, and one for another block size: zero, then training goes on.
   const std::string plain = process_scratch_dir("zeropp_ckpt") + "/plain";

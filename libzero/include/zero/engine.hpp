@@ -169,6 +169,8 @@ struct MemoryReport {
   std::int64_t master = 0;          // fp32 master weights
   std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
   std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers
+  std::int64_t qgz_buffers = 0;     // of comm_buffers: qgZ's packed messages and partial sums, as
+                                    // its pool holds them at most (freed buffers kept for reuse too)
   std::int64_t gathered = 0;        // peak of full units gathered at stage 3
   std::int64_t secondary = 0;       // hpZ's secondary shards (zero_hpz_partition_size > 1)
   std::int64_t error_feedback = 0;  // qgZ's fp32 error-feedback buffers (zero_quantized_gradients)

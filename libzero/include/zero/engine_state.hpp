@@ -92,9 +92,11 @@ class EngineState {
   // besides the world size, which a resume must match ("" for PowerSGD, whose sizes say it;
   // qgZ: "2 nodes x 2 ranks, block 256", a rank's place among the nodes).
   // set_rank_state({}) puts back the start's state (zero errors, PowerSGD's seeded Q).
+  // rank_state_size(): rank_state().size() without copying the state (device memory with qgZ).
   std::string rank_state_kind() const;
   std::string rank_state_layout() const;
   std::vector<float> rank_state() const;
+  std::size_t rank_state_size() const;
   void set_rank_state(const std::vector<float>& s);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss

@@ -231,6 +231,16 @@ ModelStates model_states(const Layout& layout, const Settings& s, int world);
 // 2-3, reduce_scatter on, not with MiCS), and PowerSGD's (stages 0-1, not with MiCS).
 void check_groups(const Settings& s, int data_parallel);
 
+// The bytes qgZ's scratch takes at most (zero_quantized_gradients, stages 2-3): the packed
+// int8/int4 messages and fp32 partial sums of its two all-to-alls, in the backend's (device)
+// memory, as its buffer pool holds them (freed buffers kept for reuse included);
+// MemoryReport::qgz_buffers, a part of comm_buffers. `data_parallel` ranks on nodes of
+// `ranks_per_node` (L = the smaller of the two, M = data_parallel / L nodes; an uneven split is
+// an error, as in the engine), gradients reduced in the GPT trainer's order (the units
+// backwards, each micro-step) into buckets of reduce_bucket_size, overlap_comm keeping one
+// bucket in flight. Equals the engine's figure after a step; 0 without qgZ.
+std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node);
+
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
 struct MemoryPlan {
   ModelStates states;

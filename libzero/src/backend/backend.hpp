@@ -215,13 +215,16 @@ class BufferPool {
   Buffer acquire(std::size_t bytes, bool zeroed);
   void give_back(Buffer&& b);
   std::int64_t in_use() const { return in_use_; }
-  std::int64_t peak() const { return peak_; }
-  void trim() { free_.clear(); }
+  std::int64_t peak() const { return peak_; }  // the most bytes handed out at once
+  // The most bytes the pool has held: those handed out plus the freed ones kept for reuse (a
+  // freed buffer serves only a request of its own size). What it takes from the backend.
+  std::int64_t held_peak() const { return held_peak_; }
+  void trim();
 
  private:
   Backend* backend_;
   std::multimap<std::size_t, Buffer> free_;
-  std::int64_t in_use_ = 0, peak_ = 0;
+  std::int64_t in_use_ = 0, peak_ = 0, held_ = 0, held_peak_ = 0;
 };
 
 std::unique_ptr<Backend> make_host_backend(Communicator& comm);

@@ -21,10 +21,17 @@ Buffer BufferPool::acquire(std::size_t bytes, bool zeroed) {
     if (zeroed) backend_->zero(b.get(), bytes);
   } else {
     b = backend_->alloc(bytes);  // alloc zero-fills
+    held_ += static_cast<std::int64_t>(bytes);
+    if (held_ > held_peak_) held_peak_ = held_;
   }
   in_use_ += static_cast<std::int64_t>(bytes);
   if (in_use_ > peak_) peak_ = in_use_;
   return b;
+}
+
+void BufferPool::trim() {
+  for (const auto& [bytes, b] : free_) held_ -= static_cast<std::int64_t>(bytes);
+  free_.clear();
 }
 
 void BufferPool::give_back(Buffer&& b) {

@@ -201,7 +201,7 @@ void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
     why = fmt::format("they were saved for {}, this run is {}", m.rank_state_layout, layout);
   else s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
                                       m.rank_state[static_cast<std::size_t>(e.rank())]);
-  const std::size_t want = e.rank_state().size();
+  const std::size_t want = e.rank_state_size();
   if (why.empty() && s.size() != want) {
     why = fmt::format("they hold {} values per rank, this run's {}{}", s.size(), want,
                       kind == "powersgd" ? " (another rank or min_compression_rate?)" : " (another layout of units?)");
@@ -427,7 +427,7 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
     total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
   }
   if (!e.rank_state_kind().empty())  // one per rank, as large on every rank
-    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.rank_state().size() * sizeof(float));
+    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.rank_state_size() * sizeof(float));
   // Under a grid every position saves its own shards: the model group holds one of each.
   if (e.model_parallel())
     total = static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));

@@ -76,6 +76,10 @@ class QuantizedReduceScatter {
   Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
 
   TrafficBytes traffic() const;
+  // The most bytes its scratch (packed messages and partial sums) has held so far, the buffers
+  // kept for reuse included: what qgZ adds to the reduce staging (MemoryReport::qgz_buffers, in
+  // comm_buffers; plan::qgz_buffer_bytes models it).
+  std::int64_t scratch_bytes() const { return pool_.held_peak(); }
 
  private:
   struct Op;

@@ -524,8 +524,9 @@ TensorRef UnitGrads::operator[](std::string_view name) const {
 std::string MemoryReport::to_string() const {
   // Two decimals: scripts compare the stages' model state against the ZeRO formula to 1%.
   auto b = [](std::int64_t n) { return format_bytes(static_cast<std::uint64_t>(n), 2); };
-  std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}, gathered {}",
-                              b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers),
+  const std::string qgz = qgz_buffers ? fmt::format(" (qgZ {})", b(qgz_buffers)) : "";
+  std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}{}, gathered {}",
+                              b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers), qgz,
                               b(gathered));
   if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
   if (error_feedback) s += fmt::format(", qgZ error feedback {}", b(error_feedback));

@@ -195,7 +195,10 @@ void GradReducer::clear() {
 
 void GradReducer::report(MemoryReport& r) const {
   for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
-  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak();
+  // qgZ's packed messages and partial sums come from its own pool, in the backend's memory too;
+  // counted as the pool holds them, freed buffers kept for reuse included.
+  r.qgz_buffers = qgz_ ? qgz_->scratch_bytes() : 0;
+  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak() + r.qgz_buffers;
   r.error_feedback += static_cast<std::int64_t>(error_feedback_size() * sizeof(float));
 }
 

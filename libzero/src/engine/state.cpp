@@ -98,6 +98,11 @@ std::vector<float> EngineState::rank_state() const {
   return impl_->reducer_.error_feedback();
 }
 
+std::size_t EngineState::rank_state_size() const {
+  if (impl_->powersgd_) return impl_->powersgd_->state_size();
+  return impl_->reducer_.error_feedback_size();
+}
+
 void EngineState::set_rank_state(const std::vector<float>& s) {
   ZERO_CHECK(!rank_state_kind().empty() || s.empty(),
              "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no zero_quantized_gradients)");

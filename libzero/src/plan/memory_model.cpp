@@ -1,11 +1,15 @@
 // Model-state bytes as the engine accounts them (EngineImpl::memory: ParamStore, GradReducer and
-// the optimizer stores), and the settings a Config asks for.
+// the optimizer stores), qgZ's scratch as its pool counts it, and the settings a Config asks for.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "comm/quantize.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
 #include "zero/plan.hpp"
@@ -45,6 +49,107 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
     }
   }
   return m;
+}
+
+std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node) {
+  if (!s.quantized_gradients) return 0;
+  const std::int64_t D = data_parallel, L = std::min(D, static_cast<std::int64_t>(ranks_per_node));
+  ZERO_CHECK(L >= 1 && D % L == 0, fmt::format("qgz_buffer_bytes: qgZ needs the same ranks on every node; {} data-parallel "
+                                               "ranks by {} per node", D, ranks_per_node));
+  const std::int64_t M = D / L;
+  const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
+  auto packed = [&](std::int64_t n, quant::Bits bits) {
+    return static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(n), block, bits));
+  };
+  // The buffers QuantizedReduceScatter takes from its pool for a unit of `slice` elements per
+  // rank, and when:
+  //   send1, recv1 (L > 1): L int8 messages of M slices each, L packed8(M slice) bytes apiece,
+  //     taken when the reduction starts, given back once phase 1 is summed;
+  //   partial: the node's fp32 sum of the M slices this rank serves, 4 M slice bytes, taken when
+  //     phase 1 is summed (send1 and recv1 still out), given back at the end;
+  //   send2, recv2 (M > 1): M int4 messages of one slice, M packed4(slice) bytes apiece, taken
+  //     after send1 and recv1 went back, given back at the end.
+  // Without node peers (L = 1) start() sums and starts phase 2 at once; on one rank the partial
+  // sum comes and goes inside start().
+  struct Unit {
+    std::int64_t msg1 = 0, partial = 0, msg2 = 0;
+  };
+  // BufferPool hands a freed buffer only to a request of its own size and keeps it otherwise, so
+  // what it holds is, for every size, that size times the most buffers of it in use at once:
+  // held = Σ_size size x most(size). Replaying the acquisitions and give-backs of one step gives
+  // most(); every later step repeats them (the step waits on all before it) and adds nothing.
+  std::map<std::int64_t, std::pair<int, int>> sizes;  // bytes -> (in use, most at once)
+  auto take = [&](std::int64_t bytes) {
+    auto& [n, most] = sizes[bytes];
+    most = std::max(most, ++n);
+  };
+  auto give = [&](std::int64_t bytes) { --sizes[bytes].first; };
+  auto start = [&](const Unit& u) {
+    if (L > 1) {
+      take(u.msg1);  // send1
+      take(u.msg1);  // recv1
+      return;
+    }
+    take(u.partial);
+    if (M == 1) {
+      give(u.partial);
+      return;
+    }
+    take(u.msg2);  // send2
+    take(u.msg2);  // recv2
+  };
+  auto complete = [&](const Unit& u) {
+    if (L == 1 && M == 1) return;  // done inside start()
+    if (L > 1) {
+      take(u.partial);
+      give(u.msg1);
+      give(u.msg1);
+      if (M == 1) {
+        give(u.partial);
+        return;
+      }
+      take(u.msg2);
+      take(u.msg2);
+    }
+    give(u.partial);
+    give(u.msg2);
+    give(u.msg2);
+  };
+  // The reducer's buckets (GradReducer::ready): units in backward order (the GPT trainer's:
+  // ln_f, the blocks from the last, the embeddings) until their padded elements reach
+  // reduce_bucket_size; the rest when the micro-step's last unit is reduced.
+  const int N = s.shard_ranks(data_parallel);
+  std::vector<std::vector<Unit>> buckets(1);
+  std::int64_t pending = 0;
+  for (int u = layout.num_units() - 1; u >= 0; --u) {
+    const std::int64_t slice = layout.slice_numel(u, N);
+    buckets.back().push_back({L > 1 ? L * packed(M * slice, quant::Bits::int8) : 0, 4 * M * slice,
+                              M > 1 ? M * packed(slice, quant::Bits::int4) : 0});
+    pending += slice * N;
+    if (pending >= s.reduce_bucket_size) {
+      buckets.emplace_back();
+      pending = 0;
+    }
+  }
+  if (buckets.back().empty()) buckets.pop_back();
+  // A flush starts every reduction of its bucket, then (GradReducer::wait_in_flight) waits on
+  // them in start order, or with overlap_comm on the bucket before it (the previous micro-step's
+  // last at a micro-step's first), this one staying in flight; only the waited reduction
+  // advances, phase 2 starting in start order. The step waits on the last bucket.
+  const std::vector<Unit>* in_flight = nullptr;
+  for (int micro = 0; micro < s.grad_accum; ++micro)
+    for (const auto& bucket : buckets) {
+      for (const Unit& u : bucket) start(u);
+      const std::vector<Unit>* wait = &bucket;
+      if (s.overlap_comm) std::swap(wait, in_flight);
+      if (wait != nullptr)
+        for (const Unit& u : *wait) complete(u);
+    }
+  if (in_flight != nullptr)
+    for (const Unit& u : *in_flight) complete(u);
+  std::int64_t held = 0;
+  for (const auto& [bytes, use] : sizes) held += bytes * use.second;
+  return held;
 }
 
 void check_groups(const Settings& s, int data_parallel) {

@@ -80,6 +80,11 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
     const auto fes = static_cast<std::int64_t>(dtype_size(s.compression.factor_dtype));
     m.comm_buffers += 4 * (e.compressed + e.q + e.p + e.q) + e.plain * ges + (fes != 4 ? std::max(e.p, e.q) * fes : 0);
   }
+  // qgZ: its own pool of packed messages and partial sums (the engine's MemoryReport::qgz_buffers),
+  // on nodes of L ranks as plan_time takes them; nodes that do not split the ranks evenly the
+  // engine refuses, and nothing is added for them.
+  if (s.quantized_gradients && D % std::min(D, c.ranks_per_node()) == 0)
+    m.comm_buffers += qgz_buffer_bytes(layout, s, D, c.ranks_per_node());
   // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
   if (s.stage == 3) {
     const std::int64_t ahead =

@@ -735,6 +735,56 @@ TEST_CASE("step time: qgZ's two phases and PowerSGD's factors, worked by hand", 
   CHECK(psgd.memory.gpu_bytes - plain0.memory.gpu_bytes == buffers);
 }
 
+// qgZ's scratch (the engine's MemoryReport::qgz_buffers, test_plan_engine) for GPT-2 124M on
+// two nodes of 8 GPUs (L 8, M 2), its 14 units in one reduce bucket (the default 5e8 elements).
+// The reducer starts ln_f, h.11 .. h.0, embeddings, each taking its phase-1 messages (8 int8
+// messages of its 2 slices sent, 8 received, in two buffers), then completes them in that order:
+// the partial sum and the phase-2 messages of one unit at a time, given back to the pool, which
+// reuses them for the next unit of the same size only.
+TEST_CASE("memory: qgZ's scratch in comm_buffers, GPT-2 124M worked by hand", "[plan]") {
+  const GptShape shape = gpt_preset("gpt2");
+  const Layout layout = gpt_layout(shape);
+  const Cluster c = cluster_of("A100-80GB", 16, 8, 1.25e9);
+  Settings s;
+  s.stage = 2;
+  s.micro_batch = 4;
+  REQUIRE(s.overlap_comm);
+  REQUIRE(s.grad_accum == 1);
+  REQUIRE(s.reduce_bucket_size > layout.num_params());
+  // Slices for 16 ranks, in whole 64-element runs: embeddings 39419904 / 16, a block
+  // 7087872 / 16 = 442992 -> 443008, ln_f 1536 / 16 = 96 -> 128.
+  REQUIRE(layout.slice_numel(0, 16) == 2463744);
+  REQUIRE(layout.slice_numel(1, 16) == 443008);
+  REQUIRE(layout.slice_numel(13, 16) == 128);
+  // Phase 1: a buffer of 8 int8 messages of 2 slices (a byte per value and a 4-byte scale per
+  // 256, in whole words), two per unit, all out at once: 2.03 bytes per element of the bucket.
+  const std::int64_t emb1 = 8 * (4927488 + 4 * 19248), block1 = 8 * (886016 + 4 * 3461), lnf1 = 8 * (256 + 4);
+  const std::int64_t phase1 = 2 * (emb1 + 12 * block1 + lnf1);
+  CHECK(phase1 == 252848960);
+  // One at a time, per unit size: the fp32 partial sum of 2 slices, and two buffers of 2 int4
+  // messages of one slice (half a byte per value and a 4-byte scale per 256).
+  const std::int64_t partials = 4 * 2 * (2463744 + 443008 + 128);
+  const std::int64_t phase2 = 2 * 2 * ((1231872 + 4 * 9624) + (221504 + 4 * 1731) + (64 + 4));
+  const std::int64_t held = phase1 + partials + phase2;
+  CHECK(held == 282099456);  // 269.0 MiB, 2.27 bytes per element of the model
+  const Plan plain = make_plan(shape, c, s);
+  s.quantized_gradients = true;
+  const Plan qgz = make_plan(shape, c, s);
+  CHECK(qgz_buffer_bytes(layout, s, 16, 8) == held);
+  CHECK(qgz.memory.comm_buffers - plain.memory.comm_buffers == held);
+  CHECK(qgz.memory.gpu_bytes - plain.memory.gpu_bytes == held + qgz.memory.states.error_feedback);
+  // Two micro-steps with overlap_comm: the first micro-step's bucket is still in flight (all its
+  // phase-1 messages out) when the second one's starts; without overlap it is not.
+  s.grad_accum = 2;
+  CHECK(qgz_buffer_bytes(layout, s, 16, 8) == held + phase1);
+  s.overlap_comm = false;
+  CHECK(qgz_buffer_bytes(layout, s, 16, 8) == held);
+  // Nodes that split the ranks unevenly are refused, as by the engine.
+  CHECK_THROWS_WITH(qgz_buffer_bytes(layout, s, 16, 6), Catch::Contains("same ranks on every node"));
+  s.quantized_gradients = false;
+  CHECK(qgz_buffer_bytes(layout, s, 16, 8) == 0);
+}
+
 TEST_CASE("across nodes: qgZ, MiCS and PowerSGD lead their stages on a slow link, and not on one node", "[plan]") {
   Cluster c = cluster_of("A100-80GB", 16, 8, 1.25e9);  // two nodes, 10 Gbit/s each
   const SettingsSpace space = across_nodes_space(8);
