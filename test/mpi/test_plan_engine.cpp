@@ -175,8 +175,9 @@ TEST_CASE("plan's qgZ scratch equals engine.memory()", "[plan][mpi][qgz]") {
 }
 
 // comm_buffers holds qgZ's scratch: one unit per bucket, none in flight, so the reducer's own
-// staging differs only by qgZ's fp32 sum beside each slice (4 bytes per element of the largest
-// slice); everything beyond that is qgZ's pool, and its figure is the one worked out by hand.
+// staging differs only by qgZ's fp32 sum beside each slice; its pool keeps one such buffer for
+// each of the three unit sizes (4 bytes per element of each one's slice). Everything beyond that
+// is qgZ's pool, and its figure is the one worked out by hand.
 // One reduction at a time, so the pool keeps, for each of the three unit sizes (embeddings, a
 // block, ln_f), the buffers of one reduction: phase 1's int8 messages of the M slices this rank
 // serves to its L node peers (a byte per value and a 4-byte scale per block of 256, rounded up to
@@ -203,15 +204,16 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
   const MemoryReport with = memory(true), without = memory(false);
   REQUIRE(layout.unit(1).numel == 12 * 72 * 72 + 13 * 72);  // h.0 and h.1: the largest
   auto words = [](std::int64_t bytes) { return (bytes + 3) / 4 * 4; };
-  std::int64_t expected = 0;
+  std::int64_t expected = 0, sums = 0;
   for (int unit : {0, 1, 3}) {
     const std::int64_t slice = layout.slice_numel(unit, world);
+    sums += 4 * slice;
     const std::int64_t int8 = words(M * slice + 4 * ((M * slice + 255) / 256));
     const std::int64_t int4 = words((slice + 1) / 2 + 4 * ((slice + 255) / 256));
     expected += (L > 1 ? 2 * L * int8 : 0) + 4 * M * slice + (M > 1 ? 2 * M * int4 : 0);
   }
   CHECK(without.qgz_buffers == 0);
   CHECK(with.qgz_buffers == expected);
-  CHECK(with.comm_buffers - without.comm_buffers == expected + 4 * layout.slice_numel(1, world));
+  CHECK(with.comm_buffers - without.comm_buffers == expected + sums);
   CHECK(with.to_string().find("(qgZ ") != std::string::npos);
 }

@@ -168,10 +168,11 @@ struct MemoryReport {
   std::int64_t grads = 0;           // gradient storage kept between reduce and step (accumulation dtype)
   std::int64_t master = 0;          // fp32 master weights
   std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
-  std::int64_t comm_buffers = 0;    // peak of reduce/gather staging buffers
-  std::int64_t qgz_buffers = 0;     // of comm_buffers: qgZ's packed messages and partial sums, as
-                                    // its pool holds them at most (freed buffers kept for reuse too)
-  std::int64_t gathered = 0;        // peak of full units gathered at stage 3
+  // The two below count what their pools have held at most, freed buffers kept for reuse
+  // included: the memory taken from the backend, not only the bytes in use at once.
+  std::int64_t comm_buffers = 0;    // reduce/gather staging buffers
+  std::int64_t qgz_buffers = 0;     // of comm_buffers: qgZ's packed messages and partial sums
+  std::int64_t gathered = 0;        // full units gathered at stage 3
   std::int64_t secondary = 0;       // hpZ's secondary shards (zero_hpz_partition_size > 1)
   std::int64_t error_feedback = 0;  // qgZ's fp32 error-feedback buffers (zero_quantized_gradients)
   std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine

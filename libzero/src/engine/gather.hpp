@@ -66,7 +66,8 @@ class ParamGatherer {
 
   bool mid_micro_step() const { return pos_ != 0; }
   int held_unit() const;  // a unit some UnitParams handle holds, or -1
-  std::int64_t peak_bytes() const { return pool_.peak(); }
+  // What the gather pool has held from the backend (freed buffers kept for reuse included).
+  std::int64_t peak_bytes() const { return pool_.held_peak(); }
   std::int64_t all_gathers() const { return all_gathers_; }
   std::int64_t secondary_bytes() const;  // hpZ's secondary shards held
 

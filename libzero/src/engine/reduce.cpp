@@ -195,10 +195,12 @@ void GradReducer::clear() {
 
 void GradReducer::report(MemoryReport& r) const {
   for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
-  // qgZ's packed messages and partial sums come from its own pool, in the backend's memory too;
-  // counted as the pool holds them, freed buffers kept for reuse included.
+  // Every pool counts what it has held from the backend, freed buffers kept for reuse included
+  // (a freed buffer serves only a request of its own size, so units of different sizes leave
+  // some beside those in use): that is the memory the backend gave up, on a device its HBM.
+  // qgZ's packed messages and partial sums come from its own pool.
   r.qgz_buffers = qgz_ ? qgz_->scratch_bytes() : 0;
-  r.comm_buffers = grad_pool_.peak() + scratch_pool_.peak() + r.qgz_buffers;
+  r.comm_buffers = grad_pool_.held_peak() + scratch_pool_.held_peak() + r.qgz_buffers;
   r.error_feedback += static_cast<std::int64_t>(error_feedback_size() * sizeof(float));
 }
 
