@@ -51,6 +51,9 @@ def parse_args():
     p.add_argument("--out", default="runs/bench_gpt2")
     p.add_argument("--skip-pytorch", action="store_true")
     p.add_argument("--skip-zero", action="store_true")
+    p.add_argument("--zero-timeout", type=float, default=0,
+                   help="seconds zero-gpt may run before it is stopped (0: no limit); a failed or "
+                        "stopped zero-gpt still leaves the PyTorch side to run and be reported")
     return p.parse_args()
 
 
@@ -136,7 +139,7 @@ def run_zero_gpt(a, shard_glob):
         cmd += ["--set", f"{k}={v}"]
     print("+ " + " ".join(cmd), flush=True)
     t0 = time.time()
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, timeout=a.zero_timeout or None)
     wall = time.time() - t0
     rows = [json.loads(l) for l in open(metrics) if l.strip()]
     train = [r for r in rows if r.get("type") == "train"]
@@ -245,11 +248,26 @@ def main():
         if not os.path.exists(shard_glob):
             random_shard(shard_glob, max(need * 2, 1 << 20), a.vocab)
     result = {"args": vars(a), "params": n_params(a), "flops_per_token": flops_per_token(a)}
+    failed = []
+    # Each side's failure is recorded and the other side still runs: on a machine lent for a few
+    # minutes, one side's figure is worth having without the other's.
     if not a.skip_zero:
-        result["libzero"] = run_zero_gpt(a, shard_glob)
+        try:
+            result["libzero"] = run_zero_gpt(a, shard_glob)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, SystemExit, OSError, ValueError) as e:
+            why = f"zero-gpt failed: {e}"
+            print(why, file=sys.stderr, flush=True)
+            result["libzero"] = {"error": why}
+            failed.append("libzero")
     if not a.skip_pytorch:
         tokens = read_shards(shard_glob, need)
-        result["pytorch"] = run_pytorch(a, tokens)
+        try:
+            result["pytorch"] = run_pytorch(a, tokens)
+        except Exception as e:  # noqa: BLE001 -- any PyTorch failure is reported, not hidden
+            why = f"PyTorch failed: {type(e).__name__}: {e}"
+            print(why, file=sys.stderr, flush=True)
+            result["pytorch"] = {"error": why}
+            failed.append("pytorch")
     with open(os.path.join(a.out, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
 
@@ -263,6 +281,8 @@ def main():
           f"PyTorch: {t:,.0f} tok/s (MFU {100 * mfu(t):.1f}%)")
     ratio = z / t if t and not math.isnan(t) and not math.isnan(z) else float("nan")
     print(f"gpt2-{n_params(a) / 1e6:.0f}M | {device} | {z:,.0f} | {t:,.0f} | {ratio:.2f}")
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)} (see above and result.json)")
 
 
 if __name__ == "__main__":

@@ -668,6 +668,12 @@ if [ "$RUN_GPT" = 1 ] && [ -x "$ZGPT" ] && { [ "$PROBE_RC" = 0 ] || [ -n "${GPT_
   if ! python3 -c 'import torch' >/dev/null 2>&1 && [[ " ${GPT_ARGS[*]} " != *" --skip-pytorch "* ]]; then
     note "python3 has no torch: zero-gpt side only"; GPT_ARGS+=(--skip-pytorch)
   fi
+  # zero-gpt may take what is left but the PyTorch side's ~2 minutes (compile and steps): a
+  # zero-gpt that hangs is stopped and the PyTorch figure still comes back.
+  if [[ " ${GPT_ARGS[*]} " != *" --zero-timeout "* ]]; then
+    zt=$(( $(left) - 130 )); [ "$zt" -lt 60 ] && zt=60
+    GPT_ARGS+=(--zero-timeout "$zt")
+  fi
   step gpt_bench 100000 8 "$LOG_DIR/gpt_bench.log" -- \
     env PYTHONUNBUFFERED=1 python3 "$SRC/bench/gpt2_vs_pytorch.py" --zero-gpt "$ZGPT" \
       --out "$LOG_DIR/gpt2" "${GPT_ARGS[@]}"
