@@ -63,8 +63,14 @@ class HostBackend final : public Backend {
     std::free(p);
     note_free(bytes);
   }
-  void zero(void* p, std::size_t bytes) override { std::memset(p, 0, bytes); }
-  void copy(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
+  // Empty ranges may come with null pointers (an empty pooled buffer), which the C library's
+  // memset and memmove must not be given even for zero bytes.
+  void zero(void* p, std::size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
   void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
     zero::convert(src, st, dst, dt, n);
   }
@@ -114,8 +120,8 @@ class HostBackend final : public Backend {
   }
 
   bool host_accessible() const override { return true; }
-  void to_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
-  void from_host(void* dst, const void* src, std::size_t bytes) override { std::memmove(dst, src, bytes); }
+  void to_host(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
+  void from_host(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
   Communicator& comm() override { return comm_; }
 
  private:

@@ -55,7 +55,7 @@ TEST_CASE("int8 blocks round-trip within max|x|/254 of the block, for fp32, bf16
         // The same input gives the same bytes.
         std::vector<char> again(packed.size());
         quant::quantize_int8(src.data(), t, n, block, again.data());
-        REQUIRE(std::memcmp(again.data(), packed.data(), packed.size()) == 0);
+        REQUIRE(again == packed);
       }
 }
 
@@ -113,7 +113,7 @@ TEST_CASE("int8 and int4 blocks with error feedback: within max|x|/254 and max|x
         std::vector<float> w(x);
         std::vector<char> again(packed.size());
         quant::quantize_keep_error(w.data(), n, block, bits, again.data());
-        REQUIRE(std::memcmp(again.data(), packed.data(), packed.size()) == 0);  // deterministic
+        REQUIRE(again == packed);  // deterministic
       }
 }
 

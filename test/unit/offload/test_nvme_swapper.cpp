@@ -164,7 +164,8 @@ TEST_CASE("many transfers in flight at once", "[nvme_swapper]") {
   }
   for (int i = 0; i < count; ++i) {
     handles[i].wait();
-    REQUIRE(std::memcmp(src[i].data(), dst[i].data(), src[i].size()) == 0);
+    // (An empty buffer may have no memory at all, which memcmp must not be given.)
+    REQUIRE((src[i].size() == 0 || std::memcmp(src[i].data(), dst[i].data(), src[i].size()) == 0));
   }
 }
 
