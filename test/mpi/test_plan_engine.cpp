@@ -5,7 +5,9 @@
 // (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes, and
 // qgZ's error-feedback buffers (zero_quantized_gradients) at stages 2 and 3; and qgZ's scratch
 // (MemoryReport::qgz_buffers, part of comm_buffers) against plan::qgz_buffer_bytes, also on
-// simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2, both phases; 2 ranks as 2 x 1).
+// simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2, both phases; 2 ranks as 2 x 1); and the
+// plan's comm_buffers (equal) and stage-3 gathered (equal at the default max live, else a bound)
+// against the reducer's and the gatherer's pools.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -89,6 +91,20 @@ void zero_step(Engine& e) {
     }
   }
   (void)e.step();
+}
+
+Config resolved_config(const std::string& yaml, int world) {
+  Config cfg = parse_config(yaml, "test_plan_engine");
+  cfg.resolve(world);
+  return cfg;
+}
+
+// engine.memory() after `steps` training steps of zeros.
+MemoryReport memory_after_steps(Context& ctx, const Config& cfg, const Layout& layout, int steps) {
+  Engine engine(ctx, cfg, layout);
+  engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
+  for (int i = 0; i < steps; ++i) zero_step(engine);
+  return engine.memory();
 }
 
 TEST_CASE("plan model states equal engine.memory() with MiCS and hpZ", "[plan][mpi]") {
@@ -194,12 +210,7 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
                           "zero_optimization:\n  stage: 2\n  reduce_bucket_size: 1\n  overlap_comm: false\n" +
                           "  zero_quantized_gradients: " + (qgz ? "true" : "false") +
                           "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
-    Config cfg = parse_config(y, "test_plan_engine");
-    cfg.resolve(world);
-    Engine engine(ctx, cfg, layout);
-    engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
-    zero_step(engine);
-    return engine.memory();
+    return memory_after_steps(ctx, resolved_config(y, world), layout, 1);
   };
   const MemoryReport with = memory(true), without = memory(false);
   REQUIRE(layout.unit(1).numel == 12 * 72 * 72 + 13 * 72);  // h.0 and h.1: the largest
@@ -216,4 +227,61 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
   CHECK(with.qgz_buffers == expected);
   CHECK(with.comm_buffers - without.comm_buffers == expected + sums);
   CHECK(with.to_string().find("(qgZ ") != std::string::npos);
+}
+
+// zero-plan's comm_buffers (the reducer's pools, plan::reduce_buffer_bytes) and gathered (the
+// stage 3 gatherer's pool) against what the engine's pools hold after two steps, over the
+// settings that change them: every unit a bucket of its own, [ln_f h.1] [h.0] [embeddings], one
+// bucket of all; overlap_comm; one or two micro-steps; the compute and accumulation dtypes; the
+// prefetch bucket (and the after-step all-gather bucket, which takes no buffer); max live
+// parameters at its default and below two blocks. comm_buffers is exact; gathered is exact at
+// the default max live (every sharded unit is kept), an upper bound below it, measured at most
+// 1.68 times the engine's here (the bound allows two of the largest units beyond max live).
+TEST_CASE("plan's comm buffers equal, and its gathered bounds, engine.memory()", "[plan][mpi][buffers]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  const Layout layout = plan::gpt_layout(shape);
+  plan::Cluster cluster;
+  cluster.gpu = plan::gpu_preset("A100-80GB");
+  cluster.gpus = world;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (std::string dtype : {"fp32", "bf16", "bf16 fp32-accum"})
+      for (std::int64_t bucket : {1, 60000, 500000000})
+        for (std::int64_t ag : {1, 500000000})
+          for (bool overlap : {false, true})
+            for (int gas : {1, 2})
+              for (std::int64_t live : {1000000000, 70000}) {
+                if (stage != 3 && live != 1000000000) continue;  // max live is a stage 3 setting
+                DYNAMIC_SECTION("stage " << stage << " " << dtype << " bucket " << bucket << " ag " << ag
+                                         << " overlap " << overlap << " gas " << gas << " live " << live << ", "
+                                         << world << " ranks") {
+                  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " +
+                                  std::to_string(gas) + "\n";
+                  if (dtype != "fp32") y += "bf16:\n  enabled: true\n";
+                  if (dtype == "bf16 fp32-accum") y += "data_types:\n  grad_accum_dtype: fp32\n";
+                  y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n  reduce_bucket_size: " +
+                       std::to_string(bucket) + "\n  allgather_bucket_size: " + std::to_string(ag) +
+                       "\n  stage3_prefetch_bucket_size: " + std::to_string(ag) +
+                       "\n  stage3_max_live_parameters: " + std::to_string(live) +
+                       "\n  stage3_param_persistence_threshold: 1000\n  overlap_comm: " +
+                       (overlap ? "true" : "false") + "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+                  const Config cfg = resolved_config(y, world);
+                  const MemoryReport r = memory_after_steps(ctx, cfg, layout, 2);
+                  const plan::Settings s = plan::settings_from(cfg);
+                  const plan::MemoryPlan m = plan::make_plan(shape, cluster, s).memory;
+                  CHECK(m.comm_buffers == r.comm_buffers);
+                  CHECK(m.comm_buffers == plan::reduce_buffer_bytes(layout, s, world));
+                  if (stage == 3) {
+                    REQUIRE(r.gathered > 0);
+                    if (live == 1000000000) CHECK(m.gathered == r.gathered);
+                    CHECK(m.gathered >= r.gathered);
+                    CHECK(static_cast<double>(m.gathered) <= 1.7 * static_cast<double>(r.gathered));
+                  } else {
+                    CHECK(m.gathered == 0);
+                    CHECK(r.gathered == 0);
+                  }
+                  if (stage >= 1 || dtype == "bf16 fp32-accum") CHECK(r.comm_buffers > 0);
+                }
+              }
 }

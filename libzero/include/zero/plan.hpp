@@ -241,12 +241,21 @@ void check_groups(const Settings& s, int data_parallel);
 // bucket in flight. Equals the engine's figure after a step; 0 without qgZ.
 std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node);
 
+// The bytes the gradient reducer's pools hold at most: micro-step gradients waiting for their
+// reduction and the reduced slices (stage 1 with reduce_scatter, stages 2-3; at stages 0-1 with
+// fp32 accumulation under a 16-bit dtype, one micro-step gradient of each unit size), in the
+// backend's (device) memory, freed buffers kept for reuse included; engine.memory().comm_buffers
+// less qgZ's pool (qgz_buffer_bytes) and PowerSGD's buffers. Same reduce order, buckets and
+// overlap as qgz_buffer_bytes, each unit's gradient written just before its reduction. Equals
+// the engine's figure after a step.
+std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel);
+
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
 struct MemoryPlan {
   ModelStates states;
   std::int64_t activations = 0;
   std::int64_t comm_buffers = 0;
-  std::int64_t gathered = 0;      // stage 3: units gathered at once (current + prefetch)
+  std::int64_t gathered = 0;      // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
   std::int64_t pinned = 0;        // offload staging / swap buffers in host memory
   std::int64_t device_overhead = 0;
   std::int64_t host_overhead = 0;

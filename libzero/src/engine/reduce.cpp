@@ -70,7 +70,9 @@ bool GradReducer::ready(int unit, bool boundary) {
     grad_pool_.give_back(std::move(u.micro));
   }
   if (stage_ >= 2 || (boundary && !deferred_)) {
-    (void)grads(unit);  // stages 2/3: no gradient was written means it is zero
+    // Stages 2/3: no gradient was written means it is zero. Not at stages 0/1, whose gradients
+    // are in full() already: a micro-step buffer taken here would stay out through the step.
+    if (stage_ >= 2) (void)grads(unit);
     pending_.push_back(unit);
     pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;
     if (pending_elems_ >= z_.reduce_bucket_size) flush_bucket();

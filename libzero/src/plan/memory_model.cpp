@@ -51,6 +51,71 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
   return m;
 }
 
+namespace {
+
+// BufferPool hands a freed buffer only to a request of its own size and keeps it otherwise, so
+// what it holds is, for every size, that size times the most buffers of it in use at once:
+// held = Σ_size size x most(size). Replaying a step's acquisitions and give-backs gives most();
+// every later step repeats them (the step waits on all before it) and adds nothing.
+class PoolReplay {
+ public:
+  void take(std::int64_t bytes) {
+    auto& [n, most] = sizes_[bytes];
+    most = std::max(most, ++n);
+  }
+  void give(std::int64_t bytes) { --sizes_[bytes].first; }
+  std::int64_t held() const {
+    std::int64_t h = 0;
+    for (const auto& [bytes, use] : sizes_) h += bytes * use.second;
+    return h;
+  }
+
+ private:
+  std::map<std::int64_t, std::pair<int, int>> sizes_;  // bytes -> (in use, most at once)
+};
+
+// The reducer's buckets (GradReducer::ready): units in backward order (the GPT trainer's: ln_f,
+// the blocks from the last, the embeddings) until their padded elements (over `shard` ranks)
+// reach reduce_bucket_size; the rest when the micro-step's last unit is reduced.
+std::vector<std::vector<int>> reduce_buckets(const Layout& layout, const Settings& s, int shard) {
+  std::vector<std::vector<int>> buckets(1);
+  std::int64_t pending = 0;
+  for (int u = layout.num_units() - 1; u >= 0; --u) {
+    buckets.back().push_back(u);
+    pending += layout.padded_numel(u, shard);
+    if (pending >= s.reduce_bucket_size) {
+      buckets.emplace_back();
+      pending = 0;
+    }
+  }
+  if (buckets.back().empty()) buckets.pop_back();
+  return buckets;
+}
+
+// The reductions of `micro_steps` micro-steps, in the reducer's order: each unit of a bucket
+// becomes ready (its gradient written, GradReducer::grads then ready), then the flush starts
+// every reduction of the bucket and (GradReducer::wait_in_flight) completes them in start
+// order, or with overlap_comm those of the bucket before it (the previous micro-step's last at
+// a micro-step's first), this one staying in flight. The step completes the last bucket.
+template <class Ready, class Start, class Complete>
+void replay_reductions(const std::vector<std::vector<int>>& buckets, bool overlap, int micro_steps, Ready ready,
+                       Start start, Complete complete) {
+  const std::vector<int>* in_flight = nullptr;
+  for (int micro = 0; micro < micro_steps; ++micro)
+    for (const auto& bucket : buckets) {
+      for (int u : bucket) ready(u);
+      for (int u : bucket) start(u);
+      const std::vector<int>* wait = &bucket;
+      if (overlap) std::swap(wait, in_flight);
+      if (wait != nullptr)
+        for (int u : *wait) complete(u);
+    }
+  if (in_flight != nullptr)
+    for (int u : *in_flight) complete(u);
+}
+
+}  // namespace
+
 std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node) {
   if (!s.quantized_gradients) return 0;
   const std::int64_t D = data_parallel, L = std::min(D, static_cast<std::int64_t>(ranks_per_node));
@@ -70,86 +135,95 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
   //   send2, recv2 (M > 1): M int4 messages of one slice, M packed4(slice) bytes apiece, taken
   //     after send1 and recv1 went back, given back at the end.
   // Without node peers (L = 1) start() sums and starts phase 2 at once; on one rank the partial
-  // sum comes and goes inside start().
+  // sum comes and goes inside start(). Only the waited reduction advances, phase 2 starting in
+  // start order.
   struct Unit {
     std::int64_t msg1 = 0, partial = 0, msg2 = 0;
   };
-  // BufferPool hands a freed buffer only to a request of its own size and keeps it otherwise, so
-  // what it holds is, for every size, that size times the most buffers of it in use at once:
-  // held = Σ_size size x most(size). Replaying the acquisitions and give-backs of one step gives
-  // most(); every later step repeats them (the step waits on all before it) and adds nothing.
-  std::map<std::int64_t, std::pair<int, int>> sizes;  // bytes -> (in use, most at once)
-  auto take = [&](std::int64_t bytes) {
-    auto& [n, most] = sizes[bytes];
-    most = std::max(most, ++n);
-  };
-  auto give = [&](std::int64_t bytes) { --sizes[bytes].first; };
-  auto start = [&](const Unit& u) {
+  const int N = s.shard_ranks(data_parallel);
+  std::vector<Unit> units;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const std::int64_t slice = layout.slice_numel(u, N);
+    units.push_back({L > 1 ? L * packed(M * slice, quant::Bits::int8) : 0, 4 * M * slice,
+                     M > 1 ? M * packed(slice, quant::Bits::int4) : 0});
+  }
+  PoolReplay pool;
+  auto start = [&](int unit) {
+    const Unit& u = units[static_cast<std::size_t>(unit)];
     if (L > 1) {
-      take(u.msg1);  // send1
-      take(u.msg1);  // recv1
+      pool.take(u.msg1);  // send1
+      pool.take(u.msg1);  // recv1
       return;
     }
-    take(u.partial);
+    pool.take(u.partial);
     if (M == 1) {
-      give(u.partial);
+      pool.give(u.partial);
       return;
     }
-    take(u.msg2);  // send2
-    take(u.msg2);  // recv2
+    pool.take(u.msg2);  // send2
+    pool.take(u.msg2);  // recv2
   };
-  auto complete = [&](const Unit& u) {
+  auto complete = [&](int unit) {
+    const Unit& u = units[static_cast<std::size_t>(unit)];
     if (L == 1 && M == 1) return;  // done inside start()
     if (L > 1) {
-      take(u.partial);
-      give(u.msg1);
-      give(u.msg1);
+      pool.take(u.partial);
+      pool.give(u.msg1);
+      pool.give(u.msg1);
       if (M == 1) {
-        give(u.partial);
+        pool.give(u.partial);
         return;
       }
-      take(u.msg2);
-      take(u.msg2);
+      pool.take(u.msg2);
+      pool.take(u.msg2);
     }
-    give(u.partial);
-    give(u.msg2);
-    give(u.msg2);
+    pool.give(u.partial);
+    pool.give(u.msg2);
+    pool.give(u.msg2);
   };
-  // The reducer's buckets (GradReducer::ready): units in backward order (the GPT trainer's:
-  // ln_f, the blocks from the last, the embeddings) until their padded elements reach
-  // reduce_bucket_size; the rest when the micro-step's last unit is reduced.
+  replay_reductions(reduce_buckets(layout, s, N), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);
+  return pool.held();
+}
+
+std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel) {
   const int N = s.shard_ranks(data_parallel);
-  std::vector<std::vector<Unit>> buckets(1);
-  std::int64_t pending = 0;
-  for (int u = layout.num_units() - 1; u >= 0; --u) {
-    const std::int64_t slice = layout.slice_numel(u, N);
-    buckets.back().push_back({L > 1 ? L * packed(M * slice, quant::Bits::int8) : 0, 4 * M * slice,
-                              M > 1 ? M * packed(slice, quant::Bits::int4) : 0});
-    pending += slice * N;
-    if (pending >= s.reduce_bucket_size) {
-      buckets.emplace_back();
-      pending = 0;
-    }
-  }
-  if (buckets.back().empty()) buckets.pop_back();
-  // A flush starts every reduction of its bucket, then (GradReducer::wait_in_flight) waits on
-  // them in start order, or with overlap_comm on the bucket before it (the previous micro-step's
-  // last at a micro-step's first), this one staying in flight; only the waited reduction
-  // advances, phase 2 starting in start order. The step waits on the last bucket.
-  const std::vector<Unit>* in_flight = nullptr;
-  for (int micro = 0; micro < s.grad_accum; ++micro)
-    for (const auto& bucket : buckets) {
-      for (const Unit& u : bucket) start(u);
-      const std::vector<Unit>* wait = &bucket;
-      if (s.overlap_comm) std::swap(wait, in_flight);
-      if (wait != nullptr)
-        for (const Unit& u : *wait) complete(u);
-    }
-  if (in_flight != nullptr)
-    for (const Unit& u : *in_flight) complete(u);
-  std::int64_t held = 0;
-  for (const auto& [bytes, use] : sizes) held += bytes * use.second;
-  return held;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
+  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
+  // The reducer's two pools (GradReducer: grad_pool_, scratch_pool_), each holding for itself.
+  //   grad_pool_: a unit's micro-step gradient in the compute dtype, padded elements. Stages 2/3:
+  //     taken when the unit is ready, given back when its reduction completes. Stages 0/1 only
+  //     when the gradients accumulate in another dtype: added into the sum and given back at
+  //     once, so one buffer of each unit size.
+  //   scratch_pool_: taken when a reduction starts, given back when it completes. Stage 1 with
+  //     reduce_scatter: the reduced slice in the gradients' dtype; stages 2/3: the reduced slice
+  //     in the compute dtype, with qgZ its fp32 sum and that rounded to the compute dtype.
+  // Stages 0/1 reduce once, at the step's last micro-step (not at all under PowerSGD, whose step
+  // reduces the gradients itself); stages 2/3 every micro-step. Assumes the GPT trainer's
+  // pattern: a unit's gradient is written just before it is reduced (grads(u), reduce(u)).
+  PoolReplay grad_pool, scratch_pool;
+  auto padded = [&](int u) { return layout.padded_numel(u, N); };
+  auto slice = [&](int u) { return layout.slice_numel(u, N); };
+  const bool early = s.stage <= 1;
+  const bool separate_micro = early && ges != es;
+  auto ready = [&](int u) {
+    if (early && !separate_micro) return;
+    grad_pool.take(padded(u) * es);
+    if (separate_micro) grad_pool.give(padded(u) * es);
+  };
+  auto scratch = [&](int u) -> std::int64_t {
+    if (s.stage == 0 || s.powersgd()) return 0;
+    if (s.stage == 1) return s.reduce_scatter ? slice(u) * ges : 0;
+    return slice(u) * (s.quantized_gradients ? 4 + es : es);
+  };
+  auto start = [&](int u) {
+    if (scratch(u) > 0) scratch_pool.take(scratch(u));
+  };
+  auto complete = [&](int u) {
+    if (scratch(u) > 0) scratch_pool.give(scratch(u));
+    if (!early) grad_pool.give(padded(u) * es);
+  };
+  replay_reductions(reduce_buckets(layout, s, N), s.overlap_comm, early ? 1 : s.grad_accum, ready, start, complete);
+  return grad_pool.held() + scratch_pool.held();
 }
 
 void check_groups(const Settings& s, int data_parallel) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include "zero/error.hpp"
@@ -62,16 +63,12 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   // A plan is for GPUs: the CUDA trainer's flash-style attention.
   m.activations = stage_activation_bytes(shape, part, s.micro_batch, in_flight, s.activation_checkpointing,
                                          static_cast<int>(es), AttentionStore::row_statistics);
-  // Reduce staging: one bucket at stages 0/1 (gradients are full-size already); two buckets in
-  // flight at stages 2/3, each at least one whole unit (a unit is never split across buckets).
-  const std::int64_t bucket = std::min(s.reduce_bucket_size, u.total_padded);
+  // The gradient reducer's staging, replayed as the engine's pools hold it (reduce_buffer_bytes):
+  // micro-step gradients and reduced slices of the buckets in flight, one of each size kept. The
+  // all-gather of updated slices after the step (stages 1/2) writes into the full parameters in
+  // place and takes no buffer.
   const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
-  // Stages 0/1 accumulating in another dtype: the backward also writes each unit's micro-step
-  // gradient into a compute-dtype buffer, added into the sum when the unit is reduced.
-  if (s.stage <= 1) m.comm_buffers = bucket * ges + (ges != es ? u.largest * es : 0);
-  else m.comm_buffers = 2 * std::max(bucket, u.largest) * es;
-  // Stages 1/2 all-gather the updated slices after the step through one bucket.
-  if (s.stage == 1 || s.stage == 2) m.comm_buffers += std::min(s.allgather_bucket_size, u.total_padded) * es;
+  m.comm_buffers = reduce_buffer_bytes(layout, s, D);
   // PowerSGD, as the engine counts its buffers (PowerSgd::buffer_bytes, less its conversion row):
   // the fp32 error of every compressed matrix and its Q kept between steps, the P and summed Q
   // factors, the plain rest's batch in the gradients' dtype, and with 16-bit factors their wire copy.
@@ -85,11 +82,27 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   // engine refuses, and nothing is added for them.
   if (s.quantized_gradients && D % std::min(D, c.ranks_per_node()) == 0)
     m.comm_buffers += qgz_buffer_bytes(layout, s, D, c.ranks_per_node());
-  // Stage 3: the unit in use plus what the prefetch has gathered ahead, capped by max live.
+  // Stage 3: the gatherer's pool (ParamGatherer::peak_bytes), an upper bound. Released units are
+  // kept while their next use is within stage3_max_reuse_distance elements (by default every
+  // one), and prefetches stay under stage3_max_live_parameters, so the gathered elements at once
+  // stay under max live plus what the trainer holds beyond it: the GPT trainer holds the
+  // embeddings through the micro-step and one other unit, so two of the largest. The pool keeps
+  // a freed buffer for a request of its size: for each size it holds that size times the most
+  // units of it gathered at once, at most all the sharded units of that size and at most the
+  // bound over the size. With the default max live this is every sharded unit, as the engine
+  // holds them. Not counted: qwZ's packed messages.
   if (s.stage == 3) {
-    const std::int64_t ahead =
-        std::min({std::max(s.prefetch_bucket_size, u.largest), s.max_live_parameters, u.total_padded});
-    m.gathered = (u.largest + ahead) * es;
+    std::map<std::int64_t, std::int64_t> sharded;  // padded elements -> sharded units of that size
+    std::int64_t largest = 0, total = 0;
+    for (int i = 0; i < layout.num_units(); ++i) {
+      if (layout.unit(i).numel < s.persistence_threshold) continue;
+      const std::int64_t p = layout.padded_numel(i, N);
+      ++sharded[p];
+      largest = std::max(largest, p);
+      total += p;
+    }
+    const std::int64_t live = std::min(total, s.max_live_parameters + 2 * largest);
+    for (const auto& [p, n] : sharded) m.gathered += p * std::min(n, live / p) * es;
   }
   // Offload staging in pinned host memory: gradients down and parameters up one sub-group at a
   // time; NVMe streams the state through three sub-group buffers (read, step, write).
