@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 using zero::DType;
 using namespace zero;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "timing.hpp"
-#include "zero/offload/nvme_swapper.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/nvme_swapper.hpp"
+#include "offload/pinned_pool.hpp"
 
 using namespace zero::offload;
 

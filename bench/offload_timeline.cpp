@@ -42,7 +42,7 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 #include "zero/optim.hpp"
 
 using namespace zero;

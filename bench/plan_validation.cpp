@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero;
 using namespace zero::plan;

@@ -12,9 +12,7 @@ install(TARGETS zero EXPORT zeroTargets
 if(TARGET zero_cuda)
   install(TARGETS zero_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/libzero/include/zero
-                  ${PROJECT_SOURCE_DIR}/offload/include/zero
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/libzero/include/zero DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(EXPORT zeroTargets NAMESPACE zero:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zero)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/zeroConfig.cmake.in

@@ -1,4 +1,4 @@
-#include "autotune_run.hpp"
+#include "gpt/autotune_run.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -9,11 +9,11 @@
 #include <memory>
 #include <string>
 
-#include "reporter.hpp"
+#include "gpt/reporter.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
 #include "zero/groups.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::gpt {
 

@@ -9,7 +9,7 @@
 // (zero::autotune_grid). A grid that does not divide the ranks, or that the planner refuses (a
 // head count or vocabulary T does not divide, stages 2-3 with a pipeline), is refused with the
 // reason before anything is built. Before a candidate costs any time, the planner's memory model
-// (zero/plan.hpp: model states exactly as the engine counts them, the trainer's activations,
+// (zero/plan/plan.hpp: model states exactly as the engine counts them, the trainer's activations,
 // communication and offload buffers) is checked against the memory this rank can use. On the
 // host backend the "device" is the host itself, so device and offloaded bytes are one sum held
 // against one budget: the memory available on the node (MemAvailable, measured with the ranks
@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer.hpp"
-#include "zero/autotune.hpp"
+#include "gpt/trainer.hpp"
+#include "zero/plan/autotune.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 

@@ -1,10 +1,10 @@
-#include "cuda_library.hpp"
+#include "gpt/cuda_library.hpp"
 
 #include <mutex>
 #include <string>
 
 #include "zero/error.hpp"
-#include "zero/library.hpp"
+#include "zero/util/library.hpp"
 
 namespace zero::gpt {
 

@@ -1,5 +1,5 @@
 // The model's CUDA operations (cuda/) as a library of their own, libzero_gpt_cuda, which the
-// trainer loads (zero/library.hpp) when a run asks for backend: cuda. zero-gpt from a CUDA build
+// trainer loads (zero/util/library.hpp) when a run asks for backend: cuda. zero-gpt from a CUDA build
 // then needs no CUDA library to start, and trains on the host backend where the CUDA runtime is
 // missing, as libzero does with its CUDA backend.
 //
@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "ops.hpp"
+#include "gpt/ops.hpp"
 
 namespace zero::gpt {
 

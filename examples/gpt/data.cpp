@@ -1,4 +1,4 @@
-#include "data.hpp"
+#include "gpt/data.hpp"
 
 #include <fcntl.h>
 #include <glob.h>
@@ -14,7 +14,7 @@
 #include <limits>
 
 #include "zero/error.hpp"
-#include "zero/files.hpp"
+#include "zero/util/files.hpp"
 
 namespace zero::gpt {
 
@@ -78,7 +78,7 @@ void write_shard(const std::string& path, std::span<const std::uint16_t> tokens)
 
 namespace {
 
-// Data must be a regular file (zero/files.hpp): mmap of a directory fails with the puzzling
+// Data must be a regular file (zero/util/files.hpp): mmap of a directory fails with the puzzling
 // "No such device", so a directory gets its own hint.
 [[noreturn]] void require_regular(const std::string& type, const std::string& path) {
   if (type == "a directory")

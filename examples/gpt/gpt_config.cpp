@@ -1,4 +1,4 @@
-#include "gpt_config.hpp"
+#include "gpt/gpt_config.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <numbers>
 
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
-#include "zero/strings.hpp"
+#include "zero/plan/plan.hpp"
+#include "zero/util/strings.hpp"
 
 namespace zero::gpt {
 
@@ -127,7 +127,7 @@ std::int64_t TensorSpec::numel() const {
   return n;
 }
 
-// The shapes come from the library's GPT layout (zero/plan.hpp), the one the planner counts,
+// The shapes come from the library's GPT layout (zero/plan/plan.hpp), the one the planner counts,
 // so the trainer and zero-plan cannot disagree about what a GPT holds.
 zero::plan::GptShape GptConfig::plan_shape() const {
   zero::plan::GptShape shape;

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "zero/layout.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::gpt {
 
@@ -38,7 +38,7 @@ struct GptConfig {
   void validate() const;
   // Every parameter element, padded vocabulary rows included (the engine's Ψ).
   std::int64_t num_params() const;
-  // The same shape as the library's planner describes it (zero/plan.hpp).
+  // The same shape as the library's planner describes it (zero/plan/plan.hpp).
   zero::plan::GptShape plan_shape() const;
   // "n_layer=4 n_head=4 n_embd=128 seq_len=64 vocab=256 (padded 256) params=0.83M".
   std::string describe() const;

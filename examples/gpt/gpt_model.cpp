@@ -1,4 +1,4 @@
-#include "gpt_model.hpp"
+#include "gpt/gpt_model.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -35,9 +35,9 @@
 #include <utility>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "ops.hpp"
-#include "tensor_parallel.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/ops.hpp"
+#include "gpt/tensor_parallel.hpp"
 
 namespace zero::gpt {
 

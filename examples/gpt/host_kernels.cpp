@@ -1,4 +1,4 @@
-#include "host_kernels.hpp"
+#include "gpt/host_kernels.hpp"
 
 #include <cblas.h>
 

@@ -8,8 +8,8 @@
 #include <new>
 #include <vector>
 
-#include "host_kernels.hpp"
-#include "ops.hpp"
+#include "gpt/host_kernels.hpp"
+#include "gpt/ops.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt {

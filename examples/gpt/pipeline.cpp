@@ -1,6 +1,6 @@
 // Pipeline parallelism for the GPT trainer: the split, the 1F1B schedule, the stage's layout,
 // and GptTrainer's pipelined training step, evaluation and sampling (see pipeline.hpp).
-#include "pipeline.hpp"
+#include "gpt/pipeline.hpp"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <optional>
 
-#include "reporter.hpp"
-#include "tensor_parallel.hpp"
-#include "trainer.hpp"
+#include "gpt/reporter.hpp"
+#include "gpt/tensor_parallel.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/error.hpp"
 #include "zero/groups.hpp"
 

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/layout.hpp"

@@ -1,4 +1,4 @@
-#include "reporter.hpp"
+#include "gpt/reporter.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::gpt {
 

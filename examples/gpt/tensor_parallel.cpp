@@ -1,4 +1,4 @@
-#include "tensor_parallel.hpp"
+#include "gpt/tensor_parallel.hpp"
 
 #include <algorithm>
 #include <string>

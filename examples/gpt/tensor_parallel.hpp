@@ -28,8 +28,8 @@
 #include <string_view>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "ops.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/ops.hpp"
 #include "zero/comm.hpp"
 #include "zero/layout.hpp"
 

@@ -38,14 +38,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "autotune_run.hpp"
-#include "data.hpp"
-#include "ops.hpp"
+#include "gpt/autotune_run.hpp"
+#include "gpt/data.hpp"
+#include "gpt/ops.hpp"
 #if ZERO_GPT_CUDA
-#include "cuda_library.hpp"
+#include "gpt/cuda_library.hpp"
 #endif
-#include "reporter.hpp"
-#include "trainer.hpp"
+#include "gpt/reporter.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"

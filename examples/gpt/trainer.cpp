@@ -1,7 +1,7 @@
-#include "trainer.hpp"
+#include "gpt/trainer.hpp"
 
 #if ZERO_GPT_CUDA
-#include "cuda_library.hpp"
+#include "gpt/cuda_library.hpp"
 #endif
 
 #include <algorithm>
@@ -17,10 +17,10 @@
 #include "zero/comm.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
-#include "zero/hf_gpt2.hpp"
-#include "zero/strings.hpp"
-#include "reporter.hpp"
-#include "tensor_parallel.hpp"
+#include "zero/formats/hf_gpt2.hpp"
+#include "zero/util/strings.hpp"
+#include "gpt/reporter.hpp"
+#include "gpt/tensor_parallel.hpp"
 
 namespace zero::gpt {
 

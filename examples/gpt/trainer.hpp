@@ -30,10 +30,10 @@
 #include <string>
 #include <vector>
 
-#include "data.hpp"
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
-#include "pipeline.hpp"
+#include "gpt/data.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
+#include "gpt/pipeline.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"

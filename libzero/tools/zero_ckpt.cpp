@@ -17,9 +17,9 @@
 
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
-#include "zero/hf_gpt2.hpp"
-#include "zero/llmc_gpt2.hpp"
-#include "zero/log.hpp"
+#include "zero/formats/hf_gpt2.hpp"
+#include "zero/formats/llmc_gpt2.hpp"
+#include "zero/util/log.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Inspect, export and reshard libzero checkpoints"};

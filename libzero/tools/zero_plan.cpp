@@ -15,8 +15,8 @@
 
 #include "zero/config.hpp"
 #include "zero/error.hpp"
-#include "zero/log.hpp"
-#include "zero/plan.hpp"
+#include "zero/util/log.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero;
 using namespace zero::plan;

@@ -1,6 +1,6 @@
 // NvmeSwapper, the caller's side: the swap directory and its capability probes, keys and their
 // files, the space check, and requests handed to the I/O thread (swap_io.cpp).
-#include "zero/offload/nvme_swapper.hpp"
+#include "offload/nvme_swapper.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 // PinnedPool: the device driver's pinning (cudaHostAlloc) once a CUDA backend runs,
 // posix_memalign + mlock otherwise, with a free list per size class.
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/pinned_pool.hpp"
 
 #include <sys/mman.h>
 #include <sys/resource.h>

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "zero/offload/nvme_swapper.hpp"
+#include "offload/nvme_swapper.hpp"
 
 namespace zero {
 class JobLock;

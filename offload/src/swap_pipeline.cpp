@@ -1,4 +1,4 @@
-#include "zero/offload/swap_pipeline.hpp"
+#include "offload/swap_pipeline.hpp"
 
 #include <algorithm>
 #include <utility>

@@ -18,7 +18,7 @@
 #include "gpu_test_util.hpp"
 #include "spin_kernel.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 using namespace zero;
 using namespace zero::gputest;

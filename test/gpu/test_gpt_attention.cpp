@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "attention_reference.hpp"
-#include "cuda/gpt_kernels.hpp"
+#include "gpt/cuda/gpt_kernels.hpp"
 #include "zero/error.hpp"
 
 namespace gk = zero::gpt::cuda;

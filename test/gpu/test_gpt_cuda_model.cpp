@@ -28,12 +28,12 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops.hpp"
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
+#include "gpt/cuda/cuda_ops.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
 #include "gpt_model_compare.hpp"
 #include "gpt_tensor_group.hpp"
-#include "ops.hpp"
+#include "gpt/ops.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
 #include "zero/layout.hpp"

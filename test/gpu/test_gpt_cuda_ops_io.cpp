@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/cuda_ops.hpp"
-#include "ops.hpp"
+#include "gpt/cuda/cuda_ops.hpp"
+#include "gpt/ops.hpp"
 
 namespace {
 

@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/gpt_kernels.hpp"
-#include "host_kernels.hpp"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/host_kernels.hpp"
 #include "zero/error.hpp"
 
 namespace g = zero::gpt::cuda;

@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_ops.hpp"
-#include "cuda/matmul.hpp"
-#include "host_kernels.hpp"
-#include "ops.hpp"
+#include "gpt/cuda/cuda_ops.hpp"
+#include "gpt/cuda/matmul.hpp"
+#include "gpt/host_kernels.hpp"
+#include "gpt/ops.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
 

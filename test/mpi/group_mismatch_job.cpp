@@ -1,4 +1,4 @@
-// Collectives issued in a different order on overlapping groups, for test/tools/group_mismatch.py
+// Collectives issued in a different order on overlapping groups, for test/e2e/group_mismatch.py
 // (which checks what the job prints and how it ends). 4 ranks, TP 2 x DP 2 (Megatron's order:
 // tensor groups {0, 1} and {2, 3}, data groups {0, 2} and {1, 3}):
 //   group_mismatch_job tensor-vs-data: rank 0 calls an all-reduce on its tensor group while

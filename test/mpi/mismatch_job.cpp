@@ -1,4 +1,4 @@
-// A training loop that evaluates on rank 0 only, for test/tools/mismatch.py (which checks what
+// A training loop that evaluates on rank 0 only, for test/e2e/mismatch.py (which checks what
 // the job prints and how it ends). Stage 3 on the engine test model, every unit sharded.
 //   mismatch_job rank0-eval: after one step, rank 0 alone runs a forward pass (eval-mode gathers)
 //     while the other ranks train on: the collective check must end the job naming both calls.

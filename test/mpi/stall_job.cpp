@@ -1,4 +1,4 @@
-// A job with one straggling rank, for test/tools/stall.py (which checks what the job prints and
+// A job with one straggling rank, for test/e2e/stall.py (which checks what the job prints and
 // how it ends).
 //   stall_job stop: the last rank stops itself (SIGSTOP) before an all_reduce of 1024 floats;
 //     the others must end the job at the deadline (ZERO_TIMEOUT_S) naming it.

@@ -11,10 +11,10 @@
 #include <sstream>
 #include <string>
 
-#include "zero/autotune.hpp"
+#include "zero/plan/autotune.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero;
 

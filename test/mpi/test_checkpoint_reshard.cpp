@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "test_checkpoint_common.hpp"
+#include "checkpoint_common.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -99,7 +99,7 @@ TEST_CASE("save at N ranks for every stage", "[.][save]") {
     std::vector<float> m = flat(snap.master);
     std::ofstream(base + ".master", std::ios::binary)
         .write(reinterpret_cast<const char*>(m.data()), static_cast<std::streamsize>(m.size() * sizeof(float)));
-    // For test/tools/read_safetensors.py: every parameter's shape and fp32 bit patterns.
+    // For test/e2e/read_safetensors.py: every parameter's shape and fp32 bit patterns.
     std::ostringstream j;
     j << "{";
     const Layout l = make_ckpt_layout();

@@ -22,9 +22,9 @@
 #include <sstream>
 #include <string>
 
-#include "autotune_run.hpp"
-#include "reporter.hpp"
-#include "trainer.hpp"
+#include "gpt/autotune_run.hpp"
+#include "gpt/reporter.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/groups.hpp"

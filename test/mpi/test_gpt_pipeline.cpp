@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "gpt_model.hpp"
-#include "ops.hpp"
-#include "pipeline.hpp"
+#include "gpt/gpt_model.hpp"
+#include "gpt/ops.hpp"
+#include "gpt/pipeline.hpp"
 #include "scratch_dir.hpp"
-#include "trainer.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"

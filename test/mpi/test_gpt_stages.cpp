@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "data.hpp"
-#include "gpt_model.hpp"
-#include "trainer.hpp"
+#include "gpt/data.hpp"
+#include "gpt/gpt_model.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"

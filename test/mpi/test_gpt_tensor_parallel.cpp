@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "test_checkpoint_common.hpp"
+#include "checkpoint_common.hpp"
 
 using namespace zero;
 using namespace zero::test;

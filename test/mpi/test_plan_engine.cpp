@@ -19,7 +19,7 @@
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/groups.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero;
 

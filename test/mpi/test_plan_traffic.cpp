@@ -9,11 +9,11 @@
 #include <algorithm>
 #include <string>
 
-#include "trainer.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/groups.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero::gpt;
 

@@ -19,12 +19,12 @@
 #include <tuple>
 #include <vector>
 
-#include "data.hpp"
+#include "gpt/data.hpp"
 #include "engine/powersgd.hpp"
 #include "engine/unit_shape.hpp"
 #include "engine_model.hpp"
 #include "scratch_dir.hpp"
-#include "trainer.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"

@@ -1,4 +1,4 @@
-// A job whose zero::Error escapes main outside Context::run, for test/tools/uncaught.py (which
+// A job whose zero::Error escapes main outside Context::run, for test/e2e/uncaught.py (which
 // checks what the job prints and how it ends).
 //   throw_job all: every rank throws once the others are up;
 //   throw_job last: only the last rank throws, the others wait in a barrier for it.

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "host_kernels.hpp"
+#include "gpt/host_kernels.hpp"
 
 namespace zero::gpt::attention_test {
 

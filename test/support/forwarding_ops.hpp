@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ops.hpp"
+#include "gpt/ops.hpp"
 
 namespace zero::gpt::test {
 

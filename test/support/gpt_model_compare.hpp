@@ -41,8 +41,8 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
 #include "zero/dtype.hpp"
 
 namespace zero::gpt::compare {

@@ -20,11 +20,11 @@
 #include <thread>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
 #include "gpt_model_compare.hpp"
-#include "ops.hpp"
-#include "tensor_parallel.hpp"
+#include "gpt/ops.hpp"
+#include "gpt/tensor_parallel.hpp"
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"

@@ -33,9 +33,9 @@
 #include <cstdint>
 #include <string>
 
-#include "attention_math.cuh"
-#include "gpt_kernels.hpp"
-#include "status_check.hpp"
+#include "gpt/cuda/attention_math.cuh"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/cuda/status_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {

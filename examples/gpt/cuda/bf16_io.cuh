@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <string>
 
-#include "gpt_math.cuh"
-#include "status_check.hpp"
+#include "gpt/cuda/gpt_math.cuh"
+#include "gpt/cuda/status_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda::detail {

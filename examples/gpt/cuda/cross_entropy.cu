@@ -18,9 +18,9 @@
 #include <cmath>
 #include <string>
 
-#include "bf16_io.cuh"
-#include "gpt_kernels.hpp"
-#include "gpt_math.cuh"
+#include "gpt/cuda/bf16_io.cuh"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/cuda/gpt_math.cuh"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {

@@ -19,11 +19,11 @@
 #include <sstream>
 #include <string>
 
-#include "cuda/cuda_ops.hpp"
-#include "cuda/gpt_kernels.hpp"
-#include "cuda/matmul.hpp"
-#include "cuda/status_check.hpp"
-#include "ops.hpp"
+#include "gpt/cuda/cuda_ops.hpp"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/cuda/matmul.hpp"
+#include "gpt/cuda/status_check.hpp"
+#include "gpt/ops.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
 

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "ops.hpp"
+#include "gpt/ops.hpp"
 
 namespace zero::gpt {
 

@@ -14,8 +14,8 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <string>
 
-#include "bf16_io.cuh"
-#include "gpt_kernels.hpp"
+#include "gpt/cuda/bf16_io.cuh"
+#include "gpt/cuda/gpt_kernels.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {

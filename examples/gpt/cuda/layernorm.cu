@@ -14,9 +14,9 @@
 // partials in block order and adds the result to the bf16 gradients.
 #include <string>
 
-#include "bf16_io.cuh"
-#include "gpt_kernels.hpp"
-#include "gpt_math.cuh"
+#include "gpt/cuda/bf16_io.cuh"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/cuda/gpt_math.cuh"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {

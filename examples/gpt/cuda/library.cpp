@@ -1,8 +1,8 @@
 // libzero_gpt_cuda's entry point: the table the trainer loads (../cuda_library.hpp).
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ops.hpp"
-#include "cuda_library.hpp"
+#include "gpt/cuda/cuda_ops.hpp"
+#include "gpt/cuda_library.hpp"
 
 namespace {
 

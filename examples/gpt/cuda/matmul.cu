@@ -12,9 +12,9 @@
 #include <sstream>
 #include <string>
 
-#include "cuda/gpt_kernels.hpp"
-#include "cuda/matmul.hpp"
-#include "cuda/status_check.hpp"
+#include "gpt/cuda/gpt_kernels.hpp"
+#include "gpt/cuda/matmul.hpp"
+#include "gpt/cuda/status_check.hpp"
 #include "zero/error.hpp"
 
 namespace zero::gpt::cuda {

@@ -11,7 +11,7 @@
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"
-#include "zero/library.hpp"
+#include "zero/util/library.hpp"
 
 namespace zero {
 

@@ -9,7 +9,7 @@
 
 #include "backend/backend.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 namespace zero {
 

@@ -15,7 +15,7 @@
 
 #include "checkpoint/json.hpp"
 #include "zero/error.hpp"
-#include "zero/files.hpp"
+#include "zero/util/files.hpp"
 
 static_assert(std::endian::native == std::endian::little,
               "checkpoint shards store floats in host order and the format is little-endian");

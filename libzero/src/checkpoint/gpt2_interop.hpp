@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "checkpoint/format.hpp"
-#include "zero/hf_gpt2.hpp"
-#include "zero/plan.hpp"
+#include "zero/formats/hf_gpt2.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::hf {
 

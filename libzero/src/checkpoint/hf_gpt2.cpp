@@ -1,5 +1,5 @@
-// Hugging Face GPT-2 export and import (see zero/hf_gpt2.hpp).
-#include "zero/hf_gpt2.hpp"
+// Hugging Face GPT-2 export and import (see zero/formats/hf_gpt2.hpp).
+#include "zero/formats/hf_gpt2.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -17,10 +17,10 @@
 #include "checkpoint/gpt2_interop.hpp"
 #include "checkpoint/json.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "zero/llmc_gpt2.hpp"
+#include "zero/formats/llmc_gpt2.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace fs = std::filesystem;
 

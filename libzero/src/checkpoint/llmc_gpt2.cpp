@@ -1,5 +1,5 @@
-// llm.c GPT-2 checkpoints (see zero/llmc_gpt2.hpp).
-#include "zero/llmc_gpt2.hpp"
+// llm.c GPT-2 checkpoints (see zero/formats/llmc_gpt2.hpp).
+#include "zero/formats/llmc_gpt2.hpp"
 
 #include <algorithm>
 #include <filesystem>

@@ -21,7 +21,7 @@
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"
-#include "zero/files.hpp"
+#include "zero/util/files.hpp"
 
 namespace zero {
 

@@ -19,7 +19,7 @@
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/pinned_pool.hpp"
 
 namespace zero {
 

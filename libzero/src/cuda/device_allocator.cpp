@@ -9,7 +9,7 @@
 
 #include "cuda/cuda_check.hpp"
 #include "zero/error.hpp"
-#include "zero/log.hpp"
+#include "zero/util/log.hpp"
 
 namespace zero::cuda {
 

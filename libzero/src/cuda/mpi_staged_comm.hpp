@@ -18,7 +18,7 @@
 
 #include "cuda/streams.hpp"
 #include "zero/comm.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/pinned_pool.hpp"
 
 namespace zero::cuda {
 

@@ -24,7 +24,7 @@
 
 #include "backend/backend.hpp"
 #include "cuda/streams.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/pinned_pool.hpp"
 
 namespace zero::cuda {
 

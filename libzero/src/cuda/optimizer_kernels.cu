@@ -1,6 +1,6 @@
 // Fused Adam / AdamW and SGD over a flat shard (fp32 master and moments, any compute dtype for
 // gradients and the parameter copy). Each line below is the host reference's line in
-// offload/src/host_adam.cpp (adam_scalar, sgd_range) with its operations spelled as
+// offload/src/host_optimizer.cpp (adam_scalar, sgd_range) with its operations spelled as
 // round-to-nearest intrinsics; see kernels.hpp for why that makes the results bitwise equal.
 #include <algorithm>
 

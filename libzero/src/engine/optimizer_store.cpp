@@ -11,9 +11,9 @@
 
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
-#include "zero/offload/nvme_swapper.hpp"
-#include "zero/offload/pinned_pool.hpp"
-#include "zero/offload/swap_pipeline.hpp"
+#include "offload/nvme_swapper.hpp"
+#include "offload/pinned_pool.hpp"
+#include "offload/swap_pipeline.hpp"
 
 namespace zero {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "zero/offload/nvme_swapper.hpp"
+#include "offload/nvme_swapper.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
 

@@ -19,8 +19,8 @@
 #include "engine/unit_shape.hpp"
 #include "zero/config.hpp"
 #include "zero/engine.hpp"
-#include "zero/offload/nvme_swapper.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/nvme_swapper.hpp"
+#include "offload/pinned_pool.hpp"
 
 namespace zero {
 

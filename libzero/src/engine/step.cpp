@@ -12,7 +12,7 @@
 
 #include "engine/engine_impl.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 namespace zero {
 

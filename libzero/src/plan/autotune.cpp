@@ -1,4 +1,4 @@
-#include "zero/autotune.hpp"
+#include "zero/plan/autotune.hpp"
 
 #include <fmt/format.h>
 

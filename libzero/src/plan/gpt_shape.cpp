@@ -8,7 +8,7 @@
 
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::plan {
 

@@ -12,7 +12,7 @@
 #include "comm/quantize.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::plan {
 

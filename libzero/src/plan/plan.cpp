@@ -8,8 +8,8 @@
 #include <string>
 
 #include "zero/error.hpp"
-#include "zero/log.hpp"
-#include "zero/plan.hpp"
+#include "zero/util/log.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::plan {
 

@@ -1,4 +1,4 @@
-// The bytes one rank sends in a training step (zero/plan.hpp: step_traffic), collective by
+// The bytes one rank sends in a training step (zero/plan/plan.hpp: step_traffic), collective by
 // collective as the engine issues them for the GPT trainer and as the communicators count them.
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "comm/quantize.hpp"
 #include "engine/powersgd.hpp"
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::plan {
 namespace {

@@ -1,4 +1,4 @@
-#include "zero/files.hpp"
+#include "zero/util/files.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

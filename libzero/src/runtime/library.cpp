@@ -1,4 +1,4 @@
-#include "zero/library.hpp"
+#include "zero/util/library.hpp"
 
 #include <dlfcn.h>
 

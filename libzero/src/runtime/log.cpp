@@ -1,4 +1,4 @@
-#include "zero/log.hpp"
+#include "zero/util/log.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -8,7 +8,7 @@
 
 #include <utility>
 
-#include "zero/log.hpp"
+#include "zero/util/log.hpp"
 
 namespace zero {
 

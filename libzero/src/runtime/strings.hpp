@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "zero/strings.hpp"  // closest_match, escape_bytes
+#include "zero/util/strings.hpp"  // closest_match, escape_bytes
 
 namespace zero {
 

@@ -1,8 +1,7 @@
 // Trains a two-unit model for a few steps through the installed library.
 #include <cstdio>
 
-#include <zero/context.hpp>
-#include <zero/engine.hpp>
+#include <zero/zero.hpp>  // the umbrella header, as installed
 
 int main(int argc, char** argv) {
   zero::Context ctx(&argc, &argv);

@@ -22,9 +22,9 @@
 #include "../../mpi/test_checkpoint_common.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
-#include "../holding_child.hpp"
+#include "holding_child.hpp"
 #include "checkpoint/safetensors.hpp"
-#include "../test_data.hpp"
+#include "test_data.hpp"
 
 using namespace zero;
 using Catch::Matchers::Contains;

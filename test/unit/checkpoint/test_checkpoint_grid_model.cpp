@@ -22,8 +22,8 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
 #include "zero/checkpoint.hpp"
-#include "zero/hf_gpt2.hpp"
-#include "zero/plan.hpp"
+#include "zero/formats/hf_gpt2.hpp"
+#include "zero/plan/plan.hpp"
 #include "zero/error.hpp"
 
 using namespace zero;

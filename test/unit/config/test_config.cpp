@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "../test_data.hpp"
+#include "test_data.hpp"
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
 #include "zero/error.hpp"

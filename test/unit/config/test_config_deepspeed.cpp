@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "../test_data.hpp"
+#include "test_data.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"

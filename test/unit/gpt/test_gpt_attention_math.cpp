@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "attention_reference.hpp"
-#include "cuda/attention_math.cuh"
+#include "gpt/cuda/attention_math.cuh"
 
 namespace attn = zero::gpt::cuda::attn;
 namespace at = zero::gpt::attention_test;

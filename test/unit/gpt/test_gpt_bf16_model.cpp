@@ -12,10 +12,10 @@
 #include <memory>
 #include <vector>
 
-#include "gpt_model.hpp"
+#include "gpt/gpt_model.hpp"
 #include "forwarding_ops.hpp"
 #include "gpt_model_compare.hpp"
-#include "ops.hpp"
+#include "gpt/ops.hpp"
 
 using namespace zero::gpt;
 namespace cmp = zero::gpt::compare;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "cuda_library.hpp"
+#include "gpt/cuda_library.hpp"
 
 TEST_CASE("libzero_gpt_cuda loads and gives this build's table", "[gpt][cuda]") {
   const zero::gpt::GptCudaLibrary& lib = zero::gpt::gpt_cuda_library();

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "data.hpp"
+#include "gpt/data.hpp"
 #include "zero/error.hpp"
 
 using namespace zero::gpt;

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "host_kernels.hpp"
-#include "ops.hpp"
+#include "gpt/host_kernels.hpp"
+#include "gpt/ops.hpp"
 
 namespace h = zero::gpt::host;
 

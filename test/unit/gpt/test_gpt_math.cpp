@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/gpt_math.cuh"
-#include "host_kernels.hpp"
+#include "gpt/cuda/gpt_math.cuh"
+#include "gpt/host_kernels.hpp"
 
 namespace h = zero::gpt::host;
 namespace m = zero::gpt::cuda::math;

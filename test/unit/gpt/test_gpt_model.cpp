@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "forwarding_ops.hpp"
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
-#include "ops.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
+#include "gpt/ops.hpp"
 #include "zero/error.hpp"
 #include "zero/layout.hpp"
 

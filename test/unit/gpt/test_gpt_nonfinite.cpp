@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "host_kernels.hpp"
+#include "gpt/host_kernels.hpp"
 
 namespace h = zero::gpt::host;
 

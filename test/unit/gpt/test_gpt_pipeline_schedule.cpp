@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "pipeline.hpp"
+#include "gpt/pipeline.hpp"
 
 using namespace zero::gpt;
 

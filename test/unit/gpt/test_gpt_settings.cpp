@@ -5,8 +5,8 @@
 #include <limits>
 #include <string>
 
-#include "reporter.hpp"
-#include "trainer.hpp"
+#include "gpt/reporter.hpp"
+#include "gpt/trainer.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 

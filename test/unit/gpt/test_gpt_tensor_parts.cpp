@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
 #include "gpt_model_compare.hpp"
 #include "gpt_tensor_group.hpp"
-#include "ops.hpp"
-#include "tensor_parallel.hpp"
+#include "gpt/ops.hpp"
+#include "gpt/tensor_parallel.hpp"
 #include "zero/layout.hpp"
 
 using namespace zero::gpt;

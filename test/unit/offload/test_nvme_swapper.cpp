@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "../holding_child.hpp"
+#include "holding_child.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/nvme_swapper.hpp"
-#include "zero/offload/pinned_pool.hpp"
-#include "zero/offload/swap_pipeline.hpp"
+#include "offload/nvme_swapper.hpp"
+#include "offload/pinned_pool.hpp"
+#include "offload/swap_pipeline.hpp"
 
 using namespace zero::offload;
 

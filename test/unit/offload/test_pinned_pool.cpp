@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "zero/error.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/pinned_pool.hpp"
 
 using zero::offload::PinnedBuffer;
 using zero::offload::PinnedPool;

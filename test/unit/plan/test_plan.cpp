@@ -8,9 +8,9 @@
 #include <fstream>
 #include <string>
 
-#include "zero/autotune.hpp"
+#include "zero/plan/autotune.hpp"
 #include "zero/error.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 using namespace zero;
 using namespace zero::plan;

@@ -3,10 +3,10 @@
 // checkpointing, for a few shapes and micro-batches.
 #include <catch2/catch.hpp>
 
-#include "gpt_config.hpp"
-#include "gpt_model.hpp"
-#include "ops.hpp"
-#include "zero/plan.hpp"
+#include "gpt/gpt_config.hpp"
+#include "gpt/gpt_model.hpp"
+#include "gpt/ops.hpp"
+#include "zero/plan/plan.hpp"
 
 TEST_CASE("the planner's GPT is the trainer's GPT", "[plan]") {
   struct Shape {

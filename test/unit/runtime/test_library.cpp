@@ -1,10 +1,10 @@
-// Libraries loaded when a job needs them (zero/library.hpp): what a failure says, and that a
+// Libraries loaded when a job needs them (zero/util/library.hpp): what a failure says, and that a
 // library is found beside libzero.
 #include <catch2/catch.hpp>
 
 #include <string>
 
-#include "zero/library.hpp"
+#include "zero/util/library.hpp"
 
 using Catch::Matchers::Contains;
 

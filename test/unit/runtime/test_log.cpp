@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "zero/log.hpp"
+#include "zero/util/log.hpp"
 
 using zero::LogLevel;
 

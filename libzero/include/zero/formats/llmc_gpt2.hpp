@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
-#include "zero/hf_gpt2.hpp"
-#include "zero/plan.hpp"
+#include "zero/formats/hf_gpt2.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::llmc {
 

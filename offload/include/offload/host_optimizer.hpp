@@ -30,7 +30,7 @@ SimdPath best_simd_path();
 bool simd_path_supported(SimdPath path);
 std::string_view simd_path_name(SimdPath path);
 // How far ahead (in elements) the SIMD Adam kernels prefetch: chosen per CPU vendor from
-// measurements (see host_adam.cpp), exposed so benchmarks can run their yardsticks alike.
+// measurements (see host_optimizer.cpp), exposed so benchmarks can run their yardsticks alike.
 std::size_t adam_prefetch_elements();
 
 // One Adam/AdamW step over n elements, in place on master, m and v (fp32).

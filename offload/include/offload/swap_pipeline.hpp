@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "zero/offload/nvme_swapper.hpp"
-#include "zero/offload/pinned_pool.hpp"
+#include "offload/nvme_swapper.hpp"
+#include "offload/pinned_pool.hpp"
 
 namespace zero::offload {
 

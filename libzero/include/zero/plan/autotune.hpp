@@ -2,7 +2,7 @@
 // actual machine, and keep the fastest.
 //
 // DeepSpeed's autotuner launches trials, including ones that run out of memory; here the
-// planner (zero/plan.hpp) rules those out first, so only candidates that can fit cost time.
+// planner (zero/plan/plan.hpp) rules those out first, so only candidates that can fit cost time.
 // Each candidate is the base config with some settings changed (stage, micro-batch at the same
 // global batch, bucket sizes, overlap, optimizer offload, and the tensor x pipeline grid of a
 // loop with model parallelism). The application supplies its training step; every candidate
@@ -28,7 +28,7 @@
 #include "zero/engine.hpp"
 #include "zero/groups.hpp"
 #include "zero/layout.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero {
 

@@ -1,6 +1,6 @@
 // Host Adam/AdamW/SGD: argument checks, CPU dispatch, the OpenMP tiling and
 // the portable scalar kernel, which is also the reference the SIMD kernels must match bit for bit.
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "host_adam_kernels.hpp"
+#include "host_optimizer_kernels.hpp"
 #include "zero/error.hpp"
 
 namespace zero::offload {

@@ -13,7 +13,7 @@
 
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
-#include "zero/offload/host_adam.hpp"
+#include "offload/host_optimizer.hpp"
 
 using namespace zero;
 using namespace zero::offload;
@@ -94,7 +94,7 @@ void check_close(const std::vector<float>& got, const std::vector<double>& want,
 
 }  // namespace
 
-TEST_CASE("simd path names and CPU detection", "[host_adam]") {
+TEST_CASE("simd path names and CPU detection", "[host_optimizer]") {
   CHECK(simd_path_name(SimdPath::scalar) == "scalar");
   CHECK(simd_path_name(SimdPath::avx2) == "avx2");
   CHECK(simd_path_name(SimdPath::avx512) == "avx512");
@@ -103,7 +103,7 @@ TEST_CASE("simd path names and CPU detection", "[host_adam]") {
   WARN("best SIMD path on this machine: " << simd_path_name(best_simd_path()));
 }
 
-TEST_CASE("scalar Adam and AdamW match a double-precision reference", "[host_adam]") {
+TEST_CASE("scalar Adam and AdamW match a double-precision reference", "[host_optimizer]") {
   const std::size_t n = 1031;
   struct Case {
     const char* name;
@@ -151,7 +151,7 @@ TEST_CASE("scalar Adam and AdamW match a double-precision reference", "[host_ada
   }
 }
 
-TEST_CASE("scalar SGD matches a double-precision reference", "[host_adam]") {
+TEST_CASE("scalar SGD matches a double-precision reference", "[host_optimizer]") {
   const std::size_t n = 777;
   for (float momentum : {0.0f, 0.9f}) {
     for (float wd : {0.0f, 1e-2f}) {
@@ -240,7 +240,7 @@ std::vector<float> make_grad_values(std::size_t n, unsigned seed) {
 
 }  // namespace
 
-TEST_CASE("every SIMD path is bitwise equal to the scalar path", "[host_adam]") {
+TEST_CASE("every SIMD path is bitwise equal to the scalar path", "[host_optimizer]") {
   const auto paths = available_paths();
   const std::size_t sizes[] = {1, 7, 8, 15, 16, 17, 31, 33, 1000, 32768 + 13, 70001};
   const DType types[] = {DType::f32, DType::bf16, DType::f16};
@@ -293,7 +293,7 @@ TEST_CASE("every SIMD path is bitwise equal to the scalar path", "[host_adam]") 
   CHECK(compared == static_cast<int>(paths.size() - 1) * 11 * 3 * 4 * 3);
 }
 
-TEST_CASE("param_out conversion equals zero/dtype.hpp for every path", "[host_adam]") {
+TEST_CASE("param_out conversion equals zero/dtype.hpp for every path", "[host_optimizer]") {
   // lr = 0 and zero gradients and moments leave p unchanged, so param_out is exactly the
   // conversion of the given bit patterns: sweep a spread of patterns over all exponents.
   std::vector<float> p;
@@ -335,7 +335,7 @@ TEST_CASE("param_out conversion equals zero/dtype.hpp for every path", "[host_ad
   }
 }
 
-TEST_CASE("results do not depend on the thread count", "[host_adam]") {
+TEST_CASE("results do not depend on the thread count", "[host_optimizer]") {
   const std::size_t n = 5 * 32768 + 77;
   const Grad g(DType::bf16, make_grad_values(n, 11));
   for (SimdPath path : available_paths()) {
@@ -370,7 +370,7 @@ TEST_CASE("results do not depend on the thread count", "[host_adam]") {
   REQUIRE(std::memcmp(b1.data(), b2.data(), n * 4) == 0);
 }
 
-TEST_CASE("bad arguments are reported", "[host_adam]") {
+TEST_CASE("bad arguments are reported", "[host_optimizer]") {
   std::vector<float> p(4, 1.0f), m(4), v(4), g(4);
   AdamHyper h;
   h.step = 0;

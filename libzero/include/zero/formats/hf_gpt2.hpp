@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
-#include "zero/plan.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::hf {
 
@@ -49,7 +49,7 @@ std::string config_json(const plan::GptShape& c, DType dtype);
 
 // GPT-2 weights to initialise from: a directory holding model.safetensors (and config.json,
 // checked when present), a .safetensors file (Hugging Face's or zero-ckpt's raw export), or an
-// llm.c checkpoint (zero/llmc_gpt2.hpp: told by its magic number; its header is checked like
+// llm.c checkpoint (zero/formats/llmc_gpt2.hpp: told by its magic number; its header is checked like
 // config.json, its matrices transposed to the trainer's [in, out] as they are read).
 class Gpt2Weights {
  public:
