@@ -15,9 +15,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "../../libzero/src/comm/job_lock.hpp"
-#include "../../libzero/src/runtime/log.hpp"
-#include "../../libzero/src/runtime/strings.hpp"
+#include "runtime/job_lock.hpp"
+#include "runtime/log.hpp"
+#include "runtime/strings.hpp"
 #include "swap_core.hpp"
 #include "zero/error.hpp"
 

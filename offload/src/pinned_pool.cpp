@@ -21,7 +21,7 @@
 
 #include <fmt/format.h>
 
-#include "../../libzero/src/runtime/log.hpp"
+#include "runtime/log.hpp"
 #include "zero/error.hpp"
 
 namespace zero::offload {

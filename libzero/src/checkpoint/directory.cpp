@@ -14,7 +14,7 @@
 #include <system_error>
 
 #include "checkpoint/format.hpp"
-#include "comm/job_lock.hpp"
+#include "runtime/job_lock.hpp"
 #include "runtime/log.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"

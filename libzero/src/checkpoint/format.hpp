@@ -344,7 +344,7 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
 // resumed from an older tag does abandon the newer ones on purpose).
 std::string prepare(const std::string& root, std::int64_t step, const char* who, bool refuse_older = false);
 
-// The lock file of a checkpoint root (see comm/job_lock.hpp).
+// The lock file of a checkpoint root (see runtime/job_lock.hpp).
 inline constexpr const char* kLockFile = "zero.lock";
 // Locks `root` for this process until it exits: exclusive before writing (prepare takes it),
 // shared for reading (a resume), so a second job is refused instead of deleting the first

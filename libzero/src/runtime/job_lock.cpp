@@ -1,5 +1,5 @@
 // JobLock: flock(2) on a lock file, shared within the process, holder written into the file.
-#include "comm/job_lock.hpp"
+#include "runtime/job_lock.hpp"
 
 #include <fcntl.h>
 #include <pwd.h>
