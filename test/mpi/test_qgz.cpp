@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
-#include "comm/quantized_reduce_scatter.hpp"
 #include "engine/engine_impl.hpp"
+#include "engine/quantized_reduce_scatter.hpp"
 #include "engine/reduce.hpp"
 #include "engine/unit_shape.hpp"
 #include "engine_model.hpp"

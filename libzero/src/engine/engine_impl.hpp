@@ -139,7 +139,7 @@ class EngineImpl {
   // (Backend::group_comm); null on the host backend, where the host groups move backend memory.
   // Their traffic and collective checks stay with the host groups above.
   std::unique_ptr<Communicator> hpz_device_, replica_device_;
-  // qgZ's hierarchical quantized gradient reduce-scatter, or null (comm/quantized_reduce_scatter.hpp).
+  // qgZ's hierarchical quantized gradient reduce-scatter, or null (engine/quantized_reduce_scatter.hpp).
   std::unique_ptr<QuantizedReduceScatter> qgz_;
   // rank_ and world_ are the partition group's: the rank owns slice rank_ of world_ slices.
   const int rank_, world_, stage_, gas_;

@@ -29,7 +29,7 @@
 // fp32 slice. A 16-bit sum of many micro-steps keeps few bits of the later ones; fp32 keeps them.
 //
 // qgZ (zero_quantized_gradients, stages 2/3): each micro-step's reduce-scatter is the
-// hierarchical quantized one (comm/quantized_reduce_scatter.hpp), summed in fp32, rounded once
+// hierarchical quantized one (engine/quantized_reduce_scatter.hpp), summed in fp32, rounded once
 // to the compute dtype (as a plain reduce-scatter's sum is) unless gradients accumulate in fp32.
 // Each unit keeps its error-feedback buffers here, between steps; checkpoints save them.
 #pragma once
@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "comm/quantized_reduce_scatter.hpp"
+#include "engine/quantized_reduce_scatter.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"

@@ -83,7 +83,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   std::vector<std::int64_t> slice(static_cast<std::size_t>(units)), padded(slice.size());
   std::vector<bool> sharded(slice.size());
-  // qgZ (comm/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
+  // qgZ (engine/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
   // the M slices it serves as int8 blocks, then to each of the M-1 other nodes one slice as int4.
   const int L = std::min(world, ranks_per_node), M = world / L;
   ZERO_CHECK(!s.quantized_gradients || world % L == 0,

@@ -1,5 +1,5 @@
-// qgZ's hierarchical quantized reduce-scatter (see comm/quantized_reduce_scatter.hpp).
-#include "comm/quantized_reduce_scatter.hpp"
+// qgZ's hierarchical quantized reduce-scatter (see engine/quantized_reduce_scatter.hpp).
+#include "engine/quantized_reduce_scatter.hpp"
 
 #include <fmt/format.h>
 
