@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../mpi/test_checkpoint_common.hpp"
+#include "checkpoint_common.hpp"
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
 #include "holding_child.hpp"
