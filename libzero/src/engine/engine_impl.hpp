@@ -8,9 +8,11 @@
 //   OptimizerStore (engine/optimizer_store.hpp) the owned ranges' fp32 master and moments, offload;
 //   PowerSgd       (engine/powersgd.hpp)        with gradient_compression, the stage-0/1 reduction.
 // EngineImpl keeps what ties them together: the micro-step and step counters, eval mode, the
-// loss scaler, and the checks that turn misuse into errors. Files: engine/engine.cpp
-// (construction, init, reports), engine/loop.cpp (gather, grads, reduce), engine/step.cpp (the
-// optimizer step), engine/state.cpp (checkpoint support: zero::EngineState).
+// loss scaler, and the checks that turn misuse into errors. Files: engine/engine_setup.cpp
+// (construction), engine/startup_report.cpp (what rank 0 says at start), engine/engine.cpp
+// (zero::Engine's calls, init, whole-model reads, reports), engine/handles.cpp (the loop's
+// views), engine/loop.cpp (gather, grads, reduce), engine/step.cpp (the optimizer step),
+// engine/state.cpp (checkpoint support: zero::EngineState).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +41,7 @@ namespace zero {
 // The backend an engine runs on (the backends' tests compare it with what the engine reports).
 Backend& engine_backend(Engine& e);
 
-// MiCS's two communicators (engine/engine.cpp, make_mics_comms).
+// MiCS's two communicators (engine/engine_setup.cpp, make_mics_comms).
 struct MicsComms {
   std::unique_ptr<Communicator> shard, replica;
 };
@@ -51,7 +53,7 @@ class EngineImpl {
   EngineImpl(const EngineImpl&) = delete;
   EngineImpl& operator=(const EngineImpl&) = delete;
 
-  // ---- what zero::Engine forwards (engine/engine.cpp, engine/step.cpp) ----
+  // ---- what zero::Engine forwards (engine/engine.cpp, engine/loop.cpp, engine/step.cpp) ----
   void init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init);
   UnitParams gather(int unit);
   GatheredModel gather_all();
