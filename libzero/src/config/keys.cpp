@@ -3,18 +3,13 @@
 // optimizer.type before its params), and to_yaml writes the keys in this order.
 #include "config/keys.hpp"
 
-#include <fmt/format.h>
-
-#include <cmath>
-#include <limits>
-
-#include "runtime/strings.hpp"
+#include <string>
+#include <vector>
 
 namespace zero::keys {
 
 namespace {
 
-constexpr double kI64 = 9.2e18;  // "no upper bound" for an int64 member (clipped to the type)
 constexpr double kI32 = 2147483647.0;
 
 Range ge(double lo) { return Range::at_least(lo); }
@@ -448,89 +443,6 @@ const std::vector<Spec>& config_keys() {
 const std::vector<SectionAlias>& section_aliases() {
   static const std::vector<SectionAlias> table = {{"bf16", "bfloat16"}};
   return table;
-}
-
-Range integer_range(const Spec& s) {
-  Range r = s.range;
-  double type_max = kI64;
-  Config probe;
-  if (std::holds_alternative<int*>(s.slot(probe))) {
-    type_max = static_cast<double>(std::numeric_limits<int>::max());
-  }
-  if (r.hi > type_max) r.hi = type_max;
-  if (r.lo < -type_max) r.lo = -type_max;
-  return r;
-}
-
-std::string value_text(const Spec& s, const Config& c) {
-  Config& m = const_cast<Config&>(c);  // slots only read here
-  return std::visit(
-      [&](auto p) -> std::string {
-        using P = decltype(p);
-        if constexpr (std::is_same_v<P, int*> || std::is_same_v<P, std::int64_t*>) {
-          return fmt::format("{}", *p);
-        } else if constexpr (std::is_same_v<P, double*>) {
-          return shortest_text(*p);
-        } else if constexpr (std::is_same_v<P, bool*>) {
-          return *p ? "true" : "false";
-        } else if constexpr (std::is_same_v<P, std::string*>) {
-          return *p;
-        } else if constexpr (std::is_same_v<P, EnumRef>) {
-          return std::string(s.choices[static_cast<std::size_t>(p.get(c))]);
-        } else {
-          std::string out = "[";
-          out.append(shortest_text(*p.first)).append(", ").append(shortest_text(*p.second));
-          out.push_back(']');
-          return out;
-        }
-      },
-      s.slot(m));
-}
-
-std::string type_text(const Spec& s) {
-  std::string t;
-  switch (s.kind) {
-    case Kind::integer: {
-      Range r = integer_range(s);
-      t = "integer";
-      bool hi = r.hi < kI64;
-      if (hi) {
-        t += " " + shortest_text(r.lo) + ".." + shortest_text(r.hi);
-      } else {
-        t += " >= " + shortest_text(r.lo);
-      }
-      break;
-    }
-    case Kind::real:
-      t = "number" + (s.range.describe() == "any value" ? std::string() : " " + s.range.describe());
-      break;
-    case Kind::flag:
-      t = "bool";
-      break;
-    case Kind::text:
-      t = "string";
-      break;
-    case Kind::choice:
-      for (auto c : s.choices) {
-        if (c.empty()) continue;
-        t += (t.empty() ? "`" : " \\| `") + std::string(c) + "`";
-      }
-      if (s.any_case) t += " (any case)";
-      break;
-    case Kind::pair:
-      t = "list of 2 numbers " + s.range.describe();
-      break;
-  }
-  if (s.auto_rule != Auto::none) t += ", or `auto`";
-  return t;
-}
-
-std::string default_text(const Spec& s) {
-  if (!s.default_text.empty()) return std::string(s.default_text);
-  std::string out = "`";
-  out.append(value_text(s, Config{}));
-  out.push_back('`');
-  return out;
 }
 
 }  // namespace zero::keys

@@ -8,7 +8,7 @@
 // - foreign_keys(): DeepSpeed keys libzero has no member for, with the policy of issue 14:
 //   accepted silently when inert, otherwise a note at start or an error that says why.
 // Cross-key rules that need several values at once (fp16 and bf16 both on, offload below its
-// stage, the batch triple) stay in code next to the loader.
+// stage) stay in code, in config/cross_checks.cpp; the batch triple is resolve()'s (config.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,163 @@
+// The configuration rules that need several keys at once (ConfigLoader::cross_checks): offload
+// below its stage, PowerSGD above stage 1, fp16 and bf16 together, the accumulation dtype, the
+// optimizer's and the scheduler's required keys, comm: nccl on the host backend.
+#include <fmt/format.h>
+
+#include <string>
+
+#include "config/loader.hpp"
+#include "zero/config.hpp"
+#include "zero/config_schema.hpp"
+
+namespace zero {
+
+// Rules that need several keys, each attempted on its own: one failing does not hide the next.
+void ConfigLoader::cross_checks() {
+  StrictSection& top = sections_.at("");
+  auto check = [&](auto&& f) { attempt("", f); };
+  const auto& z = cfg_.zero_optimization;
+  for (const char* which : {"offload_optimizer", "offload_param"}) {
+    check([&] {
+      const auto& o = std::string(which) == "offload_param"
+                          ? z.offload_param.device : z.offload_optimizer.device;
+      const auto& path = std::string(which) == "offload_param" ? z.offload_param.nvme_path
+                                                               : z.offload_optimizer.nvme_path;
+      StrictSection* s = section(std::string("zero_optimization.") + which);
+      if (s && o == OffloadDevice::nvme && path.empty()) {
+        s->fail("device", "is nvme but nvme_path is not set; add nvme_path: <a directory on the "
+                          "NVMe drive> to this section, or use device: cpu");
+      }
+    });
+  }
+  StrictSection* zs = section("zero_optimization");
+  // Only stage 3 partitions parameters, so only there is a parameter shard to move off the
+  // GPU; an optimizer shard exists from stage 1 on.
+  check([&] {
+    if (zs && z.offload_param.device != OffloadDevice::none && z.stage < 3) {
+      section("zero_optimization.offload_param")
+          ->fail("device", fmt::format("= {} needs zero_optimization.stage 3, but stage is {} "
+                                       "({}); parameter offload exists only at stage 3: set "
+                                       "stage: 3 or offload_param.device: none",
+                                       to_string(z.offload_param.device), z.stage,
+                                       zs->where("stage")));
+    }
+  });
+  check([&] {
+    if (zs && z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
+      section("zero_optimization.offload_optimizer")
+          ->fail("device", std::string("= ") + to_string(z.offload_optimizer.device) +
+                               " needs zero_optimization.stage >= 1, but stage is 0 (" +
+                               zs->where("stage") +
+                               "); set stage: 1 or higher, or offload_optimizer.device: none");
+    }
+  });
+  // PowerSGD all-reduces low-rank factors of the whole gradient: stages 2 and 3 reduce-scatter
+  // it, and the reduce-scatter of a product P Q^T does not exist (each rank would need all of
+  // P and Q to form its slice, which is the all-reduce again).
+  check([&] {
+    const GradientCompressionConfig& g = cfg_.gradient_compression;
+    if (g.type != CompressionType::powersgd) return;
+    StrictSection* gs = section("gradient_compression");
+    if (!gs) return;
+    if (z.stage >= 2)
+      gs->fail("type", fmt::format("= powersgd applies to zero_optimization.stage 0 and 1, but stage is {}{}: "
+                                   "stages 2 and 3 reduce-scatter the gradient, and a low-rank product P Q^T "
+                                   "cannot be reduce-scattered; use stage 0 or 1, or type: none",
+                                   z.stage, zs ? " (" + zs->where("stage") + ")" : std::string()));
+  });
+  check([&] {
+    if (cfg_.aio.block_size % 4096 != 0) {
+      section("aio")->fail("block_size",
+                           fmt::format("= {} must be a multiple of 4096 (O_DIRECT transfers "
+                                       "are 4 KiB aligned)",
+                                       cfg_.aio.block_size));
+    }
+  });
+  check([&] {
+    if (cfg_.fp16.enabled && cfg_.bf16_enabled) {
+      section("bf16")->fail("enabled", "is true and so is fp16.enabled (" +
+                                           section("fp16")->where("enabled") +
+                                           "); choose one compute precision: set one of them "
+                                           "to false");
+    }
+  });
+  // Gradients accumulate in fp32 or in the compute dtype; a third dtype would round every
+  // micro-step's gradient twice.
+  check([&] {
+    const GradAccumDType g = cfg_.grad_accum_dtype;
+    if (g == GradAccumDType::automatic || g == GradAccumDType::fp32) return;
+    const DType want = g == GradAccumDType::fp16 ? DType::f16 : DType::bf16;
+    StrictSection* d = section("data_types");
+    if (want == cfg_.compute_dtype() || !d) return;
+    d->fail("grad_accum_dtype",
+               fmt::format("= {} but the compute dtype is {}; gradients accumulate in fp32 or in the compute "
+                           "dtype: set it to fp32, or remove it",
+                           to_string(g), dtype_name(cfg_.compute_dtype())));
+  });
+  check([&] {
+    StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
+    if (o && !o->has("type")) {
+      o->fail("type", "is missing; the optimizer section needs type: AdamW, Adam or SGD");
+    }
+  });
+  check([&] { adam_mode_note(); });
+  check([&] { scheduler_checks(top); });
+  // The host backend always communicates over MPI, so comm: nccl next to backend: host would
+  // be a setting with no effect: an error, not ignored.
+  check([&] {
+    if (top.has("comm") && cfg_.backend == BackendKind::host && cfg_.comm == CommKind::nccl) {
+      const std::string how =
+          top.has("backend") ? "set at " + top.where("backend") : "the default";
+      top.fail("comm", "= nccl applies to backend: cuda, but backend is host (" + how +
+                           "); the host backend always communicates over MPI: remove comm, or "
+                           "set backend: cuda");
+    }
+  });
+}
+
+// DeepSpeed's type Adam decays decoupled unless adam_w_mode says otherwise, and its AdamW
+// ignores adam_w_mode: libzero follows both rules and says so where the choice matters.
+void ConfigLoader::adam_mode_note() {
+  const OptimizerConfig& o = cfg_.optimizer;
+  StrictSection* p = section("optimizer.params");
+  const bool given = p && p->has("adam_w_mode");
+  if (o.type == OptimizerType::adam && !given && o.weight_decay != 0.0) {
+    cfg_.notes.push_back(
+        "optimizer.type: Adam decays decoupled (AdamW-style), as DeepSpeed's adam_w_mode "
+        "defaults to true; set optimizer.params.adam_w_mode: false to add the decay to the "
+        "gradient instead");
+  }
+  if (o.type == OptimizerType::adamw && given && !o.adam_w_mode) {
+    cfg_.notes.push_back(
+        "optimizer.params.adam_w_mode: false has no effect with type AdamW (as in DeepSpeed): "
+        "the decay stays decoupled; use type: Adam for decay added to the gradient");
+  }
+}
+
+void ConfigLoader::scheduler_checks(StrictSection& top) {
+  StrictSection* s = top.has("scheduler") ? section("scheduler") : nullptr;
+  if (!s || failed_.count("scheduler.type")) return;
+  const auto& c = cfg_.scheduler;
+  if (!s->has("type")) {
+    s->fail("type",
+            "is missing; the scheduler section needs type: WarmupLR, WarmupDecayLR, "
+            "WarmupCosineLR or ManualLR (or remove the section for a constant optimizer lr)");
+  }
+  StrictSection* p = section("scheduler.params");
+  if (!p || c.type == SchedulerType::warmup_lr || c.type == SchedulerType::manual_lr || failed_.count("scheduler.params.total_num_steps"))
+    return;
+  const std::string type = c.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR" : "WarmupCosineLR";
+  if (!p->has("total_num_steps")) {
+    p->fail("total_num_steps", "is missing; " + type +
+                                   " decays over total_num_steps optimizer steps, so it needs "
+                                   "the run length");
+  }
+  if (c.total_num_steps < c.warmup_num_steps) {
+    p->fail("total_num_steps",
+            fmt::format("= {} is less than warmup_num_steps = {}: the run would end inside the "
+                        "warmup; raise total_num_steps or shorten the warmup",
+                        c.total_num_steps, c.warmup_num_steps));
+  }
+}
+
+}  // namespace zero
