@@ -1,16 +1,10 @@
-// save_checkpoint / load_checkpoint: the collective parts.
-//
-// Every phase that touches files runs on each rank inside agree(): if it fails anywhere, every
-// rank throws the message of the lowest failing rank, so no rank waits in a collective for a
-// peer that gave up (a corrupted shard read by rank 2 alone must not hang ranks 0, 1 and 3).
+// save_checkpoint / load_checkpoint: the collective parts, each phase that touches files inside
+// agree() (checkpoint/agree.hpp); the space check and the directory locks are in preflight.cpp.
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/agree.hpp"
 #include "checkpoint/format.hpp"
 #include "runtime/log.hpp"
 #include "runtime/strings.hpp"
@@ -31,42 +26,6 @@
 namespace zero {
 
 namespace {
-
-// Runs fn on every rank; when it throws on any rank, every rank throws the same zero::Error.
-template <class F>
-void agree(Communicator& comm, F&& fn) {
-  std::string err;
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-    if (err.empty()) err = "checkpoint: unknown error";
-  }
-  const int world = comm.size(), rank = comm.rank();
-  double who = comm.all_reduce_scalar(err.empty() ? 0.0 : static_cast<double>(world - rank), ReduceOp::max);
-  if (who == 0.0) return;
-  const int root = world - static_cast<int>(who);  // the lowest failing rank
-  std::uint64_t len = rank == root ? err.size() : 0;
-  comm.broadcast(&len, sizeof len, root);
-  std::string msg = rank == root ? err : std::string(static_cast<std::size_t>(len), '\0');
-  if (len > 0) comm.broadcast(msg.data(), static_cast<std::size_t>(len), root);
-  throw Error(msg);
-}
-
-// Every rank must pass the same value (a root path, the client state): a difference would
-// scatter shards over several directories or silently save one rank's view.
-void same_on_all_ranks(Communicator& comm, const std::string& value, const std::string& what) {
-  // 52 bits of the checksum are exact in a double.
-  auto h = static_cast<double>(ckpt::checksum(value.data(), value.size()) >> 12);
-  double hi = comm.all_reduce_scalar(h, ReduceOp::max);
-  double lo = -comm.all_reduce_scalar(-h, ReduceOp::max);
-  if (hi != lo)
-    ZERO_THROW("checkpoint: " + what + " differs between ranks; pass the same value on every rank" +
-               (what.find("client") != std::string::npos
-                    ? " (the client state is saved once: derive per-rank values such as RNG states from a seed, "
-                      "the rank and the step)"
-                    : ""));
-}
 
 // Test hook: ZERO_CKPT_FAIL_AT=<point>[:exit|:kill] stops a save at a named point, as a crash
 // would there (exit: _exit(86); kill: SIGKILL) or as an error every rank agrees on (default).
@@ -390,27 +349,6 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     throw;
   }
 }
-
-namespace {
-
-// Collective: rank 0 creates `dir` and holds its lock exclusively until the process exits.
-void lock_job_directory(Engine& engine, const std::string& dir, const char* kind) {
-  EngineState e(engine);
-  Communicator& comm = e.world_comm();
-  same_on_all_ranks(comm, dir, fmt::format("the {}", kind));
-  agree(comm, [&] {
-    ZERO_CHECK(!dir.empty(), fmt::format("lock: the {} is empty; pass a directory", kind));
-    if (comm.rank() != 0) return;
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
-                                ec.message()));
-    ckpt::lock_root(dir, true, kind);
-  });
-}
-
-}  // namespace
-
 std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
   EngineState e(engine);
   const std::uint64_t bs = std::max<std::uint64_t>(block_size, 1);
@@ -436,45 +374,6 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
   const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();
   return total + block(ckpt::kHeaderBytes + meta.size());
 }
-
-void check_checkpoint_space(Engine& engine, const std::string& root) {
-  EngineState e(engine);
-  // Every rank computes the size (a collective may be inside); rank 0 compares it.
-  Communicator& comm = e.world_comm();
-  struct statvfs fs {};
-  const bool stated = comm.rank() != 0 || ::statvfs(root.c_str(), &fs) == 0;
-  const int stat_errno = errno;
-  // Every rank of a position passes rank 0's block size: the sum over the grid is collective.
-  double block = stated && fs.f_frsize > 0 ? static_cast<double>(fs.f_frsize) : 4096.0;
-  block = comm.all_reduce_scalar(comm.rank() == 0 ? block : 0.0, ReduceOp::max);
-  const std::uint64_t need = checkpoint_bytes(engine, static_cast<std::uint64_t>(block));
-  agree(comm, [&] {
-    if (comm.rank() != 0) return;
-    ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
-                                   std::strerror(stat_errno)));
-    if (fs.f_blocks == 0) {
-      log_warning("checkpoint root '{}' is on a filesystem that reports no capacity (ramfs?): its free space is not "
-                  "checked; one save takes {}",
-                  root, format_bytes(need));
-      return;
-    }
-    const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
-    ZERO_CHECK(free >= need, fmt::format("checkpoint root '{}' has {} free, less than one save of this model ({}): "
-                                         "the first save would fail. Free space there or give another root "
-                                         "(--checkpoint)",
-                                         root, format_bytes(free), format_bytes(need)));
-    if (free < 2 * need)
-      log_warning("checkpoint root '{}' has {} free, room for one save ({}) but not two: a save is written in full "
-                  "before the older one is pruned, so the second save may fail. Free space there",
-                  root, format_bytes(free), format_bytes(need));
-  });
-}
-
-void lock_checkpoint_root(Engine& engine, const std::string& root) {
-  lock_job_directory(engine, root, "checkpoint root");
-}
-
-void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_directory(engine, dir, "run directory"); }
 
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag,
                             const CheckpointLoadOptions& opts) {
