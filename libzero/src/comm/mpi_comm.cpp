@@ -1,19 +1,20 @@
+// MpiCommunicator's collectives (comm/mpi_comm.hpp): construction and sub-communicators, the
+// collective check and the traffic count of each call, and the non-blocking collectives with
+// their fp32 staging. Point to point is in comm/mpi_p2p.cpp, waits and deadlines in mpi_stall.cpp.
 #include "comm/mpi_comm.hpp"
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <climits>
-#include <cstdlib>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <utility>
+#include <vector>
 
 #include "comm/collective_timeout.hpp"
+#include "comm/mpi_calls.hpp"
 #include "comm/topology.hpp"
-#include "runtime/log.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
 
@@ -21,42 +22,9 @@ namespace zero {
 
 namespace {
 
-int checked_count(std::size_t n, const char* what) {
-  ZERO_CHECK(n <= static_cast<std::size_t>(INT_MAX),
-             fmt::format("{}: {} elements exceed MPI's int count; use smaller buckets (reduce_bucket_size / "
-                         "allgather_bucket_size)",
-                         what, n));
-  return static_cast<int>(n);
-}
+using namespace mpi_calls;
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
-
-enum Kind : int {
-  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllReduceScalar, kSend, kRecv, kAllToAll, kKinds
-};
-const char* kind_name(std::int64_t k) {
-  static const char* names[kKinds] = {"all_reduce", "reduce_scatter",    "all_gather", "broadcast", "barrier",
-                                      "all_reduce_scalar", "send",       "recv",       "all_to_all"};
-  return k >= 0 && k < kKinds ? names[k] : "an unknown collective";
-}
-// Side-channel tags: a rank past its deadline sends a query; a waiting rank answers with the
-// collective it waits in.
-constexpr int kQueryTag = 1, kAnswerTag = 2;
-// Point to point: the payload on the communicator, its header on the side channel.
-constexpr int kP2PTag = 3;
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string describe(const MpiCommunicator::Call& c) {
-  const std::string s = fmt::format("{} #{}", kind_name(c.kind), c.seq);
-  if (c.kind == kBarrier) return s;
-  if (c.kind == kAllReduceScalar) return s + " of one double";
-  if (c.kind == kBroadcast) return fmt::format("{} of {} bytes", s, c.count);
-  if (c.kind == kSend || c.kind == kRecv)
-    return fmt::format("{} {} rank {} of {} {}", s, c.kind == kSend ? "to" : "from", c.peer, c.count, dtype_name(c.dtype));
-  return fmt::format("{} of {} {} ({} bytes)", s, c.count, dtype_name(c.dtype), c.count * dtype_size(c.dtype));
-}
 
 // A request plus what must happen once it completes (narrowing staged 16-bit results,
 // averaging, returning scratch to the pool).
@@ -86,62 +54,6 @@ class MpiWork final : public Work::Impl {
   MpiCommunicator::Call call_;
   MPI_Request req_;
   std::function<void()> finish_;
-  bool done_ = false;
-};
-
-// A point-to-point transfer: the payload's request and, with the check on, the header's. A
-// receive compares the header with what it posted before it waits for the payload, so a
-// mismatched pair is reported instead of truncating or misreading the buffer.
-class P2PWork final : public Work::Impl {
- public:
-  using Header = std::array<std::int64_t, 3>;  // count, dtype, sender's rank
-  P2PWork(MpiCommunicator* comm, const MpiCommunicator::Call& call, bool receiving)
-      : comm_(comm), call_(call), receiving_(receiving) {}
-  MPI_Request payload = MPI_REQUEST_NULL, header_req = MPI_REQUEST_NULL;
-  Header header{};
-
-  void wait() override {
-    if (done_) return;
-    if (header_req != MPI_REQUEST_NULL) comm_->wait(header_req, call_);
-    header_arrived();
-    comm_->wait(payload, call_);
-    done_ = true;
-  }
-  bool test() override {
-    if (done_) return true;
-    int flag = 1;
-    if (header_req != MPI_REQUEST_NULL) ZERO_MPI_CHECK(MPI_Test(&header_req, &flag, MPI_STATUS_IGNORE));
-    if (!flag) return false;
-    header_arrived();
-    ZERO_MPI_CHECK(MPI_Test(&payload, &flag, MPI_STATUS_IGNORE));
-    done_ = flag != 0;
-    return done_;
-  }
-
- private:
-  // The header is in (or there is none): a receive checks it once.
-  void header_arrived() {
-    if (!receiving_ || checked_ || !comm_->checks_p2p()) return;
-    checked_ = true;
-    const auto count = static_cast<std::size_t>(header[0]);
-    const auto t = static_cast<DType>(header[1]);
-    if (count == call_.count && t == call_.dtype) return;
-    // The payload would not fit or would be misread: drop the posted receive and stop.
-    MPI_Cancel(&payload);
-    MPI_Request_free(&payload);
-    done_ = true;
-    ZERO_THROW(fmt::format(
-        "point-to-point mismatch: {} sent {} {} ({} bytes), but {} posted a receive of {} {} ({} bytes) from "
-        "it. The two ranks must pair each send_async with a recv_async of the same count and dtype, in the same order "
-        "(the pipeline schedule of both stages, or the activation shapes, differ)",
-        comm_->ranks_text({static_cast<int>(header[2])}), count, dtype_name(t), count * dtype_size(t),
-        comm_->ranks_text({comm_->rank()}), call_.count, dtype_name(call_.dtype),
-        call_.count * dtype_size(call_.dtype)));
-  }
-  MpiCommunicator* comm_;
-  MpiCommunicator::Call call_;
-  bool receiving_;
-  bool checked_ = false;
   bool done_ = false;
 };
 
@@ -245,120 +157,6 @@ void MpiCommunicator::check_collective(const char* kind, std::size_t count, DTyp
   check_->agree(kind, count, t, root, [&](MPI_Request& r) { wait(r, call); });
   // Its traffic counts here: the device communicator spans the same ranks.
   count_traffic(k, count, t, root);
-}
-
-void MpiCommunicator::wait(MPI_Request& req, const Call& call) {
-  int flag = 0;
-  ZERO_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
-  if (flag) return;
-  const Clock::time_point start = Clock::now();
-  Backoff backoff;
-  for (;;) {
-    backoff.pause();
-    ZERO_MPI_CHECK(MPI_Test(&req, &flag, MPI_STATUS_IGNORE));
-    if (flag) return;
-    if (backoff.spinning()) continue;  // fast collectives never pay for the checks below
-    const double waited = seconds_since(start);
-    // A peer's query means its deadline passed while this rank waits too: report alongside it.
-    if (answer_queries(call) || (timeout_s_ > 0.0 && waited >= timeout_s_)) report_stall(call, waited);
-  }
-}
-
-bool MpiCommunicator::answer_queries(const Call& waiting) {
-  // The answer's buffer must outlive the freed sends; every answer says the same.
-  static std::array<std::int64_t, 2> answer;
-  answer = {waiting.seq, waiting.kind};
-  bool asked = false;
-  for (;;) {
-    int flag = 0;
-    MPI_Status st;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kQueryTag, side_, &flag, &st) != MPI_SUCCESS || !flag) return asked;
-    std::array<std::int64_t, 2> query{};
-    MPI_Recv(query.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kQueryTag, side_, MPI_STATUS_IGNORE);
-    MPI_Request r;
-    if (MPI_Isend(answer.data(), 2, MPI_INT64_T, st.MPI_SOURCE, kAnswerTag, side_, &r) == MPI_SUCCESS)
-      MPI_Request_free(&r);
-    asked = true;
-  }
-}
-
-void MpiCommunicator::report_stall(const Call& call, double waited_s) {
-  // Ask every peer what it waits in; give them a short grace to answer (waiting ranks poll at
-  // least every millisecond), answering their own queries meanwhile. Errors are ignored: the
-  // job ends either way, and the message matters more than a clean exit.
-  static std::array<std::int64_t, 2> query;
-  query = {call.seq, call.kind};
-  std::vector<std::array<std::int64_t, 2>> answers(static_cast<std::size_t>(size_), {-1, -1});
-  std::vector<MPI_Request> recvs(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    MPI_Request q;
-    if (MPI_Isend(query.data(), 2, MPI_INT64_T, r, kQueryTag, side_, &q) == MPI_SUCCESS) MPI_Request_free(&q);
-    MPI_Irecv(answers[static_cast<std::size_t>(r)].data(), 2, MPI_INT64_T, r, kAnswerTag, side_,
-              &recvs[static_cast<std::size_t>(r)]);
-  }
-  std::vector<bool> answered(static_cast<std::size_t>(size_), false);
-  answered[static_cast<std::size_t>(rank_)] = true;
-  const double grace = std::clamp(timeout_s_ / 10.0, 0.5, 2.0);
-  const Clock::time_point start = Clock::now();
-  int pending = size_ - 1;
-  while (pending > 0 && seconds_since(start) < grace) {
-    answer_queries(call);
-    for (int r = 0; r < size_; ++r) {
-      int flag = 0;
-      if (answered[static_cast<std::size_t>(r)] ||
-          MPI_Test(&recvs[static_cast<std::size_t>(r)], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag)
-        continue;
-      answered[static_cast<std::size_t>(r)] = true;
-      --pending;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  answer_queries(call);  // late queries still get their answer before this rank goes
-
-  std::vector<int> missing, with_me;
-  std::string elsewhere;
-  for (int r = 0; r < size_; ++r) {
-    const auto& a = answers[static_cast<std::size_t>(r)];
-    if (!answered[static_cast<std::size_t>(r)])
-      missing.push_back(r);
-    else if (r == rank_ || (a[0] == call.seq && a[1] == call.kind))
-      with_me.push_back(r);
-    else
-      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)",
-                               ranks_text({r}), kind_name(a[1]), a[0]);
-  }
-  const std::string limit =
-      timeout_s_ > 0.0
-          ? fmt::format("did not complete within the collective deadline (ZERO_TIMEOUT_S={:g} s; waited {:.1f} s)",
-                        timeout_s_, waited_s)
-          : fmt::format("was abandoned after {:.1f} s: a peer's collective deadline passed", waited_s);
-  const std::string arrivals =
-      missing.empty() ? std::string("every rank answered")
-                      : ranks_text(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
-  std::vector<int> everyone;
-  for (int r = 0; r < size_; ++r) everyone.push_back(r);
-  const std::string where =
-      group_.empty() ? std::string() : fmt::format(" on the {} ({})", group_, ranks_text(everyone));
-  // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
-  // without waiting on stdio's lock. The layout is the log's ("[rank r/n] error: ..."), as the
-  // CUDA watchdog's report.
-  write_last_words(log_line_text(
-      LogLevel::error,
-      fmt::format("{}{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
-                  "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
-                  "This rank's last collectives: {}",
-                  describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere, check_->recent())) +
-                   '\n');
-  // A peer that this rank's query woke started its own grace a moment later: linger as long,
-  // still answering, so it prints its report too before MPI_Abort ends everyone.
-  const Clock::time_point printed = Clock::now();
-  while (seconds_since(printed) < grace) {
-    answer_queries(call);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  MPI_Abort(MPI_COMM_WORLD, kCollectiveTimeoutExit);
-  std::_Exit(kCollectiveTimeoutExit);
 }
 
 std::vector<float> MpiCommunicator::take_scratch(std::size_t n) {
@@ -469,44 +267,6 @@ double MpiCommunicator::all_reduce_scalar(double v, ReduceOp op) {
   ZERO_MPI_CHECK(MPI_Iallreduce(&v, &out, 1, MPI_DOUBLE, mpi_op(op), comm_, &req));
   wait(req, call);
   return op == ReduceOp::avg ? out / size_ : out;
-}
-
-MpiCommunicator::Call MpiCommunicator::p2p_call(int kind, std::size_t count, DType t, int peer) {
-  ZERO_CHECK(peer >= 0 && peer < size_ && peer != rank_,
-             fmt::format("{}: peer {} is not another rank of this communicator of {} ranks (this is rank {})",
-                         kind_name(kind), peer, size_, rank_));
-  check_->note(kind_name(kind), count, t, peer);
-  if (kind == kSend) {
-    const auto bytes = static_cast<std::int64_t>(count * dtype_size(t));
-    (node_of_[static_cast<std::size_t>(peer)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
-                                                                                          : traffic_.inter_node) += bytes;
-  }
-  Call call{p2p_seq_++, kind, count, t};
-  call.peer = peer;
-  return call;
-}
-
-void MpiCommunicator::note_p2p(const char* kind, std::size_t count, DType t, int peer) {
-  (void)p2p_call(std::string_view(kind) == "send" ? kSend : kRecv, count, t, peer);
-}
-
-Work MpiCommunicator::send_async(const void* buf, std::size_t count, DType t, int peer) {
-  const int bytes = checked_count(count * dtype_size(t), "send (bytes)");
-  auto w = std::make_unique<P2PWork>(this, p2p_call(kSend, count, t, peer), false);
-  if (checks_p2p()) {
-    w->header = {static_cast<std::int64_t>(count), static_cast<std::int64_t>(t), rank_};
-    ZERO_MPI_CHECK(MPI_Isend(w->header.data(), 3, MPI_INT64_T, peer, kP2PTag, side_, &w->header_req));
-  }
-  ZERO_MPI_CHECK(MPI_Isend(buf, bytes, MPI_BYTE, peer, kP2PTag, comm_, &w->payload));
-  return Work(std::move(w));
-}
-
-Work MpiCommunicator::recv_async(void* buf, std::size_t count, DType t, int peer) {
-  const int bytes = checked_count(count * dtype_size(t), "recv (bytes)");
-  auto w = std::make_unique<P2PWork>(this, p2p_call(kRecv, count, t, peer), true);
-  if (checks_p2p()) ZERO_MPI_CHECK(MPI_Irecv(w->header.data(), 3, MPI_INT64_T, peer, kP2PTag, side_, &w->header_req));
-  ZERO_MPI_CHECK(MPI_Irecv(buf, bytes, MPI_BYTE, peer, kP2PTag, comm_, &w->payload));
-  return Work(std::move(w));
 }
 
 }  // namespace zero

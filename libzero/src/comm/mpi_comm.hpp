@@ -68,7 +68,7 @@ class MpiCommunicator final : public Communicator {
   // One collective as messages describe it: its issue number, kind and payload.
   struct Call {
     std::int64_t seq = 0;
-    int kind = 0;  // index into the kind names in comm/mpi_comm.cpp
+    int kind = 0;  // a kind of comm/mpi_calls.hpp (mpi_calls::Kind)
     std::size_t count = 0;
     DType dtype = DType::f32;  // of count; broadcast and barrier count bytes
     int peer = -1;             // point to point: the other rank
