@@ -1,20 +1,20 @@
 #!/usr/bin/env python3
-"""The MLP example split over two ranks by tensor parallelism (--tensor-parallel 2: fc1 by
-columns, fc2 by rows, one all-reduce of the output per micro-batch) against the same example on
-one rank: the same samples and initial values, so every step's loss and gradient norm must
-agree within 1e-4 relative, and the loss must fall.
+"""The MLP example split over two ranks by tensor parallelism (zero-mlp-tensor-parallel
+--tensor-parallel 2: fc1 by columns, fc2 by rows, one all-reduce of the output per micro-batch)
+against the smallest loop (zero-mlp) on one rank: the same samples and initial values, so every
+step's loss and gradient norm must agree within 1e-4 relative, and the loss must fall.
 
-    mlp_tensor_parallel.py MPIEXEC "FLAGS;..." ZERO_MLP CONFIG
+    mlp_tensor_parallel.py MPIEXEC "FLAGS;..." ZERO_MLP ZERO_MLP_TENSOR_PARALLEL CONFIG
 """
 import re
 import subprocess
 import sys
 
-mpiexec, flags, exe, config = sys.argv[1], sys.argv[2].split(";"), sys.argv[3], sys.argv[4]
+mpiexec, flags, whole_exe, split_exe, config = sys.argv[1], sys.argv[2].split(";"), *sys.argv[3:6]
 steps = 20
 
 
-def run(ranks, *extra):
+def run(exe, ranks, *extra):
     cmd = [mpiexec, *flags, "-n", str(ranks), exe, "--config", config, "--steps", str(steps), *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -25,8 +25,8 @@ def run(ranks, *extra):
     return rows, out.stdout
 
 
-whole, _ = run(1)
-split, text = run(2, "--tensor-parallel", "2")
+whole, _ = run(whole_exe, 1)
+split, text = run(split_exe, 2, "--tensor-parallel", "2")
 if "grid TP 2 x DP 1 x PP 1" not in text:
     sys.exit(f"the split run does not report the grid TP 2 x DP 1:\n{text}")
 worst = 0.0
