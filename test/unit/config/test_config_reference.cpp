@@ -1,6 +1,6 @@
-// The README's configuration reference is the one generated from the key table: this test
-// fails when they disagree. To refresh the README after changing the table, run this test with
-// ZERO_UPDATE_README=1 (it rewrites the block between the markers) and review the diff.
+// docs/configuration.md's key reference is the one generated from the key table: this test
+// fails when they disagree. To refresh the page after changing the table, run this test with
+// ZERO_UPDATE_CONFIG_DOC=1 (it rewrites the block between the markers) and review the diff.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -15,7 +15,7 @@ namespace {
 const std::string kBegin = "<!-- config-reference: generated from libzero/src/config/keys.cpp -->\n";
 const std::string kEnd = "<!-- end of config-reference -->\n";
 
-std::filesystem::path readme_path() { return ZERO_README; }
+std::filesystem::path config_doc_path() { return ZERO_CONFIG_DOC; }
 
 std::string read_all(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -26,26 +26,26 @@ std::string read_all(const std::filesystem::path& p) {
 
 }  // namespace
 
-TEST_CASE("the README's key table is the one generated from the key table", "[config]") {
-  const auto path = readme_path();
-  std::string readme = read_all(path);
-  REQUIRE_FALSE(readme.empty());
-  const auto begin = readme.find(kBegin);
-  const auto end = readme.find(kEnd);
+TEST_CASE("docs/configuration.md's key table is the one generated from the key table", "[config]") {
+  const auto path = config_doc_path();
+  std::string doc = read_all(path);
+  REQUIRE_FALSE(doc.empty());
+  const auto begin = doc.find(kBegin);
+  const auto end = doc.find(kEnd);
   REQUIRE(begin != std::string::npos);
   REQUIRE(end != std::string::npos);
   REQUIRE(begin < end);
-  const std::string in_readme = readme.substr(begin + kBegin.size(), end - begin - kBegin.size());
+  const std::string in_doc = doc.substr(begin + kBegin.size(), end - begin - kBegin.size());
   const std::string generated = zero::config_reference_markdown();
-  if (in_readme != generated && std::getenv("ZERO_UPDATE_README")) {
-    readme.replace(begin + kBegin.size(), end - begin - kBegin.size(), generated);
-    std::ofstream(path, std::ios::binary) << readme;
-    SUCCEED("README.md rewritten");
+  if (in_doc != generated && std::getenv("ZERO_UPDATE_CONFIG_DOC")) {
+    doc.replace(begin + kBegin.size(), end - begin - kBegin.size(), generated);
+    std::ofstream(path, std::ios::binary) << doc;
+    SUCCEED("docs/configuration.md rewritten");
     return;
   }
-  INFO("README.md's block differs from zero::config_reference_markdown(); rerun this test with "
-       "ZERO_UPDATE_README=1 to rewrite it");
-  CHECK(in_readme == generated);
+  INFO("docs/configuration.md's block differs from zero::config_reference_markdown(); rerun this "
+       "test with ZERO_UPDATE_CONFIG_DOC=1 to rewrite it");
+  CHECK(in_doc == generated);
 }
 
 TEST_CASE("the generated reference names every key, its type, default and the policy", "[config]") {
