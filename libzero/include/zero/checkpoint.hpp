@@ -1,23 +1,6 @@
-// Checkpoints: save and resume training bit for bit, at any world size and any ZeRO stage, and
-// of models split over a tensor x pipeline grid (one shard set per grid position).
-//
-// A checkpoint is a directory per step under a root, written atomically (temporary directory,
-// fsync, rename, then the `latest` pointer), so a job killed at any moment leaves the previous
-// checkpoint loadable. It holds the fp32 master weights and optimizer moments per unit and per
-// rank slice, the step counters, loss-scaler and scheduler state, the resolved config and an
-// opaque map the application fills with its own state (data position, RNG states). Nothing in
-// it is executable: metadata is strict JSON, shards are checksummed flat arrays, and every
-// size and offset is checked before use.
-//
-// Because every stage partitions a unit the same way (slice r of the padded unit), a
-// checkpoint saved by N ranks at stage S loads into M ranks at stage S': each rank reads its
-// new range out of the old slices, one unit at a time.
-//
-//   zero::save_checkpoint(engine, "ckpt", {{"data.position", pos}});
-//   auto client = zero::load_checkpoint(engine, "ckpt");        // or tag "120" for step 120
-//
-// The offline functions (inspect, export, reshard) need neither MPI nor an engine; the
-// zero-ckpt tool is a thin command line over them.
+// Checkpoints: save and resume bit for bit at any world size and ZeRO stage, also of models split
+// over a tensor x pipeline grid; inspect, export and reshard offline (zero-ckpt wraps those).
+// Usage: docs/checkpoints.md; why it is built so: docs/architecture.md, note checkpoints.
 #pragma once
 
 #include <cstdint>

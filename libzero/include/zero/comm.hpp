@@ -1,48 +1,6 @@
-// The communicator interface the engine is written against.
-//
-// Collectives over the data-parallel group, each with a non-blocking form that returns a Work
-// handle: the engine starts a reduce-scatter as soon as a bucket is full and waits only when the
-// result is needed (overlap_comm). Sums of 16-bit types are computed in fp32 and rounded once,
-// so a bf16/fp16 reduction is correct arithmetic, never an integer sum of bit patterns.
-// Implementations: MpiCommunicator (host memory, here) and NCCL / MPI-staged (device memory,
-// the CUDA backend).
-//
-// What Work::wait() means depends on where the buffers live:
-//   host communicators (MPI): wait() returns when the result is in the host buffer.
-//   device communicators (the CUDA backend's NCCL and MPI-staged ones): wait() orders the
-//     result before all work enqueued *afterwards* on the backend's compute stream (it makes that
-//     stream wait on the collective's completion event, cudaStreamWaitEvent) and returns without
-//     waiting for the device (the MPI-staged one waits for MPI on the host, then enqueues the
-//     copy back to the device on the compute stream). Kernels launched on the compute stream after wait() see the result;
-//     host code must not read it directly: Backend::to_host synchronizes the compute stream.
-//     done() is true once the device has finished. A device collective also starts only after
-//     the work already enqueued on the compute stream, so its inputs may come straight from
-//     kernels launched just before the call.
-// The collective check (always on): before a collective starts, every rank states what it is
-// about to issue (kind, element count, dtype, root, and the site: which engine call and unit, see
-// CommSite) in one small fixed-size all-reduce on a private communicator, which matches whatever
-// the ranks are doing. Ranks that disagree all stop with one error naming each rank's call
-// ("rank 0: gather(h.3) [eval] all_gather ...; rank 1: reduce(h.11) reduce_scatter ..."),
-// before the mismatched collectives could pair up inside MPI or NCCL and corrupt memory.
-// A rank that issues no collective at all is caught by the deadline instead (ZERO_TIMEOUT_S).
-// The check costs one latency-bound all-reduce per collective (bench/RESULTS.md: under 1% of a
-// GPT step); ZERO_COLLECTIVE_CHECK=0 turns it off, for measuring that cost only.
-//
-// Point to point (send_async / recv_async, for pipeline stages): only the two ranks take part,
-// so the collective check's all-rank agreement does not apply (it would make every rank of the
-// communicator wait for a transfer between two of them). Instead, on MPI, each send carries a
-// small header (element count and dtype) on a private channel and the receiver compares it
-// with what it posted: a mismatch is an error naming both ranks and both descriptions, never a
-// truncated or misread buffer. The deadline covers P2P waits as it covers collectives, and P2P
-// calls appear in the rank's recent-collectives list ("send to rank 1 of 4096 f32"). Device
-// communicators record and count their P2P on the host communicator but do not exchange the
-// header (NCCL's send/recv pair on the device). Messages between two ranks arrive in the order
-// they were sent. On NCCL, a send and a receive that two ranks issue toward each other must be
-// started inside one group (CommGroup), or each may wait for the other; MPI needs no group.
-//
-// The fp32-then-round-once rule for 16-bit sums holds for the MPI-based communicators (host and
-// MPI-staged). NCCL reduces bf16/fp16 natively, rounding at each step of its ring or tree, so
-// with more than two ranks a 16-bit NCCL sum may differ from it in the last place.
+// The communicator interface the engine is written against: collectives with non-blocking forms
+// (Work handles) and point-to-point transfers, each checked across ranks before it starts.
+// What Work::wait() means, the checks and 16-bit sums: docs/architecture.md, note communicators.
 #pragma once
 
 #include <cstddef>

@@ -1,15 +1,6 @@
-// The engine's configuration: DeepSpeed's key names and defaults, loaded strictly.
-//
-// A YAML file or a DeepSpeed ds_config.json loads into a Config. An unknown or misspelt key is
-// an error naming its full path, file:line and the closest known key; a wrong type or range
-// names the path, the value and what is expected. DeepSpeed keys follow one policy: a key with
-// no effect here is accepted silently, one that libzero handles another way gets a note at
-// start, and one whose effect libzero cannot give (it would change the training result) is an
-// error saying why. Every problem of a file is reported in one error. Values may be overridden
-// with "a.b.c=value" strings (the trainers' --set), validated the same way. A Config is
-// resolved once (batch triple against the world size, "auto" values) and is then immutable.
-// Every key is described once, in a table (src/config/keys.cpp) that drives loading, to_yaml,
-// the --help text and the README's key table.
+// The engine's configuration: DeepSpeed's key names and defaults, loaded strictly, resolved once
+// against the world size and then immutable. Each key is declared once, in src/config/keys.cpp;
+// see docs/architecture.md, note config (the keys: docs/configuration.md).
 #pragma once
 
 #include <cstdint>
@@ -280,8 +271,8 @@ Config load_config(const std::string& path, const LoadOptions& opts = {});
 // Same, from text; `origin` names the source in messages.
 Config parse_config(const std::string& text, const std::string& origin, const LoadOptions& opts = {});
 
-// The configuration reference generated from the key table: the README's key table and its
-// lists of DeepSpeed keys accepted silently, noted, and refused (Markdown).
+// The configuration reference generated from the key table: docs/configuration.md's key table and
+// its lists of DeepSpeed keys accepted silently, noted, and refused (Markdown).
 std::string config_reference_markdown();
 // One line per key (path, type, default) for an application's --help.
 std::string config_keys_help();

@@ -1,16 +1,6 @@
-// Strict reading of YAML sections: the machinery behind zero::Config, public so that an
-// application validates its own sections (a trainer's model / data / run) the same way.
-//
-// A StrictSection wraps one YAML mapping. Every accessor names the key it reads, so once the
-// caller is done, finish() knows exactly which keys nobody asked for: those are typos or
-// settings of another tool, and they are errors (with the closest known key as a hint) instead
-// of being silently ignored. Getters check type and range and say what they expected. Every
-// message carries the full key path and where the key came from: file:line from the YAML
-// marks, or, through a KeyLocations map, the --set string or original line of a key whose node
-// was overridden or re-emitted.
-//
-// This header only forward-declares YAML::Node; code that builds or inspects nodes itself
-// includes <yaml-cpp/yaml.h> and links yaml-cpp.
+// Strict reading of YAML sections, the machinery behind zero::Config, public so an application
+// validates its own sections (a trainer's model / data / run) the same way: unread keys are errors.
+// Only forward-declares YAML::Node; see docs/architecture.md, note strict-sections.
 #pragma once
 
 #include <cstdint>

@@ -1,12 +1,6 @@
-// The process's place in the job: MPI bootstrap, rank, world size, local rank.
-//
-// Launched by mpirun/mpiexec or Slurm's srun (with PMIx/PMI2), or started alone as world size 1.
-// A Context also installs the failure policy: an exception that escapes on one rank prints its
-// message with the rank prefix and aborts the whole job (MPI_Abort), so no rank is left
-// waiting in a collective for a peer that died. Context::run applies it to a function; for an
-// exception that escapes anywhere else while the Context lives (main after ctx.run, a thread),
-// the Context's std::terminate handler does the same: the message once, no "terminate called",
-// no SIGABRT backtraces, and a non-zero exit status.
+// The process's place in the job: MPI bootstrap (mpirun, srun, or alone as world size 1), rank,
+// world size, local rank; and the failure policy: an exception on one rank prints its message once
+// and aborts the whole job, inside ctx.run() or anywhere else (docs/training-loop.md, Launching).
 #pragma once
 
 #include <memory>

@@ -1,9 +1,6 @@
-// Element types and host conversions.
-//
-// Compute parameters and gradients may be fp32, bf16 or fp16; master weights and optimizer
-// moments are always fp32. On the host, 16-bit values are stored as raw uint16_t bit patterns
-// (bf16_t / fp16_t wrappers) and converted with round-to-nearest-even, which is what the GPU
-// conversion instructions do, so host and device results agree bit for bit.
+// Element types and host conversions: compute data is fp32, bf16 or fp16 (master weights and
+// moments always fp32); on the host 16-bit values are raw uint16_t bit patterns rounded to nearest
+// even, as the GPU's conversion instructions round, so host and device agree bit for bit.
 #pragma once
 
 #include <bit>

@@ -1,18 +1,6 @@
 // EngineState: the engine's state as tools outside the training loop see it (checkpoints,
-// diagnostics), without reaching into the engine's internals.
-//
-// The engine partitions every unit the same way at every stage (zero/engine.hpp): padded to
-// slice(u) x world elements, rank r owns [r x slice, (r+1) x slice), or the whole unit at stage 0.
-// The optimizer's state of the owned range (fp32 master, then its moments) and the counters are
-// all a checkpoint needs: the compute-dtype parameters are the master rounded, so restoring
-// recomputes them and all-gathers the full copies the stage keeps, and a resumed run is
-// bit-identical. A restore is begin_restore(), write_owned() for every unit, then the collective
-// finish_restore(); until it completes the engine refuses to train.
-//
-// With MiCS (mics_shard_size N) the partition is over the rank's group of N consecutive ranks:
-// rank() and world_size() are the group's, and every group holds the same state. The first
-// group (data-parallel ranks 0..N-1, so partition rank r is data-parallel rank r) writes the
-// checkpoint's N shards; each rank loads the slices its group needs.
+// diagnostics): each unit's owned range and the counters, without reaching into the engine.
+// Partition, restore protocol and MiCS: docs/architecture.md, note engine-state.
 #pragma once
 
 #include <cstdint>

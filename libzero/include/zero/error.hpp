@@ -1,8 +1,6 @@
-// zero::Error and the check macros.
-//
-// Every failure in libzero is a zero::Error whose message says what was wrong, where
-// (config key path, file:line, rank) and what to do about it. The ZERO_*_CHECK macros
-// add the call site so a message from deep inside the runtime still points somewhere.
+// zero::Error and the check macros: every failure in libzero is a zero::Error whose message says
+// what was wrong, where (config key path, file:line, rank) and what to do about it; the
+// ZERO_*_CHECK macros add the call site, so a message from deep inside still points somewhere.
 #pragma once
 
 #include <stdexcept>

@@ -1,18 +1,6 @@
-// Process groups: the tensor / pipeline / data-parallel grid over the world, and the node
-// topology underneath it.
-//
-// The grid follows Megatron-LM's rank order: tensor-parallel ranks are adjacent (fastest), then
-// data parallel, then pipeline stages (slowest):
-//     world rank = t + T * (d + D * p),   T x D x P = world size, D derived as world / (T x P).
-// With TP inside a node that keeps the tensor all-reduces on the fast links. Each rank gets one
-// communicator per group it belongs to:
-//   tensor()    the T ranks with the same (d, p): the layer's split matrices;
-//   data()      the D ranks with the same (t, p): the engine shards and reduces over it;
-//   pipeline()  the P ranks with the same (t, d): stage to stage;
-//   model()     the T x P ranks with the same d: one whole model, for norms and overflow;
-//   node()      the ranks on this rank's node; cross_node(): one rank per node, the same local
-//               rank, for hierarchical collectives.
-// What a node is: see zero/comm.hpp (TrafficBytes) and ZERO_RANKS_PER_NODE in the README.
+// Process groups: the tensor / pipeline / data-parallel grid over the world in Megatron-LM's rank
+// order (world rank = t + T * (d + D * p)), one communicator per group, and the node topology.
+// What each group is for: docs/model-parallel.md; what a node is: docs/multi-node.md, Nodes.
 #pragma once
 
 #include <memory>

@@ -1,14 +1,6 @@
-// Layout: the model's parameters, named and shaped, grouped into units.
-//
-// A unit (a transformer block, the embeddings) is the granule of all-gather and reduce-scatter.
-// Each unit is stored flat, its parameters back to back, and padded so it splits into equal
-// slices over the ranks with every slice starting on a 128-byte boundary; rank r owns slice r of
-// every unit. The same partitioning serves stages 1, 2 and 3, so optimizer state, gradients and
-// parameters are always "slice r of unit u", and a checkpoint can be re-sliced for any world size.
-//
-// Each parameter also says whether the optimizer's weight decay applies to it. GPT-2, nanoGPT
-// and llm.c decay matrices and embeddings but not biases or LayerNorm parameters; the layout
-// carries that choice so the engine can honour it for any model (decay_matrices_only()).
+// Layout: the model's parameters, named and shaped, grouped into units (a transformer block, the
+// embeddings: the granule of all-gather and reduce-scatter), and which ones take weight decay.
+// One partition for every stage: docs/architecture.md, note units.
 #pragma once
 
 #include <cstdint>

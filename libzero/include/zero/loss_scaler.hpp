@@ -1,10 +1,6 @@
-// Loss scaling for fp16 with DeepSpeed's semantics.
-//
-// Dynamic: start at 2^initial_scale_power; an overflow step is skipped and, once `hysteresis`
-// overflows have been absorbed, halves the scale (never below min_loss_scale); every
-// loss_scale_window clean steps since the last overflow double it and restore the hysteresis.
-// Static when fp16.loss_scale > 0; 1 when fp16 is off. Overflow at the minimum scale means the
-// run has diverged: update() throws a zero::Error saying so rather than looping on skipped steps.
+// fp16 loss scaling with DeepSpeed's semantics: static (fp16.loss_scale > 0), 1 without fp16, or
+// dynamic: an overflow step is skipped, the scale halves after `hysteresis` overflows and doubles
+// after loss_scale_window clean steps; see docs/architecture.md, note loss-scaling.
 #pragma once
 
 #include <cstdint>

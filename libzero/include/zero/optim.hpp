@@ -1,12 +1,6 @@
 // The optimizer's one home: the hyper-parameters of one update, the per-step constants every
-// implementation shares, and the learning-rate schedules.
-//
-// Three implementations apply the same update: the host backend and the offload engine call the
-// fused host kernels (offload/host_optimizer.hpp), the CUDA backend launches its own kernels.
-// They agree bit for bit because each starts from the same floats: the per-step scalars are
-// computed once here, in double, and rounded to float once (adam_constants). The engine turns
-// the config into hyper-parameters here too (adam_hyper, sgd_hyper, lr_at), so no caller
-// repeats the mapping.
+// implementation shares, and the learning-rate schedules. Why the host, offload and CUDA kernels
+// agree bit for bit: docs/architecture.md, note optimizer.
 #pragma once
 
 #include <cstdint>

@@ -1,19 +1,6 @@
-// Stopping a training loop cleanly when the job is asked to end.
-//
-// Clusters end jobs with a signal: Slurm sends SIGTERM before the kill (or the signal
-// `--signal=USR1@120` names, ahead of time), mpirun forwards SIGUSR1 to every rank, a user
-// presses Ctrl-C (SIGINT). A StopSignal turns the first of these into a request and leaves the
-// process running. The loop asks stop_requested(ctx) at every step boundary: a collective that
-// every rank calls at the same point, so a signal that reached one rank only stops all of them
-// after the same step. The loop then saves a checkpoint, says where it is, and exits with
-// kExitStopped. A second signal to a process ends it at once (the signal's default action), for
-// a user who will not wait for the save.
-//
-//   zero::StopSignal stop;                       // before the loop
-//   for (step = ...; step <= steps; ++step) {
-//     train_step();
-//     if (zero::stop_requested(ctx)) { save_checkpoint(...); return zero::kExitStopped; }
-//   }
+// Stopping a training loop cleanly when the job is asked to end: StopSignal turns the first
+// SIGTERM, SIGINT or SIGUSR1 into a request; the collective stop_requested(ctx) stops every rank
+// after the same step. The loop it expects: docs/architecture.md, note preemption.
 #pragma once
 
 namespace zero {

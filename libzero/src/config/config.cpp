@@ -1,6 +1,7 @@
-// Resolving zero::Config against the machine (the batch triple, nvme_path), the learning-rate
-// schedules, and the text forms generated from the key table (config/keys.hpp): to_yaml, the
-// README's reference and the --help lines. Loading is in config/load.cpp.
+// Resolving zero::Config against the machine (the batch triple, nvme_path) and the text forms
+// generated from the key table (config/keys.hpp): to_yaml, docs/configuration.md's reference and
+// the --help lines. Loading is in config/load.cpp, the learning-rate schedules in
+// optim/lr_schedule.cpp.
 #include "zero/config.hpp"
 
 #include <fmt/format.h>

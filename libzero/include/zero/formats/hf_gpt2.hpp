@@ -1,19 +1,6 @@
-// Hugging Face GPT-2 interchange: export a checkpoint of a GPT-2-shaped layout as a directory
-// that transformers' GPT2LMHeadModel.from_pretrained() loads, and read such weights back to
-// initialise a training run (fine-tuning GPT-2 weights people already have).
-//
-// The layout names and shapes (zero::plan::gpt_layout) already are Hugging Face's: tensors
-// named "wte.weight", "h.0.attn.c_attn.weight", ..., with Conv1D weights stored [in, out] as
-// the trainer's matrix products read them. Two things differ and are converted here: the
-// embedding matrix holds vocab_size rounded up to a multiple of 128 rows (the padding rows are
-// dropped on export and added back, as zeros, on import), and n_head and the true vocabulary
-// are not shapes, so they come from the checkpoint's saved `model` section (or the caller).
-// The LM head is tied to wte, so no lm_head tensor is written; on import "transformer."
-// prefixes (save_pretrained of GPT2LMHeadModel), a tied lm_head.weight and the attention-mask
-// buffers older files carry are accepted and skipped.
-//
-// A model's shape is zero::plan::GptShape, as everywhere else; config.json spells its fields
-// the Hugging Face way (seq_len is n_positions there, and n_ctx in older files).
+// Hugging Face GPT-2 interchange: export a GPT-2-shaped checkpoint as a directory that
+// transformers' GPT2LMHeadModel.from_pretrained() loads, and read such weights back to start a run.
+// What is converted and accepted: docs/architecture.md, note hf-gpt2.
 #pragma once
 
 #include <cstdint>

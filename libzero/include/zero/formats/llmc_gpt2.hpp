@@ -1,20 +1,6 @@
-// llm.c GPT-2 interchange: read the checkpoints of karpathy/llm.c (gpt2_124M.bin and what its
-// trainers write) to initialise a run (zero-gpt's model.init_from, through zero::hf::Gpt2Weights),
-// and write a libzero checkpoint of a GPT-2-shaped layout in that format (zero-ckpt export
-// --format llmc), so a model moves between the two trainers in either direction.
-//
-// The file: 256 little-endian int32 (magic 20240326, version, max_seq_len, vocab_size,
-// num_layers, num_heads, channels, padded_vocab_size, the rest zero), then every parameter back
-// to back, fp32 (version 3) or bf16 (version 5), in llm.c's tensor order: wte, wpe, then each
-// per-layer tensor for all layers at once (ln1w of every layer, then ln1b of every layer, ...),
-// then lnfw, lnfb. Two things differ from the trainer's layout (zero::plan::gpt_layout) and are
-// converted here: the four matrices of a block are stored [out, in] as nn.Linear holds them,
-// where the trainer keeps Conv1D's [in, out]; and wte holds padded_vocab_size rows. Both pad the
-// vocabulary to a multiple of 128 and leave the padding rows unused: they are written as zeros
-// and not read (the trainer's own padding rows start at zero whatever the file's count).
-//
-// One table of llm.c's tensors (in llmc_gpt2.cpp) gives each one's trainer parameter, order and
-// orientation; reading and writing both follow it through placements().
+// llm.c GPT-2 interchange: read karpathy/llm.c's checkpoints (gpt2_124M.bin) to start a run
+// (zero-gpt's model.init_from) and write a libzero checkpoint in that format (zero-ckpt export
+// --format llmc). The file and what is converted: docs/architecture.md, note llmc-gpt2.
 #pragma once
 
 #include <array>

@@ -1,19 +1,6 @@
-// Autotuning: run a few steps of each candidate setting that the planner says fits, on the
-// actual machine, and keep the fastest.
-//
-// DeepSpeed's autotuner launches trials, including ones that run out of memory; here the
-// planner (zero/plan/plan.hpp) rules those out first, so only candidates that can fit cost time.
-// Each candidate is the base config with some settings changed (stage, micro-batch at the same
-// global batch, bucket sizes, overlap, optimizer offload, and the tensor x pipeline grid of a
-// loop with model parallelism). The application supplies its training step; every candidate
-// gets a fresh Engine, the same initial parameters, warm-up steps, then timed steps (the slowest
-// rank's wall time). The result holds the winning Config (written as YAML when asked) and a
-// table of every candidate: refused (a grid that does not divide the world, or that the planner
-// refuses), skipped with the planner's memory verdict, failed with its error, or timed.
-//
-// A candidate with its own grid needs its own process groups (zero/groups.hpp) and this rank's
-// part of the model: autotune_grid() takes a factory that builds both for a (config, grid)
-// pair; autotune() and autotune_per_engine() are that with the whole model over the world.
+// Autotuning: run a few steps of each candidate setting that the planner says fits, on the actual
+// machine, and keep the fastest. Why and how: docs/architecture.md, note autotune (usage:
+// docs/zero-plan.md, Autotuning).
 #pragma once
 
 #include <cstdint>

@@ -1,22 +1,6 @@
-// Planning: what fits, how fast and how many days, decided before any cluster time is spent.
-//
-// The planner models one training configuration on one cluster without running it:
-//   memory  — model states exactly as the engine accounts them (the same Layout padding, the
-//             same stage 3 persistence rule, offload moving the optimizer's part to host or NVMe),
-//             plus the GPT trainer's activations, communication buffers, stage 3 gathers, the
-//             offload engine's pinned buffers and a stated per-process overhead;
-//   time    — compute at a stated fraction of the GPU's peak, ring collectives over the slower of
-//             the intra- and inter-node links with the engine's overlap rules (stage 2/3 reduce
-//             and stage 3 gathers hide behind compute; the stage 0/1 boundary reduce and the
-//             post-step gather do not), and offload traffic (PCIe, host AdamW, NVMe); across
-//             nodes hpZ's in-node re-gather, qwZ's int8 gathers, qgZ's int8-in-node /
-//             int4-across reduce, MiCS's replica all-reduce and PowerSGD's factor all-reduces
-//             with their compression compute.
-// Model parallelism (tensor x pipeline x data, Megatron's grid): each rank holds 1/T of every
-// block's matrices and 1/P of the blocks, ZeRO shards that part over the data-parallel group;
-// TP all-reduces run on the critical path, pipeline stages pay the 1F1B bubble (P-1)/(m+P-1).
-// Settings left open are enumerated and ranked by throughput; max_model() searches a GPT shape
-// family for the largest model that fits. Everything here is arithmetic: no MPI, no devices.
+// Planning: what fits, how fast and how many days, decided before any cluster time is spent; pure
+// arithmetic (no MPI, no devices). What it models and how: docs/architecture.md, note planner
+// (usage: docs/zero-plan.md).
 #pragma once
 
 #include <cstdint>

@@ -1,11 +1,6 @@
 // Opening a file that a program reads but does not trust: a regular file only, and never an open
-// that blocks.
-//
-// open() of a FIFO waits for a writer, so a FIFO in place of a checkpoint file, a config or a
-// data shard would hang every rank that reads it, forever and without a message. A device or a
-// directory reads without end or fails with a puzzling error. open_regular_file opens with
-// O_NONBLOCK (a FIFO then opens at once), asks fstat what the path is, and hands back a
-// descriptor only for a regular file, in blocking mode again. Each caller words its own error.
+// that blocks (a FIFO in place of a config or checkpoint would hang every rank that reads it).
+// See docs/architecture.md, note untrusted-files.
 #pragma once
 
 #include <cstdint>

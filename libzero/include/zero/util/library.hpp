@@ -1,7 +1,6 @@
-// Libraries loaded only when a job needs them: the CUDA backend (libzero_cuda) and, in the GPT
-// example, the model's CUDA operations. What such a library links (the CUDA runtime, NCCL,
-// cuBLASLt) is then needed only by the jobs that use it: a program that cannot load it still
-// starts and runs on the host, and a job that needs it gets one error saying why it failed.
+// Libraries loaded only when a job needs them (libzero_cuda; the GPT example's CUDA operations), so
+// what they link (CUDA runtime, NCCL, cuBLASLt) is needed only by the jobs that use them: a program
+// that cannot load one still runs on the host, and a job that needs it gets one error saying why.
 #pragma once
 
 #include <string>

@@ -1,11 +1,6 @@
-// One way to tell the user something on stderr: "[rank r/n] level: text", one line per message.
-//
-// libzero speaks rarely (notes at start-up, warnings about things it could not clean up, errors
-// it cannot throw), so the logger is a function, not a framework: each message is written with
-// one write so lines of different ranks and threads do not interleave, and ZERO_LOG_LEVEL
-// (debug, info, warning, error, off; default info) silences what a job does not want to see.
-// The library formats its messages with fmt (libzero/src/runtime/log.hpp); this header needs nothing
-// beyond the standard library, so programs that include it need no extra package.
+// One way to tell the user something on stderr: "[rank r/n] level: text", one line per message,
+// one write each (ranks and threads do not interleave), filtered by ZERO_LOG_LEVEL.
+// Why a function and not a framework: docs/architecture.md, note logging.
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,6 @@
-// "Did you mean ...?": the nearest of the names a program knows to one a user typed; and bytes
-// from an untrusted file made safe to print.
-//
-// libzero answers an unknown config key, choice, unit or preset with the closest known name when
-// it is near enough to be a typo; programs built on it (the GPT example's presets) give the same
-// answer with the same rule.
+// "Did you mean ...?": the nearest of the names a program knows to one a user typed (a config key,
+// choice, unit or preset; the GPT example's presets use the same rule), and bytes from an
+// untrusted file made safe to print.
 #pragma once
 
 #include <string>
