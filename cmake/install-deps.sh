@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       libyaml-cpp-dev libcli11-dev catch2 libopenmpi-dev openmpi-bin
       liburing-dev libopenblas-dev python3 python3-matplotlib
-      nlohmann-json3-dev libfmt-dev libxxhash-dev)
+      nlohmann-json3-dev libfmt-dev libxxhash-dev clang-format-14)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
