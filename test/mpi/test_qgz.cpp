@@ -282,7 +282,7 @@ TEST_CASE("the gradient reducer issues qgZ's all-to-alls outside any group of th
   z.stage = 2;
   z.overlap_comm = true;
   z.reduce_bucket_size = 64;  // several buckets, two in flight
-  GradReducer reducer(*host, watch, layout, shapes, z, DType::f32, DType::f32, 2, false, nullptr, &q);
+  GradReducer reducer(*host, watch, layout, shapes, {.zero = z, .stage = 2, .qgz = &q});
   const TrafficBytes before = q.traffic();
   for (int u = layout.num_units() - 1; u >= 0; --u) {
     auto* g = static_cast<float*>(reducer.grads(u));

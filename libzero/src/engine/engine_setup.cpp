@@ -173,11 +173,18 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
         return owned;
       }())),
       params_(*backend_, cfg_, shapes_, dp_comm_.rank(), dtype_),
-      gatherer_(*backend_, comm_, params_, layout_, shapes_, cfg_.zero_optimization, dtype_,
-                hpz_device_ ? hpz_device_.get() : hpz_comm_.get()),
-      reducer_(*backend_, comm_, layout_, shapes_, cfg_.zero_optimization, dtype_, cfg_.grad_dtype(), stage_,
-               cfg_.gradient_compression.type != CompressionType::none,
-               replica_device_ ? replica_device_.get() : mics_.replica.get(), qgz_.get()),
+      gatherer_(*backend_, comm_, params_, layout_, shapes_,
+                {.zero = cfg_.zero_optimization,
+                 .dtype = dtype_,
+                 .hpz = hpz_device_ ? hpz_device_.get() : hpz_comm_.get()}),
+      reducer_(*backend_, comm_, layout_, shapes_,
+               {.zero = cfg_.zero_optimization,
+                .dtype = dtype_,
+                .grad_dtype = cfg_.grad_dtype(),
+                .stage = stage_,
+                .deferred = cfg_.gradient_compression.type != CompressionType::none,
+                .replica = replica_device_ ? replica_device_.get() : mics_.replica.get(),
+                .qgz = qgz_.get()}),
       // PowerSGD's factors are host vectors: the host communicator, on every backend.
       powersgd_(make_powersgd(cfg_, host_comm_, layout_, shapes_, rank_, model_comm_ != nullptr)),
       scaler_(cfg.fp16) {

@@ -12,19 +12,19 @@
 namespace zero {
 
 ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
-                             const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                             Communicator* hpz)
+                             const std::vector<UnitShape>& shapes, const Options& opts)
     : backend_(backend),
       comm_(comm),
       params_(params),
       layout_(layout),
       shapes_(shapes),
-      z_(z),
-      dtype_(dtype),
+      z_(opts.zero),
+      dtype_(opts.dtype),
       pool_(backend),
       units_(shapes.size()),
-      hpz_(hpz),
-      qwz_block_(z.zero_quantized_weights ? static_cast<std::size_t>(z.zero_quantized_weights_block_size) : 0) {}
+      hpz_(opts.hpz),
+      qwz_block_(opts.zero.zero_quantized_weights ? static_cast<std::size_t>(opts.zero.zero_quantized_weights_block_size)
+                                                : 0) {}
 
 std::int64_t ParamGatherer::secondary_bytes() const {
   std::int64_t n = 0;
@@ -55,8 +55,8 @@ int ParamGatherer::held_unit() const {
 
 void ParamGatherer::start(int unit, const char* why, bool eval) {
   const CommSiteScope site(why, &layout_.unit(unit).name, eval);
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
+  const UnitShape& s = shape(unit);
   u.gathered = pool_.acquire(static_cast<std::size_t>(s.padded) * dtype_size(dtype_), false);
   u.from_secondary = hpz_ != nullptr && u.secondary_valid;
   if (u.from_secondary) {
@@ -78,13 +78,13 @@ void ParamGatherer::start(int unit, const char* why, bool eval) {
 }
 
 void ParamGatherer::finish(int unit) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
   if (!u.work.pending()) return;
   u.work.wait();
   if (u.from_secondary) return;
   params_.checkin(unit, false);
   if (u.q_recv) {  // qwZ: every rank's packed slice into the compute dtype
-    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    const UnitShape& s = shape(unit);
     const std::size_t slice = static_cast<std::size_t>(s.slice);
     const std::size_t packed = quant::packed_bytes(slice, qwz_block_);
     for (int r = 0; r < comm_.size(); ++r)
@@ -94,7 +94,7 @@ void ParamGatherer::finish(int unit) {
     pool_.give_back(std::move(u.q_recv));
   }
   if (hpz_ != nullptr) {  // keep this rank's chunk for the group's later gathers
-    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+    const UnitShape& s = shape(unit);
     const std::size_t bytes = static_cast<std::size_t>(s.padded / hpz_->size()) * dtype_size(dtype_);
     if (!u.secondary) u.secondary = backend_.alloc(bytes);
     backend_.copy(u.secondary.get(), u.gathered.as<char>() + static_cast<std::size_t>(hpz_->rank()) * bytes, bytes);
@@ -119,8 +119,8 @@ void ParamGatherer::check_order(int unit) {
 }
 
 ParamGatherer::Lease ParamGatherer::acquire(int unit, bool training, bool wrap) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
+  const UnitShape& s = shape(unit);
   if (training) check_order(unit);
   if (!s.sharded_params) return Lease{params_.full(unit), u.token};
 
@@ -148,8 +148,8 @@ void ParamGatherer::prefetch_after(std::size_t pos, bool wrap) {
   const std::size_t ahead = wrap ? order_.size() : order_.size() - std::min(pos, order_.size());
   for (std::size_t k = 0; k < ahead; ++k) {
     int next = order_[(pos + k) % order_.size()];
-    Unit& n = units_[static_cast<std::size_t>(next)];
-    const UnitShape& ns = shapes_[static_cast<std::size_t>(next)];
+    Unit& n = state(next);
+    const UnitShape& ns = shape(next);
     if (!ns.sharded_params || n.gathered) continue;
     if (in_flight + ns.padded > z_.stage3_prefetch_bucket_size) break;
     if (live + ns.padded > z_.stage3_max_live_parameters) break;
@@ -160,8 +160,8 @@ void ParamGatherer::prefetch_after(std::size_t pos, bool wrap) {
 }
 
 void ParamGatherer::release(int unit, std::uint64_t token, bool training) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (!shapes_[static_cast<std::size_t>(unit)].sharded_params || token != u.token || u.refs == 0) return;
+  Unit& u = state(unit);
+  if (!shape(unit).sharded_params || token != u.token || u.refs == 0) return;
   if (--u.refs > 0) return;
   // Keep it if it is needed again soon: distance = elements gathered before its next use.
   bool keep = false;
@@ -173,7 +173,7 @@ void ParamGatherer::release(int unit, std::uint64_t token, bool training) {
         keep = distance <= z_.stage3_max_reuse_distance;
         break;
       }
-      distance += shapes_[static_cast<std::size_t>(next)].padded;
+      distance += shape(next).padded;
     }
   }
   if (!keep) {

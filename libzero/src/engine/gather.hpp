@@ -37,10 +37,15 @@ namespace zero {
 
 class ParamGatherer {
  public:
-  // hpz: the communicator of this rank's hpZ group, or null (hpZ off).
+  // How it gathers, besides what (the store's slices, the units' shapes) and over whom.
+  struct Options {
+    // stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance, qwZ's keys
+    ZeroOptimizationConfig zero;
+    DType dtype = DType::f32;       // the compute dtype of the gathered parameters
+    Communicator* hpz = nullptr;    // the communicator of this rank's hpZ group, or null (hpZ off)
+  };
   ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
-                const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                Communicator* hpz = nullptr);
+                const std::vector<UnitShape>& shapes, const Options& opts);
   ~ParamGatherer();  // completes gathers still in flight: they write into our buffers
 
   struct Lease {
@@ -89,6 +94,9 @@ class ParamGatherer {
   void finish(int unit);  // waits for the all-gather, checks the slice back in
   void prefetch_after(std::size_t pos, bool wrap);
   std::int64_t live_elements() const;
+  // Unit ids index the per-unit vectors.
+  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
+  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
 
   Backend& backend_;
   Communicator& comm_;

@@ -14,28 +14,25 @@
 namespace zero {
 
 GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& layout,
-                         const std::vector<UnitShape>& shapes, const ZeroOptimizationConfig& z, DType dtype,
-                         DType grad_dtype, int stage, bool deferred, Communicator* replica, QuantizedReduceScatter* qgz)
+                         const std::vector<UnitShape>& shapes, const Options& opts)
     : backend_(backend),
       comm_(comm),
-      replica_(replica),
+      replica_(opts.replica),
       layout_(layout),
       shapes_(shapes),
-      z_(z),
-      dtype_(dtype),
-      gdt_(grad_dtype),
-      stage_(stage),
-      deferred_(deferred && stage <= 1),
+      z_(opts.zero),
+      dtype_(opts.dtype),
+      gdt_(opts.grad_dtype),
+      stage_(opts.stage),
+      deferred_(opts.deferred && opts.stage <= 1),
       units_(shapes.size()),
       grad_pool_(backend),
       scratch_pool_(backend),
-      qgz_(qgz) {
+      qgz_(opts.qgz) {
   ZERO_CHECK(gdt_ == dtype_ || gdt_ == DType::f32,
              "GradReducer: gradients accumulate in the compute dtype or in fp32 (data_types.grad_accum_dtype)");
-  for (std::size_t i = 0; i < shapes_.size(); ++i) {
-    if (stage_ <= 1) units_[i].full = backend_.alloc(static_cast<std::size_t>(shapes_[i].padded) * gesize());
-    else units_[i].slice = backend_.alloc(static_cast<std::size_t>(shapes_[i].slice) * gesize());
-  }
+  for (std::size_t i = 0; i < shapes_.size(); ++i)
+    (stage_ <= 1 ? units_[i].full : units_[i].slice) = backend_.alloc(buffers().stored_bytes(shapes_[i]));
   if (qgz_) {
     ZERO_CHECK(stage_ >= 2 && z_.reduce_scatter, "GradReducer: qgZ needs stage 2 or 3 with reduce_scatter");
     for (const auto& s : shapes_) feedback_.push_back(qgz_->make_feedback(static_cast<std::size_t>(s.slice)));
@@ -51,31 +48,30 @@ GradReducer::~GradReducer() {
 }
 
 void* GradReducer::grads(int unit) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (stage_ <= 1 && !separate_micro()) return u.full.get();
-  if (!u.micro) u.micro = grad_pool_.acquire(static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded) * esize(), true);
+  Unit& u = state(unit);
+  if (!buffers().pooled_micro()) return u.full.get();
+  if (!u.micro) u.micro = grad_pool_.acquire(buffers().micro_bytes(shape(unit)), true);
   return u.micro.get();
 }
 
-int GradReducer::times_reduced(int unit) const { return units_[static_cast<std::size_t>(unit)].reduced; }
+int GradReducer::times_reduced(int unit) const { return state(unit).reduced; }
 
 bool GradReducer::ready(int unit, bool boundary) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
   ++u.reduced;
   ++reduced_this_micro_;
-  if (separate_micro() && u.micro) {
+  if (buffers().separate_micro() && u.micro) {
     // Into the fp32 sum now, so the micro buffer goes back to the pool for the next unit.
-    backend_.accumulate(u.full.get(), gdt_, u.micro.get(), dtype_,
-                        static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].padded));
+    backend_.accumulate(u.full.get(), gdt_, u.micro.get(), dtype_, static_cast<std::size_t>(shape(unit).padded));
     grad_pool_.give_back(std::move(u.micro));
   }
-  if (stage_ >= 2 || (boundary && !deferred_)) {
+  if (buffers().reduces(boundary)) {
     // Stages 2/3: no gradient was written means it is zero. Not at stages 0/1, whose gradients
     // are in full() already: a micro-step buffer taken here would stay out through the step.
     if (stage_ >= 2) (void)grads(unit);
     pending_.push_back(unit);
-    pending_elems_ += shapes_[static_cast<std::size_t>(unit)].padded;
-    if (pending_elems_ >= z_.reduce_bucket_size) flush_bucket();
+    pending_elems_ += shape(unit).padded;
+    if (bucket_full(pending_elems_, z_.reduce_bucket_size)) flush_bucket();
   }
   if (reduced_this_micro_ < static_cast<int>(units_.size())) return false;
   flush_bucket();
@@ -94,9 +90,9 @@ void GradReducer::flush_bucket() {
   if (!qgz_) group.emplace(comm_);
   for (int unit : pending_) {
     const CommSiteScope site("reduce", &layout_.unit(unit).name);
-    Unit& u = units_[static_cast<std::size_t>(unit)];
-    const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
-    std::size_t slice_bytes = static_cast<std::size_t>(s.slice) * esize();
+    Unit& u = state(unit);
+    const UnitShape& s = shape(unit);
+    const std::size_t scratch_bytes = buffers().scratch_bytes(s);
     if (stage_ == 0) {
       f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
     } else if (stage_ == 1) {
@@ -104,19 +100,18 @@ void GradReducer::flush_bucket() {
         f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
         continue;
       }
-      slice_bytes = static_cast<std::size_t>(s.slice) * gesize();
-      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
+      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(scratch_bytes, false));
       f.works.push_back(
           comm_.reduce_scatter_async(u.full.get(), out->get(), static_cast<std::size_t>(s.slice), gdt_, ReduceOp::sum));
-      f.finish.push_back([this, unit, out, slice_bytes] {
-        backend_.copy(owned(unit), out->get(), slice_bytes);
+      f.finish.push_back([this, unit, out, scratch_bytes] {
+        backend_.copy(owned(unit), out->get(), scratch_bytes);
         scratch_pool_.give_back(std::move(*out));
       });
     } else if (qgz_) {
       auto src = std::make_shared<Buffer>(std::move(u.micro));
       // fp32 sum, then (16-bit gradients) its rounding to the compute dtype after it.
       const std::size_t n = static_cast<std::size_t>(s.slice);
-      auto sum = std::make_shared<Buffer>(scratch_pool_.acquire(n * (sizeof(float) + esize()), false));
+      auto sum = std::make_shared<Buffer>(scratch_pool_.acquire(scratch_bytes, false));
       f.works.push_back(qgz_->start(src->get(), dtype_, n, feedback_[static_cast<std::size_t>(unit)], sum->as<float>()));
       f.finish.push_back([this, &u, n, sum, src] {
         if (gdt_ == DType::f32) {
@@ -130,7 +125,7 @@ void GradReducer::flush_bucket() {
         grad_pool_.give_back(std::move(*src));
       });
     } else {
-      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(slice_bytes, false));
+      auto out = std::make_shared<Buffer>(scratch_pool_.acquire(scratch_bytes, false));
       auto src = std::make_shared<Buffer>(std::move(u.micro));
       const char* reduced = out->as<char>();
       if (z_.reduce_scatter) {
@@ -170,10 +165,10 @@ void GradReducer::all_reduce_replicas() {
   std::vector<Work> works;
   {
     CommGroup group(*replica_);
-    for (std::size_t i = 0; i < units_.size(); ++i) {
-      const CommSiteScope site("reduce across MiCS groups", &layout_.unit(static_cast<int>(i)).name);
-      works.push_back(replica_->all_reduce_async(owned(static_cast<int>(i)), static_cast<std::size_t>(shapes_[i].own_len),
-                                                 gdt_, ReduceOp::sum));
+    for (int unit = 0; unit < layout_.num_units(); ++unit) {
+      const CommSiteScope site("reduce across MiCS groups", &layout_.unit(unit).name);
+      works.push_back(
+          replica_->all_reduce_async(owned(unit), static_cast<std::size_t>(shape(unit).own_len), gdt_, ReduceOp::sum));
     }
     group.end();
   }
@@ -181,22 +176,21 @@ void GradReducer::all_reduce_replicas() {
 }
 
 void* GradReducer::owned(int unit) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
-  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].own_begin) * gesize();
+  Unit& u = state(unit);
+  if (stage_ <= 1) return u.full.as<char>() + static_cast<std::size_t>(shape(unit).own_begin) * dtype_size(gdt_);
   return u.slice.get();
 }
 
 void GradReducer::clear() {
   for (std::size_t i = 0; i < units_.size(); ++i) {
     Unit& u = units_[i];
-    if (stage_ <= 1) backend_.zero(u.full.get(), static_cast<std::size_t>(shapes_[i].padded) * gesize());
-    else backend_.zero(u.slice.get(), static_cast<std::size_t>(shapes_[i].slice) * gesize());
+    backend_.zero((stage_ <= 1 ? u.full : u.slice).get(), buffers().stored_bytes(shapes_[i]));
     u.reduced = 0;
   }
 }
 
 void GradReducer::report(MemoryReport& r) const {
-  for (const auto& s : shapes_) r.grads += (stage_ <= 1 ? s.padded : s.slice) * static_cast<std::int64_t>(gesize());
+  for (const auto& s : shapes_) r.grads += static_cast<std::int64_t>(buffers().stored_bytes(s));
   // Every pool counts what it has held from the backend, freed buffers kept for reuse included
   // (a freed buffer serves only a request of its own size, so units of different sizes leave
   // some beside those in use): that is the memory the backend gave up, on a device its HBM.

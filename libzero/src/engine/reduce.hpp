@@ -41,6 +41,7 @@
 
 #include "backend/backend.hpp"
 #include "engine/quantized_reduce_scatter.hpp"
+#include "engine/reduce_buffers.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
@@ -51,12 +52,20 @@ namespace zero {
 
 class GradReducer {
  public:
-  // dtype: the compute dtype grads() hands out; grad_dtype: what gradients accumulate in.
-  // deferred (stages 0/1, gradient compression): the boundary starts no collective; the step
-  // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
+  // How it reduces, besides what (the units' shapes) and over whom (the communicator).
+  struct Options {
+    ZeroOptimizationConfig zero;    // reduce_bucket_size, overlap_comm, reduce_scatter
+    DType dtype = DType::f32;       // the compute dtype grads() hands out
+    DType grad_dtype = DType::f32;  // what gradients accumulate in
+    int stage = 0;
+    // Stages 0/1 with gradient compression: the boundary starts no collective; the step
+    // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
+    bool deferred = false;
+    Communicator* replica = nullptr;        // MiCS's replica group, or null
+    QuantizedReduceScatter* qgz = nullptr;  // qgZ, or null: plain reduce-scatter
+  };
   GradReducer(Backend& backend, Communicator& comm, const Layout& layout, const std::vector<UnitShape>& shapes,
-              const ZeroOptimizationConfig& z, DType dtype, DType grad_dtype, int stage, bool deferred = false,
-              Communicator* replica = nullptr, QuantizedReduceScatter* qgz = nullptr);
+              const Options& opts);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
   void* grads(int unit);                 // where the backward adds this micro-step's gradient
@@ -71,7 +80,7 @@ class GradReducer {
   // (every data-parallel rank's gradient then counts once); nothing without MiCS.
   void all_reduce_replicas();
   void* owned(int unit);                 // the gradient values the optimizer reads (owned range)
-  void* full(int unit) { return units_[static_cast<std::size_t>(unit)].full.get(); }  // stages 0/1: the padded unit
+  void* full(int unit) { return state(unit).full.get(); }  // stages 0/1: the padded unit
   DType grad_dtype() const { return gdt_; }  // owned()'s dtype
   void clear();                          // zero the gradients for the next step
   void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
@@ -100,9 +109,15 @@ class GradReducer {
   void flush_bucket();
   void wait_in_flight(std::size_t keep);
   std::size_t esize() const { return dtype_size(dtype_); }
-  std::size_t gesize() const { return dtype_size(gdt_); }
-  // Stages 0/1 with an accumulation dtype other than the compute dtype: grads() is a micro buffer.
-  bool separate_micro() const { return stage_ <= 1 && gdt_ != dtype_; }
+  // What it keeps and takes from its pools per unit, the rules zero-plan counts with.
+  ReduceBuffers buffers() const {
+    return {.stage = stage_, .dtype = dtype_, .grad_dtype = gdt_, .reduce_scatter = z_.reduce_scatter,
+            .quantized = qgz_ != nullptr, .deferred = deferred_};
+  }
+  // Unit ids index the per-unit vectors.
+  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
+  const Unit& state(int unit) const { return units_[static_cast<std::size_t>(unit)]; }
+  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
 
   Backend& backend_;
   Communicator& comm_;
