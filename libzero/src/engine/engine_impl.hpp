@@ -108,7 +108,7 @@ class EngineImpl {
   void check_step_ready(const char* what) const;  // what: "step()", "grad_norm()"
   double grad_denominator() const;
   GradNorm pre_step_norm(const char* what);
-  void reduce_powersgd();  // powersgd_'s reduction of the full gradients, host-staged on CUDA
+  void reduce_powersgd();  // powersgd_'s reduction of the full gradients
   double global_grad_sumsq();
   double clip_coefficient(double norm) const;
   void check_ranks_agree(double lr, const StepOptions& opts);
@@ -162,7 +162,6 @@ class EngineImpl {
   std::unique_ptr<PowerSgd> powersgd_;
   LossScaler scaler_;
   std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
-  std::vector<char> psgd_stage_;  // host staging of PowerSGD's gradients (non-host backends)
 
   bool initialized_ = false;
   bool eval_mode_ = false;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/backend.hpp"
 #include "runtime/log.hpp"
 #include "zero/error.hpp"
 
@@ -258,6 +259,30 @@ bool PowerSgd::reduce(const std::vector<void*>& fulls, std::int64_t step, double
     pos += static_cast<std::size_t>(r.len) * ge;
   }
   return true;
+}
+
+bool PowerSgd::reduce(Backend& backend, const std::vector<void*>& fulls, std::int64_t step, double loss_scale) {
+  if (backend.host_accessible()) return reduce(fulls, step, loss_scale);
+  const std::size_t ges = dtype_size(gdt_);
+  std::size_t total = 0;
+  for (const auto& s : shapes_) total += static_cast<std::size_t>(s.padded) * ges;
+  host_grads_.resize(total);
+  std::vector<void*> staged;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const std::size_t bytes = static_cast<std::size_t>(shapes_[i].padded) * ges;
+    backend.to_host(host_grads_.data() + at, fulls[i], bytes);  // waits for the accumulation
+    staged.push_back(host_grads_.data() + at);
+    at += bytes;
+  }
+  const bool compressed = reduce(staged, step, loss_scale);
+  at = 0;
+  for (std::size_t i = 0; i < fulls.size(); ++i) {
+    const std::size_t bytes = static_cast<std::size_t>(shapes_[i].padded) * ges;
+    backend.from_host(fulls[i], host_grads_.data() + at, bytes);
+    at += bytes;
+  }
+  return compressed;
 }
 
 std::size_t PowerSgd::state_size() const {

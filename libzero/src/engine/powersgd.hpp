@@ -33,6 +33,8 @@
 
 namespace zero {
 
+class Backend;
+
 // The rank a parameter's gradient is compressed with, 0 where it goes plainly: a tensor of two or
 // more dimensions is a [shape[0], numel / shape[0]] matrix, compressed (as PyTorch decides) where
 // its rank-r factors are min_compression_rate times smaller than it. zero-plan counts with it.
@@ -57,6 +59,12 @@ class PowerSgd {
   // its micro-steps, scaled by loss_scale) with the sum over ranks: compressed from start_step on.
   // step: the engine's step() count. Returns true when it compressed.
   bool reduce(const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
+  // The same for gradients in `backend`'s memory. The compression runs on the host: where that
+  // memory is not host-accessible (CUDA), every unit's gradient is copied to one host staging
+  // buffer, reduced there and copied back. That costs two transfers of the whole gradient per
+  // step and a host copy of it, and the matrix products run on the CPU; the arithmetic is the
+  // host backend's, bit for bit.
+  bool reduce(Backend& backend, const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
 
   const std::vector<Matrix>& matrices() const { return matrices_; }
   // The last compressed step's orthogonalized P of every matrix, back to back ([rows, rank] each).
@@ -70,7 +78,8 @@ class PowerSgd {
   std::vector<float> state() const;
   void set_state(const std::vector<float>& s);
   std::size_t state_size() const;
-  // Host memory it holds: the state, the factors and the plain batch's staging.
+  // Host memory it holds: the state, the factors and the plain batch's staging (not the host copy
+  // of the gradients a backend without host-accessible memory is staged through).
   std::size_t buffer_bytes() const {
     return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size() + wire_.size();
   }
@@ -96,6 +105,7 @@ class PowerSgd {
   std::vector<char> plain_buf_;      // the plain parameters' gradients, back to back
   std::vector<float> row_;           // conversion scratch
   std::vector<char> wire_;           // a 16-bit factor all-reduce's buffer
+  std::vector<char> host_grads_;     // the gradients' host copy where the backend's memory is not the host's
 };
 
 }  // namespace zero

@@ -41,37 +41,11 @@ GradNorm EngineImpl::pre_step_norm(const char* what) {
   return GradNorm{overflow ? *sumsq_ : std::sqrt(*sumsq_) / grad_denominator(), overflow};
 }
 
-// PowerSGD reduces the padded full gradients in place. It runs on the host: where the backend's
-// memory is not host-accessible (CUDA), every unit's gradient is copied to one host staging
-// buffer, reduced there over the host communicator, and copied back. That costs two transfers
-// of the whole gradient per step and a host copy of it (psgd_stage_), and the compression's
-// matrix products run on the CPU; the arithmetic is the host backend's, bit for bit.
+// PowerSGD reduces the padded full gradients in place (through a host copy on CUDA).
 void EngineImpl::reduce_powersgd() {
-  const int n = layout_.num_units();
   std::vector<void*> fulls;
-  if (backend_->host_accessible()) {
-    for (int i = 0; i < n; ++i) fulls.push_back(reducer_.full(i));
-    powersgd_->reduce(fulls, step_, scaler_.scale());
-    return;
-  }
-  const std::size_t ges = dtype_size(reducer_.grad_dtype());
-  std::size_t total = 0;
-  for (int i = 0; i < n; ++i) total += static_cast<std::size_t>(shape(i).padded) * ges;
-  psgd_stage_.resize(total);
-  std::size_t at = 0;
-  for (int i = 0; i < n; ++i) {
-    const std::size_t bytes = static_cast<std::size_t>(shape(i).padded) * ges;
-    backend_->to_host(psgd_stage_.data() + at, reducer_.full(i), bytes);  // waits for the accumulation
-    fulls.push_back(psgd_stage_.data() + at);
-    at += bytes;
-  }
-  powersgd_->reduce(fulls, step_, scaler_.scale());
-  at = 0;
-  for (int i = 0; i < n; ++i) {
-    const std::size_t bytes = static_cast<std::size_t>(shape(i).padded) * ges;
-    backend_->from_host(reducer_.full(i), psgd_stage_.data() + at, bytes);
-    at += bytes;
-  }
+  for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
+  powersgd_->reduce(*backend_, fulls, step_, scaler_.scale());
 }
 
 StepResult EngineImpl::step(const StepOptions& opts) {
