@@ -39,7 +39,7 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
                              "identically on every rank");
     opt_->write_master(i, full.data() + u.own_begin);
     // Round on the host, then copy to wherever the backend keeps parameters.
-    std::size_t n = static_cast<std::size_t>(u.sharded_params ? u.slice : u.padded);
+    std::size_t n = static_cast<std::size_t>(u.param_elements());
     staged.resize(n * esize());
     convert(full.data() + (u.sharded_params ? u.own_begin : 0), DType::f32, staged.data(), dtype_, n);
     params_.checkout(i, false);

@@ -34,35 +34,35 @@ ParamStore::ParamStore(Backend& backend, const Config& cfg, const std::vector<Un
 }
 
 bool ParamStore::on_nvme(int unit) const {
-  return swap_ != nullptr && shapes_[static_cast<std::size_t>(unit)].sharded_params;
+  return swap_ != nullptr && shape(unit).sharded_params;
 }
 
 std::size_t ParamStore::slice_bytes(int unit) const {
-  return static_cast<std::size_t>(shapes_[static_cast<std::size_t>(unit)].slice) * esize_;
+  return static_cast<std::size_t>(shape(unit).slice) * esize_;
 }
 
 std::string ParamStore::swap_key(int unit) const {
   return fmt::format("e{}_param{}", instance_, unit);
 }
 
-void* ParamStore::full(int unit) const { return units_[static_cast<std::size_t>(unit)].full.get(); }
+void* ParamStore::full(int unit) const { return state(unit).full.get(); }
 
 void* ParamStore::shard(int unit) {
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
   if (!on_nvme(unit)) return u.shard.get();
   ZERO_CHECK(u.checked_out > 0, "internal: parameter shard used while not checked out from NVMe");
   return u.shard_host.data();
 }
 
 void* ParamStore::owned(int unit) {
-  const UnitShape& s = shapes_[static_cast<std::size_t>(unit)];
+  const UnitShape& s = shape(unit);
   if (s.sharded_params) return shard(unit);
-  return units_[static_cast<std::size_t>(unit)].full.as<char>() + static_cast<std::size_t>(s.own_begin) * esize_;
+  return state(unit).full.as<char>() + static_cast<std::size_t>(s.own_begin) * esize_;
 }
 
 void ParamStore::checkout(int unit, bool load) {
   if (!on_nvme(unit)) return;
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
   if (u.checked_out++ > 0) return;
   u.shard_host = pool_->acquire(slice_bytes(unit));
   if (load) swap_->read_async(swap_key(unit), u.shard_host.data(), slice_bytes(unit)).wait();
@@ -70,7 +70,7 @@ void ParamStore::checkout(int unit, bool load) {
 
 void ParamStore::checkin(int unit, bool dirty) {
   if (!on_nvme(unit)) return;
-  Unit& u = units_[static_cast<std::size_t>(unit)];
+  Unit& u = state(unit);
   ZERO_CHECK(u.checked_out > 0, "internal: parameter shard checked in twice");
   if (dirty) u.dirty = true;
   if (--u.checked_out > 0) return;
@@ -84,7 +84,7 @@ void ParamStore::checkin(int unit, bool dirty) {
 void ParamStore::report(MemoryReport& r) const {
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const UnitShape& s = shapes_[i];
-    std::int64_t bytes = (s.sharded_params ? s.slice : s.padded) * static_cast<std::int64_t>(esize_);
+    std::int64_t bytes = s.param_elements() * static_cast<std::int64_t>(esize_);
     if (on_nvme(static_cast<int>(i))) r.offloaded_nvme += bytes;
     else r.params += bytes;
   }

@@ -48,6 +48,10 @@ class ParamStore {
   };
   std::string swap_key(int unit) const;
   std::size_t slice_bytes(int unit) const;
+  // Unit ids index the per-unit vectors.
+  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
+  const Unit& state(int unit) const { return units_[static_cast<std::size_t>(unit)]; }
+  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
 
   Backend& backend_;
   const std::vector<UnitShape>& shapes_;

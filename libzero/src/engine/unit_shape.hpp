@@ -1,4 +1,5 @@
-// UnitShape: how one unit's flat storage splits over ranks, the geometry every engine role shares.
+// UnitShape: how one unit's flat storage splits over ranks, the geometry every engine role (and
+// zero-plan, plan/engine_sizes.hpp) shares.
 //
 // Each unit is padded so it splits evenly: `padded` = `slice` x world, and rank r owns slice r of
 // every unit (stages 1-3) or the whole unit (stage 0). The same partitioning serves every stage,
@@ -20,6 +21,9 @@ struct UnitShape {
   // The optimizer's owned range: [own_begin, own_begin + own_len) of the padded unit.
   std::int64_t own_begin = 0, own_len = 0;
   bool sharded_params = false;  // stage 3 and at or above the persistence threshold
+  // The compute-dtype parameters a rank keeps between uses: its slice of a sharded unit, else
+  // the whole padded unit.
+  std::int64_t param_elements() const { return sharded_params ? slice : padded; }
 };
 
 inline std::vector<UnitShape> make_unit_shapes(const Layout& layout, int rank, int world, int stage,

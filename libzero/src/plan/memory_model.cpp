@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/quantize.hpp"
+#include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
 #include "zero/plan/plan.hpp"
@@ -20,25 +21,21 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
   // MiCS: the engine partitions over its group (rank r owns slice r mod N, sized for N).
   const int world = s.shard_ranks(data_parallel);
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
-  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   const std::int64_t state_per_elem = static_cast<std::int64_t>(sizeof(float)) * (1 + s.moments);
+  const ReduceBuffers reducer = reduce_buffers(s);
   ModelStates m;
-  for (int i = 0; i < layout.num_units(); ++i) {
-    const std::int64_t numel = layout.unit(i).numel;
-    const std::int64_t slice = layout.slice_numel(i, world);
-    const std::int64_t padded = slice * world;
+  for (const UnitShape& u : unit_shapes(layout, s, data_parallel)) {
     // Stage 3 shards a unit's parameters unless it is below the persistence threshold.
-    const bool sharded = s.stage == 3 && numel >= s.persistence_threshold;
-    const std::int64_t pbytes = (sharded ? slice : padded) * es;
-    if (sharded && s.offload_param == OffloadDevice::nvme) m.nvme += pbytes;
-    else if (sharded && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
+    const std::int64_t pbytes = u.param_elements() * es;
+    if (u.sharded_params && s.offload_param == OffloadDevice::nvme) m.nvme += pbytes;
+    else if (u.sharded_params && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
     else m.params += pbytes;
-    m.grads += (s.stage <= 1 ? padded : slice) * ges;
+    m.grads += static_cast<std::int64_t>(reducer.stored_bytes(u));
     // hpZ: the rank's chunk of the gathered unit (padded for every rank), kept for the group.
-    if (sharded && s.hpz_partition_size > 1) m.secondary += padded / s.hpz_partition_size * es;
-    if (s.quantized_gradients) m.error_feedback += (world - 1) * slice * static_cast<std::int64_t>(sizeof(float));
+    if (u.sharded_params && s.hpz_partition_size > 1) m.secondary += u.padded / s.hpz_partition_size * es;
+    if (s.quantized_gradients) m.error_feedback += (world - 1) * u.slice * static_cast<std::int64_t>(sizeof(float));
     // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
-    const std::int64_t own = s.stage == 0 ? padded : slice;
+    const std::int64_t own = u.own_len;
     switch (s.offload_optimizer) {
       case OffloadDevice::none:
         m.master += own * static_cast<std::int64_t>(sizeof(float));
@@ -59,31 +56,31 @@ namespace {
 // every later step repeats them (the step waits on all before it) and adds nothing.
 class PoolReplay {
  public:
-  void take(std::int64_t bytes) {
+  void take(std::size_t bytes) {
     auto& [n, most] = sizes_[bytes];
     most = std::max(most, ++n);
   }
-  void give(std::int64_t bytes) { --sizes_[bytes].first; }
+  void give(std::size_t bytes) { --sizes_[bytes].first; }
   std::int64_t held() const {
     std::int64_t h = 0;
-    for (const auto& [bytes, use] : sizes_) h += bytes * use.second;
+    for (const auto& [bytes, use] : sizes_) h += static_cast<std::int64_t>(bytes) * use.second;
     return h;
   }
 
  private:
-  std::map<std::int64_t, std::pair<int, int>> sizes_;  // bytes -> (in use, most at once)
+  std::map<std::size_t, std::pair<int, int>> sizes_;  // bytes -> (in use, most at once)
 };
 
 // The reducer's buckets (GradReducer::ready): units in backward order (the GPT trainer's: ln_f,
-// the blocks from the last, the embeddings) until their padded elements (over `shard` ranks)
-// reach reduce_bucket_size; the rest when the micro-step's last unit is reduced.
-std::vector<std::vector<int>> reduce_buckets(const Layout& layout, const Settings& s, int shard) {
+// the blocks from the last, the embeddings) until their padded elements reach
+// reduce_bucket_size; the rest when the micro-step's last unit is reduced.
+std::vector<std::vector<int>> reduce_buckets(const std::vector<UnitShape>& shapes, const Settings& s) {
   std::vector<std::vector<int>> buckets(1);
   std::int64_t pending = 0;
-  for (int u = layout.num_units() - 1; u >= 0; --u) {
+  for (int u = static_cast<int>(shapes.size()) - 1; u >= 0; --u) {
     buckets.back().push_back(u);
-    pending += layout.padded_numel(u, shard);
-    if (pending >= s.reduce_bucket_size) {
+    pending += shapes[static_cast<std::size_t>(u)].padded;
+    if (bucket_full(pending, s.reduce_bucket_size)) {
       buckets.emplace_back();
       pending = 0;
     }
@@ -124,7 +121,7 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
   const std::int64_t M = D / L;
   const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
   auto packed = [&](std::int64_t n, quant::Bits bits) {
-    return static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(n), block, bits));
+    return quant::packed_bytes(static_cast<std::size_t>(n), block, bits);
   };
   // The buffers QuantizedReduceScatter takes from its pool for a unit of `slice` elements per
   // rank, and when:
@@ -138,14 +135,15 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
   // sum comes and goes inside start(). Only the waited reduction advances, phase 2 starting in
   // start order.
   struct Unit {
-    std::int64_t msg1 = 0, partial = 0, msg2 = 0;
+    std::size_t msg1 = 0, partial = 0, msg2 = 0;
   };
-  const int N = s.shard_ranks(data_parallel);
+  const std::vector<UnitShape> shapes = unit_shapes(layout, s, data_parallel);
   std::vector<Unit> units;
-  for (int u = 0; u < layout.num_units(); ++u) {
-    const std::int64_t slice = layout.slice_numel(u, N);
-    units.push_back({L > 1 ? L * packed(M * slice, quant::Bits::int8) : 0, 4 * M * slice,
-                     M > 1 ? M * packed(slice, quant::Bits::int4) : 0});
+  for (const UnitShape& shape : shapes) {
+    const std::int64_t slice = shape.slice;
+    units.push_back({L > 1 ? static_cast<std::size_t>(L) * packed(M * slice, quant::Bits::int8) : 0,
+                     static_cast<std::size_t>(4 * M * slice),
+                     M > 1 ? static_cast<std::size_t>(M) * packed(slice, quant::Bits::int4) : 0});
   }
   PoolReplay pool;
   auto start = [&](int unit) {
@@ -181,48 +179,40 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
     pool.give(u.msg2);
     pool.give(u.msg2);
   };
-  replay_reductions(reduce_buckets(layout, s, N), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);
+  replay_reductions(reduce_buckets(shapes, s), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);
   return pool.held();
 }
 
 std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel) {
-  const int N = s.shard_ranks(data_parallel);
-  const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
-  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
-  // The reducer's two pools (GradReducer: grad_pool_, scratch_pool_), each holding for itself.
-  //   grad_pool_: a unit's micro-step gradient in the compute dtype, padded elements. Stages 2/3:
-  //     taken when the unit is ready, given back when its reduction completes. Stages 0/1 only
-  //     when the gradients accumulate in another dtype: added into the sum and given back at
-  //     once, so one buffer of each unit size.
-  //   scratch_pool_: taken when a reduction starts, given back when it completes. Stage 1 with
-  //     reduce_scatter: the reduced slice in the gradients' dtype; stages 2/3: the reduced slice
-  //     in the compute dtype, with qgZ its fp32 sum and that rounded to the compute dtype.
+  // The reducer's two pools (GradReducer: grad_pool_, scratch_pool_), each holding for itself,
+  // replayed with the reducer's own buffer rules (engine/reduce_buffers.hpp):
+  //   grad_pool_: a unit's micro-step gradient, where grads() hands one out. Stages 2/3: taken
+  //     when the unit is ready, given back when its reduction completes. Stages 0/1 only when
+  //     the gradients accumulate in another dtype: added into the sum and given back at once,
+  //     so one buffer of each unit size.
+  //   scratch_pool_: a reduction's scratch, taken when it starts, given back when it completes.
   // Stages 0/1 reduce once, at the step's last micro-step (not at all under PowerSGD, whose step
   // reduces the gradients itself); stages 2/3 every micro-step. Assumes the GPT trainer's
   // pattern: a unit's gradient is written just before it is reduced (grads(u), reduce(u)).
+  const std::vector<UnitShape> shapes = unit_shapes(layout, s, data_parallel);
+  const ReduceBuffers rule = reduce_buffers(s);
+  auto micro = [&](int u) { return rule.micro_bytes(shapes[static_cast<std::size_t>(u)]); };
+  auto scratch = [&](int u) { return rule.reduces(true) ? rule.scratch_bytes(shapes[static_cast<std::size_t>(u)]) : 0; };
   PoolReplay grad_pool, scratch_pool;
-  auto padded = [&](int u) { return layout.padded_numel(u, N); };
-  auto slice = [&](int u) { return layout.slice_numel(u, N); };
-  const bool early = s.stage <= 1;
-  const bool separate_micro = early && ges != es;
   auto ready = [&](int u) {
-    if (early && !separate_micro) return;
-    grad_pool.take(padded(u) * es);
-    if (separate_micro) grad_pool.give(padded(u) * es);
-  };
-  auto scratch = [&](int u) -> std::int64_t {
-    if (s.stage == 0 || s.powersgd()) return 0;
-    if (s.stage == 1) return s.reduce_scatter ? slice(u) * ges : 0;
-    return slice(u) * (s.quantized_gradients ? 4 + es : es);
+    if (!rule.pooled_micro()) return;
+    grad_pool.take(micro(u));
+    if (rule.separate_micro()) grad_pool.give(micro(u));
   };
   auto start = [&](int u) {
     if (scratch(u) > 0) scratch_pool.take(scratch(u));
   };
   auto complete = [&](int u) {
     if (scratch(u) > 0) scratch_pool.give(scratch(u));
-    if (!early) grad_pool.give(padded(u) * es);
+    if (rule.stage >= 2) grad_pool.give(micro(u));
   };
-  replay_reductions(reduce_buckets(layout, s, N), s.overlap_comm, early ? 1 : s.grad_accum, ready, start, complete);
+  const int micro_steps = rule.stage <= 1 ? 1 : s.grad_accum;
+  replay_reductions(reduce_buckets(shapes, s), s.overlap_comm, micro_steps, ready, start, complete);
   return grad_pool.held() + scratch_pool.held();
 }
 

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <vector>
 
+#include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
-#include "zero/util/log.hpp"
 #include "zero/plan/plan.hpp"
+#include "zero/util/log.hpp"
 
 namespace zero::plan {
 
@@ -28,13 +30,12 @@ struct UnitSizes {
   std::int64_t largest_slice = 0;
 };
 
-UnitSizes unit_sizes(const Layout& layout, int world) {
+UnitSizes unit_sizes(const std::vector<UnitShape>& shapes) {
   UnitSizes u;
-  for (int i = 0; i < layout.num_units(); ++i) {
-    const std::int64_t p = layout.padded_numel(i, world);
-    u.total_padded += p;
-    u.largest = std::max(u.largest, p);
-    u.largest_slice = std::max(u.largest_slice, layout.slice_numel(i, world));
+  for (const UnitShape& unit : shapes) {
+    u.total_padded += unit.padded;
+    u.largest = std::max(u.largest, unit.padded);
+    u.largest_slice = std::max(u.largest_slice, unit.slice);
   }
   return u;
 }
@@ -55,7 +56,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
                        const Settings& s) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
   const int N = s.shard_ranks(D);
-  const UnitSizes u = unit_sizes(layout, N);
+  const std::vector<UnitShape> shapes = unit_shapes(layout, s, D);
+  const UnitSizes u = unit_sizes(shapes);
   MemoryPlan m;
   m.states = model_states(layout, s, D);
   // 1F1B: stage k holds the activations of min(P - k, m) micro-batches at its peak.
@@ -94,9 +96,9 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   if (s.stage == 3) {
     std::map<std::int64_t, std::int64_t> sharded;  // padded elements -> sharded units of that size
     std::int64_t largest = 0, total = 0;
-    for (int i = 0; i < layout.num_units(); ++i) {
-      if (layout.unit(i).numel < s.persistence_threshold) continue;
-      const std::int64_t p = layout.padded_numel(i, N);
+    for (const UnitShape& unit : shapes) {
+      if (!unit.sharded_params) continue;
+      const std::int64_t p = unit.padded;
       ++sharded[p];
       largest = std::max(largest, p);
       total += p;
@@ -127,7 +129,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
                    const Settings& s) {
   const int T = s.tensor_parallel, P = s.pipeline_parallel, N = s.shard_ranks(D);
   const double es = static_cast<double>(dtype_size(s.dtype));
-  const UnitSizes u = unit_sizes(layout, N);
+  const UnitSizes u = unit_sizes(unit_shapes(layout, s, D));
   StepTime t;
   // Compute: 2Ψ FLOPs per token forward, 4Ψ backward, 2Ψ more to recompute with checkpointing,
   // each rank doing 1/(T x P) of them.

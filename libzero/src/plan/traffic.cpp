@@ -8,6 +8,7 @@
 
 #include "comm/quantize.hpp"
 #include "engine/powersgd.hpp"
+#include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/plan/plan.hpp"
 
@@ -81,8 +82,8 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   const Ring replica{world / N, (rank + N) % world / ranks_per_node != rank / ranks_per_node};
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(s.dtype));
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
-  std::vector<std::int64_t> slice(static_cast<std::size_t>(units)), padded(slice.size());
-  std::vector<bool> sharded(slice.size());
+  const std::vector<UnitShape> shapes = unit_shapes(layout, s, world);
+  auto shape = [&](int u) -> const UnitShape& { return shapes[static_cast<std::size_t>(u)]; };
   // qgZ (engine/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
   // the M slices it serves as int8 blocks, then to each of the M-1 other nodes one slice as int4.
   const int L = std::min(world, ranks_per_node), M = world / L;
@@ -95,11 +96,6 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
     to.inter_node += (M - 1) * static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(sl), block,
                                                                              quant::Bits::int4));
   };
-  for (int u = 0; u < units; ++u) {
-    slice[static_cast<std::size_t>(u)] = layout.slice_numel(u, N);
-    padded[static_cast<std::size_t>(u)] = slice[static_cast<std::size_t>(u)] * N;
-    sharded[static_cast<std::size_t>(u)] = s.stage == 3 && layout.unit(u).numel >= s.persistence_threshold;
-  }
 
   // Gradients: stages 0 and 1 reduce the accumulated gradient at the boundary, stages 2 and 3
   // each micro-step's gradient in the compute dtype.
@@ -112,7 +108,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
     if (e.q > 0) part.all_reduce(t, e.q, fsize);
   }
   for (int u = 0; u < units && !s.powersgd(); ++u) {
-    const std::int64_t sl = slice[static_cast<std::size_t>(u)], pd = padded[static_cast<std::size_t>(u)];
+    const std::int64_t sl = shape(u).slice, pd = shape(u).padded;
     if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) part.all_reduce(t, pd, gesize);
     else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);
     else
@@ -124,7 +120,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   }
   // MiCS: each rank's accumulated slice, once per step, over the replicas.
   if (N < world)
-    for (int u = 0; u < units; ++u) replica.all_reduce(t, slice[static_cast<std::size_t>(u)], gesize);
+    for (int u = 0; u < units; ++u) replica.all_reduce(t, shape(u).slice, gesize);
   // The global norm's sum (stage 0 holds the whole gradient; MiCS's replicas then agree on the
   // maximum), the two scalars that check the ranks agree on the step's decisions, and the
   // trainer's mean loss over the ranks (on the same world communicator, so the engine's
@@ -136,7 +132,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   // sharded: the next gathers rebuild them).
   if (s.stage > 0)
     for (int u = 0; u < units; ++u)
-      if (!sharded[static_cast<std::size_t>(u)]) part.all_gather(t, slice[static_cast<std::size_t>(u)], esize);
+      if (!shape(u).sharded_params) part.all_gather(t, shape(u).slice, esize);
   if (s.stage != 3) return t;
 
   // Stage 3: the trainer's gather order, and when each lease ends (the position of the next
@@ -149,7 +145,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   for (int l = layers - 1; l >= 0; --l) order.push_back(1 + l);
   const std::size_t n = order.size();
   const Ring hpz = ring_of(rank, s.hpz_partition_size, ranks_per_node);
-  std::vector<bool> gathered(slice.size(), false), secondary(slice.size(), false);
+  std::vector<bool> gathered(shapes.size(), false), secondary(shapes.size(), false);
   auto release = [&](int u, std::size_t pos) {  // the gatherer's keep rule
     std::int64_t distance = 0;
     for (std::size_t j = 0; j < n; ++j) {
@@ -158,23 +154,23 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
         if (distance > s.max_reuse_distance) gathered[static_cast<std::size_t>(u)] = false;
         return;
       }
-      distance += padded[static_cast<std::size_t>(next)];
+      distance += shape(next).padded;
     }
   };
   for (int m = 0; m < s.grad_accum; ++m)
     for (std::size_t k = 0; k < n; ++k) {
       const int u = order[k];
       const auto ui = static_cast<std::size_t>(u);
-      if (!sharded[ui]) continue;
+      if (!shape(u).sharded_params) continue;
       if (!gathered[ui]) {
         if (s.hpz_partition_size > 1 && secondary[ui]) {
-          hpz.all_gather(t, padded[ui] / s.hpz_partition_size, esize);
+          hpz.all_gather(t, shape(u).padded / s.hpz_partition_size, esize);
         } else if (s.quantized_weights) {
           const auto packed = static_cast<std::int64_t>(quant::packed_bytes(
-              static_cast<std::size_t>(slice[ui]), static_cast<std::size_t>(s.quantized_weights_block_size)));
+              static_cast<std::size_t>(shape(u).slice), static_cast<std::size_t>(s.quantized_weights_block_size)));
           part.all_gather(t, packed / 4, 4);
         } else {
-          part.all_gather(t, slice[ui], esize);
+          part.all_gather(t, shape(u).slice, esize);
         }
         gathered[ui] = true;
         secondary[ui] = s.hpz_partition_size > 1;
