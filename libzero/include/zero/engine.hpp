@@ -1,42 +1,5 @@
-// Engine: ZeRO stages 0-3 for a hand-written training loop.
-//
-// The loop drives it per unit and per micro-step:
-//
-//   for each micro-step:
-//     forward:  for u in units: { auto p = engine.gather(u); ...use p[i]... }   // scoped handle
-//     backward: for u in reverse: { auto p = engine.gather(u); auto g = engine.grads(u);
-//                                   ...add (+=) this micro-batch's gradient into g[i]...;
-//                                   engine.reduce(u); }
-//   engine.set_lr(lr);                // optional: the loop's own schedule (set_lr below)
-//   GradNorm n = engine.grad_norm();  // optional: the norm before the update (collective)
-//   StepResult r = engine.step();     // or step({.skip = true}), step({.clip_coefficient = c})
-//
-// Gradients are always *added* into grads(u) (as llm.c's backward kernels do), so a parameter
-// used twice (tied embeddings) simply accumulates; the engine hands out zeroed storage when it
-// must. The backward must scale its gradients by loss_scale() (1 unless fp16 is on).
-// grads(u) is in the compute dtype. Across micro-steps the engine sums in
-// data_types.grad_accum_dtype; with fp32 (the CUDA default when accumulating over fp16/bf16)
-// each micro-step's grads(u) is zeroed storage that reduce(u) adds into fp32 storage.
-//
-// Averaging: the collectives *sum* the ranks' gradients, and step() divides the sum by
-// gradient_accumulation_steps x data-parallel world size (and the loss scale) before clipping
-// and the update, so a loop that adds each micro-batch's mean-loss gradient trains on the mean
-// over the global batch. A loop whose loss seed already divides (llm.c's 1/(B*T*grad_accum_steps))
-// sets gradient_average: ranks (or none, when it also divides by the world size); otherwise the
-// gradient, its norm and clipping are off by that factor a second time.
-//
-// What each stage keeps per rank (Ψ parameters, N ranks):
-//   0: full compute params, full grads, full fp32 master + moments; grads all-reduced in buckets.
-//   1: full params and grads; master + moments sharded; reduce-scatter at the accumulation
-//      boundary; updated slices all-gathered in buckets.
-//   2: + grads sharded: each reduce(u) reduce-scatters u (coalesced into buckets) into the rank's
-//      slice; full-size gradient storage is only the buffers in flight.
-//   3: + params sharded: gather(u) all-gathers, prefetching along the order recorded in the first
-//      micro-step; a later micro-step that gathers in another order is an error, not a hang.
-//
-// Threads: one thread at a time drives an engine (it is not thread-safe), but it need not be the
-// thread that built it. With backend: cuda every call makes the engine's device current on the
-// calling thread first (CUDA threads otherwise start on device 0), and leaves it current.
+// Engine: ZeRO stages 0-3 for a hand-written training loop, driven per unit: gather(u), grads(u),
+// reduce(u), then step(). Usage: docs/training-loop.md; design: docs/architecture.md.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +15,28 @@
 #include "zero/config.hpp"
 #include "zero/dtype.hpp"
 #include "zero/layout.hpp"
+
+// The loop, per micro-step, then per step (docs/training-loop.md says what each call checks):
+//
+//   forward:  for u in units: { auto p = engine.gather(u); ...use p[i]... }   // scoped handle
+//   backward: for u in reverse: { auto p = engine.gather(u); auto g = engine.grads(u);
+//                                 ...add (+=) this micro-batch's gradient into g[i]...;
+//                                 engine.reduce(u); }
+//   engine.set_lr(lr);                // optional: the loop's own schedule (set_lr below)
+//   GradNorm n = engine.grad_norm();  // optional: the norm before the update (collective)
+//   StepResult r = engine.step();     // or step({.skip = true}), step({.clip_coefficient = c})
+//
+// The backward always *adds* into grads(u) (compute dtype), its gradients multiplied by
+// loss_scale(), so a parameter used twice (tied embeddings) simply accumulates; the engine hands
+// out zeroed storage when it must. Across micro-steps gradients sum in
+// data_types.grad_accum_dtype; with fp32 each micro-step's grads(u) is zeroed storage that
+// reduce(u) adds into fp32 storage. step() divides the sum over ranks and micro-steps as
+// gradient_average says (docs/training-loop.md, Averaging); what each stage keeps per rank is in
+// the same page's table.
+//
+// Threads: one thread at a time drives an engine (it is not thread-safe), but it need not be the
+// thread that built it. With backend: cuda every call makes the engine's device current on the
+// calling thread first (CUDA threads otherwise start on device 0), and leaves it current.
 
 namespace zero {
 
@@ -189,8 +174,10 @@ class Engine {
   // engine shards, reduces and steps over groups.data() (cfg resolved for groups.data_size()),
   // and the global gradient norm, clipping and the fp16 overflow decision span groups.model():
   // each rank's own parameters summed over it, replicated ones (Layout::set_replicated) counted
-  // once, so every rank clips and skips alike. `groups` must outlive the engine. Host backend;
-  // checkpoints of a model split over ranks are not written yet (a clear error).
+  // once, so every rank clips and skips alike. `groups` must outlive the engine. Either backend
+  // (a CUDA backend's device communicator spans groups.data()); checkpoints hold one shard set
+  // per grid position and resume on the same tensor and pipeline sizes (zero/checkpoint.hpp).
+  // qgZ (zero_quantized_gradients) and PowerSGD refuse it so far, with a clear error.
   Engine(Context& ctx, const Config& cfg, Layout layout, ProcessGroups& groups);
   ~Engine();
   Engine(Engine&&) noexcept;
@@ -211,10 +198,14 @@ class Engine {
   // on rank 0) while the others wait at their next collective. Costs the whole model in the
   // compute dtype at stage 3; at stages 0-2 the parameters are whole already and nothing moves.
   GatheredModel gather_all();
-  // Local: where the backward adds unit's gradient (see "Averaging" above for what step() divides by).
+  // Local: where the backward adds unit's gradient (docs/training-loop.md, Averaging: what step()
+  // divides the sum by).
   UnitGrads grads(int unit);
-  // Collective at stages 0-3 once a bucket fills (every rank reduces the same units in the same
-  // order); the last unit of a micro-step may flush.
+  // u's gradient is ready: this micro-step's backward has added all of it into grads(u). Queues
+  // it for the reduction, collective once a bucket fills: every micro-step at stages 2 and 3, at
+  // the step's last micro-step at stages 0 and 1 (under gradient_compression the step reduces
+  // instead). Every rank reduces the same units in the same order; a micro-step's last unit
+  // flushes what is pending.
   void reduce(int unit);
   // Collective at every stage (gradient norm, overflow agreement, updated slices).
   StepResult step();
