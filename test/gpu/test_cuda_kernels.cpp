@@ -8,15 +8,18 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/device_allocator.hpp"
 #include "gpu_test_util.hpp"
 #include "spin_kernel.hpp"
+#include "zero/comm.hpp"
 #include "zero/error.hpp"
 #include "offload/host_optimizer.hpp"
 
@@ -412,4 +415,26 @@ TEST_CASE("after a kernel's illegal address: an error with a hint, and a destruc
   // Every CUDA call fails from now on, the backend's shutdown included: it logs, never throws
   // (a throwing destructor is std::terminate).
   REQUIRE_NOTHROW(b.reset());
+}
+
+// The same fault under comm: nccl, where a collective is in flight when the kernel fails: the
+// collective's completion event is the first to show the sticky error, so the collective
+// watchdog notices it before any call of this thread does, and ends the job (MPI_Abort). It must
+// report a kernel failure with the way to find the kernel, not a collective failure with timeout
+// advice. Hidden (test_cuda_sticky_error_nccl runs it alone): its ctest entry checks the
+// watchdog's last words (PASS_REGULAR_EXPRESSION; FAIL_REGULAR_EXPRESSION for the timeout
+// advice), so this case passes only by being ended by the watchdog.
+TEST_CASE("under NCCL, a kernel's illegal address noticed at a collective is reported as a kernel failure",
+          "[.][sticky_nccl]") {
+  auto b = backend("cuda", "nccl");
+  Buffer buf = b->alloc(4096);
+  auto s = static_cast<cudaStream_t>(b->compute_stream());
+  // The fault comes after the collective is enqueued behind it (the comm stream waits for the
+  // compute stream), so every CUDA call below succeeds and the watchdog is the first to know.
+  spin(s, 300.0);
+  illegal_write(s);
+  Work w = b->comm().all_reduce_async(buf.get(), 1024, DType::f32, ReduceOp::sum);
+  // This thread calls no CUDA from here: the watchdog (polling every 0.1 s) must end the job.
+  std::this_thread::sleep_for(std::chrono::seconds(30));
+  FAIL("the collective watchdog did not end the job within 30 s of a kernel's illegal address under NCCL");
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "cuda/watchdog_report.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {
@@ -25,22 +26,19 @@ const char* cuda_hint(cudaError_t rc) {
     case cudaErrorNoKernelImageForDevice:
       return "; libzero was not compiled for this GPU: rebuild with "
              "-DCMAKE_CUDA_ARCHITECTURES=<your GPU's compute capability, e.g. 90>";
-    // A kernel failed. The error is sticky (every later CUDA call reports it) and asynchronous:
-    // the call named above is where it was noticed, usually not the kernel that failed.
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorInvalidPc:
-    case cudaErrorHardwareStackError:
-    case cudaErrorAssert:
-      return "; a kernel failed and the CUDA context is unusable from here on (the error is sticky, and the "
-             "call named is where it was noticed, not necessarily the kernel that caused it): rerun with "
-             "CUDA_LAUNCH_BLOCKING=1 to stop at the failing launch, or under compute-sanitizer "
-             "(compute-sanitizer --tool memcheck <program>) to find the bad access";
     default:
       return "";
   }
+}
+
+// A kernel failed. The error is sticky (every later CUDA call reports it) and asynchronous: the
+// call named is where it was noticed, usually not the kernel that failed. The same errors and
+// advice as the collective watchdog's (watchdog_report.hpp), which often notices them first.
+std::string kernel_fault_hint(cudaError_t rc) {
+  if (!is_kernel_fault(cudaGetErrorName(rc))) return "";
+  return std::string("; a kernel failed and the CUDA context is unusable from here on (the error is sticky, and the "
+                     "call named is where it was noticed, not necessarily the kernel that caused it): ") +
+         kernel_fault_advice();
 }
 
 }  // namespace
@@ -72,7 +70,8 @@ DeviceProbe probe_devices() {
 }
 
 std::string cuda_error_text(const char* call, cudaError_t rc) {
-  return fmt::format("{} failed: {} ({}){}", call, cudaGetErrorName(rc), cudaGetErrorString(rc), cuda_hint(rc));
+  return fmt::format("{} failed: {} ({}){}{}", call, cudaGetErrorName(rc), cudaGetErrorString(rc), cuda_hint(rc),
+                     kernel_fault_hint(rc));
 }
 
 void throw_cuda_error(const char* file, int line, const char* call, cudaError_t rc) {

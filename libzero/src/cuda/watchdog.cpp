@@ -7,10 +7,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "comm/collective_timeout.hpp"
 #include "runtime/log.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/watchdog_report.hpp"
 #include "zero/error.hpp"
 
 namespace zero::cuda {
@@ -130,7 +132,7 @@ void Watchdog::run() {
   cudaThreadExchangeStreamCaptureMode(&mode);
   const auto poll = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.poll_s));
   for (;;) {
-    std::string failure;
+    std::optional<WatchdogFinding> failure;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (cv_.wait_for(lock, poll, [this] { return stop_; })) return;
@@ -147,35 +149,39 @@ void Watchdog::run() {
           break;
         }
         if (q != cudaErrorNotReady) {
-          failure = fmt::format("CUDA error {} ({}) while waiting for {}", cudaGetErrorName(q), cudaGetErrorString(q),
-                                describe(s, now));
+          // A kernel's sticky fault shows here first when a collective is in flight: it is
+          // reported as the kernel failure it is (watchdog_report.hpp), not as the collective's.
+          failure = event_error(cudaGetErrorName(q), cudaGetErrorString(q), describe(s, now));
         } else if (o_.timeout_s > 0.0 && now > s.deadline) {
-          failure = fmt::format("{}, did not complete within the collective timeout of {:g} s (ZERO_NCCL_TIMEOUT_S): a "
-                                "rank is missing from it, stalled or dead",
-                                describe(s, now), o_.timeout_s);
+          failure = stalled(describe(s, now), o_.timeout_s);
         }
         cudaGetLastError();
         break;
       }
     }
-    if (failure.empty() && o_.async_error) failure = o_.async_error();
-    if (!failure.empty()) {
-      fail(failure);
+    if (!failure && o_.async_error) {
+      std::string nccl = o_.async_error();
+      if (!nccl.empty()) {
+        // NCCL fails too once a kernel has spoiled the context: the context's own state tells.
+        // Any call on it returns a sticky error; an event query never blocks.
+        const cudaError_t d = cudaEventQuery(ring_[0].event);
+        const bool bad = d != cudaSuccess && d != cudaErrorNotReady;
+        cudaGetLastError();
+        failure = comm_error(std::move(nccl), bad ? cudaGetErrorName(d) : "cudaSuccess",
+                             bad ? cudaGetErrorString(d) : "");
+      }
+    }
+    if (failure) {
+      fail(*failure);
       return;
     }
   }
 }
 
-void Watchdog::fail(const std::string& what) {
-  // The log's line format ("[rank r/n] error: ..."), but with the rank named even in a job of
-  // one: the options carry it (this thread must not depend on the Context), and a collective
-  // timeout is the one message where "which rank" is the first question.
+void Watchdog::fail(const WatchdogFinding& finding) {
+  // The options carry the rank: this thread must not depend on the Context.
   const std::string recent = o_.recent_collectives ? o_.recent_collectives() : std::string();
-  const std::string message = fmt::format(
-      "[rank {}/{}] error: collective watchdog: {}{}. Aborting the job so that no rank waits forever; run with "
-      "NCCL_DEBUG=WARN to see NCCL's account, or raise ZERO_NCCL_TIMEOUT_S if the collective is legitimately that "
-      "slow",
-      o_.rank, o_.world, what, recent.empty() ? "" : "; this rank's last collectives: " + recent);
+  const std::string message = watchdog_message(finding, o_.rank, o_.world, recent);
   if (o_.on_failure) {
     o_.on_failure(message);
     return;

@@ -8,7 +8,9 @@
 // CUDA errors of its event, and the communicator's asynchronous error (ncclCommGetAsyncError).
 // On a failure it reports once, naming the rank, the collective, its size and how long it has
 // been waiting, and by default aborts NCCL (so kernels stuck in it return) and then the job
-// (MPI_Abort): one rank's failure must not leave the others blocked forever.
+// (MPI_Abort): one rank's failure must not leave the others blocked forever. A kernel's sticky
+// fault, which the collective's event is often the first to show, is reported as a kernel
+// failure with the way to find the kernel, not as the collective's (watchdog_report.hpp).
 //
 // CUDA graphs: a ticket recorded while a stream is being captured would be a node of the graph,
 // not an event that completes, and would block the ring's tail (so every later collective would
@@ -41,6 +43,8 @@
 #include <vector>
 
 namespace zero::cuda {
+
+struct WatchdogFinding;  // watchdog_report.hpp
 
 struct WatchdogOptions {
   double timeout_s = 600.0;  // 0: no deadline
@@ -93,7 +97,7 @@ class Watchdog {
   void run();
   void retire_completed_locked(int limit);
   std::string describe(const Slot& s, Clock::time_point now) const;
-  void fail(const std::string& what);
+  void fail(const WatchdogFinding& finding);
 
   WatchdogOptions o_;
   std::vector<Slot> ring_;
