@@ -82,7 +82,7 @@ class EngineImpl {
   int micro_step() const { return micro_; }
   std::int64_t global_step() const { return step_; }
 
-  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
+  const UnitShape& shape(int unit) const { return unit_at(shapes_, unit); }
 
  private:
   friend class EngineState;  // checkpoint support (engine/state.cpp) reads and restores the state

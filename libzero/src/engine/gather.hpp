@@ -95,8 +95,8 @@ class ParamGatherer {
   void prefetch_after(std::size_t pos, bool wrap);
   std::int64_t live_elements() const;
   // Unit ids index the per-unit vectors.
-  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
-  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
+  Unit& state(int unit) { return unit_at(units_, unit); }
+  const UnitShape& shape(int unit) const { return unit_at(shapes_, unit); }
 
   Backend& backend_;
   Communicator& comm_;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/unit_shape.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
 #include "offload/nvme_swapper.hpp"
@@ -72,7 +73,7 @@ class ResidentStore final : public OptimizerStore {
   bool on_host() const override { return offloaded_; }
   void for_each(const Visit& fn) override {
     for (const auto& g : groups_) {
-      auto& s = state_[static_cast<std::size_t>(g.unit)];
+      auto& s = unit_at(state_, g.unit);
       fn(g.unit, g.begin, g.len, s.ptr[0] + g.begin, s.ptr[1] + g.begin, moments_ == 2 ? s.ptr[2] + g.begin : nullptr);
     }
   }
@@ -96,9 +97,9 @@ class ResidentStore final : public OptimizerStore {
   };
   float* slot(int unit, int k) {
     ZERO_CHECK(k <= moments_, fmt::format("optimizer moment {} does not exist for this optimizer", k - 1));
-    return state_[static_cast<std::size_t>(unit)].ptr[k];
+    return unit_at(state_, unit).ptr[k];
   }
-  std::size_t bytes(int unit) const { return state_[static_cast<std::size_t>(unit)].bytes; }
+  std::size_t bytes(int unit) const { return unit_at(state_, unit).bytes; }
   // Host memory is copied directly; backend memory goes through the backend.
   void put(float* dst, const float* host, std::size_t n) {
     if (offloaded_) std::memcpy(dst, host, n);

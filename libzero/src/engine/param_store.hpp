@@ -49,9 +49,9 @@ class ParamStore {
   std::string swap_key(int unit) const;
   std::size_t slice_bytes(int unit) const;
   // Unit ids index the per-unit vectors.
-  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
-  const Unit& state(int unit) const { return units_[static_cast<std::size_t>(unit)]; }
-  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
+  Unit& state(int unit) { return unit_at(units_, unit); }
+  const Unit& state(int unit) const { return unit_at(units_, unit); }
+  const UnitShape& shape(int unit) const { return unit_at(shapes_, unit); }
 
   Backend& backend_;
   const std::vector<UnitShape>& shapes_;

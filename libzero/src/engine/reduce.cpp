@@ -112,7 +112,7 @@ void GradReducer::flush_bucket() {
       // fp32 sum, then (16-bit gradients) its rounding to the compute dtype after it.
       const std::size_t n = static_cast<std::size_t>(s.slice);
       auto sum = std::make_shared<Buffer>(scratch_pool_.acquire(scratch_bytes, false));
-      f.works.push_back(qgz_->start(src->get(), dtype_, n, feedback_[static_cast<std::size_t>(unit)], sum->as<float>()));
+      f.works.push_back(qgz_->start(src->get(), dtype_, n, unit_at(feedback_, unit), sum->as<float>()));
       f.finish.push_back([this, &u, n, sum, src] {
         if (gdt_ == DType::f32) {
           backend_.accumulate(u.slice.get(), gdt_, sum->get(), DType::f32, n);

@@ -115,9 +115,9 @@ class GradReducer {
             .quantized = qgz_ != nullptr, .deferred = deferred_};
   }
   // Unit ids index the per-unit vectors.
-  Unit& state(int unit) { return units_[static_cast<std::size_t>(unit)]; }
-  const Unit& state(int unit) const { return units_[static_cast<std::size_t>(unit)]; }
-  const UnitShape& shape(int unit) const { return shapes_[static_cast<std::size_t>(unit)]; }
+  Unit& state(int unit) { return unit_at(units_, unit); }
+  const Unit& state(int unit) const { return unit_at(units_, unit); }
+  const UnitShape& shape(int unit) const { return unit_at(shapes_, unit); }
 
   Backend& backend_;
   Communicator& comm_;

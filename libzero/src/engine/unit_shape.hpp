@@ -26,11 +26,22 @@ struct UnitShape {
   std::int64_t param_elements() const { return sharded_params ? slice : padded; }
 };
 
+// A per-unit vector's element for a unit id (an int, as Layout numbers units): the one place the
+// engine's and the planner's per-unit vectors turn ids into indices.
+template <class T>
+T& unit_at(std::vector<T>& v, int unit) {
+  return v[static_cast<std::size_t>(unit)];
+}
+template <class T>
+const T& unit_at(const std::vector<T>& v, int unit) {
+  return v[static_cast<std::size_t>(unit)];
+}
+
 inline std::vector<UnitShape> make_unit_shapes(const Layout& layout, int rank, int world, int stage,
                                                std::int64_t persistence_threshold) {
   std::vector<UnitShape> shapes(static_cast<std::size_t>(layout.num_units()));
   for (int i = 0; i < layout.num_units(); ++i) {
-    UnitShape& u = shapes[static_cast<std::size_t>(i)];
+    UnitShape& u = unit_at(shapes, i);
     u.numel = layout.unit(i).numel;
     u.slice = layout.slice_numel(i, world);
     u.padded = u.slice * world;

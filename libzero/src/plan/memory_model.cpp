@@ -79,7 +79,7 @@ std::vector<std::vector<int>> reduce_buckets(const std::vector<UnitShape>& shape
   std::int64_t pending = 0;
   for (int u = static_cast<int>(shapes.size()) - 1; u >= 0; --u) {
     buckets.back().push_back(u);
-    pending += shapes[static_cast<std::size_t>(u)].padded;
+    pending += unit_at(shapes, u).padded;
     if (bucket_full(pending, s.reduce_bucket_size)) {
       buckets.emplace_back();
       pending = 0;
@@ -147,7 +147,7 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
   }
   PoolReplay pool;
   auto start = [&](int unit) {
-    const Unit& u = units[static_cast<std::size_t>(unit)];
+    const Unit& u = unit_at(units, unit);
     if (L > 1) {
       pool.take(u.msg1);  // send1
       pool.take(u.msg1);  // recv1
@@ -162,7 +162,7 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
     pool.take(u.msg2);  // recv2
   };
   auto complete = [&](int unit) {
-    const Unit& u = units[static_cast<std::size_t>(unit)];
+    const Unit& u = unit_at(units, unit);
     if (L == 1 && M == 1) return;  // done inside start()
     if (L > 1) {
       pool.take(u.partial);
@@ -196,8 +196,8 @@ std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int da
   // pattern: a unit's gradient is written just before it is reduced (grads(u), reduce(u)).
   const std::vector<UnitShape> shapes = unit_shapes(layout, s, data_parallel);
   const ReduceBuffers rule = reduce_buffers(s);
-  auto micro = [&](int u) { return rule.micro_bytes(shapes[static_cast<std::size_t>(u)]); };
-  auto scratch = [&](int u) { return rule.reduces(true) ? rule.scratch_bytes(shapes[static_cast<std::size_t>(u)]) : 0; };
+  auto micro = [&](int u) { return rule.micro_bytes(unit_at(shapes, u)); };
+  auto scratch = [&](int u) { return rule.reduces(true) ? rule.scratch_bytes(unit_at(shapes, u)) : 0; };
   PoolReplay grad_pool, scratch_pool;
   auto ready = [&](int u) {
     if (!rule.pooled_micro()) return;

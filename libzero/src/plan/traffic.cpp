@@ -83,7 +83,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(s.dtype));
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   const std::vector<UnitShape> shapes = unit_shapes(layout, s, world);
-  auto shape = [&](int u) -> const UnitShape& { return shapes[static_cast<std::size_t>(u)]; };
+  auto shape = [&](int u) -> const UnitShape& { return unit_at(shapes, u); };
   // qgZ (engine/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
   // the M slices it serves as int8 blocks, then to each of the M-1 other nodes one slice as int4.
   const int L = std::min(world, ranks_per_node), M = world / L;
