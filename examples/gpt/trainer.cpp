@@ -7,15 +7,12 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
-#include "zero/config_schema.hpp"
 #include "zero/error.hpp"
 #include "zero/formats/hf_gpt2.hpp"
 #include "zero/util/strings.hpp"
@@ -25,36 +22,6 @@
 namespace zero::gpt {
 
 namespace {
-
-// A double-quoted YAML scalar: safe for globs ("*" would start an alias) and paths. Control
-// bytes are escaped (a raw newline in a quoted scalar reads back as a space), so the saved
-// config says exactly what ran.
-std::string quoted(const std::string& s) {
-  std::string q = "\"";
-  for (char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      q += '\\';
-      q += ch;
-    } else if (c == '\n') {
-      q += "\\n";
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      q += buf;
-    } else {
-      q += ch;
-    }
-  }
-  return q + "\"";
-}
-
-// The shortest text that reads back as the same double.
-std::string number(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
 
 // The engine outlives the trainer's Ops (owned_engine_ is declared before ops_; a borrowed
 // engine lives on, and the autotuner builds the next trainer on it) but holds the Ops' stream as
@@ -68,208 +35,6 @@ void return_engine_stream(zero::Engine* engine, const Ops* ops) noexcept {
   } catch (...) {
   }
 }
-
-}  // namespace
-
-// ------------------------------------------------------------------------------ settings
-
-GptSettings read_gpt_settings(const zero::Config& cfg) {
-  // With backend: cuda the model runs on CudaOps (cuda/cuda_ops.hpp, loaded from libzero_gpt_cuda
-  // by cuda_library.hpp), which compute in bf16 on
-  // the engine's device storage: the engine's compute dtype must be the same.
-  if (cfg.backend == zero::BackendKind::cuda) {
-#if !ZERO_GPT_CUDA
-    ZERO_THROW("zero-gpt: backend: cuda, but this build has no CUDA support (configure with "
-               "-DZERO_CUDA=ON on a machine with the CUDA toolkit), or set backend: host");
-#endif
-    ZERO_CHECK(cfg.compute_dtype() == zero::DType::bf16,
-               std::string("zero-gpt: backend: cuda trains in bf16 (the GPT CUDA kernels take bf16 parameters, "
-                           "gradients and activations), but the config computes in ") +
-                   std::string(zero::dtype_name(cfg.compute_dtype())) +
-                   "; set bf16.enabled: true" + (cfg.fp16.enabled ? " and fp16.enabled: false" : ""));
-  }
-  GptSettings s;
-  {
-    zero::StrictSection m = zero::extra_section(cfg, "model");
-    s.preset = m.get_choice("preset", s.preset, gpt_preset_names());
-    GptConfig c = gpt_preset(s.preset);
-    c.n_layer = static_cast<int>(m.get_int("n_layer", c.n_layer, 1, 4096));
-    c.n_head = static_cast<int>(m.get_int("n_head", c.n_head, 1, 4096));
-    c.n_embd = static_cast<int>(m.get_int("n_embd", c.n_embd, 1, 1 << 20));
-    c.seq_len = static_cast<int>(m.get_int("seq_len", c.seq_len, 1, 1 << 20));
-    c.vocab_size = static_cast<int>(m.get_int("vocab_size", c.vocab_size, 2, 65536));
-    c.activation_checkpointing = m.get_bool("activation_checkpointing", false);
-    s.tensor_parallel = static_cast<int>(m.get_int("tensor_parallel", 1, 1, 4096));
-    s.pipeline_parallel = static_cast<int>(m.get_int("pipeline_parallel", 1, 1, 4096));
-    s.init_seed = static_cast<std::uint64_t>(m.get_int("seed", 42, 0));
-    s.init_from = m.get_string("init_from", "");
-    if (c.n_embd % c.n_head != 0)
-      m.fail(m.has("n_head") ? "n_head" : "n_embd",
-             "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
-                 std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
-    try {
-      check_tensor_parallel(c, s.tensor_parallel);
-    } catch (const zero::Error& e) {
-      m.fail("tensor_parallel", e.what());
-    }
-    // backend: cuda multiplies bf16 rows through cuBLASLt, which needs every row 16-byte
-    // aligned: a tensor rank's widths (n_embd, and 3, 1 and 4 x n_embd / T) and its part of the
-    // padded vocabulary must be multiples of 8 elements. Said here, naming the keys, rather than
-    // by the first product with a width the user never set.
-    const int T = s.tensor_parallel;
-    if (cfg.backend == zero::BackendKind::cuda && c.n_embd % c.n_head == 0 && c.n_head % T == 0) {
-      if ((c.n_embd / T) % 8 != 0)
-        m.fail(m.has("n_embd") || T == 1 ? "n_embd" : "tensor_parallel",
-               "backend: cuda needs n_embd / tensor_parallel (" + std::to_string(c.n_embd) + " / " +
-                   std::to_string(T) + ") to be a multiple of 8: its bf16 matrix rows must be 16-byte "
-                   "aligned; choose n_embd a multiple of 8 x tensor_parallel (" + std::to_string(8 * T) +
-                   ")" + (T > 1 ? " or a smaller tensor_parallel" : ""));
-      else if (c.padded_vocab_size() % T == 0 && (c.padded_vocab_size() / T) % 8 != 0)
-        m.fail("tensor_parallel",
-               "backend: cuda needs each tensor rank's part of the padded vocabulary (" +
-                   std::to_string(c.padded_vocab_size()) + " / " + std::to_string(T) + " ids) to be a "
-                   "multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
-                   "dividing " + std::to_string(c.padded_vocab_size() / 8));
-    }
-    if (s.pipeline_parallel > c.n_layer)
-      m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
-                                      " blocks (n_layer): every stage needs at least one block; use at most " +
-                                      std::to_string(c.n_layer));
-    m.finish();
-    s.model = c;
-  }
-  {
-    zero::StrictSection d = zero::extra_section(cfg, "data");
-    s.train = d.get_string("train", s.train);
-    s.val = d.get_string("val", s.val);
-    s.data_seed = static_cast<std::uint64_t>(d.get_int("seed", 1337, 0));
-    if (s.train.empty()) d.fail("train", "is empty; give 'shakespeare', a .txt file or a glob of .bin shards");
-    if (!s.val.empty() && s.val != "none" && s.val.ends_with(".txt"))
-      d.fail("val", "a text file's validation part is its last 10% and is taken automatically; "
-                    "leave data.val empty, or give a glob of .bin shards, or 'none'");
-    d.finish();
-  }
-  {
-    zero::StrictSection r = zero::extra_section(cfg, "run");
-    s.steps = r.get_int("steps", s.steps, 1);
-    s.eval_interval = r.get_int("eval_interval", s.eval_interval, 0);
-    // A count of micro-batches meant other tokens at another micro-batch size or rank count.
-    r.reject("eval_batches", "was replaced by run.eval_sequences (validation windows of seq_len "
-                             "tokens, the same at any micro-batch size and rank count; 0: the "
-                             "whole validation split)");
-    s.eval_sequences = r.get_int("eval_sequences", s.eval_sequences, 0);
-    s.sample_tokens = static_cast<int>(r.get_int("sample_tokens", s.sample_tokens, 0, 1 << 20));
-    s.temperature = r.get_double("temperature", s.temperature, zero::Range::at_least(0));
-    s.top_k = static_cast<int>(r.get_int("top_k", s.top_k, 0, 1 << 20));
-    s.out_dir = r.get_string("out_dir", "runs/" + s.preset);
-    s.save_interval = r.get_int("save_interval", s.save_interval, 0);
-    s.keep_checkpoints = static_cast<int>(r.get_int("keep_checkpoints", s.keep_checkpoints, 0, 1 << 20));
-    s.token_budget = r.get_double("token_budget", s.token_budget, zero::Range::above(0));
-    s.log_jsonl = r.get_bool("log_jsonl", s.log_jsonl);
-    s.strict_outputs = r.get_bool("strict_outputs", s.strict_outputs);
-    s.progress = r.get_choice("progress", s.progress, {"auto", "on", "off"});
-    s.peak_tflops = r.get_double("peak_tflops", s.peak_tflops, zero::Range::at_least(0));
-    r.finish();
-  }
-  return s;
-}
-
-std::map<std::string, std::string> GptSettings::sections() const {
-  std::ostringstream m, d, r;
-  m << "preset: " << preset << "\n"
-    << "n_layer: " << model.n_layer << "\n"
-    << "n_head: " << model.n_head << "\n"
-    << "n_embd: " << model.n_embd << "\n"
-    << "seq_len: " << model.seq_len << "\n"
-    << "vocab_size: " << model.vocab_size << "\n"
-    << "activation_checkpointing: " << (model.activation_checkpointing ? "true" : "false") << "\n"
-    << "tensor_parallel: " << tensor_parallel << "\n"
-    << "pipeline_parallel: " << pipeline_parallel << "\n"
-    << "seed: " << init_seed << "\n";
-  if (!init_from.empty()) m << "init_from: " << quoted(init_from) << "\n";
-  d << "train: " << quoted(train) << "\n"
-    << "val: " << quoted(val) << "\n"
-    << "seed: " << data_seed << "\n";
-  r << "steps: " << steps << "\n"
-    << "eval_interval: " << eval_interval << "\n"
-    << "eval_sequences: " << eval_sequences << "\n"
-    << "sample_tokens: " << sample_tokens << "\n"
-    << "temperature: " << number(temperature) << "\n"
-    << "top_k: " << top_k << "\n"
-    << "out_dir: " << quoted(out_dir) << "\n"
-    << "save_interval: " << save_interval << "\n"
-    << "keep_checkpoints: " << keep_checkpoints << "\n"
-    << "token_budget: " << number(token_budget) << "\n"
-    << "log_jsonl: " << (log_jsonl ? "true" : "false") << "\n"
-    << "strict_outputs: " << (strict_outputs ? "true" : "false") << "\n"
-    << "progress: " << progress << "\n"
-    << "peak_tflops: " << number(peak_tflops) << "\n";
-  return {{"model", m.str()}, {"data", d.str()}, {"run", r.str()}};
-}
-
-std::string gpt_settings_help() {
-  std::string presets;
-  for (const auto& p : gpt_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
-  return "Trainer sections of the config file (next to the engine's DeepSpeed-style keys):\n"
-         "model:\n"
-         "  preset: tiny                 " + presets + "\n"
-         "  n_layer / n_head / n_embd    override the preset's shape\n"
-         "  seq_len                      context length T (size of the position embedding)\n"
-         "  vocab_size                   256 for bytes, 50257 for GPT-2 tokens (padded to x128)\n"
-         "  activation_checkpointing: false  keep only block inputs, recompute in backward\n"
-         "  tensor_parallel: 1           ranks that split each layer (Megatron-style: heads, MLP\n"
-         "                               columns and vocabulary); must divide n_head, the padded\n"
-         "                               vocabulary and the number of ranks (the rest is data\n"
-         "                               parallel)\n"
-         "  pipeline_parallel: 1         P pipeline stages of contiguous blocks, 1F1B over the\n"
-         "                               gradient_accumulation_steps micro-batches; ranks =\n"
-         "                               T x P x data-parallel ranks; ZeRO stages 0-1, host backend\n"
-         "  seed: 42                     initialisation seed (same model at any world size)\n"
-         "  init_from: \"\"                GPT-2 weights to start from: a Hugging Face directory\n"
-         "                               (model.safetensors, config.json), a .safetensors file\n"
-         "                               or an llm.c checkpoint (gpt2_124M.bin); shapes must\n"
-         "                               match the model section\n"
-         "data:\n"
-         "  train: shakespeare           'shakespeare' (embedded), a .txt file (bytes), or a\n"
-         "                               glob of llm.c .bin token shards\n"
-         "  val: \"\"                      '': a text's last 10% (shards: none); a glob; none\n"
-         "  seed: 1337                   shuffle seed (each epoch is a new permutation)\n"
-         "run:\n"
-         "  steps: 1000                  optimizer steps\n"
-         "  eval_interval: 100           validation every N steps (0: only at the end)\n"
-         "  eval_sequences: 0            validation windows (seq_len tokens) per evaluation,\n"
-         "                               the split's first ones; 0: the whole split (the same\n"
-         "                               tokens at any micro-batch size and rank count)\n"
-         "  sample_tokens: 200           tokens sampled at the end (0: none)\n"
-         "  temperature: 0.8             sampling temperature (0: greedy)\n"
-         "  top_k: 40                    sample among the k most likely (0: all)\n"
-         "  out_dir: runs/<preset>       config.yaml, metrics.jsonl, sample.txt, checkpoints/\n"
-         "  save_interval: 0             checkpoint every N steps and at the end (0: never)\n"
-         "  keep_checkpoints: 3          complete checkpoints kept in out_dir/checkpoints (0: all)\n"
-         "  token_budget: 100e9          tokens for the 'days to train' projection\n"
-         "  log_jsonl: true              write metrics.jsonl\n"
-         "  strict_outputs: false        a failed write to out_dir (log, metrics, config.yaml,\n"
-         "                               sample) ends the run; false: a warning, training goes on\n"
-         "  progress: auto               live step/ETA line: auto (a single process on a\n"
-         "                               terminal: mpirun gives every rank a terminal even\n"
-         "                               when its own output is a file), on, off\n"
-         "  peak_tflops: 0               peak TFLOPs per device that MFU divides by; 0: measure\n"
-         "                               OpenBLAS sgemm at start (the host's practical peak), or\n"
-         "                               on a GPU its preset's bf16 peak (none: MFU n/a)\n";
-}
-
-int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
-  const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
-  ZERO_CHECK(T >= 1 && P >= 1 && world_size % (T * P) == 0,
-             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of model.tensor_parallel = " +
-                 std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) + " ranks; run a multiple of " +
-                 std::to_string(T * P) + " ranks (tensor x pipeline x data-parallel), or change the sizes");
-  return world_size / (T * P);
-}
-
-// ------------------------------------------------------------------------------ trainer
-
-namespace {
 
 // This rank's part of the model: the whole of it, its tensor part, or its stage's tensor part.
 zero::Layout rank_layout(const GptSettings& settings, const zero::ProcessGroups* groups) {

@@ -1,5 +1,5 @@
-// GPT training through the ZeRO engine: the trainer's own settings (the model / data / run
-// sections of the config file), one optimizer step, evaluation and sampling.
+// GPT training through the ZeRO engine: one optimizer step, evaluation and sampling (the
+// trainer's own settings, the model / data / run sections, are settings.hpp's).
 //
 // One micro-step walks the units the way stage 3 needs them: gather the embeddings and keep
 // them (the tied LM head uses wte again at the end of the forward and its gradient at both ends
@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +33,7 @@
 #include "gpt/gpt_config.hpp"
 #include "gpt/gpt_model.hpp"
 #include "gpt/pipeline.hpp"
+#include "gpt/settings.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
@@ -41,54 +41,6 @@
 
 namespace zero::gpt {
 
-// The sections zero-gpt adds to the engine's config file.
-struct GptSettings {
-  // model:
-  std::string preset = "tiny";
-  GptConfig model = gpt_preset("tiny");  // preset, then explicit overrides
-  std::uint64_t init_seed = 42;
-  int tensor_parallel = 1;    // T: ranks that split each layer (tensor_parallel.hpp)
-  int pipeline_parallel = 1;  // P: pipeline stages (pipeline.hpp)
-  // GPT-2 weights to start from (a directory with model.safetensors and config.json, a
-  // .safetensors file, or an llm.c checkpoint); "" initialises from init_seed.
-  std::string init_from;
-  // data:
-  std::string train = "shakespeare";  // "shakespeare", a .txt file, or a glob of .bin shards
-  std::string val;                    // "": automatic (a text's last 10%); a glob; "none"
-  std::uint64_t data_seed = 1337;
-  // run:
-  std::int64_t steps = 1000;
-  std::int64_t eval_interval = 100;   // 0: evaluate only at the end
-  std::int64_t eval_sequences = 0;    // validation sequences evaluated (0: the whole split)
-  int sample_tokens = 200;
-  double temperature = 0.8;
-  int top_k = 40;
-  std::string out_dir;                // "" -> runs/<preset>
-  std::int64_t save_interval = 0;     // checkpoint every N steps and at the end (0: never)
-  int keep_checkpoints = 3;           // complete checkpoints kept (0: all)
-  double token_budget = 100e9;
-  bool log_jsonl = true;
-  bool strict_outputs = false;        // a failed write to out_dir ends the run (default: a warning)
-  std::string progress = "auto";      // the live step/ETA line: "auto", "on", "off"
-  double peak_tflops = 0;             // per device, for MFU (0: measure sgemm at start)
-
-  // The three sections as YAML mappings ("model" -> "preset: tiny\nn_layer: 4\n..."), every
-  // value resolved (presets expanded), in the form Config::extra_sections keeps them.
-  std::map<std::string, std::string> sections() const;
-};
-
-// The names the trainer registers with zero::load_config.
-inline const std::vector<std::string>& gpt_sections() {
-  static const std::vector<std::string> s = {"model", "data", "run"};
-  return s;
-}
-
-// Reads the model / data / run sections strictly: an unknown key, a wrong type or an
-// out-of-range value is a zero::Error naming the key, where it was set and what is expected.
-GptSettings read_gpt_settings(const zero::Config& cfg);
-// The data-parallel size the engine's config is resolved for: world / tensor_parallel. A world
-// size the grid does not divide is a zero::Error naming both.
-int gpt_data_parallel_size(const GptSettings& settings, int world_size);
 // This rank's engine for `settings` (cfg resolved as GptTrainer wants it): over groups->data()
 // with this rank's part of the model (its pipeline stage's units, each cut tensor_parallel ways)
 // when `groups` is given, else the whole model over the world; the parameters from init_from
@@ -96,8 +48,6 @@ int gpt_data_parallel_size(const GptSettings& settings, int world_size);
 // trainer builds its own engine so; the autotuner builds one per candidate grid.
 std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
                                               zero::ProcessGroups* groups);
-// Every key of the three sections with its default and meaning (for --help).
-std::string gpt_settings_help();
 
 // Forward-only passes (evaluation, sampling) put the engine in eval mode so that stage 3 does
 // not record them as part of the training gather order; the guard restores training mode even

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "gpt/reporter.hpp"
-#include "gpt/trainer.hpp"
+#include "gpt/settings.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 
@@ -92,6 +92,27 @@ TEST_CASE("--help text covers every key", "[gpt][settings]") {
                           "sample_tokens", "temperature", "top_k", "out_dir", "save_interval", "keep_checkpoints",
                           "token_budget", "log_jsonl", "progress", "peak_tflops"})
     CHECK_THAT(help, Catch::Contains(key));
+}
+
+TEST_CASE("one table gives the defaults, the reading and the documented table", "[gpt][settings]") {
+  // A default-constructed GptSettings holds what reading a file without the sections gives.
+  CHECK(GptSettings().sections() == read("train_micro_batch_size_per_gpu: 4\n").sections());
+  const std::string table = gpt_settings_reference_markdown();
+  // Rows written by hand here (not by the code under test), one of each kind.
+  for (const char* row : {"| `model.preset` | `tiny` \\| `gpt2` \\| `gpt2-medium` \\| `gpt2-large` \\| `gpt2-xl` | `tiny` |",
+                          "| `model.n_layer` | integer 1..4096 | the preset's |",
+                          "| `model.seed` | integer >= 0 | `42` |",
+                          "| `data.train` | string | `shakespeare` |",
+                          "| `run.temperature` | number >= 0 | `0.8` |",
+                          "| `run.token_budget` | number > 0 | `1e+11` |",
+                          "| `run.log_jsonl` | bool | `true` |",
+                          "| `run.out_dir` | string | `runs/<preset>` |",
+                          "- `run.eval_batches` was replaced by run.eval_sequences"})
+    CHECK_THAT(table, Catch::Contains(row));
+  // Every key the resolved sections write has its row.
+  for (const auto& [section, body] : GptSettings().sections())
+    for (std::size_t at = 0; at < body.size(); at = body.find('\n', at) + 1)
+      CHECK_THAT(table, Catch::Contains("| `" + section + "." + body.substr(at, body.find(':', at) - at) + "` |"));
 }
 
 TEST_CASE("rates keep their significant digits in the log", "[gpt][report]") {
