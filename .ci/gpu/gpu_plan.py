@@ -117,9 +117,12 @@ def main():
     for name, lines in (("targets.txt", targets), ("san_ctest.txt", san_ctest), ("san_extra.txt", extra)):
         with open(os.path.join(a.out_dir, name), "w", encoding="utf-8") as f:
             f.write("".join(line + "\n" for line in lines))
-    print(f"gpu_plan: {len(targets)} programs to build; sanitizer set '{a.san_set}': "
-          f"{len(san_ctest)} ctest entries ({' '.join(san_ctest) or 'none'}), "
-          f"{len(extra)} runs outside ctest ({' '.join(e.split('=', 1)[0] for e in extra) or 'none'})")
+    if a.no_sanitizer:
+        sanitizer = "no sanitizer runs"
+    else:
+        sanitizer = (f"sanitizer set '{a.san_set}': {len(san_ctest)} ctest entries ({' '.join(san_ctest) or 'none'}), "
+                     f"{len(extra)} runs outside ctest ({' '.join(e.split('=', 1)[0] for e in extra) or 'none'})")
+    print(f"gpu_plan: {len(targets)} programs to build; {sanitizer}")
     return 0
 
 
