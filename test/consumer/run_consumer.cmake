@@ -3,7 +3,7 @@
 #   -DBUILD_WITH=pkg-config: one compiler command, `CXX main.cpp $(pkg-config --cflags --libs zero)`
 #                            through PKG_CONFIG_PATH, then run it on 1 and 2 ranks without
 #                            LD_LIBRARY_PATH (the RPATH from zero.pc must find libzero).
-include(${CMAKE_CURRENT_LIST_DIR}/../tools/script_checks.cmake)
+include(${CMAKE_CURRENT_LIST_DIR}/../e2e/script_checks.cmake)
 
 # The consumer's line: three steps on w^2/2 from w = 1 with the default optimizer (AdamW, lr 1e-3,
 # weight decay 0.01). Adam moves w by lr per step while the gradient keeps its sign, the decay by

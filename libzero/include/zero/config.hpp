@@ -125,7 +125,7 @@ struct ZeroOptimizationConfig {
   bool zero_quantized_weights = false;
   std::int64_t zero_quantized_weights_block_size = 256;  // qwZ's and qgZ's block
   // ZeRO++ qgZ (stages 2-3): hierarchical gradient reduce-scatter, int8 inside a node and int4
-  // across nodes, with error feedback (comm/quantized_reduce_scatter.hpp).
+  // across nodes, with error feedback (engine/quantized_reduce_scatter.hpp).
   bool zero_quantized_gradients = false;
   std::int64_t sub_group_size = 1000000000;
   OffloadOptimizerConfig offload_optimizer;
