@@ -114,7 +114,7 @@ void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int ro
       "collective mismatch at collective #{}: the ranks issued different collectives:{}\nEvery rank must issue the "
       "same collectives in the same order. At stage 3 gather() is a collective (every rank gathers the same units "
       "in the same order, in eval mode too); to run a forward pass on one rank only (sampling, evaluation on rank "
-      "0), call Engine::gather_all() on every rank first and read the units through it (README: Collectives)",
+      "0), call Engine::gather_all() on every rank first and read the units through it (docs/training-loop.md, Collectives)",
       seq, calls));
 }
 

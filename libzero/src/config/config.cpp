@@ -260,7 +260,7 @@ std::string Config::auto_block() const {
 
 namespace {
 
-// What "auto" means for a key, for the README and --help.
+// What "auto" means for a key, for docs/configuration.md and --help.
 std::string auto_text(const keys::Spec& s) {
   switch (s.auto_rule) {
     case keys::Auto::none:

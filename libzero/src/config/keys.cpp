@@ -234,7 +234,7 @@ const std::vector<Spec>& config_keys() {
        .choices = {"none", "powersgd"}, .any_case = true,
        .doc = "`powersgd`: low-rank compression of the gradient all-reduce with error feedback (Vogels et "
               "al. 2019, PyTorch's `powerSGD_hook`), stages 0 and 1; on `backend: cuda` host-staged; see the "
-              "README's PowerSGD section."},
+              "PowerSGD section of docs/multi-node.md."},
       {.path = "gradient_compression.rank", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.gradient_compression.rank; }, .range = between(1, 1 << 16),
        .aliases = {"matrix_approximation_rank"},
@@ -260,7 +260,7 @@ const std::vector<Spec>& config_keys() {
        .choices = {"fp32", "bf16"},
        .doc = "PowerSGD: the dtype the factors P and Q are all-reduced in; `bf16` (as PyTorch's "
               "`bf16_compress_wrapper`) halves their counted bytes and keeps the rounding in the error "
-              "buffers; the MPI wire still carries them as fp32 (README, PowerSGD).",
+              "buffers; the MPI wire still carries them as fp32 (docs/multi-node.md, PowerSGD).",
        .inapplicable = powersgd_only},
 
       // ---- aio

@@ -1,5 +1,5 @@
 // The configuration keys as data: one descriptor per key, read by everything that needs to know
-// a key (loading, to_yaml, --help, the README's tables), so a key is spelt once.
+// a key (loading, to_yaml, --help, docs/configuration.md's table), so a key is spelt once.
 //
 // Two tables:
 // - config_keys(): the keys libzero reads into Config. A descriptor names the member that holds
@@ -58,7 +58,7 @@ struct Spec {
   std::string_view auto_from{};           // fallback: another key's value instead of the default
   std::vector<std::string_view> aliases{};  // other spellings of the last path part
   std::string_view doc{};
-  std::string_view default_text{};        // README default when not simply the member's default
+  std::string_view default_text{};        // documented default when not simply the member's default
   // Sets a default that depends on keys read before (overlap_comm on at stage 3). Optional.
   void (*dynamic_default)(Config&) = nullptr;
   std::string_view default_depends_on{};  // the key the dynamic default follows, for messages
@@ -86,7 +86,7 @@ struct Foreign {
   // Decides instead of `inert` where the answer depends on other settings; returns true when
   // the value is inert.
   bool (*inert_if)(const Config&, const YAML::Node&) = nullptr;
-  std::string_view inert_when{};  // what inert_if checks, for the README ("matches the compute dtype")
+  std::string_view inert_when{};  // what inert_if checks, for the documentation ("matches the compute dtype")
 };
 
 const std::vector<Foreign>& foreign_keys();
@@ -97,7 +97,7 @@ struct SectionAlias {
 };
 const std::vector<SectionAlias>& section_aliases();
 
-// Text forms used by messages, to_yaml and the README.
+// Text forms used by messages, to_yaml and the documentation.
 std::string value_text(const Spec& s, const Config& c);   // "3", "true", "[0.9, 0.999]"
 std::string type_text(const Spec& s);                     // "integer 0..3, or `auto`"
 std::string default_text(const Spec& s);                  // "`500000000`"

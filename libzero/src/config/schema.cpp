@@ -366,7 +366,7 @@ void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
              (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
              " are: " + join(listed, ", ") +
              (impl_->known.size() > kListed
-                  ? fmt::format(" and {} more (see the README)", impl_->known.size() - kListed)
+                  ? fmt::format(" and {} more (see docs/configuration.md)", impl_->known.size() - kListed)
                   : std::string());
     }
     std::vector<std::string> others;
