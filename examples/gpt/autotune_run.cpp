@@ -1,9 +1,10 @@
 #include "gpt/autotune_run.hpp"
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -105,9 +106,7 @@ OffloadDevice offload_device(const std::string& name) {
 // Small models differ by fractions of a MiB; large ones need no more than a tenth.
 std::string mib(double bytes) {
   const double m = bytes / (1 << 20);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, m < 100 ? "%.3f MiB" : "%.1f MiB", m);
-  return buf;
+  return m < 100 ? fmt::format("{:.3f} MiB", m) : fmt::format("{:.1f} MiB", m);
 }
 
 // The planner's memory for one candidate, summed for the host backend: the engine's "device"
@@ -146,7 +145,7 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
     const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
     const double need = static_cast<double>(states + activations + buffers);
     // Said for the candidates that run too: the table then shows how close each came.
-    const std::string where = grid.pipeline > 1 ? "pipeline stage " + std::to_string(part.stage) + ": " : "";
+    const std::string where = grid.pipeline > 1 ? fmt::format("pipeline stage {}: ", part.stage) : "";
     why = "memory per rank: " + mib(need) + " (" + where + "model states " + mib(static_cast<double>(states)) +
           " + activations " + mib(static_cast<double>(activations)) + " + buffers " +
           mib(static_cast<double>(buffers)) + (need <= budget ? ") of " : ") > ") + mib(budget);
@@ -259,9 +258,8 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
 std::string autotune_report(const AutotuneOutcome& o) {
   std::string r = "--- autotune (memory per rank " + mib(o.memory_bytes) + ") ---\n" + o.result.table();
   if (!o.result.found) return r + "no candidate ran; the table is in " + o.table_path + "\n";
-  char step[64];
-  std::snprintf(step, sizeof step, "%.4g s per step, %.4g samples/s", o.result.best_trial.step_s,
-                o.result.best_trial.samples_per_s);
+  const std::string step = fmt::format("{:.4g} s per step, {:.4g} samples/s", o.result.best_trial.step_s,
+                                       o.result.best_trial.samples_per_s);
   return r + "fastest: " + o.result.best_trial.candidate.label() + " (" + step + ")\nwritten: " +
          o.config_path + " (train with: zero-gpt --config " + o.config_path + ", at the same rank count), " +
          o.table_path + "\n";

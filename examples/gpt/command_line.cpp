@@ -30,8 +30,8 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
   app.add_option("--checkpoint", cli.checkpoint_dir,
                  "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
   app.add_option("--prompt", cli.prompt, "text the sample continues (byte vocabulary only)");
-  zero::gpt::add_autotune_options(app, cli.autotune);
-  app.footer("\n" + zero::gpt::gpt_settings_help() +
+  add_autotune_options(app, cli.autotune);
+  app.footer("\n" + gpt_settings_help() +
              "\nEngine keys (DeepSpeed names; the README explains each):\n" +
              zero::config_keys_help() +
              "\nExit status: 0 done; 75 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a "

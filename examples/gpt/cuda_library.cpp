@@ -1,5 +1,7 @@
 #include "gpt/cuda_library.hpp"
 
+#include <fmt/format.h>
+
 #include <mutex>
 #include <string>
 
@@ -22,9 +24,9 @@ const GptCudaLibrary& gpt_cuda_library() {
     }
     library = reinterpret_cast<const GptCudaLibrary* (*)()>(entry.address)();
     if (library == nullptr || library->abi != kGptCudaAbi) {
-      error = std::string(ZERO_GPT_CUDA_FILE) + " is from another build of zero-gpt (interface version " +
-              (library ? std::to_string(library->abi) : std::string("unknown")) + ", this build's is " +
-              std::to_string(kGptCudaAbi) + "): build or install it together with this zero-gpt";
+      error = fmt::format("{} is from another build of zero-gpt (interface version {}, this build's is {}): build or "
+                          "install it together with this zero-gpt",
+                          ZERO_GPT_CUDA_FILE, library ? fmt::format("{}", library->abi) : "unknown", kGptCudaAbi);
       library = nullptr;
     }
   });

@@ -1,5 +1,6 @@
 #include "gpt/data.hpp"
 
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
@@ -138,24 +139,20 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
         "; an llm.c token shard is 256 int32 (magic 20240520, version 1, token count) then "
         "uint16 tokens: regenerate the file or drop it from the glob";
     ZERO_CHECK(m.size() >= kShardHeaderBytes,
-               "data: shard '" + f + "' is " + std::to_string(m.size()) +
-                   " bytes, shorter than the 1024-byte header (truncated?)" + hint);
+               fmt::format("data: shard '{}' is {} bytes, shorter than the 1024-byte header (truncated?){}", f,
+                           m.size(), hint));
     std::int32_t header[256];
     std::memcpy(header, m.data(), sizeof header);
-    ZERO_CHECK(header[0] == kShardMagic, "data: shard '" + f + "' has magic " +
-                                             std::to_string(header[0]) + ", expected " +
-                                             std::to_string(kShardMagic) + hint);
-    ZERO_CHECK(header[1] == kShardVersion, "data: shard '" + f + "' has version " +
-                                               std::to_string(header[1]) + ", expected " +
-                                               std::to_string(kShardVersion) + hint);
-    ZERO_CHECK(header[2] >= 0, "data: shard '" + f + "' has a negative token count " +
-                                   std::to_string(header[2]) + hint);
+    ZERO_CHECK(header[0] == kShardMagic,
+               fmt::format("data: shard '{}' has magic {}, expected {}{}", f, header[0], kShardMagic, hint));
+    ZERO_CHECK(header[1] == kShardVersion,
+               fmt::format("data: shard '{}' has version {}, expected {}{}", f, header[1], kShardVersion, hint));
+    ZERO_CHECK(header[2] >= 0, fmt::format("data: shard '{}' has a negative token count {}{}", f, header[2], hint));
     const std::size_t expect = kShardHeaderBytes + 2 * static_cast<std::size_t>(header[2]);
     ZERO_CHECK(m.size() == expect,
-               "data: shard '" + f + "' header says " + std::to_string(header[2]) +
-                   " tokens, so the file should be " + std::to_string(expect) +
-                   " bytes, but it is " + std::to_string(m.size()) +
-                   " bytes (truncated or partly written)" + hint);
+               fmt::format("data: shard '{}' header says {} tokens, so the file should be {} bytes, but it is {} "
+                           "bytes (truncated or partly written){}",
+                           f, header[2], expect, m.size(), hint));
     Segment s;
     s.name = f;
     s.tokens = reinterpret_cast<const std::uint16_t*>(m.data() + kShardHeaderBytes);
@@ -163,8 +160,8 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
     set.segments_.push_back(std::move(s));
     set.maps_.push_back(std::move(m));
   }
-  set.description_ = std::to_string(files.size()) + (files.size() == 1 ? " shard, " : " shards, ") +
-                     std::to_string(set.num_tokens()) + " tokens (" + pattern + ")";
+  set.description_ = fmt::format("{} shard{}, {} tokens ({})", files.size(), files.size() == 1 ? "" : "s",
+                                 set.num_tokens(), pattern);
   return set;
 }
 
@@ -178,8 +175,7 @@ TokenSet TokenSet::from_text_file(const std::string& path, bool validation) {
       validation ? std::vector<std::uint16_t>(all.begin() + static_cast<std::ptrdiff_t>(split), all.end())
                  : std::vector<std::uint16_t>(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(split));
   TokenSet set = from_tokens(std::move(part), path + (validation ? " [last 10%]" : " [first 90%]"));
-  set.description_ = set.segments_[0].name + ", " + std::to_string(set.num_tokens()) +
-                     " byte tokens";
+  set.description_ = fmt::format("{}, {} byte tokens", set.segments_[0].name, set.num_tokens());
   return set;
 }
 
@@ -190,7 +186,7 @@ TokenSet TokenSet::from_tokens(std::vector<std::uint16_t> tokens, std::string na
   s.name = std::move(name);
   s.tokens = set.owned_.data();
   s.count = static_cast<std::int64_t>(set.owned_.size());
-  set.description_ = s.name + ", " + std::to_string(s.count) + " tokens";
+  set.description_ = fmt::format("{}, {} tokens", s.name, s.count);
   set.segments_.push_back(std::move(s));
   return set;
 }
@@ -229,9 +225,8 @@ std::uint64_t IndexPermutation::operator()(std::uint64_t i) const {
 DataLoader::DataLoader(const TokenSet& set, const Options& opt) : set_(&set), opt_(opt) {
   ZERO_CHECK(opt.batch >= 1 && opt.seq_len >= 1 && opt.world >= 1 && opt.rank >= 0 &&
                  opt.rank < opt.world,
-             "DataLoader: bad options (batch " + std::to_string(opt.batch) + ", seq_len " +
-                 std::to_string(opt.seq_len) + ", rank " + std::to_string(opt.rank) + "/" +
-                 std::to_string(opt.world) + ")");
+             fmt::format("DataLoader: bad options (batch {}, seq_len {}, rank {}/{})", opt.batch, opt.seq_len,
+                         opt.rank, opt.world));
   first_sample_.reserve(static_cast<std::size_t>(set.num_segments()) + 1);
   first_sample_.push_back(0);
   for (int i = 0; i < set.num_segments(); ++i) {
@@ -241,9 +236,9 @@ DataLoader::DataLoader(const TokenSet& set, const Options& opt) : set_(&set), op
     first_sample_.push_back(first_sample_.back() + n);
   }
   total_ = first_sample_.back();
-  ZERO_CHECK(total_ > 0, "data: " + set.description() + " holds no sequence of seq_len + 1 = " +
-                             std::to_string(opt.seq_len + 1) +
-                             " tokens; use more data or a smaller model.seq_len");
+  ZERO_CHECK(total_ > 0, fmt::format("data: {} holds no sequence of seq_len + 1 = {} tokens; use more data or a "
+                                     "smaller model.seq_len",
+                                     set.description(), opt.seq_len + 1));
 }
 
 std::int64_t DataLoader::samples_per_micro_step() const {
@@ -252,7 +247,7 @@ std::int64_t DataLoader::samples_per_micro_step() const {
 
 std::pair<int, std::int64_t> DataLoader::locate(std::int64_t sample) const {
   ZERO_CHECK(sample >= 0 && sample < total_,
-             "DataLoader::locate: sample " + std::to_string(sample) + " out of range");
+             fmt::format("DataLoader::locate: sample {} out of range", sample));
   auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), sample);
   const int seg = static_cast<int>(it - first_sample_.begin()) - 1;
   return {seg, (sample - first_sample_[static_cast<std::size_t>(seg)]) * opt_.seq_len};
@@ -275,9 +270,8 @@ void DataLoader::seek(std::int64_t micro_step) {
   // sample_at computes (micro_step * world + rank) * batch + j: keep it inside int64.
   const std::int64_t per = samples_per_micro_step();
   ZERO_CHECK(micro_step >= 0 && micro_step <= (std::numeric_limits<std::int64_t>::max() - per) / per - 1,
-             "DataLoader::seek: micro-step " + std::to_string(micro_step) + " is outside [0, " +
-                 std::to_string((std::numeric_limits<std::int64_t>::max() - per) / per - 1) +
-                 "] for " + std::to_string(per) + " samples per micro-step");
+             fmt::format("DataLoader::seek: micro-step {} is outside [0, {}] for {} samples per micro-step",
+                         micro_step, (std::numeric_limits<std::int64_t>::max() - per) / per - 1, per));
   micro_step_ = micro_step;
 }
 
@@ -287,11 +281,9 @@ void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t
   const std::uint16_t* tok = set_->segment(seg).data() + start;
   for (int t = 0; t <= T; ++t) {
     if (tok[t] >= opt_.vocab_size)
-      ZERO_THROW("data: token " + std::to_string(tok[t]) + " at position " +
-                 std::to_string(start + t) + " of '" + set_->segment_name(seg) +
-                 "' is outside the model's vocabulary (vocab_size " +
-                 std::to_string(opt_.vocab_size) +
-                 "); set model.vocab_size to the tokenizer's (50257 for GPT-2)");
+      ZERO_THROW(fmt::format("data: token {} at position {} of '{}' is outside the model's vocabulary (vocab_size "
+                             "{}); set model.vocab_size to the tokenizer's (50257 for GPT-2)",
+                             tok[t], start + t, set_->segment_name(seg), opt_.vocab_size));
   }
   for (int t = 0; t < T; ++t) {
     in[t] = tok[t];

@@ -1,8 +1,9 @@
 #include "gpt/gpt_config.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <numbers>
 
 #include "zero/error.hpp"
@@ -70,16 +71,15 @@ void GptConfig::validate() const {
   auto need = [](bool ok, const std::string& what) {
     if (!ok) ZERO_THROW("GPT model config: " + what);
   };
-  need(n_layer >= 1, "n_layer must be >= 1 (got " + std::to_string(n_layer) + ")");
-  need(n_head >= 1, "n_head must be >= 1 (got " + std::to_string(n_head) + ")");
-  need(n_embd >= 1, "n_embd must be >= 1 (got " + std::to_string(n_embd) + ")");
-  need(n_embd % n_head == 0, "n_embd (" + std::to_string(n_embd) +
-                                 ") must be divisible by n_head (" + std::to_string(n_head) +
-                                 "); choose n_head among the divisors of n_embd");
-  need(seq_len >= 1, "seq_len must be >= 1 (got " + std::to_string(seq_len) + ")");
+  need(n_layer >= 1, fmt::format("n_layer must be >= 1 (got {})", n_layer));
+  need(n_head >= 1, fmt::format("n_head must be >= 1 (got {})", n_head));
+  need(n_embd >= 1, fmt::format("n_embd must be >= 1 (got {})", n_embd));
+  need(n_embd % n_head == 0, fmt::format("n_embd ({}) must be divisible by n_head ({}); choose n_head among the "
+                                         "divisors of n_embd",
+                                         n_embd, n_head));
+  need(seq_len >= 1, fmt::format("seq_len must be >= 1 (got {})", seq_len));
   need(vocab_size >= 2 && vocab_size <= 65536,
-       "vocab_size must be in [2, 65536] (tokens are stored as uint16; got " +
-           std::to_string(vocab_size) + ")");
+       fmt::format("vocab_size must be in [2, 65536] (tokens are stored as uint16; got {})", vocab_size));
 }
 
 std::int64_t GptConfig::num_params() const {
@@ -90,13 +90,9 @@ std::int64_t GptConfig::num_params() const {
 }
 
 std::string GptConfig::describe() const {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "n_layer=%d n_head=%d n_embd=%d seq_len=%d vocab=%d (padded %d) params=%.2fM%s",
-                n_layer, n_head, n_embd, seq_len, vocab_size, padded_vocab_size(),
-                static_cast<double>(num_params()) / 1e6,
-                activation_checkpointing ? " activation_checkpointing" : "");
-  return buf;
+  return fmt::format("n_layer={} n_head={} n_embd={} seq_len={} vocab={} (padded {}) params={:.2f}M{}", n_layer, n_head,
+                     n_embd, seq_len, vocab_size, padded_vocab_size(), static_cast<double>(num_params()) / 1e6,
+                     activation_checkpointing ? " activation_checkpointing" : "");
 }
 
 const std::vector<std::string>& gpt_preset_names() {
@@ -111,14 +107,9 @@ const std::vector<std::string>& gpt_preset_names() {
 GptConfig gpt_preset(std::string_view name) {
   for (const auto& p : presets())
     if (name == p.name) return p.cfg;
-  std::string list;
-  for (const auto& p : presets()) {
-    list += list.empty() ? "" : ", ";
-    list += p.name;
-  }
-  ZERO_THROW("unknown GPT preset '" + std::string(name) + "'" +
-             did_you_mean(name, gpt_preset_names()) + "; choose one of: " + list +
-             ", or give n_layer / n_head / n_embd / seq_len / vocab_size explicitly");
+  ZERO_THROW(fmt::format("unknown GPT preset '{}'{}; choose one of: {}, or give n_layer / n_head / n_embd / seq_len "
+                         "/ vocab_size explicitly",
+                         name, did_you_mean(name, gpt_preset_names()), fmt::join(gpt_preset_names(), ", ")));
 }
 
 std::int64_t TensorSpec::numel() const {

@@ -1,5 +1,7 @@
 #include "gpt/gpt_model.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -13,19 +15,19 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   cfg_.validate();
   check_tensor_parallel(cfg_, tp_.size);
   ZERO_CHECK(tp_.rank >= 0 && tp_.rank < tp_.size && (tp_.size == 1 || tp_.comm),
-             "GptModel: tensor rank " + std::to_string(tp_.rank) + " of " +
-                 std::to_string(tp_.size) + " needs a communicator of the tensor group");
-  ZERO_CHECK(max_batch >= 1, "GptModel: the micro-batch size must be >= 1 (got " +
-                                 std::to_string(max_batch) + ")");
+             fmt::format("GptModel: tensor rank {} of {} needs a communicator of the tensor group", tp_.rank,
+                         tp_.size));
+  ZERO_CHECK(max_batch >= 1, fmt::format("GptModel: the micro-batch size must be >= 1 (got {})", max_batch));
   if (part_.end_layer < 0) part_.end_layer = cfg_.n_layer;
   ZERO_CHECK(part_.first_layer >= 0 && part_.first_layer < part_.end_layer && part_.end_layer <= cfg_.n_layer &&
                  (!part_.embeddings || part_.first_layer == 0) && (!part_.head || part_.end_layer == cfg_.n_layer),
-             "GptModel: the part [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
-                 ") is not a non-empty range of the " + std::to_string(cfg_.n_layer) +
-                 " blocks that starts at 0 when it holds the embeddings and ends at n_layer when it holds the head");
+             fmt::format("GptModel: the part [{}, {}) is not a non-empty range of the {} blocks that starts at 0 when "
+                         "it holds the embeddings and ends at n_layer when it holds the head",
+                         part_.first_layer, part_.end_layer, cfg_.n_layer));
   ZERO_CHECK(part_.slots >= 1 && (!part_.head || part_.slots == 1),
-             "GptModel: " + std::to_string(part_.slots) + " micro-batch slots; a part needs at least one, and the "
-             "part with the head exactly one (its micro-batch's backward follows its forward)");
+             fmt::format("GptModel: {} micro-batch slots; a part needs at least one, and the part with the head "
+                         "exactly one (its micro-batch's backward follows its forward)",
+                         part_.slots));
   ca_ = cfg_.n_embd / tp_.size;
   nh_ = cfg_.n_head / tp_.size;
   fc_ = 4 * cfg_.n_embd / tp_.size;
@@ -106,16 +108,16 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
 }
 
 void GptModel::set_slot(int slot) {
-  ZERO_CHECK(slot >= 0 && slot < part_.slots, "GptModel::set_slot: slot " + std::to_string(slot) +
-                                                  " out of range [0, " + std::to_string(part_.slots) + ")");
+  ZERO_CHECK(slot >= 0 && slot < part_.slots,
+             fmt::format("GptModel::set_slot: slot {} out of range [0, {})", slot, part_.slots));
   slot_ = slot;
 }
 
 void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets, int B, int T) {
   ZERO_CHECK(B >= 1 && B <= max_b_ && T >= 1 && T <= cfg_.seq_len,
-             "GptModel::set_batch: batch " + std::to_string(B) + "x" + std::to_string(T) +
-                 " does not fit the activations sized for " + std::to_string(max_b_) + "x" +
-                 std::to_string(cfg_.seq_len) + "; build the model with a larger max_batch");
+             fmt::format("GptModel::set_batch: batch {}x{} does not fit the activations sized for {}x{}; build the "
+                         "model with a larger max_batch",
+                         B, T, max_b_, cfg_.seq_len));
   b_ = B;
   t_ = T;
   const std::size_t bytes = static_cast<std::size_t>(B) * T * sizeof(std::int32_t);
@@ -126,18 +128,18 @@ void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets
 }
 
 void GptModel::require_part(bool held, const char* what) const {
-  ZERO_CHECK(held, std::string("GptModel::") + what + ": this pipeline stage's part (blocks " +
-                       std::to_string(part_.first_layer) + " to " + std::to_string(part_.end_layer - 1) +
-                       ") does not hold " + (std::string_view(what).find("head") != std::string_view::npos
-                                                 ? "ln_f and the head (the last stage does)"
-                                                 : "the embeddings (the first stage does)"));
+  ZERO_CHECK(held, fmt::format("GptModel::{}: this pipeline stage's part (blocks {} to {}) does not hold {}", what,
+                               part_.first_layer, part_.end_layer - 1,
+                               std::string_view(what).find("head") != std::string_view::npos
+                                   ? "ln_f and the head (the last stage does)"
+                                   : "the embeddings (the first stage does)"));
 }
 
 void GptModel::check_layer(int layer, const char* what) const {
   ZERO_CHECK(layer >= part_.first_layer && layer < part_.end_layer,
-             std::string("GptModel::") + what + ": layer " + std::to_string(layer) +
-                 " out of range [" + std::to_string(part_.first_layer) + ", " + std::to_string(part_.end_layer) +
-                 ")" + (part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
+             fmt::format("GptModel::{}: layer {} out of range [{}, {}){}", what, layer, part_.first_layer,
+                         part_.end_layer,
+                         part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 
@@ -261,8 +263,7 @@ double GptModel::take_mean_loss() {
 
 void GptModel::logits_at(int b, int t, std::vector<float>& out) const {
   ZERO_CHECK(b >= 0 && b < b_ && t >= 0 && t < t_,
-             "GptModel::logits_at: position (" + std::to_string(b) + ", " + std::to_string(t) +
-                 ") is outside the last batch " + std::to_string(b_) + "x" + std::to_string(t_));
+             fmt::format("GptModel::logits_at: position ({}, {}) is outside the last batch {}x{}", b, t, b_, t_));
   const std::size_t V = static_cast<std::size_t>(cfg_.vocab_size);
   const std::size_t row = static_cast<std::size_t>(b) * t_ + t;
   // This rank's ids [v0_, v0_ + vl_) in their place of the whole row, zeros elsewhere; under

@@ -1,5 +1,6 @@
 // HostOps: the Ops interface on the CPU, fp32, forwarding to the kernels in host_kernels.cpp.
 #include <cblas.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -30,9 +31,9 @@ class HostOps final : public Ops {
     if (bytes == 0) return nullptr;
     // 64-byte alignment: whole cache lines, and what AVX-512 loads prefer.
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    ZERO_CHECK(p, "HostOps: could not allocate " + std::to_string(bytes) +
-                      " bytes of activations; reduce the micro-batch size or seq_len, or turn on "
-                      "model.activation_checkpointing");
+    ZERO_CHECK(p, fmt::format("HostOps: could not allocate {} bytes of activations; reduce the micro-batch size or "
+                              "seq_len, or turn on model.activation_checkpointing",
+                              bytes));
     return p;
   }
   void deallocate(void* p) noexcept override { std::free(p); }

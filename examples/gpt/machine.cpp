@@ -1,5 +1,7 @@
 #include "gpt/machine.hpp"
 
+#include <fmt/format.h>
+
 #include <cblas.h>
 #include <omp.h>
 
@@ -54,8 +56,7 @@ double peak_rss_bytes() {
 // The per-device peak MFU divides by, and where it came from (unknown for a GPU without a
 // planner preset: the run goes on without MFU). On the host every rank measures at once (ranks
 // on one machine share its cores, as they do while training) and the mean counts.
-zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, const zero::Config& cfg,
-                                      int threads) {
+MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, const zero::Config& cfg, int threads) {
   if (s.peak_tflops > 0) return {s.peak_tflops, "run.peak_tflops"};
 #if ZERO_GPT_CUDA
   if (cfg.backend == zero::BackendKind::cuda) {
@@ -64,8 +65,8 @@ zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, 
     // Never the host measurement below: its barrier would wait for ranks whose query worked.
     std::string name;
     double bytes = 0;
-    if (zero::gpt::gpt_cuda_library().current_device(&name, &bytes))
-      return zero::gpt::gpu_mfu_peak(s.peak_tflops, name, bytes);
+    if (gpt_cuda_library().current_device(&name, &bytes))
+      return gpu_mfu_peak(s.peak_tflops, name, bytes);
     return {0.0, "the CUDA device could not be queried, so MFU is shown as n/a; set run.peak_tflops to its "
                  "dense bf16 tensor peak (TFLOP/s) to see it"};
   }
@@ -73,10 +74,10 @@ zero::gpt::MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, 
   (void)cfg;
 #endif
   ctx.comm().barrier();
-  const double mine = zero::gpt::measure_host_sgemm_tflops();
+  const double mine = measure_host_sgemm_tflops();
   const double mean = ctx.comm().all_reduce_scalar(mine, zero::ReduceOp::avg);
-  return {mean, "OpenBLAS sgemm measured at start, " + std::to_string(threads) + " thread" +
-                    (threads == 1 ? "" : "s") + " per rank; set run.peak_tflops to state one"};
+  return {mean, fmt::format("OpenBLAS sgemm measured at start, {} thread{} per rank; set run.peak_tflops to state one",
+                            threads, threads == 1 ? "" : "s")};
 }
 
 }  // namespace zero::gpt

@@ -1,5 +1,6 @@
 #include "gpt/reporter.hpp"
 
+#include <fmt/format.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,37 +19,25 @@
 namespace zero::gpt {
 
 std::string format_duration(double s) {
-  char buf[64];
   if (!std::isfinite(s) || s < 0) return "?";
   const long t = std::lround(s);
-  if (t >= 86400)
-    std::snprintf(buf, sizeof buf, "%ldd%02ldh", t / 86400, (t % 86400) / 3600);
-  else if (t >= 3600)
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-  else if (t >= 60)
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%lds", t);
-  return buf;
+  if (t >= 86400) return fmt::format("{}d{:02}h", t / 86400, (t % 86400) / 3600);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
 }
 
-std::string format_mib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return buf;
-}
+std::string format_mib(double bytes) { return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0)); }
 
 std::string format_si(double v) {
-  char buf[32];
-  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2fG", v / 1e9);
-  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.2fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
+  if (v >= 1e9) return fmt::format("{:.2f}G", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.2f}k", v / 1e3);
+  return fmt::format("{:.1f}", v);
 }
 
 std::string format_grid(int tensor, int data, int pipeline) {
-  return "TP " + std::to_string(tensor) + " x DP " + std::to_string(data) + " x PP " + std::to_string(pipeline);
+  return fmt::format("TP {} x DP {} x PP {}", tensor, data, pipeline);
 }
 
 std::string format_significant(double v, int digits) {
@@ -57,9 +46,7 @@ std::string format_significant(double v, int digits) {
   // significant digits instead, and at least one decimal so the width stays familiar.
   const int magnitude = v == 0.0 ? 0 : static_cast<int>(std::floor(std::log10(std::abs(v))));
   const int decimals = std::clamp(digits - 1 - magnitude, 1, 12);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
+  return fmt::format("{:.{}f}", v, decimals);
 }
 
 MfuPeak gpu_mfu_peak(double stated_tflops, const std::string& device_name, double memory_bytes) {
@@ -74,9 +61,7 @@ MfuPeak gpu_mfu_peak(double stated_tflops, const std::string& device_name, doubl
 
 std::string format_mfu(double mfu) {
   if (!std::isfinite(mfu)) return "n/a (set run.peak_tflops)";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * mfu);
-  return buf;
+  return fmt::format("{:.1f}%", 100.0 * mfu);
 }
 
 namespace {
@@ -117,8 +102,11 @@ void Reporter::failed(const std::string& path, const std::string& what, int err)
   if (strict_)
     ZERO_THROW("zero-gpt: " + msg + "; run.strict_outputs is true, so the run stops. Free space in run.out_dir or "
                "choose another, or set run.strict_outputs: false to train on without it");
-  std::fprintf(stderr, "zero-gpt: warning: %s; training continues without it (checkpoints are written "
-               "separately; set run.strict_outputs: true to stop instead)\n", msg.c_str());
+  std::fputs(fmt::format("zero-gpt: warning: {}; training continues without it (checkpoints are written "
+                         "separately; set run.strict_outputs: true to stop instead)\n",
+                         msg)
+                 .c_str(),
+             stderr);
   std::fflush(stderr);
 }
 
@@ -152,7 +140,7 @@ bool Reporter::write_file(const std::string& path, const std::string& text) {
 void Reporter::line(const std::string& text) {
   if (!root_) return;
   clear_progress();
-  std::printf("%s\n", text.c_str());
+  std::fputs((text + '\n').c_str(), stdout);
   // The log is stdout, often a file on the same full disk: warn once (on stderr, which is often
   // elsewhere), then go on.
   if (std::fflush(stdout) != 0 && !log_failed_) {
@@ -175,24 +163,19 @@ void Reporter::record(const nlohmann::ordered_json& object) {
 }
 
 std::string Reporter::train_line(const TrainRecord& r) {
-  char buf[640];
-  std::snprintf(buf, sizeof buf,
-                "step %*lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | scale %g%s | "
-                "%s samples/s (avg %s) | %s tok/s | %.4f TFLOPs/dev (F=%.2f) | MFU %s | "
-                "state %s/rank | peak RSS %s | inter-node %s/step | ETA %s | %s tokens in %.1f days",
-                static_cast<int>(std::to_string(r.steps).size()), static_cast<long long>(r.step),
-                static_cast<long long>(r.steps), r.loss, r.lr, r.grad_norm, r.loss_scale,
-                r.skipped ? " (skipped: overflow)" : "", format_significant(r.samples_per_s).c_str(),
-                format_significant(r.samples_per_s_avg).c_str(), format_si(r.tokens_per_s).c_str(),
-                r.tflops_per_device, r.flops_factor, format_mfu(r.mfu).c_str(),
-                format_mib(r.model_state_bytes).c_str(), format_mib(r.peak_rss_bytes).c_str(),
-                format_mib(r.inter_node_bytes_max).c_str(), format_duration(r.eta_s).c_str(), format_si(r.token_budget).c_str(),
-                r.token_budget_days);
-  std::string text = buf;
-  if (r.pipeline_parallel > 1 || r.tensor_parallel > 1) {
-    std::snprintf(buf, sizeof buf, " | grid %s, bubble %.1f%%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel).c_str(), 100.0 * r.pipeline_bubble);
-    text += buf;
-  }
+  const std::string steps = fmt::format("{}", r.steps);
+  std::string text = fmt::format(
+      "step {:>{}}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | scale {:g}{} | {} samples/s (avg {}) | {} tok/s | "
+      "{:.4f} TFLOPs/dev (F={:.2f}) | MFU {} | state {}/rank | peak RSS {} | inter-node {}/step | ETA {} | {} tokens "
+      "in {:.1f} days",
+      r.step, steps.size(), steps, r.loss, r.lr, r.grad_norm, r.loss_scale, r.skipped ? " (skipped: overflow)" : "",
+      format_significant(r.samples_per_s), format_significant(r.samples_per_s_avg), format_si(r.tokens_per_s),
+      r.tflops_per_device, r.flops_factor, format_mfu(r.mfu), format_mib(r.model_state_bytes),
+      format_mib(r.peak_rss_bytes), format_mib(r.inter_node_bytes_max), format_duration(r.eta_s),
+      format_si(r.token_budget), r.token_budget_days);
+  if (r.pipeline_parallel > 1 || r.tensor_parallel > 1)
+    text += fmt::format(" | grid {}, bubble {:.1f}%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel),
+                        100.0 * r.pipeline_bubble);
   return text;
 }
 
@@ -225,12 +208,8 @@ void Reporter::train(const TrainRecord& r) {
 }
 
 void Reporter::eval(const EvalRecord& r) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "eval step %lld | val loss %.4f | %lld sequences, %lld tokens | %.1fs",
-                static_cast<long long>(r.step), r.val_loss, static_cast<long long>(r.val_sequences),
-                static_cast<long long>(r.val_tokens), r.seconds);
-  line(buf);
+  line(fmt::format("eval step {} | val loss {:.4f} | {} sequences, {} tokens | {:.1f}s", r.step, r.val_loss,
+                   r.val_sequences, r.val_tokens, r.seconds));
   record({{"type", "eval"},
           {"step", r.step},
           {"tokens", number(r.tokens)},
@@ -242,14 +221,14 @@ void Reporter::eval(const EvalRecord& r) {
 
 void Reporter::progress(std::int64_t step, std::int64_t steps, double loss, double eta_s) {
   if (!root_ || !tty_) return;
-  std::printf("\r\033[Kstep %lld/%lld | loss %.4f | ETA %s", static_cast<long long>(step),
-              static_cast<long long>(steps), loss, format_duration(eta_s).c_str());
+  std::fputs(fmt::format("\r\033[Kstep {}/{} | loss {:.4f} | ETA {}", step, steps, loss, format_duration(eta_s)).c_str(),
+             stdout);
   std::fflush(stdout);
   shown_ = true;
 }
 
 void Reporter::clear_progress() {
-  if (shown_) std::printf("\r\033[K");
+  if (shown_) std::fputs("\r\033[K", stdout);
   shown_ = false;
 }
 

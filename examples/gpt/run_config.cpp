@@ -1,5 +1,7 @@
 #include "gpt/run_config.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <limits>
 
@@ -19,30 +21,29 @@ std::string resolved_yaml(const zero::Config& cfg, const GptSettings& settings) 
 RunConfig load_run_config(const Cli& cli, int world_size) {
   constexpr std::int64_t kPlaceholder = std::numeric_limits<std::int32_t>::max();
   zero::LoadOptions opts;
-  opts.extra_sections = zero::gpt::gpt_sections();
+  opts.extra_sections = gpt_sections();
   opts.overrides = cli.sets;
   opts.total_num_steps = kPlaceholder;
   RunConfig rc{zero::load_config(cli.config_path, opts), {}, {}};
-  rc.settings = zero::gpt::read_gpt_settings(rc.cfg);
+  rc.settings = read_gpt_settings(rc.cfg);
   zero::SchedulerConfig& sched = rc.cfg.scheduler;
   if (sched.type != zero::SchedulerType::none && sched.total_num_steps == kPlaceholder) {
     sched.total_num_steps = rc.settings.steps;
-    const std::string placeholder = std::to_string(kPlaceholder);
+    const std::string placeholder = fmt::format("{}", kPlaceholder), steps = fmt::format("{}", rc.settings.steps);
     for (auto& n : rc.cfg.notes)
       if (n.find(placeholder) != std::string::npos)
-        n = "scheduler.params.total_num_steps: \"auto\" -> " + std::to_string(rc.settings.steps) +
-            " (run.steps)";
+        n = fmt::format("scheduler.params.total_num_steps: \"auto\" -> {} (run.steps)", steps);
     for (auto& a : rc.cfg.autos)
-      if (a.value == placeholder) a = {a.path, std::to_string(rc.settings.steps), "run.steps"};
+      if (a.value == placeholder) a = {a.path, steps, "run.steps"};
     ZERO_CHECK(sched.total_num_steps >= sched.warmup_num_steps,
-               "scheduler.params.total_num_steps is \"auto\", so it is run.steps = " +
-                   std::to_string(rc.settings.steps) + ", less than warmup_num_steps = " +
-                   std::to_string(sched.warmup_num_steps) +
-                   ": the run would end inside the warmup; raise run.steps or shorten the warmup");
+               fmt::format("scheduler.params.total_num_steps is \"auto\", so it is run.steps = {}, less than "
+                           "warmup_num_steps = {}: the run would end inside the warmup; raise run.steps or shorten "
+                           "the warmup",
+                           steps, sched.warmup_num_steps));
   }
   // The engine's batch arithmetic counts data-parallel ranks: a tensor group and a pipeline
   // train one batch together (world / (tensor x pipeline) data-parallel ranks).
-  rc.cfg.resolve(zero::gpt::gpt_data_parallel_size(rc.settings, world_size));
+  rc.cfg.resolve(gpt_data_parallel_size(rc.settings, world_size));
   // The resolved sections replace what the file said (a preset name becomes its shape), so a
   // checkpoint's saved config names the model's n_head and vocab_size for zero-ckpt export.
   for (auto& [name, yaml] : rc.settings.sections()) rc.cfg.extra_sections[name] = yaml;

@@ -125,10 +125,9 @@ void check_backend(const zero::Config& cfg) {
              "-DZERO_CUDA=ON on a machine with the CUDA toolkit), or set backend: host");
 #endif
   ZERO_CHECK(cfg.compute_dtype() == zero::DType::bf16,
-             std::string("zero-gpt: backend: cuda trains in bf16 (the GPT CUDA kernels take bf16 parameters, "
-                         "gradients and activations), but the config computes in ") +
-                 std::string(zero::dtype_name(cfg.compute_dtype())) +
-                 "; set bf16.enabled: true" + (cfg.fp16.enabled ? " and fp16.enabled: false" : ""));
+             fmt::format("zero-gpt: backend: cuda trains in bf16 (the GPT CUDA kernels take bf16 parameters, "
+                         "gradients and activations), but the config computes in {}; set bf16.enabled: true{}",
+                         zero::dtype_name(cfg.compute_dtype()), cfg.fp16.enabled ? " and fp16.enabled: false" : ""));
 }
 
 // The model section's rules over several keys, each failing on the key to change.
@@ -136,8 +135,8 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
   const GptConfig& c = s.model;
   if (c.n_embd % c.n_head != 0)
     m.fail(m.has("n_head") ? "n_head" : "n_embd",
-           "n_embd = " + std::to_string(c.n_embd) + " is not divisible by n_head = " +
-               std::to_string(c.n_head) + "; pick n_head among the divisors of n_embd");
+           fmt::format("n_embd = {} is not divisible by n_head = {}; pick n_head among the divisors of n_embd",
+                       c.n_embd, c.n_head));
   try {
     check_tensor_parallel(c, s.tensor_parallel);
   } catch (const zero::Error& e) {
@@ -151,21 +150,21 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
   if (cfg.backend == zero::BackendKind::cuda && c.n_embd % c.n_head == 0 && c.n_head % T == 0) {
     if ((c.n_embd / T) % 8 != 0)
       m.fail(m.has("n_embd") || T == 1 ? "n_embd" : "tensor_parallel",
-             "backend: cuda needs n_embd / tensor_parallel (" + std::to_string(c.n_embd) + " / " +
-                 std::to_string(T) + ") to be a multiple of 8: its bf16 matrix rows must be 16-byte "
-                 "aligned; choose n_embd a multiple of 8 x tensor_parallel (" + std::to_string(8 * T) +
-                 ")" + (T > 1 ? " or a smaller tensor_parallel" : ""));
+             fmt::format("backend: cuda needs n_embd / tensor_parallel ({} / {}) to be a multiple of 8: its bf16 "
+                         "matrix rows must be 16-byte aligned; choose n_embd a multiple of 8 x tensor_parallel "
+                         "({}){}",
+                         c.n_embd, T, 8 * T, T > 1 ? " or a smaller tensor_parallel" : ""));
     else if (c.padded_vocab_size() % T == 0 && (c.padded_vocab_size() / T) % 8 != 0)
       m.fail("tensor_parallel",
-             "backend: cuda needs each tensor rank's part of the padded vocabulary (" +
-                 std::to_string(c.padded_vocab_size()) + " / " + std::to_string(T) + " ids) to be a "
-                 "multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
-                 "dividing " + std::to_string(c.padded_vocab_size() / 8));
+             fmt::format("backend: cuda needs each tensor rank's part of the padded vocabulary ({} / {} ids) to "
+                         "be a multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
+                         "dividing {}",
+                         c.padded_vocab_size(), T, c.padded_vocab_size() / 8));
   }
   if (s.pipeline_parallel > c.n_layer)
-    m.fail("pipeline_parallel", std::to_string(s.pipeline_parallel) + " stages for " + std::to_string(c.n_layer) +
-                                    " blocks (n_layer): every stage needs at least one block; use at most " +
-                                    std::to_string(c.n_layer));
+    m.fail("pipeline_parallel", fmt::format("{} stages for {} blocks (n_layer): every stage needs at least one "
+                                            "block; use at most {}",
+                                            s.pipeline_parallel, c.n_layer, c.n_layer));
 }
 
 // The default as --help and the table show it: the fixed value (a path or glob unquoted, an
@@ -290,9 +289,9 @@ std::string gpt_settings_reference_markdown() {
 int gpt_data_parallel_size(const GptSettings& settings, int world_size) {
   const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
   ZERO_CHECK(T >= 1 && P >= 1 && world_size % (T * P) == 0,
-             "zero-gpt: " + std::to_string(world_size) + " ranks cannot form groups of model.tensor_parallel = " +
-                 std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) + " ranks; run a multiple of " +
-                 std::to_string(T * P) + " ranks (tensor x pipeline x data-parallel), or change the sizes");
+             fmt::format("zero-gpt: {} ranks cannot form groups of model.tensor_parallel = {} x pipeline_parallel = {} "
+                         "ranks; run a multiple of {} ranks (tensor x pipeline x data-parallel), or change the sizes",
+                         world_size, T, P, T * P));
   return world_size / (T * P);
 }
 

@@ -1,5 +1,7 @@
 #include "gpt/tensor_parallel.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <string>
 
@@ -36,18 +38,17 @@ void TensorParallel::all_reduce(Ops& ops, float* data, std::size_t n, zero::Redu
 }
 
 void check_tensor_parallel(const GptConfig& cfg, int T) {
-  ZERO_CHECK(T >= 1, "model.tensor_parallel must be >= 1 (got " + std::to_string(T) + ")");
+  ZERO_CHECK(T >= 1, fmt::format("model.tensor_parallel must be >= 1 (got {})", T));
   ZERO_CHECK(cfg.n_head % T == 0,
-             "model.tensor_parallel = " + std::to_string(T) + " does not divide n_head = " +
-                 std::to_string(cfg.n_head) +
-                 ": each tensor-parallel rank computes n_head / tensor_parallel whole attention "
-                 "heads; choose tensor_parallel among the divisors of n_head");
+             fmt::format("model.tensor_parallel = {} does not divide n_head = {}: each tensor-parallel rank computes "
+                         "n_head / tensor_parallel whole attention heads; choose tensor_parallel among the divisors "
+                         "of n_head",
+                         T, cfg.n_head));
   ZERO_CHECK(cfg.padded_vocab_size() % T == 0,
-             "model.tensor_parallel = " + std::to_string(T) +
-                 " does not divide the padded vocabulary " + std::to_string(cfg.padded_vocab_size()) +
-                 " (vocab_size " + std::to_string(cfg.vocab_size) +
-                 " rounded up to a multiple of 128): each rank holds an equal part of the "
-                 "embedding and of the logits; choose tensor_parallel among its divisors");
+             fmt::format("model.tensor_parallel = {} does not divide the padded vocabulary {} (vocab_size {} rounded "
+                         "up to a multiple of 128): each rank holds an equal part of the embedding and of the "
+                         "logits; choose tensor_parallel among its divisors",
+                         T, cfg.padded_vocab_size(), cfg.vocab_size));
 }
 
 TensorCut tensor_cut(std::string_view name) {
@@ -95,9 +96,8 @@ void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T,
   ZERO_CHECK(out.size() == static_cast<std::size_t>(part.numel) &&
                  whole.size() == static_cast<std::size_t>(part.numel) *
                                      static_cast<std::size_t>(part.split_axis >= 0 ? T : 1),
-             "take_part: " + part.name + " has " + std::to_string(part.numel) +
-                 " elements per rank, but was given " + std::to_string(whole.size()) +
-                 " whole and " + std::to_string(out.size()) + " out");
+             fmt::format("take_part: {} has {} elements per rank, but was given {} whole and {} out", part.name,
+                         part.numel, whole.size(), out.size()));
   if (part.split_axis < 0) {
     std::copy(whole.begin(), whole.end(), out.begin());
     return;

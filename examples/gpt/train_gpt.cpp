@@ -17,6 +17,7 @@
 //
 // run() reads as the phases of a run: the command line, the configuration (loaded once), the
 // trainer, the run directory, the header of the log, the training loop, the sample.
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -64,13 +65,15 @@ void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli, Repor
   if (!ctx.is_root()) return;
   std::string text = cli.prompt;
   if (trainer.model_config().vocab_size == 256) {
-    text += zero::gpt::decode_bytes(out);
+    text += decode_bytes(out);
   } else {
     // No BPE decoder here: print the ids (decode them with the GPT-2 tokenizer).
-    for (int t : out) text += std::to_string(t) + " ";
+    for (int t : out) text += fmt::format("{} ", t);
   }
-  std::printf("--- sample (%zu tokens, temperature %.2f, top_k %d) ---\n%s\n---\n", out.size(),
-              s.temperature, s.top_k, text.c_str());
+  std::fputs(fmt::format("--- sample ({} tokens, temperature {:.2f}, top_k {}) ---\n{}\n---\n", out.size(),
+                         s.temperature, s.top_k, text)
+                 .c_str(),
+             stdout);
   std::fflush(stdout);
   if (rep && !out_dir.empty()) rep->write_file((fs::path(out_dir) / "sample.txt").string(), text + '\n');
 }
@@ -100,16 +103,16 @@ int run(zero::Context& ctx, int argc, char** argv) {
     // The "auto" block as YAML comments, so the output still loads as a config.
     std::string autos = rc.cfg.auto_block();
     for (std::size_t at = 0; at < autos.size(); at = autos.find('\n', at) + 1) autos.insert(at, "# ");
-    if (ctx.is_root()) std::printf("%s%s", autos.c_str(), rc.resolved_yaml.c_str());
+    if (ctx.is_root()) std::fputs((autos + rc.resolved_yaml).c_str(), stdout);
     return 0;
   }
   if (cli.autotune.enabled) {
     ZERO_CHECK(!cli.resume && cli.resume_from.empty() && !cli.sample_only,
                "zero-gpt: --autotune times candidates from the initial parameters; it does not combine "
                "with --resume or --sample (tune first, then resume with the winner's config file)");
-    const zero::gpt::AutotuneOutcome tuned = zero::gpt::run_autotune(ctx, rc.cfg, settings, cli.autotune);
+    const AutotuneOutcome tuned = run_autotune(ctx, rc.cfg, settings, cli.autotune);
     if (ctx.is_root()) {
-      std::printf("%s", zero::gpt::autotune_report(tuned).c_str());
+      std::fputs(autotune_report(tuned).c_str(), stdout);
       std::fflush(stdout);
     }
     ZERO_CHECK(tuned.result.found, "zero-gpt --autotune: no candidate ran (" + tuned.table_path +
@@ -117,7 +120,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
                                        "raise --autotune-memory");
     if (cli.autotune.then == "exit") return 0;
     rc.cfg = tuned.result.best;
-    rc.settings = zero::gpt::with_grid(rc.settings, tuned.result.best_trial.grid);  // `settings` follows
+    rc.settings = with_grid(rc.settings, tuned.result.best_trial.grid);  // `settings` follows
     rc.resolved_yaml = resolved_yaml(rc.cfg, settings);
   }
   // Data and engine first: a wrong data path fails before the run directory is created.
@@ -133,7 +136,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
     // Only reads: a sample may be taken beside the job that is writing the checkpoints.
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
     if (ctx.is_root())
-      std::printf("loaded %s (step %lld)\n", facts.checkpoint_dir.c_str(), static_cast<long long>(at));
+      std::fputs(fmt::format("loaded {} (step {})\n", facts.checkpoint_dir, at).c_str(), stdout);
     print_sample(ctx, trainer, cli, nullptr, "");
     return 0;
   }
@@ -158,7 +161,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.params = static_cast<double>(trainer.model_config().num_params());
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());
-  facts.flops = zero::gpt::training_flops_per_token(trainer.model_config());
+  facts.flops = training_flops_per_token(trainer.model_config());
   facts.peak = device_peak_tflops(ctx, settings, rc.cfg, facts.threads);
 
   const bool progress = settings.progress == "on" ||

@@ -4,6 +4,8 @@
 #include "gpt/cuda_library.hpp"
 #endif
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
@@ -48,11 +50,12 @@ zero::Layout rank_layout(const GptSettings& settings, const zero::ProcessGroups*
 void check_groups_match(const GptSettings& settings, const zero::ProcessGroups* groups) {
   const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
   ZERO_CHECK(groups ? groups->tensor_size() == T && groups->pipeline_size() == P : T == 1 && P == 1,
-             "zero-gpt: model.tensor_parallel = " + std::to_string(T) + " x pipeline_parallel = " + std::to_string(P) +
-                 (groups ? " on process groups of tensor " + std::to_string(groups->tensor_size()) + " x pipeline " +
-                               std::to_string(groups->pipeline_size())
-                         : " without process groups") +
-                 "; build the groups with ProcessGroups(ctx, {tensor_parallel, pipeline_parallel})");
+             fmt::format("zero-gpt: model.tensor_parallel = {} x pipeline_parallel = {}{}; build the groups with "
+                         "ProcessGroups(ctx, {{tensor_parallel, pipeline_parallel}})",
+                         T, P,
+                         groups ? fmt::format(" on process groups of tensor {} x pipeline {}", groups->tensor_size(),
+                                              groups->pipeline_size())
+                                : " without process groups"));
 }
 
 }  // namespace
@@ -110,12 +113,12 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   check_tensor_parallel(mc, T);
   const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
   ZERO_CHECK(cfg.train_batch_size == cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps * data_size,
-             "GptTrainer: the config is resolved for " +
-                 std::to_string(cfg.train_batch_size /
-                                std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps)) +
-                 " data-parallel ranks, but " + std::to_string(ctx.world_size()) + " ranks at tensor_parallel " +
-                 std::to_string(T) + " x pipeline_parallel " + std::to_string(P) + " give " +
-                 std::to_string(data_size) + "; resolve it with gpt_data_parallel_size(settings, world size)");
+             fmt::format("GptTrainer: the config is resolved for {} data-parallel ranks, but {} ranks at "
+                         "tensor_parallel {} x pipeline_parallel {} give {}; resolve it with "
+                         "gpt_data_parallel_size(settings, world size)",
+                         cfg.train_batch_size / std::max<std::int64_t>(1, cfg.train_micro_batch_size_per_gpu *
+                                                                              cfg.gradient_accumulation_steps),
+                         ctx.world_size(), T, P, data_size));
   micro_batch_ = static_cast<int>(cfg.train_micro_batch_size_per_gpu);
   gas_ = static_cast<int>(cfg.gradient_accumulation_steps);
   dtype_ = cfg.compute_dtype();
@@ -164,9 +167,9 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
     const zero::Layout expected = rank_layout(settings_, groups_);
     ZERO_CHECK(borrowed->layout().num_units() == expected.num_units() &&
                    borrowed->layout().num_params() == expected.num_params(),
-               "GptTrainer: the engine it was given holds another model (" +
-                   std::to_string(borrowed->layout().num_params()) + " parameters, this rank's part of this GPT has " +
-                   std::to_string(expected.num_params()) + "); build the engine with make_gpt_engine");
+               fmt::format("GptTrainer: the engine it was given holds another model ({} parameters, this rank's part "
+                           "of this GPT has {}); build the engine with make_gpt_engine",
+                           borrowed->layout().num_params(), expected.num_params()));
     engine_ = borrowed;
   } else {
     owned_engine_ = make_gpt_engine(ctx, cfg, settings_, groups_);
@@ -229,7 +232,7 @@ void GptTrainer::save_checkpoint(const std::string& root) {
   const std::int64_t samples = train_loader_->micro_step() * train_loader_->samples_per_micro_step();
   zero::CheckpointOptions o;
   o.keep_last = settings_.keep_checkpoints;
-  zero::save_checkpoint(*engine_, root, {{kSamplesKey, std::to_string(samples)}}, o);
+  zero::save_checkpoint(*engine_, root, {{kSamplesKey, fmt::format("{}", samples)}}, o);
 }
 
 std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag, bool read_only) {
@@ -237,8 +240,8 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   o.lock_root = !read_only;
   const zero::ClientState client = zero::load_checkpoint(*engine_, root, tag, o);
   const auto it = client.find(kSamplesKey);
-  ZERO_CHECK(it != client.end(), "load_checkpoint: '" + root + "' has no " + kSamplesKey +
-                                     " entry: it was not written by zero-gpt");
+  ZERO_CHECK(it != client.end(),
+             fmt::format("load_checkpoint: '{}' has no {} entry: it was not written by zero-gpt", root, kSamplesKey));
   // The checkpoint's checksums cover the bytes, not their meaning: a hand-edited or foreign
   // value must not send the data stream backwards or past the end of int64.
   const std::string& text = it->second;
@@ -247,15 +250,14 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
   const std::int64_t per = train_loader_->samples_per_micro_step();
   const std::int64_t most = std::numeric_limits<std::int64_t>::max() / 2;
   ZERO_CHECK(ec == std::errc() && end == text.data() + text.size() && samples >= 0 && samples <= most,
-             "load_checkpoint: client state " + std::string(kSamplesKey) + " = '" + zero::escape_bytes(text) +
-                 "' in '" + root + "' is not a count of samples in [0, " + std::to_string(most) +
-                 "]; the checkpoint was damaged or edited: resume from another step (--checkpoint "
-                 "<root>/step_N)");
+             fmt::format("load_checkpoint: client state {} = '{}' in '{}' is not a count of samples in [0, {}]; the "
+                         "checkpoint was damaged or edited: resume from another step (--checkpoint <root>/step_N)",
+                         kSamplesKey, zero::escape_bytes(text), root, most));
   ZERO_CHECK(samples % per == 0,
-             "load_checkpoint: the checkpoint stopped after " + std::to_string(samples) +
-                 " samples, which is not a whole number of this run's micro-steps (" +
-                 std::to_string(per) + " samples: micro-batch x data-parallel ranks); resume with a "
-                 "micro-batch and rank count whose product divides it");
+             fmt::format("load_checkpoint: the checkpoint stopped after {} samples, which is not a whole number of "
+                         "this run's micro-steps ({} samples: micro-batch x data-parallel ranks); resume with a "
+                         "micro-batch and rank count whose product divides it",
+                         samples, per));
   train_loader_->seek(samples / per);
   return engine_->global_step();
 }

@@ -1,8 +1,9 @@
 #include "gpt/training_loop.hpp"
 
+#include <fmt/format.h>
+
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -36,8 +37,9 @@ class TrainingLoop {
   bool run() {
     const std::int64_t steps = s_.steps;
     if (f_.start_step >= steps)
-      rep_.line("the checkpoint is at step " + std::to_string(f_.start_step) + ", run.steps is " +
-                std::to_string(steps) + ": nothing to train (raise run.steps to continue)");
+      rep_.line(fmt::format("the checkpoint is at step {}, run.steps is {}: nothing to train (raise run.steps to "
+                            "continue)",
+                            f_.start_step, steps));
     zero::StopSignal stop_signal;
     // Imported weights are evaluated before they change: the loss they bring (step 0).
     if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
@@ -66,19 +68,19 @@ class TrainingLoop {
   // The closing line: steps, time, throughput, the last validation loss.
   void report_done() {
     if (f_.start_step >= s_.steps) {  // run() said why: nothing was trained
-      rep_.line("done: no steps trained (the checkpoint is at step " + std::to_string(f_.start_step) +
-                ", run.steps is " + std::to_string(s_.steps) + ")");
+      rep_.line(fmt::format("done: no steps trained (the checkpoint is at step {}, run.steps is {})", f_.start_step,
+                            s_.steps));
       return;
     }
     const std::int64_t ran = s_.steps - f_.start_step;
     std::string val = "none (no validation data: data.val is 'none', or shards without data.val)";
     if (trainer_.has_validation())
-      val = std::isfinite(last_val_) ? zero::gpt::format_significant(last_val_, 5) : "not evaluated";
-    rep_.line("done: " + std::to_string(ran) + " steps in " +
-              zero::gpt::format_duration(seconds_since(start_)) + " (" +
-              zero::gpt::format_significant(
-                  ran > 0 ? f_.samples_per_step * static_cast<double>(ran) / train_seconds_ : 0.0) +
-              " samples/s), final val loss " + val);
+      val = std::isfinite(last_val_) ? format_significant(last_val_, 5) : "not evaluated";
+    rep_.line(fmt::format("done: {} steps in {} ({} samples/s), final val loss {}", ran,
+                          format_duration(seconds_since(start_)),
+                          format_significant(ran > 0 ? f_.samples_per_step * static_cast<double>(ran) / train_seconds_
+                                                     : 0.0),
+                          val));
   }
 
  private:
@@ -92,7 +94,7 @@ class TrainingLoop {
       rep_.progress(step, steps, s.loss, eta);
       return;
     }
-    zero::gpt::TrainRecord r;
+    TrainRecord r;
     r.step = step;
     r.steps = steps;
     r.tokens = f_.tokens_per_step * static_cast<double>(step);
@@ -119,7 +121,7 @@ class TrainingLoop {
     // The ranks that send across nodes are those whose ring neighbour is on another node, which
     // rank 0 (whose record this is) often is not: the busiest rank's figure is the link's load.
     r.inter_node_bytes_max = ctx_.comm().all_reduce_scalar(r.inter_node_bytes, zero::ReduceOp::max);
-    const zero::gpt::PipelineReport pr = trainer_.pipeline_report();
+    const PipelineReport pr = trainer_.pipeline_report();
     r.tensor_parallel = pr.tensor;
     r.pipeline_parallel = pr.stages;
     r.data_parallel = pr.data;
@@ -134,7 +136,7 @@ class TrainingLoop {
     const auto t0 = Clock::now();
     const GptTrainer::Evaluation e = trainer_.evaluate();
     last_val_ = e.loss;
-    zero::gpt::EvalRecord r;
+    EvalRecord r;
     r.step = step;
     r.tokens = f_.tokens_per_step * static_cast<double>(step);
     r.val_loss = e.loss;
@@ -148,8 +150,8 @@ class TrainingLoop {
   void save(std::int64_t step) {
     const auto t0 = Clock::now();
     trainer_.save_checkpoint(f_.checkpoint_dir);
-    rep_.line("checkpoint: step " + std::to_string(step) + " saved to " + f_.checkpoint_dir +
-              " (" + zero::gpt::format_duration(seconds_since(t0)) + ")");
+    rep_.line(fmt::format("checkpoint: step {} saved to {} ({})", step, f_.checkpoint_dir,
+                          format_duration(seconds_since(t0))));
   }
 
   void stop(std::int64_t step, bool saved) {
@@ -157,9 +159,9 @@ class TrainingLoop {
     const std::string by = signo != 0 ? std::string("signal ") + ::strsignal(signo)
                                       : std::string("a signal on another rank");
     if (!saved) save(step);
-    rep_.line("stopped by " + by + " after step " + std::to_string(step) + " of " +
-              std::to_string(s_.steps) + "; checkpoint in " + f_.checkpoint_dir +
-              "; resume with (behind the same mpirun or srun):\n  " + f_.resume_command);
+    rep_.line(fmt::format("stopped by {} after step {} of {}; checkpoint in {}; resume with (behind the same mpirun or "
+                          "srun):\n  {}",
+                          by, step, s_.steps, f_.checkpoint_dir, f_.resume_command));
     rep_.record({{"type", "stop"}, {"step", step}, {"checkpoint", f_.checkpoint_dir}});
   }
 
@@ -182,23 +184,20 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                    bool resumed, bool config_saved) {
   const zero::Config& cfg = rc.cfg;
   const auto& mc = trainer.model_config();
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "zero-gpt: %d rank%s, ZeRO stage %d, %s parameters (the host model computes in "
-                "fp32), %d thread%s per rank",
-                f.world, f.world == 1 ? "" : "s", cfg.zero_optimization.stage,
-                std::string(zero::dtype_name(cfg.compute_dtype())).c_str(), f.threads,
-                f.threads == 1 ? "" : "s");
-  rep.line(buf);
+  rep.line(fmt::format("zero-gpt: {} rank{}, ZeRO stage {}, {} parameters (the host model computes in fp32), {} "
+                       "thread{} per rank",
+                       f.world, f.world == 1 ? "" : "s", cfg.zero_optimization.stage,
+                       zero::dtype_name(cfg.compute_dtype()), f.threads, f.threads == 1 ? "" : "s"));
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
-  const zero::gpt::PipelineReport pr = trainer.pipeline_report();
+  const PipelineReport pr = trainer.pipeline_report();
   const std::string tensor_note =
       trainer.tensor_parallel_size() > 1
-          ? "each layer split over " + std::to_string(trainer.tensor_parallel_size()) + " ranks (tensor parallel), "
+          ? fmt::format("each layer split over {} ranks (tensor parallel), ", trainer.tensor_parallel_size())
           : std::string();
   if (pr.stages > 1)
-    rep.line("nodes: " + f.nodes + "; grid " + pr.describe() + " (rank 0's stage; " + tensor_note +
-             "each stage's engine reduces over its " + std::to_string(pr.data) + " data-parallel ranks)");
+    rep.line(fmt::format("nodes: {}; grid {} (rank 0's stage; {}each stage's engine reduces over its {} data-parallel "
+                         "ranks)",
+                         f.nodes, pr.describe(), tensor_note, pr.data));
   else if (trainer.tensor_parallel_size() > 1)
     rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() + ": " + tensor_note +
              "the engine's collectives over the data-parallel group");
@@ -208,30 +207,22 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
-  std::snprintf(buf, sizeof buf,
-                "batch: %lld sequences x %d tokens = %lld tokens per step (micro-batch %lld x "
-                "accumulation %lld x %d data-parallel ranks); activations %s per rank",
-                static_cast<long long>(cfg.train_batch_size), mc.seq_len,
-                static_cast<long long>(trainer.tokens_per_step()),
-                static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-                static_cast<long long>(cfg.gradient_accumulation_steps), trainer.data_parallel_size(),
-                zero::gpt::format_mib(static_cast<double>(trainer.activation_bytes())).c_str());
-  rep.line(buf);
-  std::string flops = "flops per token: 6N + 6LTC = " + zero::gpt::format_si(f.flops.model);
+  rep.line(fmt::format("batch: {} sequences x {} tokens = {} tokens per step (micro-batch {} x accumulation {} x {} "
+                       "data-parallel ranks); activations {} per rank",
+                       cfg.train_batch_size, mc.seq_len, trainer.tokens_per_step(),
+                       cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
+                       trainer.data_parallel_size(), format_mib(static_cast<double>(trainer.activation_bytes()))));
+  std::string flops = "flops per token: 6N + 6LTC = " + format_si(f.flops.model);
   if (f.flops.recompute > 0)
-    flops += " + " + zero::gpt::format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
-  std::snprintf(buf, sizeof buf, "; F = %.2f per parameter", f.flops.total() / f.params);
-  flops += buf;
-  if (f.peak.known()) {
-    std::snprintf(buf, sizeof buf, "; MFU against %.4g TFLOPs per device (%s)", f.peak.tflops, f.peak.source.c_str());
-    flops += buf;
-  }
+    flops += " + " + format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
+  flops += fmt::format("; F = {:.2f} per parameter", f.flops.total() / f.params);
+  if (f.peak.known()) flops += fmt::format("; MFU against {:.4g} TFLOPs per device ({})", f.peak.tflops, f.peak.source);
   rep.line(flops);
   if (!f.peak.known()) rep.line("note: " + f.peak.source);  // once; the step lines say n/a
   rep.line("memory: " + trainer.engine().memory().to_string());
   for (const auto& n : cfg.notes) rep.line("note: " + n);
   if (resumed)
-    rep.line("resumed from " + f.resumed_from + " at step " + std::to_string(f.start_step));
+    rep.line(fmt::format("resumed from {} at step {}", f.resumed_from, f.start_step));
   rep.line("--- resolved configuration (" + std::string(config_saved ? "saved to " : "NOT saved to ") +
            (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
            rc.resolved_yaml + "---");
