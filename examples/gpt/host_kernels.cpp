@@ -345,7 +345,8 @@ void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::in
     for (int v = 0; v < V; ++v) sum += static_cast<double>(exp_fast(l[v] - mx));
     const T lse = mx + static_cast<T>(std::log(sum));
     const int target = targets[n];
-    losses[n] = lse - l[target];
+    const bool valid = target >= 0 && target < V;  // else NaN, as the CUDA kernel reports it
+    losses[n] = valid ? lse - l[target] : std::numeric_limits<T>::quiet_NaN();
     if (dlogits) {
       T* d = dlogits + idx(n, Vp);  // may alias l: each element is read before it is written
       for (int v = 0; v < V; ++v) d[v] = (exp_fast(l[v] - lse) - (v == target ? T(1) : T(0))) * dloss;
@@ -394,7 +395,11 @@ void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const
   for (int n = 0; n < N; ++n) {
     const T* l = logits + idx(n, Vl);
     const T lse = static_cast<T>(row_max[n]) + static_cast<T>(std::log(static_cast<double>(sums[n])));
-    losses[n] = static_cast<float>(lse - static_cast<T>(sums[N + n]));
+    // No part holds a target outside [0, V), so sums[N + n] is 0 and the loss would read as a
+    // finite lse: report it as NaN instead, which the trainer stops on.
+    const bool valid = targets[n] >= 0 && targets[n] < V;
+    losses[n] = valid ? static_cast<float>(lse - static_cast<T>(sums[N + n]))
+                      : std::numeric_limits<float>::quiet_NaN();
     if (!dlogits) continue;
     T* d = dlogits + idx(n, Vl);  // may alias l: each element is read before it is written
     const int target = targets[n] - v0;

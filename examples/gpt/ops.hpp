@@ -139,7 +139,8 @@ class Ops {
   // Softmax cross-entropy over the first V of Vp logits per row, computed in fp32.
   // losses[n] = -log p(target); if dlogits is non-null it receives (p - onehot) * dloss for ids
   // < V and exactly 0 for the padded ids (it may alias logits: the gradient then overwrites
-  // them, and no probabilities are stored anywhere). Targets are in [0, V).
+  // them, and no probabilities are stored anywhere). Targets are in [0, V); a row whose target
+  // is not gets a NaN loss (the trainer stops on it), never an out-of-bounds read.
   virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
                                      const std::int32_t* targets, int N, int V, int Vp,
                                      float dloss) = 0;
@@ -152,8 +153,9 @@ class Ops {
   //   part_sums:   sums[n] = sum of exp(l - row_max[n]) over the real logits here, and
   //                sums[N + n] = the target's logit if this part holds it, else 0; the caller
   //                then sums both over the group;
-  //   part_finish: losses[n] = log(sums[n]) + row_max[n] - sums[N + n], and with dlogits
-  //                non-null (may alias logits) softmax_cross_entropy's gradient for this part.
+  //   part_finish: losses[n] = log(sums[n]) + row_max[n] - sums[N + n] (NaN where targets[n]
+  //                is outside [0, V), as softmax_cross_entropy), and with dlogits non-null (may
+  //                alias logits) softmax_cross_entropy's gradient for this part.
   virtual void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
                                       int V) = 0;
   virtual void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,

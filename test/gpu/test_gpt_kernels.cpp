@@ -706,6 +706,21 @@ std::vector<std::int32_t> ids_on_every_part(std::size_t n, int V, int Vl, std::u
   return ids;
 }
 
+// Each of TP parts of logits [rows, Vp] on the device: the ids [t Vl, (t + 1) Vl) of every row.
+std::vector<std::unique_ptr<DevBf16>> device_parts(const Bf16Vec& logits, int rows, int Vp,
+                                                   int TP) {
+  const int Vl = Vp / TP;
+  std::vector<std::unique_ptr<DevBf16>> owned;
+  for (int t = 0; t < TP; ++t) {
+    std::vector<std::uint16_t> bits;
+    for (int r = 0; r < rows; ++r)
+      bits.insert(bits.end(), logits.bits.begin() + r * Vp + t * Vl,
+                  logits.bits.begin() + r * Vp + (t + 1) * Vl);
+    owned.push_back(std::make_unique<DevBf16>(bits));
+  }
+  return owned;
+}
+
 }  // namespace
 
 TEST_CASE("vocabulary parts: encoder and cross-entropy passes match the fp64 host kernels",
@@ -791,14 +806,7 @@ TEST_CASE("vocabulary parts: encoder and cross-entropy passes match the fp64 hos
     h::softmax_cross_entropy<double>(want_losses.data(), want_d.data(), logits.val.data(),
                                      targets.data(), rows, V, Vp, dloss);
     DeviceArray<std::int32_t> d_targets(targets);
-    std::vector<std::unique_ptr<DevBf16>> owned;
-    for (int t = 0; t < TP; ++t) {
-      std::vector<std::uint16_t> bits;
-      for (int r = 0; r < rows; ++r)
-        bits.insert(bits.end(), logits.bits.begin() + r * Vp + t * Vl,
-                    logits.bits.begin() + r * Vp + (t + 1) * Vl);
-      owned.push_back(std::make_unique<DevBf16>(bits));
-    }
+    const auto owned = device_parts(logits, rows, Vp, TP);
     // A part's real ids: [t Vl, t Vl + real(t)).
     auto real = [&](int t) { return std::clamp(V - t * Vl, 0, Vl); };
     std::vector<float> mx(rows, -INFINITY), sums(2 * rows, 0.0f);
@@ -877,5 +885,47 @@ TEST_CASE("vocabulary parts: encoder and cross-entropy passes match the fp64 hos
         for (int j = real(t); j < Vl; ++j) padded_nonzero += got_bits[r * Vl + j] != 0;
       CHECK(padded_nonzero == 0);  // +0.0 bits exactly
     }
+  }
+}
+
+TEST_CASE("vocabulary parts report a target outside the vocabulary as a NaN loss",
+          "[gpt][kernels][tensor_parallel]") {
+  // V = 130 of Vp = 256 in 2 parts of 128: id 200 is padding on part 1 (no part holds it as a
+  // real id), 256 is past the padded vocabulary and -1 below it. Row 4 is valid and stays finite.
+  const int V = 130, Vp = 256, TP = 2, Vl = Vp / TP, rows = 5;
+  const std::vector<std::int32_t> targets{-1, V, 200, Vp, 5};
+  const auto logits = random_bf16(static_cast<std::size_t>(rows) * Vp, 94, 1.0);
+  DeviceArray<std::int32_t> d_targets(targets);
+  const auto owned = device_parts(logits, rows, Vp, TP);
+  Stream st;
+  DeviceArray<float> d_max(rows), d_sums(2 * rows), d_losses(rows);
+  std::vector<float> mx(rows, -INFINITY), sums(2 * rows, 0.0f);
+  for (int t = 0; t < TP; ++t) {
+    g::cross_entropy_part_max(d_max.get(), bp(*owned[t]), rows, Vl, t * Vl, V, st.get());
+    st.sync();
+    const auto m = d_max.download();
+    for (int r = 0; r < rows; ++r) mx[r] = std::max(mx[r], m[r]);
+  }
+  d_max.upload(mx);
+  for (int t = 0; t < TP; ++t) {
+    g::cross_entropy_part_sums(d_sums.get(), bp(*owned[t]), d_max.get(), d_targets.get(), rows,
+                               Vl, t * Vl, V, st.get());
+    st.sync();
+    const auto s = d_sums.download();
+    for (int i = 0; i < 2 * rows; ++i) sums[i] += s[i];
+  }
+  d_sums.upload(sums);
+  for (int t = 0; t < TP; ++t) {
+    INFO("part " << t);
+    g::cross_entropy_part_finish(d_losses.get(), bp(*owned[t]), bp(*owned[t]), d_max.get(),
+                                 d_sums.get(), d_targets.get(), rows, Vl, t * Vl, V, 1.0f,
+                                 st.get());
+    st.sync();
+    const auto losses = d_losses.download();
+    for (int r = 0; r < 4; ++r) {
+      INFO("target " << targets[r]);
+      CHECK(std::isnan(losses[r]));
+    }
+    CHECK(std::isfinite(losses[4]));
   }
 }

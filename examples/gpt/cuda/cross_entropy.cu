@@ -13,8 +13,8 @@
 // all-reduces the per-row results across the tensor group between the passes.
 //
 // A target outside [0, V) is a caller's bug that the host cannot see without synchronising; the
-// kernel does not read out of bounds for it and reports it as a NaN loss, which the trainer's
-// loss check then stops on.
+// kernels (the whole-row one and the vocabulary-parallel finish) do not read out of bounds for
+// it and report it as a NaN loss, which the trainer's loss check then stops on.
 #include <cmath>
 #include <string>
 
@@ -144,12 +144,18 @@ __global__ void cross_entropy_part_sums_kernel(float* sums, const bf16* logits,
 __global__ void cross_entropy_part_finish_kernel(float* losses, bf16* dlogits, const bf16* logits,
                                                  const float* row_max, const float* sums,
                                                  const std::int32_t* targets, int N, int Vl,
-                                                 int v0, int real, float dloss) {
+                                                 int v0, int V, int real, float dloss) {
   const std::size_t off = static_cast<std::size_t>(blockIdx.x) * Vl;
   const float lse = row_max[blockIdx.x] + logf(sums[blockIdx.x]);
-  if (threadIdx.x == 0) losses[blockIdx.x] = lse - sums[N + static_cast<int>(blockIdx.x)];
+  // The target's part sent 0 for a target outside [0, V) (no part holds it): without this check
+  // the loss would read as a finite lse.
+  const int global = targets[blockIdx.x];
+  if (threadIdx.x == 0)
+    losses[blockIdx.x] = global >= 0 && global < V
+                             ? lse - sums[N + static_cast<int>(blockIdx.x)]
+                             : __int_as_float(0x7fc00000);
   if (dlogits == nullptr) return;
-  const int target = targets[blockIdx.x] - v0;
+  const int target = global - v0;
   // Each thread reads only the elements it then writes: dlogits may alias logits.
   for (int c = static_cast<int>(threadIdx.x); c < Vl; c += kThreads) {
     const float v = c < real ? math::cross_entropy_dlogit(__bfloat162float(logits[off + c]), lse,
@@ -192,7 +198,7 @@ void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits,
                                float dloss, cudaStream_t stream) {
   check_part_shape("cross_entropy_part_finish", N, Vl, v0, V);
   cross_entropy_part_finish_kernel<<<static_cast<unsigned>(N), kThreads, 0, stream>>>(
-      losses, dlogits, logits, row_max, sums, targets, N, Vl, v0, real_ids(Vl, v0, V), dloss);
+      losses, dlogits, logits, row_max, sums, targets, N, Vl, v0, V, real_ids(Vl, v0, V), dloss);
   GPT_LAUNCH_CHECK("cross_entropy_part_finish");
 }
 

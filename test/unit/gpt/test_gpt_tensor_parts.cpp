@@ -37,6 +37,41 @@ std::vector<float> random_values(std::size_t n, std::uint64_t seed, float scale)
   return v;
 }
 
+// Each of T ranks' part of the logits [N, Vp]: the ids [t Vl, (t + 1) Vl) of every row.
+std::vector<std::vector<float>> vocab_parts(const std::vector<float>& logits, int N, int Vp, int T) {
+  const int Vl = Vp / T;
+  std::vector<std::vector<float>> part(static_cast<std::size_t>(T));
+  for (int t = 0; t < T; ++t) {
+    auto& p = part[static_cast<std::size_t>(t)];
+    for (int n = 0; n < N; ++n)
+      p.insert(p.end(), logits.begin() + n * Vp + t * Vl, logits.begin() + n * Vp + (t + 1) * Vl);
+  }
+  return part;
+}
+
+// The group's row maxima and sums: each part's pass, with the all-reduces (max, then sum) done
+// by hand between them.
+struct GroupSums {
+  std::vector<float> mx, sums;
+};
+GroupSums group_sums(Ops& ops, const std::vector<std::vector<float>>& part,
+                     const std::vector<std::int32_t>& targets, int N, int V) {
+  const int T = static_cast<int>(part.size()), Vl = static_cast<int>(part[0].size()) / N;
+  GroupSums g{std::vector<float>(N, -std::numeric_limits<float>::infinity()),
+              std::vector<float>(2 * N, 0.0f)};
+  std::vector<float> m(N), s(2 * N);
+  for (int t = 0; t < T; ++t) {
+    ops.cross_entropy_part_max(m.data(), A(part[static_cast<std::size_t>(t)]), N, Vl, t * Vl, V);
+    for (int n = 0; n < N; ++n) g.mx[n] = std::max(g.mx[n], m[n]);
+  }
+  for (int t = 0; t < T; ++t) {
+    ops.cross_entropy_part_sums(s.data(), A(part[static_cast<std::size_t>(t)]), g.mx.data(),
+                                targets.data(), N, Vl, t * Vl, V);
+    for (int i = 0; i < 2 * N; ++i) g.sums[i] += s[i];
+  }
+  return g;
+}
+
 }  // namespace
 
 TEST_CASE("vocabulary-parallel cross-entropy equals the whole-row one", "[gpt][tensor_parallel]") {
@@ -52,29 +87,14 @@ TEST_CASE("vocabulary-parallel cross-entropy equals the whole-row one", "[gpt][t
     std::vector<float> want_loss(N), want_d(logits.size());
     ops->softmax_cross_entropy(want_loss.data(), A(want_d), A(logits), targets.data(), N, V, Vp, dloss);
 
-    // Each rank's part of the logits; the all-reduces (max, then sum) between the passes.
-    std::vector<std::vector<float>> part(static_cast<std::size_t>(T));
-    for (int t = 0; t < T; ++t) {
-      auto& p = part[static_cast<std::size_t>(t)];
-      for (int n = 0; n < N; ++n)
-        p.insert(p.end(), logits.begin() + n * Vp + t * Vl, logits.begin() + n * Vp + (t + 1) * Vl);
-    }
-    std::vector<float> mx(N, -std::numeric_limits<float>::infinity()), sums(2 * N, 0.0f), m(N), s(2 * N);
-    for (int t = 0; t < T; ++t) {
-      ops->cross_entropy_part_max(m.data(), A(part[static_cast<std::size_t>(t)]), N, Vl, t * Vl, V);
-      for (int n = 0; n < N; ++n) mx[n] = std::max(mx[n], m[n]);
-    }
-    for (int t = 0; t < T; ++t) {
-      ops->cross_entropy_part_sums(s.data(), A(part[static_cast<std::size_t>(t)]), mx.data(),
-                                   targets.data(), N, Vl, t * Vl, V);
-      for (int i = 0; i < 2 * N; ++i) sums[i] += s[i];
-    }
+    std::vector<std::vector<float>> part = vocab_parts(logits, N, Vp, T);
+    const GroupSums g = group_sums(*ops, part, targets, N, V);
     for (int t = 0; t < T; ++t) {
       std::vector<float> loss(N);
       auto& p = part[static_cast<std::size_t>(t)];
       // The gradient in place of the logits, as the model asks for it.
-      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), mx.data(), sums.data(), targets.data(),
-                                     N, Vl, t * Vl, V, dloss);
+      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(),
+                                     targets.data(), N, Vl, t * Vl, V, dloss);
       for (int n = 0; n < N; ++n) {
         INFO("rank " << t << ", row " << n);
         CHECK(loss[n] == Approx(want_loss[n]).epsilon(1e-6));
@@ -84,6 +104,36 @@ TEST_CASE("vocabulary-parallel cross-entropy equals the whole-row one", "[gpt][t
           if (t * Vl + j >= V) CHECK(p[static_cast<std::size_t>(n * Vl + j)] == 0.0f);  // padding
         }
       }
+    }
+  }
+}
+
+TEST_CASE("a target outside the vocabulary gives a NaN loss, whole-row and by parts",
+          "[gpt][tensor_parallel]") {
+  // V = 130 pads to 256: at T = 2, id 200 is padding on part 1 (no part holds it as a real id),
+  // 256 is past the padded vocabulary and -1 below it. Row 1's target is valid and stays finite.
+  auto ops = make_host_ops();
+  const int V = 130, Vp = 256, T = 2, Vl = Vp / T;
+  for (const std::int32_t bad : {-1, V, 200, Vp}) {
+    INFO("target " << bad);
+    const int N = 2;
+    const std::vector<std::int32_t> targets = {bad, 5};
+    std::vector<float> logits = random_values(static_cast<std::size_t>(N) * Vp, 31, 1.0f);
+    std::vector<float> whole(N);
+    ops->softmax_cross_entropy(whole.data(), nullptr, A(logits), targets.data(), N, V, Vp, 1.0f);
+    CHECK(std::isnan(whole[0]));
+    CHECK(std::isfinite(whole[1]));
+
+    std::vector<std::vector<float>> part = vocab_parts(logits, N, Vp, T);
+    const GroupSums g = group_sums(*ops, part, targets, N, V);
+    for (int t = 0; t < T; ++t) {
+      INFO("rank " << t);
+      std::vector<float> loss(N);
+      auto& p = part[static_cast<std::size_t>(t)];
+      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(),
+                                     targets.data(), N, Vl, t * Vl, V, 1.0f);
+      CHECK(std::isnan(loss[0]));
+      CHECK(loss[1] == Approx(whole[1]).epsilon(1e-6));
     }
   }
 }
