@@ -3,7 +3,8 @@
 // own slice of the sum, each value within the stated bound (int8 inside the node: max|x| / 254 of
 // each block sent; int4 across nodes: max|x| / 14), for slice sizes that fit no block; error
 // feedback makes the sum of many reductions of a constant gradient converge to the exact sum;
-// the counters see exactly the bytes sent. Training is deterministic and stays within 2% of plain
+// the counters see exactly the bytes sent, and polling a reduction issues none of them.
+// Training is deterministic and stays within 2% of plain
 // stage 3 (weights and a held-out loss); across two simulated nodes (ctest entries *_nodes2)
 // far fewer bytes cross the node boundary; bad combinations are clear errors. The gradient
 // reducer issues qgZ's all-to-alls outside its bucket groups (an NCCL group would hold them back),
@@ -14,9 +15,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/mpi_comm.hpp"
@@ -203,8 +206,8 @@ TEST_CASE("qgZ error feedback: summed over many reductions of a constant gradien
     std::vector<std::vector<float>> outs(4, std::vector<float>(S));
     std::vector<Work> works;
     for (int j = 0; j < 4; ++j) works.push_back(q.start(mine.data(), DType::f32, S, fb, outs[static_cast<std::size_t>(j)].data()));
-    // Polled in between (done() may move a reduction on to its second phase at different
-    // moments on different ranks; the phases must still pair up), then waited for.
+    // Polled in between (done() only reports; the test below checks that it starts nothing),
+    // then waited for.
     for (int poll = 0; poll < 3; ++poll)
       for (auto it = works.rbegin(); it != works.rend(); ++it) (void)it->done();
     for (auto& w : works) w.wait();
@@ -225,6 +228,38 @@ TEST_CASE("qgZ error feedback: summed over many reductions of a constant gradien
   }
   INFO("worst error of one reduction " << worst_single << ", of the mean of " << K << ": " << worst_mean);
   if (world > 1) REQUIRE(worst_mean < worst_single / 10);  // the error shrinks as 1/K instead of staying
+}
+
+TEST_CASE("qgZ's done() only reports: polling issues no collective, wait() starts phase 2") {
+  // A poll that started phase 2 would issue the cross-node all-to-all whenever a rank happened
+  // to poll, in a different order on each rank against its other collectives (a hang on NCCL).
+  // Here every rank's phase 1 is posted (the barrier) and then polled long enough to complete:
+  // the counters, which count a collective when it is issued, must not move until wait().
+  MpiCommunicator& comm = world_comm();
+  const int world = comm.size(), me = comm.rank();
+  const std::size_t S = 37, block = 16;
+  QuantizedReduceScatter q(comm, block);
+  const std::vector<char> mine = local_gradient(me, S * static_cast<std::size_t>(world), DType::f32);
+  auto fb = q.make_feedback(S);
+  std::vector<float> out(S);
+  const TrafficBytes before = q.traffic();
+  Work w = q.start(mine.data(), DType::f32, S, fb, out.data());
+  const TrafficBytes started = q.traffic() - before;
+  comm.barrier_async().wait();
+  TrafficBytes polled;
+  for (int poll = 0; poll < 200 && polled.intra_node == 0 && polled.inter_node == 0; ++poll) {
+    (void)w.done();
+    polled = q.traffic() - before - started;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  INFO(q.nodes() << " nodes x " << q.ranks_per_node() << ": polling issued " << polled.intra_node << " bytes inside the node, "
+                 << polled.inter_node << " across");
+  CHECK((polled.intra_node == 0 && polled.inter_node == 0));
+  // Phase 2 is issued at start() only where there is no phase 1 (one rank per node).
+  if (q.ranks_per_node() > 1) CHECK(started.inter_node == 0);
+  w.wait();
+  const TrafficBytes sent = q.traffic() - before, model = q.bytes_per_reduction(S);
+  CHECK((sent.intra_node == model.intra_node && sent.inter_node == model.inter_node));
 }
 
 namespace {

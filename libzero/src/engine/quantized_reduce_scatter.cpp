@@ -239,9 +239,12 @@ void QuantizedReduceScatter::complete(Op* op) {
 }
 
 bool QuantizedReduceScatter::poll(Op* op) {
-  if (op->phase == 1 && in_phase1_.front().get() == op && op->work1.done()) advance_through(op);
-  if (op->phase == 2 && op->work2.done()) finish(*op);
-  return op->phase == 3;
+  // Only reports: starting phase 2 here would issue the cross-node all-to-all whenever a rank
+  // happens to poll, so ranks polling at different moments would order it differently against
+  // their other collectives (on NCCL, a hang). Phase 2 starts in complete() alone, from wait(),
+  // which every rank reaches in the same program order. The op is ready for wait() once its
+  // phase 2 has completed (finish() is local arithmetic, left to wait()).
+  return op->phase == 3 || (op->phase == 2 && op->work2.done());
 }
 
 }  // namespace zero

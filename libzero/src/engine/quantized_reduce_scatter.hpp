@@ -72,7 +72,9 @@ class QuantizedReduceScatter {
   // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice;
   // backend memory). When the Work completes, out (slice fp32 values, backend memory) holds the sum over ranks of this rank's
   // slice. grad, fb and out must stay valid until then. Works must be started in the same order
-  // on every rank (as every collective).
+  // on every rank (as every collective). Its test() (Work::done) only reports and issues no
+  // collective: phase 2 starts when a Work is waited for, so a Work is never done before some
+  // wait() has started its phase 2.
   Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
 
   TrafficBytes traffic() const;
@@ -88,7 +90,7 @@ class QuantizedReduceScatter {
   void finish(Op& op);        // phase 2 done: sum into out
   void advance_through(Op* op);  // completes phase 1 of every op up to op, in start order
   void complete(Op* op);
-  bool poll(Op* op);
+  bool poll(Op* op);  // reports only: starts no phase and no collective
 
   // The communicators the all-to-alls use: the device ones where there are, else the host ones.
   Communicator& node();
