@@ -174,8 +174,8 @@ std::string Reporter::train_line(const TrainRecord& r) {
       format_mib(r.peak_rss_bytes), format_mib(r.inter_node_bytes_max), format_duration(r.eta_s),
       format_si(r.token_budget), r.token_budget_days);
   if (r.pipeline_parallel > 1 || r.tensor_parallel > 1)
-    text += fmt::format(" | grid {}, bubble {:.1f}%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel),
-                        100.0 * r.pipeline_bubble);
+    text += fmt::format(" | grid {}, bubble {:.1f}%",
+                        format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel), 100.0 * r.pipeline_bubble);
   return text;
 }
 
@@ -221,8 +221,9 @@ void Reporter::eval(const EvalRecord& r) {
 
 void Reporter::progress(std::int64_t step, std::int64_t steps, double loss, double eta_s) {
   if (!root_ || !tty_) return;
-  std::fputs(fmt::format("\r\033[Kstep {}/{} | loss {:.4f} | ETA {}", step, steps, loss, format_duration(eta_s)).c_str(),
-             stdout);
+  const std::string text = fmt::format("\r\033[Kstep {}/{} | loss {:.4f} | ETA {}", step, steps, loss,
+                                       format_duration(eta_s));
+  std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
   shown_ = true;
 }

@@ -52,8 +52,9 @@ std::string number(double v) {
 template <class T>
 std::pair<std::int64_t, std::int64_t> integer_bounds(const Key& k) {
   constexpr auto type_lo = static_cast<std::int64_t>(std::numeric_limits<T>::min());
-  constexpr std::int64_t type_hi = std::is_same_v<T, std::uint64_t> ? std::numeric_limits<std::int64_t>::max()
-                                                                    : static_cast<std::int64_t>(std::numeric_limits<T>::max());
+  constexpr std::int64_t type_hi = std::is_same_v<T, std::uint64_t>
+                                       ? std::numeric_limits<std::int64_t>::max()
+                                       : static_cast<std::int64_t>(std::numeric_limits<T>::max());
   const std::int64_t lo = k.range.lo <= static_cast<double>(type_lo) ? type_lo : static_cast<std::int64_t>(k.range.lo);
   const std::int64_t hi = k.range.hi >= static_cast<double>(type_hi) ? type_hi : static_cast<std::int64_t>(k.range.hi);
   return {lo, hi};

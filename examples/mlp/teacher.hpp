@@ -32,7 +32,8 @@ inline void sample(std::int64_t id, float* x, float* y) {
 // and its bias, 1: fc2 [kOut, kHidden] and its bias), its weight or its bias (zero).
 inline float initial_value(int unit, bool weight, std::int64_t k) {
   const bool first = unit == 0;
-  const std::int64_t whole_offset = first && !weight ? std::int64_t{kHidden} * kIn : (weight ? 0 : std::int64_t{kOut} * kHidden);
+  const std::int64_t whole_offset =
+      first && !weight ? std::int64_t{kHidden} * kIn : (weight ? 0 : std::int64_t{kOut} * kHidden);
   const auto stream = static_cast<std::uint64_t>(unit) * 1000 + static_cast<std::uint64_t>(whole_offset);
   const float scale = weight ? 1.0f / std::sqrt(static_cast<float>(first ? kIn : kHidden)) : 0.0f;
   return scale * noise(7 + stream, static_cast<std::uint64_t>(k));
