@@ -194,7 +194,7 @@ struct Config {
   std::int64_t train_micro_batch_size_per_gpu = 0;
   std::int64_t gradient_accumulation_steps = 0;
   std::int64_t steps_per_print = 10;
-  double gradient_clipping = 0.0;  // 0: off
+  double gradient_clipping = 0.0;  // 0: off; a DeepSpeed JSON file defaults to 1.0, as DeepSpeed >= 0.19.3
   GradientAverage gradient_average = GradientAverage::steps_and_ranks;
   ZeroOptimizationConfig zero_optimization;
   GradientCompressionConfig gradient_compression;

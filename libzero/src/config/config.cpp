@@ -317,6 +317,14 @@ std::string config_reference_markdown() {
     out += "| `" + std::string(s.path) + "` | " + keys::type_text(s) + " | " +
            keys::default_text(s) + " | " + meaning + " |\n";
   }
+  out += "\nKeys and sections that DeepSpeed reads as not set when they are null (JSON `null`, YAML "
+         "`~` or no value), so their default applies, with a note at start: ";
+  std::string nulls;
+  for (const auto& s : keys::config_keys())
+    if (s.null_is_default) nulls += (nulls.empty() ? "`" : ", `") + std::string(s.path) + "`";
+  for (auto p : keys::null_default_sections()) nulls += ", `" + std::string(p) + "` (the section)";
+  out += nulls + ". Any other key of the table, or section, set to null is an error that says to remove it for "
+                 "the default; in the lists below null is a value other than those named.\n";
   out += "\nDeepSpeed keys accepted silently (no effect here, or libzero does it anyway):\n\n";
   out += foreign_list(keys::Policy::silent);
   out += "\nDeepSpeed keys that get one note at start (libzero does it another way):\n\n";

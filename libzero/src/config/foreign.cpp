@@ -54,7 +54,8 @@ const std::vector<Foreign>& foreign_keys() {
        "gradients are reduced in the compute dtype (fp32, fp16 or bf16), at stages 0 and 1 in "
        "data_types.grad_accum_dtype", {}, dtype_matches,
        "matches the compute dtype"},
-      {"sparse_gradients", Policy::refused, "false",
+      // null: DeepSpeed reads None (runtime/config.py, .get), which is false to it.
+      {"sparse_gradients", Policy::refused, "false|null",
        "sparse embedding gradients are not implemented; set it to false"},
       {"amp", Policy::refused, "false", "Apex AMP is not supported; use fp16 or bf16 instead"},
       {"torch_autocast", Policy::refused, "false",
@@ -117,9 +118,10 @@ const std::vector<Foreign>& foreign_keys() {
        "a performance hint: MiCS's parameter gathers run inside its group (make it a node)"},
       {"zero_optimization.zero_quantized_nontrainable_weights", Policy::refused, "false",
        "quantized weights change the result"},
-      {"zero_optimization.cpu_offload", Policy::refused, "false",
+      // null: Optional fields in DeepSpeed (zero/config.py), None there is no offload.
+      {"zero_optimization.cpu_offload", Policy::refused, "false|null",
        "is DeepSpeed's old spelling; write offload_optimizer: {device: cpu}"},
-      {"zero_optimization.cpu_offload_params", Policy::refused, "false",
+      {"zero_optimization.cpu_offload_params", Policy::refused, "false|null",
        "is DeepSpeed's old spelling; write offload_param: {device: cpu}"},
       {"zero_optimization.cpu_offload_use_pin_memory", Policy::silent, "", "old spelling of pin_memory"},
       {"zero_optimization.aio", Policy::refused, "",

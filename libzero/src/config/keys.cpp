@@ -63,6 +63,11 @@ std::string powersgd_only(const Config& c) {
 
 }  // namespace
 
+// null_is_default follows DeepSpeed 0.19 (deepspeed/runtime): the batch triple, steps_per_print
+// and data_types.grad_accum_dtype default to None there (constants.py, read with .get), so null
+// is the same as absent; overlap_comm and both nvme_path keys are Optional fields (zero/config.py,
+// zero/offload_config.py). Every other key of the table is a plain typed field or a value
+// DeepSpeed uses as given, where null fails or means something else (adam_w_mode: null is false).
 const std::vector<Spec>& config_keys() {
   static const std::vector<Spec> table = {
       // ---- batch and top level
@@ -70,21 +75,26 @@ const std::vector<Spec>& config_keys() {
        .slot = [](Config& c) -> Slot { return &c.train_batch_size; }, .range = ge(1),
        .auto_rule = Auto::derived,
        .doc = "Samples per optimizer step over all ranks: micro batch x accumulation x world size.",
-       .default_text = "derived"},
+       .default_text = "derived", .null_is_default = true},
       {.path = "train_micro_batch_size_per_gpu", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.train_micro_batch_size_per_gpu; },
        .range = between(1, kI32), .auto_rule = Auto::derived,
-       .doc = "Samples per forward/backward on one rank.", .default_text = "derived"},
+       .doc = "Samples per forward/backward on one rank.", .default_text = "derived",
+       .null_is_default = true},
       {.path = "gradient_accumulation_steps", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.gradient_accumulation_steps; },
        .range = between(1, kI32), .auto_rule = Auto::derived,
-       .doc = "Micro batches accumulated before each optimizer step.", .default_text = "derived"},
+       .doc = "Micro batches accumulated before each optimizer step.", .default_text = "derived",
+       .null_is_default = true},
       {.path = "steps_per_print", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.steps_per_print; }, .range = ge(1),
-       .doc = "Print progress every this many optimizer steps."},
+       .doc = "Print progress every this many optimizer steps.", .null_is_default = true},
       {.path = "gradient_clipping", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.gradient_clipping; }, .range = ge(0),
-       .auto_rule = Auto::fallback, .doc = "Clip the global gradient norm to this value; 0: off."},
+       .auto_rule = Auto::fallback, .doc = "Clip the global gradient norm to this value; 0: off.",
+       // DeepSpeed's default became 1.0 in 0.19.3 (constants.py, GRADIENT_CLIPPING_DEFAULT); a
+       // DeepSpeed JSON file gets that default (ConfigLoader), a YAML file keeps libzero's 0.
+       .default_text = "`0`; a DeepSpeed JSON file `1`, as DeepSpeed >= 0.19.3"},
       {.path = "gradient_average", .kind = Kind::choice,
        .slot = [](Config&) -> Slot {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.gradient_average); },
@@ -118,7 +128,7 @@ const std::vector<Spec>& config_keys() {
        .dynamic_default = [](Config& c) {
          c.zero_optimization.overlap_comm = c.zero_optimization.stage == 3;
        },
-       .default_depends_on = "zero_optimization.stage"},
+       .default_depends_on = "zero_optimization.stage", .null_is_default = true},
       {.path = "zero_optimization.contiguous_gradients", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.contiguous_gradients; },
        .auto_rule = Auto::fallback,
@@ -191,7 +201,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "zero_optimization.offload_optimizer.nvme_path", .kind = Kind::text,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_optimizer.nvme_path; },
        .doc = "Directory for optimizer swap files; required with `nvme`, created if missing.",
-       .default_text = "empty"},
+       .default_text = "empty", .null_is_default = true},
       {.path = "zero_optimization.offload_optimizer.pin_memory", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_optimizer.pin_memory; },
        .doc = "Use pinned host memory for offloaded state."},
@@ -210,7 +220,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "zero_optimization.offload_param.nvme_path", .kind = Kind::text,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.nvme_path; },
        .doc = "Directory for parameter swap files; required with `nvme`, created if missing.",
-       .default_text = "empty"},
+       .default_text = "empty", .null_is_default = true},
       {.path = "zero_optimization.offload_param.pin_memory", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.zero_optimization.offload_param.pin_memory; },
        .doc = "Use pinned host memory for offloaded parameters."},
@@ -314,7 +324,8 @@ const std::vector<Spec>& config_keys() {
               "and 1 the boundary's reduction is then in fp32 too) or the compute dtype. `auto`: "
               "fp32 on the CUDA backend when gradient_accumulation_steps > 1 with fp16/bf16 "
               "compute, else the compute dtype. A 16-bit dtype other than the compute dtype is an "
-              "error."},
+              "error.",
+       .null_is_default = true},
 
       // ---- optimizer
       {.path = "optimizer.type", .kind = Kind::choice,
@@ -442,6 +453,18 @@ const std::vector<Spec>& config_keys() {
 
 const std::vector<SectionAlias>& section_aliases() {
   static const std::vector<SectionAlias> table = {{"bf16", "bfloat16"}};
+  return table;
+}
+
+// DeepSpeed: bf16 falls back to bfloat16 and then {} when None (precision_config.py); aio is
+// read only when not None (swap_tensor/aio_config.py); offload_param and offload_optimizer are
+// Optional (zero/config.py); optimizer.params is read as `params or {}` (engine.py). fp16,
+// zero_optimization, optimizer, scheduler and data_types set to null fail there (a None where a
+// dict is expected), so they are errors here too.
+const std::vector<std::string_view>& null_default_sections() {
+  static const std::vector<std::string_view> table = {
+      "bf16", "aio", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
+      "optimizer.params"};
   return table;
 }
 

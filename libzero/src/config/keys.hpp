@@ -69,6 +69,10 @@ struct Spec {
   bool (*omitted)(const Config&) = nullptr;
   // Values DeepSpeed accepts that libzero refuses, with why (optimizer.type: Lamb).
   std::vector<std::pair<std::string_view, std::string_view>> refused_values{};
+  // True where DeepSpeed reads the key set to null (JSON null, YAML ~) as not set: an Optional
+  // field of its pydantic models, or a `.get(key, default)` whose default is None. Such a null
+  // loads as the default, with a note; any other key set to null is an error.
+  bool null_is_default = false;
 };
 
 const std::vector<Spec>& config_keys();
@@ -96,6 +100,10 @@ struct SectionAlias {
   std::string_view path, alias;
 };
 const std::vector<SectionAlias>& section_aliases();
+
+// Sections that DeepSpeed reads set to null as absent (bf16, aio, optimizer.params, the offload
+// sections): their keys keep their defaults. Any other section set to null is an error.
+const std::vector<std::string_view>& null_default_sections();
 
 // Text forms used by messages, to_yaml and the documentation.
 std::string value_text(const Spec& s, const Config& c);   // "3", "true", "[0.9, 0.999]"

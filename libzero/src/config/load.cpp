@@ -51,6 +51,26 @@ const Spec* find_spec(std::string_view path) {
   return nullptr;
 }
 
+bool null_default_section(std::string_view path) {
+  const auto& t = keys::null_default_sections();
+  return std::find(t.begin(), t.end(), path) != t.end();
+}
+
+// A key's default for messages about a null: "10", "auto", "(empty)", "(derived ...)". Read
+// before the key is, so the member still holds its default (a dynamic one included).
+std::string default_shown(const Spec& s, const Config& c) {
+  if (s.auto_rule == Auto::derived) return "(derived from the other two and the world size)";
+  std::string v = keys::value_text(s, c);
+  if (v.empty()) v = s.default_text.empty() ? "empty" : std::string(s.default_text);
+  return v == keys::value_text(s, c) ? v : "(" + v + ")";
+}
+
+// DeepSpeed's default gradient_clipping is 1.0 since 0.19.3 (runtime/constants.py,
+// GRADIENT_CLIPPING_DEFAULT; 0, no clipping, before). A ds_config.json that leaves the key out
+// is clipped at 1.0 by current DeepSpeed, so it is here; a YAML config keeps libzero's
+// documented 0. Either way the choice is a note at start.
+constexpr double kDeepSpeedGradientClipping = 1.0;
+
 }  // namespace
 
 ConfigLoader::ConfigLoader(Config& cfg, const LoadOptions& opts, YAML::Node root,
@@ -60,16 +80,30 @@ ConfigLoader::ConfigLoader(Config& cfg, const LoadOptions& opts, YAML::Node root
 }
 
 void ConfigLoader::load() {
+  if (deepspeed_json_) cfg_.gradient_clipping = kDeepSpeedGradientClipping;
   for (const auto& s : keys::config_keys()) attempt(s.path, [&] { read(s); });
   StrictSection& top = sections_.at("");
+  if (deepspeed_json_ && !top.has("gradient_clipping")) {
+    cfg_.notes.push_back(fmt::format(
+        "gradient_clipping: not set, DeepSpeed's default {} is used (DeepSpeed 0.19.3 and later; "
+        "before, and in a YAML config here, the default is 0, no clipping): write "
+        "gradient_clipping: 0 to train unclipped",
+        shortest_text(kDeepSpeedGradientClipping)));
+  }
   for (const auto& name : opts_.extra_sections) top.allow(name);
   for (const auto& f : keys::foreign_keys()) attempt(f.path, [&] { judge(f); });
   attempt("", [&] { cross_checks(); });
   if (deepspeed_json_) ignore_foreign_top_level_keys(top);
+  // A type that failed to read: its params were not read (read(), judge()), so they are not
+  // reported as unknown either; the type's own error says what to do.
+  for (std::string_view owner : {"optimizer", "scheduler"}) {
+    if (!failed_.count(std::string(owner) + ".type")) continue;
+    if (StrictSection* o = section(std::string(owner))) o->allow("params");
+  }
   // Unknown keys first: a misspelt section name explains the later messages.
   std::vector<std::string> unknown;
   for (auto& [path, sec] : sections_) {
-    if (owned(path)) sec.finish(unknown);
+    if (owned(path) && !under_failed_type(path + ".")) sec.finish(unknown);
   }
   errors_.insert(errors_.begin(), unknown.begin(), unknown.end());
   if (errors_.size() == 1) throw Error(errors_.front());
@@ -80,6 +114,15 @@ void ConfigLoader::load() {
     for (const auto& e : errors_) msg += "\n  - " + e;
     throw Error(msg);
   }
+}
+
+// True when `path` is inside the params of a section whose type failed to read
+// ("optimizer.params.lr" after optimizer.type failed): reading it would only add noise.
+bool ConfigLoader::under_failed_type(std::string_view path) const {
+  const auto dot = path.find('.');
+  if (dot == std::string_view::npos) return false;
+  const std::string owner(path.substr(0, dot));
+  return path.substr(dot).starts_with(".params.") && failed_.count(owner + ".type");
 }
 
 // A section of libzero's own (holds table keys): its unknown keys are errors. Sections that
@@ -101,8 +144,14 @@ StrictSection* ConfigLoader::section(const std::string& path) {
   const std::string leaf = leaf_of(path);
   try {
     if (parent->has(leaf) && parent->raw(leaf).IsNull()) {
-      parent->fail(leaf, "has no value; write its keys under it (or {} for the defaults), or "
-                         "remove the line");
+      // DeepSpeed reads some sections set to null as absent (keys::null_default_sections()).
+      if (null_default_section(path)) {
+        cfg_.notes.push_back(path + ": null, the defaults of its keys are used (as DeepSpeed reads it)");
+      } else {
+        parent->fail(leaf, "has no value (null), and null does not mean its defaults (docs/"
+                           "configuration.md lists where it does); write its keys under it (or {} "
+                           "for the defaults), or remove the key for the defaults");
+      }
     }
     return &sections_.emplace(path, parent->section(leaf)).first->second;
   } catch (const Error& e) {
@@ -130,14 +179,15 @@ std::string ConfigLoader::spelling(StrictSection& sec, const std::string& leaf,
 void ConfigLoader::read(const Spec& s) {
   if (s.dynamic_default) s.dynamic_default(cfg_);
   const std::string parent = parent_of(s.path);
-  // A params section of a type that failed to read would only add noise.
-  if (const auto dot = s.path.find('.');
-      dot != std::string_view::npos && failed_.count(std::string(s.path.substr(0, dot)) + ".type"))
-    return;
+  if (under_failed_type(s.path)) return;
   StrictSection* sec = section(parent);
   if (!sec) return;
   const std::string key = spelling(*sec, leaf_of(s.path), s.aliases);
   if (key.empty()) return;
+  if (sec->raw(key).IsNull()) {
+    read_null(s, *sec, key);
+    return;
+  }
   if (s.inapplicable) {
     if (std::string why = s.inapplicable(cfg_); !why.empty()) sec->fail(key, why);
   }
@@ -146,6 +196,35 @@ void ConfigLoader::read(const Spec& s) {
   } else {
     read_value(s, *sec, key);
   }
+}
+
+// A key set to null (JSON null, YAML ~ or nothing): the default where DeepSpeed reads it so
+// (Spec::null_is_default), else an error that says how to get the default.
+void ConfigLoader::read_null(const Spec& s, StrictSection& sec, const std::string& key) {
+  const std::string path = sec.path_of(key);
+  const std::string def = default_shown(s, cfg_);
+  if (s.null_is_default) {
+    cfg_.notes.push_back(path + ": null, the default " + def + " is used (as DeepSpeed reads it)");
+    return;
+  }
+  const std::string owner = parent_of(s.path);
+  if (leaf_of(s.path) == "type" && (owner == "optimizer" || owner == "scheduler")) {
+    // DeepSpeed reads a null type as "none from this file" (runtime/config.py: the name is
+    // None, the params are dropped) and uses the training script's own, which libzero has not.
+    std::string choices;
+    for (auto c : s.choices) {
+      if (!c.empty()) choices += (choices.empty() ? "" : ", ") + std::string(c);
+    }
+    sec.fail(key, "has no value (null): DeepSpeed then takes no " + owner +
+                      " from the file but the training script's (and ignores " + owner +
+                      ".params); libzero builds the " + owner + " from this section: write one of " +
+                      choices + ", or remove the " + owner + " section for the default " + def);
+  }
+  if (s.auto_rule == Auto::required) {
+    sec.fail(key, "has no value (null); write the number of optimizer steps");
+  }
+  sec.fail(key, "has no value (null), and null does not mean this key's default (docs/"
+                "configuration.md lists where it does): remove the key for the default " + def);
 }
 
 // "auto": the application's value, else the rule's fallback.
@@ -257,6 +336,7 @@ void ConfigLoader::ignore_foreign_top_level_keys(StrictSection& top) {
 
 // A DeepSpeed key without a member: silent, a note, or an error, as its entry says.
 void ConfigLoader::judge(const keys::Foreign& f) {
+  if (under_failed_type(f.path)) return;
   StrictSection* sec = section(parent_of(f.path));
   if (!sec) return;
   const std::string key = spelling(*sec, leaf_of(f.path), f.aliases);
@@ -283,6 +363,9 @@ void ConfigLoader::judge(const keys::Foreign& f) {
   if (f.policy == keys::Policy::note) {
     cfg_.notes.push_back(sec->path_of(key) + shown + ": handled differently here: " +
                          std::string(f.why));
+  } else if (v.IsNull()) {
+    sec->fail(key, "has no value (null), and null does not mean this key's default (docs/"
+                   "configuration.md lists where it does): remove the key for the default");
   } else {
     sec->fail(key, shown.empty() ? "is set: " + std::string(f.why)
                                  : shown.substr(1) + ": " + std::string(f.why));

@@ -42,10 +42,12 @@ class ConfigLoader {
 
   // ---- reading keys (config/load.cpp)
   static bool owned(const std::string& path);
+  bool under_failed_type(std::string_view path) const;
   StrictSection* section(const std::string& path);
   static std::string spelling(StrictSection& sec, const std::string& leaf,
                               const std::vector<std::string_view>& aliases);
   void read(const keys::Spec& s);
+  void read_null(const keys::Spec& s, StrictSection& sec, const std::string& key);
   void resolve_auto(const keys::Spec& s, StrictSection& sec, const std::string& key);
   void read_value(const keys::Spec& s, StrictSection& sec, const std::string& key);
   void read_choice(const keys::Spec& s, StrictSection& sec, const std::string& key, keys::EnumRef ref);

@@ -139,7 +139,8 @@ void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLo
     const std::string name(a.path), alias(a.alias);
     YAML::Node given = view[alias];
     if (!given.IsDefined()) continue;
-    if (view[name].IsDefined()) {
+    // DeepSpeed reads bfloat16 when bf16 is null (precision_config.py), so a null bf16 gives way.
+    if (view[name].IsDefined() && !view[name].IsNull()) {
       throw Error(origin + ": " + alias + " and " + name +
                   " are the same section (DeepSpeed's two spellings); keep one");
     }

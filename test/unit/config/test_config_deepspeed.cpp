@@ -5,7 +5,10 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "test_data.hpp"
 #include "zero/config.hpp"
@@ -36,6 +39,15 @@ bool has_note(const Config& c, const std::string& part) {
   for (const auto& n : c.notes)
     if (n.find(part) != std::string::npos) return true;
   return false;
+}
+
+// The notes other than the one every DeepSpeed JSON file without gradient_clipping gets (its
+// default there is DeepSpeed's 1.0; tested on its own below).
+std::vector<std::string> notes_of(const Config& c) {
+  std::vector<std::string> out;
+  for (const auto& n : c.notes)
+    if (!n.starts_with("gradient_clipping: not set")) out.push_back(n);
+  return out;
 }
 
 }  // namespace
@@ -152,7 +164,10 @@ TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") 
   CHECK(z.zero_hpz_partition_size == 8);  // ZeRO++ hpZ, taken as DeepSpeed takes it
   // Handled differently here: a note naming the key.
   CHECK(has_note(c, "communication_data_type = fp32"));
-  CHECK(c.notes.size() == 1);
+  // No gradient_clipping in the file: DeepSpeed's default since 0.19.3, said in a note.
+  CHECK(c.gradient_clipping == 1.0);
+  CHECK(has_note(c, "gradient_clipping: not set, DeepSpeed's default 1 is used"));
+  CHECK(c.notes.size() == 2);
 
   CHECK(parse("zero_optimization: true\n").zero_optimization.stage == 1);
   CHECK(parse("zero_optimization: false\n").zero_optimization.stage == 0);
@@ -166,19 +181,19 @@ TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") 
 TEST_CASE("type Adam decays decoupled unless adam_w_mode is false, as in DeepSpeed", "[config][deepspeed]") {
   const Config plain = parse("optimizer: {type: Adam, params: {lr: 0.001, weight_decay: 0.1}}\n");
   CHECK(plain.optimizer.decoupled_decay());
-  REQUIRE(plain.notes.size() == 1);
-  CHECK_THAT(plain.notes[0], Contains("optimizer.type: Adam decays decoupled") && Contains("adam_w_mode: false"));
+  REQUIRE(notes_of(plain).size() == 1);
+  CHECK_THAT(notes_of(plain)[0], Contains("optimizer.type: Adam decays decoupled") && Contains("adam_w_mode: false"));
   // The JSON form a DeepSpeed user brings, and the hyper-parameters the update receives.
   const Config json = parse("{\"optimizer\": {\"type\": \"Adam\", \"params\": {\"weight_decay\": 0.1}}}\n");
   CHECK(zero::adam_hyper(json.optimizer, 1e-3, 1, 1.0f).decoupled);
   const Config l2 = parse("optimizer: {type: Adam, params: {weight_decay: 0.1, adam_w_mode: false}}\n");
   CHECK_FALSE(l2.optimizer.decoupled_decay());
   CHECK_FALSE(zero::adam_hyper(l2.optimizer, 1e-3, 1, 1.0f).decoupled);
-  CHECK(l2.notes.empty());
+  CHECK(notes_of(l2).empty());
   const Config adamw = parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n");
   CHECK(zero::adam_hyper(adamw.optimizer, 1e-3, 1, 1.0f).decoupled);
   // No decay, no difference, no note.
-  CHECK(parse("optimizer: {type: Adam, params: {lr: 0.001}}\n").notes.empty());
+  CHECK(notes_of(parse("optimizer: {type: Adam, params: {lr: 0.001}}\n")).empty());
   // Not an SGD key.
   REQUIRE_THROWS_WITH(parse("optimizer: {type: SGD, params: {adam_w_mode: true}}\n"),
                       Contains("optimizer.params.adam_w_mode") && Contains("not SGD"));
@@ -189,12 +204,12 @@ TEST_CASE("DeepSpeed keys that would change the result are errors that say why",
                       Contains("optimizer.type = Lamb") && Contains("does not implement"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {bias_correction: false}}\n"),
                       Contains("optimizer.params.bias_correction") && Contains("bias correction"));
-  CHECK(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n").notes.empty());
+  CHECK(notes_of(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n")).empty());
   // adam_w_mode as DeepSpeed reads it: type Adam decays decoupled unless adam_w_mode is false;
   // AdamW always decouples. Given explicitly it is silent where it takes effect.
-  CHECK(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n").notes.empty());
-  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n").notes.empty());
-  CHECK(parse("optimizer: {type: Adam, params: {adam_w_mode: false}}\n").notes.empty());
+  CHECK(notes_of(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n")).empty());
+  CHECK(notes_of(parse("optimizer: {type: Adam, params: {adam_w_mode: true}}\n")).empty());
+  CHECK(notes_of(parse("optimizer: {type: Adam, params: {adam_w_mode: false}}\n")).empty());
   CHECK(has_note(parse("optimizer: {type: AdamW, params: {adam_w_mode: false}}\n"),
                  "optimizer.params.adam_w_mode: false has no effect with type AdamW"));
   REQUIRE_THROWS_WITH(parse("curriculum_learning: {enabled: true, curriculum_type: seqlen}\n"),
@@ -273,7 +288,7 @@ TEST_CASE("a DeepSpeed key that changes nothing here gets a note: sequence_paral
   const Config c = parse("{\"sequence_parallel_size\": 4, \"zero_optimization\": {\"stage\": 2}}");
   CHECK(has_note(c, "sequence_parallel_size = 4"));
   CHECK(has_note(c, "no sequence parallelism"));
-  CHECK(parse("{\"sequence_parallel_size\": 1}").notes.empty());  // the value without it: silent
+  CHECK(notes_of(parse("{\"sequence_parallel_size\": 1}")).empty());  // the value without it: silent
 }
 
 TEST_CASE("a DeepSpeed JSON file's unknown top-level key is ignored with a note unless it is a near miss",
@@ -303,4 +318,158 @@ TEST_CASE("a DeepSpeed JSON file's unknown top-level key is ignored with a note 
     o.overrides = {"my_setting=3"};
     REQUIRE_THROWS_WITH(zero::parse_config("{}", "ds_config.json", o), Contains("unknown key 'my_setting'"));
   }
+}
+
+// Issue 36, finding 8: keys DeepSpeed reads set to null as not set (an Optional field, or a
+// .get(key, default) whose default is None; DeepSpeed 0.19's runtime/config.py, zero/config.py,
+// zero/offload_config.py, precision_config.py, swap_tensor/aio_config.py, engine.py) load with
+// their default and a note; they were refused before.
+namespace {
+
+struct NullCase {
+  const char* text;  // a ds.json; or, starting with '@', a file in the test data
+  const char* note;
+  std::function<bool(Config&)> holds;
+};
+
+const NullCase kNullCases[] = {
+    {R"({"train_batch_size": null, "train_micro_batch_size_per_gpu": 4})",
+     "train_batch_size: null, the default (derived from the other two and the world size) is used",
+     [](Config& c) { c.resolve(2); return c.train_batch_size == 8 && c.gradient_accumulation_steps == 1; }},
+    {R"({"train_micro_batch_size_per_gpu": null, "train_batch_size": 16})",
+     "train_micro_batch_size_per_gpu: null, the default (derived",
+     [](Config& c) { c.resolve(2); return c.train_micro_batch_size_per_gpu == 8; }},
+    {R"({"gradient_accumulation_steps": null, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})",
+     "gradient_accumulation_steps: null, the default (derived",
+     [](Config& c) { c.resolve(2); return c.gradient_accumulation_steps == 2; }},
+    {R"({"steps_per_print": null})", "steps_per_print: null, the default 10 is used",
+     [](Config& c) { return c.steps_per_print == 10; }},
+    {R"({"bf16": null})", "bf16: null, the defaults of its keys are used",
+     [](Config& c) { return !c.bf16_enabled; }},
+    {R"({"aio": null})", "aio: null, the defaults of its keys are used",
+     [](Config& c) { return c.aio.block_size == 1048576 && c.aio.queue_depth == 8; }},
+    {R"({"zero_optimization": {"stage": 3, "overlap_comm": null}})",
+     "zero_optimization.overlap_comm: null, the default true is used",
+     [](Config& c) { return c.zero_optimization.overlap_comm; }},
+    {R"({"zero_optimization": {"stage": 2, "offload_optimizer": null}})",
+     "zero_optimization.offload_optimizer: null, the defaults of its keys are used",
+     [](Config& c) { return c.zero_optimization.offload_optimizer.device == zero::OffloadDevice::none; }},
+    {R"({"zero_optimization": {"stage": 3, "offload_param": null}})",
+     "zero_optimization.offload_param: null, the defaults of its keys are used",
+     [](Config& c) { return c.zero_optimization.offload_param.device == zero::OffloadDevice::none; }},
+    {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "nvme_path": null}}})",
+     "zero_optimization.offload_optimizer.nvme_path: null, the default (empty) is used",
+     [](Config& c) {
+       const auto& o = c.zero_optimization.offload_optimizer;
+       return o.device == zero::OffloadDevice::cpu && o.nvme_path.empty();
+     }},
+    {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "nvme_path": null}}})",
+     "zero_optimization.offload_param.nvme_path: null, the default (empty) is used",
+     [](Config& c) {
+       const auto& o = c.zero_optimization.offload_param;
+       return o.device == zero::OffloadDevice::cpu && o.nvme_path.empty();
+     }},
+    // OpenRLHF writes "data_types": {"grad_accum_dtype": null} into every ds config it builds.
+    {"@openrlhf_ds_config.json", "data_types.grad_accum_dtype: null, the default auto is used",
+     [](Config& c) {
+       c.resolve(8);
+       return c.grad_accum_dtype == GradAccumDType::bf16 && c.gradient_accumulation_steps == 4 && c.bf16_enabled;
+     }},
+    {R"({"optimizer": {"type": "AdamW", "params": null}})",
+     "optimizer.params: null, the defaults of its keys are used",
+     [](Config& c) { return c.optimizer.type == zero::OptimizerType::adamw && c.optimizer.lr == 1e-3; }},
+};
+
+std::string error_of(const std::string& text, const std::string& origin = "ds.json") {
+  try {
+    zero::parse_config(text, origin);
+  } catch (const zero::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("null means the default where DeepSpeed reads it so, with a note", "[config][deepspeed]") {
+  const NullCase& k = kNullCases[GENERATE(range(std::size_t(0), std::size(kNullCases)))];
+  INFO(k.text);
+  Config c = k.text[0] == '@' ? zero::load_config(data(k.text + 1)) : parse(k.text);
+  CHECK(has_note(c, k.note));
+  CHECK(has_note(c, "(as DeepSpeed reads it)"));
+  CHECK(k.holds(c));
+}
+
+TEST_CASE("a YAML null (~ or no value) reads as a JSON null does", "[config]") {
+  for (const char* text : {"steps_per_print: ~\n", "steps_per_print: null\n", "steps_per_print:\n"}) {
+    const Config c = zero::parse_config(text, "run.yaml");
+    CHECK(c.steps_per_print == 10);
+    CHECK(has_note(c, "steps_per_print: null, the default 10 is used"));
+  }
+  const Config c = zero::parse_config("zero_optimization:\n  stage: 3\n  offload_param: ~\n", "run.yaml");
+  CHECK(has_note(c, "zero_optimization.offload_param: null, the defaults of its keys are used"));
+  // bfloat16 is read where bf16 is null, as DeepSpeed does.
+  CHECK(parse(R"({"bf16": null, "bfloat16": {"enabled": true}})").bf16_enabled);
+}
+
+TEST_CASE("optimizer.type: null is one error, not a cascade of unknown keys", "[config][deepspeed]") {
+  const std::string m = error_of(R"({"train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": null, "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                           "weight_decay": 0.1, "amsgrad": false, "torch_adam": true}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
+  INFO(m);
+  CHECK_THAT(m, Contains("ds.json:2: optimizer.type has no value (null)") &&
+                    Contains("DeepSpeed then takes no optimizer from the file") &&
+                    Contains("write one of AdamW, Adam, SGD") &&
+                    Contains("remove the optimizer section for the default AdamW"));
+  CHECK(m.find("problems") == std::string::npos);  // the one error, alone
+  CHECK(m.find("unknown key") == std::string::npos);
+  // The same for the scheduler's type.
+  const std::string s = error_of(R"({"scheduler": {"type": null, "params": {"warmup_max_lr": 0.1}}})");
+  INFO(s);
+  CHECK_THAT(s, Contains("scheduler.type has no value (null)") && Contains("WarmupLR, WarmupDecayLR"));
+  CHECK(s.find("unknown key") == std::string::npos);
+  CHECK(s.find("problems") == std::string::npos);
+}
+
+TEST_CASE("sparse_gradients: null is unset, as DeepSpeed reads None", "[config][deepspeed]") {
+  const Config c = parse(R"({"sparse_gradients": null})");
+  CHECK(notes_of(c).empty());
+  REQUIRE_THROWS_WITH(parse(R"({"sparse_gradients": true})"),
+                      Contains("sparse_gradients = true") && Contains("not implemented"));
+}
+
+TEST_CASE("a key DeepSpeed refuses as null stays an error that says to remove it", "[config][deepspeed]") {
+  // DeepSpeed compares None > 0.0 for gradient_clipping, validates stage as an int enum and
+  // fp16 as a mapping, and reads amp's keys from None: every one fails there too.
+  CHECK_THAT(error_of(R"({"gradient_clipping": null})"),
+             Contains("gradient_clipping has no value (null)") && Contains("remove the key for the default 1"));
+  CHECK_THAT(error_of(R"({"zero_optimization": {"stage": null}})"),
+             Contains("zero_optimization.stage has no value (null)") && Contains("remove the key for the default 0"));
+  CHECK_THAT(error_of(R"({"fp16": null})"),
+             Contains("fp16 has no value (null)") && Contains("remove the key for the defaults"));
+  CHECK_THAT(error_of(R"({"amp": null})"),
+             Contains("amp has no value (null)") && Contains("remove the key for the default"));
+  // adam_w_mode: null is false to DeepSpeed (L2 decay with type Adam), not its default true.
+  CHECK_THAT(error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": null}}})"),
+             Contains("optimizer.params.adam_w_mode has no value (null)") &&
+                 Contains("remove the key for the default true"));
+}
+
+TEST_CASE("gradient_clipping: a DeepSpeed JSON file gets DeepSpeed's default 1.0, a YAML file 0",
+          "[config][deepspeed]") {
+  const Config json = zero::parse_config(R"({"train_micro_batch_size_per_gpu": 2})", "ds_config.json");
+  CHECK(json.gradient_clipping == 1.0);
+  CHECK(has_note(json, "gradient_clipping: not set, DeepSpeed's default 1 is used (DeepSpeed 0.19.3 and later"));
+  const Config off = zero::parse_config(R"({"gradient_clipping": 0})", "ds_config.json");
+  CHECK(off.gradient_clipping == 0.0);
+  CHECK(off.notes.empty());
+  const Config fallback = zero::parse_config(R"({"gradient_clipping": "auto"})", "ds_config.json");
+  CHECK(fallback.gradient_clipping == 1.0);
+  CHECK(has_note(fallback, "gradient_clipping: \"auto\" -> 1 (DeepSpeed default)"));
+  const Config yaml = zero::parse_config("train_micro_batch_size_per_gpu: 2\n", "run.yaml");
+  CHECK(yaml.gradient_clipping == 0.0);
+  CHECK(yaml.notes.empty());
+  // Written out, the value travels with the config (a checkpoint's YAML keeps 1).
+  CHECK(zero::parse_config(json.to_yaml(), "again.yaml").gradient_clipping == 1.0);
 }
