@@ -1,6 +1,8 @@
 // zero-ckpt: look into, convert and reshard libzero checkpoints without launching a job.
 //
-//   zero-ckpt inspect ckpt/                      every checkpoint under the root, verified
+//   zero-ckpt inspect ckpt/                      every checkpoint under the root, verified (the
+//                                                checks every loader makes: docs/checkpoints.md,
+//                                                "What is checked"); exit status 2 on any failure
 //   zero-ckpt export ckpt/ --format safetensors [--dtype bf16] -o model.safetensors
 //   zero-ckpt export ckpt/ --format hf -o gpt2-dir/   model.safetensors + config.json for
 //                                                     transformers' GPT2LMHeadModel
@@ -29,7 +31,9 @@ int main(int argc, char** argv) {
   bool show_config = false;
   int world = 0, stage = -1, n_head = 0, vocab_size = 0;
 
-  auto* inspect = app.add_subcommand("inspect", "Print metadata and sizes; verify every file's checksums");
+  auto* inspect = app.add_subcommand("inspect",
+                                   "Print metadata and sizes; verify every file's checksums, where each shard lies "
+                                   "and that a grid's positions agree (exit status 2 on any failure)");
   inspect->add_option("dir", dir, "Checkpoint root or step directory")->required();
   inspect->add_flag("--config", show_config, "Also print the resolved config saved with each checkpoint");
 

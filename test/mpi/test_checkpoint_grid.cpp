@@ -5,7 +5,9 @@
 //           again (the uninterrupted run); a fresh engine resumed from step 3 on the same grid
 //           matches it bit for bit (norms and every rank's master). Loads into another tensor
 //           or pipeline size, or a split model from an unsplit checkpoint, are refused naming
-//           both grids. A save that fails on one rank of one position leaves no new step.
+//           both grids. A save that fails on one rank of one position leaves no new step. A
+//           checkpoint whose positions disagree, or whose shards of two positions were swapped
+//           (the metadata's records rewritten to match), is refused on every rank, naming what.
 //   [load]  at 2 ranks (TP 2 x DP 1, PP 2 x DP 1): the step-3 checkpoint resumed at the new
 //           data-parallel size, saved again at once: its whole model (the grid's parts put
 //           together) equals the saved one bit for bit; after 3 more steps it equals the
@@ -20,10 +22,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "checkpoint/format.hpp"
+#include "checkpoint/json.hpp"
 #include "split_model.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
@@ -89,6 +94,35 @@ std::vector<float> whole_model(const std::string& root, const std::string& tag, 
     all.insert(all.end(), v.begin(), v.end());
   });
   return all;
+}
+
+// A copy of checkpoint root `from` at `to` whose step `step` has been edited by `edit` (on rank
+// 0; every rank waits for it): its metadata's JSON, re-signed, with each shard record rewritten
+// from the file under its name, as a tool that rebuilds the metadata from the files would.
+void edited_copy(Context& ctx, const std::string& from, const std::string& to, const std::string& step,
+                 const std::function<void(const std::string&, json::Json&)>& edit) {
+  if (ctx.rank() == 0) {
+    std::filesystem::remove_all(to);
+    std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+    std::filesystem::remove(to + "/zero.lock");
+    const std::string dir = to + "/" + step, path = dir + "/" + ckpt::kMetadataFile;
+    json::Json doc;
+    {
+      ckpt::Fd f = ckpt::Fd::open_read(path);
+      doc = json::parse(ckpt::read_index(f, ckpt::read_header(f, ckpt::FileKind::metadata)), path);
+    }
+    edit(dir, doc);
+    for (auto& pos : doc["grid"]["positions"])
+      for (auto& s : pos["shards"]) {
+        ckpt::Fd f = ckpt::Fd::open_read(dir + "/" + s["file"].get<std::string>());
+        const ckpt::FileHeader h = ckpt::read_header(f, ckpt::FileKind::shard);
+        s["bytes"] = ckpt::kHeaderBytes + h.payload_bytes;
+        s["index_checksum"] = json::hex64(h.index_checksum);
+      }
+    std::filesystem::remove(path);
+    ckpt::write_small_file(path, ckpt::FileKind::metadata, json::dump_pretty(doc, "test metadata"));
+  }
+  ctx.comm().barrier();
 }
 
 // The unsplit model's size: what the whole model read back must hold.
@@ -187,6 +221,32 @@ TEST_CASE("grid checkpoints: saved at TP or PP x DP 2, resumed bit for bit on th
     Job split(ctx, {2, 1, 2});
     REQUIRE_THROWS_WITH(load_checkpoint(split.engine, dir + "/whole"),
                         Catch::Contains("saved on the grid TP 1 x PP 1 x DP 4"));
+  }
+
+  // Positions that disagree: every rank refuses with the same words as inspect and export (before,
+  // only the rank of the edited position did, comparing its own part with its engine).
+  {
+    edited_copy(ctx, dir + "/tp2_pp1", dir + "/disagree", "step_00000003",
+                [](const std::string&, json::Json& d) { d["grid"]["positions"][1]["units"][0]["name"] = "embed2"; });
+    Job j(ctx, {2, 1, 2});
+    REQUIRE_THROWS_WITH(load_checkpoint(j.engine, dir + "/disagree", "3"),
+                        Catch::Contains("the positions of the grid TP 2 x PP 1 disagree (1 problem)") &&
+                            Catch::Contains("position (tensor 1, pipeline 0): field 'grid.positions[1].units[0].name' "
+                                            "= \"embed2\", position (tensor 0, pipeline 0) has \"embed\""));
+  }
+  // Two positions' shards swapped (the same shapes: before, each tensor rank loaded the other's part).
+  {
+    edited_copy(ctx, dir + "/tp2_pp1", dir + "/swapped", "step_00000003", [](const std::string& step, json::Json&) {
+      const std::string a = step + "/shard_t00_p00_00000.ckpt", b = step + "/shard_t01_p00_00000.ckpt";
+      std::filesystem::rename(a, step + "/swap.tmp");
+      std::filesystem::rename(b, a);
+      std::filesystem::rename(step + "/swap.tmp", b);
+    });
+    Job j(ctx, {2, 1, 2});
+    REQUIRE_THROWS_WITH(load_checkpoint(j.engine, dir + "/swapped", "3"),
+                        Catch::Contains("shard_t00_p00_00000.ckpt': field 'index.position' records position (tensor 1, "
+                                        "pipeline 0), data-parallel rank 0, but the file was found in the place of "
+                                        "position (tensor 0, pipeline 0), rank 0"));
   }
 }
 

@@ -55,8 +55,9 @@ std::string serialize(const ClientState& c) {
 
 // This rank's shard: slice `rank` of each unit for the current world size, clipped to the
 // unit's real elements, read from the owned range (at stage 0 the owned range is the whole
-// unit, identical on every rank, so the slices still add up to one copy).
-ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step) {
+// unit, identical on every rank, so the slices still add up to one copy). The shard records its
+// grid position (tensor, pipeline), (0, 0) without a grid.
+ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step, int tensor, int pipeline) {
   const int moments = e.optimizer_moments();
   std::vector<ckpt::ShardWriter::Range> ranges;
   for (int i = 0; i < e.layout().num_units(); ++i) {
@@ -65,7 +66,7 @@ ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_
     std::int64_t end = std::min(b + slice, numel);
     ranges.push_back({b, end - b});
   }
-  ckpt::ShardWriter w(path, e.rank(), e.world_size(), e.stage(), moments, step, ranges);
+  ckpt::ShardWriter w(path, e.rank(), e.world_size(), e.stage(), moments, step, ranges, tensor, pipeline);
   std::vector<float> owned, section;
   for (int i = 0; i < e.layout().num_units(); ++i) {
     const OwnedRange u = e.owned_range(i);
@@ -308,7 +309,7 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     agree(comm, [&] {
       // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
       if (e.writes_shards()) {
-        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step);
+        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step, at.tensor, at.pipeline);
         if (rank_state)
           mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.rank_state());
       }

@@ -238,11 +238,11 @@ FileHeader read_header(const Fd& f, FileKind expect) {
   if (std::memcmp(h, kMagic, 8) != 0) file_fail(p, "header.magic", "is not \"ZEROCKPT\": this is not a libzero checkpoint file");
   // The version comes before the checksum: another version may checksum its header differently.
   std::uint32_t version = get32(h + 8);
-  if (version != kFormatVersion)
+  if (version < kOldestReadableFormat || version > kFormatVersion)
     ZERO_THROW(fmt::format("checkpoint file '{}': field 'header.format_version' = {}: written by {}; this build reads "
-                           "format {} only. Load it with the libzero that wrote it (or convert it there to "
+                           "formats {} to {}. Load it with the libzero that wrote it (or convert it there to "
                            "safetensors with zero-ckpt export)",
-                           p, version, writer_of(version), kFormatVersion));
+                           p, version, writer_of(version), kOldestReadableFormat, kFormatVersion));
   std::uint64_t stored = get64(h + 56), computed = checksum(h, 56);
   if (stored != computed)
     file_fail(p, "header.checksum",
@@ -256,6 +256,7 @@ FileHeader read_header(const Fd& f, FileKind expect) {
   for (int i = 40; i < 56; ++i)
     if (h[i] != 0) file_fail(p, "header.reserved", "is not zero");
   FileHeader r;
+  r.version = version;
   r.kind = expect;
   r.payload_bytes = get64(h + 16);
   r.index_bytes = get64(h + 24);

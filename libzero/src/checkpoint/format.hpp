@@ -10,7 +10,8 @@
 //
 // Every .ckpt file starts with a 64-byte header: magic "ZEROCKPT", format version, kind, payload
 // size, the size and checksum of the payload's index, and a checksum of the header itself. For
-// metadata the index is the whole payload. A shard's index lists, per unit, the element range it
+// metadata the index is the whole payload. A shard's index records whose shard it is (data-parallel
+// rank and world size, stage, grid position, step) and lists, per unit, the element range it
 // holds and the offset and checksum of that unit's section (master, then each moment), so a
 // loader verifies exactly the sections it reads, one unit at a time, and never needs the whole
 // model in memory.
@@ -56,7 +57,11 @@ namespace zero::ckpt {
 
 // 1: libzero 0.1.0 (its own 64-bit checksum; client state as escaped strings).
 // 2: XXH3-64 checksums; client state as hex; enum names as the config spells them ("AdamW").
-constexpr std::uint32_t kFormatVersion = 2;
+// 3: each shard's index records the grid position (tensor, pipeline) it was written for, in
+//    what format 2 kept as a reserved zero word; everything else as format 2. Format 2 is read
+//    still (its shards record no position, so where they lie is taken on trust).
+constexpr std::uint32_t kFormatVersion = 3;
+constexpr std::uint32_t kOldestReadableFormat = 2;
 constexpr std::size_t kHeaderBytes = 64;
 enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3 };
 
@@ -127,6 +132,7 @@ void write_file_atomic(const std::string& dir, const std::string& name, const st
 // ---------------------------------------------------------------- headers
 
 struct FileHeader {
+  std::uint32_t version = kFormatVersion;  // as read: kOldestReadableFormat..kFormatVersion
   FileKind kind = FileKind::metadata;
   std::uint64_t payload_bytes = 0;
   std::uint64_t index_bytes = 0;
@@ -136,7 +142,7 @@ void encode_header(const FileHeader& h, unsigned char out[kHeaderBytes]);
 // Creates `path` holding the header of `kind` and the payload `index` then `data`, fsync'd.
 void write_small_file(const std::string& path, FileKind kind, const std::string& index, const std::string& data = {});
 // Checks the file size, magic, version, header checksum and kind; errors name `path`. A file of
-// another format version is refused with the libzero release that writes that version.
+// a format version this build does not read is refused with the libzero release that writes it.
 FileHeader read_header(const Fd& f, FileKind expect);
 // The file's index (its first index_bytes payload bytes), checked against the header.
 std::string read_index(const Fd& f, const FileHeader& h);
@@ -180,6 +186,7 @@ struct GridMeta {
 };
 
 struct Metadata {
+  std::uint32_t format_version = kFormatVersion;  // as read (written: always kFormatVersion)
   std::int64_t step = 0, applied = 0;
   int world = 1, stage = 0;  // world: the data-parallel ranks that saved (each position's, with a grid)
   DType compute_dtype = DType::f32;
@@ -208,10 +215,20 @@ struct Metadata {
   std::string to_json() const;
   // The position at grid coordinates (t, p); throws naming the grid when outside it.
   const PositionMeta& position(int tensor, int pipeline) const;
-  // Strict: every field present with its type and range, nothing unknown; errors name
-  // `origin` and the field.
+  // Strict: every field present with its type and range, nothing unknown, and the grid's
+  // positions in agreement (position_disagreements); errors name `origin` and the field.
   static Metadata parse(const std::string& text, const std::string& origin);
 };
+
+// The cross-position checks of a grid checkpoint, one line per disagreement (empty when none,
+// and always without a grid): every tensor rank of a pipeline stage holds the units and
+// parameters of tensor rank 0 there, in the same order, with the same names, shapes (each its
+// own part's) and split (replicated, axis, blocks). A checkpoint that breaks one cannot be put
+// back together (the export tools) nor resumed (each rank's part would describe another
+// model). Metadata::parse runs it, so every reader (load_checkpoint, ModelReader and the
+// exports, reshard, zero-ckpt inspect) refuses the same checkpoints with the same words, and
+// write_metadata_file runs it so that no save writes one.
+std::vector<std::string> position_disagreements(const Metadata& m);
 
 // One position as JSON text and back (a save sends each position's part to the rank that
 // writes the metadata); the parse is as strict as Metadata::parse and names `origin`.
@@ -230,8 +247,10 @@ class ShardWriter {
   struct Range {
     std::int64_t begin = 0, len = 0;
   };
+  // tensor, pipeline: the grid position the shard belongs to ((0, 0) without a grid), recorded
+  // in its index so that a shard found in another position's place is refused.
   ShardWriter(const std::string& path, int rank, int world, int stage, int moments, std::int64_t step,
-              std::vector<Range> ranges);
+              std::vector<Range> ranges, int tensor = 0, int pipeline = 0);
   // The next unit's section: (1 + moments) * len floats, master first then each moment.
   void add_section(const float* section);
   int next_unit() const { return next_; }
@@ -241,7 +260,7 @@ class ShardWriter {
  private:
   Fd fd_;
   std::string path_;
-  int rank_, world_, stage_, moments_;
+  int rank_, world_, stage_, moments_, tensor_, pipeline_;
   std::int64_t step_;
   std::vector<Range> ranges_;
   std::vector<std::uint64_t> sums_;
@@ -261,6 +280,8 @@ std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t ele
 // Reads a checkpoint directory: metadata parsed and every shard's header and index checked
 // against it on open; sections are verified when read. With a grid, the Reader reads the shard
 // set of one position (tensor, pipeline): meta().units and meta().shards are that position's.
+// A shard must lie where it was written: the position (format 3) and data-parallel rank its
+// index records are those of the place it is found in, or the error names both.
 class Reader {
  public:
   explicit Reader(const std::string& step_dir, int tensor = 0, int pipeline = 0);

@@ -5,6 +5,7 @@
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
+#include "runtime/strings.hpp"
 #include "zero/config.hpp"
 #include "zero/error.hpp"
 
@@ -18,6 +19,20 @@ constexpr std::uint64_t kMaxMetadataBytes = 1ull << 30;
 const char* kMetaHint = "the metadata is damaged or was not written by libzero; load an older checkpoint";
 // 2^53: a count of steps no run reaches, exact in a double, and far from int64's end.
 constexpr std::int64_t kMaxCounter = std::int64_t{1} << 53;
+
+// How a parameter lies over the tensor group, for the cross-position checks.
+std::string split_words(bool replicated, int axis, int blocks) {
+  if (replicated) return "replicated";
+  if (axis < 0) return "not split";
+  return fmt::format("split along axis {}{}", axis, blocks > 1 ? fmt::format(" in {} blocks", blocks) : "");
+}
+
+// "(2 problems):" and each problem on a line of its own, for an error message.
+std::string problem_lines(const std::vector<std::string>& problems) {
+  std::string out = fmt::format("({} problem{}):", problems.size(), problems.size() == 1 ? "" : "s");
+  for (const auto& p : problems) out += "\n    " + p;
+  return out;
+}
 
 DType dtype_from(const json::Field& f) {
   const std::string& s = f.str();
@@ -240,8 +255,10 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
                 {"units", "shards", "grid", "rank_state"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
-  if (d.at("format_version").i64() != kFormatVersion)
-    d.at("format_version").fail(fmt::format("is not {} (this build's format)", kFormatVersion));
+  m.format_version = static_cast<std::uint32_t>(d.at("format_version").i64());
+  if (m.format_version < kOldestReadableFormat || m.format_version > kFormatVersion)
+    d.at("format_version").fail(fmt::format("= {} is not a format this build reads ({} to {})", m.format_version,
+                                            kOldestReadableFormat, kFormatVersion));
   // Counters are bounded where they are read, so no later arithmetic on them (step + 1, the
   // scaler's iter + 1, tokens = step x tokens per step in a double) can overflow.
   m.step = d.at("step").i64(0, kMaxCounter);
@@ -303,6 +320,11 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
       m.positions.push_back(parse_position(ps[i], m.world, static_cast<int>(i) % m.grid.tensor,
                                            static_cast<int>(i) / m.grid.tensor));
     if (d.has("units") || d.has("shards")) d.fail("has both a grid and top-level units or shards");
+    const std::vector<std::string> bad = position_disagreements(m);
+    if (!bad.empty())
+      ZERO_THROW(fmt::format("checkpoint file '{}': the positions of the grid {} disagree {}\n  every tensor rank of a "
+                             "pipeline stage must hold tensor rank 0's units and parameters (its own part of each); {}",
+                             origin, m.grid.describe(), problem_lines(bad), kDamaged));
   } else {
     m.units = parse_units(d.at("units"), m.world);
     m.shards = parse_file_list(d.at("shards"), m.world, "shards", [](int r) { return shard_file_name(r); });
@@ -323,7 +345,68 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   return m;
 }
 
+std::vector<std::string> position_disagreements(const Metadata& m) {
+  std::vector<std::string> out;
+  if (!m.grid.split() || m.positions.size() != static_cast<std::size_t>(m.grid.tensor * m.grid.pipeline)) return out;
+  const auto T = static_cast<std::size_t>(m.grid.tensor);
+  for (std::size_t p = 0; p < static_cast<std::size_t>(m.grid.pipeline); ++p) {
+    const std::vector<UnitMeta>& first = m.positions[T * p].units;
+    for (std::size_t t = 1; t < T; ++t) {
+      const std::size_t i = t + T * p;
+      const std::vector<UnitMeta>& other = m.positions[i].units;
+      // Each line: the field, its value, tensor rank 0's; a mismatch higher up (a unit count,
+      // a unit's name or parameter count) is reported alone, not as the cascade it causes.
+      const std::string where = fmt::format("position (tensor {}, pipeline {}): field 'grid.positions[{}].units", t, p, i);
+      const std::string rank0 = fmt::format("position (tensor 0, pipeline {})", p);
+      if (other.size() != first.size()) {
+        out.push_back(fmt::format("{}' lists {} units, {} lists {}", where, other.size(), rank0, first.size()));
+        continue;
+      }
+      for (std::size_t u = 0; u < first.size(); ++u) {
+        const UnitMeta &a = first[u], &b = other[u];
+        const std::string uat = fmt::format("{}[{}]", where, u);
+        if (a.name != b.name) {
+          out.push_back(fmt::format("{}.name' = \"{}\", {} has \"{}\"", uat, escape_bytes(b.name), rank0,
+                                    escape_bytes(a.name)));
+          continue;
+        }
+        if (a.params.size() != b.params.size()) {
+          out.push_back(fmt::format("{}.params' lists {} parameters for unit '{}', {} lists {}", uat, b.params.size(),
+                                    escape_bytes(a.name), rank0, a.params.size()));
+          continue;
+        }
+        for (std::size_t k = 0; k < a.params.size(); ++k) {
+          const ParamMeta &x = a.params[k], &y = b.params[k];
+          const std::string pat = fmt::format("{}.params[{}]", uat, k);
+          if (x.name != y.name) {
+            out.push_back(fmt::format("{}.name' = \"{}\" (unit '{}'), {} has \"{}\"", pat, escape_bytes(y.name),
+                                      escape_bytes(a.name), rank0, escape_bytes(x.name)));
+            continue;
+          }
+          const std::string what = fmt::format("'{}' of unit '{}'", escape_bytes(x.name), escape_bytes(a.name));
+          if (x.shape != y.shape)
+            out.push_back(fmt::format("{}.shape' = {} for {}, {} has {}", pat, shape_text(y.shape), what, rank0,
+                                      shape_text(x.shape)));
+          if (x.replicated != y.replicated || x.split_axis != y.split_axis || x.split_blocks != y.split_blocks)
+            out.push_back(fmt::format("{}' {} is {}, {} has it {}", pat, what,
+                                      split_words(y.replicated, y.split_axis, y.split_blocks), rank0,
+                                      split_words(x.replicated, x.split_axis, x.split_blocks)));
+        }
+      }
+    }
+  }
+  return out;
+}
+
 void write_metadata_file(const std::string& path, const Metadata& m) {
+  // A save never writes what every reader refuses: a model whose tensor ranks describe different
+  // units is found here, not at the resume.
+  const std::vector<std::string> bad = position_disagreements(m);
+  if (!bad.empty())
+    ZERO_THROW(fmt::format("checkpoint '{}': the tensor ranks of a pipeline stage hold different units or parameters "
+                           "{}\n  every tensor rank must build the same Layout, its own part of each parameter "
+                           "(Layout::set_split, set_replicated)",
+                           path, problem_lines(bad)));
   write_small_file(path, FileKind::metadata, m.to_json());  // the index is the whole payload
 }
 

@@ -15,8 +15,44 @@ using namespace detail;
 namespace fs = std::filesystem;
 
 namespace {
+// The index: rank, world size, stage, units, moments (u32 each at 0..16), the grid position
+// (format 3: tensor u16 at 20, pipeline u16 at 22; format 2: zero), the step (u64 at 24), then
+// per unit its range, section offset and checksum.
 constexpr std::uint64_t kShardIndexHead = 32;
 constexpr std::uint64_t kShardIndexEntry = 32;
+constexpr int kMaxGridCoord = 1 << 16;
+constexpr std::uint64_t kMaxShardUnits = 1u << 24;  // as many as the metadata may list
+
+// Refuses a shard whose index records another place than the one it was found in: data-parallel
+// rank `rank` of grid position (tensor, pipeline), (0, 0) without a grid. A format 2 shard
+// records its rank only (the position's word is zero there).
+void check_place(const std::string& path, const std::string& index, std::uint32_t version, bool grid, int rank,
+                 int tensor, int pipeline) {
+  const auto* ix = reinterpret_cast<const unsigned char*>(index.data());
+  const std::uint32_t rec_rank = get32(ix), word = get32(ix + 20);
+  if (version < 3) {
+    if (word != 0) file_fail(path, "index.reserved", fmt::format("= {}, expected 0 in a format {} shard", word, version));
+    if (rec_rank != static_cast<std::uint32_t>(rank))
+      file_fail(path, "index.rank",
+                fmt::format("= {}, but the file lies in rank {}'s place: the shard was moved or swapped with another",
+                            rec_rank, rank));
+    return;
+  }
+  const int rt = static_cast<int>(word & 0xffffu), rp = static_cast<int>(word >> 16);
+  if (rec_rank == static_cast<std::uint32_t>(rank) && rt == tensor && rp == pipeline) return;
+  std::string own;  // the name it was written under, where that can be told
+  if (rec_rank < (1u << 20)) {
+    const int rr = static_cast<int>(rec_rank);
+    own = fmt::format(" (it was written as {})",
+                      grid || rt != 0 || rp != 0 ? shard_file_name(rr, rt, rp) : shard_file_name(rr));
+  }
+  ZERO_THROW(fmt::format("checkpoint file '{}': field '{}' records position (tensor {}, pipeline {}), data-parallel rank "
+                         "{}, but the file was found in the place of position (tensor {}, pipeline {}), rank {}: the "
+                         "shard was moved or swapped with another{}; put every shard back under the name it was "
+                         "written as, or load an older checkpoint",
+                         path, rt != tensor || rp != pipeline ? "index.position" : "index.rank", rt, rp, rec_rank,
+                         tensor, pipeline, rank, own));
+}
 }  // namespace
 
 std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t elements) {
@@ -25,15 +61,21 @@ std::uint64_t shard_file_bytes(std::size_t units, int moments, std::uint64_t ele
 }
 
 ShardWriter::ShardWriter(const std::string& path, int rank, int world, int stage, int moments, std::int64_t step,
-                         std::vector<Range> ranges)
-    : fd_(Fd::create(path)),
-      path_(path),
+                         std::vector<Range> ranges, int tensor, int pipeline)
+    : path_(path),
       rank_(rank),
       world_(world),
       stage_(stage),
       moments_(moments),
+      tensor_(tensor),
+      pipeline_(pipeline),
       step_(step),
       ranges_(std::move(ranges)) {
+  ZERO_CHECK(tensor >= 0 && tensor < kMaxGridCoord && pipeline >= 0 && pipeline < kMaxGridCoord,
+             fmt::format("checkpoint: grid position (tensor {}, pipeline {}) of '{}' does not fit the shard index (each "
+                         "coordinate below {})",
+                         tensor, pipeline, path, kMaxGridCoord));
+  fd_ = Fd::create(path);
   index_bytes_ = kShardIndexHead + kShardIndexEntry * ranges_.size();
   offset_ = index_bytes_;
 }
@@ -57,6 +99,7 @@ ShardMeta ShardWriter::finish() {
   put32(index.data() + 8, static_cast<std::uint32_t>(stage_));
   put32(index.data() + 12, static_cast<std::uint32_t>(ranges_.size()));
   put32(index.data() + 16, static_cast<std::uint32_t>(moments_));
+  put32(index.data() + 20, static_cast<std::uint32_t>(tensor_) | (static_cast<std::uint32_t>(pipeline_) << 16));
   put64(index.data() + 24, static_cast<std::uint64_t>(step_));
   std::uint64_t off = index_bytes_;
   for (std::size_t u = 0; u < ranges_.size(); ++u) {
@@ -125,6 +168,19 @@ Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, in
     s->fd = Fd::open_read(dir_ + "/" + sm.file);
     const std::string& p = s->fd.path();
     FileHeader h = read_header(s->fd, FileKind::shard);
+    // Where the shard belongs comes first: a shard moved from another place (two positions'
+    // files swapped, by hand or by a tool that then rewrote the metadata's records) is named
+    // as such, not as a size or checksum that differs, and never loads as this place's part.
+    std::string index;
+    if (h.index_bytes >= kShardIndexHead && h.index_bytes <= h.payload_bytes &&
+        h.index_bytes <= kShardIndexHead + kShardIndexEntry * kMaxShardUnits) {
+      index = read_index(s->fd, h);
+      check_place(p, index, h.version, meta_.grid.split(), r, tensor, pipeline);
+    }
+    if (meta_.format_version >= 3 && h.version < 3)
+      file_fail(p, "header.format_version",
+                fmt::format("= {} in a checkpoint of format {}: the shard comes from an older checkpoint", h.version,
+                            meta_.format_version));
     if (kHeaderBytes + h.payload_bytes != sm.bytes)
       file_fail(p, "header.payload_bytes",
                 fmt::format("gives a file of {} bytes, but the metadata recorded {}: the shard does not belong to "
@@ -137,18 +193,16 @@ Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, in
       file_fail(p, "header.index_checksum",
                 fmt::format("= {}, but the metadata recorded {}: the shard does not belong to this checkpoint",
                             json::hex64(h.index_checksum), json::hex64(sm.index_checksum)));
-    std::string index = read_index(s->fd, h);
+    if (index.empty()) index = read_index(s->fd, h);
     auto* ix = reinterpret_cast<const unsigned char*>(index.data());
     auto expect32 = [&](std::size_t at, std::uint32_t want, const char* field) {
       if (get32(ix + at) != want)
         file_fail(p, field, fmt::format("= {}, expected {} (from the metadata)", get32(ix + at), want));
     };
-    expect32(0, static_cast<std::uint32_t>(r), "index.rank");
     expect32(4, static_cast<std::uint32_t>(meta_.world), "index.world_size");
     expect32(8, static_cast<std::uint32_t>(meta_.stage), "index.stage");
     expect32(12, static_cast<std::uint32_t>(nu), "index.num_units");
     expect32(16, static_cast<std::uint32_t>(meta_.moments), "index.moments");
-    expect32(20, 0, "index.reserved");
     if (get64(ix + 24) != static_cast<std::uint64_t>(meta_.step))
       file_fail(p, "index.step", fmt::format("= {}, but the metadata is for step {}", get64(ix + 24), meta_.step));
     std::uint64_t off = h.index_bytes;

@@ -88,15 +88,32 @@ bool inspect_shards(ckpt::Reader& r, std::ostream& out, const std::string& inden
 
 // One step directory: summary, then every file verified. Returns false on any failure.
 bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
-  // Every position's shard set is opened (and checked against the metadata) before printing.
+  // The metadata is read with every check the loaders make (the grid's positions in agreement
+  // among them: ckpt::position_disagreements, each disagreement on a line of the error). Every
+  // position's shard set is then opened (and checked against the metadata) before printing; a
+  // position that fails is reported and the others still listed, so two swapped positions are
+  // both named.
   ckpt::Metadata m;
   std::vector<std::unique_ptr<ckpt::Reader>> readers;
+  std::vector<std::string> failed;  // per position: why its shard set did not open
   try {
     m = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
-    for (int p = 0; p < m.grid.pipeline; ++p)
-      for (int t = 0; t < m.grid.tensor; ++t) readers.push_back(std::make_unique<ckpt::Reader>(dir, m, t, p));
   } catch (const std::exception& e) {
     out << "  FAILED: " << e.what() << "\n";
+    return false;
+  }
+  for (int p = 0; p < m.grid.pipeline; ++p)
+    for (int t = 0; t < m.grid.tensor; ++t) {
+      try {
+        readers.push_back(std::make_unique<ckpt::Reader>(dir, m, t, p));
+        failed.emplace_back();
+      } catch (const std::exception& e) {
+        readers.push_back(nullptr);
+        failed.emplace_back(e.what());
+      }
+    }
+  if (!m.grid.split() && !readers[0]) {
+    out << "  FAILED: " << failed[0] << "\n";
     return false;
   }
   out << "  step " << m.step << " (applied updates " << m.applied << "), saved by " << m.world << " rank(s) at stage "
@@ -121,17 +138,24 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
     for (std::size_t i = 0; i < readers.size(); ++i) {
       const ckpt::PositionMeta& pos = m.positions[i];
       out << "  position tensor " << pos.tensor << ", pipeline " << pos.pipeline << ": ";
+      if (!readers[i]) {
+        out << "FAILED: " << failed[i] << "\n";
+        ok = false;
+        continue;
+      }
       ok = inspect_shards(*readers[i], out, "    ", total) && ok;
     }
     // What the export tools read: the parts put back together (an error here is no damage).
-    try {
-      ckpt::ModelReader whole(dir);
-      std::int64_t n = 0;
-      for (const auto& u : whole.meta().units) n += u.numel;
-      out << "  whole model (the grid's parts put together): " << whole.meta().units.size() << " units, " << n
-          << " parameters\n";
-    } catch (const std::exception& e) {
-      out << "  whole model: " << e.what() << "\n";
+    if (ok) {
+      try {
+        ckpt::ModelReader whole(dir);
+        std::int64_t n = 0;
+        for (const auto& u : whole.meta().units) n += u.numel;
+        out << "  whole model (the grid's parts put together): " << whole.meta().units.size() << " units, " << n
+            << " parameters\n";
+      } catch (const std::exception& e) {
+        out << "  whole model: " << e.what() << "\n";
+      }
     }
   } else {
     out << "  ";
@@ -286,7 +310,7 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
             ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
           }
           const std::string file = old.grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
-          ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges);
+          ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges, t, p);
           for (std::size_t i = 0; i < pos.units.size(); ++i) {
             const auto len = ranges[i].len;
             section.resize(static_cast<std::size_t>(len) * static_cast<std::size_t>(1 + moments));

@@ -248,7 +248,7 @@ TEST_CASE("a checkpoint of format 1 is refused with the release that wrote it") 
              ckpt::read_header(f, ckpt::FileKind::shard);
            },
        })
-    require_error(fn, {"step_00000004", "format_version' = 1", "libzero 0.1.0", "reads format 2"});
+    require_error(fn, {"step_00000004", "format_version' = 1", "libzero 0.1.0", "reads formats 2 to 3"});
   std::ostringstream out;
   CHECK_FALSE(inspect_checkpoint(root, out));
   CHECK_THAT(out.str(), Contains("FAILED") && Contains("libzero 0.1.0"));
@@ -401,6 +401,109 @@ TEST_CASE("safetensors: header layout, alignment and names") {
     // Destroyed unfinished: nothing appears under the name, no temporary is left.
   }
   CHECK(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+namespace {
+
+// A safetensors file made by hand: the 8-byte length, `header` as given, `data_bytes` zero bytes.
+std::string crafted_safetensors(const std::string& dir, const std::string& name, const std::string& header,
+                                std::size_t data_bytes) {
+  const std::string path = dir + "/" + name;
+  std::ofstream f(path, std::ios::binary);
+  unsigned char len[8];
+  ckpt::detail::put64(len, header.size());
+  f.write(reinterpret_cast<const char*>(len), 8);
+  f << header << std::string(data_bytes, '\0');
+  REQUIRE(f.good());
+  return path;
+}
+
+safetensors::Contents read_safetensors(const std::string& path) {
+  return safetensors::read_header(ckpt::Fd::open_read(path));
+}
+
+}  // namespace
+
+// The format's own reader (the safetensors library) sorts the tensors by data_offsets and wants
+// them back to back over the whole data; so does this one, naming the tensors.
+TEST_CASE("safetensors: overlapping, reversed or gapped data_offsets are refused naming the tensors") {
+  std::string dir = temp_dir("st_read");
+  {  // What the writer writes reads back: order by offset, metadata kept.
+    safetensors::Writer w(dir + "/ok.safetensors", {{"a", DType::f32, {2}}, {"b", DType::bf16, {3}}}, {{"k", "v"}});
+    const float a[2] = {1, 2};
+    const std::uint16_t b[3] = {1, 2, 3};
+    w.write_next(a, sizeof a);
+    w.write_next(b, sizeof b);
+    w.finish();
+    const safetensors::Contents c = read_safetensors(dir + "/ok.safetensors");
+    REQUIRE(c.tensors.size() == 2);
+    CHECK(c.tensors[1].name == "b");
+    CHECK(c.tensors[1].dtype == "BF16");
+    CHECK(c.tensors[1].shape == std::vector<std::int64_t>{3});
+    CHECK(c.tensors[1].begin == 8);
+    CHECK(c.tensors[1].end == 14);
+    CHECK(c.data_bytes == 14);
+    CHECK(c.metadata.at("k") == "v");
+  }
+  // Listed out of offset order but back to back: accepted (JSON keys have no order to keep).
+  const auto listed = crafted_safetensors(
+      dir, "listed.safetensors",
+      R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+      12);
+  CHECK(read_safetensors(listed).tensors[0].name == "a");
+
+  struct Bad {
+    const char* what;
+    std::string header;
+    std::size_t data;
+    std::vector<std::string> says;
+  };
+  for (const Bad& c : std::vector<Bad>{
+           {"overlap",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12,
+            {"tensors 'a' [0, 8) and 'b' [4, 12) overlap", "bytes [4, 8) belong to both"}},
+           {"the same bytes twice",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+            8,
+            {"'a' [0, 8) and 'b' [0, 8) overlap"}},
+           {"reversed",
+            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
+            8,
+            {"tensor 'a': data_offsets [8, 0] are out of order"}},
+           {"gap",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+            12,
+            {"bytes [4, 8) between tensors 'a' [0, 4) and 'b' [8, 12) belong to no tensor"}},
+           {"not from 0",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            8,
+            {"the first tensor 'a' [4, 8) starts at byte 4"}},
+           {"trailing bytes",
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+            12,
+            {"8 bytes after the last tensor 'a' [0, 4) belong to no tensor"}},
+           {"past the end",
+            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+            8,
+            {"'a' [0, 16) ends at byte 16, past the end of the data (8 bytes)"}},
+           {"size against shape",
+            R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+            8,
+            {"'a' [0, 8) holds 8 bytes, but its shape [3] of F32 makes 96 bits"}},
+           {"unknown dtype",
+            R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})",
+            1,
+            {"dtype \"Q7\" is not a safetensors dtype"}},
+       }) {
+    INFO(c.what);
+    const std::string path = crafted_safetensors(dir, "bad.safetensors", c.header, c.data);
+    std::vector<std::string> says = c.says;
+    says.push_back("bad.safetensors");
+    says.push_back("the format's own reader refuses it too");
+    require_error([&] { read_safetensors(path); }, says);
+  }
   fs::remove_all(dir);
 }
 

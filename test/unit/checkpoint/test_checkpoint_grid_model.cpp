@@ -22,6 +22,7 @@
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
 #include "zero/checkpoint.hpp"
+#include "zero/dtype.hpp"
 #include "zero/formats/hf_gpt2.hpp"
 #include "zero/plan/plan.hpp"
 #include "zero/error.hpp"
@@ -141,7 +142,7 @@ void write_checkpoint(const std::string& root, int T, int P, int D, const std::v
           ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
         }
         const std::string file = m.grid.split() ? ckpt::shard_file_name(d, t, p) : ckpt::shard_file_name(d);
-        ckpt::ShardWriter w(tmp + "/" + file, d, D, 1, 2, step, ranges);
+        ckpt::ShardWriter w(tmp + "/" + file, d, D, 1, 2, step, ranges, t, p);
         for (std::size_t u = 0; u < pos.units.size(); ++u) {
           std::vector<float> section;
           const auto& r = ranges[u];
@@ -281,6 +282,288 @@ TEST_CASE("grid metadata: written and read back, and read strictly") {
   refused([](json::Json& d) { d["grid"]["tensor"] = 1, d["grid"]["pipeline"] = 1; }, "is 1 x 1");
   refused([](json::Json& d) { d["units"] = d["grid"]["positions"][0]["units"]; }, "has both a grid and top-level");
   fs::remove_all(root);
+}
+
+namespace {
+
+// The metadata of `step_dir` as JSON, and written back re-signed (a header over the new bytes):
+// what a buggy tool or a hand edit leaves, every checksum passing.
+json::Json read_metadata_json(const std::string& step_dir) {
+  const std::string path = step_dir + "/" + ckpt::kMetadataFile;
+  ckpt::Fd f = ckpt::Fd::open_read(path);
+  return json::parse(ckpt::read_index(f, ckpt::read_header(f, ckpt::FileKind::metadata)), path);
+}
+void write_metadata_json(const std::string& step_dir, const json::Json& doc) {
+  const std::string path = step_dir + "/" + ckpt::kMetadataFile;
+  fs::remove(path);
+  ckpt::write_small_file(path, ckpt::FileKind::metadata, json::dump_pretty(doc, "test metadata"));
+}
+void edit_metadata(const std::string& step_dir, const std::function<void(json::Json&)>& edit) {
+  json::Json doc = read_metadata_json(step_dir);
+  edit(doc);
+  write_metadata_json(step_dir, doc);
+}
+
+// Every shard record of the metadata rewritten from the file now under its name (size, index
+// checksum): what a tool that rebuilds the metadata from the files it finds writes.
+void resign_shard_records(const std::string& step_dir) {
+  edit_metadata(step_dir, [&](json::Json& d) {
+    for (auto& pos : d["grid"]["positions"])
+      for (auto& s : pos["shards"]) {
+        ckpt::Fd f = ckpt::Fd::open_read(step_dir + "/" + s["file"].get<std::string>());
+        const ckpt::FileHeader h = ckpt::read_header(f, ckpt::FileKind::shard);
+        s["bytes"] = ckpt::kHeaderBytes + h.payload_bytes;
+        s["index_checksum"] = json::hex64(h.index_checksum);
+      }
+  });
+}
+
+void swap_files(const std::string& dir, const std::string& a, const std::string& b) {
+  fs::rename(dir + "/" + a, dir + "/swap.tmp");
+  fs::rename(dir + "/" + b, dir + "/" + a);
+  fs::rename(dir + "/swap.tmp", dir + "/" + b);
+}
+
+// Rewrites every file of `step_dir` as format 2 wrote it: header version 2 and, in a shard's
+// index, the word that format 3 fills with the grid position left zero (index and header
+// checksums, and the metadata's record of them, follow). Nothing else differs between them.
+void downgrade_to_format_2(const std::string& step_dir) {
+  auto resign = [](unsigned char* head, std::uint32_t version) {
+    ckpt::detail::put32(head + 8, version);
+    ckpt::detail::put64(head + 56, ckpt::checksum(head, 56));
+  };
+  std::map<std::string, std::uint64_t> sums;
+  for (const auto& e : fs::directory_iterator(step_dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("shard_", 0) != 0) continue;
+    std::string bytes = file_bytes(e.path().string());
+    auto* b = reinterpret_cast<unsigned char*>(bytes.data());
+    const std::uint64_t index_bytes = ckpt::detail::get64(b + 24);
+    ckpt::detail::put32(b + ckpt::kHeaderBytes + 20, 0);
+    const std::uint64_t sum = ckpt::checksum(b + ckpt::kHeaderBytes, static_cast<std::size_t>(index_bytes));
+    ckpt::detail::put64(b + 32, sum);
+    resign(b, 2);
+    sums[name] = sum;
+    std::ofstream(e.path(), std::ios::binary | std::ios::trunc) << bytes;
+  }
+  json::Json doc = read_metadata_json(step_dir);
+  doc["format_version"] = 2;
+  auto records = [&](json::Json& shards) {
+    for (auto& s : shards) s["index_checksum"] = json::hex64(sums.at(s["file"].get<std::string>()));
+  };
+  if (doc.contains("grid"))
+    for (auto& pos : doc["grid"]["positions"]) records(pos["shards"]);
+  else
+    records(doc["shards"]);
+  const std::string text = json::dump_pretty(doc, "test metadata");
+  ckpt::FileHeader h;
+  h.kind = ckpt::FileKind::metadata;
+  h.payload_bytes = h.index_bytes = text.size();
+  h.index_checksum = ckpt::checksum(text.data(), text.size());
+  unsigned char head[ckpt::kHeaderBytes];
+  ckpt::encode_header(h, head);
+  resign(head, 2);
+  std::ofstream out(step_dir + "/" + ckpt::kMetadataFile, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(head), sizeof head);
+  out << text;
+}
+
+std::vector<float> whole_values(const std::string& root) {
+  std::vector<float> all;
+  for_each_checkpoint_tensor(root, "latest",
+                             [&](const CheckpointTensor&, std::span<const float> v) { all.insert(all.end(), v.begin(), v.end()); });
+  return all;
+}
+
+}  // namespace
+
+// Six ways the positions of a grid can disagree (position (tensor 1, pipeline 0) against tensor
+// rank 0 of its stage). The export tools and a resume always refused them; inspect said "all
+// checksums ok". Now one check (ckpt::position_disagreements, run by Metadata::parse) refuses
+// them for all: inspect, export, reshard and the reader a resume opens, each disagreement named.
+TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, naming each disagreement") {
+  struct Case {
+    const char* what;
+    std::function<void(json::Json&)> edit;  // of grid.positions[1], position (tensor 1, pipeline 0)
+    std::vector<std::string> says;
+  };
+  const std::vector<Case> cases = {
+      {"a unit less", [](json::Json& p) { p["units"].erase(1); },
+       {"field 'grid.positions[1].units' lists 1 units, position (tensor 0, pipeline 0) lists 2"}},
+      {"a unit renamed", [](json::Json& p) { p["units"][1]["name"] = "h.9"; },
+       {"grid.positions[1].units[1].name' = \"h.9\", position (tensor 0, pipeline 0) has \"h.0\""}},
+      {"a parameter less",
+       [](json::Json& p) {
+         json::Json& u = p["units"][1];
+         u["params"].erase(2);  // ln [1, 3]
+         u["numel"] = 16;
+         u["padding"] = 4;
+       },
+       {"grid.positions[1].units[1].params' lists 2 parameters for unit 'h.0', position (tensor 0, pipeline 0) "
+        "lists 3"}},
+      {"a parameter renamed", [](json::Json& p) { p["units"][1]["params"][1]["name"] = "proj2"; },
+       {"grid.positions[1].units[1].params[1].name' = \"proj2\" (unit 'h.0'), position (tensor 0, pipeline 0) has "
+        "\"proj\""}},
+      {"another shape", [](json::Json& p) { p["units"][1]["params"][1]["shape"] = {4, 1}; },
+       {"grid.positions[1].units[1].params[1].shape' = [4, 1] for 'proj' of unit 'h.0', position (tensor 0, "
+        "pipeline 0) has [2, 2]"}},
+      {"another split", [](json::Json& p) { p["units"][1]["params"][0]["split"]["blocks"] = 1; },
+       {"grid.positions[1].units[1].params[0]' 'qkv' of unit 'h.0' is split along axis 1, position (tensor 0, "
+        "pipeline 0) has it split along axis 1 in 3 blocks"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const std::string root = temp_dir();
+    write_grid_checkpoint(root);
+    const std::string step = ckpt::resolve(root, "latest");
+    edit_metadata(step, [&](json::Json& d) { c.edit(d["grid"]["positions"][1]); });
+    std::vector<std::string> says = c.says;
+    says.push_back("the positions of the grid TP 2 x PP 2 disagree (1 problem)");
+    says.push_back(step + "/metadata.ckpt");
+
+    std::ostringstream listing;
+    CHECK_FALSE(inspect_checkpoint(root, listing));
+    INFO(listing.str());
+    for (const auto& s : says) CHECK_THAT(listing.str(), Contains(s));
+    CHECK_THAT(listing.str(), Contains("FAILED") && !Contains("all checksums ok"));
+    // The export tools, reshard, and what load_checkpoint reads at every position.
+    auto refused = [&](const std::function<void()>& fn) {
+      try {
+        fn();
+        FAIL("accepted");
+      } catch (const Error& e) {
+        for (const auto& s : says) CHECK_THAT(std::string(e.what()), Contains(s));
+      }
+    };
+    refused([&] { for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}); });
+    refused([&] { export_safetensors(root, root + "/x.safetensors", DType::f32, "latest"); });
+    refused([&] { reshard_checkpoint(root, root + "/dp3", 3); });
+    for (int p = 0; p < 2; ++p)
+      for (int t = 0; t < 2; ++t) refused([&] { ckpt::Reader(step, t, p); });
+    fs::remove_all(root);
+  }
+
+  // Several at once: each on its own line, none hiding another.
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  const std::string step = ckpt::resolve(root, "latest");
+  edit_metadata(step, [&](json::Json& d) {
+    d["grid"]["positions"][1]["units"][0]["name"] = "embed2";
+    d["grid"]["positions"][1]["units"][1]["params"][1]["shape"] = {4, 1};
+    d["grid"]["positions"][3]["units"][0]["params"][0]["replicated"] = true;
+    d["grid"]["positions"][3]["units"][0]["params"][0].erase("split");
+  });
+  std::ostringstream listing;
+  CHECK_FALSE(inspect_checkpoint(root, listing));
+  INFO(listing.str());
+  CHECK_THAT(listing.str(),
+             Contains("disagree (3 problems)") && Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[0].name'") &&
+                 Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[1].params[1].shape'") &&
+                 Contains("\n    position (tensor 1, pipeline 1): field 'grid.positions[3].units[0].params[0]' 'head' of "
+                          "unit 'h.1' is replicated, position (tensor 0, pipeline 1) has it split along axis 1"));
+
+  // The one function the readers share, on its own: nothing to say of a consistent grid.
+  write_grid_checkpoint(root + "/good");
+  CHECK(ckpt::position_disagreements(ckpt::read_metadata_file(ckpt::resolve(root + "/good", "latest") + "/" +
+                                                              ckpt::kMetadataFile))
+            .empty());
+  // A save never writes such a checkpoint (write_metadata_file runs the same check).
+  ckpt::Metadata m = ckpt::read_metadata_file(ckpt::resolve(root + "/good", "latest") + "/" + ckpt::kMetadataFile);
+  m.positions[1].units[1].params[1].shape = {4, 1};
+  REQUIRE(ckpt::position_disagreements(m).size() == 1);
+  CHECK_THROWS_WITH(ckpt::write_metadata_file(root + "/m.ckpt", m),
+                    Contains("the tensor ranks of a pipeline stage hold different units or parameters (1 problem)") &&
+                        Contains("grid.positions[1].units[1].params[1].shape' = [4, 1]"));
+  CHECK_FALSE(fs::exists(root + "/m.ckpt"));
+  fs::remove_all(root);
+}
+
+// Each shard records the grid position it was written for: a shard found in another place (two
+// positions' files swapped, and the metadata's records rewritten to match by a tool, so that every
+// size and checksum agrees) is refused with the file, the position it records and the one it lies in.
+TEST_CASE("a shard in another position's place is refused, naming the file and both positions") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  const std::string step = ckpt::resolve(root, "latest");
+  const std::vector<float> before = whole_values(root);
+  {
+    ckpt::Reader r(step, 1, 0);  // recorded where it lies: every shard opens
+    CHECK(r.meta().format_version == ckpt::kFormatVersion);
+  }
+
+  // Tensor ranks 0 and 1 of stage 0 (the same units and part shapes: before, this loaded the
+  // other rank's part silently).
+  swap_files(step, "shard_t00_p00_00000.ckpt", "shard_t01_p00_00000.ckpt");
+  resign_shard_records(step);
+  const std::string said_00 =
+      step + "/shard_t00_p00_00000.ckpt': field 'index.position' records position (tensor 1, pipeline 0), "
+             "data-parallel rank 0, but the file was found in the place of position (tensor 0, pipeline 0), rank 0";
+  const std::string said_10 =
+      step + "/shard_t01_p00_00000.ckpt': field 'index.position' records position (tensor 0, pipeline 0), "
+             "data-parallel rank 0, but the file was found in the place of position (tensor 1, pipeline 0), rank 0";
+  CHECK_THROWS_WITH(ckpt::Reader(step, 0, 0),
+                    Contains(said_00) && Contains("(it was written as shard_t01_p00_00000.ckpt)") &&
+                        Contains("moved or swapped"));
+  CHECK_THROWS_WITH(ckpt::Reader(step, 1, 0), Contains(said_10));
+  CHECK_THROWS_WITH(whole_values(root), Contains(said_00));
+  CHECK_THROWS_WITH(reshard_checkpoint(root, root + "/dp3", 3), Contains(said_00));
+  std::ostringstream listing;
+  CHECK_FALSE(inspect_checkpoint(root, listing));
+  INFO(listing.str());
+  CHECK_THAT(listing.str(), Contains(said_00) && Contains(said_10) && Contains("VERIFICATION FAILED") &&
+                                Contains("position tensor 1, pipeline 1: 2 units"));  // the others still listed
+  // Put back: loads as before.
+  swap_files(step, "shard_t00_p00_00000.ckpt", "shard_t01_p00_00000.ckpt");
+  resign_shard_records(step);
+  CHECK(whole_values(root) == before);
+
+  // Across pipeline stages, and two data-parallel ranks of one position.
+  swap_files(step, "shard_t00_p00_00001.ckpt", "shard_t00_p01_00001.ckpt");
+  resign_shard_records(step);
+  CHECK_THROWS_WITH(ckpt::Reader(step, 0, 1),
+                    Contains("shard_t00_p01_00001.ckpt': field 'index.position' records position (tensor 0, pipeline "
+                             "0), data-parallel rank 1, but the file was found in the place of position (tensor 0, "
+                             "pipeline 1), rank 1"));
+  swap_files(step, "shard_t00_p00_00001.ckpt", "shard_t00_p01_00001.ckpt");
+  swap_files(step, "shard_t01_p01_00000.ckpt", "shard_t01_p01_00001.ckpt");
+  resign_shard_records(step);
+  CHECK_THROWS_WITH(ckpt::Reader(step, 1, 1),
+                    Contains("shard_t01_p01_00000.ckpt': field 'index.rank' records position (tensor 1, pipeline 1), "
+                             "data-parallel rank 1, but the file was found in the place of position (tensor 1, "
+                             "pipeline 1), rank 0"));
+  fs::remove_all(root);
+}
+
+// Checkpoints of format 2 (shards that record no position) load as before, grid or not, and give
+// the same model; only where their shards lie is taken on trust.
+TEST_CASE("format 2 checkpoints, whose shards record no position, still load") {
+  const std::string root = temp_dir();
+  write_grid_checkpoint(root);
+  const std::vector<float> v3 = whole_values(root);
+  const std::string step = ckpt::resolve(root, "latest");
+  downgrade_to_format_2(step);
+  CHECK(ckpt::read_metadata_file(step + "/" + ckpt::kMetadataFile).format_version == 2);
+  CHECK(whole_values(root) == v3);
+  std::ostringstream listing;
+  CHECK(inspect_checkpoint(root, listing));
+  INFO(listing.str());
+  CHECK_THAT(listing.str(), Contains("all checksums ok"));
+  for (int p = 0; p < 2; ++p)
+    for (int t = 0; t < 2; ++t) CHECK(ckpt::Reader(step, t, p).meta().format_version == 2);
+  // Resharded, it is written in this build's format, every shard with its position.
+  reshard_checkpoint(root, root + "/dp3", 3);
+  CHECK(whole_values(root + "/dp3") == v3);
+  CHECK(ckpt::Reader(ckpt::resolve(root + "/dp3", "latest"), 1, 1).meta().format_version == ckpt::kFormatVersion);
+  fs::remove_all(root);
+
+  // Without a grid.
+  const std::string flat = temp_dir();
+  write_checkpoint(flat, 1, 1, 2, {{{"u", {{{"w", {3, 2}}, {1, 2, 3, 4, 5, 6}}}}}});
+  const std::vector<float> f3 = whole_values(flat);
+  downgrade_to_format_2(ckpt::resolve(flat, "latest"));
+  CHECK(whole_values(flat) == f3);
+  CHECK(f3 == std::vector<float>{1, 2, 3, 4, 5, 6});
+  fs::remove_all(flat);
 }
 
 TEST_CASE("concat_parts interleaves blocks") {
