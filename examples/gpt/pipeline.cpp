@@ -45,6 +45,19 @@ std::vector<PipeOp> one_f_one_b(int stages, int stage, int m) {
   return ops;
 }
 
+std::vector<std::vector<PipeTransfer>> pipe_transfers(int stages, int stage, const PipeOp* done, const PipeOp* next) {
+  std::optional<PipeTransfer> send, recv;
+  if (done && done->forward && stage + 1 < stages) send = PipeTransfer{true, true, done->micro, stage + 1};
+  if (done && !done->forward && stage > 0) send = PipeTransfer{true, false, done->micro, stage - 1};
+  if (next && next->forward && stage > 0) recv = PipeTransfer{false, true, next->micro, stage - 1};
+  if (next && !next->forward && stage + 1 < stages) recv = PipeTransfer{false, false, next->micro, stage + 1};
+  std::vector<std::vector<PipeTransfer>> groups;
+  if (send && recv && send->peer == recv->peer) return {{*send, *recv}};
+  if (send) groups.push_back({*send});
+  if (recv) groups.push_back({*recv});
+  return groups;
+}
+
 zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel) {
   const zero::Layout full = tensor_parallel > 1 ? tensor_parallel_layout(cfg, tensor_parallel) : build_layout(cfg);
   zero::Layout out;
@@ -87,10 +100,6 @@ void check_pipeline_config(const zero::Config& cfg, int pipeline) {
                          "unit again for each one, a data-parallel collective per unit per micro-batch inside the "
                          "schedule. Use stage 1: each rank already holds only 1/{} of the model's parameters",
                          pipeline, cfg.zero_optimization.stage, pipeline));
-  ZERO_CHECK(cfg.backend == zero::BackendKind::host,
-             fmt::format("model.pipeline_parallel: {} runs on the host backend only: the engine's process groups are "
-                         "host communicators. Set backend: host, or pipeline_parallel: 1",
-                         pipeline));
 }
 
 std::string PipelineReport::describe() const {
@@ -133,6 +142,8 @@ void GptTrainer::setup_pipeline_buffers() {
     ps.tied_peer = OpsBuffer(*ops_, n);
   }
   ps.act_sends.resize(static_cast<std::size_t>(model_->part().slots));
+  // Collective over the pipeline group (every stage builds its trainer alike).
+  ps.device_comm = engine_->device_comm(groups_->pipeline());
 }
 
 std::size_t GptTrainer::tied_elements() const {
@@ -158,16 +169,18 @@ PipelineReport GptTrainer::pipeline_report() const {
   return r;
 }
 
+zero::Communicator& GptTrainer::pipe_comm() {
+  return pipe_->device_comm ? *pipe_->device_comm : groups_->pipeline();
+}
+
 void GptTrainer::stage_forward() {
   PipelineState& ps = *pipe_;
   const StageSplit& s = ps.split;
-  zero::Communicator& pipe = groups_->pipeline();
   const zero::CommSiteScope site("pipeline forward");
+  // After the first stage the input is in stage_input(), received before (pipe_exchange).
   if (s.first()) {
     zero::UnitParams E = engine_->gather(ps.emb);
     model_->forward_embeddings(param_ptrs(E, emb_params_));
-  } else {
-    pipe.recv(model_->stage_input(), model_->boundary_elements(), ops_->dtype(), s.stage - 1);
   }
   for (int l = s.first_layer; l < s.end_layer; ++l) {
     zero::UnitParams P = engine_->gather(ps.blocks[static_cast<std::size_t>(l - s.first_layer)]);
@@ -184,12 +197,10 @@ void GptTrainer::stage_forward() {
 void GptTrainer::stage_backward(bool last_micro) {
   PipelineState& ps = *pipe_;
   const StageSplit& s = ps.split;
-  zero::Communicator& pipe = groups_->pipeline();
   const zero::CommSiteScope site("pipeline backward");
   const float dloss = engine_->loss_scale();
-  // The output gradient buffer is the one the last send read from.
-  ps.grad_send.wait();
-  if (!s.last()) pipe.recv(model_->output_grad(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
+  // Before the last stage the output's gradient is in output_grad(), received before
+  // (pipe_exchange).
 
   // wte's gradient goes to the step-long buffer on both stages that hold it; the engine's wte
   // gradient receives the exchanged sum once, on the last micro-batch.
@@ -220,38 +231,90 @@ void GptTrainer::stage_backward(bool last_micro) {
     commit_grads(u, G, unit_grads_);
     engine_->reduce(u);
   }
-  // Before the tied exchange: the previous stage may be waiting for this gradient.
-  if (!s.first())
-    ps.grad_send = pipe.send_async(model_->output_grad(), model_->boundary_elements(), ops_->dtype(), s.stage - 1);
   if (s.first()) model_->backward_embeddings(ge);
   if (ps.emb >= 0) {
     if (last_micro) {
-      // Both stages end up with mine + theirs, the same sum in the same fp32 (or bf16) rounding
-      // (addition commutes), so the two copies of wte get the same update.
-      const std::size_t n = tied_elements();
-      const zero::CommSiteScope tied_site("pipeline tied wte gradient");
-      const int peer = s.first() ? s.stages - 1 : 0;
-      zero::Work r = pipe.recv_async(ps.tied_peer.as<void>(), n, ops_->dtype(), peer);
-      zero::Work w = pipe.send_async(ps.tied.as<void>(), n, ops_->dtype(), peer);
-      r.wait();
-      w.wait();
-      ops_->residual_forward(ps.tied.as<Act>(), ps.tied.as<Act>(), ps.tied_peer.as<Act>(), n);
-      ops_->residual_forward(engine_wte, engine_wte, ps.tied.as<Act>(), n);
+      // Committed by exchange_tied, after the step's last transfers: the last stage's input
+      // gradient must be on its way first, or the first stage never reaches the exchange.
+      ps.emb_grads = std::move(GE);
+      ps.engine_wte = engine_wte;
+      return;
     }
     commit_grads(ps.emb, *GE, emb_grads_);
     engine_->reduce(ps.emb);
   }
 }
 
+void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
+  PipelineState& ps = *pipe_;
+  const StageSplit& s = ps.split;
+  zero::Communicator& pipe = pipe_comm();
+  const int slots = model_->part().slots;
+  // A training micro-batch's boundary (model_->boundary_elements() once set_batch has run: a
+  // receive may come before the op's set_batch, the step's first before any).
+  const std::size_t n = static_cast<std::size_t>(micro_batch_) * settings_.model.seq_len * settings_.model.n_embd;
+  for (const std::vector<PipeTransfer>& group : pipe_transfers(s.stages, s.stage, done, next)) {
+    // A gradient is sent from and received into the buffer the last one was sent from; waited
+    // here, before the group opens (an activation's slot was waited before its forward).
+    for (const PipeTransfer& t : group)
+      if (!t.activation) ps.grad_send.wait();
+    std::vector<zero::Work> recvs;
+    zero::CommGroup g(pipe);
+    for (const PipeTransfer& t : group) {
+      const zero::CommSiteScope site(t.activation ? "pipeline forward" : "pipeline backward");
+      const int slot = t.micro % slots;
+      model_->set_slot(slot);  // the activations' buffers are the micro-batch's slot's
+      if (t.send && t.activation)
+        ps.act_sends[static_cast<std::size_t>(slot)] = pipe.send_async(model_->stage_output(), n, ops_->dtype(), t.peer);
+      else if (t.send)
+        ps.grad_send = pipe.send_async(model_->output_grad(), n, ops_->dtype(), t.peer);
+      else
+        recvs.push_back(pipe.recv_async(t.activation ? model_->stage_input() : model_->output_grad(), n,
+                                        ops_->dtype(), t.peer));
+    }
+    g.end();
+    for (zero::Work& w : recvs) w.wait();
+  }
+}
+
+void GptTrainer::exchange_tied() {
+  PipelineState& ps = *pipe_;
+  const StageSplit& s = ps.split;
+  zero::Communicator& pipe = pipe_comm();
+  // Both stages end up with mine + theirs, the same sum in the same fp32 (or bf16) rounding
+  // (addition commutes), so the two copies of wte get the same update.
+  const std::size_t n = tied_elements();
+  {
+    const zero::CommSiteScope tied_site("pipeline tied wte gradient");
+    const int peer = s.first() ? s.stages - 1 : 0;
+    // One group: on NCCL a receive and a send with one peer, issued apart, wait for each other.
+    zero::CommGroup group(pipe);
+    zero::Work r = pipe.recv_async(ps.tied_peer.as<void>(), n, ops_->dtype(), peer);
+    zero::Work w = pipe.send_async(ps.tied.as<void>(), n, ops_->dtype(), peer);
+    group.end();
+    r.wait();
+    w.wait();
+  }
+  ops_->residual_forward(ps.tied.as<Act>(), ps.tied.as<Act>(), ps.tied_peer.as<Act>(), n);
+  ops_->residual_forward(ps.engine_wte, ps.engine_wte, ps.tied.as<Act>(), n);
+  commit_grads(ps.emb, *ps.emb_grads, emb_grads_);
+  engine_->reduce(ps.emb);
+  ps.emb_grads.reset();
+}
+
 GptTrainer::Step GptTrainer::pipeline_train_step() {
   PipelineState& ps = *pipe_;
   const StageSplit& s = ps.split;
-  zero::Communicator& pipe = groups_->pipeline();
   const int T = settings_.model.seq_len;
   model_->reset_loss_total();
   if (ps.tied.bytes() > 0) ops_->fill_zero(ps.tied.as<void>(), ps.tied.bytes());
   ps.in_flight = 0;
-  for (const PipeOp& op : one_f_one_b(s.stages, s.stage, gas_)) {
+  const std::vector<PipeOp> ops = one_f_one_b(s.stages, s.stage, gas_);
+  for (std::size_t i = 0; i <= ops.size(); ++i) {
+    // The previous op's send and this op's receive.
+    pipe_exchange(i > 0 ? &ops[i - 1] : nullptr, i < ops.size() ? &ops[i] : nullptr);
+    if (i == ops.size()) break;
+    const PipeOp& op = ops[i];
     const int slot = op.micro % model_->part().slots;
     model_->set_slot(slot);
     if (op.forward) {
@@ -260,17 +323,13 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
       train_loader_->next(inputs_.data(), targets_.data());
       model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
       stage_forward();
-      if (!s.last()) {
-        const zero::CommSiteScope site("pipeline forward");
-        ps.act_sends[static_cast<std::size_t>(slot)] =
-            pipe.send_async(model_->stage_output(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
-      }
       ps.peak_in_flight = std::max(ps.peak_in_flight, ++ps.in_flight);
     } else {
       stage_backward(op.micro == gas_ - 1);
       --ps.in_flight;
     }
   }
+  if (ps.emb >= 0) exchange_tied();
   for (auto& w : ps.act_sends) w.wait();
   ps.grad_send.wait();
   Step st;
@@ -286,11 +345,12 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
 // passed on (blocking: the next stage is already waiting for it, or soon will be).
 void GptTrainer::pipeline_forward_only() {
   const StageSplit& s = pipe_->split;
+  zero::Communicator& pipe = pipe_comm();
+  const std::size_t n = model_->boundary_elements();
+  const zero::CommSiteScope site("pipeline forward");
+  if (!s.first()) pipe.recv(model_->stage_input(), n, ops_->dtype(), s.stage - 1);
   stage_forward();
-  if (!s.last()) {
-    const zero::CommSiteScope site("pipeline forward");
-    groups_->pipeline().send(model_->stage_output(), model_->boundary_elements(), ops_->dtype(), s.stage + 1);
-  }
+  if (!s.last()) pipe.send(model_->stage_output(), n, ops_->dtype(), s.stage + 1);
 }
 
 GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {

@@ -14,14 +14,21 @@
 // remaining backwards, over the m = gradient_accumulation_steps micro-batches. A stage holds at
 // most min(P - s, m) micro-batches' activations at once (the model's slots). Activations go to
 // the next stage and their gradients to the previous one point to point over the pipeline
-// group; sends are asynchronous and waited before their buffer is reused, receives block, which
-// cannot deadlock: a stage's receive depends only on earlier forwards of earlier stages or
-// earlier backwards of later stages. The idle fraction of the schedule (the bubble) is
+// group; sends are asynchronous and waited before their buffer is reused, receives are waited
+// before the op that needs them, which cannot deadlock: a stage's receive depends only on
+// earlier forwards of earlier stages or earlier backwards of later stages. On NCCL a send
+// completes only when its receive runs, in the order each rank issued its calls: there, a
+// stage in the steady state sending an activation on while the next stage sends a gradient
+// back would wait on each other. So between two ops a stage issues the send the first one
+// produced and the receive the second one needs as one group (CommGroup) when they are with the
+// same peer, as Megatron-LM's send_forward_recv_backward does (pipe_transfers), and the tied
+// wte exchange is one group. The idle fraction of the schedule (the bubble) is
 // (P - 1) / (m + P - 1).
 //
 // The engine runs over the data-parallel group (ProcessGroups); ranks of one pipeline read the
-// same batches (the data loader's rank is the data-parallel coordinate). ZeRO stages 0 and 1
-// only, on the host backend.
+// same batches (the data loader's rank is the data-parallel coordinate). The transfers go over
+// the engine's device communicator of the pipeline group on CUDA (Engine::device_comm), over
+// the group itself on the host. ZeRO stages 0 and 1 only.
 //
 // With tensor parallelism T as well (ProcessGroups(ctx, {T, P})), each stage is cut T ways as
 // tensor_parallel.hpp cuts the whole model, and the pipeline group joins the ranks of the same
@@ -31,6 +38,8 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +47,7 @@
 #include "gpt/gpt_model.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
+#include "zero/engine.hpp"
 #include "zero/layout.hpp"
 
 namespace zero::gpt {
@@ -61,6 +71,22 @@ struct PipeOp {
 // Stage `stage`'s 1F1B order over m micro-batches (forwards and backwards each in increasing
 // micro-batch order).
 std::vector<PipeOp> one_f_one_b(int stages, int stage, int micro_batches);
+// A point-to-point transfer of the activation (forward) or the gradient of micro-batch `micro`,
+// sent to or received from stage `peer`.
+struct PipeTransfer {
+  bool send = false;
+  bool activation = true;
+  int micro = 0;
+  int peer = 0;
+  bool operator==(const PipeTransfer&) const = default;
+};
+// What stage `stage` issues between two of its ops (done: null before the first; next: null
+// after the last): the send `done` produced (an activation to stage + 1, an input gradient to
+// stage - 1), then the receive `next` needs, in groups issued in order. The two are one group
+// when they are with the same peer (the 1F1B steady state: on NCCL, apart, both stages would
+// wait for their sends), else one group each, the send first: a receive and a send of one
+// buffer are then never in flight together (the output gradient, between two backwards).
+std::vector<std::vector<PipeTransfer>> pipe_transfers(int stages, int stage, const PipeOp* done, const PipeOp* next);
 // The most micro-batches whose activations stage `stage` holds at once under 1F1B.
 inline int in_flight_bound(int stages, int stage, int micro_batches) {
   return stages - stage < micro_batches ? stages - stage : micro_batches;
@@ -76,8 +102,7 @@ inline double bubble_fraction(int stages, int micro_batches) {
 // "embeddings", cut by vocabulary like the first stage's.
 zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel = 1);
 
-// Refuses what pipeline parallelism does not support, with the reason: ZeRO stages 2 and 3, the
-// CUDA backend.
+// Refuses what pipeline parallelism does not support, with the reason: ZeRO stages 2 and 3.
 void check_pipeline_config(const zero::Config& cfg, int pipeline);
 
 // A stage's figures for the log and the tests.
@@ -100,8 +125,15 @@ struct PipelineState {
   int emb = -1, lnf = -1;  // engine unit ids (-1: not on this stage)
   std::vector<int> blocks;  // engine unit of block first_layer + i
   OpsBuffer tied, tied_peer;  // wte's gradient over the step, this stage's and the other's
+  // The pipeline group's communicator for device memory (Engine::device_comm; null on the host
+  // backend). Before the Works below, which are waited on as they go.
+  std::unique_ptr<zero::Communicator> device_comm;
   std::vector<zero::Work> act_sends;  // per slot: the activation sent on
   zero::Work grad_send;               // the last input gradient sent back
+  // The last micro-batch's embedding gradients on the end stages, committed once the tied wte
+  // gradients are exchanged (after the step's last transfers).
+  std::optional<zero::UnitGrads> emb_grads;
+  Act* engine_wte = nullptr;  // where the engine wants wte's gradient (emb_grads_ before the swap)
   int in_flight = 0, peak_in_flight = 0;
 };
 

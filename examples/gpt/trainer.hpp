@@ -186,8 +186,12 @@ class GptTrainer {
   ModelPart pipeline_part() const;
   void setup_pipeline_buffers();
   std::size_t tied_elements() const;  // this rank's rows of wte, padded vocabulary included
+  zero::Communicator& pipe_comm();     // the pipeline group's, for the Ops' memory
   void stage_forward();                // this stage's forward of the current slot
   void stage_backward(bool last_micro);
+  // The transfers between two ops of the stage's schedule (pipe_transfers), receives waited.
+  void pipe_exchange(const PipeOp* done, const PipeOp* next);
+  void exchange_tied();  // after the step's last transfers: the tied wte gradients, committed
   void pipeline_forward_only();
   Step pipeline_train_step();
   Evaluation pipeline_evaluate();

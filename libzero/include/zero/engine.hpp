@@ -237,6 +237,14 @@ class Engine {
   // The host backend has no streams and accepts only null.
   void set_stream(void* stream);
   void* stream() const;
+  // Collective over `group`'s ranks (a host communicator over some of the job's ranks, e.g.
+  // ProcessGroups::pipeline()): a communicator of the same ranks for buffers in the backend's
+  // memory, for the loop's own transfers (a pipeline's activations). With backend: cuda one of
+  // the backend's kind (NCCL, or MPI-staged for comm: mpi) on the engine's streams, so
+  // Work::wait() orders stream() as the engine's own collectives do; its traffic is counted on
+  // `group`. On the host backend null: `group` itself moves host memory. It must not outlive
+  // the engine.
+  std::unique_ptr<Communicator> device_comm(Communicator& group);
 
   float loss_scale() const;  // multiply the loss (the backward's seed gradient) by this
   const Layout& layout() const;

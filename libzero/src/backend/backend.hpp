@@ -161,8 +161,9 @@ class Backend {
 
   virtual Communicator& comm() = 0;
   // A communicator for this backend's memory over the ranks of `group`: a host (MPI)
-  // communicator over some of comm()'s ranks (hpZ's and MiCS's groups, made by
-  // MpiCommunicator::split), which must outlive the result and keeps counting its traffic and
+  // communicator over some of the job's ranks (hpZ's and MiCS's groups, made by
+  // MpiCommunicator::split, or a pipeline group, Engine::device_comm), each with a backend of
+  // this kind; `group` must outlive the result and keeps counting its traffic and
   // checking its collectives. Device backends build one of their own kind over those ranks (NCCL
   // bootstrapped over `group`, or MPI-staged); null on the host backend, whose memory `group`
   // reaches as it is.

@@ -148,6 +148,7 @@ Backend& engine_backend(Engine& e) { return e.impl_->backend(); }
 
 void Engine::set_stream(void* stream) { impl_->backend().set_compute_stream(stream); }
 void* Engine::stream() const { return impl_->backend().compute_stream(); }
+std::unique_ptr<Communicator> Engine::device_comm(Communicator& group) { return impl_->backend().group_comm(group); }
 void Engine::set_eval(bool on) { impl_->set_eval(on); }
 bool Engine::eval() const { return impl_->eval(); }
 float Engine::loss_scale() const { return impl_->loss_scale(); }

@@ -1,7 +1,10 @@
 // The GPT trainer's 1F1B schedule (examples/gpt/pipeline.hpp) on its own: the order of forwards
 // and backwards per stage, the activation bound, the layer split, and a simulation of the
 // stages' point-to-point transfers under the trainer's waiting rules showing that every receive
-// pairs with the matching send and that no combination of stages and micro-batches deadlocks.
+// pairs with the matching send and that no combination of stages and micro-batches deadlocks,
+// and a second one under NCCL's rules (a send waits for its receive, calls run in the order
+// issued, a group's together) showing that the trainer's groups (pipe_transfers, the tied
+// exchange) complete where the same calls issued one by one deadlock.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -142,4 +145,148 @@ TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's 
         REQUIRE(pc[static_cast<std::size_t>(s)] == ops[static_cast<std::size_t>(s)].size());
       }
     }
+}
+
+namespace {
+
+// One point-to-point call of a stage: kind 0 an activation, 1 its gradient, 2 the tied wte
+// gradient; n: how many calls of the same direction with the same peer the stage made before.
+struct Call {
+  bool send = false;
+  int kind = 0, micro = 0, peer = 0;
+  std::size_t n = 0;
+};
+using Groups = std::vector<std::vector<Call>>;
+
+// Stage s's calls over a step in the order it issues them, in its groups: the transfers between
+// its ops (pipe_transfers), then on the end stages the tied wte exchange (a receive and a send,
+// one group). grouped = false: every call on its own, as the trainer issued them before.
+Groups stage_calls(int P, int s, int m, bool grouped) {
+  const std::vector<PipeOp> ops = one_f_one_b(P, s, m);
+  Groups out;
+  auto add = [&](std::vector<Call> g) {
+    if (grouped) {
+      out.push_back(std::move(g));
+    } else {
+      for (const Call& c : g) out.push_back({c});
+    }
+  };
+  for (std::size_t i = 0; i <= ops.size(); ++i)
+    for (const auto& g : pipe_transfers(P, s, i > 0 ? &ops[i - 1] : nullptr, i < ops.size() ? &ops[i] : nullptr)) {
+      REQUIRE(!g.empty());
+      std::vector<Call> calls;
+      for (const PipeTransfer& t : g) calls.push_back({t.send, t.activation ? 0 : 1, t.micro, t.peer, 0});
+      add(calls);
+    }
+  if (P > 1 && (s == 0 || s == P - 1)) {
+    const int peer = s == 0 ? P - 1 : 0;
+    add({{false, 2, m - 1, peer, 0}, {true, 2, m - 1, peer, 0}});
+  }
+  std::vector<std::size_t> count(static_cast<std::size_t>(2 * P), 0);
+  for (auto& g : out)
+    for (Call& c : g) c.n = count[static_cast<std::size_t>(2 * c.peer + (c.send ? 1 : 0))]++;
+  return out;
+}
+
+// Runs the stages' calls as NCCL does: each rank issues its groups in order on one stream, and
+// NCCL's send and receive each wait for the other side (for messages larger than its buffers):
+// a call completes when the matching call of its peer (the k-th send from a to b meets the k-th
+// receive at b from a) is in the peer's current group, a group when all its calls have. Returns
+// false when no rank can move on (a deadlock). Matching calls must carry the same transfer.
+bool runs_as_nccl(const std::vector<Groups>& calls) {
+  const int P = static_cast<int>(calls.size());
+  struct Pos {
+    std::size_t group = 0, call = 0;
+  };
+  // where[s][2 * peer + send]: stage s's calls with peer in that direction, in order.
+  std::vector<std::vector<std::vector<Pos>>> where(static_cast<std::size_t>(P),
+                                                   std::vector<std::vector<Pos>>(static_cast<std::size_t>(2 * P)));
+  std::vector<std::vector<std::vector<bool>>> done(static_cast<std::size_t>(P));
+  for (int s = 0; s < P; ++s) {
+    const Groups& gs = calls[static_cast<std::size_t>(s)];
+    for (std::size_t g = 0; g < gs.size(); ++g) {
+      done[static_cast<std::size_t>(s)].emplace_back(gs[g].size(), false);
+      for (std::size_t c = 0; c < gs[g].size(); ++c)
+        where[static_cast<std::size_t>(s)][static_cast<std::size_t>(2 * gs[g][c].peer + (gs[g][c].send ? 1 : 0))]
+            .push_back({g, c});
+    }
+  }
+  std::vector<std::size_t> at(static_cast<std::size_t>(P), 0);  // each stage's current group
+  for (;;) {
+    bool progress = false;
+    for (int s = 0; s < P; ++s) {
+      const std::size_t g = at[static_cast<std::size_t>(s)];
+      if (g == calls[static_cast<std::size_t>(s)].size()) continue;
+      const auto& group = calls[static_cast<std::size_t>(s)][g];
+      for (std::size_t c = 0; c < group.size(); ++c) {
+        if (done[static_cast<std::size_t>(s)][g][c]) continue;
+        const Call& mine = group[c];
+        const auto& theirs =
+            where[static_cast<std::size_t>(mine.peer)][static_cast<std::size_t>(2 * s + (mine.send ? 0 : 1))];
+        INFO("stage " << s << (mine.send ? " sends" : " receives") << " transfer " << mine.kind << " of micro-batch "
+                      << mine.micro << " with stage " << mine.peer);
+        REQUIRE(mine.n < theirs.size());  // a call no other stage matches
+        const Pos q = theirs[mine.n];
+        const Call& other = calls[static_cast<std::size_t>(mine.peer)][q.group][q.call];
+        REQUIRE((other.kind == mine.kind && other.micro == mine.micro));
+        if (q.group != at[static_cast<std::size_t>(mine.peer)]) continue;
+        done[static_cast<std::size_t>(s)][g][c] = true;
+        done[static_cast<std::size_t>(mine.peer)][q.group][q.call] = true;
+        progress = true;
+      }
+    }
+    bool finished = true;
+    for (int s = 0; s < P; ++s) {
+      auto& g = at[static_cast<std::size_t>(s)];
+      while (g < calls[static_cast<std::size_t>(s)].size() &&
+             std::all_of(done[static_cast<std::size_t>(s)][g].begin(), done[static_cast<std::size_t>(s)][g].end(),
+                         [](bool d) { return d; })) {
+        ++g;
+        progress = true;
+      }
+      finished = finished && g == calls[static_cast<std::size_t>(s)].size();
+    }
+    if (finished) return true;
+    if (!progress) return false;
+  }
+}
+
+std::vector<Groups> all_calls(int P, int m, bool grouped) {
+  std::vector<Groups> calls;
+  for (int s = 0; s < P; ++s) calls.push_back(stage_calls(P, s, m, grouped));
+  return calls;
+}
+
+}  // namespace
+
+TEST_CASE("between two ops a stage sends what the first made and receives what the second needs") {
+  // P = 4, stage 1: forward 2 then backward 0 (the steady state): one group with stage 2.
+  const PipeOp f2{true, 2}, b0{false, 0}, b1{false, 1}, f3{true, 3};
+  REQUIRE(pipe_transfers(4, 1, &f2, &b0) ==
+          std::vector<std::vector<PipeTransfer>>{{{true, true, 2, 2}, {false, false, 0, 2}}});
+  // Backward 0 then forward 3: one group with stage 0.
+  REQUIRE(pipe_transfers(4, 1, &b0, &f3) ==
+          std::vector<std::vector<PipeTransfer>>{{{true, false, 0, 0}, {false, true, 3, 0}}});
+  // Two backwards (the cool-down): peers differ, and the output gradient's buffer is sent from
+  // and then received into, so two groups, the send first.
+  REQUIRE(pipe_transfers(4, 1, &b0, &b1) ==
+          std::vector<std::vector<PipeTransfer>>{{{true, false, 0, 0}}, {{false, false, 1, 2}}});
+  // The first stage receives no activation, the last sends none; nothing before the first op
+  // of the first stage, only the last send after the last op.
+  REQUIRE(pipe_transfers(4, 0, nullptr, &f2).empty());
+  REQUIRE(pipe_transfers(4, 3, &f2, &b0).empty());
+  REQUIRE(pipe_transfers(4, 2, &b1, nullptr) == std::vector<std::vector<PipeTransfer>>{{{true, false, 1, 1}}});
+}
+
+TEST_CASE("on NCCL the grouped transfers complete; issued one by one, the steady state deadlocks") {
+  for (int P = 2; P <= 6; ++P)
+    for (int m = 1; m <= 9; ++m) {
+      INFO("P " << P << ", m " << m);
+      REQUIRE(runs_as_nccl(all_calls(P, m, true)));
+    }
+  // The trainer's calls before they were grouped: two stages each sending (an activation on, a
+  // gradient back) wait for each other, as does the tied exchange's receive on both end stages.
+  CHECK(!runs_as_nccl(all_calls(2, 2, false)));
+  CHECK(!runs_as_nccl(all_calls(4, 8, false)));
+  CHECK(!runs_as_nccl(all_calls(3, 1, false)));  // no steady state; the tied receives wait for each other
 }
