@@ -5,9 +5,11 @@ An uninterrupted run gives the reference losses. A second run with the same sett
 SIGUSR1 on rank 1 only, once it has logged a few steps: every rank must stop after the same
 step S, save a checkpoint of step S, say how to resume, and exit with status 75. Resuming from
 that checkpoint must then log, for every step after S, exactly the reference's loss. Optional
-settings for both runs (model.tensor_parallel=2: the two ranks one tensor group) follow.
+settings for both runs (model.tensor_parallel=2: the two ranks one tensor group) follow;
+--signal-ranks=0,1 signals both ranks instead, as mpirun and srun forward a signal. Each
+signalled rank's stop message must be a whole line of its own in the merged log.
 
-    gpt_preempt.py MPIEXEC "FLAGS;..." ZERO_GPT CONFIG WORKDIR [KEY=VALUE ...]
+    gpt_preempt.py MPIEXEC "FLAGS;..." ZERO_GPT CONFIG WORKDIR [--signal-ranks=R,...] [KEY=VALUE ...]
 """
 import json
 import os
@@ -19,7 +21,14 @@ import sys
 import time
 
 mpiexec, flags, exe, config, work = sys.argv[1], sys.argv[2].split(";"), sys.argv[3], sys.argv[4], sys.argv[5]
-settings = [a for kv in sys.argv[6:] for a in ("--set", kv)]
+extra = sys.argv[6:]
+signal_ranks = [1]
+if extra and extra[0].startswith("--signal-ranks="):
+    signal_ranks = [int(r) for r in extra.pop(0).split("=", 1)[1].split(",")]
+settings = [a for kv in extra for a in ("--set", kv)]
+STOP_TEXT = ("SIGUSR1 received: the job stops after the current step on every rank, with a checkpoint if the loop "
+             "saves one (if a rank is gone, the collective deadline ends the job instead); signal again to end "
+             "this process now, unsaved")
 STEPS = 60
 EXIT_STOPPED = 75
 shutil.rmtree(work, ignore_errors=True)
@@ -83,22 +92,33 @@ run_dir = os.path.join(work, "preempted")
 log = open(os.path.join(work, "preempted.log"), "w+")
 proc = subprocess.Popen(command(run_dir), stdout=log, stderr=subprocess.STDOUT, text=True)
 deadline = time.time() + 120
-target = None
+targets = {}
 while time.time() < deadline and proc.poll() is None:
-    if target is None:
-        target = rank_pid(proc.pid, 1)
-    if target is not None and len(losses(run_dir)) >= 3:
-        os.kill(target, signal.SIGUSR1)
+    for r in signal_ranks:
+        if targets.get(r) is None:
+            targets[r] = rank_pid(proc.pid, r)
+    if None not in targets.values() and len(losses(run_dir)) >= 3:
+        for r in signal_ranks:
+            os.kill(targets[r], signal.SIGUSR1)
         break
     time.sleep(0.01)
 else:
     proc.kill()
-    sys.exit(f"the run ended or stalled before it could be signalled (rank 1 pid {target})")
+    sys.exit(f"the run ended or stalled before it could be signalled (rank pids {targets})")
 rc = proc.wait(timeout=120)
 log.seek(0)
 output = log.read()
 if rc != EXIT_STOPPED:
     sys.exit(f"the signalled run exited with {rc}, expected {EXIT_STOPPED}:\n{output}")
+# The handler's message, whole and ending its line: not cut, nothing glued after it. (Another
+# rank's output may have left a line open before it; that is the launcher's interleaving.)
+for r in signal_ranks:
+    line = f"[rank {r}/2] {STOP_TEXT}"
+    whole = [l for l in output.splitlines() if l.endswith(line)]
+    if len(whole) != 1:
+        sys.exit(f"rank {r}'s stop message is not a whole line ending {line!r}:\n{output}")
+if output.count("received: the job stops") != len(signal_ranks):
+    sys.exit(f"expected {len(signal_ranks)} stop message(s):\n{output}")
 m = re.search(r"^stopped by .* after step (\d+) of (\d+); checkpoint in (\S+); resume with[^\n]*:\n  (.+ --resume)$",
               output, re.M)
 if not m:
@@ -111,7 +131,7 @@ with open(os.path.join(checkpoints, "latest")) as f:
     latest = f.read().strip()
 if latest != f"step_{stopped:08d}" or m.group(3) != checkpoints:
     sys.exit(f"latest checkpoint {latest} in {m.group(3)}, expected step_{stopped:08d} in {checkpoints}")
-print(f"SIGUSR1 on rank 1: both ranks stopped after step {stopped}, exit status {rc}, {latest} saved")
+print(f"SIGUSR1 on rank(s) {signal_ranks}: both ranks stopped after step {stopped}, exit status {rc}, {latest} saved")
 
 resumed = subprocess.run(command(run_dir, "--resume"), capture_output=True, text=True, timeout=240)
 if resumed.returncode != 0:

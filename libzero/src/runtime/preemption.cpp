@@ -3,7 +3,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <string>
@@ -22,8 +21,17 @@ constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 volatile std::sig_atomic_t g_received = 0;
 bool g_installed = false;
 struct sigaction g_previous[std::size(kSignals)];
-char g_message[256];
-std::size_t g_message_size = 0;
+
+// The line the handler writes, one per signal, prepared whole before the handlers are installed
+// and written with one write(2), so that two ranks' lines sharing a terminal or a log do not
+// interleave. It says what the library does (the loop decides about the checkpoint).
+constexpr char kText[] =
+    "the job stops after the current step on every rank, with a checkpoint if the loop saves one (if a rank is "
+    "gone, the collective deadline ends the job instead); signal again to end this process now, unsaved\n";
+// Room for the rank prefix ("[rank 2147483647/2147483647] ") and "SIGUSR1 received: ".
+constexpr std::size_t kMessageBytes = sizeof kText + 64;
+char g_message[std::size(kSignals)][kMessageBytes];
+std::size_t g_message_size[std::size(kSignals)] = {};
 
 extern "C" void on_stop_signal(int signo) {
   if (g_received != 0) {
@@ -33,7 +41,9 @@ extern "C" void on_stop_signal(int signo) {
     return;
   }
   g_received = signo;
-  const ssize_t ignored = ::write(STDERR_FILENO, g_message, g_message_size);
+  std::size_t i = 0;
+  while (i + 1 < std::size(kSignals) && kSignals[i] != signo) ++i;
+  const ssize_t ignored = ::write(STDERR_FILENO, g_message[i], g_message_size[i]);
   (void)ignored;  // nothing to do about a failed write inside a handler
 }
 
@@ -42,14 +52,14 @@ extern "C" void on_stop_signal(int signo) {
 StopSignal::StopSignal() {
   ZERO_CHECK(!g_installed, "StopSignal: one is already installed in this process; keep a single "
                            "StopSignal for the whole training loop");
-  const std::string msg = rank_prefix() +
-                          "stop requested by a signal: the job stops after the current step and "
-                          "saves a checkpoint if every rank reaches it (send the signal again to end "
-                          "this process now). If a rank has died instead, mpirun or srun sends this "
-                          "signal to the others: they end without a save, and --resume starts from "
-                          "the last checkpoint\n";
-  g_message_size = std::min(msg.size(), sizeof g_message);
-  std::memcpy(g_message, msg.data(), g_message_size);
+  const char* const names[] = {"SIGTERM", "SIGINT", "SIGUSR1"};
+  static_assert(std::size(names) == std::size(kSignals));
+  for (std::size_t i = 0; i < std::size(kSignals); ++i) {
+    const std::string msg = rank_prefix() + names[i] + " received: " + kText;
+    ZERO_CHECK(msg.size() <= kMessageBytes, "StopSignal: the stop message does not fit its buffer");
+    std::memcpy(g_message[i], msg.data(), msg.size());
+    g_message_size[i] = msg.size();
+  }
   g_received = 0;
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;

@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <string>
+
 #include "zero/preemption.hpp"
 
 namespace {
@@ -77,4 +79,35 @@ TEST_CASE("the previous handlers come back, and one StopSignal at a time", "[pre
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(zero::kExitStopped == 75);
+}
+
+TEST_CASE("the stop message is written whole, in one line per signal", "[preemption]") {
+  const struct {
+    int signo;
+    const char* name;
+  } cases[] = {{SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGUSR1, "SIGUSR1"}};
+  for (const auto& c : cases) {
+    INFO(c.name);
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const int status = in_child([&] {
+      ::close(fds[0]);
+      if (::dup2(fds[1], STDERR_FILENO) < 0) return 16;
+      zero::StopSignal stop;
+      ::raise(c.signo);
+      return 0;
+    });
+    ::close(fds[1]);
+    std::string text;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    // Not cut: the whole sentence, ending with its newline, and nothing else.
+    CHECK(text == std::string(c.name) +
+                      " received: the job stops after the current step on every rank, with a checkpoint if the "
+                      "loop saves one (if a rank is gone, the collective deadline ends the job instead); signal "
+                      "again to end this process now, unsaved\n");
+  }
 }
