@@ -3,6 +3,7 @@
 // mismatched checkpoints reported with the file and the field, on every rank, without a hang.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -201,6 +202,44 @@ TEST_CASE("keep_last keeps the newest checkpoints; re-saving the latest step is 
   CHECK(e2->global_step() == 4);
   CHECK_THROWS_WITH(load_checkpoint(*e2, dir, "9"), Contains("step_00000009") && Contains("available"));
   CHECK_THROWS_WITH(load_checkpoint(*e2, dir, "newest"), Contains("neither"));
+  remove_dir(dir);
+}
+
+TEST_CASE("a model that diverged is not saved, and no finite checkpoint is pruned for it") {
+  std::string dir = shared_temp_dir("ckpt_diverged");
+  Case c;
+  c.stage = 2;
+  auto e = fresh_engine(c);
+  CheckpointOptions o;
+  o.keep_last = 2;
+  for (int s = 0; s < 2; ++s) {
+    train_step(*e, c);
+    save_checkpoint(*e, dir, {}, o);
+  }
+  // A rate past fp32's range: the next update leaves weights that are not finite, as a
+  // diverged run does (the loss follows).
+  e->set_lr(1e300);
+  train_step(*e, c);
+  bool finite = true;
+  for (int u = 0; u < e->layout().num_units(); ++u)
+    for (float v : e->full_master(u)) finite = finite && std::isfinite(v);
+  REQUIRE_FALSE(finite);
+  for (int s = 0; s < 3; ++s) {
+    CHECK_THROWS_WITH(save_checkpoint(*e, dir, {}, o),
+                      Contains("save_checkpoint: step " + std::to_string(3 + s) + " was not saved") &&
+                          Contains("which is not finite (the training diverged)") &&
+                          Contains("none is pruned"));
+    train_step(*e, c);
+  }
+  ctx().comm().barrier();
+  CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{1, 2});
+  CHECK(resolve_checkpoint(dir) == dir + "/step_00000002");
+  for (const auto& entry : fs::directory_iterator(dir))
+    CHECK(entry.path().filename().string().rfind(".tmp", 0) != 0);
+  auto e2 = make_engine(c);
+  load_checkpoint(*e2, dir);
+  CHECK(e2->global_step() == 2);
+  ctx().comm().barrier();
   remove_dir(dir);
 }
 

@@ -142,4 +142,45 @@ TEST_CASE("misuse gives clear errors") {
                           Catch::Contains("different initial values on different ranks"));
     }
   }
+  SECTION("a NaN initial value is reported as NaN, on every rank, not as a difference") {
+    Engine e(ctx, config("zero_optimization:\n  stage: 1\n"), make_layout());
+    auto nan_at_3 = [](const ParamInfo& p, std::span<float> v) {
+      for (std::size_t k = 0; k < v.size(); ++k) v[k] = 0.01f * static_cast<float>(k);
+      if (p.unit == "layer0" && p.name == "b") v[3] = std::numeric_limits<float>::quiet_NaN();
+    };
+    REQUIRE_THROWS_WITH(e.init_params(nan_at_3),
+                        Catch::Contains("parameter 'b' of unit 'layer0' has the initial value nan at index 3, which "
+                                        "is not finite") &&
+                            !Catch::Contains("different initial values"));
+  }
+  SECTION("a NaN on one rank only: that rank names it, the others point at it") {
+    if (ctx.world_size() > 1) {
+      Engine e(ctx, config("zero_optimization:\n  stage: 2\n"), make_layout());
+      const bool mine = ctx.rank() == 1;
+      auto init = [&](const ParamInfo& p, std::span<float> v) {
+        for (auto& x : v) x = 0.5f;
+        if (mine && p.unit == "head") v[5] = -std::numeric_limits<float>::infinity();
+      };
+      REQUIRE_THROWS_WITH(e.init_params(init),
+                          (mine ? Catch::Contains("parameter 'w' of unit 'head' has the initial value -inf at index 5")
+                                : Catch::Contains("unit 'head' got initial values that are not finite or out of range "
+                                                  "on 1 other rank(s)")) &&
+                              !Catch::Contains("different initial values"));
+    }
+  }
+  SECTION("a finite value the parameter dtype cannot hold") {
+    auto big_at_7 = [](const ParamInfo& p, std::span<float> v) {
+      for (auto& x : v) x = 0.25f;
+      if (p.unit == "embed" && p.name == "w") v[7] = 3e38f;
+    };
+    Engine f16(ctx, config("fp16:\n  enabled: true\n"), make_layout());
+    REQUIRE_THROWS_WITH(f16.init_params(big_at_7),
+                        Catch::Contains("parameter 'w' of unit 'embed' has the initial value 3e+38 at index 7, which "
+                                        "the run's fp16 parameters cannot hold"));
+    // fp32 holds it, and so does bf16 (its range is fp32's): both accept it.
+    Engine f32(ctx, config("zero_optimization:\n  stage: 1\n"), make_layout());
+    REQUIRE_NOTHROW(f32.init_params(big_at_7));
+    Engine b16(ctx, config("bf16:\n  enabled: true\n"), make_layout());
+    REQUIRE_NOTHROW(b16.init_params(big_at_7));
+  }
 }

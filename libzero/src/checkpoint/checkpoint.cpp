@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -57,7 +58,26 @@ std::string serialize(const ClientState& c) {
 // unit's real elements, read from the owned range (at stage 0 the owned range is the whole
 // unit, identical on every rank, so the slices still add up to one copy). The shard records its
 // grid position (tensor, pipeline), (0, 0) without a grid.
-ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step, int tensor, int pipeline) {
+// The first value of `section` (unit `u`'s slice from element `begin`, master then moments) that
+// is not finite, described; empty when all are.
+std::string first_unfinite(const UnitInfo& u, const float* section, std::int64_t begin, std::int64_t len, int moments) {
+  for (int k = 0; k <= moments; ++k)
+    for (std::int64_t j = 0; j < len; ++j) {
+      const float v = section[k * len + j];
+      if (std::isfinite(v)) continue;
+      const std::int64_t at = begin + j;
+      for (const auto& p : u.params)
+        if (at >= p.offset && at < p.offset + p.numel)
+          return fmt::format("{} of parameter '{}' in unit '{}' is {} at index {}",
+                             k == 0 ? std::string("the master weight") : fmt::format("optimizer moment {}", k), p.name,
+                             u.name, v, at - p.offset);
+    }
+  return {};
+}
+
+// Writes this rank's shard; `unfinite` describes its first value that is not finite, if any.
+ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_t step, int tensor, int pipeline,
+                            std::string& unfinite) {
   const int moments = e.optimizer_moments();
   std::vector<ckpt::ShardWriter::Range> ranges;
   for (int i = 0; i < e.layout().num_units(); ++i) {
@@ -81,6 +101,7 @@ ckpt::ShardMeta write_shard(EngineState& e, const std::string& path, std::int64_
         std::copy_n(owned.data() + (r.begin - u.begin), r.len,
                     section.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(r.len));
     }
+    if (unfinite.empty()) unfinite = first_unfinite(e.layout().unit(i), section.data(), r.begin, r.len, moments);
     w.add_section(section.data());
     if (i == 0) fail_point("mid_shard");
   }
@@ -304,17 +325,31 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   });
   try {
     ckpt::ShardMeta mine, mine_state;
+    std::string unfinite;
     const std::string state_kind = e.rank_state_kind();
     const bool rank_state = !state_kind.empty();
     agree(comm, [&] {
       // With MiCS the other groups hold the same slices: the first group's shards are the checkpoint.
       if (e.writes_shards()) {
-        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step, at.tensor, at.pipeline);
+        mine = write_shard(e, tmp + "/" + shard_name(at, e.rank()), st.step, at.tensor, at.pipeline, unfinite);
         if (rank_state)
           mine_state = ckpt::write_rank_state_file(tmp + "/" + ckpt::rank_state_file_name(e.rank()), e.rank_state());
       }
       fail_point("after_shard");
     });
+    // A model that diverged is not saved: it would become `latest` and, under keep_last, push
+    // the finite checkpoints out. Every rank learns whether any rank's slice held a NaN or an
+    // infinity, and all refuse together; the partial directory goes (below).
+    const double unfinite_ranks = comm.all_reduce_scalar(unfinite.empty() ? 0.0 : 1.0, ReduceOp::sum);
+    if (unfinite_ranks > 0)
+      ZERO_THROW(fmt::format("save_checkpoint: step {} was not saved: {}, which is not finite (the training diverged). "
+                             "`latest` and every earlier checkpoint in '{}' are kept, none is pruned; resume from the latest with a lower learning rate or gradient "
+                             "clipping",
+                             st.step,
+                             unfinite.empty() ? fmt::format("{} other rank(s) hold a value (their messages name it)",
+                                                            unfinite_ranks)
+                                              : unfinite,
+                             root));
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
     // Shard r's writer is data-parallel rank r (engine_state.hpp).
     std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size())), states;

@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -234,6 +235,17 @@ int config_int(const json::Field& f, const char* key, const char* alt = nullptr)
   return 0;
 }
 
+void check_finite(const std::string& path, const std::string& name, const float* v, std::size_t n, const char* order) {
+  // A NaN or an infinity would train on NaN from step 1; the engine would see it only as one
+  // unit's values, without the file and its tensor.
+  for (std::size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i]))
+      ZERO_THROW(fmt::format("model.init_from: tensor '{}' in '{}' holds {} at index {}{}, which is not finite; the "
+                             "file is damaged or the weights diverged: export them again from a checkpoint whose "
+                             "loss was finite",
+                             name, path, v[i], i, order));
+}
+
 }  // namespace
 
 Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
@@ -279,48 +291,28 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
   }
   File& F = *file_;
   F.fd = ckpt::Fd::open_read(file);
-  const std::uint64_t size = F.fd.size();
-  unsigned char len[8];
-  ZERO_CHECK(size >= 8, fmt::format("model.init_from: '{}' is too short for a safetensors file", file));
-  F.fd.pread_all(len, 8, 0);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-  ZERO_CHECK(n <= size - 8 && n <= (std::uint64_t{1} << 30),
-             fmt::format("model.init_from: '{}' is not a safetensors file (header length {} for {} bytes)", file, n,
-                         size));
-  std::string header(static_cast<std::size_t>(n), '\0');
-  F.fd.pread_all(header.data(), header.size(), 8);
-  F.data_start = 8 + n;
-  const json::Json doc = json::parse(header, file + " (safetensors header)");
-  const json::Field root(doc, file, "", "the file is not a valid safetensors file");
-  for (const auto& key : root.keys()) {
-    if (key == "__metadata__") continue;
-    const json::Field t = root.at(key);
-    std::string name = key;
+  // The format's own checks (header, every entry's fields, offsets that neither overlap nor
+  // leave gaps), then the trainer's: a dtype it reads, each name once.
+  safetensors::Contents contents = safetensors::read_header(F.fd);  // its errors name the file
+  F.data_start = contents.data_start;
+  for (auto& t : contents.tensors) {
+    std::string name = t.name;
     if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
     if (name == "lm_head.weight" || is_buffer(name)) {
-      F.skipped.push_back(key);
+      F.skipped.push_back(t.name);
       continue;
     }
     File::Tensor x;
-    const std::string& dt = t.at("dtype").str();
-    if (dt == "F32") x.dtype = DType::f32;
-    else if (dt == "BF16") x.dtype = DType::bf16;
-    else if (dt == "F16") x.dtype = DType::f16;
-    else t.at("dtype").fail("is not F32, BF16 or F16 (the types the trainer reads)");
-    const json::Field sh = t.at("shape");
-    std::uint64_t count = 1;
-    for (std::size_t i = 0; i < sh.size(); ++i) {
-      x.shape.push_back(sh[i].i64(0, INT64_MAX));
-      count *= static_cast<std::uint64_t>(x.shape.back());
-    }
-    const json::Field off = t.at("data_offsets");
-    x.begin = static_cast<std::uint64_t>(off[0].i64(0));
-    x.end = static_cast<std::uint64_t>(off[1].i64(0));
-    ZERO_CHECK(x.end >= x.begin && x.end - x.begin == count * dtype_size(x.dtype) && F.data_start + x.end <= size,
-               fmt::format("model.init_from: tensor '{}' in '{}' has data_offsets that do not match its shape or the "
-                           "file size; the file is damaged",
-                           key, file));
+    if (t.dtype == "F32") x.dtype = DType::f32;
+    else if (t.dtype == "BF16") x.dtype = DType::bf16;
+    else if (t.dtype == "F16") x.dtype = DType::f16;
+    else
+      ZERO_THROW(fmt::format("model.init_from: tensor '{}' in '{}' has dtype \"{}\", not F32, BF16 or F16 (the types "
+                             "the trainer reads)",
+                             escape_bytes(t.name), file, escape_bytes(t.dtype)));
+    x.shape = std::move(t.shape);
+    x.begin = t.begin;
+    x.end = t.end;
     ZERO_CHECK(F.tensors.emplace(name, std::move(x)).second,
                fmt::format("model.init_from: '{}' holds '{}' twice (with and without the transformer. prefix)", file,
                            name));
@@ -420,10 +412,12 @@ void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>&
   if (t.transposed) {
     std::vector<float> stored(have);
     convert(raw.data(), t.dtype, stored.data(), DType::f32, have);
+    check_finite(path_, name, stored.data(), have, " (as stored, before llm.c's transpose)");
     transpose(stored.data(), out.data(), t.shape[1], t.shape[0]);
     return;
   }
   convert(raw.data(), t.dtype, out.data(), DType::f32, have);
+  check_finite(path_, name, out.data(), have, "");
   std::fill(out.begin() + static_cast<std::ptrdiff_t>(have), out.end(), 0.0f);
 }
 

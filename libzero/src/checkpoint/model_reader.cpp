@@ -51,22 +51,8 @@ ModelReader::ModelReader(const std::string& step_dir) : dir_(step_dir) {
   std::map<std::string, std::size_t> unit_at;  // whole unit by name
   for (int p = 0; p < P; ++p) {
     const std::vector<UnitMeta>& first = readers_[static_cast<std::size_t>(T * p)]->meta().units;
-    // Every tensor rank of a stage holds the same units and parameters, its own part of each.
-    for (int t = 1; t < T; ++t) {
-      const std::vector<UnitMeta>& other = readers_[static_cast<std::size_t>(t + T * p)]->meta().units;
-      bool same = other.size() == first.size();
-      for (std::size_t u = 0; same && u < first.size(); ++u) {
-        same = other[u].name == first[u].name && other[u].params.size() == first[u].params.size();
-        for (std::size_t k = 0; same && k < first[u].params.size(); ++k) {
-          const ParamMeta &a = first[u].params[k], &b = other[u].params[k];
-          same = a.name == b.name && a.shape == b.shape && a.replicated == b.replicated &&
-                 a.split_axis == b.split_axis && a.split_blocks == b.split_blocks;
-        }
-      }
-      ZERO_CHECK(same, fmt::format("checkpoint '{}': the units of position (tensor {}, pipeline {}) differ from "
-                                   "those of tensor rank 0 at the same stage (names, shapes or splits); {}",
-                                   dir_, t, p, detail::kDamaged));
-    }
+    // Every tensor rank of a stage holds the same units and parameters, its own part of each:
+    // Metadata::parse refused any other grid (ckpt::position_disagreements).
     for (std::size_t u = 0; u < first.size(); ++u) {
       const UnitMeta& part = first[u];
       auto [it, fresh] = unit_at.try_emplace(part.name, meta_.units.size());

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,32 @@
 
 namespace zero {
 
+namespace {
+
+// The first initial value of `unit` the run cannot hold, described; empty when every value fits.
+// Not finite (NaN, an infinity), or beyond the parameter dtype's range: 3e38 is an fp32 value
+// but rounds to infinity in fp16, and would train on infinities from step 1.
+std::string first_unfit_value(const UnitInfo& unit, const std::vector<float>& full, DType dtype) {
+  for (const auto& p : unit.params)
+    for (std::int64_t k = 0; k < p.numel; ++k) {
+      const float v = full[static_cast<std::size_t>(p.offset + k)];
+      const bool finite = std::isfinite(v);
+      // Past fp16's largest value (65504) the rounding decides; below it every dtype holds v.
+      if (finite && (dtype == DType::f32 || std::fabs(v) <= 65504.0f || std::isfinite(round_to(dtype, v)))) continue;
+      const std::string where = fmt::format("parameter '{}' of unit '{}' has the initial value {} at index {}", p.name,
+                                            unit.name, v, k);
+      return finite ? fmt::format("{}, which the run's {} parameters cannot hold (it rounds to infinity); give "
+                                  "values within their range or train in fp32",
+                                  where, dtype_name(dtype))
+                    : fmt::format("{}, which is not finite; fix the initialiser, or the weights it reads "
+                                  "(model.init_from)",
+                                  where);
+    }
+  return {};
+}
+
+}  // namespace
+
 void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::span<float>)>& init) {
   std::vector<float> full;
   std::vector<char> staged;
@@ -30,6 +57,15 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
     // Every rank must start from the same values; a rank-dependent initialiser would train
     // silently different models. One scalar all-reduce per unit checks it.
     const CommSiteScope site("init_params", &layout_.unit(i).name);
+    // Before the comparison, which would read a NaN as a difference between ranks.
+    const std::string unfit = first_unfit_value(layout_.unit(i), full, dtype_);
+    const double unfit_ranks = all_ranks().all_reduce_scalar(unfit.empty() ? 0.0 : 1.0, ReduceOp::sum);
+    if (unfit_ranks > 0)
+      ZERO_THROW("init_params: " + (unfit.empty() ? fmt::format("unit '{}' got initial values that are not finite or "
+                                                                "out of range on {} other rank(s); their messages "
+                                                                "name the parameter",
+                                                                layout_.unit(i).name, unfit_ranks)
+                                                    : unfit));
     double sum = 0.0;
     for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
     double lo = -all_ranks().all_reduce_scalar(-sum, ReduceOp::max);
