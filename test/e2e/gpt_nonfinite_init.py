@@ -141,7 +141,8 @@ refused("safetensors file, +inf", os.path.join(work, "inf.safetensors"),
         ["tensor 'wpe.weight'", "holds inf at index 5, which is not finite"])
 
 write_llmc(os.path.join(work, "nan.bin"), with_value("ln_f.bias", 3, nan))
-refused("llm.c, NaN", os.path.join(work, "nan.bin"), ["tensor 'ln_f.bias'", "holds nan at index 3, which is not finite"])
+refused("llm.c, NaN", os.path.join(work, "nan.bin"),
+        ["tensor 'ln_f.bias'", "holds nan at index 3, which is not finite"])
 
 # A Conv1D matrix: the index is the file's, before the transpose ([C, 4C] stored [4C, C]).
 w = weights()
@@ -160,7 +161,8 @@ refused("HF directory, 1e5 in an fp16 run", os.path.join(work, "big_hf"),
 
 write_safetensors(os.path.join(work, "overlap.safetensors"), weights(), overlap=True)
 refused("safetensors file, overlapping tensors", os.path.join(work, "overlap.safetensors"),
-        [f"safetensors file '{os.path.join(work, 'overlap.safetensors')}'", "overlap: bytes [16636, 16640) belong to both"])
+        [f"safetensors file '{os.path.join(work, 'overlap.safetensors')}'",
+         "overlap: bytes [16636, 16640) belong to both"])
 
 if failures:
     sys.exit("gpt_nonfinite_init: FAIL:\n" + "\n\n".join(failures))

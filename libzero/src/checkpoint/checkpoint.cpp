@@ -343,8 +343,8 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     const double unfinite_ranks = comm.all_reduce_scalar(unfinite.empty() ? 0.0 : 1.0, ReduceOp::sum);
     if (unfinite_ranks > 0)
       ZERO_THROW(fmt::format("save_checkpoint: step {} was not saved: {}, which is not finite (the training diverged). "
-                             "`latest` and every earlier checkpoint in '{}' are kept, none is pruned; resume from the latest with a lower learning rate or gradient "
-                             "clipping",
+                             "`latest` and every earlier checkpoint in '{}' are kept, none is pruned; resume from "
+                             "the latest with a lower learning rate or gradient clipping",
                              st.step,
                              unfinite.empty() ? fmt::format("{} other rank(s) hold a value (their messages name it)",
                                                             unfinite_ranks)
