@@ -1,10 +1,9 @@
 #include "gpt/cuda_library.hpp"
 
-#include <fmt/format.h>
-
 #include <mutex>
 #include <string>
 
+#include "gpt/cuda_library_id.hpp"  // generated: ZERO_GPT_CUDA_ID
 #include "zero/error.hpp"
 #include "zero/util/library.hpp"
 
@@ -15,7 +14,12 @@ const GptCudaLibrary& gpt_cuda_library() {
   static std::string error;
   static std::once_flag once;
   std::call_once(once, [] {
-    const LibrarySymbol entry = find_library_symbol(ZERO_GPT_CUDA_FILE, "zero_gpt_cuda_library");
+    const LibrarySymbol entry =
+        find_library_entry(ZERO_GPT_CUDA_FILE, "zero_gpt_cuda_library", "zero_gpt_cuda_library_id", ZERO_GPT_CUDA_ID);
+    if (entry.other_build) {
+      error = entry.error + "; build it with this zero-gpt (building zero-gpt builds both) and install the two together";
+      return;
+    }
     if (entry.address == nullptr) {
       error = entry.error +
               ". It needs the CUDA runtime and cuBLASLt this build was made with: install them or add their "
@@ -23,12 +27,7 @@ const GptCudaLibrary& gpt_cuda_library() {
       return;
     }
     library = reinterpret_cast<const GptCudaLibrary* (*)()>(entry.address)();
-    if (library == nullptr || library->abi != kGptCudaAbi) {
-      error = fmt::format("{} is from another build of zero-gpt (interface version {}, this build's is {}): build or "
-                          "install it together with this zero-gpt",
-                          ZERO_GPT_CUDA_FILE, library ? fmt::format("{}", library->abi) : "unknown", kGptCudaAbi);
-      library = nullptr;
-    }
+    if (library == nullptr) error = std::string(ZERO_GPT_CUDA_FILE) + " gave no table";
   });
   ZERO_CHECK(library != nullptr,
              "zero-gpt: backend: cuda, but the GPT model's CUDA library " + error + ", or set backend: host");

@@ -3,8 +3,13 @@
 // then needs no CUDA library to start, and trains on the host backend where the CUDA runtime is
 // missing, as libzero does with its CUDA backend.
 //
-// The library exports one C function, zero_gpt_cuda_library(), which returns the table below.
-// Nothing here needs CUDA's headers.
+// The library exports two C functions: zero_gpt_cuda_library_id(), its interface id, and
+// zero_gpt_cuda_library(), which returns the table below. The id is a hash of the headers the
+// trainer and the library share (this table, the Ops interface whose objects make_ops returns,
+// virtual calls and all, and libzero's public headers), generated into gpt/cuda_library_id.hpp
+// (ZERO_GPT_CUDA_ID, cmake/ZeroInterfaceId.cmake) and compiled into both: a library from another
+// build is refused instead of called through a vtable of another shape. Nothing here needs
+// CUDA's headers.
 #pragma once
 
 #include <memory>
@@ -14,15 +19,7 @@
 
 namespace zero::gpt {
 
-// What the trainer and the library must agree on: this table and the Ops interface (ops.hpp)
-// whose objects make_ops returns, virtual calls and all. Bump it with any change to either, so
-// that a libzero_gpt_cuda from another build is refused instead of called through a vtable of
-// another shape. 2: Ops gained the tensor-parallel part calls (encoder_*_part,
-// cross_entropy_part_*).
-inline constexpr int kGptCudaAbi = 2;
-
 struct GptCudaLibrary {
-  int abi = kGptCudaAbi;
   // make_cuda_ops (cuda/cuda_ops.hpp); `stream` is a cudaStream_t.
   std::unique_ptr<Ops> (*make_ops)(void* stream) = nullptr;
   // The current device's name and memory in bytes; false when they cannot be read.
@@ -36,4 +33,5 @@ const GptCudaLibrary& gpt_cuda_library();
 }  // namespace zero::gpt
 
 // Defined in libzero_gpt_cuda (cuda/library.cpp), looked up by name.
+extern "C" const char* zero_gpt_cuda_library_id();
 extern "C" const zero::gpt::GptCudaLibrary* zero_gpt_cuda_library();

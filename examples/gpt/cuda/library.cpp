@@ -3,6 +3,7 @@
 
 #include "gpt/cuda/cuda_ops.hpp"
 #include "gpt/cuda_library.hpp"
+#include "gpt/cuda_library_id.hpp"  // generated: ZERO_GPT_CUDA_ID
 
 namespace {
 
@@ -22,8 +23,9 @@ bool current_device(std::string* name, double* bytes) {
   return true;
 }
 
-const zero::gpt::GptCudaLibrary kLibrary{zero::gpt::kGptCudaAbi, make_ops, current_device};
+const zero::gpt::GptCudaLibrary kLibrary{make_ops, current_device};
 
 }  // namespace
 
+extern "C" const char* zero_gpt_cuda_library_id() { return ZERO_GPT_CUDA_ID; }
 extern "C" const zero::gpt::GptCudaLibrary* zero_gpt_cuda_library() { return &kLibrary; }

@@ -3,8 +3,11 @@
 // library, so a CUDA build runs host-backend jobs on machines without the CUDA runtime, and a
 // missing runtime is reported as one error that names the library and the loader's reason.
 //
-// libzero_cuda exports one C function, zero_cuda_plugin(), which returns the table below; the
-// table's abi number guards against a libzero_cuda from another build of libzero.
+// libzero_cuda exports two C functions: zero_cuda_plugin_id(), its interface id, and
+// zero_cuda_plugin(), which returns the table below. The id is a hash of the headers libzero and
+// the plugin share, generated into backend/cuda_plugin_id.hpp (ZERO_CUDA_PLUGIN_ID,
+// cmake/ZeroInterfaceId.cmake) and compiled into both; the factory calls nothing else of a
+// libzero_cuda whose id differs from its own (a plugin from another build of libzero).
 #pragma once
 
 #include <memory>
@@ -15,12 +18,9 @@ class Backend;
 class Context;
 struct Config;
 
-inline constexpr int kCudaPluginAbi = 2;
-
 class Communicator;
 
 struct CudaPlugin {
-  int abi = kCudaPluginAbi;
   // The CUDA backend over the ranks of a host communicator (cuda/cuda_backend.hpp); throws
   // zero::Error as make_cuda_backend does.
   std::unique_ptr<Backend> (*make_backend)(Context& ctx, const Config& cfg, Communicator& ranks) = nullptr;
@@ -36,4 +36,5 @@ int cuda_device_for_local_rank(int local_rank);
 }  // namespace zero
 
 // Defined in libzero_cuda (cuda/plugin.cpp), looked up by name with dlsym.
+extern "C" const char* zero_cuda_plugin_id();
 extern "C" const zero::CudaPlugin* zero_cuda_plugin();

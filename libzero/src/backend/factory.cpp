@@ -4,10 +4,11 @@
 #include <mutex>
 #include <string>
 
-#include <fmt/format.h>
-
 #include "backend/backend.hpp"
 #include "backend/cuda_plugin.hpp"
+#if ZERO_WITH_CUDA
+#include "backend/cuda_plugin_id.hpp"  // generated: ZERO_CUDA_PLUGIN_ID
+#endif
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/error.hpp"
@@ -27,6 +28,7 @@ namespace {
 struct PluginLoad {
   const CudaPlugin* plugin = nullptr;
   std::string error;  // why it could not be loaded
+  bool other_build = false;
 };
 
 // Loaded once per process (never unloaded: its code may run until exit).
@@ -34,18 +36,15 @@ const PluginLoad& load_plugin() {
   static PluginLoad load;
   static std::once_flag once;
   std::call_once(once, [] {
-    const LibrarySymbol entry = find_library_symbol(ZERO_CUDA_PLUGIN_FILE, "zero_cuda_plugin");
+    const LibrarySymbol entry =
+        find_library_entry(ZERO_CUDA_PLUGIN_FILE, "zero_cuda_plugin", "zero_cuda_plugin_id", ZERO_CUDA_PLUGIN_ID);
     if (entry.address == nullptr) {
       load.error = entry.error;
+      load.other_build = entry.other_build;
       return;
     }
-    const CudaPlugin* plugin = reinterpret_cast<const CudaPlugin* (*)()>(entry.address)();
-    if (plugin == nullptr || plugin->abi != kCudaPluginAbi) {
-      load.error = fmt::format("{} is from another build of libzero (plug-in interface {}, this libzero needs {})",
-                               ZERO_CUDA_PLUGIN_FILE, plugin ? plugin->abi : -1, kCudaPluginAbi);
-      return;
-    }
-    load.plugin = plugin;
+    load.plugin = reinterpret_cast<const CudaPlugin* (*)()>(entry.address)();
+    if (load.plugin == nullptr) load.error = std::string(ZERO_CUDA_PLUGIN_FILE) + " gave no plug-in table";
   });
   return load;
 }
@@ -76,6 +75,10 @@ std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communica
                      "parameters yet (only the optimizer state); set offload_param.device: none, or use "
                      "offload_optimizer.device: cpu / nvme");
   const PluginLoad& load = load_plugin();
+  ZERO_CHECK(load.plugin != nullptr || !load.other_build,
+             where + ": backend: cuda, but the CUDA backend's library " + load.error +
+                 ". Build it with this libzero (cmake --build, or building a program that loads it, builds both) "
+                 "and install the two together, or set backend: host");
   ZERO_CHECK(load.plugin != nullptr,
              where + ": backend: cuda, but the CUDA backend's library " + load.error +
                  ". It needs the CUDA runtime, cuBLASLt and NCCL libraries this libzero was built with: install "

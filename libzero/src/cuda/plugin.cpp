@@ -2,6 +2,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda_plugin.hpp"
+#include "backend/cuda_plugin_id.hpp"  // generated: ZERO_CUDA_PLUGIN_ID
 #include "cuda/cuda_backend.hpp"
 
 namespace {
@@ -15,8 +16,9 @@ int device_for_local_rank(int local_rank) {
   return found ? local_rank % devices : -1;
 }
 
-const zero::CudaPlugin kPlugin{zero::kCudaPluginAbi, zero::make_cuda_backend, device_for_local_rank};
+const zero::CudaPlugin kPlugin{zero::make_cuda_backend, device_for_local_rank};
 
 }  // namespace
 
+extern "C" const char* zero_cuda_plugin_id() { return ZERO_CUDA_PLUGIN_ID; }
 extern "C" const zero::CudaPlugin* zero_cuda_plugin() { return &kPlugin; }

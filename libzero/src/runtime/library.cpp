@@ -1,6 +1,7 @@
 #include "zero/util/library.hpp"
 
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <filesystem>
 
@@ -24,15 +25,41 @@ std::string loader_error() {
   return why ? why : "no reason given";
 }
 
+// The library `file`, opened (or why not).
+struct Opened {
+  void* handle = nullptr;
+  std::string path, error;
+};
+Opened open_library(const std::string& file) {
+  Opened lib;
+  lib.path = library_path(file);
+  lib.handle = dlopen(lib.path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle == nullptr) lib.error = lib.path + " could not be loaded: " + loader_error();
+  return lib;
+}
+
 }  // namespace
 
 LibrarySymbol find_library_symbol(const std::string& file, const std::string& symbol) {
-  const std::string path = library_path(file);
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) return {nullptr, path + " could not be loaded: " + loader_error()};
-  void* address = dlsym(handle, symbol.c_str());
-  if (address == nullptr) return {nullptr, path + " has no " + symbol + " (" + loader_error() + ")"};
+  const Opened lib = open_library(file);
+  if (lib.handle == nullptr) return {nullptr, lib.error};
+  void* address = dlsym(lib.handle, symbol.c_str());
+  if (address == nullptr) return {nullptr, lib.path + " has no " + symbol + " (" + loader_error() + ")"};
   return {address, {}};
+}
+
+LibrarySymbol find_library_entry(const std::string& file, const std::string& symbol, const std::string& id_symbol,
+                                 const std::string& id) {
+  const Opened lib = open_library(file);
+  if (lib.handle == nullptr) return {nullptr, lib.error};
+  const auto get_id = reinterpret_cast<const char* (*)()>(dlsym(lib.handle, id_symbol.c_str()));
+  const char* theirs = get_id ? get_id() : nullptr;
+  if (theirs == nullptr || id != theirs) {
+    const std::string what = theirs ? fmt::format("its interface id is {}", theirs)
+                                    : fmt::format("it has no interface id ({})", id_symbol);
+    return {nullptr, fmt::format("{} is from another build: {}, this build's is {}", lib.path, what, id), true};
+  }
+  return find_library_symbol(file, symbol);
 }
 
 }  // namespace zero

@@ -7,8 +7,8 @@
 #include "gpt/cuda_library.hpp"
 
 TEST_CASE("libzero_gpt_cuda loads and gives this build's table", "[gpt][cuda]") {
+  // It loads only when its interface id is this build's (gpt_cuda_library throws otherwise).
   const zero::gpt::GptCudaLibrary& lib = zero::gpt::gpt_cuda_library();
-  CHECK(lib.abi == zero::gpt::kGptCudaAbi);
   REQUIRE(lib.make_ops != nullptr);
   REQUIRE(lib.current_device != nullptr);
   CHECK(&zero::gpt::gpt_cuda_library() == &lib);  // loaded once
