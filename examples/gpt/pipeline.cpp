@@ -265,7 +265,8 @@ void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
       const int slot = t.micro % slots;
       model_->set_slot(slot);  // the activations' buffers are the micro-batch's slot's
       if (t.send && t.activation)
-        ps.act_sends[static_cast<std::size_t>(slot)] = pipe.send_async(model_->stage_output(), n, ops_->dtype(), t.peer);
+        ps.act_sends[static_cast<std::size_t>(slot)] =
+            pipe.send_async(model_->stage_output(), n, ops_->dtype(), t.peer);
       else if (t.send)
         ps.grad_send = pipe.send_async(model_->output_grad(), n, ops_->dtype(), t.peer);
       else

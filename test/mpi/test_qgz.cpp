@@ -252,8 +252,8 @@ TEST_CASE("qgZ's done() only reports: polling issues no collective, wait() start
     polled = q.traffic() - before - started;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  INFO(q.nodes() << " nodes x " << q.ranks_per_node() << ": polling issued " << polled.intra_node << " bytes inside the node, "
-                 << polled.inter_node << " across");
+  INFO(q.nodes() << " nodes x " << q.ranks_per_node() << ": polling issued " << polled.intra_node
+                 << " bytes inside the node, " << polled.inter_node << " across");
   CHECK((polled.intra_node == 0 && polled.inter_node == 0));
   // Phase 2 is issued at start() only where there is no phase 1 (one rank per node).
   if (q.ranks_per_node() > 1) CHECK(started.inter_node == 0);

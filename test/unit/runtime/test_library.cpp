@@ -32,22 +32,23 @@ TEST_CASE("a library not beside libzero is found by the loader's search", "[libr
 
 TEST_CASE("a library built with this build's interface id gives its entry; another build's is named", "[library]") {
   // ZERO_TEST_LIBRARY: the absolute path of library_fixture.cpp's library, id 00112233445566ff.
-  const zero::LibrarySymbol ok =
-      zero::find_library_entry(ZERO_TEST_LIBRARY, "zero_test_library_entry", "zero_test_library_id", "00112233445566ff");
+  const char* entry = "zero_test_library_entry";
+  const char* id = "zero_test_library_id";
+  const zero::LibrarySymbol ok = zero::find_library_entry(ZERO_TEST_LIBRARY, entry, id, "00112233445566ff");
   REQUIRE(ok.error.empty());
   CHECK_FALSE(ok.other_build);
   CHECK(reinterpret_cast<int (*)()>(ok.address)() == 42);
 
   // Another build: both ids in the message, the entry not looked up.
-  const zero::LibrarySymbol other =
-      zero::find_library_entry(ZERO_TEST_LIBRARY, "zero_test_library_entry", "zero_test_library_id", "9a2c4e6f80b1d3f5");
+  const zero::LibrarySymbol other = zero::find_library_entry(ZERO_TEST_LIBRARY, entry, id, "9a2c4e6f80b1d3f5");
   CHECK(other.address == nullptr);
   CHECK(other.other_build);
   CHECK(other.error == std::string(ZERO_TEST_LIBRARY) +
-                           " is from another build: its interface id is 00112233445566ff, this build's is 9a2c4e6f80b1d3f5");
+                           " is from another build: its interface id is 00112233445566ff, this build's is "
+                           "9a2c4e6f80b1d3f5");
 
   // A library from before interface ids (no id function): the same, with what it lacks.
-  const zero::LibrarySymbol none = zero::find_library_entry("libm.so.6", "cos", "zero_test_library_id", "9a2c4e6f80b1d3f5");
+  const zero::LibrarySymbol none = zero::find_library_entry("libm.so.6", "cos", id, "9a2c4e6f80b1d3f5");
   CHECK(none.address == nullptr);
   CHECK(none.other_build);
   CHECK_THAT(none.error, Contains("libm.so.6 is from another build: it has no interface id (zero_test_library_id), "
@@ -55,7 +56,7 @@ TEST_CASE("a library built with this build's interface id gives its entry; anoth
 
   // A library that cannot be loaded is not "another build".
   const zero::LibrarySymbol missing =
-      zero::find_library_entry("libzero_no_such_library.so.0", "entry", "zero_test_library_id", "9a2c4e6f80b1d3f5");
+      zero::find_library_entry("libzero_no_such_library.so.0", "entry", id, "9a2c4e6f80b1d3f5");
   CHECK_FALSE(missing.other_build);
   CHECK_THAT(missing.error, Contains("could not be loaded"));
 }
