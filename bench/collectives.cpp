@@ -66,7 +66,8 @@ void ours_once(Setup& s, Op op, std::size_t bytes) {
     case Op::all_reduce: w = s.ours.all_reduce_async(s.a, count, s.t, ReduceOp::sum); break;
     case Op::reduce_scatter: w = s.ours.reduce_scatter_async(s.a, s.b, slice, s.t, ReduceOp::sum); break;
     case Op::all_gather:
-      w = s.ours.all_gather_async(static_cast<char*>(s.b) + static_cast<std::size_t>(s.rank) * slice * es, s.b, slice, s.t);
+      w = s.ours.all_gather_async(static_cast<char*>(s.b) + static_cast<std::size_t>(s.rank) * slice * es, s.b, slice,
+                                  s.t);
       break;
   }
   w.wait();
@@ -149,13 +150,15 @@ int main(int argc, char** argv) {
     cudaStream_t ours_stream = static_cast<cudaStream_t>(backend->compute_stream());
 
     if (ctx.is_root())
-      std::printf("%d ranks, %s; ms per collective and bus bandwidth (GB/s); ours/nccl = bandwidth ratio\n"
-                  "%-15s %10s %10s %10s %10s %10s %9s\n",
-                  ctx.world_size(), dtype.c_str(), "collective", "bucket MiB", "ours ms", "nccl ms", "ours GB/s",
-                  "nccl GB/s", "ours/nccl");
+      std::printf(
+          "%d ranks, %s; ms per collective and bus bandwidth (GB/s); ours/nccl = bandwidth ratio\n"
+          "%-15s %10s %10s %10s %10s %10s %9s\n",
+          ctx.world_size(), dtype.c_str(), "collective", "bucket MiB", "ours ms", "nccl ms", "ours GB/s", "nccl GB/s",
+          "ours/nccl");
     for (Op op : {Op::all_reduce, Op::reduce_scatter, Op::all_gather}) {
       for (double size = min_mib; size <= max_mib * 1.0001; size *= 2) {
-        const std::size_t bytes = std::max(quantum, static_cast<std::size_t>(size * static_cast<double>(mib)) / quantum * quantum);
+        const std::size_t bytes =
+            std::max(quantum, static_cast<std::size_t>(size * static_cast<double>(mib)) / quantum * quantum);
         ctx.comm().barrier();
         const double ref_ms = time_ms(ref_stream, warmup, iters, [&] { ref_once(s, op, bytes); });
         ctx.comm().barrier();

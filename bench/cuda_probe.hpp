@@ -16,8 +16,8 @@ inline constexpr int kNoDeviceExit = 77;
 inline int cuda_device_status(const char* program) {
   const zero::cuda::DeviceProbe probe = zero::cuda::probe_devices();
   if (probe.kind == zero::cuda::DeviceProbe::none) {
-    std::fprintf(stderr, "%s: %s; this benchmark needs a GPU, skipped (exit %d)\n", program,
-                 probe.message.c_str(), kNoDeviceExit);
+    std::fprintf(stderr, "%s: %s; this benchmark needs a GPU, skipped (exit %d)\n", program, probe.message.c_str(),
+                 kNoDeviceExit);
     return kNoDeviceExit;
   }
   if (probe.kind == zero::cuda::DeviceProbe::broken) {

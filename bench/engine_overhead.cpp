@@ -199,10 +199,10 @@ class BareLoop {
       std::copy(init[static_cast<std::size_t>(u)].begin(), init[static_cast<std::size_t>(u)].end(), full.begin());
       half.resize(n);
       convert(full.data(), DType::f32, half.data(), DType::bf16, n);
-      ZERO_CUDA_CHECK(cudaMemcpy(master_ + offset_[static_cast<std::size_t>(u)], full.data(), n * 4,
-                                 cudaMemcpyHostToDevice));
-      ZERO_CUDA_CHECK(cudaMemcpy(params_ + 2 * offset_[static_cast<std::size_t>(u)], half.data(), n * 2,
-                                 cudaMemcpyHostToDevice));
+      ZERO_CUDA_CHECK(
+          cudaMemcpy(master_ + offset_[static_cast<std::size_t>(u)], full.data(), n * 4, cudaMemcpyHostToDevice));
+      ZERO_CUDA_CHECK(
+          cudaMemcpy(params_ + 2 * offset_[static_cast<std::size_t>(u)], half.data(), n * 2, cudaMemcpyHostToDevice));
       // The weight decay runs of the whole unit, as the engine's step splits its owned range.
       const UnitShape& s = shapes[static_cast<std::size_t>(u)];
       for_each_decay_run(layout.unit(u), s, 0, s.own_len, [&](std::int64_t at, std::int64_t count, bool decay) {
@@ -354,8 +354,9 @@ void engine_step(Engine& engine, GptModel& model, const GptConfig& c, const std:
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Engine overhead: GPT step time at ZeRO stages 0-3 (overlap_comm on and off) against a bare loop "
-               "running the same kernels without the engine"};
+  CLI::App app{
+      "Engine overhead: GPT step time at ZeRO stages 0-3 (overlap_comm on and off) against a bare loop "
+      "running the same kernels without the engine"};
   app.option_defaults()->always_capture_default();
   Options o;
   app.add_option("--preset", o.preset, "GPT shape")->check(CLI::IsMember(gpt_preset_names()));
@@ -370,8 +371,9 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "timed steps per variant (the median is reported)")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 100000));
   app.add_option("--comm", o.comm, "the engine's communicator")->check(CLI::IsMember({"nccl", "mpi"}));
-  app.add_option("--reduce-bucket", o.reduce_bucket, "zero_optimization.reduce_bucket_size (elements; 0: the "
-                                                     "DeepSpeed default 5e8)")
+  app.add_option("--reduce-bucket", o.reduce_bucket,
+                 "zero_optimization.reduce_bucket_size (elements; 0: the "
+                 "DeepSpeed default 5e8)")
       ->check(CLI::Range(0.0, 1e12));
   try {
     app.parse(argc, argv);
@@ -419,9 +421,10 @@ int main(int argc, char** argv) {
     if (ctx.is_root()) {
       std::printf("bench_engine_overhead: %s (%s), bf16, micro-batch %d x seq %d, %d rank(s), comm %s\n",
                   o.preset.c_str(), c.describe().c_str(), B, T, world, o.comm.c_str());
-      std::printf("activations %.2f GiB (shared by every variant); median of %d steps after %d warm-up; each step "
-                  "ends with a device synchronize\n",
-                  static_cast<double>(model.activation_bytes()) / kGiB, o.steps, o.warmup);
+      std::printf(
+          "activations %.2f GiB (shared by every variant); median of %d steps after %d warm-up; each step "
+          "ends with a device synchronize\n",
+          static_cast<double>(model.activation_bytes()) / kGiB, o.steps, o.warmup);
       std::fflush(stdout);
     }
 
@@ -467,9 +470,8 @@ int main(int argc, char** argv) {
             std::copy(src.begin() + p.offset, src.begin() + p.offset + p.numel, v.begin());
           });
           UnitPtrs slots[4];
-          const auto times = run_steps(ctx, o, used, [&] {
-            engine_step(engine, model, c, inputs.data(), targets.data(), B, T, slots);
-          });
+          const auto times = run_steps(
+              ctx, o, used, [&] { engine_step(engine, model, c, inputs.data(), targets.data(), B, T, slots); });
           const MemoryReport m = engine.memory();
           r.state_gib = static_cast<double>(m.model_state() + m.comm_buffers + m.gathered) / kGiB;
           finish_row(r, times, used, base);

@@ -48,8 +48,7 @@ constexpr std::size_t kTile = std::size_t{1} << 15;  // same tiling as the libra
 std::uintptr_t prefetch_ahead = 512;
 
 // Prefetches one line of each stream prefetch_ahead elements ahead, as the library's kernels do.
-inline void ahead(std::size_t i, const void* a, const void* b, const void* c, const void* d,
-                  std::uintptr_t d_size) {
+inline void ahead(std::size_t i, const void* a, const void* b, const void* c, const void* d, std::uintptr_t d_size) {
   const std::uintptr_t j = i + prefetch_ahead;
   auto at = [](const void* base, std::uintptr_t offset) {
     return reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(base) + offset);
@@ -92,8 +91,8 @@ void tiles(std::size_t n, int threads, Body&& body) {
 // ordinary or streaming (non-temporal) stores. Which is fastest depends on the CPU, and only the
 // fastest is a limit.
 template <bool Prefetch, bool Stream>
-__attribute__((target("avx512f"))) void traffic_avx512_v(float* p, const float* g, float* m,
-                                                         float* v, std::size_t b, std::size_t e) {
+__attribute__((target("avx512f"))) void traffic_avx512_v(float* p, const float* g, float* m, float* v, std::size_t b,
+                                                         std::size_t e) {
   std::size_t i = b;
   for (; i + 16 <= e; i += 16) {
     if constexpr (Prefetch) ahead(i, p, m, v, g, 4);
@@ -129,10 +128,8 @@ void traffic_avx512(float* p, const float* g, float* m, float* v, std::size_t b,
 // iteration, no software prefetch, one contiguous block of the array per OpenMP thread, and the
 // update m / (sqrt(v) / sqrt(1 - beta2^t) + eps). Same memory traffic as the library's kernel;
 // it is here so that "the limit" is checked against the best peer at hand.
-__attribute__((target("avx512f,fma"))) void peer_adamw_avx512(float* p, const float* g, float* m,
-                                                              float* v, std::size_t n,
-                                                              const AdamConstants& c,
-                                                              int threads) {
+__attribute__((target("avx512f,fma"))) void peer_adamw_avx512(float* p, const float* g, float* m, float* v,
+                                                              std::size_t n, const AdamConstants& c, int threads) {
   constexpr std::size_t kUnroll = 8, kStep = 16 * kUnroll;
   const std::size_t blocks = n / kStep;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -148,13 +145,11 @@ __attribute__((target("avx512f,fma"))) void peer_adamw_avx512(float* p, const fl
     }
     for (std::size_t u = 0; u < kUnroll; ++u) {
       pa[u] = _mm512_mul_ps(pa[u], _mm512_set1_ps(c.decay));
-      mo[u] = _mm512_fmadd_ps(_mm512_set1_ps(c.beta1), mo[u],
-                              _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), gr[u]));
-      ve[u] = _mm512_fmadd_ps(
-          _mm512_set1_ps(c.beta2), ve[u],
-          _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), gr[u]), gr[u]));
-      const __m512 den = _mm512_fmadd_ps(_mm512_sqrt_ps(ve[u]),
-                                         _mm512_set1_ps(c.inv_sqrt_bias_c2), _mm512_set1_ps(c.eps));
+      mo[u] = _mm512_fmadd_ps(_mm512_set1_ps(c.beta1), mo[u], _mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta1), gr[u]));
+      ve[u] = _mm512_fmadd_ps(_mm512_set1_ps(c.beta2), ve[u],
+                              _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(c.one_minus_beta2), gr[u]), gr[u]));
+      const __m512 den =
+          _mm512_fmadd_ps(_mm512_sqrt_ps(ve[u]), _mm512_set1_ps(c.inv_sqrt_bias_c2), _mm512_set1_ps(c.eps));
       pa[u] = _mm512_fmadd_ps(_mm512_set1_ps(c.neg_step_size), _mm512_div_ps(mo[u], den), pa[u]);
     }
     for (std::size_t u = 0; u < kUnroll; ++u) {
@@ -173,8 +168,8 @@ __attribute__((target("avx512f,fma"))) void peer_adamw_avx512(float* p, const fl
   }
 }
 
-__attribute__((target("avx2"))) void traffic_avx2(float* p, const float* g, float* m, float* v,
-                                                  std::size_t b, std::size_t e) {
+__attribute__((target("avx2"))) void traffic_avx2(float* p, const float* g, float* m, float* v, std::size_t b,
+                                                  std::size_t e) {
   std::size_t i = b;
   for (; i + 8 <= e; i += 8) {
     if (i % 16 == 0) ahead(i, p, m, v, g, 4);
@@ -202,16 +197,15 @@ void traffic_scalar(float* p, const float* g, float* m, float* v, std::size_t b,
 
 // The same traffic for the bf16 offload step: read p, m, v and a bf16 gradient; write p, m, v
 // and a bf16 parameter copy (truncated, not rounded: this is a bandwidth yardstick).
-__attribute__((target("avx512f,avx512bw,avx512vl"))) void traffic16_avx512(
-    float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* out, std::size_t b,
-    std::size_t e) {
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void traffic16_avx512(float* p, const std::uint16_t* g, float* m,
+                                                                           float* v, std::uint16_t* out, std::size_t b,
+                                                                           std::size_t e) {
   std::size_t i = b;
   for (; i + 16 <= e; i += 16) {
     ahead(i, p, m, v, g, 2);
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-    const __m512 gi = _mm512_mul_ps(
-        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)),
-        _mm512_set1_ps(yardstick_factor));
+    const __m512 gi = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)),
+                                    _mm512_set1_ps(yardstick_factor));
     const __m512 pi = _mm512_add_ps(_mm512_loadu_ps(p + i), gi);
     _mm512_storeu_ps(p + i, pi);
     _mm512_storeu_ps(m + i, _mm512_add_ps(_mm512_loadu_ps(m + i), gi));
@@ -228,16 +222,14 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) void traffic16_avx512(
   }
 }
 
-__attribute__((target("avx2"))) void traffic16_avx2(float* p, const std::uint16_t* g, float* m,
-                                                    float* v, std::uint16_t* out, std::size_t b,
-                                                    std::size_t e) {
+__attribute__((target("avx2"))) void traffic16_avx2(float* p, const std::uint16_t* g, float* m, float* v,
+                                                    std::uint16_t* out, std::size_t b, std::size_t e) {
   std::size_t i = b;
   for (; i + 8 <= e; i += 8) {
     if (i % 16 == 0) ahead(i, p, m, v, g, 2);
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + i));
-    const __m256 gi = _mm256_mul_ps(
-        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)),
-        _mm256_set1_ps(yardstick_factor));
+    const __m256 gi = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)),
+                                    _mm256_set1_ps(yardstick_factor));
     const __m256 pi = _mm256_add_ps(_mm256_loadu_ps(p + i), gi);
     _mm256_storeu_ps(p + i, pi);
     _mm256_storeu_ps(m + i, _mm256_add_ps(_mm256_loadu_ps(m + i), gi));
@@ -255,8 +247,8 @@ __attribute__((target("avx2"))) void traffic16_avx2(float* p, const std::uint16_
   }
 }
 
-void traffic16_scalar(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* out,
-                      std::size_t b, std::size_t e) {
+void traffic16_scalar(float* p, const std::uint16_t* g, float* m, float* v, std::uint16_t* out, std::size_t b,
+                      std::size_t e) {
   for (std::size_t i = b; i < e; ++i) {
     const float gi = zero::bf16_bits_to_f32(g[i]) * yardstick_factor;
     p[i] += gi;
@@ -265,7 +257,6 @@ void traffic16_scalar(float* p, const std::uint16_t* g, float* m, float* v, std:
     out[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(p[i]) >> 16);
   }
 }
-
 
 // Runs every function once as a warm-up (page faults, caches, thread pool), then `reps` rounds
 // of all of them in turn; returns each one's fastest time in seconds.
@@ -314,9 +305,12 @@ int main(int argc, char** argv) {
 
   SimdPath path = best_simd_path();
   if (!path_name.empty()) {
-    if (path_name == "scalar") path = SimdPath::scalar;
-    else if (path_name == "avx2") path = SimdPath::avx2;
-    else if (path_name == "avx512") path = SimdPath::avx512;
+    if (path_name == "scalar")
+      path = SimdPath::scalar;
+    else if (path_name == "avx2")
+      path = SimdPath::avx2;
+    else if (path_name == "avx512")
+      path = SimdPath::avx512;
     else {
       std::fprintf(stderr, "unknown --path %s (scalar, avx2, avx512)\n", path_name.c_str());
       return 2;
@@ -326,28 +320,29 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl");
+  const bool has512 =
+      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
   const bool use512 = path == SimdPath::avx512 && has512;
   const bool use256 = path == SimdPath::avx2;
   auto traffic = use512 ? traffic_avx512 : use256 ? traffic_avx2 : traffic_scalar;
   auto traffic16 = use512 ? traffic16_avx512 : use256 ? traffic16_avx2 : traffic16_scalar;
 
   prefetch_ahead = adam_prefetch_elements();
-  std::printf("bench_host_adam: path %s, %d CPUs, software prefetch %zu elements ahead, min of %d "
-              "reps after a warm-up\n",
-              std::string(simd_path_name(path)).c_str(), omp_get_num_procs(),
-              static_cast<std::size_t>(prefetch_ahead), reps);
-  std::printf("limit = loop with AdamW's memory traffic "
-              "(28 B/param: read p,g,m,v; write p,m,v)\n\n");
+  std::printf(
+      "bench_host_adam: path %s, %d CPUs, software prefetch %zu elements ahead, min of %d "
+      "reps after a warm-up\n",
+      std::string(simd_path_name(path)).c_str(), omp_get_num_procs(), static_cast<std::size_t>(prefetch_ahead), reps);
+  std::printf(
+      "limit = loop with AdamW's memory traffic "
+      "(28 B/param: read p,g,m,v; write p,m,v)\n\n");
   if (use512)
-    std::printf("traffic loops (Mparam/s): pf = software prefetch as the library, nt = streaming "
-                "stores; peer = an AdamW organised like another framework's CPU Adam\n"
-                "limit = the fastest of the traffic loops and the peer\n\n");
-  std::printf("%-6s %3s | %9s | %9s %10s %9s %7s", "params", "thr", "limit GB/s", "AdamW ms",
-              "Mparam/s", "GB/s", "%limit");
-  if (use512)
-    std::printf(" | %7s %7s %7s %7s | %8s", "pf", "no-pf", "pf+nt", "nt", "peer");
+    std::printf(
+        "traffic loops (Mparam/s): pf = software prefetch as the library, nt = streaming "
+        "stores; peer = an AdamW organised like another framework's CPU Adam\n"
+        "limit = the fastest of the traffic loops and the peer\n\n");
+  std::printf("%-6s %3s | %9s | %9s %10s %9s %7s", "params", "thr", "limit GB/s", "AdamW ms", "Mparam/s", "GB/s",
+              "%limit");
+  if (use512) std::printf(" | %7s %7s %7s %7s | %8s", "pf", "no-pf", "pf+nt", "nt", "peer");
   std::printf("\n");
 
   struct Offload {
@@ -383,9 +378,7 @@ int main(int argc, char** argv) {
     for (int t = 1; t <= max_threads; ++t) {
       // The variants take turns within each repetition, so a noisy neighbour or frequency
       // drift affects them alike; each keeps its fastest run.
-      auto limit = [&] {
-        tiles(n, t, [&](std::size_t b, std::size_t e) { traffic(p.p, g.p, m.p, v.p, b, e); });
-      };
+      auto limit = [&] { tiles(n, t, [&](std::size_t b, std::size_t e) { traffic(p.p, g.p, m.p, v.p, b, e); }); };
       auto adam = [&] {
         h.step = ++step;
         adam_step(p.p, m.p, v.p, g.p, DType::f32, nullptr, DType::f32, n, h, path, t);
@@ -401,12 +394,11 @@ int main(int argc, char** argv) {
         // The conversions are the library's (zero::convert, exact RNE), split over the threads.
         tiles(n, t, [&](std::size_t b, std::size_t e) { convert(g16.p + b, DType::bf16, g.p + b, DType::f32, e - b); });
         adam_step(p.p, m.p, v.p, g.p, DType::f32, nullptr, DType::f32, n, h, path, t);
-        tiles(n, t, [&](std::size_t b, std::size_t e) { convert(p.p + b, DType::f32, out16.p + b, DType::bf16, e - b); });
+        tiles(n, t,
+              [&](std::size_t b, std::size_t e) { convert(p.p + b, DType::f32, out16.p + b, DType::bf16, e - b); });
       };
       auto limit16 = [&] {
-        tiles(n, t, [&](std::size_t b, std::size_t e) {
-          traffic16(p.p, g16.p, m.p, v.p, out16.p, b, e);
-        });
+        tiles(n, t, [&](std::size_t b, std::size_t e) { traffic16(p.p, g16.p, m.p, v.p, out16.p, b, e); });
       };
       std::vector<std::function<void()>> fns{limit, adam, fused, three, limit16};
       if (use512) {
@@ -430,12 +422,12 @@ int main(int argc, char** argv) {
       double t_limit = best[0];
       for (std::size_t k = 5; k < best.size(); ++k) t_limit = std::min(t_limit, best[k]);
       const double t_adam = best[1];
-      std::printf("%-6s %3d | %9.1f | %9.2f %10.0f %9.1f %6.1f%%", params_label(n).c_str(), t,
-                  bytes32 / t_limit / 1e9, t_adam * 1e3, static_cast<double>(n) / t_adam / 1e6,
-                  bytes32 / t_adam / 1e9, 100.0 * t_limit / t_adam);
+      std::printf("%-6s %3d | %9.1f | %9.2f %10.0f %9.1f %6.1f%%", params_label(n).c_str(), t, bytes32 / t_limit / 1e9,
+                  t_adam * 1e3, static_cast<double>(n) / t_adam / 1e6, bytes32 / t_adam / 1e9,
+                  100.0 * t_limit / t_adam);
       if (use512)
-        std::printf(" | %7.0f %7.0f %7.0f %7.0f | %8.0f", n / best[0] / 1e6, n / best[5] / 1e6,
-                    n / best[6] / 1e6, n / best[7] / 1e6, n / best[8] / 1e6);
+        std::printf(" | %7.0f %7.0f %7.0f %7.0f | %8.0f", n / best[0] / 1e6, n / best[5] / 1e6, n / best[6] / 1e6,
+                    n / best[7] / 1e6, n / best[8] / 1e6);
       std::printf("\n");
       std::fflush(stdout);
       offload_rows.push_back({params_label(n), t, best[2], best[3], best[4]});
@@ -445,13 +437,13 @@ int main(int argc, char** argv) {
   std::printf("\noffload step (bf16 grads in, fp32 master/m/v, bf16 params out)\n");
   std::printf("fused = one pass; 3-pass = bf16->fp32 grads, fp32 AdamW, fp32->bf16 params\n");
   std::printf("limit16 = loop with the fused step's traffic (28 B/param)\n\n");
-  std::printf("%-6s %3s | %9s %9s %8s | %10s %9s %7s\n", "params", "thr", "fused ms",
-              "3-pass ms", "speedup", "limit16 ms", "fused GB/s", "%limit");
+  std::printf("%-6s %3s | %9s %9s %8s | %10s %9s %7s\n", "params", "thr", "fused ms", "3-pass ms", "speedup",
+              "limit16 ms", "fused GB/s", "%limit");
   for (const Offload& r : offload_rows) {
     const double n = r.label.back() == 'B' ? std::stod(r.label) * 1e9 : std::stod(r.label) * 1e6;
-    std::printf("%-6s %3d | %9.2f %9.2f %7.2fx | %10.2f %9.1f %6.1f%%\n", r.label.c_str(),
-                r.threads, r.fused * 1e3, r.three * 1e3, r.three / r.fused, r.limit16 * 1e3,
-                28.0 * n / r.fused / 1e9, 100.0 * r.limit16 / r.fused);
+    std::printf("%-6s %3d | %9.2f %9.2f %7.2fx | %10.2f %9.1f %6.1f%%\n", r.label.c_str(), r.threads, r.fused * 1e3,
+                r.three * 1e3, r.three / r.fused, r.limit16 * 1e3, 28.0 * n / r.fused / 1e9,
+                100.0 * r.limit16 / r.fused);
   }
   return 0;
 }

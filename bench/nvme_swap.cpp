@@ -175,15 +175,14 @@ int main(int argc, char** argv) {
   ::unlink(raw_file.c_str());
 
   const double gb = static_cast<double>(bytes) / 1e9;
-  std::printf("bench_nvme_swap: %s, %zu MiB per direction, block %zu KiB, queue depth %d, "
-              "%zu keys, best of %d\n",
-              swapper.directory().c_str(), size_mib, block_kib, depth, offsets.size(), reps);
+  std::printf(
+      "bench_nvme_swap: %s, %zu MiB per direction, block %zu KiB, queue depth %d, "
+      "%zu keys, best of %d\n",
+      swapper.directory().c_str(), size_mib, block_kib, depth, offsets.size(), reps);
   std::printf("I/O: %s, %s\n", swapper.using_io_uring() ? "io_uring" : "pread/pwrite fallback",
               direct ? "O_DIRECT" : "buffered (O_DIRECT unsupported here; page cache involved)");
   std::printf("\n%-6s | %12s | %12s | %7s\n", "", "raw GB/s", "swapper GB/s", "ratio");
-  std::printf("%-6s | %12.2f | %12.2f | %6.1f%%\n", "write", gb / raw_w, gb / sw_w,
-              100.0 * raw_w / sw_w);
-  std::printf("%-6s | %12.2f | %12.2f | %6.1f%%\n", "read", gb / raw_r, gb / sw_r,
-              100.0 * raw_r / sw_r);
+  std::printf("%-6s | %12.2f | %12.2f | %6.1f%%\n", "write", gb / raw_w, gb / sw_w, 100.0 * raw_w / sw_w);
+  std::printf("%-6s | %12.2f | %12.2f | %6.1f%%\n", "read", gb / raw_r, gb / sw_r, 100.0 * raw_r / sw_r);
   return 0;
 }

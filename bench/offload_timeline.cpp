@@ -156,8 +156,9 @@ double timed_step(Context& ctx, Engine& engine, cudaStream_t stream, double* cal
   const StepResult r = engine.step();
   ZERO_CUDA_CHECK(cudaDeviceSynchronize());
   const double t1 = now_s();
-  ZERO_CHECK(!r.skipped, "bench_offload_timeline: a step was skipped (non-finite gradient norm); the synthetic "
-                         "gradients should be finite");
+  ZERO_CHECK(!r.skipped,
+             "bench_offload_timeline: a step was skipped (non-finite gradient norm); the synthetic "
+             "gradients should be finite");
   if (called) *called = t0;
   return t1 - t0;
 }
@@ -166,11 +167,12 @@ void print_timeline(const OffloadTimeline& tl, double called, double step_s) {
   // Shift from the staging's origin (after the gradient norm) to the step() call.
   const double shift = (tl.origin_s - called) * 1e3;
   auto at = [&](double ms) { return ms < 0 ? -1.0 : ms + shift; };
-  std::printf("\ntimeline of one traced step (ms from the step() call; the copies' origin is at %.2f ms, after "
-              "the gradient norm):\n",
-              shift);
-  std::printf("%5s %5s %8s | %8s %8s | %8s %8s %8s | %8s %8s\n", "group", "unit", "Melem", "D2H beg", "D2H end",
-              "wait", "Adam beg", "Adam end", "H2D beg", "H2D end");
+  std::printf(
+      "\ntimeline of one traced step (ms from the step() call; the copies' origin is at %.2f ms, after "
+      "the gradient norm):\n",
+      shift);
+  std::printf("%5s %5s %8s | %8s %8s | %8s %8s %8s | %8s %8s\n", "group", "unit", "Melem", "D2H beg", "D2H end", "wait",
+              "Adam beg", "Adam end", "H2D beg", "H2D end");
   double adam = 0, d2h = 0, h2d = 0, gaps = 0;
   int hidden_out = 0, hidden_back = 0;
   // Long timelines print their first and last rows; the totals below cover every group.
@@ -178,12 +180,11 @@ void print_timeline(const OffloadTimeline& tl, double called, double step_s) {
   const std::size_t count = tl.groups.size();
   for (std::size_t k = 0; k < count; ++k) {
     const OffloadTimeline::Group& g = tl.groups[k];
-    if (count > kHead + kTail && k == kHead)
-      std::printf("  ... %zu groups not shown ...\n", count - kHead - kTail);
+    if (count > kHead + kTail && k == kHead) std::printf("  ... %zu groups not shown ...\n", count - kHead - kTail);
     if (count <= kHead + kTail || k < kHead || k >= count - kTail)
       std::printf("%5zu %5zu %8.2f | %8.2f %8.2f | %8.2f %8.2f %8.2f | %8.2f %8.2f\n", k, g.range,
-                static_cast<double>(g.n) / 1e6, at(g.d2h_start), at(g.d2h_end), at(g.wait_start), at(g.host_start),
-                at(g.host_end), at(g.h2d_start), at(g.h2d_end));
+                  static_cast<double>(g.n) / 1e6, at(g.d2h_start), at(g.d2h_end), at(g.wait_start), at(g.host_start),
+                  at(g.host_end), at(g.h2d_start), at(g.h2d_end));
     adam += g.host_end - g.host_start;
     if (k > 0) gaps += g.host_start - tl.groups[k - 1].host_end;
     if (g.d2h_start >= 0) d2h += g.d2h_end - g.d2h_start;
@@ -202,32 +203,37 @@ void print_timeline(const OffloadTimeline& tl, double called, double step_s) {
   }
   const double step_ms = step_s * 1e3;
   const double before = at(tl.groups.front().host_start), after = step_ms - at(tl.groups.back().host_end);
-  std::printf("traced step %.2f ms = %.2f before the first AdamW (norm, first D2H) + %.2f host AdamW + %.2f between "
-              "sub-groups (waits, bookkeeping) + %.2f after the last AdamW (last H2D, all-gather)\n",
-              step_ms, before, adam, gaps, after);
-  std::printf("copy engines busy: D2H %.2f ms, H2D %.2f ms; hidden behind the host: next D2H done before this AdamW "
-              "ended in %d of %zu groups, this H2D done before the next AdamW ended in %d of %zu\n",
-              d2h, h2d, hidden_out, count - 1, hidden_back, count - 1);
+  std::printf(
+      "traced step %.2f ms = %.2f before the first AdamW (norm, first D2H) + %.2f host AdamW + %.2f between "
+      "sub-groups (waits, bookkeeping) + %.2f after the last AdamW (last H2D, all-gather)\n",
+      step_ms, before, adam, gaps, after);
+  std::printf(
+      "copy engines busy: D2H %.2f ms, H2D %.2f ms; hidden behind the host: next D2H done before this AdamW "
+      "ended in %d of %zu groups, this H2D done before the next AdamW ended in %d of %zu\n",
+      d2h, h2d, hidden_out, count - 1, hidden_back, count - 1);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Offloaded optimizer step (offload_optimizer: cpu, CUDA backend): per-sub-group timeline of D2H, "
-               "host AdamW and H2D, and the step against the host AdamW alone (goal <= 1.2x)"};
+  CLI::App app{
+      "Offloaded optimizer step (offload_optimizer: cpu, CUDA backend): per-sub-group timeline of D2H, "
+      "host AdamW and H2D, and the step against the host AdamW alone (goal <= 1.2x)"};
   app.option_defaults()->always_capture_default();
   Options o;
   app.add_option("--params", o.params_m, "parameters, millions")->check(CLI::PositiveNumber);
   app.add_option("--units", o.units, "units (one [rows, 1024] matrix each)")->check(CLI::Range(1, 100000));
-  app.add_option("--sub-group", o.sub_group, "zero_optimization.sub_group_size (elements; DeepSpeed's default 1e9 "
-                                             "makes every unit one sub-group)")
+  app.add_option("--sub-group", o.sub_group,
+                 "zero_optimization.sub_group_size (elements; DeepSpeed's default 1e9 "
+                 "makes every unit one sub-group)")
       ->check(CLI::Range(1.0, 1e12));
   app.add_option("--stages", o.stages, "ZeRO stages to run (1 and/or 2)")->check(CLI::IsMember({1, 2}));
   app.add_option("--steps", o.steps, "timed steps per stage (the median is reported)")->check(CLI::Range(1, 100000));
   app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 100000));
   app.add_option("--comm", o.comm, "the CUDA backend's communicator")->check(CLI::IsMember({"nccl", "mpi"}));
-  app.add_flag("--pin", o.pin, "offload_optimizer.pin_memory: true (pinning failure is an error; by default the "
-                               "state is pinned when possible)");
+  app.add_flag("--pin", o.pin,
+               "offload_optimizer.pin_memory: true (pinning failure is an error; by default the "
+               "state is pinned when possible)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -246,16 +252,18 @@ int main(int argc, char** argv) {
     if (ctx.is_root()) {
       std::printf("bench_offload_timeline: %.1fM parameters in %d units, bf16 on the device; %d rank(s), comm %s\n",
                   static_cast<double>(layout.num_params()) / 1e6, layout.num_units(), world, o.comm.c_str());
-      std::printf("offload_optimizer: cpu, sub_group_size %.0f: %zu sub-groups of up to %.2fM owned elements per "
-                  "rank (%.1fM owned); host AdamW path %s, OpenMP default threads\n",
-                  o.sub_group, groups.size(),
-                  static_cast<double>(std::min<std::int64_t>(static_cast<std::int64_t>(o.sub_group),
-                                                              layout.slice_numel(0, world))) / 1e6,
-                  static_cast<double>(owned) / 1e6,
-                  std::string(offload::simd_path_name(offload::best_simd_path())).c_str());
-      std::printf("step = Engine::step() from its call until the device is idle (gradient norm, D2H, host AdamW, "
-                  "H2D, all-gather); median of %d after %d warm-up steps\n",
-                  o.steps, o.warmup);
+      std::printf(
+          "offload_optimizer: cpu, sub_group_size %.0f: %zu sub-groups of up to %.2fM owned elements per "
+          "rank (%.1fM owned); host AdamW path %s, OpenMP default threads\n",
+          o.sub_group, groups.size(),
+          static_cast<double>(
+              std::min<std::int64_t>(static_cast<std::int64_t>(o.sub_group), layout.slice_numel(0, world))) /
+              1e6,
+          static_cast<double>(owned) / 1e6, std::string(offload::simd_path_name(offload::best_simd_path())).c_str());
+      std::printf(
+          "step = Engine::step() from its call until the device is idle (gradient norm, D2H, host AdamW, "
+          "H2D, all-gather); median of %d after %d warm-up steps\n",
+          o.steps, o.warmup);
       std::fflush(stdout);
     }
     HostAlone alone(groups);

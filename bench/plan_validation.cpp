@@ -111,8 +111,8 @@ int main() {
   z3.grad_accum = 512 / (64 * 8);
   z3.activation_checkpointing = true;
   Plan p4 = make_plan(gpt_preset("gpt-52b"), v100_nodes(64), z3);
-  row(std::string("52B ZeRO-3 mb 8, s per iteration, 64 x V100-32GB") + (p4.fits ? "" : " (no fit)"),
-      p4.time.step_s, (118 + 139) / 2.0, "s");
+  row(std::string("52B ZeRO-3 mb 8, s per iteration, 64 x V100-32GB") + (p4.fits ? "" : " (no fit)"), p4.time.step_s,
+      (118 + 139) / 2.0, "s");
   notes.push_back("52B ZeRO-3: published 118-139 s, the midpoint shown");
   if (!p4.fits) notes.push_back("52B ZeRO-3 mb 8 does not fit here: " + p4.why);
 
@@ -155,7 +155,8 @@ int main() {
     double published;
     const char* range;
   };
-  const Zrow zrows[] = {{4, 48, 768, (122 + 127) / 2.0, "122-127"}, {2, 32, 1024, 167, "167"}, {1, 16, 1024, 184, "184"}};
+  const Zrow zrows[] = {
+      {4, 48, 768, (122 + 127) / 2.0, "122-127"}, {2, 32, 1024, 167, "167"}, {1, 16, 1024, 184, "184"}};
   for (const auto& z : zrows) {
     Settings s;
     s.dtype = DType::f16;

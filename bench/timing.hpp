@@ -10,8 +10,7 @@
 namespace zero::bench {
 
 inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 inline double median(std::vector<double> v) {

@@ -24,9 +24,9 @@ void add_autotune_options(CLI::App& app, AutotuneRequest& r) {
   CLI::Option_group* g = app.add_option_group(
       "Autotune", "--autotune: time a few steps of every candidate that fits and keep the fastest");
   CLI::Option* flag = g->add_flag("--autotune", r.enabled,
-              "try the combinations of the lists below at the configured global batch; write "
-              "<run.out_dir>/autotune.yaml (the fastest, a complete config file) and autotune.txt "
-              "(every candidate: its step time, or why it was skipped)");
+                                  "try the combinations of the lists below at the configured global batch; write "
+                                  "<run.out_dir>/autotune.yaml (the fastest, a complete config file) and autotune.txt "
+                                  "(every candidate: its step time, or why it was skipped)");
   g->add_option("--autotune-stages", r.stages, "ZeRO stages to try")
       ->delimiter(',')
       ->check(CLI::Range(0, 3))
@@ -113,8 +113,9 @@ std::string mib(double bytes) {
 // memory and the offloaded states are the same RAM, and the host model keeps fp32 activations
 // whatever the parameters' dtype. Under a tensor x pipeline grid it is the rank the planner
 // finds fullest (the first or the last stage): its part of the model, sharded over its
-// data-parallel group, and the activations of its 1F1B micro-batches in flight, split by TP. The planner's stated per-process overheads (a CUDA context,
-// the process and MPI) are left out: the budget is measured with the processes running.
+// data-parallel group, and the activations of its 1F1B micro-batches in flight, split by TP. The planner's stated
+// per-process overheads (a CUDA context, the process and MPI) are left out: the budget is measured with the processes
+// running.
 FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double budget) {
   const plan::GptShape shape = model.plan_shape();
   plan::Cluster cluster;
@@ -182,9 +183,8 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   for (const auto& o : req.overlap) overlap.push_back(o == "on");
   std::vector<OffloadDevice> offload;
   for (const auto& o : req.offload) offload.push_back(offload_device(o));
-  std::vector<TuneCandidate> candidates =
-      with_grids(tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload), req.tensor_parallel,
-                 req.pipeline_parallel);
+  std::vector<TuneCandidate> candidates = with_grids(tune_grid(req.stages, micro, req.bucket_sizes, overlap, offload),
+                                                     req.tensor_parallel, req.pipeline_parallel);
   // Across nodes, stage 3 is also tried with ZeRO++ (hpZ inside the node, qwZ, qgZ), stage 2
   // with qgZ, stages 1-3 with MiCS over the node: whether they pay depends on the links, which
   // the timing measures.
@@ -231,8 +231,8 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
   // Each candidate trains with its own trainer on that engine: activations sized by its
   // micro-batch, the data stream from the start, so every candidate sees the same batches.
   auto make_step = [&ctx, &settings](TuneEngine& run) -> TrainStepFn {
-    const GptSettings s = with_grid(
-        settings, {run.groups ? run.groups->tensor_size() : 1, run.groups ? run.groups->pipeline_size() : 1});
+    const GptSettings s =
+        with_grid(settings, {run.groups ? run.groups->tensor_size() : 1, run.groups ? run.groups->pipeline_size() : 1});
     auto trainer = run.groups ? std::make_shared<GptTrainer>(ctx, *run.engine, *run.groups, s)
                               : std::make_shared<GptTrainer>(ctx, *run.engine, s);
     return [trainer](Engine&) { trainer->train_step(); };
@@ -244,10 +244,9 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
     std::ofstream f(out.table_path);
     ZERO_CHECK(f, "zero-gpt --autotune: cannot write " + out.table_path + "; check the directory is writable");
     f << "# zero-gpt --autotune: " << model.describe() << ", " << world << " rank" << (world == 1 ? "" : "s")
-      << ", global batch " << base.train_batch_size << ", " << req.warmup_steps << " warm-up + "
-      << req.timed_steps << " timed steps per candidate, memory per rank " << mib(out.memory_bytes)
-      << ", the config's grid " << format_grid(opt.grid.tensor, world / (opt.grid.tensor * opt.grid.pipeline),
-                                               opt.grid.pipeline)
+      << ", global batch " << base.train_batch_size << ", " << req.warmup_steps << " warm-up + " << req.timed_steps
+      << " timed steps per candidate, memory per rank " << mib(out.memory_bytes) << ", the config's grid "
+      << format_grid(opt.grid.tensor, world / (opt.grid.tensor * opt.grid.pipeline), opt.grid.pipeline)
       << " (a candidate without tp / pp runs at it)\n"
       << out.result.table();
   }
@@ -258,11 +257,10 @@ AutotuneOutcome run_autotune(Context& ctx, const Config& base, const GptSettings
 std::string autotune_report(const AutotuneOutcome& o) {
   std::string r = "--- autotune (memory per rank " + mib(o.memory_bytes) + ") ---\n" + o.result.table();
   if (!o.result.found) return r + "no candidate ran; the table is in " + o.table_path + "\n";
-  const std::string step = fmt::format("{:.4g} s per step, {:.4g} samples/s", o.result.best_trial.step_s,
-                                       o.result.best_trial.samples_per_s);
-  return r + "fastest: " + o.result.best_trial.candidate.label() + " (" + step + ")\nwritten: " +
-         o.config_path + " (train with: zero-gpt --config " + o.config_path + ", at the same rank count), " +
-         o.table_path + "\n";
+  const std::string step =
+      fmt::format("{:.4g} s per step, {:.4g} samples/s", o.result.best_trial.step_s, o.result.best_trial.samples_per_s);
+  return r + "fastest: " + o.result.best_trial.candidate.label() + " (" + step + ")\nwritten: " + o.config_path +
+         " (train with: zero-gpt --config " + o.config_path + ", at the same rank count), " + o.table_path + "\n";
 }
 
 }  // namespace zero::gpt

@@ -19,8 +19,8 @@
 // same initial parameters and the same data.
 //
 // The run directory receives autotune.yaml (the winner: a complete zero-gpt config file,
-// resolved for the rank count it was tuned at, its grid in the model section) and autotune.txt (every candidate with its
-// time, or why it was skipped or failed). Then zero-gpt exits (the default, as DeepSpeed's
+// resolved for the rank count it was tuned at, its grid in the model section) and autotune.txt (every candidate with
+// its time, or why it was skipped or failed). Then zero-gpt exits (the default, as DeepSpeed's
 // `--autotuning tune`) or trains with the winner (--autotune-then train).
 #pragma once
 
@@ -46,12 +46,12 @@ struct AutotuneRequest {
   std::vector<std::int64_t> bucket_sizes;   // empty: the config's
   std::vector<std::string> overlap;         // "on" / "off"; empty: the config's
   std::vector<std::string> offload{"none", "cpu"};
-  std::vector<int> tensor_parallel;         // grids to try; empty: the config's sizes
+  std::vector<int> tensor_parallel;  // grids to try; empty: the config's sizes
   std::vector<int> pipeline_parallel;
   int warmup_steps = 1;
   int timed_steps = 3;
-  double memory_bytes = 0;     // per rank; 0: the node's MemAvailable over its ranks
-  std::string then = "exit";   // "exit" or "train"
+  double memory_bytes = 0;    // per rank; 0: the node's MemAvailable over its ranks
+  std::string then = "exit";  // "exit" or "train"
 };
 
 // The --autotune flag and its --autotune-* options, in their own group of --help.
@@ -68,8 +68,8 @@ struct AutotuneOutcome {
 // winner's grid, to train with what was tuned).
 GptSettings with_grid(const GptSettings& settings, zero::GridSpec grid);
 
-// Collective. `base` is zero-gpt's resolved config (for its grid's data-parallel size); `settings` its model/data/run sections,
-// which the winner's file carries too. Creates settings.out_dir (rank 0) if needed.
+// Collective. `base` is zero-gpt's resolved config (for its grid's data-parallel size); `settings` its model/data/run
+// sections, which the winner's file carries too. Creates settings.out_dir (rank 0) if needed.
 AutotuneOutcome run_autotune(zero::Context& ctx, const zero::Config& base, const GptSettings& settings,
                              const AutotuneRequest& request);
 // What rank 0 prints: the table, the winner, where the files are and how to train with it.

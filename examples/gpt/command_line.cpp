@@ -8,8 +8,9 @@
 namespace zero::gpt {
 
 std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cli& cli) {
-  CLI::App app{"zero-gpt: GPT-2 training with ZeRO-sharded data parallelism (stages 0-3).\n"
-               "Launch with mpirun / srun for several ranks; a single process needs no launcher."};
+  CLI::App app{
+      "zero-gpt: GPT-2 training with ZeRO-sharded data parallelism (stages 0-3).\n"
+      "Launch with mpirun / srun for several ranks; a single process needs no launcher."};
   app.add_option("-c,--config", cli.config_path,
                  "YAML or DeepSpeed JSON file: engine keys plus the model/data/run sections")
       ->required()
@@ -31,8 +32,7 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
                  "checkpoint root (default <run.out_dir>/checkpoints) or one step directory");
   app.add_option("--prompt", cli.prompt, "text the sample continues (byte vocabulary only)");
   add_autotune_options(app, cli.autotune);
-  app.footer("\n" + gpt_settings_help() +
-             "\nEngine keys (DeepSpeed names; the README explains each):\n" +
+  app.footer("\n" + gpt_settings_help() + "\nEngine keys (DeepSpeed names; the README explains each):\n" +
              zero::config_keys_help() +
              "\nExit status: 0 done; 75 stopped by SIGTERM/SIGINT/SIGUSR1 after saving a "
              "checkpoint\n(rerun with --resume); 1 error.\n");

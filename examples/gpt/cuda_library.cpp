@@ -17,8 +17,8 @@ const GptCudaLibrary& gpt_cuda_library() {
     const LibrarySymbol entry =
         find_library_entry(ZERO_GPT_CUDA_FILE, "zero_gpt_cuda_library", "zero_gpt_cuda_library_id", ZERO_GPT_CUDA_ID);
     if (entry.other_build) {
-      error = entry.error +
-              "; build it with this zero-gpt (building zero-gpt builds both) and install the two together";
+      error =
+          entry.error + "; build it with this zero-gpt (building zero-gpt builds both) and install the two together";
       return;
     }
     if (entry.address == nullptr) {

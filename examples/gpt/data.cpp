@@ -72,8 +72,7 @@ void write_shard(const std::string& path, std::span<const std::uint16_t> tokens)
   header[1] = kShardVersion;
   header[2] = static_cast<std::int32_t>(tokens.size());
   out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size_bytes()));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size_bytes()));
   ZERO_CHECK(out, "write_shard: writing '" + path + "' failed (disk full?)");
 }
 
@@ -160,15 +159,14 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
     set.segments_.push_back(std::move(s));
     set.maps_.push_back(std::move(m));
   }
-  set.description_ = fmt::format("{} shard{}, {} tokens ({})", files.size(), files.size() == 1 ? "" : "s",
-                                 set.num_tokens(), pattern);
+  set.description_ =
+      fmt::format("{} shard{}, {} tokens ({})", files.size(), files.size() == 1 ? "" : "s", set.num_tokens(), pattern);
   return set;
 }
 
 TokenSet TokenSet::from_text_file(const std::string& path, bool validation) {
   const MappedFile text(path);
-  std::vector<std::uint16_t> all =
-      encode_bytes({reinterpret_cast<const char*>(text.data()), text.size()});
+  std::vector<std::uint16_t> all = encode_bytes({reinterpret_cast<const char*>(text.data()), text.size()});
   // A fixed split: the first 90% trains, the last 10% validates.
   const std::size_t split = all.size() * 9 / 10;
   std::vector<std::uint16_t> part =
@@ -223,10 +221,9 @@ std::uint64_t IndexPermutation::operator()(std::uint64_t i) const {
 }
 
 DataLoader::DataLoader(const TokenSet& set, const Options& opt) : set_(&set), opt_(opt) {
-  ZERO_CHECK(opt.batch >= 1 && opt.seq_len >= 1 && opt.world >= 1 && opt.rank >= 0 &&
-                 opt.rank < opt.world,
-             fmt::format("DataLoader: bad options (batch {}, seq_len {}, rank {}/{})", opt.batch, opt.seq_len,
-                         opt.rank, opt.world));
+  ZERO_CHECK(opt.batch >= 1 && opt.seq_len >= 1 && opt.world >= 1 && opt.rank >= 0 && opt.rank < opt.world,
+             fmt::format("DataLoader: bad options (batch {}, seq_len {}, rank {}/{})", opt.batch, opt.seq_len, opt.rank,
+                         opt.world));
   first_sample_.reserve(static_cast<std::size_t>(set.num_segments()) + 1);
   first_sample_.push_back(0);
   for (int i = 0; i < set.num_segments(); ++i) {
@@ -241,13 +238,10 @@ DataLoader::DataLoader(const TokenSet& set, const Options& opt) : set_(&set), op
                                      set.description(), opt.seq_len + 1));
 }
 
-std::int64_t DataLoader::samples_per_micro_step() const {
-  return static_cast<std::int64_t>(opt_.batch) * opt_.world;
-}
+std::int64_t DataLoader::samples_per_micro_step() const { return static_cast<std::int64_t>(opt_.batch) * opt_.world; }
 
 std::pair<int, std::int64_t> DataLoader::locate(std::int64_t sample) const {
-  ZERO_CHECK(sample >= 0 && sample < total_,
-             fmt::format("DataLoader::locate: sample {} out of range", sample));
+  ZERO_CHECK(sample >= 0 && sample < total_, fmt::format("DataLoader::locate: sample {} out of range", sample));
   auto it = std::upper_bound(first_sample_.begin(), first_sample_.end(), sample);
   const int seg = static_cast<int>(it - first_sample_.begin()) - 1;
   return {seg, (sample - first_sample_[static_cast<std::size_t>(seg)]) * opt_.seq_len};
@@ -262,16 +256,14 @@ std::int64_t DataLoader::sample_at(std::int64_t micro_step, int j) const {
   return static_cast<std::int64_t>(perm(static_cast<std::uint64_t>(i)));
 }
 
-std::int64_t DataLoader::epoch() const {
-  return (micro_step_ * opt_.world + opt_.rank) * opt_.batch / total_;
-}
+std::int64_t DataLoader::epoch() const { return (micro_step_ * opt_.world + opt_.rank) * opt_.batch / total_; }
 
 void DataLoader::seek(std::int64_t micro_step) {
   // sample_at computes (micro_step * world + rank) * batch + j: keep it inside int64.
   const std::int64_t per = samples_per_micro_step();
   ZERO_CHECK(micro_step >= 0 && micro_step <= (std::numeric_limits<std::int64_t>::max() - per) / per - 1,
-             fmt::format("DataLoader::seek: micro-step {} is outside [0, {}] for {} samples per micro-step",
-                         micro_step, (std::numeric_limits<std::int64_t>::max() - per) / per - 1, per));
+             fmt::format("DataLoader::seek: micro-step {} is outside [0, {}] for {} samples per micro-step", micro_step,
+                         (std::numeric_limits<std::int64_t>::max() - per) / per - 1, per));
   micro_step_ = micro_step;
 }
 
@@ -281,9 +273,10 @@ void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t
   const std::uint16_t* tok = set_->segment(seg).data() + start;
   for (int t = 0; t <= T; ++t) {
     if (tok[t] >= opt_.vocab_size)
-      ZERO_THROW(fmt::format("data: token {} at position {} of '{}' is outside the model's vocabulary (vocab_size "
-                             "{}); set model.vocab_size to the tokenizer's (50257 for GPT-2)",
-                             tok[t], start + t, set_->segment_name(seg), opt_.vocab_size));
+      ZERO_THROW(
+          fmt::format("data: token {} at position {} of '{}' is outside the model's vocabulary (vocab_size "
+                      "{}); set model.vocab_size to the tokenizer's (50257 for GPT-2)",
+                      tok[t], start + t, set_->segment_name(seg), opt_.vocab_size));
   }
   for (int t = 0; t < T; ++t) {
     in[t] = tok[t];
@@ -294,14 +287,15 @@ void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t
 void DataLoader::next(std::int32_t* inputs, std::int32_t* targets) {
   const std::size_t T = static_cast<std::size_t>(opt_.seq_len);
   for (int j = 0; j < opt_.batch; ++j)
-    copy_sample(sample_at(micro_step_, j), inputs + static_cast<std::size_t>(j) * T, targets + static_cast<std::size_t>(j) * T);
+    copy_sample(sample_at(micro_step_, j), inputs + static_cast<std::size_t>(j) * T,
+                targets + static_cast<std::size_t>(j) * T);
   ++micro_step_;
 }
 
-void DataLoader::read(std::int64_t first, int count, std::int32_t* inputs,
-                      std::int32_t* targets) const {
+void DataLoader::read(std::int64_t first, int count, std::int32_t* inputs, std::int32_t* targets) const {
   const std::size_t T = static_cast<std::size_t>(opt_.seq_len);
-  for (int j = 0; j < count; ++j) copy_sample(first + j, inputs + static_cast<std::size_t>(j) * T, targets + static_cast<std::size_t>(j) * T);
+  for (int j = 0; j < count; ++j)
+    copy_sample(first + j, inputs + static_cast<std::size_t>(j) * T, targets + static_cast<std::size_t>(j) * T);
 }
 
 }  // namespace zero::gpt

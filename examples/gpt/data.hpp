@@ -106,13 +106,13 @@ class IndexPermutation {
 class DataLoader {
  public:
   struct Options {
-    int batch = 1;             // B: sequences per rank per micro-step
-    int seq_len = 64;          // T
+    int batch = 1;     // B: sequences per rank per micro-step
+    int seq_len = 64;  // T
     int rank = 0;
     int world = 1;
     std::uint64_t seed = 0;
-    bool shuffle = true;       // false: samples in order (validation)
-    int vocab_size = 65536;    // a token >= this is a zero::Error naming where it was found
+    bool shuffle = true;     // false: samples in order (validation)
+    int vocab_size = 65536;  // a token >= this is a zero::Error naming where it was found
   };
   // Throws zero::Error when the set holds no complete sample.
   DataLoader(const TokenSet& set, const Options& opt);

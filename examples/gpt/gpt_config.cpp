@@ -107,9 +107,10 @@ const std::vector<std::string>& gpt_preset_names() {
 GptConfig gpt_preset(std::string_view name) {
   for (const auto& p : presets())
     if (name == p.name) return p.cfg;
-  ZERO_THROW(fmt::format("unknown GPT preset '{}'{}; choose one of: {}, or give n_layer / n_head / n_embd / seq_len "
-                         "/ vocab_size explicitly",
-                         name, did_you_mean(name, gpt_preset_names()), fmt::join(gpt_preset_names(), ", ")));
+  ZERO_THROW(
+      fmt::format("unknown GPT preset '{}'{}; choose one of: {}, or give n_layer / n_head / n_embd / seq_len "
+                  "/ vocab_size explicitly",
+                  name, did_you_mean(name, gpt_preset_names()), fmt::join(gpt_preset_names(), ", ")));
 }
 
 std::int64_t TensorSpec::numel() const {
@@ -150,8 +151,7 @@ std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
   return units;
 }
 
-void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values,
-                    std::uint64_t seed) {
+void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values, std::uint64_t seed) {
   if (name.ends_with(".bias")) {
     std::fill(values.begin(), values.end(), 0.0f);
     return;

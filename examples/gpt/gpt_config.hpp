@@ -25,8 +25,8 @@ struct GptConfig {
   int n_layer = 4;
   int n_head = 4;
   int n_embd = 128;
-  int seq_len = 64;       // maximum sequence length T (size of wpe)
-  int vocab_size = 256;   // real vocabulary V (256 for bytes, 50257 for GPT-2 BPE)
+  int seq_len = 64;      // maximum sequence length T (size of wpe)
+  int vocab_size = 256;  // real vocabulary V (256 for bytes, 50257 for GPT-2 BPE)
   bool activation_checkpointing = false;
 
   // V rounded up to a multiple of 128: the embedding matrix and logits use this width so the
@@ -66,8 +66,19 @@ inline int ln_f_unit(const GptConfig& cfg) { return cfg.n_layer + 1; }
 
 // Tensor order inside a block unit (the order the model's pointer arrays use).
 enum BlockTensor : int {
-  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,
-  kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kBlockTensors
+  kLn1W,
+  kLn1B,
+  kAttnW,
+  kAttnB,
+  kAttnProjW,
+  kAttnProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kBlockTensors
 };
 enum EmbeddingTensor : int { kWte, kWpe, kEmbeddingTensors };
 enum LnfTensor : int { kLnfW, kLnfB, kLnfTensors };
@@ -79,7 +90,6 @@ zero::Layout build_layout(const GptConfig& cfg);
 // Fills `values` (the full tensor `name`) with its GPT-2 initial value: weights N(0, 0.02),
 // the two residual projections of each block N(0, 0.02 / sqrt(2 n_layer)), LayerNorm weights 1,
 // biases 0, padded vocabulary rows of wte 0. Deterministic in (seed, name) only.
-void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values,
-                    std::uint64_t seed);
+void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values, std::uint64_t seed);
 
 }  // namespace zero::gpt

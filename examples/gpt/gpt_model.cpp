@@ -14,9 +14,9 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
     : cfg_(cfg), tp_(tp), part_(part), ops_(&ops), es_(ops.elem_bytes()), max_b_(max_batch) {
   cfg_.validate();
   check_tensor_parallel(cfg_, tp_.size);
-  ZERO_CHECK(tp_.rank >= 0 && tp_.rank < tp_.size && (tp_.size == 1 || tp_.comm),
-             fmt::format("GptModel: tensor rank {} of {} needs a communicator of the tensor group", tp_.rank,
-                         tp_.size));
+  ZERO_CHECK(
+      tp_.rank >= 0 && tp_.rank < tp_.size && (tp_.size == 1 || tp_.comm),
+      fmt::format("GptModel: tensor rank {} of {} needs a communicator of the tensor group", tp_.rank, tp_.size));
   ZERO_CHECK(max_batch >= 1, fmt::format("GptModel: the micro-batch size must be >= 1 (got {})", max_batch));
   if (part_.end_layer < 0) part_.end_layer = cfg_.n_layer;
   ZERO_CHECK(part_.first_layer >= 0 && part_.first_layer < part_.end_layer && part_.end_layer <= cfg_.n_layer &&
@@ -101,9 +101,9 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   att_scratch_ = OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, nh_) * f4);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
 
-  for (const OpsBuffer* b : {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_,
-                             &lnf_mean_, &lnf_rstd_, &logits_, &losses_, &dres_, &dtmp_, &dqkv_,
-                             &dfch_, &att_scratch_, &ce_max_, &ce_sums_})
+  for (const OpsBuffer* b :
+       {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_,
+        &losses_, &dres_, &dtmp_, &dqkv_, &dfch_, &att_scratch_, &ce_max_, &ce_sums_})
     activation_bytes_ += b->bytes();
 }
 
@@ -136,10 +136,10 @@ void GptModel::require_part(bool held, const char* what) const {
 }
 
 void GptModel::check_layer(int layer, const char* what) const {
-  ZERO_CHECK(layer >= part_.first_layer && layer < part_.end_layer,
-             fmt::format("GptModel::{}: layer {} out of range [{}, {}){}", what, layer, part_.first_layer,
-                         part_.end_layer,
-                         part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
+  ZERO_CHECK(
+      layer >= part_.first_layer && layer < part_.end_layer,
+      fmt::format("GptModel::{}: layer {} out of range [{}, {}){}", what, layer, part_.first_layer, part_.end_layer,
+                  part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 
@@ -152,8 +152,8 @@ void GptModel::forward_embeddings(const Act* const* emb) {
   }
   // Each rank looks up its own vocabulary rows (zeros for the others' ids), rank 0 adds the
   // positions, and the sum over the group is the embedding.
-  ops_->encoder_forward_part(residual(0), slot_ids(inputs_), emb[kWte], row_bias(emb[kWpe]),
-                             b_, t_, cfg_.n_embd, v0_, vl_);
+  ops_->encoder_forward_part(residual(0), slot_ids(inputs_), emb[kWte], row_bias(emb[kWpe]), b_, t_, cfg_.n_embd, v0_,
+                             vl_);
   tp_.all_reduce(*ops_, residual(0), static_cast<std::size_t>(b_) * t_ * cfg_.n_embd);
 }
 
@@ -167,8 +167,7 @@ void GptModel::block_forward(const BlockActs& a, const Act* in, Act* out, const 
   ops_->attention_forward(a.atty, a.att_stats, a.qkv, b_, t_, ca_, nh_);
   ops_->matmul_forward(a.res2, a.atty, p[kAttnProjW], row_bias(p[kAttnProjB]), N, ca_, C);
   tp_.all_reduce(*ops_, a.res2, NC);
-  ops_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, p[kLn2W],
-                                   p[kLn2B], N, C);
+  ops_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, p[kLn2W], p[kLn2B], N, C);
   ops_->matmul_forward(a.fch_gelu, a.ln2, p[kFcW], p[kFcB], N, C, fc_, a.fch);
   // The recompute before a backward needs only the block's internals, not its output.
   if (!out) return;
@@ -203,8 +202,8 @@ void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_head: call set_batch first");
   require_part(part_.head, "forward_head");
   const int N = b_ * t_, C = cfg_.n_embd;
-  ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(),
-                          residual(cfg_.n_layer), ln_f[kLnfW], ln_f[kLnfB], N, C);
+  ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(), residual(cfg_.n_layer),
+                          ln_f[kLnfW], ln_f[kLnfB], N, C);
   ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, vl_);
   if (!has_targets_) return;
   cross_entropy(nullptr, 0.0f, false);
@@ -232,16 +231,15 @@ void GptModel::cross_entropy(Act* dlogits, float dloss, bool stats_ready) {
     ops_->cross_entropy_part_sums(sums, logits_.as<Act>(), mx, targets, N, vl_, v0_, V);
     tp_.all_reduce(*ops_, sums, 2 * n, zero::ReduceOp::sum);
   }
-  ops_->cross_entropy_part_finish(losses_.as<float>(), dlogits, logits_.as<Act>(), mx, sums,
-                                  targets, N, vl_, v0_, V, dloss);
+  ops_->cross_entropy_part_finish(losses_.as<float>(), dlogits, logits_.as<Act>(), mx, sums, targets, N, vl_, v0_, V,
+                                  dloss);
 }
 
 double GptModel::loss() const {
   if (!has_targets_) return 0.0;  // sampling: no loss
   ZERO_CHECK(loss_ready_, "GptModel::loss: no forward since the last set_batch");
   const int N = b_ * t_;
-  ops_->download(host_losses_.data(), losses_.as<float>(),
-                 static_cast<std::size_t>(N) * sizeof(float));
+  ops_->download(host_losses_.data(), losses_.as<float>(), static_cast<std::size_t>(N) * sizeof(float));
   double sum = 0.0;
   for (int i = 0; i < N; ++i) sum += host_losses_[static_cast<std::size_t>(i)];
   return sum / N;
@@ -273,16 +271,16 @@ void GptModel::logits_at(int b, int t, std::vector<float>& out) const {
   ops_->download(raw.data(), at(logits_, row * Vl), raw.size());
   std::vector<float> whole(static_cast<std::size_t>(cfg_.padded_vocab_size()), 0.0f);
   zero::convert(raw.data(), ops_->dtype(), whole.data() + v0, zero::DType::f32, Vl);
-  if (tp_.active())
-    tp_.comm->all_reduce(whole.data(), whole.size(), zero::DType::f32, zero::ReduceOp::sum);
+  if (tp_.active()) tp_.comm->all_reduce(whole.data(), whole.size(), zero::DType::f32, zero::ReduceOp::sum);
   out.assign(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(V));
 }
 
-void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
-                             Act* const* d_emb, float dloss) {
+void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb, Act* const* d_emb,
+                             float dloss) {
   require_part(part_.head, "backward_head");
-  ZERO_CHECK(has_targets_, "GptModel::backward_head: the batch has no targets (set_batch with "
-                           "targets before a training forward)");
+  ZERO_CHECK(has_targets_,
+             "GptModel::backward_head: the batch has no targets (set_batch with "
+             "targets before a training forward)");
   const int N = b_ * t_, C = cfg_.n_embd;
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   // The loss is a mean over the N positions; the logits become their own gradient in place.
@@ -290,14 +288,12 @@ void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const A
   // Under tensor parallelism the forward's reduced statistics serve again: no all-reduce here.
   cross_entropy(logits, dloss / static_cast<float>(N), true);
   ops_->fill_zero(dtmp_.as<void>(), NC * es_);
-  ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C,
-                        vl_);
+  ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C, vl_);
   // Each rank's ids give part of d(ln_f output).
   tp_.all_reduce(*ops_, dtmp_.as<Act>(), NC);
   ops_->fill_zero(dres_.as<void>(), NC * es_);
-  ops_->layernorm_backward(dres_.as<Act>(), d_ln_f[kLnfW], d_ln_f[kLnfB], dtmp_.as<Act>(),
-                           residual(cfg_.n_layer), ln_f[kLnfW], lnf_mean_.as<float>(),
-                           lnf_rstd_.as<float>(), N, C);
+  ops_->layernorm_backward(dres_.as<Act>(), d_ln_f[kLnfW], d_ln_f[kLnfB], dtmp_.as<Act>(), residual(cfg_.n_layer),
+                           ln_f[kLnfW], lnf_mean_.as<float>(), lnf_rstd_.as<float>(), N, C);
 }
 
 void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
@@ -317,27 +313,23 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
   // Under tensor parallelism the replicated biases of the row-parallel products get the same
   // gradient on every rank (dres is the group's), and each column-parallel product's input
   // gradient is this rank's part of a sum.
-  ops_->matmul_backward(dfch, g[kFcProjW], g[kFcProjB], dres, a.fch_gelu, p[kFcProjW], N, fc_, C,
-                        a.fch);
+  ops_->matmul_backward(dfch, g[kFcProjW], g[kFcProjB], dres, a.fch_gelu, p[kFcProjW], N, fc_, C, a.fch);
   ops_->fill_zero(dtmp, NC * es_);
   ops_->matmul_backward(dtmp, g[kFcW], g[kFcB], dfch, a.ln2, p[kFcW], N, C, fc_);
   tp_.all_reduce(*ops_, dtmp, NC);
   // The residual path passes dres through unchanged; the LayerNorm adds its branch to it.
-  ops_->layernorm_backward(dres, g[kLn2W], g[kLn2B], dtmp, a.res2, p[kLn2W], a.ln2_mean,
-                           a.ln2_rstd, N, C);
+  ops_->layernorm_backward(dres, g[kLn2W], g[kLn2B], dtmp, a.res2, p[kLn2W], a.ln2_mean, a.ln2_rstd, N, C);
 
   // Attention branch: res2 = in + proj(attention(qkv(ln1(in)))).
   const std::size_t NCA = static_cast<std::size_t>(N) * ca_;
   ops_->fill_zero(dtmp, NCA * es_);
   ops_->matmul_backward(dtmp, g[kAttnProjW], g[kAttnProjB], dres, a.atty, p[kAttnProjW], N, ca_, C);
   ops_->fill_zero(dqkv, 3 * NCA * es_);
-  ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, b_,
-                           t_, ca_, nh_);
+  ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, b_, t_, ca_, nh_);
   ops_->fill_zero(dtmp, NC * es_);
   ops_->matmul_backward(dtmp, g[kAttnW], g[kAttnB], dqkv, a.ln1, p[kAttnW], N, C, 3 * ca_);
   tp_.all_reduce(*ops_, dtmp, NC);
-  ops_->layernorm_backward(dres, g[kLn1W], g[kLn1B], dtmp, in, p[kLn1W], a.ln1_mean, a.ln1_rstd,
-                           N, C);
+  ops_->layernorm_backward(dres, g[kLn1W], g[kLn1B], dtmp, in, p[kLn1W], a.ln1_mean, a.ln1_rstd, N, C);
 }
 
 void GptModel::backward_embeddings(Act* const* d_emb) {
@@ -348,8 +340,8 @@ void GptModel::backward_embeddings(Act* const* d_emb) {
     return;
   }
   // dres is the group's: every rank adds the whole (replicated) wpe gradient and its own rows'.
-  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_),
-                              b_, t_, cfg_.n_embd, v0_, vl_);
+  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_), b_, t_, cfg_.n_embd, v0_,
+                              vl_);
 }
 
 HostParams::HostParams(const GptConfig& cfg) : cfg_(cfg), specs_(gpt_units(cfg)) {
@@ -410,22 +402,18 @@ void backward_all(GptModel& model, const HostParams& p, HostParams& grads, float
   require_host_fp32(model, "backward_all");
   const int L = model.config().n_layer;
   const int lnf = ln_f_unit(model.config());
-  model.backward_head(p.acts(lnf), grads.acts(lnf), p.acts(embeddings_unit()),
-                      grads.acts(embeddings_unit()), dloss);
-  for (int l = L - 1; l >= 0; --l)
-    model.backward_block(l, p.acts(block_unit(l)), grads.acts(block_unit(l)));
+  model.backward_head(p.acts(lnf), grads.acts(lnf), p.acts(embeddings_unit()), grads.acts(embeddings_unit()), dloss);
+  for (int l = L - 1; l >= 0; --l) model.backward_block(l, p.acts(block_unit(l)), grads.acts(block_unit(l)));
   model.backward_embeddings(grads.acts(embeddings_unit()));
 }
 
 int sample_token(std::span<const float> logits, float temperature, int top_k, double coin) {
   ZERO_CHECK(!logits.empty(), "sample_token: empty logits");
-  if (temperature <= 0.0f)
-    return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (temperature <= 0.0f) return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   std::vector<int> ids(logits.size());
   std::iota(ids.begin(), ids.end(), 0);
-  const std::size_t k = (top_k <= 0 || static_cast<std::size_t>(top_k) > ids.size())
-                            ? ids.size()
-                            : static_cast<std::size_t>(top_k);
+  const std::size_t k =
+      (top_k <= 0 || static_cast<std::size_t>(top_k) > ids.size()) ? ids.size() : static_cast<std::size_t>(top_k);
   auto at = [&](int id) { return logits[static_cast<std::size_t>(id)]; };
   // Largest first; ties broken by id so the choice is reproducible.
   std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(),

@@ -46,8 +46,7 @@ namespace zero::gpt {
 class OpsBuffer {
  public:
   OpsBuffer() = default;
-  OpsBuffer(Ops& ops, std::size_t bytes)
-      : ops_(&ops), data_(ops.allocate(bytes)), bytes_(bytes) {}
+  OpsBuffer(Ops& ops, std::size_t bytes) : ops_(&ops), data_(ops.allocate(bytes)), bytes_(bytes) {}
   OpsBuffer(OpsBuffer&& o) noexcept
       : ops_(o.ops_), data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
   OpsBuffer& operator=(OpsBuffer&& o) noexcept {
@@ -83,10 +82,10 @@ class OpsBuffer {
 // The part of the model one pipeline stage runs (the whole model by default).
 struct ModelPart {
   int first_layer = 0;
-  int end_layer = -1;       // one past the last block; -1: n_layer
-  bool embeddings = true;   // the first stage: the token and position embeddings
-  bool head = true;         // the last stage: ln_f, the tied LM head and the loss
-  int slots = 1;            // micro-batches whose activations are held at once
+  int end_layer = -1;      // one past the last block; -1: n_layer
+  bool embeddings = true;  // the first stage: the token and position embeddings
+  bool head = true;        // the last stage: ln_f, the tied LM head and the loss
+  int slots = 1;           // micro-batches whose activations are held at once
 };
 
 class GptModel {
@@ -141,8 +140,7 @@ class GptModel {
   // Backward, in reverse unit order; every gradient is added into the given pointers.
   // dloss is the derivative of the objective with respect to loss(): 1 for plain training,
   // loss_scale / micro-steps under the engine.
-  void backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb,
-                     Act* const* d_emb, float dloss);
+  void backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb, Act* const* d_emb, float dloss);
   void backward_block(int layer, const Act* const* block, Act* const* d_block);
   void backward_embeddings(Act* const* d_emb);
 
@@ -156,23 +154,22 @@ class GptModel {
   void block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p);
   const BlockActs& acts(int layer) const {
     const std::size_t n = static_cast<std::size_t>(part_.end_layer - part_.first_layer);
-    return blocks_[cfg_.activation_checkpointing ? 0
-                                                 : static_cast<std::size_t>(slot_) * n +
-                                                       static_cast<std::size_t>(layer - part_.first_layer)];
+    return blocks_[cfg_.activation_checkpointing
+                       ? 0
+                       : static_cast<std::size_t>(slot_) * n + static_cast<std::size_t>(layer - part_.first_layer)];
   }
   // [B,T,C] slices of the Ops' element type: the slot's residual stream at `layer` (a global
   // index in [first_layer, end_layer]).
   Act* residual(int layer) const {
     const std::size_t per_slot = static_cast<std::size_t>(part_.end_layer - part_.first_layer + 1);
-    return at(residual_, (static_cast<std::size_t>(slot_) * per_slot +
-                          static_cast<std::size_t>(layer - part_.first_layer)) * nc_max_);
+    return at(
+        residual_,
+        (static_cast<std::size_t>(slot_) * per_slot + static_cast<std::size_t>(layer - part_.first_layer)) * nc_max_);
   }
   std::int32_t* slot_ids(const OpsBuffer& b) const {
     return b.as<std::int32_t>() + static_cast<std::size_t>(slot_) * static_cast<std::size_t>(max_b_) * cfg_.seq_len;
   }
-  Act* at(const OpsBuffer& b, std::size_t elements) const {
-    return act_offset(b.as<Act>(), elements, es_);
-  }
+  Act* at(const OpsBuffer& b, std::size_t elements) const { return act_offset(b.as<Act>(), elements, es_); }
   void check_layer(int layer, const char* what) const;
   void require_part(bool held, const char* what) const;
   // losses_ (and, with dlogits non-null, the logits' gradient in place) from logits_: the
@@ -199,7 +196,7 @@ class GptModel {
   int loss_terms_ = 0;       // means added to loss_total_
   std::size_t activation_bytes_ = 0;
 
-  OpsBuffer inputs_, targets_;  // per slot
+  OpsBuffer inputs_, targets_;           // per slot
   OpsBuffer block_store_, block_stats_;  // every BlockActs (per slot and block), carved
   std::vector<BlockActs> blocks_;
   OpsBuffer residual_;  // [slots][blocks+1][B,T,C]: the input of each block, then the last output

@@ -13,15 +13,15 @@ namespace {
 
 // Matrix products go to OpenBLAS, which threads them itself; they are therefore never called
 // from inside an OpenMP parallel region (the pthread OpenBLAS would oversubscribe the cores).
-void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-          const float* B, int ldb, float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+          float beta, float* C, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
 }
-void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda,
-          const double* B, int ldb, double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M,
-              N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B, int ldb,
+          double beta, double* C, int ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
+              ldb, beta, C, ldc);
 }
 
 // Column sums and other per-column reductions over N rows are split into column chunks, one
@@ -70,7 +70,6 @@ inline T tanh_fast(T u) {
   return u < T(0) ? -t : t;
 }
 
-
 }  // namespace
 
 // A token's row in this rank's part of wte, or null when the id lies outside it.
@@ -82,8 +81,8 @@ inline T* vocab_row(T* wte, std::int32_t token, int C, int row0, int rows) {
 }
 
 template <class T>
-void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                     int C, int row0, int rows) {
+void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int row0,
+                     int rows) {
 #pragma omp parallel for
   for (int n = 0; n < B * T_; ++n) {
     const T* e = vocab_row(wte, tokens[n], C, row0, rows);
@@ -94,8 +93,8 @@ void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* 
 }
 
 template <class T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
-                      int C, int row0, int rows) {
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_, int C, int row0,
+                      int rows) {
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
 #pragma omp parallel for
   for (int k = 0; k < chunks; ++k) {
@@ -113,8 +112,7 @@ void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* token
 }
 
 template <class T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N,
-                       int C) {
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C) {
   const T eps = T(1e-5);
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
@@ -136,8 +134,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const
 }
 
 template <class T>
-void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                        const T* mean, const T* rstd, int N, int C) {
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
+                        int N, int C) {
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
     const T* x = inp + idx(n, C);
@@ -182,8 +180,7 @@ void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int 
 }
 
 template <class T>
-void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
-                     int C, int OC) {
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC) {
   if (dinp) gemm(false, true, N, C, OC, T(1), dout, OC, w, OC, T(1), dinp, C);
   gemm(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dw, OC);
   if (dbias) {
@@ -240,8 +237,7 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int N
 }
 
 template <class T>
-void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_,
-                        int C, int NH) {
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_, int C, int NH) {
   const int hs = C / NH;
   const std::size_t C3 = 3 * static_cast<std::size_t>(C);
   const T scale = T(1) / std::sqrt(T(hs));
@@ -281,7 +277,6 @@ void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* 
     }
   }
 }
-
 
 template <class T>
 void gelu_forward(T* out, const T* inp, std::size_t n) {
@@ -326,15 +321,14 @@ void logits_forward(T* logits, const T* x, const T* wte, int N, int C, int Vp) {
 }
 
 template <class T>
-void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C,
-                     int Vp) {
+void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C, int Vp) {
   gemm(false, false, N, C, Vp, T(1), dlogits, Vp, wte, C, T(1), dx, C);
   gemm(true, false, Vp, C, N, T(1), dlogits, Vp, x, C, T(1), dwte, C);
 }
 
 template <class T>
-void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets,
-                           int N, int V, int Vp, T dloss) {
+void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets, int N, int V, int Vp,
+                           T dloss) {
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
     const T* l = logits + idx(n, Vp);
@@ -371,8 +365,8 @@ void cross_entropy_part_max(float* row_max, const T* logits, int N, int Vl, int 
 }
 
 template <class T>
-void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max,
-                             const std::int32_t* targets, int N, int Vl, int v0, int V) {
+void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max, const std::int32_t* targets, int N,
+                             int Vl, int v0, int V) {
   const int real = std::clamp(V - v0, 0, Vl);
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
@@ -387,9 +381,8 @@ void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max,
 }
 
 template <class T>
-void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max,
-                               const float* sums, const std::int32_t* targets, int N, int Vl,
-                               int v0, int V, T dloss) {
+void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max, const float* sums,
+                               const std::int32_t* targets, int N, int Vl, int v0, int V, T dloss) {
   const int real = std::clamp(V - v0, 0, Vl);
 #pragma omp parallel for
   for (int n = 0; n < N; ++n) {
@@ -398,8 +391,7 @@ void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const
     // No part holds a target outside [0, V), so sums[N + n] is 0 and the loss would read as a
     // finite lse: report it as NaN instead, which the trainer stops on.
     const bool valid = targets[n] >= 0 && targets[n] < V;
-    losses[n] = valid ? static_cast<float>(lse - static_cast<T>(sums[N + n]))
-                      : std::numeric_limits<float>::quiet_NaN();
+    losses[n] = valid ? static_cast<float>(lse - static_cast<T>(sums[N + n])) : std::numeric_limits<float>::quiet_NaN();
     if (!dlogits) continue;
     T* d = dlogits + idx(n, Vl);  // may alias l: each element is read before it is written
     const int target = targets[n] - v0;
@@ -408,29 +400,26 @@ void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const
   }
 }
 
-#define ZERO_GPT_INSTANTIATE(T)                                                                   \
-  template void encoder_forward<T>(T*, const std::int32_t*, const T*, const T*, int, int, int, int, \
-                                   int);                                                          \
-  template void encoder_backward<T>(T*, T*, const T*, const std::int32_t*, int, int, int, int, int); \
-  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);         \
-  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
-                                      const T*, int, int);                                        \
-  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);               \
-  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);      \
-  template void attention_forward<T>(T*, T*, const T*, int, int, int, int);                       \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);  \
-  template void gelu_forward<T>(T*, const T*, std::size_t);                                       \
-  template void gelu_backward<T>(T*, const T*, const T*, std::size_t);                            \
-  template void gelu_backward_inplace<T>(T*, const T*, std::size_t);                              \
-  template void residual_forward<T>(T*, const T*, const T*, std::size_t);                         \
-  template void logits_forward<T>(T*, const T*, const T*, int, int, int);                         \
-  template void logits_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);          \
-  template void softmax_cross_entropy<T>(T*, T*, const T*, const std::int32_t*, int, int, int, T); \
-  template void cross_entropy_part_max<T>(float*, const T*, int, int, int, int);                   \
-  template void cross_entropy_part_sums<T>(float*, const T*, const float*, const std::int32_t*,    \
-                                           int, int, int, int);                                    \
-  template void cross_entropy_part_finish<T>(float*, T*, const T*, const float*, const float*,     \
-                                             const std::int32_t*, int, int, int, int, T);
+#define ZERO_GPT_INSTANTIATE(T)                                                                                      \
+  template void encoder_forward<T>(T*, const std::int32_t*, const T*, const T*, int, int, int, int, int);            \
+  template void encoder_backward<T>(T*, T*, const T*, const std::int32_t*, int, int, int, int, int);                 \
+  template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int, int);                            \
+  template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);       \
+  template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);                                  \
+  template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);                         \
+  template void attention_forward<T>(T*, T*, const T*, int, int, int, int);                                          \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);                     \
+  template void gelu_forward<T>(T*, const T*, std::size_t);                                                          \
+  template void gelu_backward<T>(T*, const T*, const T*, std::size_t);                                               \
+  template void gelu_backward_inplace<T>(T*, const T*, std::size_t);                                                 \
+  template void residual_forward<T>(T*, const T*, const T*, std::size_t);                                            \
+  template void logits_forward<T>(T*, const T*, const T*, int, int, int);                                            \
+  template void logits_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int);                             \
+  template void softmax_cross_entropy<T>(T*, T*, const T*, const std::int32_t*, int, int, int, T);                   \
+  template void cross_entropy_part_max<T>(float*, const T*, int, int, int, int);                                     \
+  template void cross_entropy_part_sums<T>(float*, const T*, const float*, const std::int32_t*, int, int, int, int); \
+  template void cross_entropy_part_finish<T>(float*, T*, const T*, const float*, const float*, const std::int32_t*,  \
+                                             int, int, int, int, T);
 
 ZERO_GPT_INSTANTIATE(float)
 ZERO_GPT_INSTANTIATE(double)

@@ -15,29 +15,27 @@ namespace zero::gpt::host {
 // outside them contribute nothing (forward: zeros; backward: no gradient), and wpe may be null in
 // the forward (no position term). rows < 0: the whole vocabulary.
 template <class T>
-void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_,
-                     int C, int row0 = 0, int rows = -1);
+void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* wpe, int B, int T_, int C, int row0 = 0,
+                     int rows = -1);
 template <class T>
-void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_,
-                      int C, int row0 = 0, int rows = -1);
+void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_, int C, int row0 = 0,
+                      int rows = -1);
 
 template <class T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int N, int C);
 template <class T>
-void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
-                        const T* mean, const T* rstd, int N, int C);
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w, const T* mean, const T* rstd,
+                        int N, int C);
 
 template <class T>
 void matmul_forward(T* out, const T* inp, const T* w, const T* bias, int N, int C, int OC);
 template <class T>
-void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N,
-                     int C, int OC);
+void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC);
 
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
 template <class T>
-void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_,
-                        int C, int NH);
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_, int C, int NH);
 
 template <class T>
 void gelu_forward(T* out, const T* inp, std::size_t n);
@@ -53,23 +51,21 @@ void residual_forward(T* out, const T* a, const T* b, std::size_t n);
 template <class T>
 void logits_forward(T* logits, const T* x, const T* wte, int N, int C, int Vp);
 template <class T>
-void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C,
-                     int Vp);
+void logits_backward(T* dx, T* dwte, const T* dlogits, const T* x, const T* wte, int N, int C, int Vp);
 
 template <class T>
-void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets,
-                           int N, int V, int Vp, T dloss);
+void softmax_cross_entropy(T* losses, T* dlogits, const T* logits, const std::int32_t* targets, int N, int V, int Vp,
+                           T dloss);
 
 // Vocabulary-parallel cross-entropy (Ops::cross_entropy_part_*): logits [N, Vl] are the ids
 // [v0, v0 + Vl); ids >= V are padding and take no part.
 template <class T>
 void cross_entropy_part_max(float* row_max, const T* logits, int N, int Vl, int v0, int V);
 template <class T>
-void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max,
-                             const std::int32_t* targets, int N, int Vl, int v0, int V);
+void cross_entropy_part_sums(float* sums, const T* logits, const float* row_max, const std::int32_t* targets, int N,
+                             int Vl, int v0, int V);
 template <class T>
-void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max,
-                               const float* sums, const std::int32_t* targets, int N, int Vl,
-                               int v0, int V, T dloss);
+void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const float* row_max, const float* sums,
+                               const std::int32_t* targets, int N, int Vl, int v0, int V, T dloss);
 
 }  // namespace zero::gpt::host

@@ -48,39 +48,37 @@ class HostOps final : public Ops {
   }
   void synchronize() override {}
 
-  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B,
-                       int T, int C) override {
+  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T,
+                       int C) override {
     host::encoder_forward(F(out), tokens, F(wte), F(wpe), B, T, C);
   }
-  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B,
-                        int T, int C) override {
+  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T,
+                        int C) override {
     host::encoder_backward(F(dwte), F(dwpe), F(dout), tokens, B, T, C);
   }
-  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe,
-                            int B, int T, int C, int vocab_begin, int vocab_rows) override {
+  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T, int C,
+                            int vocab_begin, int vocab_rows) override {
     host::encoder_forward(F(out), tokens, F(wte), F(wpe), B, T, C, vocab_begin, vocab_rows);
   }
-  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens,
-                             int B, int T, int C, int vocab_begin, int vocab_rows) override {
+  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T, int C,
+                             int vocab_begin, int vocab_rows) override {
     host::encoder_backward(F(dwte), F(dwpe), F(dout), tokens, B, T, C, vocab_begin, vocab_rows);
   }
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
-                         const Act* b, int N, int C) override {
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w, const Act* b, int N,
+                         int C) override {
     host::layernorm_forward(F(out), mean, rstd, F(inp), F(w), F(b), N, C);
   }
-  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a,
-                                  const Act* b, const Act* w, const Act* bias, int N,
-                                  int C) override {
+  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                  const Act* w, const Act* bias, int N, int C) override {
     host::residual_forward(F(residual), F(a), F(b), static_cast<std::size_t>(N) * C);
     host::layernorm_forward(F(out), mean, rstd, F(residual), F(w), F(bias), N, C);
   }
-  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
-                          const Act* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp, const Act* w, const float* mean,
+                          const float* rstd, int N, int C) override {
     host::layernorm_backward(F(dinp), F(dw), F(db), F(dout), F(inp), F(w), mean, rstd, N, C);
   }
-  void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C,
-                      int OC, Act* pre_gelu) override {
+  void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C, int OC,
+                      Act* pre_gelu) override {
     if (!pre_gelu) {
       host::matmul_forward(F(out), F(inp), F(w), F(bias), N, C, OC);
       return;
@@ -88,12 +86,11 @@ class HostOps final : public Ops {
     host::matmul_forward(F(pre_gelu), F(inp), F(w), F(bias), N, C, OC);
     host::gelu_forward(F(out), F(pre_gelu), static_cast<std::size_t>(N) * OC);
   }
-  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
-                       const Act* w, int N, int C, int OC, const Act* pre_gelu) override {
+  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp, const Act* w, int N, int C,
+                       int OC, const Act* pre_gelu) override {
     if (pre_gelu && dinp) std::memset(dinp, 0, static_cast<std::size_t>(N) * C * sizeof(float));
     host::matmul_backward(F(dinp), F(dw), F(dbias), F(dout), F(inp), F(w), N, C, OC);
-    if (pre_gelu && dinp)
-      host::gelu_backward_inplace(F(dinp), F(pre_gelu), static_cast<std::size_t>(N) * C);
+    if (pre_gelu && dinp) host::gelu_backward_inplace(F(dinp), F(pre_gelu), static_cast<std::size_t>(N) * C);
   }
   std::size_t attention_stats_floats(int B, int T, int NH) const override {
     return static_cast<std::size_t>(B) * NH * T * T;  // the probabilities
@@ -101,13 +98,11 @@ class HostOps final : public Ops {
   std::size_t attention_scratch_floats(int B, int T, int NH) const override {
     return static_cast<std::size_t>(B) * NH * T * T;  // their gradient
   }
-  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
-                         int NH) override {
+  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) override {
     host::attention_forward(F(out), stats, F(qkv), B, T, C, NH);
   }
-  void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv,
-                          const Act* /*out*/, const float* stats, int B, int T, int C,
-                          int NH) override {
+  void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv, const Act* /*out*/,
+                          const float* stats, int B, int T, int C, int NH) override {
     host::attention_backward(F(dqkv), scratch, F(dout), F(qkv), stats, B, T, C, NH);
   }
   void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
@@ -116,30 +111,25 @@ class HostOps final : public Ops {
   void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) override {
     host::logits_forward(F(logits), F(x), F(wte), N, C, Vp);
   }
-  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N,
-                       int C, int Vp) override {
+  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N, int C,
+                       int Vp) override {
     host::logits_backward(F(dx), F(dwte), F(dlogits), F(x), F(wte), N, C, Vp);
   }
-  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
-                             const std::int32_t* targets, int N, int V, int Vp,
-                             float dloss) override {
+  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits, const std::int32_t* targets, int N, int V,
+                             int Vp, float dloss) override {
     host::softmax_cross_entropy(losses, F(dlogits), F(logits), targets, N, V, Vp, dloss);
   }
-  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
-                              int V) override {
+  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0, int V) override {
     host::cross_entropy_part_max(row_max, F(logits), N, Vl, v0, V);
   }
-  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
-                               const std::int32_t* targets, int N, int Vl, int v0,
-                               int V) override {
+  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max, const std::int32_t* targets, int N,
+                               int Vl, int v0, int V) override {
     host::cross_entropy_part_sums(sums, F(logits), row_max, targets, N, Vl, v0, V);
   }
-  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
-                                 const float* row_max, const float* sums,
-                                 const std::int32_t* targets, int N, int Vl, int v0, int V,
+  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits, const float* row_max,
+                                 const float* sums, const std::int32_t* targets, int N, int Vl, int v0, int V,
                                  float dloss) override {
-    host::cross_entropy_part_finish(losses, F(dlogits), F(logits), row_max, sums, targets, N, Vl,
-                                    v0, V, dloss);
+    host::cross_entropy_part_finish(losses, F(dlogits), F(logits), row_max, sums, targets, N, Vl, v0, V, dloss);
   }
   void add_mean(double* total, const float* values, int n) override {
     double sum = 0.0;
@@ -156,8 +146,7 @@ double measure_host_sgemm_tflops() {
   using Clock = std::chrono::steady_clock;
   auto time_one = [](int n, const std::vector<float>& a, std::vector<float>& c) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(),
-                n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, a.data(), n, 0.0f, c.data(), n);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   };
   int n = 256;

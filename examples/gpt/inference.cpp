@@ -12,8 +12,9 @@
 namespace zero::gpt {
 
 GptTrainer::Evaluation GptTrainer::evaluate() {
-  ZERO_CHECK(val_loader_, "evaluate(): there is no validation data (data.val is 'none', or the "
-                          "training data are shards and data.val names none)");
+  ZERO_CHECK(val_loader_,
+             "evaluate(): there is no validation data (data.val is 'none', or the "
+             "training data are shards and data.val names none)");
   EvalScope eval(*engine_);
   if (pipe_) return pipeline_evaluate();
   return evaluate_windows(data_parallel_size(), data_parallel_rank(), tensor_parallel_rank() == 0,
@@ -25,9 +26,7 @@ GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int
   const int T = settings_.model.seq_len;
   const std::int64_t B = micro_batch_;
   const std::int64_t available = val_loader_->num_samples();
-  const std::int64_t total = settings_.eval_sequences > 0
-                                 ? std::min(settings_.eval_sequences, available)
-                                 : available;
+  const std::int64_t total = settings_.eval_sequences > 0 ? std::min(settings_.eval_sequences, available) : available;
   // Pass p covers windows [p * B * world, (p + 1) * B * world), rank r its r-th block of B:
   // which windows are evaluated depends on nothing but `total`. Every rank runs the same
   // number of forward passes, because at stage 3 each one gathers collectively; a rank with
@@ -56,8 +55,7 @@ GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int
   return e;
 }
 
-std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k,
-                                    std::uint64_t seed) {
+std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temperature, int top_k, std::uint64_t seed) {
   // The one collective: every rank gathers the whole model once (zero::Engine::gather_all);
   // then rank 0 alone runs the forward passes, reading it locally, and the others go on to their
   // next collective, where they wait for rank 0 (stage 3 would otherwise need every rank in
@@ -80,8 +78,10 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
     window.assign(tokens.end() - T, tokens.end());
     model_->set_slot(0);
     model_->set_batch(window.data(), nullptr, 1, T);
-    if (pipe_) pipeline_forward_only();
-    else run_micro_batch(false);
+    if (pipe_)
+      pipeline_forward_only();
+    else
+      run_micro_batch(false);
     std::int32_t token = 0;
     if (!pipe_ || pipe_->split.last()) {
       model_->logits_at(0, T - 1, logits);

@@ -65,10 +65,10 @@ MfuPeak device_peak_tflops(zero::Context& ctx, const GptSettings& s, const zero:
     // Never the host measurement below: its barrier would wait for ranks whose query worked.
     std::string name;
     double bytes = 0;
-    if (gpt_cuda_library().current_device(&name, &bytes))
-      return gpu_mfu_peak(s.peak_tflops, name, bytes);
-    return {0.0, "the CUDA device could not be queried, so MFU is shown as n/a; set run.peak_tflops to its "
-                 "dense bf16 tensor peak (TFLOP/s) to see it"};
+    if (gpt_cuda_library().current_device(&name, &bytes)) return gpu_mfu_peak(s.peak_tflops, name, bytes);
+    return {0.0,
+            "the CUDA device could not be queried, so MFU is shown as n/a; set run.peak_tflops to its "
+            "dense bf16 tensor peak (TFLOP/s) to see it"};
   }
 #else
   (void)cfg;

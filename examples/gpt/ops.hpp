@@ -39,8 +39,7 @@ inline Act* act_offset(Act* p, std::size_t elements, std::size_t elem_bytes) {
   return reinterpret_cast<Act*>(reinterpret_cast<std::byte*>(p) + elements * elem_bytes);
 }
 inline const Act* act_offset(const Act* p, std::size_t elements, std::size_t elem_bytes) {
-  return reinterpret_cast<const Act*>(reinterpret_cast<const std::byte*>(p) +
-                                      elements * elem_bytes);
+  return reinterpret_cast<const Act*>(reinterpret_cast<const std::byte*>(p) + elements * elem_bytes);
 }
 
 class Ops {
@@ -74,47 +73,42 @@ class Ops {
   virtual void* stream() const { return nullptr; }
 
   // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
-  virtual void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte,
-                               const Act* wpe, int B, int T, int C) = 0;
+  virtual void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T,
+                               int C) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic: the
   // order of the additions does not depend on scheduling.
-  virtual void encoder_backward(Act* dwte, Act* dwpe, const Act* dout,
-                                const std::int32_t* tokens, int B, int T, int C) = 0;
+  virtual void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T,
+                                int C) = 0;
   // The same on one part of the vocabulary (tensor parallelism): wte holds the rows
   // [vocab_begin, vocab_begin + vocab_rows) of the whole embedding; an id outside them
   // contributes zeros in the forward and no gradient in the backward. wpe may be null in the
   // forward (no position term: one rank adds it, the tensor group's all-reduce sums the parts).
-  virtual void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte,
-                                    const Act* wpe, int B, int T, int C, int vocab_begin,
-                                    int vocab_rows) = 0;
-  virtual void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout,
-                                     const std::int32_t* tokens, int B, int T, int C,
-                                     int vocab_begin, int vocab_rows) = 0;
+  virtual void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T,
+                                    int C, int vocab_begin, int vocab_rows) = 0;
+  virtual void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T,
+                                     int C, int vocab_begin, int vocab_rows) = 0;
 
   // LayerNorm over the last dimension (eps 1e-5); mean and rstd [N] are kept for the backward.
-  virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp,
-                                 const Act* w, const Act* b, int N, int C) = 0;
+  virtual void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w, const Act* b, int N,
+                                 int C) = 0;
   // residual = a + b, then out = LayerNorm(residual): the residual add fused with the norm
   // that reads it (residual may alias a or b).
-  virtual void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd,
-                                          const Act* a, const Act* b, const Act* w,
-                                          const Act* bias, int N, int C) = 0;
+  virtual void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                          const Act* w, const Act* bias, int N, int C) = 0;
   // Deterministic (dw and db are summed over rows in a fixed order).
-  virtual void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
-                                  const Act* w, const float* mean, const float* rstd, int N,
-                                  int C) = 0;
+  virtual void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp, const Act* w,
+                                  const float* mean, const float* rstd, int N, int C) = 0;
 
   // out[N,OC] = inp[N,C] W[C,OC] + bias[OC] (bias may be null). With pre_gelu non-null, the
   // product plus bias goes to pre_gelu [N,OC] and out receives GELU (tanh approximation) of it.
-  virtual void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N,
-                              int C, int OC, Act* pre_gelu = nullptr) = 0;
+  virtual void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C, int OC,
+                              Act* pre_gelu = nullptr) = 0;
   // dinp += dout W^T, dw += inp^T dout, dbias += column sums of dout. dinp may be null (not
   // needed); dbias may be null when there is no bias. With pre_gelu non-null (the output of a
   // GELU-fused forward whose input gradient is wanted), dinp is OVERWRITTEN with
   // (dout W^T) * GELU'(pre_gelu): the gradient of the GELU's input, which the model uses once.
-  virtual void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
-                               const Act* w, int N, int C, int OC,
-                               const Act* pre_gelu = nullptr) = 0;
+  virtual void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp, const Act* w, int N,
+                               int C, int OC, const Act* pre_gelu = nullptr) = 0;
 
   // Causal self-attention. qkv [B,T,3C] holds q | k | v, head h in columns h*hs .. (h+1)*hs of
   // each; out [B,T,C]. `stats` (attention_stats_floats) keeps what the backward needs besides
@@ -122,28 +116,24 @@ class Ops {
   virtual std::size_t attention_stats_floats(int B, int T, int NH) const = 0;
   // Scratch the backward may overwrite (attention_scratch_floats fp32 elements).
   virtual std::size_t attention_scratch_floats(int B, int T, int NH) const = 0;
-  virtual void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
-                                 int NH) = 0;
-  virtual void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv,
-                                  const Act* out, const float* stats, int B, int T, int C,
-                                  int NH) = 0;
+  virtual void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv, const Act* out,
+                                  const float* stats, int B, int T, int C, int NH) = 0;
 
   virtual void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
 
   // LM head tied to the token embedding: logits[N,Vp] = x[N,C] wte[Vp,C]^T.
-  virtual void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C,
-                              int Vp) = 0;
-  virtual void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x,
-                               const Act* wte, int N, int C, int Vp) = 0;
+  virtual void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) = 0;
+  virtual void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N, int C,
+                               int Vp) = 0;
 
   // Softmax cross-entropy over the first V of Vp logits per row, computed in fp32.
   // losses[n] = -log p(target); if dlogits is non-null it receives (p - onehot) * dloss for ids
   // < V and exactly 0 for the padded ids (it may alias logits: the gradient then overwrites
   // them, and no probabilities are stored anywhere). Targets are in [0, V); a row whose target
   // is not gets a NaN loss (the trainer stops on it), never an out-of-bounds read.
-  virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
-                                     const std::int32_t* targets, int N, int V, int Vp,
-                                     float dloss) = 0;
+  virtual void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits, const std::int32_t* targets, int N,
+                                     int V, int Vp, float dloss) = 0;
   // Vocabulary-parallel cross-entropy (tensor parallelism), in three passes with the tensor
   // group's all-reduces between them, so no rank holds a whole row of logits. logits [N, Vl] are
   // the ids [v0, v0 + Vl) of the padded vocabulary; ids >= V take no part. Every output is fp32
@@ -156,14 +146,11 @@ class Ops {
   //   part_finish: losses[n] = log(sums[n]) + row_max[n] - sums[N + n] (NaN where targets[n]
   //                is outside [0, V), as softmax_cross_entropy), and with dlogits non-null (may
   //                alias logits) softmax_cross_entropy's gradient for this part.
-  virtual void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
-                                      int V) = 0;
+  virtual void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0, int V) = 0;
   virtual void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
-                                       const std::int32_t* targets, int N, int Vl, int v0,
-                                       int V) = 0;
-  virtual void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
-                                         const float* row_max, const float* sums,
-                                         const std::int32_t* targets, int N, int Vl, int v0, int V,
+                                       const std::int32_t* targets, int N, int Vl, int v0, int V) = 0;
+  virtual void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits, const float* row_max,
+                                         const float* sums, const std::int32_t* targets, int N, int Vl, int v0, int V,
                                          float dloss) = 0;
   // total[0] += (values[0] + ... + values[n-1]) / n, summed in double in a fixed order; total
   // is in the Ops' memory. The training loss adds up here, so reading it costs one wait per

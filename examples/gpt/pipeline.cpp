@@ -106,10 +106,11 @@ std::string PipelineReport::describe() const {
   std::string holds;
   if (stage == 0) holds += ", embeddings";
   if (stage == stages - 1) holds += stages > 1 ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
-  return fmt::format("{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
-                     "activations of {} micro-batch{} held ({:.2f} MiB)",
-                     format_grid(tensor, data, stages), stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
-                     slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
+  return fmt::format(
+      "{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
+      "activations of {} micro-batch{} held ({:.2f} MiB)",
+      format_grid(tensor, data, stages), stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
+      slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
 }
 
 // ------------------------------------------------------------------------------ the trainer's part
@@ -169,9 +170,7 @@ PipelineReport GptTrainer::pipeline_report() const {
   return r;
 }
 
-zero::Communicator& GptTrainer::pipe_comm() {
-  return pipe_->device_comm ? *pipe_->device_comm : groups_->pipeline();
-}
+zero::Communicator& GptTrainer::pipe_comm() { return pipe_->device_comm ? *pipe_->device_comm : groups_->pipeline(); }
 
 void GptTrainer::stage_forward() {
   PipelineState& ps = *pipe_;
@@ -270,8 +269,8 @@ void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
       else if (t.send)
         ps.grad_send = pipe.send_async(model_->output_grad(), n, ops_->dtype(), t.peer);
       else
-        recvs.push_back(pipe.recv_async(t.activation ? model_->stage_input() : model_->output_grad(), n,
-                                        ops_->dtype(), t.peer));
+        recvs.push_back(
+            pipe.recv_async(t.activation ? model_->stage_input() : model_->output_grad(), n, ops_->dtype(), t.peer));
     }
     g.end();
     for (zero::Work& w : recvs) w.wait();
@@ -358,10 +357,11 @@ GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {
   // The windows shared out over the data-parallel ranks; each one's loss comes from the last
   // stage (the caller holds the engine in eval mode).
   const bool last = pipe_->split.last();
-  return evaluate_windows(data_parallel_size(), data_parallel_rank(), last && tensor_parallel_rank() == 0, [this, last] {
-    pipeline_forward_only();
-    return last ? model_->loss() : 0.0;
-  });
+  return evaluate_windows(data_parallel_size(), data_parallel_rank(), last && tensor_parallel_rank() == 0,
+                          [this, last] {
+                            pipeline_forward_only();
+                            return last ? model_->loss() : 0.0;
+                          });
 }
 
 }  // namespace zero::gpt

@@ -114,7 +114,7 @@ struct PipelineReport {
   int peak_in_flight = 0;  // the most held at once in the steps run so far
   double bubble = 0.0;
   std::size_t activation_bytes = 0;  // the model's (all slots)
-  int tensor = 1;           // T
+  int tensor = 1;                    // T
   // "TP 1 x DP 2 x PP 2: stage 0 (blocks 0-1, embeddings), 1F1B over 4 micro-batches, bubble 20.0%"
   std::string describe() const;
 };
@@ -122,8 +122,8 @@ struct PipelineReport {
 // The trainer's pipeline state (GptTrainer holds one when P > 1).
 struct PipelineState {
   StageSplit split;
-  int emb = -1, lnf = -1;  // engine unit ids (-1: not on this stage)
-  std::vector<int> blocks;  // engine unit of block first_layer + i
+  int emb = -1, lnf = -1;     // engine unit ids (-1: not on this stage)
+  std::vector<int> blocks;    // engine unit of block first_layer + i
   OpsBuffer tied, tied_peer;  // wte's gradient over the step, this stage's and the other's
   // The pipeline group's communicator for device memory (Engine::device_comm; null on the host
   // backend). Before the Works below, which are waited on as they go.

@@ -67,7 +67,9 @@ std::string format_mfu(double mfu) {
 namespace {
 
 // JSON has no NaN or infinity; a missing measurement is null.
-nlohmann::ordered_json number(double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(); }
+nlohmann::ordered_json number(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json();
+}
 
 }  // namespace
 
@@ -88,7 +90,8 @@ Reporter::Reporter(bool root, const std::string& jsonl_path, bool append, bool p
       failed(jsonl_path, "end the cut-short last line of", errno);
       return;
     }
-    line("note: the last line of " + jsonl_path + " was a record cut short (a full disk or a killed run); it was ended "
+    line("note: the last line of " + jsonl_path +
+         " was a record cut short (a full disk or a killed run); it was ended "
          "before appending, and zero-plot skips it (1 line)");
   }
 }
@@ -100,7 +103,8 @@ Reporter::~Reporter() {
 void Reporter::failed(const std::string& path, const std::string& what, int err) {
   const std::string msg = "cannot " + what + " '" + path + "': " + std::strerror(err);
   if (strict_)
-    ZERO_THROW("zero-gpt: " + msg + "; run.strict_outputs is true, so the run stops. Free space in run.out_dir or "
+    ZERO_THROW("zero-gpt: " + msg +
+               "; run.strict_outputs is true, so the run stops. Free space in run.out_dir or "
                "choose another, or set run.strict_outputs: false to train on without it");
   std::fputs(fmt::format("zero-gpt: warning: {}; training continues without it (checkpoints are written "
                          "separately; set run.strict_outputs: true to stop instead)\n",
@@ -174,8 +178,9 @@ std::string Reporter::train_line(const TrainRecord& r) {
       format_mib(r.peak_rss_bytes), format_mib(r.inter_node_bytes_max), format_duration(r.eta_s),
       format_si(r.token_budget), r.token_budget_days);
   if (r.pipeline_parallel > 1 || r.tensor_parallel > 1)
-    text += fmt::format(" | grid {}, bubble {:.1f}%",
-                        format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel), 100.0 * r.pipeline_bubble);
+    text +=
+        fmt::format(" | grid {}, bubble {:.1f}%", format_grid(r.tensor_parallel, r.data_parallel, r.pipeline_parallel),
+                    100.0 * r.pipeline_bubble);
   return text;
 }
 
@@ -221,8 +226,8 @@ void Reporter::eval(const EvalRecord& r) {
 
 void Reporter::progress(std::int64_t step, std::int64_t steps, double loss, double eta_s) {
   if (!root_ || !tty_) return;
-  const std::string text = fmt::format("\r\033[Kstep {}/{} | loss {:.4f} | ETA {}", step, steps, loss,
-                                       format_duration(eta_s));
+  const std::string text =
+      fmt::format("\r\033[Kstep {}/{} | loss {:.4f} | ETA {}", step, steps, loss, format_duration(eta_s));
   std::fputs(text.c_str(), stdout);
   std::fflush(stdout);
   shown_ = true;

@@ -47,7 +47,7 @@ std::string format_mfu(double mfu);
 
 struct TrainRecord {
   std::int64_t step = 0, steps = 0;
-  double tokens = 0;             // trained since step 0 (resumed runs included)
+  double tokens = 0;  // trained since step 0 (resumed runs included)
   double loss = 0, lr = 0, grad_norm = 0, loss_scale = 0;
   bool skipped = false;          // an fp16 overflow skipped the update
   double samples_per_s = 0;      // since the last printed step
@@ -70,7 +70,7 @@ struct TrainRecord {
 
 struct EvalRecord {
   std::int64_t step = 0;
-  double tokens = 0;             // trained so far, for plots against tokens
+  double tokens = 0;  // trained so far, for plots against tokens
   double val_loss = 0;
   std::int64_t val_sequences = 0, val_tokens = 0;
   double seconds = 0, elapsed_s = 0;

@@ -66,10 +66,14 @@ std::string value_text(const Key& k, const GptSettings& settings) {
   return std::visit(
       [&](auto p) -> std::string {
         using P = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<P, double>) return number(*p);
-        else if constexpr (std::is_same_v<P, bool>) return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<P, std::string>) return k.choices.empty() ? quoted(*p) : *p;
-        else return fmt::format("{}", *p);
+        if constexpr (std::is_same_v<P, double>)
+          return number(*p);
+        else if constexpr (std::is_same_v<P, bool>)
+          return *p ? "true" : "false";
+        else if constexpr (std::is_same_v<P, std::string>)
+          return k.choices.empty() ? quoted(*p) : *p;
+        else
+          return fmt::format("{}", *p);
       },
       k.slot(s));
 }
@@ -83,8 +87,8 @@ void set_default(const Key& k, GptSettings& s) {
         using V = std::conditional_t<std::is_integral_v<P> && !std::is_same_v<P, bool>, std::int64_t,
                                      std::conditional_t<std::is_same_v<P, std::string>, std::string_view, P>>;
         if (!std::holds_alternative<V>(k.def))
-          ZERO_THROW(fmt::format("settings_keys.cpp: the default of {}.{} is not of its member's kind",
-                                 k.section, k.name));
+          ZERO_THROW(
+              fmt::format("settings_keys.cpp: the default of {}.{} is not of its member's kind", k.section, k.name));
         *p = static_cast<P>(std::get<V>(k.def));
       },
       k.slot(s));
@@ -122,8 +126,9 @@ void read_key(zero::StrictSection& section, const Key& k, GptSettings& s) {
 void check_backend(const zero::Config& cfg) {
   if (cfg.backend != zero::BackendKind::cuda) return;
 #if !ZERO_GPT_CUDA
-  ZERO_THROW("zero-gpt: backend: cuda, but this build has no CUDA support (configure with "
-             "-DZERO_CUDA=ON on a machine with the CUDA toolkit), or set backend: host");
+  ZERO_THROW(
+      "zero-gpt: backend: cuda, but this build has no CUDA support (configure with "
+      "-DZERO_CUDA=ON on a machine with the CUDA toolkit), or set backend: host");
 #endif
   ZERO_CHECK(cfg.compute_dtype() == zero::DType::bf16,
              fmt::format("zero-gpt: backend: cuda trains in bf16 (the GPT CUDA kernels take bf16 parameters, "

@@ -22,14 +22,14 @@ using Slot = std::variant<int*, std::int64_t*, std::uint64_t*, double*, bool*, s
 using Value = std::variant<std::monostate, std::int64_t, double, bool, std::string_view>;
 
 struct Key {
-  std::string_view section;  // "model"
-  std::string_view name;     // "n_layer"
+  std::string_view section;              // "model"
+  std::string_view name;                 // "n_layer"
   Slot (*slot)(GptSettings&) = nullptr;  // null for a retired key
   Value def{};
-  Range range{};                      // integers and reals
+  Range range{};                       // integers and reals
   std::vector<std::string> choices{};  // a string member limited to these
-  std::string doc{};                  // one line for --help and the documented table
-  std::string_view default_text{};    // shown instead of `def` where it is not fixed (Markdown)
+  std::string doc{};                   // one line for --help and the documented table
+  std::string_view default_text{};     // shown instead of `def` where it is not fixed (Markdown)
   // Sets the default from the keys read before (out_dir: runs/<preset>).
   void (*dynamic_default)(GptSettings&) = nullptr;
   // Runs once the key is read (the preset expands into the shape that the keys after it override).

@@ -53,10 +53,10 @@ void check_tensor_parallel(const GptConfig& cfg, int T) {
 
 TensorCut tensor_cut(std::string_view name) {
   auto ends = [&](std::string_view s) { return name.ends_with(s); };
-  if (name == "wte.weight") return {false, 0, 1};                // vocabulary rows
-  if (ends("attn.c_attn.weight")) return {false, 1, 3};          // q | k | v columns per head
+  if (name == "wte.weight") return {false, 0, 1};        // vocabulary rows
+  if (ends("attn.c_attn.weight")) return {false, 1, 3};  // q | k | v columns per head
   if (ends("attn.c_attn.bias")) return {false, 0, 3};
-  if (ends("mlp.c_fc.weight")) return {false, 1, 1};             // column-parallel
+  if (ends("mlp.c_fc.weight")) return {false, 1, 1};  // column-parallel
   if (ends("mlp.c_fc.bias")) return {false, 0, 1};
   if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return {false, 0, 1};  // row-parallel
   return {true, -1, 1};  // LayerNorms, wpe, row-parallel biases
@@ -78,8 +78,10 @@ zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
     for (const zero::ParamInfo& p : u.params) {
       part.set_decay(id, p.name, p.decay);
       const TensorCut cut = tensor_cut(p.name);
-      if (cut.replicated) part.set_replicated(id, p.name);
-      else part.set_split(id, p.name, cut.axis, cut.blocks);
+      if (cut.replicated)
+        part.set_replicated(id, p.name);
+      else
+        part.set_split(id, p.name, cut.axis, cut.blocks);
     }
   }
   return part;
@@ -91,13 +93,12 @@ std::vector<std::int64_t> whole_shape(const zero::ParamInfo& part, int T) {
   return s;
 }
 
-void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T, int t,
-               std::span<float> out) {
-  ZERO_CHECK(out.size() == static_cast<std::size_t>(part.numel) &&
-                 whole.size() == static_cast<std::size_t>(part.numel) *
-                                     static_cast<std::size_t>(part.split_axis >= 0 ? T : 1),
-             fmt::format("take_part: {} has {} elements per rank, but was given {} whole and {} out", part.name,
-                         part.numel, whole.size(), out.size()));
+void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T, int t, std::span<float> out) {
+  ZERO_CHECK(
+      out.size() == static_cast<std::size_t>(part.numel) &&
+          whole.size() == static_cast<std::size_t>(part.numel) * static_cast<std::size_t>(part.split_axis >= 0 ? T : 1),
+      fmt::format("take_part: {} has {} elements per rank, but was given {} whole and {} out", part.name, part.numel,
+                  whole.size(), out.size()));
   if (part.split_axis < 0) {
     std::copy(whole.begin(), whole.end(), out.begin());
     return;

@@ -73,7 +73,6 @@ zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T);
 std::vector<std::int64_t> whole_shape(const zero::ParamInfo& part, int T);
 // Copies tensor rank t's part of the whole tensor (row-major, whole_shape(part, T)) to `out`
 // (part.numel elements). A replicated parameter is copied whole.
-void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T, int t,
-               std::span<float> out);
+void take_part(std::span<const float> whole, const zero::ParamInfo& part, int T, int t, std::span<float> out);
 
 }  // namespace zero::gpt

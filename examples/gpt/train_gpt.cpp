@@ -55,13 +55,11 @@ std::vector<int> prompt_tokens(const std::string& prompt) {
 
 // Collective only at its start (GptTrainer::sample); rank 0 samples, prints the sample and writes
 // <out_dir>/sample.txt if given.
-void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli, Reporter* rep,
-                  const std::string& out_dir) {
+void print_sample(zero::Context& ctx, GptTrainer& trainer, const Cli& cli, Reporter* rep, const std::string& out_dir) {
   const GptSettings& s = trainer.settings();
   if (s.sample_tokens <= 0) return;
   const std::vector<int> out = trainer.sample(prompt_tokens(cli.prompt), s.sample_tokens,
-                                              static_cast<float>(s.temperature), s.top_k,
-                                              s.data_seed);
+                                              static_cast<float>(s.temperature), s.top_k, s.data_seed);
   if (!ctx.is_root()) return;
   std::string text = cli.prompt;
   if (trainer.model_config().vocab_size == 256) {
@@ -84,8 +82,8 @@ void create_run_dir(zero::Context& ctx, const RunConfig& rc) {
   if (ctx.is_root()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    ZERO_CHECK(!ec, "zero-gpt: cannot create run.out_dir '" + dir + "': " + ec.message() +
-                        "; choose a writable directory");
+    ZERO_CHECK(!ec,
+               "zero-gpt: cannot create run.out_dir '" + dir + "': " + ec.message() + "; choose a writable directory");
   }
   ctx.comm().barrier();
 }
@@ -129,14 +127,12 @@ int run(zero::Context& ctx, int argc, char** argv) {
              "zero-gpt: --prompt needs the byte vocabulary (model.vocab_size 256); this model's "
              "tokens come from another tokenizer");
   facts.resume_command = resume_command(argc, argv);
-  facts.checkpoint_dir = cli.checkpoint_dir.empty()
-                             ? (fs::path(settings.out_dir) / "checkpoints").string()
-                             : cli.checkpoint_dir;
+  facts.checkpoint_dir =
+      cli.checkpoint_dir.empty() ? (fs::path(settings.out_dir) / "checkpoints").string() : cli.checkpoint_dir;
   if (cli.sample_only) {
     // Only reads: a sample may be taken beside the job that is writing the checkpoints.
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);
-    if (ctx.is_root())
-      std::fputs(fmt::format("loaded {} (step {})\n", facts.checkpoint_dir, at).c_str(), stdout);
+    if (ctx.is_root()) std::fputs(fmt::format("loaded {} (step {})\n", facts.checkpoint_dir, at).c_str(), stdout);
     print_sample(ctx, trainer, cli, nullptr, "");
     return 0;
   }
@@ -164,10 +160,9 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.flops = training_flops_per_token(trainer.model_config());
   facts.peak = device_peak_tflops(ctx, settings, rc.cfg, facts.threads);
 
-  const bool progress = settings.progress == "on" ||
-                        (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
-  Reporter rep(ctx.is_root(),
-               settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
+  const bool progress =
+      settings.progress == "on" || (settings.progress == "auto" && facts.world == 1 && ::isatty(STDOUT_FILENO));
+  Reporter rep(ctx.is_root(), settings.log_jsonl ? (fs::path(settings.out_dir) / "metrics.jsonl").string() : "",
                !facts.resumed_from.empty(), progress, settings.strict_outputs);
   const bool config_saved = rep.write_file((fs::path(settings.out_dir) / "config.yaml").string(), rc.resolved_yaml);
   report_header(rep, rc, trainer, facts, !facts.resumed_from.empty(), config_saved);

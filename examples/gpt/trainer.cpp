@@ -83,8 +83,10 @@ std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Co
   engine->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
     const std::vector<std::int64_t> shape = whole_shape(p, T);
     whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
-    if (weights) weights->read(p.name, shape, whole);
-    else init_parameter(mc, p.name, whole, settings.init_seed);
+    if (weights)
+      weights->read(p.name, shape, whole);
+    else
+      init_parameter(mc, p.name, whole, settings.init_seed);
     take_part(whole, p, T, t, v);
   });
   return engine;
@@ -100,8 +102,8 @@ GptTrainer::GptTrainer(zero::Context& ctx, zero::Engine& engine, zero::ProcessGr
                        const GptSettings& settings)
     : GptTrainer(ctx, engine.config(), settings, &engine, &groups) {}
 
-GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings,
-                       zero::Engine* borrowed, zero::ProcessGroups* borrowed_groups)
+GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSettings& settings, zero::Engine* borrowed,
+                       zero::ProcessGroups* borrowed_groups)
     : ctx_(ctx), settings_(settings) {
   const GptConfig& mc = settings_.model;
   mc.validate();
@@ -140,8 +142,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   if (train == "shakespeare" || train.ends_with(".txt")) {
     const std::string path = train == "shakespeare" ? find_shakespeare() : train;
     train_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, false));
-    if (settings_.val.empty())
-      val_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, true));
+    if (settings_.val.empty()) val_set_ = std::make_unique<TokenSet>(TokenSet::from_text_file(path, true));
   } else {
     train_set_ = std::make_unique<TokenSet>(TokenSet::from_shards(train));
   }

@@ -120,15 +120,13 @@ class GptTrainer {
   // at its start (Engine::gather_all), so the other ranks do not wait in every forward pass;
   // under pipeline parallelism data-parallel rank 0's pipeline takes part in every token.
   // The tokens depend only on the weights, the prompt and the seed.
-  std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k,
-                          std::uint64_t seed);
+  std::vector<int> sample(std::vector<int> prompt, int n, float temperature, int top_k, std::uint64_t seed);
   // Collective: writes a checkpoint (engine state and the data position) under `root`.
   void save_checkpoint(const std::string& root);
   // Collective: restores a checkpoint (tag "latest" or a step number) saved by any number of
   // ranks at any stage; the data stream continues where it stopped. Returns the optimizer
   // steps taken so far. read_only: the root is not locked (a sample beside a running job).
-  std::int64_t load_checkpoint(const std::string& root, const std::string& tag = "latest",
-                               bool read_only = false);
+  std::int64_t load_checkpoint(const std::string& root, const std::string& tag = "latest", bool read_only = false);
 
   // The token a sample starts from when there is no prompt (newline for bytes, GPT-2's
   // <|endoftext|> for its vocabulary, else 0).
@@ -186,8 +184,8 @@ class GptTrainer {
   ModelPart pipeline_part() const;
   void setup_pipeline_buffers();
   std::size_t tied_elements() const;  // this rank's rows of wte, padded vocabulary included
-  zero::Communicator& pipe_comm();     // the pipeline group's, for the Ops' memory
-  void stage_forward();                // this stage's forward of the current slot
+  zero::Communicator& pipe_comm();    // the pipeline group's, for the Ops' memory
+  void stage_forward();               // this stage's forward of the current slot
   void stage_backward(bool last_micro);
   // The transfers between two ops of the stage's schedule (pipe_transfers), receives waited.
   void pipe_exchange(const PipeOp* done, const PipeOp* next);

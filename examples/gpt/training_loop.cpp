@@ -22,9 +22,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // The optimizer steps of one session, with the clocks and counters their log lines need.
 class TrainingLoop {
@@ -37,9 +35,10 @@ class TrainingLoop {
   bool run() {
     const std::int64_t steps = s_.steps;
     if (f_.start_step >= steps)
-      rep_.line(fmt::format("the checkpoint is at step {}, run.steps is {}: nothing to train (raise run.steps to "
-                            "continue)",
-                            f_.start_step, steps));
+      rep_.line(
+          fmt::format("the checkpoint is at step {}, run.steps is {}: nothing to train (raise run.steps to "
+                      "continue)",
+                      f_.start_step, steps));
     zero::StopSignal stop_signal;
     // Imported weights are evaluated before they change: the loss they bring (step 0).
     if (!s_.init_from.empty() && f_.start_step == 0 && steps > 0) evaluate(0);
@@ -74,13 +73,10 @@ class TrainingLoop {
     }
     const std::int64_t ran = s_.steps - f_.start_step;
     std::string val = "none (no validation data: data.val is 'none', or shards without data.val)";
-    if (trainer_.has_validation())
-      val = std::isfinite(last_val_) ? format_significant(last_val_, 5) : "not evaluated";
-    rep_.line(fmt::format("done: {} steps in {} ({} samples/s), final val loss {}", ran,
-                          format_duration(seconds_since(start_)),
-                          format_significant(ran > 0 ? f_.samples_per_step * static_cast<double>(ran) / train_seconds_
-                                                     : 0.0),
-                          val));
+    if (trainer_.has_validation()) val = std::isfinite(last_val_) ? format_significant(last_val_, 5) : "not evaluated";
+    rep_.line(fmt::format(
+        "done: {} steps in {} ({} samples/s), final val loss {}", ran, format_duration(seconds_since(start_)),
+        format_significant(ran > 0 ? f_.samples_per_step * static_cast<double>(ran) / train_seconds_ : 0.0), val));
   }
 
  private:
@@ -89,8 +85,7 @@ class TrainingLoop {
     const double wall = seconds_since(start_);
     const double done = static_cast<double>(step - f_.start_step);  // steps in this session
     const double eta = wall / done * static_cast<double>(steps - step);
-    if (step % trainer_.engine().config().steps_per_print != 0 && step != steps &&
-        step != f_.start_step + 1) {
+    if (step % trainer_.engine().config().steps_per_print != 0 && step != steps && step != f_.start_step + 1) {
       rep_.progress(step, steps, s.loss, eta);
       return;
     }
@@ -156,12 +151,13 @@ class TrainingLoop {
 
   void stop(std::int64_t step, bool saved) {
     const int signo = zero::StopSignal::received();
-    const std::string by = signo != 0 ? std::string("signal ") + ::strsignal(signo)
-                                      : std::string("a signal on another rank");
+    const std::string by =
+        signo != 0 ? std::string("signal ") + ::strsignal(signo) : std::string("a signal on another rank");
     if (!saved) save(step);
-    rep_.line(fmt::format("stopped by {} after step {} of {}; checkpoint in {}; resume with (behind the same mpirun or "
-                          "srun):\n  {}",
-                          by, step, s_.steps, f_.checkpoint_dir, f_.resume_command));
+    rep_.line(
+        fmt::format("stopped by {} after step {} of {}; checkpoint in {}; resume with (behind the same mpirun or "
+                    "srun):\n  {}",
+                    by, step, s_.steps, f_.checkpoint_dir, f_.resume_command));
     rep_.record({{"type", "stop"}, {"step", step}, {"checkpoint", f_.checkpoint_dir}});
   }
 
@@ -180,14 +176,15 @@ class TrainingLoop {
 
 }  // namespace
 
-void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f,
-                   bool resumed, bool config_saved) {
+void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, const RunFacts& f, bool resumed,
+                   bool config_saved) {
   const zero::Config& cfg = rc.cfg;
   const auto& mc = trainer.model_config();
-  rep.line(fmt::format("zero-gpt: {} rank{}, ZeRO stage {}, {} parameters (the host model computes in fp32), {} "
-                       "thread{} per rank",
-                       f.world, f.world == 1 ? "" : "s", cfg.zero_optimization.stage,
-                       zero::dtype_name(cfg.compute_dtype()), f.threads, f.threads == 1 ? "" : "s"));
+  rep.line(
+      fmt::format("zero-gpt: {} rank{}, ZeRO stage {}, {} parameters (the host model computes in fp32), {} "
+                  "thread{} per rank",
+                  f.world, f.world == 1 ? "" : "s", cfg.zero_optimization.stage, zero::dtype_name(cfg.compute_dtype()),
+                  f.threads, f.threads == 1 ? "" : "s"));
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
   const PipelineReport pr = trainer.pipeline_report();
   const std::string tensor_note =
@@ -195,9 +192,10 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
           ? fmt::format("each layer split over {} ranks (tensor parallel), ", trainer.tensor_parallel_size())
           : std::string();
   if (pr.stages > 1)
-    rep.line(fmt::format("nodes: {}; grid {} (rank 0's stage; {}each stage's engine reduces over its {} data-parallel "
-                         "ranks)",
-                         f.nodes, pr.describe(), tensor_note, pr.data));
+    rep.line(
+        fmt::format("nodes: {}; grid {} (rank 0's stage; {}each stage's engine reduces over its {} data-parallel "
+                    "ranks)",
+                    f.nodes, pr.describe(), tensor_note, pr.data));
   else if (trainer.tensor_parallel_size() > 1)
     rep.line("nodes: " + f.nodes + "; grid " + trainer.grid() + ": " + tensor_note +
              "the engine's collectives over the data-parallel group");
@@ -207,42 +205,40 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
   rep.line("model: " + mc.describe() + " (preset " + rc.settings.preset + ")");
   rep.line("data: train " + trainer.train_data().description() + "; validation " +
            (trainer.val_data() ? trainer.val_data()->description() : std::string("none")));
-  rep.line(fmt::format("batch: {} sequences x {} tokens = {} tokens per step (micro-batch {} x accumulation {} x {} "
-                       "data-parallel ranks); activations {} per rank",
-                       cfg.train_batch_size, mc.seq_len, trainer.tokens_per_step(),
-                       cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps,
-                       trainer.data_parallel_size(), format_mib(static_cast<double>(trainer.activation_bytes()))));
+  rep.line(
+      fmt::format("batch: {} sequences x {} tokens = {} tokens per step (micro-batch {} x accumulation {} x {} "
+                  "data-parallel ranks); activations {} per rank",
+                  cfg.train_batch_size, mc.seq_len, trainer.tokens_per_step(), cfg.train_micro_batch_size_per_gpu,
+                  cfg.gradient_accumulation_steps, trainer.data_parallel_size(),
+                  format_mib(static_cast<double>(trainer.activation_bytes()))));
   std::string flops = "flops per token: 6N + 6LTC = " + format_si(f.flops.model);
-  if (f.flops.recompute > 0)
-    flops += " + " + format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
+  if (f.flops.recompute > 0) flops += " + " + format_si(f.flops.recompute) + " recomputed (activation checkpointing)";
   flops += fmt::format("; F = {:.2f} per parameter", f.flops.total() / f.params);
   if (f.peak.known()) flops += fmt::format("; MFU against {:.4g} TFLOPs per device ({})", f.peak.tflops, f.peak.source);
   rep.line(flops);
   if (!f.peak.known()) rep.line("note: " + f.peak.source);  // once; the step lines say n/a
   rep.line("memory: " + trainer.engine().memory().to_string());
   for (const auto& n : cfg.notes) rep.line("note: " + n);
-  if (resumed)
-    rep.line(fmt::format("resumed from {} at step {}", f.resumed_from, f.start_step));
+  if (resumed) rep.line(fmt::format("resumed from {} at step {}", f.resumed_from, f.start_step));
   rep.line("--- resolved configuration (" + std::string(config_saved ? "saved to " : "NOT saved to ") +
-           (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" +
-           rc.resolved_yaml + "---");
-  rep.record({{"type", "start"},
-              {"step", f.start_step},
-              {"name", fs::path(rc.settings.out_dir).filename().string()},
-              {"model", mc.describe()},
-              {"params", f.params},
-              {"world", f.world},
-              {"grid", trainer.grid()},
-              {"tensor_parallel", trainer.tensor_parallel_size()},
-              {"pipeline_parallel", pr.stages},
-              {"data_parallel", trainer.data_parallel_size()},
-              {"pipeline_bubble", pr.bubble},
-              {"stage", cfg.zero_optimization.stage},
-              {"tokens_per_step", f.tokens_per_step},
-              {"flops_per_token", f.flops.total()},
-              {"model_flops_per_token", f.flops.model},
-              {"peak_tflops_per_device",
-               f.peak.known() ? nlohmann::ordered_json(f.peak.tflops) : nlohmann::ordered_json()}});
+           (fs::path(rc.settings.out_dir) / "config.yaml").string() + ") ---\n" + rc.resolved_yaml + "---");
+  rep.record(
+      {{"type", "start"},
+       {"step", f.start_step},
+       {"name", fs::path(rc.settings.out_dir).filename().string()},
+       {"model", mc.describe()},
+       {"params", f.params},
+       {"world", f.world},
+       {"grid", trainer.grid()},
+       {"tensor_parallel", trainer.tensor_parallel_size()},
+       {"pipeline_parallel", pr.stages},
+       {"data_parallel", trainer.data_parallel_size()},
+       {"pipeline_bubble", pr.bubble},
+       {"stage", cfg.zero_optimization.stage},
+       {"tokens_per_step", f.tokens_per_step},
+       {"flops_per_token", f.flops.total()},
+       {"model_flops_per_token", f.flops.model},
+       {"peak_tflops_per_device", f.peak.known() ? nlohmann::ordered_json(f.peak.tflops) : nlohmann::ordered_json()}});
 }
 
 bool train_session(zero::Context& ctx, GptTrainer& trainer, Reporter& rep, const RunFacts& facts) {

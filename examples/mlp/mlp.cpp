@@ -21,8 +21,9 @@ using namespace mlp;
 int main(int argc, char** argv) {
   zero::Context ctx(&argc, &argv);
   return ctx.run([&] {
-    CLI::App app{"zero-mlp: the smallest libzero training loop (a two-layer MLP learns a fixed\n"
-                 "random teacher) at any ZeRO stage. Launch with mpirun / srun for several ranks."};
+    CLI::App app{
+        "zero-mlp: the smallest libzero training loop (a two-layer MLP learns a fixed\n"
+        "random teacher) at any ZeRO stage. Launch with mpirun / srun for several ranks."};
     std::string config_path;
     zero::LoadOptions opts;
     int steps = 30;
@@ -73,8 +74,8 @@ int main(int argc, char** argv) {
             sample(id, &xs[s * kIn], &ys[s * kOut]);
             fc1_forward(p1, &xs[s * kIn], &hs[s * kHidden], kHidden);
             fc2_product(p2, &hs[s * kHidden], &outs[s * kOut], kHidden);
-            output_loss(p2, &outs[s * kOut], &ys[s * kOut], &douts[s * kOut], micro, micro * gas,
-                        engine.loss_scale(), loss);
+            output_loss(p2, &outs[s * kOut], &ys[s * kOut], &douts[s * kOut], micro, micro * gas, engine.loss_scale(),
+                        loss);
           }
         }
         // Backward, last unit first: add gradients, then hand each unit to the engine.
@@ -96,8 +97,8 @@ int main(int argc, char** argv) {
       zero::StepResult r = engine.step();
       double mean = ctx.comm().all_reduce_scalar(loss, zero::ReduceOp::avg);
       if (ctx.is_root())
-        fmt::print("step {:3d}  loss {:.6e}  grad_norm {:.4e}  lr {:.3e}  scale {:g}{}\n", step + 1, mean,
-                   r.grad_norm, r.lr, r.loss_scale, r.skipped ? "  (skipped: overflow)" : "");
+        fmt::print("step {:3d}  loss {:.6e}  grad_norm {:.4e}  lr {:.3e}  scale {:g}{}\n", step + 1, mean, r.grad_norm,
+                   r.lr, r.loss_scale, r.skipped ? "  (skipped: overflow)" : "");
     }
     if (ctx.is_root())
       fmt::print("stage {}, {} rank{}, {} parameters on this rank: {}\n", cfg.zero_optimization.stage, world,

@@ -25,8 +25,9 @@ using namespace mlp;
 int main(int argc, char** argv) {
   zero::Context ctx(&argc, &argv);
   return ctx.run([&] {
-    CLI::App app{"zero-mlp-tensor-parallel: the MLP example with its hidden layer split over\n"
-                 "tensor-parallel ranks, data parallel (ZeRO) across them."};
+    CLI::App app{
+        "zero-mlp-tensor-parallel: the MLP example with its hidden layer split over\n"
+        "tensor-parallel ranks, data parallel (ZeRO) across them."};
     std::string config_path;
     zero::LoadOptions opts;
     int steps = 30, tp = 1;
@@ -46,8 +47,8 @@ int main(int argc, char** argv) {
     }
     opts.total_num_steps = steps;
     if (kHidden % tp != 0)
-      throw zero::Error(fmt::format("--tensor-parallel {} does not divide the {} hidden units; use 1, 2, 4, ...",
-                                    tp, kHidden));
+      throw zero::Error(
+          fmt::format("--tensor-parallel {} does not divide the {} hidden units; use 1, 2, 4, ...", tp, kHidden));
     zero::ProcessGroups groups(ctx, {.tensor = tp});  // tensor ranks adjacent, data parallel across
     const int t = groups.coord().tensor, dp = groups.data_size(), dp_rank = groups.coord().data;
     zero::Config cfg = zero::load_config(config_path, opts);
@@ -98,8 +99,8 @@ int main(int argc, char** argv) {
           // fc2 is row-parallel: the shares of all tensor ranks add up to the output.
           if (tp > 1) groups.tensor().all_reduce(outs.data(), outs.size(), zero::DType::f32);
           for (int s = 0; s < micro; ++s)
-            output_loss(p2, &outs[s * kOut], &ys[s * kOut], &douts[s * kOut], micro, micro * gas,
-                        engine.loss_scale(), loss);
+            output_loss(p2, &outs[s * kOut], &ys[s * kOut], &douts[s * kOut], micro, micro * gas, engine.loss_scale(),
+                        loss);
         }
         // No communication backward: each rank's hidden units need only its columns of W2.
         std::vector<float> dhs(micro * H, 0.0f);
@@ -120,8 +121,8 @@ int main(int argc, char** argv) {
       // Every tensor rank of a replica computed the same loss: the mean over the data group.
       double mean = groups.data().all_reduce_scalar(loss, zero::ReduceOp::avg);
       if (ctx.is_root())
-        fmt::print("step {:3d}  loss {:.6e}  grad_norm {:.4e}  lr {:.3e}  scale {:g}{}\n", step + 1, mean,
-                   r.grad_norm, r.lr, r.loss_scale, r.skipped ? "  (skipped: overflow)" : "");
+        fmt::print("step {:3d}  loss {:.6e}  grad_norm {:.4e}  lr {:.3e}  scale {:g}{}\n", step + 1, mean, r.grad_norm,
+                   r.lr, r.loss_scale, r.skipped ? "  (skipped: overflow)" : "");
     }
     if (ctx.is_root())
       fmt::print("stage {}, {}, {} parameters on this rank: {}\n", cfg.zero_optimization.stage, groups.describe(),

@@ -14,7 +14,9 @@ constexpr int kIn = 32, kHidden = 128, kOut = 8;
 // Deterministic pseudo-random value in [-1, 1) from two integers.
 inline float noise(std::uint64_t a, std::uint64_t b) {
   std::uint64_t x = (a + 1) * 0x9E3779B97F4A7C15ull ^ (b * 0xD1B54A32D192ED03ull);
-  x ^= x >> 29; x *= 0xBF58476D1CE4E5B9ull; x ^= x >> 32;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
   return static_cast<float>(static_cast<double>(x >> 11) * 0x1p-53 * 2.0 - 1.0);
 }
 
@@ -23,7 +25,8 @@ inline void sample(std::int64_t id, float* x, float* y) {
   for (int i = 0; i < kIn; ++i) x[i] = noise(static_cast<std::uint64_t>(id), static_cast<std::uint64_t>(i));
   for (int o = 0; o < kOut; ++o) {
     float s = 0;
-    for (int i = 0; i < kIn; ++i) s += noise(1000 + static_cast<std::uint64_t>(o), static_cast<std::uint64_t>(i)) * x[i];
+    for (int i = 0; i < kIn; ++i)
+      s += noise(1000 + static_cast<std::uint64_t>(o), static_cast<std::uint64_t>(i)) * x[i];
     y[o] = std::tanh(s * 0.5f);
   }
 }

@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   int world = 0, stage = -1, n_head = 0, vocab_size = 0;
 
   auto* inspect = app.add_subcommand("inspect",
-                                   "Print metadata and sizes; verify every file's checksums, where each shard lies "
-                                   "and that a grid's positions agree (exit status 2 on any failure)");
+                                     "Print metadata and sizes; verify every file's checksums, where each shard lies "
+                                     "and that a grid's positions agree (exit status 2 on any failure)");
   inspect->add_option("dir", dir, "Checkpoint root or step directory")->required();
   inspect->add_flag("--config", show_config, "Also print the resolved config saved with each checkpoint");
 
@@ -48,15 +48,15 @@ int main(int argc, char** argv) {
   exp->add_option("-o,--output", out, "Output file (--format hf: output directory)")->required();
   exp->add_option("--n-head", n_head, "hf, llmc: attention heads (default: the checkpoint's model.n_head)")
       ->check(CLI::Range(1, 1 << 20));
-  exp->add_option("--vocab-size", vocab_size,
-                  "hf, llmc: true vocabulary (default: the checkpoint's model.vocab_size)")
+  exp->add_option("--vocab-size", vocab_size, "hf, llmc: true vocabulary (default: the checkpoint's model.vocab_size)")
       ->check(CLI::Range(1, 1 << 30));
   exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
   auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks");
   resh->add_option("dir", dir, "Checkpoint root or step directory")->required();
   resh->add_option("--world", world, "Ranks the new checkpoint is for")->required()->check(CLI::Range(1, 1 << 20));
-  resh->add_option("--stage", stage, "Stage recorded in the new checkpoint (default: unchanged)")->check(CLI::Range(0, 3));
+  resh->add_option("--stage", stage, "Stage recorded in the new checkpoint (default: unchanged)")
+      ->check(CLI::Range(0, 3));
   resh->add_option("-o,--output", out, "New checkpoint root (created; must not hold this step)")->required();
   resh->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
@@ -67,18 +67,19 @@ int main(int argc, char** argv) {
       zero::DType t = dtype == "bf16" ? zero::DType::bf16 : (dtype == "fp16" ? zero::DType::f16 : zero::DType::f32);
       if (format == "hf") {
         const zero::plan::GptShape c = zero::hf::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
-        std::printf("wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
-                    "n_positions %d vocab_size %d)\n",
-                    out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size);
+        std::printf(
+            "wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
+            "n_positions %d vocab_size %d)\n",
+            out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size);
         return 0;
       }
       if (format == "llmc") {
         const zero::plan::GptShape c = zero::llmc::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
-        std::printf("wrote %s (llm.c GPT-2 checkpoint version %d, %s; max_seq_len %d vocab_size %d num_layers %d "
-                    "num_heads %d channels %d padded_vocab_size %lld)\n",
-                    out.c_str(), t == zero::DType::bf16 ? zero::llmc::kVersionBf16 : zero::llmc::kVersionF32,
-                    dtype.c_str(), c.seq_len, c.vocab_size, c.n_layer, c.n_head, c.n_embd,
-                    static_cast<long long>(c.padded_vocab()));
+        std::printf(
+            "wrote %s (llm.c GPT-2 checkpoint version %d, %s; max_seq_len %d vocab_size %d num_layers %d "
+            "num_heads %d channels %d padded_vocab_size %lld)\n",
+            out.c_str(), t == zero::DType::bf16 ? zero::llmc::kVersionBf16 : zero::llmc::kVersionF32, dtype.c_str(),
+            c.seq_len, c.vocab_size, c.n_layer, c.n_head, c.n_embd, static_cast<long long>(c.padded_vocab()));
         return 0;
       }
       zero::export_safetensors(dir, out, t, tag);

@@ -50,23 +50,30 @@ nlohmann::json plan_json(const Plan& p) {
   return {{"fits", p.fits},
           {"why", p.why},
           {"params", p.params},
-          {"model", {{"n_layer", p.shape.n_layer}, {"n_head", p.shape.n_head}, {"n_embd", p.shape.n_embd},
-                     {"seq_len", p.shape.seq_len}, {"vocab_size", p.shape.vocab_size}}},
-          {"settings", {{"stage", s.stage}, {"offload_optimizer", device_name(s.offload_optimizer)},
-                        {"offload_param", device_name(s.offload_param)}, {"micro_batch", s.micro_batch},
-                        {"gradient_accumulation_steps", s.grad_accum},
-                        {"activation_checkpointing", s.activation_checkpointing},
-                        {"dtype", std::string(dtype_name(s.dtype))},
-                        {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))},
-                        {"tensor_parallel", s.tensor_parallel},
-                        {"pipeline_parallel", s.pipeline_parallel},
-                        {"hpz_partition_size", s.hpz_partition_size},
-                        {"quantized_weights", s.quantized_weights},
-                        {"quantized_gradients", s.quantized_gradients},
-                        {"mics_shard_size", s.mics_shard_size},
-                        {"powersgd_rank", s.powersgd() ? s.compression.rank : 0},
-                        {"powersgd_factor_dtype", std::string(dtype_name(s.compression.factor_dtype))},
-                        {"data_parallel", p.data_parallel}}},
+          {"model",
+           {{"n_layer", p.shape.n_layer},
+            {"n_head", p.shape.n_head},
+            {"n_embd", p.shape.n_embd},
+            {"seq_len", p.shape.seq_len},
+            {"vocab_size", p.shape.vocab_size}}},
+          {"settings",
+           {{"stage", s.stage},
+            {"offload_optimizer", device_name(s.offload_optimizer)},
+            {"offload_param", device_name(s.offload_param)},
+            {"micro_batch", s.micro_batch},
+            {"gradient_accumulation_steps", s.grad_accum},
+            {"activation_checkpointing", s.activation_checkpointing},
+            {"dtype", std::string(dtype_name(s.dtype))},
+            {"grad_accum_dtype", std::string(dtype_name(s.grad_dtype()))},
+            {"tensor_parallel", s.tensor_parallel},
+            {"pipeline_parallel", s.pipeline_parallel},
+            {"hpz_partition_size", s.hpz_partition_size},
+            {"quantized_weights", s.quantized_weights},
+            {"quantized_gradients", s.quantized_gradients},
+            {"mics_shard_size", s.mics_shard_size},
+            {"powersgd_rank", s.powersgd() ? s.compression.rank : 0},
+            {"powersgd_factor_dtype", std::string(dtype_name(s.compression.factor_dtype))},
+            {"data_parallel", p.data_parallel}}},
           {"gpu_bytes", m.gpu_bytes},
           {"host_bytes", m.host_bytes},
           {"nvme_bytes", m.nvme_bytes},
@@ -100,18 +107,18 @@ void print_plan(const Plan& p, const Cluster& c) {
                  : std::string());
   const auto& st = p.settings;
   if (st.tensor_parallel * st.pipeline_parallel > 1)
-    fmt::print("grid: tensor {} x pipeline {} x data {}{}\n", st.tensor_parallel, st.pipeline_parallel,
-               p.data_parallel,
-               st.pipeline_parallel > 1
-                   ? fmt::format("; memory below is pipeline stage {}'s (the larger of the first and last)",
-                                 p.memory_stage)
-                   : std::string());
+    fmt::print(
+        "grid: tensor {} x pipeline {} x data {}{}\n", st.tensor_parallel, st.pipeline_parallel, p.data_parallel,
+        st.pipeline_parallel > 1
+            ? fmt::format("; memory below is pipeline stage {}'s (the larger of the first and last)", p.memory_stage)
+            : std::string());
   fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
-  fmt::print("GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
-             "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",
-             bytes(m.gpu_bytes), bytes(m.states.device()), bytes(m.states.params), bytes(m.states.grads),
-             bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers),
-             bytes(m.gathered), bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
+  fmt::print(
+      "GPU  {:>10} = model states {} (params {}, grads {}, master+optimizer {}) + activations {}\n"
+      "                 + comm buffers {} + stage-3 gathers {} + overhead {}   (of {})\n",
+      bytes(m.gpu_bytes), bytes(m.states.device()), bytes(m.states.params), bytes(m.states.grads),
+      bytes(m.states.master + m.states.optimizer), bytes(m.activations), bytes(m.comm_buffers), bytes(m.gathered),
+      bytes(m.device_overhead), bytes(c.gpu.memory_bytes));
   if (m.states.secondary > 0) fmt::print("                 + hpZ secondary shards {}\n", bytes(m.states.secondary));
   if (m.states.error_feedback > 0)
     fmt::print("                 + qgZ error feedback {}\n", bytes(m.states.error_feedback));
@@ -119,25 +126,25 @@ void print_plan(const Plan& p, const Cluster& c) {
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));
   fmt::print("NVMe {:>10} per node   (of {})\n", bytes(m.nvme_bytes), bytes(c.nvme_bytes_per_node));
-  fmt::print("step {:.3f} s = compute {:.3f} s + {}exposed comm {:.3f} s + {}optimizer {:.3f} s + offload {:.3f} s "
-             "(comm {:.3f} s in all)\n",
-             p.time.step_s, p.time.compute_s,
-             st.pipeline_parallel > 1 ? fmt::format("pipeline bubble {:.3f} s + ", p.time.bubble_s) : std::string(),
-             p.time.exposed_comm_s,
-             p.time.compress_s > 0 ? fmt::format("PowerSGD compression {:.3f} s + ", p.time.compress_s) : std::string(),
-             p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
+  fmt::print(
+      "step {:.3f} s = compute {:.3f} s + {}exposed comm {:.3f} s + {}optimizer {:.3f} s + offload {:.3f} s "
+      "(comm {:.3f} s in all)\n",
+      p.time.step_s, p.time.compute_s,
+      st.pipeline_parallel > 1 ? fmt::format("pipeline bubble {:.3f} s + ", p.time.bubble_s) : std::string(),
+      p.time.exposed_comm_s,
+      p.time.compress_s > 0 ? fmt::format("PowerSGD compression {:.3f} s + ", p.time.compress_s) : std::string(),
+      p.time.optimizer_s, p.time.offload_s, p.time.comm_s);
   if (st.tensor_parallel * st.pipeline_parallel > 1)
-    fmt::print("     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s{}\n", p.time.tp_comm_s,
-               p.time.pp_comm_s,
-               st.pipeline_parallel > 1
-                   ? fmt::format("; bubble {:.1f}% of the pipeline, (P-1)/(m+P-1)", 100 * p.time.bubble)
-                   : std::string());
+    fmt::print(
+        "     comm: tensor all-reduces {:.3f} s, pipeline sends {:.3f} s{}\n", p.time.tp_comm_s, p.time.pp_comm_s,
+        st.pipeline_parallel > 1 ? fmt::format("; bubble {:.1f}% of the pipeline, (P-1)/(m+P-1)", 100 * p.time.bubble)
+                                 : std::string());
   if (st.tensor_parallel * st.pipeline_parallel == 1 && c.gpus > 1) {
     // The rank whose ring successor is on the next node sends the most across (the last of its node).
     const int r = std::min(c.gpus, c.gpus_per_node) - 1;
     const TrafficBytes t = step_traffic(gpt_layout(p.shape), st, c.gpus, c.gpus_per_node, r);
-    fmt::print("     bytes per step (rank {}): {} inside its node, {} to other nodes\n", r,
-               bytes(t.intra_node), bytes(t.inter_node));
+    fmt::print("     bytes per step (rank {}): {} inside its node, {} to other nodes\n", r, bytes(t.intra_node),
+               bytes(t.inter_node));
   }
   fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
              p.tflops_per_gpu, p.days, p.token_budget);
@@ -163,8 +170,9 @@ int main(int argc, char** argv) {
   std::string model, gpu_kind = "H100-SXM", gpu_file, config_path;
   GptShape shape;
   double params = 0;
-  app.add_option("--model", model, "GPT preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, bloom-7b, gpt3-6.7b, "
-                                   "gpt3-13b, gpt-52b, gpt3-175b)");
+  app.add_option("--model", model,
+                 "GPT preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, bloom-7b, gpt3-6.7b, "
+                 "gpt3-13b, gpt-52b, gpt3-175b)");
   auto* o_layer = app.add_option("--n-layer", shape.n_layer, "transformer blocks");
   auto* o_head = app.add_option("--n-head", shape.n_head, "attention heads");
   auto* o_embd = app.add_option("--n-embd", shape.n_embd, "model width");
@@ -179,10 +187,13 @@ int main(int argc, char** argv) {
   // Cluster
   Cluster c;
   double intra = 0, inter = 25, host_gb = 64, host_bw = 200, nvme_gb = 0, nvme_bw = 6, efficiency = 0;
-  app.add_option("--gpu", gpu_kind, "GPU kind: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-SXM, H200, "
-                                    "or one from --gpu-file")->default_val("H100-SXM");
-  app.add_option("--gpu-file", gpu_file, "YAML with user GPU presets (name, base, memory_gb, peak_tflops, "
-                                         "efficiency, hbm_gbps, pcie_gbps, nvlink_gbps)");
+  app.add_option("--gpu", gpu_kind,
+                 "GPU kind: V100-16GB, V100-32GB, A100-40GB, A100-80GB, H100-SXM, H200, "
+                 "or one from --gpu-file")
+      ->default_val("H100-SXM");
+  app.add_option("--gpu-file", gpu_file,
+                 "YAML with user GPU presets (name, base, memory_gb, peak_tflops, "
+                 "efficiency, hbm_gbps, pcie_gbps, nvlink_gbps)");
   app.add_option("--gpus", c.gpus, "GPUs (data-parallel ranks)")->default_val(8)->check(CLI::PositiveNumber);
   app.add_option("--gpus-per-node", c.gpus_per_node, "GPUs per node")->default_val(8)->check(CLI::PositiveNumber);
   app.add_option("--intra-gbps", intra, "intra-node bus bandwidth per GPU, GB/s (default: the GPU's NVLink)");
@@ -191,8 +202,10 @@ int main(int argc, char** argv) {
   app.add_option("--host-mem-gbps", host_bw, "host DRAM bandwidth per node, GB/s (host AdamW)")->default_val(200);
   app.add_option("--nvme-gb", nvme_gb, "NVMe capacity per node, GB")->default_val(0);
   app.add_option("--nvme-gbps", nvme_bw, "NVMe bandwidth per node, GB/s")->default_val(6);
-  app.add_option("--efficiency", efficiency, "fraction of peak the compute reaches (default: the GPU kind's, "
-                                             "or a measured MFU)")->check(CLI::Range(0.001, 1.0));
+  app.add_option("--efficiency", efficiency,
+                 "fraction of peak the compute reaches (default: the GPU kind's, "
+                 "or a measured MFU)")
+      ->check(CLI::Range(0.001, 1.0));
   // Settings
   std::vector<std::string> stages_s{"any"}, offload_s{"none"}, offload_param_s{"none"}, micro_s{"any"};
   std::vector<std::string> tp_s{"1"}, pp_s{"1"}, hpz_s{"1"};
@@ -204,7 +217,8 @@ int main(int argc, char** argv) {
   double tokens = 100e9;
   std::size_t top = 15;
   bool json = false;
-  app.add_option("-c,--config", config_path, "a libzero/DeepSpeed config: its settings are fixed unless a flag opens them");
+  app.add_option("-c,--config", config_path,
+                 "a libzero/DeepSpeed config: its settings are fixed unless a flag opens them");
   auto* o_stage = app.add_option("--stage", stages_s, "ZeRO stages to consider (0..3 or any)")->delimiter(',');
   auto* o_off = app.add_option("--offload", offload_s, "optimizer offload: none, cpu, nvme, any")->delimiter(',');
   auto* o_offp = app.add_option("--offload-param", offload_param_s, "parameter offload (stage 3): none, nvme, cpu, any")
@@ -214,26 +228,36 @@ int main(int argc, char** argv) {
   auto* o_ckpt = app.add_option("--ckpt", ckpt_s, "activation checkpointing: on, off, any")
                      ->check(CLI::IsMember({"on", "off", "any"}));
   auto* o_dtype = app.add_option("--dtype", dtype_s, "compute dtype")->check(CLI::IsMember({"bf16", "fp16", "fp32"}));
-  app.add_option("--tp", tp_s, "tensor-parallel sizes (Megatron-style, inside a node when it fits; any: powers "
-                              "of 2 up to the GPUs per node)")->delimiter(',');
-  app.add_option("--pp", pp_s, "pipeline-parallel sizes (1F1B over the accumulation's micro-batches; any: powers "
-                              "of 2 up to the GPU count); data parallel = GPUs / (tp x pp)")->delimiter(',');
-  auto* o_hpz = app.add_option("--hpz", hpz_s, "stage 3: ZeRO++ hpZ group sizes (1: off; any: 1 and the GPUs per "
-                                               "node)")->delimiter(',');
+  app.add_option("--tp", tp_s,
+                 "tensor-parallel sizes (Megatron-style, inside a node when it fits; any: powers "
+                 "of 2 up to the GPUs per node)")
+      ->delimiter(',');
+  app.add_option("--pp", pp_s,
+                 "pipeline-parallel sizes (1F1B over the accumulation's micro-batches; any: powers "
+                 "of 2 up to the GPU count); data parallel = GPUs / (tp x pp)")
+      ->delimiter(',');
+  auto* o_hpz = app.add_option("--hpz", hpz_s,
+                               "stage 3: ZeRO++ hpZ group sizes (1: off; any: 1 and the GPUs per "
+                               "node)")
+                    ->delimiter(',');
   auto* o_qwz = app.add_option("--qwz", qwz_s, "stage 3: ZeRO++ qwZ int8 parameter gathers: on, off, any")
                     ->check(CLI::IsMember({"on", "off", "any"}));
-  app.add_option("--global-batch", space_global_batch, "sequences per optimizer step over all GPUs: sets the "
-                                                       "accumulation for each micro-batch (overrides --accum)");
-  auto* o_qgz = app.add_option("--qgz", qgz_s, "stages 2-3: ZeRO++ qgZ quantized gradient reduce-scatter (int8 "
-                                               "inside the node, int4 across): on, off, any")
+  app.add_option("--global-batch", space_global_batch,
+                 "sequences per optimizer step over all GPUs: sets the "
+                 "accumulation for each micro-batch (overrides --accum)");
+  auto* o_qgz = app.add_option("--qgz", qgz_s,
+                               "stages 2-3: ZeRO++ qgZ quantized gradient reduce-scatter (int8 "
+                               "inside the node, int4 across): on, off, any")
                     ->check(CLI::IsMember({"on", "off", "any"}));
   auto* o_mics = app.add_option("--mics-shard-size", mics_s,
                                 "MiCS (stages 1-3): shard model states over groups of this many data-parallel "
                                 "ranks, replicated across groups (zero_optimization.mics_shard_size; -1: off; "
-                                "any: off and the GPUs per node)")->delimiter(',');
+                                "any: off and the GPUs per node)")
+                     ->delimiter(',');
   auto* o_psgd = app.add_option("--powersgd-rank", psgd_s,
                                 "stages 0-1: PowerSGD gradient compression ranks (gradient_compression.rank; 0: "
-                                "off; any: off, 1, 4 and 16)")->delimiter(',');
+                                "off; any: off, 1, 4 and 16)")
+                     ->delimiter(',');
   auto* o_psgd_dtype = app.add_option("--powersgd-factor-dtype", psgd_dtype_s,
                                       "PowerSGD's factors on the wire (gradient_compression.factor_dtype)")
                            ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -264,23 +288,26 @@ int main(int argc, char** argv) {
       space.base.dtype = dtype_s == "fp32" ? DType::f32 : dtype_s == "fp16" ? DType::f16 : DType::bf16;
     const bool cfg_fixed = from_config;
     auto any = [](const std::vector<std::string>& v) { return v.size() == 1 && v[0] == "any"; };
-    if (cfg_fixed && !o_stage->count()) space.stages = {space.base.stage};
+    if (cfg_fixed && !o_stage->count())
+      space.stages = {space.base.stage};
     else if (!any(stages_s)) {
       space.stages.clear();
       for (const auto& s : stages_s) space.stages.push_back(std::stoi(s));
     }
     auto devices = [&](const std::vector<std::string>& v, bool param) {
       std::vector<OffloadDevice> out;
-      if (any(v)) return param ? std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::nvme}
-                               : std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
+      if (any(v))
+        return param ? std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::nvme}
+                     : std::vector<OffloadDevice>{OffloadDevice::none, OffloadDevice::cpu, OffloadDevice::nvme};
       for (const auto& s : v) out.push_back(device_of(s));
       return out;
     };
-    space.offload_optimizer = cfg_fixed && !o_off->count() ? std::vector{space.base.offload_optimizer}
-                                                           : devices(offload_s, false);
-    space.offload_param = cfg_fixed && !o_offp->count() ? std::vector{space.base.offload_param}
-                                                        : devices(offload_param_s, true);
-    if (cfg_fixed && !o_micro->count()) space.micro_batches = {space.base.micro_batch};
+    space.offload_optimizer =
+        cfg_fixed && !o_off->count() ? std::vector{space.base.offload_optimizer} : devices(offload_s, false);
+    space.offload_param =
+        cfg_fixed && !o_offp->count() ? std::vector{space.base.offload_param} : devices(offload_param_s, true);
+    if (cfg_fixed && !o_micro->count())
+      space.micro_batches = {space.base.micro_batch};
     else if (!any(micro_s)) {
       space.micro_batches.clear();
       for (const auto& s : micro_s) space.micro_batches.push_back(std::stoi(s));
@@ -304,12 +331,18 @@ int main(int argc, char** argv) {
     };
     space.tensor_parallel = sizes(tp_s, c.gpus_per_node, "--tp");
     space.pipeline_parallel = sizes(pp_s, c.gpus, "--pp");
-    if (cfg_fixed && !o_hpz->count()) space.hpz_partition_size = {space.base.hpz_partition_size};
-    else if (any(hpz_s)) space.hpz_partition_size = {1, c.gpus_per_node};
-    else space.hpz_partition_size = sizes(hpz_s, c.gpus, "--hpz");
-    if (cfg_fixed && !o_qwz->count()) space.quantized_weights = {space.base.quantized_weights};
-    else if (qwz_s == "any") space.quantized_weights = {false, true};
-    else space.quantized_weights = {qwz_s == "on"};
+    if (cfg_fixed && !o_hpz->count())
+      space.hpz_partition_size = {space.base.hpz_partition_size};
+    else if (any(hpz_s))
+      space.hpz_partition_size = {1, c.gpus_per_node};
+    else
+      space.hpz_partition_size = sizes(hpz_s, c.gpus, "--hpz");
+    if (cfg_fixed && !o_qwz->count())
+      space.quantized_weights = {space.base.quantized_weights};
+    else if (qwz_s == "any")
+      space.quantized_weights = {false, true};
+    else
+      space.quantized_weights = {qwz_s == "on"};
     // Across nodes: an empty list keeps the config's (base's) value.
     auto ints = [&](const std::vector<std::string>& v, int lo, const char* flag) {
       std::vector<int> out;
@@ -327,9 +360,11 @@ int main(int argc, char** argv) {
     if (!cfg_fixed || o_qgz->count())
       space.quantized_gradients = qgz_s == "any" ? std::vector<bool>{false, true} : std::vector<bool>{qgz_s == "on"};
     if (!cfg_fixed || o_mics->count()) {
-      space.mics_shard_size = any(mics_s) ? std::vector<int>{-1, c.gpus_per_node} : ints(mics_s, -1, "--mics-shard-size");
+      space.mics_shard_size =
+          any(mics_s) ? std::vector<int>{-1, c.gpus_per_node} : ints(mics_s, -1, "--mics-shard-size");
       for (int m : space.mics_shard_size)
-        ZERO_CHECK(m == -1 || m >= 1, fmt::format("zero-plan: --mics-shard-size {} is not -1 (off) or a group size", m));
+        ZERO_CHECK(m == -1 || m >= 1,
+                   fmt::format("zero-plan: --mics-shard-size {} is not -1 (off) or a group size", m));
     }
     if (!cfg_fixed || o_psgd->count())
       space.powersgd_rank = any(psgd_s) ? std::vector<int>{0, 1, 4, 16} : ints(psgd_s, 0, "--powersgd-rank");
@@ -343,8 +378,10 @@ int main(int argc, char** argv) {
       space.base.compression.type = r > 0 ? CompressionType::powersgd : CompressionType::none;
       if (r > 0) space.base.compression.rank = r;
     }
-    if (ckpt_s == "on") space.checkpointing = {true};
-    else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count())) space.checkpointing = {false};
+    if (ckpt_s == "on")
+      space.checkpointing = {true};
+    else if (ckpt_s == "off" || (cfg_fixed && !o_ckpt->count()))
+      space.checkpointing = {false};
 
     // Model
     if (o_seq->count()) family.seq_len = shape.seq_len;
@@ -386,15 +423,18 @@ int main(int argc, char** argv) {
       s.stage = space.stages.front();
       make_plan(shape, c, s, tokens);
     }
-    ZERO_CHECK(!candidates.empty(), "zero-plan: no setting to consider (parameter offload needs --stage 3; "
-                                    "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
-                                    "a pipeline needs stage 0 or 1; --mics-shard-size needs stage >= 1, a divisor "
-                                    "of the data-parallel ranks, and no --hpz; --qgz needs stage 2-3 and no MiCS; "
-                                    "--powersgd-rank needs stage 0-1 and no MiCS)");
+    ZERO_CHECK(!candidates.empty(),
+               "zero-plan: no setting to consider (parameter offload needs --stage 3; "
+               "optimizer offload needs stage >= 1; tensor x pipeline must divide --gpus; "
+               "a pipeline needs stage 0 or 1; --mics-shard-size needs stage >= 1, a divisor "
+               "of the data-parallel ranks, and no --hpz; --qgz needs stage 2-3 and no MiCS; "
+               "--powersgd-rank needs stage 0-1 and no MiCS)");
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
-      if (json) fmt::print("{}\n", plan_json(p).dump(2));
-      else print_plan(p, c);
+      if (json)
+        fmt::print("{}\n", plan_json(p).dump(2));
+      else
+        print_plan(p, c);
       return 0;
     }
     auto ranked = rank_plans(shape, c, space, tokens);

@@ -24,8 +24,7 @@ bool valid_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == D
 int elem_code(DType t) { return static_cast<int>(t); }
 
 std::string describe(DType t) {
-  return valid_dtype(t) ? std::string(dtype_name(t))
-                        : fmt::format("invalid DType {}", static_cast<int>(t));
+  return valid_dtype(t) ? std::string(dtype_name(t)) : fmt::format("invalid DType {}", static_cast<int>(t));
 }
 
 // Runs body(begin, end) over [0, n) in tiles. schedule(static) gives each thread one contiguous
@@ -42,7 +41,6 @@ void for_each_tile(std::size_t n, int threads, Body&& body) {
     body(begin, std::min(n, begin + kTile));
   }
 }
-
 
 template <int G>
 inline float load_grad(const void* g, std::size_t i) {
@@ -69,8 +67,8 @@ inline void store_param(void* out, std::size_t i, float p) {
 // The reference sequence of operations. The SIMD kernels repeat it lane by lane: same order,
 // fused multiply-adds exactly where std::fma appears here, nothing reassociated.
 template <int G, int O>
-void adam_scalar(float* master, float* m, float* v, const void* grad, void* out,
-                 std::size_t begin, std::size_t end, const AdamConstants& c) {
+void adam_scalar(float* master, float* m, float* v, const void* grad, void* out, std::size_t begin, std::size_t end,
+                 const AdamConstants& c) {
   for (std::size_t i = begin; i < end; ++i) {
     float p = master[i];
     float g = load_grad<G>(grad, i) * c.grad_scale;
@@ -88,8 +86,8 @@ void adam_scalar(float* master, float* m, float* v, const void* grad, void* out,
 }
 
 template <int G>
-void adam_scalar_out(float* master, float* m, float* v, const void* grad, void* out, int oc,
-                     std::size_t b, std::size_t e, const AdamConstants& c) {
+void adam_scalar_out(float* master, float* m, float* v, const void* grad, void* out, int oc, std::size_t b,
+                     std::size_t e, const AdamConstants& c) {
   switch (oc) {
     case detail::kF32: return adam_scalar<G, detail::kF32>(master, m, v, grad, out, b, e, c);
     case detail::kBF16: return adam_scalar<G, detail::kBF16>(master, m, v, grad, out, b, e, c);
@@ -104,8 +102,8 @@ struct SgdConsts {
 };
 
 template <int G, int O>
-void sgd_range(float* master, float* buf, const void* grad, void* out, std::size_t begin,
-               std::size_t end, const SgdConsts& c) {
+void sgd_range(float* master, float* buf, const void* grad, void* out, std::size_t begin, std::size_t end,
+               const SgdConsts& c) {
   for (std::size_t i = begin; i < end; ++i) {
     float p = master[i];
     float g = load_grad<G>(grad, i) * c.grad_scale;
@@ -122,8 +120,8 @@ void sgd_range(float* master, float* buf, const void* grad, void* out, std::size
 }
 
 template <int G>
-void sgd_range_out(float* master, float* buf, const void* grad, void* out, int oc,
-                   std::size_t b, std::size_t e, const SgdConsts& c) {
+void sgd_range_out(float* master, float* buf, const void* grad, void* out, int oc, std::size_t b, std::size_t e,
+                   const SgdConsts& c) {
   switch (oc) {
     case detail::kF32: return sgd_range<G, detail::kF32>(master, buf, grad, out, b, e, c);
     case detail::kBF16: return sgd_range<G, detail::kBF16>(master, buf, grad, out, b, e, c);
@@ -132,17 +130,15 @@ void sgd_range_out(float* master, float* buf, const void* grad, void* out, int o
   }
 }
 
-void check_common(const void* master, const void* grad, DType grad_type, const void* param_out,
-                  DType param_type, const char* who) {
+void check_common(const void* master, const void* grad, DType grad_type, const void* param_out, DType param_type,
+                  const char* who) {
   const std::string w(who);
-  ZERO_CHECK(master != nullptr && grad != nullptr,
-             w + ": master and grad must not be null for a non-empty step");
-  ZERO_CHECK(valid_dtype(grad_type),
-             w + ": unsupported gradient type (" + describe(grad_type) +
-                 "); pass DType::f32, DType::bf16 or DType::f16");
-  ZERO_CHECK(param_out == nullptr || valid_dtype(param_type),
-             w + ": unsupported parameter output type (" + describe(param_type) +
-                 "); pass DType::f32, DType::bf16 or DType::f16");
+  ZERO_CHECK(master != nullptr && grad != nullptr, w + ": master and grad must not be null for a non-empty step");
+  ZERO_CHECK(valid_dtype(grad_type), w + ": unsupported gradient type (" + describe(grad_type) +
+                                         "); pass DType::f32, DType::bf16 or DType::f16");
+  ZERO_CHECK(param_out == nullptr || valid_dtype(param_type), w + ": unsupported parameter output type (" +
+                                                                  describe(param_type) +
+                                                                  "); pass DType::f32, DType::bf16 or DType::f16");
 }
 
 }  // namespace
@@ -159,13 +155,10 @@ bool simd_path_supported(SimdPath path) {
   switch (path) {
     case SimdPath::scalar: return true;
 #if ZERO_OFFLOAD_X86
-    case SimdPath::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             ZERO_CPU_HAS_F16C();
+    case SimdPath::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && ZERO_CPU_HAS_F16C();
     case SimdPath::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-             ZERO_CPU_HAS_F16C();
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && ZERO_CPU_HAS_F16C();
 #else
     case SimdPath::avx2:
     case SimdPath::avx512: return false;
@@ -177,7 +170,7 @@ bool simd_path_supported(SimdPath path) {
 SimdPath best_simd_path() {
   static const SimdPath best = simd_path_supported(SimdPath::avx512) ? SimdPath::avx512
                                : simd_path_supported(SimdPath::avx2) ? SimdPath::avx2
-                                                                      : SimdPath::scalar;
+                                                                     : SimdPath::scalar;
   return best;
 }
 
@@ -192,9 +185,8 @@ std::string_view simd_path_name(SimdPath path) {
 
 namespace detail {
 
-void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code,
-                       void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConstants& c, std::size_t /*prefetch*/) {
+void adam_range_scalar(float* master, float* m, float* v, const void* grad, int grad_code, void* out, int out_code,
+                       std::size_t begin, std::size_t end, const AdamConstants& c, std::size_t /*prefetch*/) {
   switch (grad_code) {
     case kF32: return adam_scalar_out<kF32>(master, m, v, grad, out, out_code, begin, end, c);
     case kBF16: return adam_scalar_out<kBF16>(master, m, v, grad, out, out_code, begin, end, c);
@@ -219,22 +211,20 @@ std::size_t adam_prefetch_elements() {
 #endif
 }
 
-void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type,
-               void* param_out, DType param_type, std::size_t n, const AdamHyper& h,
-               SimdPath path, int threads) {
+void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type, void* param_out, DType param_type,
+               std::size_t n, const AdamHyper& h, SimdPath path, int threads) {
   if (n == 0) return;
   check_common(master, grad, grad_type, param_out, param_type, "adam_step");
-  ZERO_CHECK(m != nullptr && v != nullptr,
-             "adam_step: the moment buffers m and v must not be null");
-  ZERO_CHECK(h.step >= 1,
-             fmt::format("adam_step: step is 1-based (got {}); pass the number of steps taken including this one",
-                         h.step));
+  ZERO_CHECK(m != nullptr && v != nullptr, "adam_step: the moment buffers m and v must not be null");
+  ZERO_CHECK(
+      h.step >= 1,
+      fmt::format("adam_step: step is 1-based (got {}); pass the number of steps taken including this one", h.step));
   ZERO_CHECK(h.beta1 >= 0.0f && h.beta1 < 1.0f && h.beta2 >= 0.0f && h.beta2 < 1.0f,
              fmt::format("adam_step: betas must lie in [0, 1) (got beta1={}, beta2={}); check optimizer.params.betas",
                          h.beta1, h.beta2));
-  ZERO_CHECK(simd_path_supported(path),
-             fmt::format("adam_step: the {} path is not supported by this CPU; pass best_simd_path()",
-                         simd_path_name(path)));
+  ZERO_CHECK(
+      simd_path_supported(path),
+      fmt::format("adam_step: the {} path is not supported by this CPU; pass best_simd_path()", simd_path_name(path)));
 
   detail::AdamRangeFn fn = detail::adam_range_scalar;
 #if ZERO_OFFLOAD_X86
@@ -245,14 +235,12 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
   const int gc = elem_code(grad_type);
   const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
   const std::size_t ahead = adam_prefetch_elements();
-  for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
-    fn(master, m, v, grad, gc, param_out, oc, b, e, c, ahead);
-  });
+  for_each_tile(n, threads,
+                [&](std::size_t b, std::size_t e) { fn(master, m, v, grad, gc, param_out, oc, b, e, c, ahead); });
 }
 
-void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type,
-              void* param_out, DType param_type, std::size_t n, const SgdHyper& h,
-              int threads) {
+void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out, DType param_type,
+              std::size_t n, const SgdHyper& h, int threads) {
   if (n == 0) return;
   check_common(master, grad, grad_type, param_out, param_type, "sgd_step");
   ZERO_CHECK(h.momentum == 0.0f || momentum_buf != nullptr,
@@ -262,9 +250,8 @@ void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_t
   auto range = grad_type == DType::f32    ? sgd_range_out<detail::kF32>
                : grad_type == DType::bf16 ? sgd_range_out<detail::kBF16>
                                           : sgd_range_out<detail::kF16>;
-  for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
-    range(master, momentum_buf, grad, param_out, oc, b, e, c);
-  });
+  for_each_tile(n, threads,
+                [&](std::size_t b, std::size_t e) { range(master, momentum_buf, grad, param_out, oc, b, e, c); });
 }
 
 }  // namespace zero::offload

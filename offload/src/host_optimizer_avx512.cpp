@@ -21,8 +21,8 @@ namespace zero::offload::detail {
 namespace {
 
 struct Vec {
-  __m512 grad_scale, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps,
-      neg_step_size, inv_sqrt_bias_c2;
+  __m512 grad_scale, weight_decay, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size,
+      inv_sqrt_bias_c2;
   bool l2, decoupled;
   std::size_t prefetch;  // software prefetch distance, elements (prefetch_elements())
 };
@@ -83,11 +83,10 @@ inline __m512 load_grad(const void* grad, std::size_t i, __mmask16 k) {
 inline __m256i to_bf16(__m512 p) {
   const __m512i u = _mm512_castps_si512(p);
   const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7fff));
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan =
+      _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
   const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
@@ -99,9 +98,8 @@ inline __m256i to_bf16(__m512 p) {
 inline __m256i to_fp16(__m512 p) {
   const __m256i h = _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __mmask16 nan = _mm512_cmp_ps_mask(p, p, _CMP_UNORD_Q);
-  const __m256i quiet = _mm256_or_si256(
-      _mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0x8000))),
-      _mm256_set1_epi16(0x7e00));
+  const __m256i quiet =
+      _mm256_or_si256(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<short>(0x8000))), _mm256_set1_epi16(0x7e00));
   return _mm256_mask_blend_epi16(nan, h, quiet);
 }
 
@@ -117,16 +115,15 @@ inline void store_param(void* out, std::size_t i, __mmask16 k, __m512 p) {
 }
 
 template <int G, int O, bool Masked>
-inline void step16(float* master, float* m, float* v, const void* grad, void* out, std::size_t i,
-                   __mmask16 k, const Vec& c) {
+inline void step16(float* master, float* m, float* v, const void* grad, void* out, std::size_t i, __mmask16 k,
+                   const Vec& c) {
   __m512 p = load_f32<Masked>(master + i, k);
   __m512 g = _mm512_mul_ps(load_grad<G, Masked>(grad, i, k), c.grad_scale);
   if (c.l2) g = _mm512_fmadd_ps(c.weight_decay, p, g);
   if (c.decoupled) p = _mm512_mul_ps(p, c.decay);
-  const __m512 mi =
-      _mm512_fmadd_ps(c.beta1, load_f32<Masked>(m + i, k), _mm512_mul_ps(c.one_minus_beta1, g));
-  const __m512 vi = _mm512_fmadd_ps(c.beta2, load_f32<Masked>(v + i, k),
-                                    _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
+  const __m512 mi = _mm512_fmadd_ps(c.beta1, load_f32<Masked>(m + i, k), _mm512_mul_ps(c.one_minus_beta1, g));
+  const __m512 vi =
+      _mm512_fmadd_ps(c.beta2, load_f32<Masked>(v + i, k), _mm512_mul_ps(_mm512_mul_ps(c.one_minus_beta2, g), g));
   const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), c.inv_sqrt_bias_c2, c.eps);
   p = _mm512_fmadd_ps(c.neg_step_size, _mm512_div_ps(mi, denom), p);
   store_f32<Masked>(m + i, k, mi);
@@ -137,25 +134,21 @@ inline void step16(float* master, float* m, float* v, const void* grad, void* ou
 
 // One cache line of each stream, `ahead` elements ahead (see host_optimizer_kernels.hpp).
 template <int G>
-inline void prefetch_ahead(const float* master, const float* m, const float* v, const void* grad,
-                           std::size_t i, std::size_t ahead) {
+inline void prefetch_ahead(const float* master, const float* m, const float* v, const void* grad, std::size_t i,
+                           std::size_t ahead) {
   // Addresses are formed as integers: they may lie past the end of the arrays, where a
   // prefetch is harmless but pointer arithmetic would not be.
   const std::uintptr_t j = i + ahead;
   const std::uintptr_t gsize = G == kF32 ? 4 : 2;
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(master) + 4 * j),
-               _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(m) + 4 * j),
-               _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(v) + 4 * j),
-               _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(grad) + gsize * j),
-               _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(master) + 4 * j), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(m) + 4 * j), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(v) + 4 * j), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<std::uintptr_t>(grad) + gsize * j), _MM_HINT_T0);
 }
 
 template <int G, int O>
-void range(float* master, float* m, float* v, const void* grad, void* out, std::size_t begin,
-           std::size_t end, const Vec& c) {
+void range(float* master, float* m, float* v, const void* grad, void* out, std::size_t begin, std::size_t end,
+           const Vec& c) {
   std::size_t i = begin;
   for (; i + 16 <= end; i += 16) {
     prefetch_ahead<G>(master, m, v, grad, i, c.prefetch);
@@ -168,8 +161,8 @@ void range(float* master, float* m, float* v, const void* grad, void* out, std::
 }
 
 template <int G>
-void range_out(float* master, float* m, float* v, const void* grad, void* out, int oc,
-               std::size_t b, std::size_t e, const Vec& c) {
+void range_out(float* master, float* m, float* v, const void* grad, void* out, int oc, std::size_t b, std::size_t e,
+               const Vec& c) {
   switch (oc) {
     case kF32: return range<G, kF32>(master, m, v, grad, out, b, e, c);
     case kBF16: return range<G, kBF16>(master, m, v, grad, out, b, e, c);
@@ -180,15 +173,20 @@ void range_out(float* master, float* m, float* v, const void* grad, void* out, i
 
 }  // namespace
 
-void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code,
-                       void* out, int out_code, std::size_t begin, std::size_t end,
-                       const AdamConstants& s, std::size_t prefetch) {
-  const Vec c{_mm512_set1_ps(s.grad_scale),      _mm512_set1_ps(s.weight_decay),
-              _mm512_set1_ps(s.decay),           _mm512_set1_ps(s.beta1),
-              _mm512_set1_ps(s.one_minus_beta1), _mm512_set1_ps(s.beta2),
-              _mm512_set1_ps(s.one_minus_beta2), _mm512_set1_ps(s.eps),
-              _mm512_set1_ps(s.neg_step_size),   _mm512_set1_ps(s.inv_sqrt_bias_c2),
-              s.l2,                              s.decoupled,
+void adam_range_avx512(float* master, float* m, float* v, const void* grad, int grad_code, void* out, int out_code,
+                       std::size_t begin, std::size_t end, const AdamConstants& s, std::size_t prefetch) {
+  const Vec c{_mm512_set1_ps(s.grad_scale),
+              _mm512_set1_ps(s.weight_decay),
+              _mm512_set1_ps(s.decay),
+              _mm512_set1_ps(s.beta1),
+              _mm512_set1_ps(s.one_minus_beta1),
+              _mm512_set1_ps(s.beta2),
+              _mm512_set1_ps(s.one_minus_beta2),
+              _mm512_set1_ps(s.eps),
+              _mm512_set1_ps(s.neg_step_size),
+              _mm512_set1_ps(s.inv_sqrt_bias_c2),
+              s.l2,
+              s.decoupled,
               prefetch};
   switch (grad_code) {
     case kF32: return range_out<kF32>(master, m, v, grad, out, out_code, begin, end, c);

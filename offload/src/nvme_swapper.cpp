@@ -53,7 +53,7 @@ void reclaim_stale(const std::string& dir, const std::string& previous_holder) {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const bool ours = name == ".direct_probe" || (name.size() > 4 && name.compare(name.size() - 4, 4, ".swp") == 0);
-    struct stat st{};
+    struct stat st {};
     if (!ours || ::lstat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (::unlink(e.path().c_str()) != 0) {
       ZERO_THROW(fmt::format("cannot remove the stale swap file {} left by an earlier job: {}; delete it by hand",
@@ -124,30 +124,32 @@ NvmeSwapper::NvmeSwapper(const std::string& nvme_path, int rank, const AioOption
     : core_(std::make_shared<SwapCore>()) {
   SwapCore& c = *core_;
   c.opt = options;
-  ZERO_CHECK(options.block_size > 0 && options.block_size % detail::kPage == 0 &&
-                 options.block_size <= (std::size_t{1} << 30),
-             fmt::format("aio.block_size must be a positive multiple of 4096 up to 1 GiB (got {})", options.block_size));
+  ZERO_CHECK(
+      options.block_size > 0 && options.block_size % detail::kPage == 0 && options.block_size <= (std::size_t{1} << 30),
+      fmt::format("aio.block_size must be a positive multiple of 4096 up to 1 GiB (got {})", options.block_size));
   ZERO_CHECK(options.queue_depth >= 1 && options.queue_depth <= 1024,
              fmt::format("aio.queue_depth must be between 1 and 1024 (got {})", options.queue_depth));
-  ZERO_CHECK(!nvme_path.empty(), "nvme_path is empty; set offload_optimizer.nvme_path "
-                                 "(or offload_param.nvme_path) to a directory on a local disk");
-  struct stat st{};
+  ZERO_CHECK(!nvme_path.empty(),
+             "nvme_path is empty; set offload_optimizer.nvme_path "
+             "(or offload_param.nvme_path) to a directory on a local disk");
+  struct stat st {};
   ZERO_CHECK(::stat(nvme_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
-             "nvme_path '" + nvme_path + "' is not an existing directory; create it or fix "
-             "offload_optimizer.nvme_path / offload_param.nvme_path");
+             "nvme_path '" + nvme_path +
+                 "' is not an existing directory; create it or fix "
+                 "offload_optimizer.nvme_path / offload_param.nvme_path");
   c.dir = fmt::format("{}{}zero_rank{}", nvme_path, nvme_path.back() == '/' ? "" : "/", rank);
   if (::mkdir(c.dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    ZERO_THROW("cannot create the swap directory " + c.dir + ": " +
-               detail::errno_text(errno) + "; check permissions on " + nvme_path);
+    ZERO_THROW("cannot create the swap directory " + c.dir + ": " + detail::errno_text(errno) +
+               "; check permissions on " + nvme_path);
   }
   // The lock sits beside the directory, so the directory holds swap files only and can be
   // removed while the lock is still held. Swappers of one process (the parameter and the
   // optimizer swapper of one rank) share it.
-  JobLock::Taken taken = JobLock::take(
-      c.dir + ".lock", LockMode::exclusive, "the NVMe swap directory " + c.dir,
-      "wait for it to end or stop it, or give this job its own nvme_path (offload_optimizer.nvme_path, "
-      "offload_param.nvme_path)",
-      /*remove_file=*/true);
+  JobLock::Taken taken =
+      JobLock::take(c.dir + ".lock", LockMode::exclusive, "the NVMe swap directory " + c.dir,
+                    "wait for it to end or stop it, or give this job its own nvme_path (offload_optimizer.nvme_path, "
+                    "offload_param.nvme_path)",
+                    /*remove_file=*/true);
   c.lock = std::move(taken.lock);
   if (taken.first) detail::reclaim_stale(c.dir, taken.previous_holder);
 
@@ -167,9 +169,10 @@ NvmeSwapper::NvmeSwapper(const std::string& nvme_path, int rank, const AioOption
     const int err = errno;
     ::unlink(probe.c_str());
     if (!c.direct) {
-      log_info("O_DIRECT is not supported on {} ({}; tmpfs or a network filesystem?); NVMe swap uses buffered I/O "
-               "there",
-               c.dir, detail::errno_text(err));
+      log_info(
+          "O_DIRECT is not supported on {} ({}; tmpfs or a network filesystem?); NVMe swap uses buffered I/O "
+          "there",
+          c.dir, detail::errno_text(err));
     }
   }
 
@@ -178,9 +181,10 @@ NvmeSwapper::NvmeSwapper(const std::string& nvme_path, int rank, const AioOption
     if (rc == 0) {
       c.uring = true;
     } else {
-      log_info("io_uring is unavailable ({}; old kernel or a seccomp profile that blocks it); NVMe swap falls back "
-               "to pread/pwrite, one request at a time",
-               detail::errno_text(-rc));
+      log_info(
+          "io_uring is unavailable ({}; old kernel or a seccomp profile that blocks it); NVMe swap falls back "
+          "to pread/pwrite, one request at a time",
+          detail::errno_text(-rc));
     }
   }
 
@@ -239,17 +243,15 @@ NvmeSwapper::Space NvmeSwapper::space() const {
   // Space still to be claimed: the reserved size minus what existing files already hold.
   for (const auto& [key, ks] : c.keys) {
     const std::uint64_t want = detail::round_up(ks.reserved, detail::kPage);
-    struct stat st{};
-    const std::uint64_t have =
-        ::stat(ks.path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
+    struct stat st {};
+    const std::uint64_t have = ::stat(ks.path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_blocks) * 512 : 0;
     if (want > have) sp.needed += want - have;
   }
-  struct statvfs vfs{};
-  ZERO_CHECK(::statvfs(c.dir.c_str(), &vfs) == 0,
-             "statvfs(" + c.dir + ") failed: " + detail::errno_text(errno));
+  struct statvfs vfs {};
+  ZERO_CHECK(::statvfs(c.dir.c_str(), &vfs) == 0, "statvfs(" + c.dir + ") failed: " + detail::errno_text(errno));
   sp.free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   sp.capacity_known = vfs.f_blocks != 0;
-  struct stat dst{};
+  struct stat dst {};
   if (::stat(c.dir.c_str(), &dst) == 0) sp.filesystem = static_cast<std::uint64_t>(dst.st_dev);
   return sp;
 }
@@ -257,9 +259,10 @@ NvmeSwapper::Space NvmeSwapper::space() const {
 void NvmeSwapper::check_space() {
   const Space sp = space();
   if (!sp.capacity_known) {
-    log_warning("the filesystem of {} reports no capacity (ramfs?): the {} NVMe swap needs are not checked against "
-                "free space",
-                sp.dir, detail::bytes_text(sp.needed));
+    log_warning(
+        "the filesystem of {} reports no capacity (ramfs?): the {} NVMe swap needs are not checked against "
+        "free space",
+        sp.dir, detail::bytes_text(sp.needed));
   } else {
     ZERO_CHECK(sp.needed <= sp.free,
                fmt::format("not enough disk space for NVMe swap in {}: {} swapped tensors need {} more, but only {} "
@@ -282,10 +285,10 @@ void NvmeSwapper::preallocate() {
     const int rc = ::posix_fallocate(fd, 0, want);
     ::close(fd);
     if (rc == ENOSPC || rc == EDQUOT) {
-      ZERO_THROW(fmt::format("not enough disk space for NVMe swap in {}: preallocating {} for {} failed with {}. "
-                             "Free space there or point nvme_path at a larger device",
-                             c.dir, detail::bytes_text(static_cast<std::uint64_t>(want)), ks.path,
-                             detail::errno_text(rc)));
+      ZERO_THROW(
+          fmt::format("not enough disk space for NVMe swap in {}: preallocating {} for {} failed with {}. "
+                      "Free space there or point nvme_path at a larger device",
+                      c.dir, detail::bytes_text(static_cast<std::uint64_t>(want)), ks.path, detail::errno_text(rc)));
     }
     // Other failures (a filesystem without fallocate) leave allocation to the writes.
   }
@@ -305,8 +308,8 @@ SwapHandle NvmeSwapper::write_async(const std::string& key, const void* src, std
              fmt::format("NvmeSwapper::write_async: {} bytes for key '{}' exceed its reservation of {}; reserve the "
                          "largest size",
                          bytes, key, ks.reserved));
-  ZERO_CHECK(!ks.busy, "NvmeSwapper::write_async: key '" + key +
-                           "' has a transfer in progress; wait for its handle first");
+  ZERO_CHECK(!ks.busy,
+             "NvmeSwapper::write_async: key '" + key + "' has a transfer in progress; wait for its handle first");
   ZERO_CHECK(bytes == 0 || src != nullptr, "NvmeSwapper::write_async: null source buffer");
   ZERO_CHECK(!c.direct || reinterpret_cast<std::uintptr_t>(src) % detail::kPage == 0,
              "NvmeSwapper::write_async: the buffer for key '" + key +
@@ -322,8 +325,8 @@ SwapHandle NvmeSwapper::write_async(const std::string& key, const void* src, std
   }
   const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (c.direct ? O_DIRECT : 0);
   const int fd = ::open(ks.path.c_str(), flags, 0600);
-  ZERO_CHECK(fd >= 0, "cannot open swap file " + ks.path + " for writing: " +
-                          detail::errno_text(errno) + "; check permissions and space on " + c.dir);
+  ZERO_CHECK(fd >= 0, "cannot open swap file " + ks.path + " for writing: " + detail::errno_text(errno) +
+                          "; check permissions and space on " + c.dir);
   ks.created = true;
   ks.busy = true;
   req->write = true;
@@ -348,11 +351,10 @@ SwapHandle NvmeSwapper::read_async(const std::string& key, void* dst, std::size_
   SwapHandle h;
   std::lock_guard lock(c.mutex);
   auto it = c.keys.find(key);
-  ZERO_CHECK(it != c.keys.end(),
-             "NvmeSwapper::read_async: key '" + key + "' was never reserved or written");
+  ZERO_CHECK(it != c.keys.end(), "NvmeSwapper::read_async: key '" + key + "' was never reserved or written");
   KeyState& ks = it->second;
-  ZERO_CHECK(!ks.busy, "NvmeSwapper::read_async: key '" + key +
-                           "' has a transfer in progress; wait for its handle first");
+  ZERO_CHECK(!ks.busy,
+             "NvmeSwapper::read_async: key '" + key + "' has a transfer in progress; wait for its handle first");
   ZERO_CHECK(ks.valid, "NvmeSwapper::read_async: key '" + key +
                            "' has no completed write to read back (never written, or the last "
                            "write failed)");
@@ -370,16 +372,17 @@ SwapHandle NvmeSwapper::read_async(const std::string& key, void* dst, std::size_
     return h;
   }
   const int fd = ::open(ks.path.c_str(), O_RDONLY | O_CLOEXEC | (c.direct ? O_DIRECT : 0));
-  ZERO_CHECK(fd >= 0, "cannot open swap file " + ks.path + " for reading: " +
-                          detail::errno_text(errno) + "; was it deleted during training?");
-  struct stat st{};
+  ZERO_CHECK(fd >= 0, "cannot open swap file " + ks.path + " for reading: " + detail::errno_text(errno) +
+                          "; was it deleted during training?");
+  struct stat st {};
   const std::uint64_t expect = c.direct ? detail::round_up(bytes, detail::kPage) : bytes;
   if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < expect) {
     ::close(fd);
     const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
-    ZERO_THROW(fmt::format("swap file {} is truncated: it has {} bytes but {} were written (block {} onwards is "
-                           "missing). Something cut the file during training; do not clean {} while a job runs",
-                           ks.path, size, expect, size / c.opt.block_size, c.dir));
+    ZERO_THROW(
+        fmt::format("swap file {} is truncated: it has {} bytes but {} were written (block {} onwards is "
+                    "missing). Something cut the file during training; do not clean {} while a job runs",
+                    ks.path, size, expect, size / c.opt.block_size, c.dir));
   }
   ks.busy = true;
   req->write = false;

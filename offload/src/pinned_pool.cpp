@@ -122,23 +122,24 @@ std::pair<void*, bool> allocate(std::size_t capacity, PinnedPoolState& s) {
     why = std::string("mlock failed: ") + std::strerror(err);
   }
   if (s.require_pinned) {
-    ZERO_THROW(fmt::format("PinnedPool: could not pin {} of host memory ({}; already pinned by this pool: {}, "
-                           "RLIMIT_MEMLOCK: {}). Raise the limit (ulimit -l unlimited, docker --ulimit memlock=-1, "
-                           "or LimitMEMLOCK=infinity for systemd/Slurm) or set pin_memory: false.",
-                           format_bytes(capacity), why, format_bytes(s.pinned), memlock_limit()));
+    ZERO_THROW(
+        fmt::format("PinnedPool: could not pin {} of host memory ({}; already pinned by this pool: {}, "
+                    "RLIMIT_MEMLOCK: {}). Raise the limit (ulimit -l unlimited, docker --ulimit memlock=-1, "
+                    "or LimitMEMLOCK=infinity for systemd/Slurm) or set pin_memory: false.",
+                    format_bytes(capacity), why, format_bytes(s.pinned), memlock_limit()));
   }
   if (!s.warned) {
     s.warned = true;
-    log_info("PinnedPool could not pin {} ({}, RLIMIT_MEMLOCK {}); using pageable memory, which is slower to "
-             "copy. Raise ulimit -l to pin.",
-             format_bytes(capacity), why, memlock_limit());
+    log_info(
+        "PinnedPool could not pin {} ({}, RLIMIT_MEMLOCK {}); using pageable memory, which is slower to "
+        "copy. Raise ulimit -l to pin.",
+        format_bytes(capacity), why, memlock_limit());
   }
   return {aligned_block(capacity), false};
 }
 
 // Takes a block back from a buffer: cached while the pool lives, freed after.
-void give_back(const std::shared_ptr<PinnedPoolState>& state, void* p, std::size_t capacity,
-               bool pinned) noexcept {
+void give_back(const std::shared_ptr<PinnedPoolState>& state, void* p, std::size_t capacity, bool pinned) noexcept {
   std::unique_lock lock(state->mutex);
   state->in_use -= capacity;
   if (state->pool_alive) {

@@ -42,10 +42,10 @@ std::uint64_t block_checksum(const void* data, std::size_t bytes, std::size_t b)
 struct KeyState {
   std::string path;
   std::size_t reserved = 0;
-  std::size_t written = 0;  // bytes of the last successful write
-  bool valid = false;       // a write completed and nothing has overwritten it since
-  bool busy = false;        // a transfer is in progress
-  bool created = false;     // this swapper created the file
+  std::size_t written = 0;          // bytes of the last successful write
+  bool valid = false;               // a write completed and nothing has overwritten it since
+  bool busy = false;                // a transfer is in progress
+  bool created = false;             // this swapper created the file
   std::vector<std::uint64_t> sums;  // per block, of the last write
 };
 
@@ -79,14 +79,14 @@ void plan_blocks(SwapRequest& r, std::size_t bytes, std::size_t block_size, bool
 struct Chunk {
   std::shared_ptr<SwapRequest> req;
   std::size_t block = 0;
-  std::uint64_t offset = 0;     // file offset of the request's first byte
-  unsigned char* ptr = nullptr; // memory of the request's first byte
-  std::size_t length = 0;       // bytes asked of the kernel
-  std::size_t need = 0;         // bytes that must arrive (a bounced read may stop short)
+  std::uint64_t offset = 0;      // file offset of the request's first byte
+  unsigned char* ptr = nullptr;  // memory of the request's first byte
+  std::size_t length = 0;        // bytes asked of the kernel
+  std::size_t need = 0;          // bytes that must arrive (a bounced read may stop short)
   std::size_t done = 0;
   unsigned char* tail_dst = nullptr;  // bounced read: where the `need` bytes go
   int retries = 0;
-  unsigned char* page = nullptr;      // this slot's bounce page
+  unsigned char* page = nullptr;  // this slot's bounce page
 };
 
 struct SwapCore {

@@ -67,8 +67,7 @@ void SwapCore::fill() {
     std::shared_ptr<SwapRequest> r;
     {
       std::lock_guard lock(mutex);
-      while (!queue.empty() &&
-             (queue.front()->failed || queue.front()->next_block >= queue.front()->nblocks)) {
+      while (!queue.empty() && (queue.front()->failed || queue.front()->next_block >= queue.front()->nblocks)) {
         queue.pop_front();
       }
       if (queue.empty()) break;
@@ -211,11 +210,13 @@ void SwapCore::complete(int idx, int res) {
     std::string msg = fmt::format("NVMe swap {} {} failed at offset {} (block {}): {}.",
                                   r.write ? "write to" : "read from", r.ks->path, at, c.block, errno_text(-res));
     if (-res == ENOSPC || -res == EDQUOT) {
-      msg += " The filesystem holding " + dir + " is full. Call check_space() before training "
+      msg += " The filesystem holding " + dir +
+             " is full. Call check_space() before training "
              "(the engine does), free space there, or point nvme_path at a larger device.";
     } else if (-res == EINVAL && direct) {
-      msg += " The filesystem rejected an O_DIRECT transfer; set AioOptions::direct_io = false "
-             "or use a local NVMe filesystem (ext4, xfs).";
+      msg +=
+          " The filesystem rejected an O_DIRECT transfer; set AioOptions::direct_io = false "
+          "or use a local NVMe filesystem (ext4, xfs).";
     } else {
       msg += " Check the device (dmesg) and that nothing else modifies " + dir + ".";
     }

@@ -17,8 +17,7 @@ void wait_all(std::vector<SwapHandle>& handles) {
 
 }  // namespace
 
-SwapPipeline::SwapPipeline(NvmeSwapper& swapper, PinnedPool& pool,
-                           std::vector<std::vector<SwapSegment>> groups)
+SwapPipeline::SwapPipeline(NvmeSwapper& swapper, PinnedPool& pool, std::vector<std::vector<SwapSegment>> groups)
     : swapper_(swapper), groups_(std::move(groups)) {
   std::size_t largest = 0;
   offsets_.reserve(groups_.size());

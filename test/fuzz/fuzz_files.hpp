@@ -22,8 +22,7 @@ inline std::string scratch_dir() {
   return t;
 }
 
-inline void write_with_header(const std::string& path, const ckpt::FileHeader& h, const void* data,
-                              std::size_t size) {
+inline void write_with_header(const std::string& path, const ckpt::FileHeader& h, const void* data, std::size_t size) {
   ::unlink(path.c_str());
   unsigned char head[ckpt::kHeaderBytes];
   ckpt::encode_header(h, head);

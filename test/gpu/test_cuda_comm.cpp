@@ -26,7 +26,9 @@ namespace {
 const DType kTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 // Values that every dtype holds exactly, and whose sums over <= 4 ranks it holds exactly too.
-float value(int rank, std::size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 17) - 8) * 0.25f; }
+float value(int rank, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(rank) * 3) % 17) - 8) * 0.25f;
+}
 
 std::vector<char> filled(int rank, std::size_t n, DType t) {
   std::vector<float> f(n);
@@ -59,7 +61,8 @@ TEST_CASE("all_reduce and reduce_scatter: every op and dtype", "[comm]") {
       Buffer buf = upload(*b, filled(rank, n, t));
       c.all_reduce(buf.get(), n, t, op);
       auto got = download<char>(*b, buf, n * dtype_size(t));
-      for (std::size_t i = 0; i < n; ++i) REQUIRE(load_as_f32(got.data(), i, t) == round_to(t, reduce_expect(i, world, op)));
+      for (std::size_t i = 0; i < n; ++i)
+        REQUIRE(load_as_f32(got.data(), i, t) == round_to(t, reduce_expect(i, world, op)));
 
       const std::size_t block = 257;
       Buffer send = upload(*b, filled(rank, block * static_cast<std::size_t>(world), t));

@@ -14,12 +14,11 @@
 //
 // Expected: bitwise-equal parameters, master weights and optimizer-visible results whenever the
 // arithmetic is the same: always with comm: mpi (the host communicator's sums), and with NCCL on
-// one rank (its reductions are then identities). With gradient clipping the coefficient comes from the gradient norm, whose
-// double-precision sum runs in another order on the device (relative ~1e-16); a change of the
-// float coefficient is then possible but improbable (~1e-7 per step), so those cases are held to
-// a tolerance (and in practice match bitwise). NCCL with several ranks sums in its own order and
-// rounds 16-bit sums at each step of its ring: a tolerance of two units in the last place of the
-// compute dtype.
+// one rank (its reductions are then identities). With gradient clipping the coefficient comes from the gradient norm,
+// whose double-precision sum runs in another order on the device (relative ~1e-16); a change of the float coefficient
+// is then possible but improbable (~1e-7 per step), so those cases are held to a tolerance (and in practice match
+// bitwise). NCCL with several ranks sums in its own order and rounds 16-bit sums at each step of its ring: a tolerance
+// of two units in the last place of the compute dtype.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -58,11 +57,11 @@ struct Case {
   // The gradient reduction runs over the host communicator on both backends (PowerSGD, staged
   // through the host on CUDA): the same sums in the same order whatever `comm` is.
   bool host_reduced = false;
-  int inf_step = -1;             // step at which rank 0 writes an inf into a gradient
-  bool user_stream = false;      // run the CUDA engine on a stream of the test's own
-  bool spin = false;             // ~20 ms of spinning on the compute stream before each producer
-  bool mixed_decay = false;      // make_mixed_decay_layout(): weight decay on some parameters only
-  std::string accum;             // data_types.grad_accum_dtype; "": the CUDA default on both backends
+  int inf_step = -1;         // step at which rank 0 writes an inf into a gradient
+  bool user_stream = false;  // run the CUDA engine on a stream of the test's own
+  bool spin = false;         // ~20 ms of spinning on the compute stream before each producer
+  bool mixed_decay = false;  // make_mixed_decay_layout(): weight decay on some parameters only
+  std::string accum;         // data_types.grad_accum_dtype; "": the CUDA default on both backends
   // The loop's own controls: ManualLR with a rate set before each step, the norm read before
   // the step, the loop's clip coefficient from it, and step 2 skipped.
   bool loop_controls = false;
@@ -92,8 +91,10 @@ Config make_config(const Case& c, const std::string& kind) {
   if (c.dtype == DType::f16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
   y += "optimizer:\n  type: " + c.optimizer + "\n  params:\n    lr: 0.01\n    weight_decay: 0.1\n";
   if (c.optimizer == "SGD") y += "    momentum: 0.9\n";
-  if (c.optimizer == "Adam") y += "    adam_w_mode: false\n";  // the L2 path (DeepSpeed's Adam decouples by default)
-  else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
+  if (c.optimizer == "Adam")
+    y += "    adam_w_mode: false\n";  // the L2 path (DeepSpeed's Adam decouples by default)
+  else
+    y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n";
   if (c.loop_controls) y += "scheduler:\n  type: ManualLR\n";
   y += "backend: " + kind + "\n";
   if (kind == "cuda") y += "comm: " + test_comm() + "\n";
@@ -133,7 +134,8 @@ void train(Engine& e, Backend& b, const Case& c, int steps, std::vector<StepResu
         auto mg = micro_grad(u, w, s, k, rank, world, gas, micro);
         const float scale = e.loss_scale();
         b.to_host(hg.data(), g.data(), bytes);
-        for (std::size_t i = 0; i < numel; ++i) store_from_f32(hg.data(), i, t, load_as_f32(hg.data(), i, t) + scale * mg[i]);
+        for (std::size_t i = 0; i < numel; ++i)
+          store_from_f32(hg.data(), i, t, load_as_f32(hg.data(), i, t) + scale * mg[i]);
         if (s == c.inf_step && k == 0 && rank == 0 && u == 0)
           store_from_f32(hg.data(), 0, t, std::numeric_limits<float>::infinity());
         b.from_host(g.data(), hg.data(), bytes);
@@ -232,8 +234,10 @@ void check_parity(const Case& c) {
     CHECK(dev.steps[s].loss_scale == host.steps[s].loss_scale);
     CHECK(dev.steps[s].lr == host.steps[s].lr);
     const double gn = dev.steps[s].grad_norm, hn = host.steps[s].grad_norm;
-    if (std::isfinite(hn)) CHECK(std::abs(gn - hn) <= (bitwise ? 1e-12 : 1e-2) * std::max(hn, 1e-30));
-    else CHECK_FALSE(std::isfinite(gn));
+    if (std::isfinite(hn))
+      CHECK(std::abs(gn - hn) <= (bitwise ? 1e-12 : 1e-2) * std::max(hn, 1e-30));
+    else
+      CHECK_FALSE(std::isfinite(gn));
   }
   compare_values(dev.params, host.params, c.dtype, bitwise, "parameters");
   // Master weights are fp32; their tolerance follows the compute dtype's noise.
@@ -253,8 +257,9 @@ void check_parity(const Case& c) {
 }
 
 std::string knobs(bool odd) {
-  return std::string("  overlap_comm: ") + (odd ? "true" : "false") + "\n" + "  reduce_bucket_size: " +
-         (odd ? "64" : "500000000") + "\n" + "  allgather_bucket_size: " + (odd ? "100" : "500000000") + "\n" +
+  return std::string("  overlap_comm: ") + (odd ? "true" : "false") + "\n" +
+         "  reduce_bucket_size: " + (odd ? "64" : "500000000") + "\n" +
+         "  allgather_bucket_size: " + (odd ? "100" : "500000000") + "\n" +
          "  stage3_param_persistence_threshold: " + (odd ? "20" : "0") + "\n" +
          "  stage3_prefetch_bucket_size: " + (odd ? "300" : "50000000") + "\n" +
          "  stage3_max_live_parameters: " + (odd ? "1200" : "1000000000") + "\n" +
@@ -467,8 +472,8 @@ TEST_CASE("the CUDA engine is repeatable bit for bit, clipping included", "[engi
 // tolerance otherwise.
 TEST_CASE("hpZ, MiCS, qwZ and qgZ on the CUDA backend equal the host backend", "[engine][zeropp]") {
   const int world = ctx().world_size();
-  const int group = world % 2 == 0 ? 2 : world;        // hpZ: 1 (off) on one rank
-  const int shard = world % 2 == 0 ? world / 2 : 1;    // MiCS: replicated groups where world > 1
+  const int group = world % 2 == 0 ? 2 : world;      // hpZ: 1 (off) on one rank
+  const int shard = world % 2 == 0 ? world / 2 : 1;  // MiCS: replicated groups where world > 1
   const std::string hpz = "  zero_hpz_partition_size: " + std::to_string(group) + "\n";
   const std::string qwz = "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n";
   const std::string qgz = "  zero_quantized_gradients: true\n";
@@ -517,8 +522,10 @@ TEST_CASE("qgZ on the CUDA backend: error feedback equals the host's, checkpoint
     c.extra = knobs(stage == 3) + "  zero_quantized_gradients: true\n";
     INFO(c.name() << " via " << test_comm() << " on " << ctx().world_size() << " ranks");
     const Resumed r = resume_run(c, process_scratch_dir("gpu_qgz") + "/qgz_stage" + std::to_string(stage));
-    if (ctx().world_size() == 1) CHECK(r.saved.empty());
-    else REQUIRE_FALSE(r.saved.empty());
+    if (ctx().world_size() == 1)
+      CHECK(r.saved.empty());
+    else
+      REQUIRE_FALSE(r.saved.empty());
     REQUIRE(r.saved.size() == r.host_state.size());
     if (bitwise_expected(c)) CHECK(r.saved == r.host_state);
     CHECK(r.loaded == r.saved);

@@ -117,8 +117,7 @@ TEST_CASE("fused Adam/AdamW equals the host reference bit for bit", "[kernels]")
   SECTION("one element") { check_adam({DType::f16, DType::f32, true, false, 0.0f, 1}); }
   // Four-element accesses need aligned buffers: a shard 1-3 elements into its buffer takes the
   // scalar loop, and sizes that are not a multiple of 4 end in the scalar tail.
-  for (std::size_t skip : {1, 2, 3})
-    SECTION("a misaligned shard, offset " + std::to_string(skip)) {
+  for (std::size_t skip : {1, 2, 3}) SECTION("a misaligned shard, offset " + std::to_string(skip)) {
       check_adam({DType::bf16, DType::f16, true, true, 0.1f, 1001, skip});
     }
   SECTION("a tail of 3") { check_adam({DType::f32, DType::bf16, true, true, 0.1f, 4099}); }
@@ -139,13 +138,17 @@ TEST_CASE("fused SGD equals the host reference bit for bit", "[kernels]") {
                  dout = upload(*dev, out);
           for (int step = 1; step <= 3; ++step) {
             SgdHyper h{0.01f, momentum, wd, 0.5f, step == 1};
-            offload::sgd_step(master.data(), momentum != 0.0f ? buf.data() : nullptr, grad.data(), gt, out.data(), pt, n, h, 1);
-            dev->sgd(dmaster.as<float>(), momentum != 0.0f ? dbuf.as<float>() : nullptr, dgrad.get(), gt, dout.get(), pt, n, h);
+            offload::sgd_step(master.data(), momentum != 0.0f ? buf.data() : nullptr, grad.data(), gt, out.data(), pt,
+                              n, h, 1);
+            dev->sgd(dmaster.as<float>(), momentum != 0.0f ? dbuf.as<float>() : nullptr, dgrad.get(), gt, dout.get(),
+                     pt, n, h);
           }
-          const std::string what = std::string("sgd ") + std::string(dtype_name(gt)) + "->" + std::string(dtype_name(pt)) +
-                                   " momentum " + std::to_string(momentum) + " wd " + std::to_string(wd);
+          const std::string what = std::string("sgd ") + std::string(dtype_name(gt)) + "->" +
+                                   std::string(dtype_name(pt)) + " momentum " + std::to_string(momentum) + " wd " +
+                                   std::to_string(wd);
           require_same(download<float>(*dev, dmaster, n).data(), master.data(), n, DType::f32, what + " master");
-          if (momentum != 0.0f) require_same(download<float>(*dev, dbuf, n).data(), buf.data(), n, DType::f32, what + " buf");
+          if (momentum != 0.0f)
+            require_same(download<float>(*dev, dbuf, n).data(), buf.data(), n, DType::f32, what + " buf");
           require_same(download<char>(*dev, dout, out.size()).data(), out.data(), n, pt, what + " params");
         }
 }
@@ -159,9 +162,10 @@ TEST_CASE("casts equal zero::convert bit for bit, NaN bits included", "[kernels]
   for (float tiny : {1e-8f, 3e-5f, 6.1e-5f, 2.98e-8f, 2.9802322e-8f}) floats.push_back(tiny);
   for (DType st : kTypes)
     for (DType dt : kTypes) {
-      std::vector<char> src = st == DType::f32 ? to_dtype(floats, DType::f32)
-                                               : std::vector<char>(reinterpret_cast<const char*>(all.data()),
-                                                                   reinterpret_cast<const char*>(all.data() + all.size()));
+      std::vector<char> src = st == DType::f32
+                                  ? to_dtype(floats, DType::f32)
+                                  : std::vector<char>(reinterpret_cast<const char*>(all.data()),
+                                                      reinterpret_cast<const char*>(all.data() + all.size()));
       const std::size_t n = src.size() / dtype_size(st);
       std::vector<char> want(n * dtype_size(dt));
       convert(src.data(), st, want.data(), dt, n);
@@ -209,13 +213,14 @@ TEST_CASE("element-wise kernels beyond 2^31 elements", "[kernels][large]") {
   REQUIRE(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess);
   const std::size_t need = n * (4 + 2 + 2) + (std::size_t{1} << 30);
   if (small_run() || free_b < need) {
-    WARN("skipped: needs " << need / (1u << 20) << " MiB of free device memory, the device has " << free_b / (1u << 20));
+    WARN("skipped: needs " << need / (1u << 20) << " MiB of free device memory, the device has "
+                           << free_b / (1u << 20));
     return;
   }
   auto dev = backend("cuda");
   Buffer wide = dev->alloc(n * 4), narrow = dev->alloc(n * 2), acc = dev->alloc(n * 2);
-  const std::size_t probes[] = {0, (std::size_t{1} << 31) - 1, std::size_t{1} << 31, (std::size_t{1} << 31) + 1,
-                                n - 4, n - 2, n - 1};
+  const std::size_t probes[] = {
+      0, (std::size_t{1} << 31) - 1, std::size_t{1} << 31, (std::size_t{1} << 31) + 1, n - 4, n - 2, n - 1};
   for (std::size_t i : probes) {
     const float v = 1.0f + static_cast<float>(i % 97) * 0.125f;
     dev->from_host(wide.as<float>() + i, &v, sizeof v);
@@ -267,7 +272,8 @@ TEST_CASE("accumulate equals the host backend", "[kernels]") {
     }
   // A 16-bit accumulator takes only its own dtype.
   Buffer x = dev->alloc(64), y = dev->alloc(64);
-  REQUIRE_THROWS_WITH(dev->accumulate(x.get(), DType::bf16, y.get(), DType::f32, 8), Catch::Contains("accumulate in fp32"));
+  REQUIRE_THROWS_WITH(dev->accumulate(x.get(), DType::bf16, y.get(), DType::f32, 8),
+                      Catch::Contains("accumulate in fp32"));
 }
 
 TEST_CASE("sum of squares: host value, deterministic, non-finite propagates", "[kernels]") {
@@ -309,8 +315,10 @@ TEST_CASE("sum of squares: host value, deterministic, non-finite propagates", "[
       dev->stats_add(b.get(), t, f.size());
       const double s = dev->stats_finish();
       INFO(dtype_name(t) << " with " << bad);
-      if (std::isnan(bad)) CHECK(std::isnan(s));
-      else CHECK(std::isinf(s));
+      if (std::isnan(bad))
+        CHECK(std::isnan(s));
+      else
+        CHECK(std::isinf(s));
       CHECK(!std::isfinite(s));
     }
   }

@@ -53,7 +53,8 @@ TEST_CASE("int8 quantize and dequantize equal the host quantizer byte for byte",
   Backend& dev = *owned;
   for (const Shape& sh : shapes())
     for (DType t : kTypes) {
-      const std::string what = "n " + std::to_string(sh.n) + " block " + std::to_string(sh.block) + " " + std::string(dtype_name(t));
+      const std::string what =
+          "n " + std::to_string(sh.n) + " block " + std::to_string(sh.block) + " " + std::string(dtype_name(t));
       INFO(what);
       const auto src = to_dtype(random_floats(sh.n, 11 + sh.n, 3.0f), t);
       const std::size_t packed = quant::packed_bytes(sh.n, sh.block);
@@ -104,7 +105,7 @@ TEST_CASE("a block holding inf or NaN comes back NaN on the device as on the hos
   auto owned = backend("cuda");
   Backend& dev = *owned;
   std::vector<float> v(48, 0.25f);
-  v[5] = std::numeric_limits<float>::infinity();  // block 0 of 16
+  v[5] = std::numeric_limits<float>::infinity();    // block 0 of 16
   v[40] = std::numeric_limits<float>::quiet_NaN();  // block 2
   const std::size_t packed = quant::packed_bytes(v.size(), 16);
   Buffer dv = upload(dev, v), dout = dev.alloc(packed), dback = dev.alloc(v.size() * sizeof(float));
@@ -117,8 +118,10 @@ TEST_CASE("a block holding inf or NaN comes back NaN on the device as on the hos
   quant::dequantize_int8(host_packed.data(), v.size(), 16, host_back.data(), DType::f32);
   for (std::size_t i = 0; i < v.size(); ++i) {
     INFO("element " << i);
-    if (i < 16 || i >= 32) CHECK(std::isnan(back[i]));
-    else CHECK(back[i] == host_back[i]);
+    if (i < 16 || i >= 32)
+      CHECK(std::isnan(back[i]));
+    else
+      CHECK(back[i] == host_back[i]);
     CHECK(std::isnan(host_back[i]) == std::isnan(back[i]));
   }
 }

@@ -78,8 +78,8 @@ TEST_CASE("tickets complete and can be waited on from the host or another stream
   // Stream b waits for the ticket: a host function queued after the wait runs after it.
   std::atomic<bool> b_ran{false};
   w.stream_wait(b.s, t);
-  REQUIRE(cudaLaunchHostFunc(b.s, [](void* flag) { static_cast<std::atomic<bool>*>(flag)->store(true); }, &b_ran) ==
-          cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(
+              b.s, [](void* flag) { static_cast<std::atomic<bool>*>(flag)->store(true); }, &b_ran) == cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK_FALSE(b_ran.load());
   w.host_wait(t);
@@ -127,7 +127,7 @@ TEST_CASE("quick work raises no alarm, and the ticket ring wraps", "[watchdog]")
   }
   CHECK(last - first == 3 * Watchdog::kSlots + 6);
   w.host_wait(last);
-  CHECK(w.done(first));  // its slot was reused: completed long ago
+  CHECK(w.done(first));       // its slot was reused: completed long ago
   w.stream_wait(s.s, first);  // a no-op, not a wait on a newer collective's event
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   CHECK(r.count == 0);

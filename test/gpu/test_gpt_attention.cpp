@@ -31,9 +31,7 @@ void cuda_ok(cudaError_t rc, const char* what) {
 template <class T>
 class DeviceArray {
  public:
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    cuda_ok(cudaMalloc(&p_, (n ? n : 1) * sizeof(T)), "cudaMalloc");
-  }
+  explicit DeviceArray(std::size_t n) : n_(n) { cuda_ok(cudaMalloc(&p_, (n ? n : 1) * sizeof(T)), "cudaMalloc"); }
   ~DeviceArray() { cudaFree(p_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
@@ -95,8 +93,8 @@ void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1
   CHECK(co.bad == 0);
   CHECK(cl.bad == 0);
 
-  gk::attention_backward(as_bf16(dqkv.get()), scratch.get(), as_bf16(dout.get()),
-                         as_bf16(qkv.get()), as_bf16(out.get()), lse.get(), B, T, C, NH, stream);
+  gk::attention_backward(as_bf16(dqkv.get()), scratch.get(), as_bf16(dout.get()), as_bf16(qkv.get()),
+                         as_bf16(out.get()), lse.get(), B, T, C, NH, stream);
   cuda_ok(cudaStreamSynchronize(stream), "backward");
   const std::vector<std::uint16_t> first = dqkv.download();
   const at::Check cg = at::check(from_bits(first), e.dqkv, e.dqkv_tol, "dqkv");
@@ -105,8 +103,8 @@ void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1
 
   // Again from the same start: the same bits.
   dqkv.upload(dqkv0);
-  gk::attention_backward(as_bf16(dqkv.get()), scratch.get(), as_bf16(dout.get()),
-                         as_bf16(qkv.get()), as_bf16(out.get()), lse.get(), B, T, C, NH, stream);
+  gk::attention_backward(as_bf16(dqkv.get()), scratch.get(), as_bf16(dout.get()), as_bf16(qkv.get()),
+                         as_bf16(out.get()), lse.get(), B, T, C, NH, stream);
   cuda_ok(cudaStreamSynchronize(stream), "backward (second run)");
   const std::vector<std::uint16_t> second = dqkv.download();
   CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(std::uint16_t)) == 0);
@@ -136,12 +134,9 @@ TEST_CASE("attention rejects unsupported shapes before launching", "[attention]"
   CHECK_FALSE(gk::attention_supported(0, 128, 2));
   CHECK_FALSE(gk::attention_supported(64, 128, 0));
   // Nothing is dereferenced or launched: the shape check comes first.
-  CHECK_THROWS_AS(gk::attention_forward(nullptr, nullptr, nullptr, 1, 64, 96, 1, nullptr),
+  CHECK_THROWS_AS(gk::attention_forward(nullptr, nullptr, nullptr, 1, 64, 96, 1, nullptr), zero::Error);
+  CHECK_THROWS_AS(gk::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1, 64, 96, 1, nullptr),
                   zero::Error);
-  CHECK_THROWS_AS(gk::attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 1,
-                                         64, 96, 1, nullptr),
-                  zero::Error);
-  CHECK_THROWS_AS(gk::attention_forward(nullptr, nullptr, nullptr, 0, 64, 128, 2, nullptr),
-                  zero::Error);
+  CHECK_THROWS_AS(gk::attention_forward(nullptr, nullptr, nullptr, 0, 64, 128, 2, nullptr), zero::Error);
   cuda_ok(cudaGetLastError(), "no launch error left behind");
 }

@@ -50,8 +50,7 @@ using Values = std::vector<std::vector<float>>;
 // (build_layout), with the per-tensor pointer arrays GptModel takes.
 class DeviceUnits : public test::OpsUnits {
  public:
-  DeviceUnits(Ops& ops, const HostParams& shape)
-      : OpsUnits(ops, build_layout(shape.config())) {
+  DeviceUnits(Ops& ops, const HostParams& shape) : OpsUnits(ops, build_layout(shape.config())) {
     REQUIRE(ops.dtype() == zero::DType::bf16);
   }
   // The values of `p` rounded to bf16 (exact when they already are).
@@ -87,8 +86,7 @@ void backward_device(GptModel& m, const DeviceUnits& p, DeviceUnits& g, float dl
   const GptConfig& c = m.config();
   const int lnf = ln_f_unit(c), emb = embeddings_unit();
   m.backward_head(p.acts(lnf), g.acts(lnf), p.acts(emb), g.acts(emb), dloss);
-  for (int l = c.n_layer - 1; l >= 0; --l)
-    m.backward_block(l, p.acts(block_unit(l)), g.acts(block_unit(l)));
+  for (int l = c.n_layer - 1; l >= 0; --l) m.backward_block(l, p.acts(block_unit(l)), g.acts(block_unit(l)));
   m.backward_embeddings(g.acts(emb));
   m.ops().synchronize();
 }
@@ -127,8 +125,7 @@ struct HostReference {
 };
 
 // ||got - want|| <= tol (||a|| + ||b||) per tensor, for a sum want = a + b.
-void require_sum(const std::vector<UnitSpec>& specs, const Values& got, const Values& a,
-                 const Values& b, double tol) {
+void require_sum(const std::vector<UnitSpec>& specs, const Values& got, const Values& a, const Values& b, double tol) {
   for (std::size_t u = 0; u < specs.size(); ++u) {
     std::size_t off = 0;
     for (const TensorSpec& t : specs[u].tensors) {
@@ -193,8 +190,7 @@ TEST_CASE("the CUDA model matches the fp32 host model on the same bf16 weights",
   }
 }
 
-TEST_CASE("the CUDA model's backward is deterministic, accumulates, and recomputes exactly",
-          "[gpt][model]") {
+TEST_CASE("the CUDA model's backward is deterministic, accumulates, and recomputes exactly", "[gpt][model]") {
   for (const cmp::ModelCase& mc : cases()) {
     const GptConfig cfg = cmp::config_of(mc);
     const std::string what = cmp::describe(mc);
@@ -244,15 +240,13 @@ TEST_CASE("the CUDA model's backward is deterministic, accumulates, and recomput
     const Bits g_other = g.bits();
     CHECK(loss_other == loss_a1);
     for (std::size_t u = 0; u < g_a1.size(); ++u) {
-      INFO("unit " << params.specs()[u].name << ", checkpointing "
-                   << other.activation_checkpointing);
+      INFO("unit " << params.specs()[u].name << ", checkpointing " << other.activation_checkpointing);
       CHECK(g_other[u] == g_a1[u]);
     }
   }
 }
 
-TEST_CASE("the CUDA model cut over a tensor group matches the fp32 host model",
-          "[gpt][model][tensor_parallel]") {
+TEST_CASE("the CUDA model cut over a tensor group matches the fp32 host model", "[gpt][model][tensor_parallel]") {
   // Each member computes with the CUDA part kernels (vocabulary-parallel embedding and
   // cross-entropy, column- and row-parallel products on its heads and columns) and its
   // all-reduces go through host memory (TensorParallel). Every member's loss is the whole
@@ -281,11 +275,10 @@ TEST_CASE("the CUDA model cut over a tensor group matches the fp32 host model",
     // Each member's thread on this thread's device (a new thread starts on device 0).
     int device = 0;
     REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-    const std::vector<test::PartStep> parts =
-        test::tensor_group_step(cfg, c.T, ref.params, ref.batch, [device] {
-          ZERO_CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice failed in a member thread");
-          return make_cuda_ops(nullptr);
-        });
+    const std::vector<test::PartStep> parts = test::tensor_group_step(cfg, c.T, ref.params, ref.batch, [device] {
+      ZERO_CHECK(cudaSetDevice(device) == cudaSuccess, "cudaSetDevice failed in a member thread");
+      return make_cuda_ops(nullptr);
+    });
     const zero::Layout part = tensor_parallel_layout(cfg, c.T);
     const int Vl = cfg.padded_vocab_size() / c.T;
     for (int t = 0; t < c.T; ++t) {
@@ -293,13 +286,12 @@ TEST_CASE("the CUDA model cut over a tensor group matches the fp32 host model",
       const test::PartStep& r = parts[static_cast<std::size_t>(t)];
       const auto want = test::take_parts(cfg, cmp::units_of(host.grads), part, c.T, t);
       const auto agree = cmp::agreement_per_tensor(test::unit_specs(part), r.grads, want);
-      cmp::print_summary("CUDA tensor part vs host fp32", what + " rank " + std::to_string(t),
-                         r.loss, host.loss, agree);
+      cmp::print_summary("CUDA tensor part vs host fp32", what + " rank " + std::to_string(t), r.loss, host.loss,
+                         agree);
       CHECK(std::isfinite(r.loss));
       CHECK(std::abs(r.loss - host.loss) <= cmp::kLossRel * host.loss);
       for (const auto& x : agree) {
-        INFO(x.name << ": |g_host| " << x.a.norm << ", rel " << x.a.rel << ", cosine "
-                    << x.a.cosine);
+        INFO(x.name << ": |g_host| " << x.a.norm << ", rel " << x.a.rel << ", cosine " << x.a.cosine);
         CHECK(x.a.finite);
         if (x.a.norm == 0) continue;  // a part of padding only: checked exactly below
         CHECK(x.a.rel <= cmp::kGradRel);
@@ -309,8 +301,8 @@ TEST_CASE("the CUDA model cut over a tensor group matches the fp32 host model",
       const std::vector<float>& emb = r.grads[static_cast<std::size_t>(embeddings_unit())];
       const int real = std::clamp(cfg.vocab_size - t * Vl, 0, Vl);
       std::size_t nonzero = 0;
-      for (std::size_t i = static_cast<std::size_t>(real) * cfg.n_embd;
-           i < static_cast<std::size_t>(Vl) * cfg.n_embd; ++i)
+      for (std::size_t i = static_cast<std::size_t>(real) * cfg.n_embd; i < static_cast<std::size_t>(Vl) * cfg.n_embd;
+           ++i)
         nonzero += emb[i] != 0.0f;
       CHECK(nonzero == 0);
     }

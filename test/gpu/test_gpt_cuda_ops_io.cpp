@@ -22,8 +22,7 @@ using zero::gpt::Ops;
 
 }  // namespace
 
-TEST_CASE("CudaOps upload: every upload lands, the host source is reusable at once",
-          "[gpt][cuda_ops]") {
+TEST_CASE("CudaOps upload: every upload lands, the host source is reusable at once", "[gpt][cuda_ops]") {
   auto ops = make_cuda_ops(nullptr);
   // More uploads than staging slots (4), with sizes that grow and shrink, so slots are reused
   // and reallocated; the one host buffer is overwritten right after each call.
@@ -48,8 +47,7 @@ TEST_CASE("CudaOps upload: every upload lands, the host source is reusable at on
   for (void* p : dev) ops->deallocate(p);
 }
 
-TEST_CASE("CudaOps add_mean adds the mean of n floats in double, the same bits every run",
-          "[gpt][cuda_ops]") {
+TEST_CASE("CudaOps add_mean adds the mean of n floats in double, the same bits every run", "[gpt][cuda_ops]") {
   auto ops = make_cuda_ops(nullptr);
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(0.5f, 12.0f);

@@ -101,8 +101,8 @@ class DeviceTensor {
 };
 
 // Every element within 2^-8 |want| + slack[i] (NaN fails).
-void require_close(const std::vector<double>& got, const std::vector<double>& want,
-                   const std::vector<double>& slack, const std::string& what) {
+void require_close(const std::vector<double>& got, const std::vector<double>& want, const std::vector<double>& slack,
+                   const std::string& what) {
   REQUIRE(got.size() == want.size());
   REQUIRE(slack.size() == want.size());
   std::size_t bad = 0, first = 0;
@@ -118,8 +118,8 @@ void require_close(const std::vector<double>& got, const std::vector<double>& wa
   std::ostringstream s;
   s << what << ": " << bad << " of " << want.size() << " elements out of tolerance";
   if (bad)
-    s << "; first at " << first << ": got " << got[first] << ", want " << want[first]
-      << ", tolerance " << kRound * std::fabs(want[first]) + slack[first];
+    s << "; first at " << first << ": got " << got[first] << ", want " << want[first] << ", tolerance "
+      << kRound * std::fabs(want[first]) + slack[first];
   s << "; worst error/tolerance " << worst;
   INFO(s.str());
   CHECK(bad == 0);
@@ -157,8 +157,7 @@ std::string shape_name(const Shape& s) {
 std::size_t sz(int a, int b) { return static_cast<std::size_t>(a) * static_cast<std::size_t>(b); }
 
 // Tolerance on GELU(pre) given the tolerance on pre.
-std::vector<double> gelu_slack(const std::vector<double>& pre,
-                               const std::vector<double>& pre_slack) {
+std::vector<double> gelu_slack(const std::vector<double>& pre, const std::vector<double>& pre_slack) {
   std::vector<double> s(pre.size());
   for (std::size_t i = 0; i < pre.size(); ++i) {
     const double x = std::fabs(pre[i]);
@@ -178,8 +177,7 @@ double dgelu_error(double x) {
 
 // --- forward ---
 
-void check_forward(Ops& ops, const Shape& sh, bool with_bias, bool with_gelu,
-                   zero::gpt::cuda::Matmul* matmul) {
+void check_forward(Ops& ops, const Shape& sh, bool with_bias, bool with_gelu, zero::gpt::cuda::Matmul* matmul) {
   const auto [N, C, OC] = sh;
   const Tensor inp = random_tensor(sz(N, C), 11, 1.0f);
   const Tensor w = random_tensor(sz(C, OC), 12, 1.0f / std::sqrt(static_cast<float>(C)));
@@ -191,15 +189,15 @@ void check_forward(Ops& ops, const Shape& sh, bool with_bias, bool with_gelu,
   const Act* b = with_bias ? d_bias.get() : nullptr;
   Act* pre = with_gelu ? d_pre.get() : nullptr;
   if (matmul) {
-    matmul->forward(d_out.bf16(), d_inp.bf16(), d_w.bf16(), with_bias ? d_bias.bf16() : nullptr, N,
-                    C, OC, with_gelu ? d_pre.bf16() : nullptr);
+    matmul->forward(d_out.bf16(), d_inp.bf16(), d_w.bf16(), with_bias ? d_bias.bf16() : nullptr, N, C, OC,
+                    with_gelu ? d_pre.bf16() : nullptr);
   } else {
     ops.matmul_forward(d_out.get(), d_inp.get(), d_w.get(), b, N, C, OC, pre);
   }
 
   std::vector<double> want(sz(N, OC)), absw(sz(N, OC));
-  zero::gpt::host::matmul_forward(want.data(), inp.val.data(), w.val.data(),
-                                  with_bias ? bias.val.data() : nullptr, N, C, OC);
+  zero::gpt::host::matmul_forward(want.data(), inp.val.data(), w.val.data(), with_bias ? bias.val.data() : nullptr, N,
+                                  C, OC);
   const std::vector<double> abias = abs_of(bias.val);
   zero::gpt::host::matmul_forward(absw.data(), abs_of(inp.val).data(), abs_of(w.val).data(),
                                   with_bias ? abias.data() : nullptr, N, C, OC);
@@ -212,8 +210,7 @@ void check_forward(Ops& ops, const Shape& sh, bool with_bias, bool with_gelu,
   require_close(d_pre.values(), want, slack, "forward GELU " + name + ": pre_gelu");
   std::vector<double> want_out(want.size());
   zero::gpt::host::gelu_forward(want_out.data(), want.data(), want.size());
-  require_close(d_out.values(), want_out, gelu_slack(want, slack),
-                "forward GELU " + name + ": out");
+  require_close(d_out.values(), want_out, gelu_slack(want, slack), "forward GELU " + name + ": out");
 }
 
 // --- backward ---
@@ -236,33 +233,31 @@ void check_backward(Ops& ops, const Shape& sh, BackwardCase bc, zero::gpt::cuda:
   const Tensor dw0 = random_tensor(sz(C, OC), 26, 1.0f);
   const Tensor db0 = random_tensor(static_cast<std::size_t>(OC), 27, 1.0f);
 
-  DeviceTensor d_dout(ops, dout), d_inp(ops, inp), d_w(ops, w), d_pre(ops, pre), d_dinp(ops, dinp0),
-      d_dw(ops, dw0), d_db(ops, db0);
+  DeviceTensor d_dout(ops, dout), d_inp(ops, inp), d_w(ops, w), d_pre(ops, pre), d_dinp(ops, dinp0), d_dw(ops, dw0),
+      d_db(ops, db0);
   Act* dinp = bc.dinp ? d_dinp.get() : nullptr;
   if (matmul) {
     REQUIRE(!bc.dbias);  // Matmul has no bias gradient
-    matmul->backward(bc.dinp ? d_dinp.bf16() : nullptr, d_dw.bf16(), d_dout.bf16(), d_inp.bf16(),
-                     d_w.bf16(), N, C, OC, bc.gelu ? d_pre.bf16() : nullptr);
+    matmul->backward(bc.dinp ? d_dinp.bf16() : nullptr, d_dw.bf16(), d_dout.bf16(), d_inp.bf16(), d_w.bf16(), N, C, OC,
+                     bc.gelu ? d_pre.bf16() : nullptr);
   } else {
-    ops.matmul_backward(dinp, d_dw.get(), bc.dbias ? d_db.get() : nullptr, d_dout.get(),
-                        d_inp.get(), d_w.get(), N, C, OC, bc.gelu ? d_pre.get() : nullptr);
+    ops.matmul_backward(dinp, d_dw.get(), bc.dbias ? d_db.get() : nullptr, d_dout.get(), d_inp.get(), d_w.get(), N, C,
+                        OC, bc.gelu ? d_pre.get() : nullptr);
   }
 
   // prod = dout w^T alone (from zero), dw and db added to their initial values.
   std::vector<double> prod(sz(N, C), 0.0), want_dw = dw0.val, want_db = db0.val;
-  zero::gpt::host::matmul_backward(prod.data(), want_dw.data(), want_db.data(), dout.val.data(),
-                                   inp.val.data(), w.val.data(), N, C, OC);
+  zero::gpt::host::matmul_backward(prod.data(), want_dw.data(), want_db.data(), dout.val.data(), inp.val.data(),
+                                   w.val.data(), N, C, OC);
   std::vector<double> abs_prod(sz(N, C), 0.0), abs_dw = abs_of(dw0.val), abs_db = abs_of(db0.val);
-  zero::gpt::host::matmul_backward(abs_prod.data(), abs_dw.data(), abs_db.data(),
-                                   abs_of(dout.val).data(), abs_of(inp.val).data(),
-                                   abs_of(w.val).data(), N, C, OC);
+  zero::gpt::host::matmul_backward(abs_prod.data(), abs_dw.data(), abs_db.data(), abs_of(dout.val).data(),
+                                   abs_of(inp.val).data(), abs_of(w.val).data(), N, C, OC);
 
-  const std::string name = shape_name(sh) + (bc.gelu ? " GELU" : "") + (bc.dinp ? "" : " no dinp") +
-                           (bc.dbias ? "" : " no dbias");
+  const std::string name =
+      shape_name(sh) + (bc.gelu ? " GELU" : "") + (bc.dinp ? "" : " no dinp") + (bc.dbias ? "" : " no dbias");
   require_close(d_dw.values(), want_dw, scaled(abs_dw, acc_eps(N)), "backward " + name + ": dw");
   if (bc.dbias)
-    require_close(d_db.values(), want_db, scaled(abs_db, acc_eps(N)),
-                  "backward " + name + ": dbias");
+    require_close(d_db.values(), want_db, scaled(abs_db, acc_eps(N)), "backward " + name + ": dbias");
   else
     require_close(d_db.values(), db0.val, std::vector<double>(db0.val.size(), 0.0),
                   "backward " + name + ": dbias untouched");
@@ -278,8 +273,7 @@ void check_backward(Ops& ops, const Shape& sh, BackwardCase bc, zero::gpt::cuda:
       want[i] += prod[i];
       abs_want[i] += abs_prod[i];
     }
-    require_close(d_dinp.values(), want, scaled(abs_want, acc_eps(OC)),
-                  "backward " + name + ": dinp");
+    require_close(d_dinp.values(), want, scaled(abs_want, acc_eps(OC)), "backward " + name + ": dinp");
     return;
   }
   // dinp = prod * GELU'(pre), overwritten.
@@ -306,8 +300,7 @@ int padded_vocab(int V) { return (V + 127) / 128 * 128; }
 
 void check_logits(Ops& ops, const LogitsShape& ls) {
   const int N = ls.N, C = ls.C, Vp = padded_vocab(ls.V);
-  const std::string name =
-      "N=" + std::to_string(N) + " C=" + std::to_string(C) + " Vp=" + std::to_string(Vp);
+  const std::string name = "N=" + std::to_string(N) + " C=" + std::to_string(C) + " Vp=" + std::to_string(Vp);
   const Tensor x = random_tensor(sz(N, C), 31, 1.0f);
   const Tensor wte = random_tensor(sz(Vp, C), 32, 0.5f);
   const Tensor junk = random_tensor(sz(N, Vp), 33, 3.0f);
@@ -315,27 +308,24 @@ void check_logits(Ops& ops, const LogitsShape& ls) {
   const Tensor dx0 = random_tensor(sz(N, C), 35, 1.0f);
   const Tensor dwte0 = random_tensor(sz(Vp, C), 36, 1.0f);
 
-  DeviceTensor d_x(ops, x), d_wte(ops, wte), d_logits(ops, junk), d_dlogits(ops, dlogits),
-      d_dx(ops, dx0), d_dwte(ops, dwte0);
+  DeviceTensor d_x(ops, x), d_wte(ops, wte), d_logits(ops, junk), d_dlogits(ops, dlogits), d_dx(ops, dx0),
+      d_dwte(ops, dwte0);
   ops.logits_forward(d_logits.get(), d_x.get(), d_wte.get(), N, C, Vp);
   ops.logits_backward(d_dx.get(), d_dwte.get(), d_dlogits.get(), d_x.get(), d_wte.get(), N, C, Vp);
 
   std::vector<double> want(sz(N, Vp)), abs_want(sz(N, Vp));
   zero::gpt::host::logits_forward(want.data(), x.val.data(), wte.val.data(), N, C, Vp);
-  zero::gpt::host::logits_forward(abs_want.data(), abs_of(x.val).data(), abs_of(wte.val).data(), N,
-                                  C, Vp);
+  zero::gpt::host::logits_forward(abs_want.data(), abs_of(x.val).data(), abs_of(wte.val).data(), N, C, Vp);
   require_close(d_logits.values(), want, scaled(abs_want, acc_eps(C)), "logits_forward " + name);
 
   std::vector<double> want_dx = dx0.val, want_dwte = dwte0.val;
-  zero::gpt::host::logits_backward(want_dx.data(), want_dwte.data(), dlogits.val.data(),
-                                   x.val.data(), wte.val.data(), N, C, Vp);
+  zero::gpt::host::logits_backward(want_dx.data(), want_dwte.data(), dlogits.val.data(), x.val.data(), wte.val.data(),
+                                   N, C, Vp);
   std::vector<double> abs_dx = abs_of(dx0.val), abs_dwte = abs_of(dwte0.val);
-  zero::gpt::host::logits_backward(abs_dx.data(), abs_dwte.data(), abs_of(dlogits.val).data(),
-                                   abs_of(x.val).data(), abs_of(wte.val).data(), N, C, Vp);
-  require_close(d_dx.values(), want_dx, scaled(abs_dx, acc_eps(Vp)),
-                "logits_backward " + name + ": dx");
-  require_close(d_dwte.values(), want_dwte, scaled(abs_dwte, acc_eps(N)),
-                "logits_backward " + name + ": dwte");
+  zero::gpt::host::logits_backward(abs_dx.data(), abs_dwte.data(), abs_of(dlogits.val).data(), abs_of(x.val).data(),
+                                   abs_of(wte.val).data(), N, C, Vp);
+  require_close(d_dx.values(), want_dx, scaled(abs_dx, acc_eps(Vp)), "logits_backward " + name + ": dx");
+  require_close(d_dwte.values(), want_dwte, scaled(abs_dwte, acc_eps(N)), "logits_backward " + name + ": dwte");
 }
 
 }  // namespace
@@ -384,8 +374,7 @@ TEST_CASE("Matmul's GELU paths, fused and separate, match the host reference", "
     if (epilogues) {
       // Not a failure: cuBLASLt may lack a GELU epilogue for some shape; say so.
       if (st.gelu_fallbacks != 0)
-        WARN("cuBLASLt's GELU epilogues were unavailable for " << st.gelu_fallbacks
-                                                               << " of the calls");
+        WARN("cuBLASLt's GELU epilogues were unavailable for " << st.gelu_fallbacks << " of the calls");
     } else {
       CHECK(st.gelu_fallbacks == 3 * std::size(kShapes));
     }
@@ -420,26 +409,18 @@ TEST_CASE("CudaOps products refuse unaligned shapes and pointers", "[gpt][matmul
   DeviceTensor a(*ops, elems), b(*ops, elems), c(*ops, elems);
   const std::size_t es = ops->elem_bytes();
   // Row lengths that are not multiples of 8 elements.
-  CHECK_THROWS_AS(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 64, 100),
-                  zero::Error);
-  CHECK_THROWS_WITH(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 60, 64),
-                    Catch::Contains("C = 60"));
+  CHECK_THROWS_AS(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 64, 100), zero::Error);
+  CHECK_THROWS_WITH(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 60, 64), Catch::Contains("C = 60"));
   CHECK_THROWS_AS(ops->logits_forward(a.get(), b.get(), c.get(), 16, 64, 1001), zero::Error);
-  CHECK_THROWS_AS(
-      ops->matmul_backward(a.get(), b.get(), nullptr, c.get(), a.get(), b.get(), 16, 64, 36),
-      zero::Error);
+  CHECK_THROWS_AS(ops->matmul_backward(a.get(), b.get(), nullptr, c.get(), a.get(), b.get(), 16, 64, 36), zero::Error);
   // A pointer one element (2 bytes) off 16-byte alignment.
   Act* odd = zero::gpt::act_offset(a.get(), 1, es);
-  CHECK_THROWS_WITH(ops->matmul_forward(odd, b.get(), c.get(), nullptr, 16, 64, 64),
-                    Catch::Contains("aligned"));
-  CHECK_THROWS_WITH(ops->matmul_forward(a.get(), b.get(), c.get(), odd, 16, 64, 64),
-                    Catch::Contains("bias"));
-  CHECK_THROWS_AS(ops->logits_backward(a.get(), b.get(), odd, a.get(), c.get(), 16, 64, 128),
-                  zero::Error);
+  CHECK_THROWS_WITH(ops->matmul_forward(odd, b.get(), c.get(), nullptr, 16, 64, 64), Catch::Contains("aligned"));
+  CHECK_THROWS_WITH(ops->matmul_forward(a.get(), b.get(), c.get(), odd, 16, 64, 64), Catch::Contains("bias"));
+  CHECK_THROWS_AS(ops->logits_backward(a.get(), b.get(), odd, a.get(), c.get(), 16, 64, 128), zero::Error);
   // Rows must exist; pre_gelu must not be out.
   CHECK_THROWS_AS(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 0, 64, 64), zero::Error);
-  CHECK_THROWS_AS(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 64, 64, a.get()),
-                  zero::Error);
+  CHECK_THROWS_AS(ops->matmul_forward(a.get(), b.get(), c.get(), nullptr, 16, 64, 64, a.get()), zero::Error);
   // Nothing was enqueued by the refused calls, and the stream is still healthy.
   ops->synchronize();
 }

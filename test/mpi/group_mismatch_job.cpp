@@ -28,8 +28,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (mode == "data-order") {
-      if (ctx.rank() < 2) g.data().all_reduce(v.data(), 4, zero::DType::f32);
-      else g.data().reduce_scatter(v.data(), out.data(), 4, zero::DType::f32);
+      if (ctx.rank() < 2)
+        g.data().all_reduce(v.data(), 4, zero::DType::f32);
+      else
+        g.data().reduce_scatter(v.data(), out.data(), 4, zero::DType::f32);
     } else if (ctx.rank() == 0) {
       g.tensor().all_reduce(v.data(), 4, zero::DType::f32);
     } else {

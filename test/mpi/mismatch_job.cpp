@@ -46,8 +46,9 @@ int main(int argc, char** argv) {
             zero::UnitParams p = e.gather(u);  // local now
             for (const auto& pi : e.layout().unit(u).params)
               for (std::int64_t i = 0; i < pi.numel; ++i)
-                ZERO_CHECK(p[pi.name].get(i) == want[static_cast<std::size_t>(u)][static_cast<std::size_t>(pi.offset + i)],
-                           "gather_all: unit " + e.layout().unit(u).name + " differs from full_params");
+                ZERO_CHECK(
+                    p[pi.name].get(i) == want[static_cast<std::size_t>(u)][static_cast<std::size_t>(pi.offset + i)],
+                    "gather_all: unit " + e.layout().unit(u).name + " differs from full_params");
           }
           std::printf("rank 0 read %d units through gather_all, equal to full_params\n", n);
         }

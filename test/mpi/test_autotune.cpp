@@ -163,8 +163,8 @@ TEST_CASE("autotune tries ZeRO++ and MiCS variants of the candidates", "[autotun
   TuneOptions opt;
   opt.timed_steps = 1;
   opt.config_out = (dir / "best.yaml").string();
-  TuneResult r = autotune(ctx, parse_config(y, "test_autotune"), plan::gpt_layout(shape), init, train_step,
-                          candidates, opt);
+  TuneResult r =
+      autotune(ctx, parse_config(y, "test_autotune"), plan::gpt_layout(shape), init, train_step, candidates, opt);
   for (const auto& t : r.trials) {
     INFO(t.candidate.label() << ": " << t.note);
     CHECK(t.outcome == TuneTrial::Outcome::timed);

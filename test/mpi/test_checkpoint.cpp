@@ -72,7 +72,8 @@ void check_resume(const Case& c, const std::string& root) {
   // 5 steps, save, a new engine, load, 5 steps.
   std::vector<double> losses_b;
   Snapshot at_save;
-  const ClientState client = {{"data.position", "5"}, {"rng", std::string("\x00\xff\x01 \"\\\n", 7)}, {"", "empty key"}};
+  const ClientState client = {
+      {"data.position", "5"}, {"rng", std::string("\x00\xff\x01 \"\\\n", 7)}, {"", "empty key"}};
   {
     auto e = fresh_engine(c);
     for (int s = 0; s < 5; ++s) losses_b.push_back(train_step(*e, c));
@@ -227,15 +228,13 @@ TEST_CASE("a model that diverged is not saved, and no finite checkpoint is prune
   for (int s = 0; s < 3; ++s) {
     CHECK_THROWS_WITH(save_checkpoint(*e, dir, {}, o),
                       Contains("save_checkpoint: step " + std::to_string(3 + s) + " was not saved") &&
-                          Contains("which is not finite (the training diverged)") &&
-                          Contains("none is pruned"));
+                          Contains("which is not finite (the training diverged)") && Contains("none is pruned"));
     train_step(*e, c);
   }
   ctx().comm().barrier();
   CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{1, 2});
   CHECK(resolve_checkpoint(dir) == dir + "/step_00000002");
-  for (const auto& entry : fs::directory_iterator(dir))
-    CHECK(entry.path().filename().string().rfind(".tmp", 0) != 0);
+  for (const auto& entry : fs::directory_iterator(dir)) CHECK(entry.path().filename().string().rfind(".tmp", 0) != 0);
   auto e2 = make_engine(c);
   load_checkpoint(*e2, dir);
   CHECK(e2->global_step() == 2);
@@ -309,7 +308,8 @@ TEST_CASE("damaged and mismatched checkpoints are errors naming the file and the
     ctx().comm().barrier();
     return root;
   };
-  auto expect_error = [&](const std::string& root, const std::vector<std::string>& parts, Layout layout = make_ckpt_layout()) {
+  auto expect_error = [&](const std::string& root, const std::vector<std::string>& parts,
+                          Layout layout = make_ckpt_layout()) {
     auto e = make_engine(c, std::move(layout));
     try {
       load_checkpoint(*e, root);
@@ -343,7 +343,8 @@ TEST_CASE("damaged and mismatched checkpoints are errors naming the file and the
     expect_error(root, {"shard_00000.ckpt", "payload_bytes", "truncated"});
   }
   SECTION("a shard shorter than its header") {
-    std::string root = variant("trunc_header", [&](const std::string& d) { fs::resize_file(d + "/shard_00000.ckpt", 20); });
+    std::string root =
+        variant("trunc_header", [&](const std::string& d) { fs::resize_file(d + "/shard_00000.ckpt", 20); });
     expect_error(root, {"shard_00000.ckpt", "header", "truncated"});
   }
   SECTION("a missing shard") {
@@ -373,14 +374,14 @@ TEST_CASE("damaged and mismatched checkpoints are errors naming the file and the
       save_checkpoint(*e, other);
     }
     std::string root = variant("swapped", [&](const std::string& d) {
-      fs::copy_file(other + "/step_00000003/shard_00000.ckpt", d + "/shard_00000.ckpt", fs::copy_options::overwrite_existing);
+      fs::copy_file(other + "/step_00000003/shard_00000.ckpt", d + "/shard_00000.ckpt",
+                    fs::copy_options::overwrite_existing);
     });
     expect_error(root, {"shard_00000.ckpt", "does not belong to this checkpoint"});
   }
   SECTION("a malformed latest pointer") {
-    std::string root = variant("latest", [&](const std::string& d) {
-      std::ofstream(fs::path(d).parent_path() / "latest") << "../../etc\n";
-    });
+    std::string root = variant(
+        "latest", [&](const std::string& d) { std::ofstream(fs::path(d).parent_path() / "latest") << "../../etc\n"; });
     expect_error(root, {"latest", "content"});
   }
   SECTION("another model: a shape differs") {

@@ -62,13 +62,14 @@ struct Job {
   Engine engine;
   Job(Context& ctx, const Grid& g)
       : groups(ctx, {.tensor = g.tensor, .pipeline = g.pipeline}),
-        engine(ctx,
-               [&] {
-                 Config c = parse_config(config_text(g.stage, groups.data_size()), "test_checkpoint_grid");
-                 c.resolve(groups.data_size());
-                 return c;
-               }(),
-               part_layout(g.tensor, g.pipeline, groups.coord()), groups) {
+        engine(
+            ctx,
+            [&] {
+              Config c = parse_config(config_text(g.stage, groups.data_size()), "test_checkpoint_grid");
+              c.resolve(groups.data_size());
+              return c;
+            }(),
+            part_layout(g.tensor, g.pipeline, groups.coord()), groups) {
     init_part(engine, groups.coord());
   }
   std::vector<double> train(int from, int to) {
@@ -203,9 +204,9 @@ TEST_CASE("grid checkpoints: saved at TP or PP x DP 2, resumed bit for bit on th
   // Another tensor or pipeline size is refused with both grids named.
   {
     Job other(ctx, {1, 2, 1});
-    REQUIRE_THROWS_WITH(load_checkpoint(other.engine, dir + "/tp2_pp1"),
-                        Catch::Contains("saved on the grid TP 2 x PP 1 x DP 2") &&
-                            Catch::Contains("this job runs TP 1 x PP 2 x DP 2"));
+    REQUIRE_THROWS_WITH(
+        load_checkpoint(other.engine, dir + "/tp2_pp1"),
+        Catch::Contains("saved on the grid TP 2 x PP 1 x DP 2") && Catch::Contains("this job runs TP 1 x PP 2 x DP 2"));
   }
   {
     Job other(ctx, {2, 1, 2});

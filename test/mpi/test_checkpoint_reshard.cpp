@@ -110,7 +110,9 @@ TEST_CASE("save at N ranks for every stage", "[.][save]") {
         for (std::size_t k = 0; k < p.shape.size(); ++k) j << (k ? ", " : "") << p.shape[k];
         j << "], \"bits\": [";
         for (std::int64_t i = 0; i < p.numel; ++i)
-          j << (i ? ", " : "") << std::bit_cast<std::uint32_t>(snap.master[static_cast<std::size_t>(u)][static_cast<std::size_t>(p.offset + i)]);
+          j << (i ? ", " : "")
+            << std::bit_cast<std::uint32_t>(
+                   snap.master[static_cast<std::size_t>(u)][static_cast<std::size_t>(p.offset + i)]);
         j << "]}";
         first = false;
       }

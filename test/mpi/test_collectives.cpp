@@ -18,9 +18,13 @@ Communicator& comm() { return Context::current()->comm(); }
 
 // Value of element i on rank r: multiples of 1/8 below 32, exact in bf16/fp16 and whose sums
 // over four ranks are exact in fp32, so the expected 16-bit results are unambiguous.
-float value(int r, std::size_t i) { return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 64) - 32) / 8.0f; }
+float value(int r, std::size_t i) {
+  return static_cast<float>(static_cast<int>((i * 7 + static_cast<std::size_t>(r) * 13) % 64) - 32) / 8.0f;
+}
 
-std::vector<std::uint16_t> storage(std::size_t n, DType t) { return std::vector<std::uint16_t>(n * dtype_size(t) / 2 + 1); }
+std::vector<std::uint16_t> storage(std::size_t n, DType t) {
+  return std::vector<std::uint16_t>(n * dtype_size(t) / 2 + 1);
+}
 
 float serial(ReduceOp op, std::size_t i, int world) {
   float acc = op == ReduceOp::max ? value(0, i) : 0.0f;
@@ -84,7 +88,8 @@ TEST_CASE("reduce_scatter and all_gather for every dtype and size") {
         auto full = storage(total, t);
         std::size_t es = dtype_size(t);
         char* own = reinterpret_cast<char*>(full.data()) + static_cast<std::size_t>(rank) * n * es;
-        for (std::size_t i = 0; i < n; ++i) store_from_f32(in_place ? own : static_cast<void*>(recv.data()), i, t, value(rank, i));
+        for (std::size_t i = 0; i < n; ++i)
+          store_from_f32(in_place ? own : static_cast<void*>(recv.data()), i, t, value(rank, i));
         comm().all_gather(in_place ? own : static_cast<void*>(recv.data()), full.data(), n, t);
         for (int r = 0; r < world; ++r)
           for (std::size_t i = 0; i < n; ++i)

@@ -31,7 +31,7 @@ struct Case {
   int micro = 2;
   double clip = 0.0;
   std::string optimizer = "AdamW";
-  std::string extra;  // more YAML lines under zero_optimization
+  std::string extra;         // more YAML lines under zero_optimization
   bool mixed_decay = false;  // make_mixed_decay_layout() instead of make_layout()
   std::string adam_w_mode;   // optimizer.params.adam_w_mode when not empty
   // As DeepSpeed: AdamW, and Adam unless adam_w_mode is false, decay decoupled.
@@ -124,13 +124,13 @@ void check_parity(const Case& c) {
       double err = std::abs(got[u][i] - target);
       worst = std::max(worst, err / tol);
       if (err > tol) {
-        INFO("unit " << u << " element " << i << ": engine " << got[u][i] << " reference " << r << " tolerance " << tol);
+        INFO("unit " << u << " element " << i << ": engine " << got[u][i] << " reference " << r << " tolerance "
+                     << tol);
         REQUIRE(err <= tol);
       }
     }
   if (std::getenv("ZERO_TEST_VERBOSE")) std::printf("%s worst err/tol %.3f\n", dname(c.dtype), worst);
 }
-
 
 }  // namespace
 
@@ -263,8 +263,10 @@ TEST_CASE("stage-3 prefetch issues no all-gather across the step boundary") {
     Case c;
     c.stage = 3;
     c.gas = 2;
-    c.extra = "  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
-              "  stage3_prefetch_bucket_size: " + std::to_string(prefetch_bucket) + "\n";
+    c.extra =
+        "  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
+        "  stage3_prefetch_bucket_size: " +
+        std::to_string(prefetch_bucket) + "\n";
     Engine e(ctx(), make_config(c), make_layout());
     e.init_params(init_value);
     EngineState state(e);

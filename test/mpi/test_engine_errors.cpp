@@ -41,8 +41,9 @@ void micro_step(Engine& e, int step, bool poison) {
 
 TEST_CASE("an overflow on one rank makes every rank skip; the scale honours hysteresis") {
   Context& ctx = *Context::current();
-  Engine e(ctx, config("fp16:\n  enabled: true\n  initial_scale_power: 8\n  hysteresis: 2\n"
-                       "zero_optimization:\n  stage: 2\n"),
+  Engine e(ctx,
+           config("fp16:\n  enabled: true\n  initial_scale_power: 8\n  hysteresis: 2\n"
+                  "zero_optimization:\n  stage: 2\n"),
            make_layout());
   e.init_params(init_value);
   int last = ctx.world_size() - 1;
@@ -55,14 +56,14 @@ TEST_CASE("an overflow on one rank makes every rank skip; the scale honours hyst
 
   micro_step(e, 1, ctx.rank() == last);  // overflow on the last rank only
   StepResult r1 = e.step();
-  REQUIRE(r1.skipped);                   // ... but every rank skips
-  REQUIRE(e.full_params(1) == before);   // and nothing moved
-  REQUIRE(e.loss_scale() == 256.0f);     // hysteresis 2: the first overflow is absorbed
+  REQUIRE(r1.skipped);                  // ... but every rank skips
+  REQUIRE(e.full_params(1) == before);  // and nothing moved
+  REQUIRE(e.loss_scale() == 256.0f);    // hysteresis 2: the first overflow is absorbed
 
   micro_step(e, 2, ctx.rank() == last);
   StepResult r2 = e.step();
   REQUIRE(r2.skipped);
-  REQUIRE(e.loss_scale() == 128.0f);     // the second halves the scale
+  REQUIRE(e.loss_scale() == 128.0f);  // the second halves the scale
 
   micro_step(e, 3, false);
   StepResult r3 = e.step();
@@ -84,13 +85,18 @@ TEST_CASE("memory report equals the ZeRO formula for every stage") {
   Context& ctx = *Context::current();
   const double N = ctx.world_size();
   for (int stage = 0; stage <= 3; ++stage) {
-    Engine e(ctx, config("bf16:\n  enabled: true\nzero_optimization:\n  stage: " + std::to_string(stage) +
-                         "\n  stage3_param_persistence_threshold: 0\n"),
+    Engine e(ctx,
+             config("bf16:\n  enabled: true\nzero_optimization:\n  stage: " + std::to_string(stage) +
+                    "\n  stage3_param_persistence_threshold: 0\n"),
              make_layout());
     e.init_params(init_value);
     double psi = 0;  // padded Ψ: the formula holds exactly on the padded sizes
-    for (int u = 0; u < e.layout().num_units(); ++u) psi += static_cast<double>(e.layout().padded_numel(u, ctx.world_size()));
-    double expect = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / N : stage == 2 ? 2 * psi + 14 * psi / N : 16 * psi / N;
+    for (int u = 0; u < e.layout().num_units(); ++u)
+      psi += static_cast<double>(e.layout().padded_numel(u, ctx.world_size()));
+    double expect = stage == 0   ? 16 * psi
+                    : stage == 1 ? 4 * psi + 12 * psi / N
+                    : stage == 2 ? 2 * psi + 14 * psi / N
+                                 : 16 * psi / N;
     MemoryReport m = e.memory();
     INFO("stage " << stage << ": " << m.to_string());
     REQUIRE(static_cast<double>(m.model_state()) == expect);
@@ -103,7 +109,10 @@ TEST_CASE("misuse gives clear errors") {
   SECTION("reduce twice in one micro-step") {
     Engine e(ctx, config("zero_optimization:\n  stage: 2\n"), make_layout());
     e.init_params(init_value);
-    { auto p = e.gather(4); e.grads(4); }
+    {
+      auto p = e.gather(4);
+      e.grads(4);
+    }
     e.reduce(4);
     REQUIRE_THROWS_WITH(e.reduce(4), Catch::Contains("'big' was reduced twice"));
   }
@@ -112,8 +121,8 @@ TEST_CASE("misuse gives clear errors") {
     e.init_params(init_value);
     e.reduce(4);
     e.reduce(3);
-    REQUIRE_THROWS_WITH(e.step(), Catch::Contains("before every unit was reduced") &&
-                                      Catch::Contains("embed, layer0, layer1"));
+    REQUIRE_THROWS_WITH(e.step(),
+                        Catch::Contains("before every unit was reduced") && Catch::Contains("embed, layer0, layer1"));
   }
   SECTION("a gather order that changed") {
     Engine e(ctx, config("zero_optimization:\n  stage: 3\n  stage3_param_persistence_threshold: 0\n"), make_layout());
@@ -137,8 +146,8 @@ TEST_CASE("misuse gives clear errors") {
     if (ctx.world_size() > 1) {
       Engine e(ctx, config("zero_optimization:\n  stage: 1\n"), make_layout());
       REQUIRE_THROWS_WITH(e.init_params([&](const ParamInfo&, std::span<float> v) {
-                            for (auto& x : v) x = static_cast<float>(ctx.rank());
-                          }),
+        for (auto& x : v) x = static_cast<float>(ctx.rank());
+      }),
                           Catch::Contains("different initial values on different ranks"));
     }
   }

@@ -137,8 +137,8 @@ void check_files(const AutotuneOutcome& o) {
 }  // namespace
 
 TEST_CASE("zero-gpt autotune times what fits and writes a loadable winner", "[gpt][autotune][mpi]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zero_gpt_autotune_np" + std::to_string(ctx().world_size()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zero_gpt_autotune_np" + std::to_string(ctx().world_size()));
   const Setup setup = make_setup(dir.string());
   AutotuneRequest req = small_request();
 
@@ -198,8 +198,8 @@ TEST_CASE("zero-gpt autotune times what fits and writes a loadable winner", "[gp
 }
 
 TEST_CASE("zero-gpt autotune adds ZeRO++ and MiCS variants across nodes only", "[gpt][autotune][mpi][zeropp]") {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zero_gpt_autotune_zpp_np" + std::to_string(ctx().world_size()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zero_gpt_autotune_zpp_np" + std::to_string(ctx().world_size()));
   const Setup setup = make_setup(dir.string());
   AutotuneRequest req = small_request();
   req.micro_batches = {4};
@@ -217,8 +217,7 @@ TEST_CASE("zero-gpt autotune adds ZeRO++ and MiCS variants across nodes only", "
     const std::string h = "hpz " + std::to_string(nodes.ranks_per_node);
     const std::string m = "mics " + std::to_string(nodes.ranks_per_node);
     CHECK(labels == std::vector<std::string>{"stage 0, mb 4, offload none", "stage 3, mb 4, offload none",
-                                             "stage 3, mb 4, offload none, qwz",
-                                             "stage 3, mb 4, offload none, " + h,
+                                             "stage 3, mb 4, offload none, qwz", "stage 3, mb 4, offload none, " + h,
                                              "stage 3, mb 4, offload none, " + h + ", qwz",
                                              "stage 3, mb 4, offload none, " + h + ", qwz, qgz",
                                              "stage 3, mb 4, offload none, " + m});

@@ -142,15 +142,16 @@ std::size_t expected_activation_bytes(const Ops& ops, int B, int T, int C, int N
   const std::size_t ce_stats = TP > 1 ? 3 * N * f : 0;
   const std::size_t head_bytes =
       head ? N * C * f + 2 * N * f + N * static_cast<std::size_t>(Vp / TP) * f + N * f + ce_stats : 0;
-  const std::size_t scratch = N * f * (2 * static_cast<std::size_t>(C) + 7 * CT) +
-                              ops.attention_scratch_floats(B, T, NH / TP) * f;
+  const std::size_t scratch =
+      N * f * (2 * static_cast<std::size_t>(C) + 7 * CT) + ops.attention_scratch_floats(B, T, NH / TP) * f;
   return static_cast<std::size_t>(slots) * per_micro + (checkpointing ? block : 0) + head_bytes + scratch;
 }
 
 }  // namespace
 
-TEST_CASE("pipeline stages train as the 1-rank run: losses, norms, validation and sampling at ZeRO stages 0-1, "
-          "bf16 and activation checkpointing") {
+TEST_CASE(
+    "pipeline stages train as the 1-rank run: losses, norms, validation and sampling at ZeRO stages 0-1, "
+    "bf16 and activation checkpointing") {
   const int world = ctx().world_size();
   if (world == 1) {
     std::vector<Curve> curves;
@@ -175,12 +176,12 @@ TEST_CASE("pipeline stages train as the 1-rank run: losses, norms, validation an
   for (std::size_t variant = 0; variant < kVariants.size(); ++variant)
     for (auto [T, P, micro] : grids) {
       const Variant& v = kVariants[variant];
-      INFO("ZeRO stage " << v.stage << (v.bf16_checkpointing ? " bf16 + activation checkpointing" : "") << ", TP "
-                         << T << " x DP " << world / (T * P) << " x PP " << P << ", micro-batch " << micro);
+      INFO("ZeRO stage " << v.stage << (v.bf16_checkpointing ? " bf16 + activation checkpointing" : "") << ", TP " << T
+                         << " x DP " << world / (T * P) << " x PP " << P << ", micro-batch " << micro);
       const zero::Config cfg = make_config(v.stage, P, micro, v.bf16_checkpointing, T);
       GptTrainer t(ctx(), cfg, read_gpt_settings(cfg));
-      REQUIRE(t.grid() == "TP " + std::to_string(T) + " x DP " + std::to_string(world / (T * P)) + " x PP " +
-                              std::to_string(P));
+      REQUIRE(t.grid() ==
+              "TP " + std::to_string(T) + " x DP " + std::to_string(world / (T * P)) + " x PP " + std::to_string(P));
       const Curve c = train(t);
       const Curve& r = ref[variant];
       // bf16: the 1-rank run rounds wte's gradient to bf16 at every micro-batch (its head's and
@@ -199,9 +200,12 @@ TEST_CASE("pipeline stages train as the 1-rank run: losses, norms, validation an
       REQUIRE((tt.intra_node + tt.inter_node > 0) == (T > 1));
       REQUIRE(close(c.val, r.val, rel));
       // The same tokens from the same weights; bf16's slightly different weights may pick others.
-      if (!ctx().is_root()) REQUIRE(c.sample.empty());
-      else if (v.bf16_checkpointing) REQUIRE(c.sample.size() == r.sample.size());
-      else REQUIRE(c.sample == r.sample);
+      if (!ctx().is_root())
+        REQUIRE(c.sample.empty());
+      else if (v.bf16_checkpointing)
+        REQUIRE(c.sample.size() == r.sample.size());
+      else
+        REQUIRE(c.sample == r.sample);
 
       // The 1F1B bound was reached and not exceeded, and the model holds exactly that much.
       const PipelineReport pr = t.pipeline_report();
@@ -223,8 +227,9 @@ TEST_CASE("pipeline stages train as the 1-rank run: losses, norms, validation an
     }
 }
 
-TEST_CASE("pipeline parallelism refuses ZeRO stages 2-3, more stages than blocks, and a grid the world or the "
-          "model does not divide") {
+TEST_CASE(
+    "pipeline parallelism refuses ZeRO stages 2-3, more stages than blocks, and a grid the world or the "
+    "model does not divide") {
   const int world = ctx().world_size();
   if (world == 1) return;
   for (int stage : {2, 3}) {

@@ -110,8 +110,8 @@ std::vector<double> reference_curve(const RunSpec& r, int steps) {
     m.emplace_back(master.back().size(), 0.0);
     v.emplace_back(master.back().size(), 0.0);
   }
-  const double lr = cfg.optimizer.lr, b1 = cfg.optimizer.beta1, b2 = cfg.optimizer.beta2,
-               eps = cfg.optimizer.eps, momentum = cfg.optimizer.momentum;
+  const double lr = cfg.optimizer.lr, b1 = cfg.optimizer.beta1, b2 = cfg.optimizer.beta2, eps = cfg.optimizer.eps,
+               momentum = cfg.optimizer.momentum;
   std::vector<std::int32_t> in(static_cast<std::size_t>(r.global_batch * mc.seq_len)), tg(in.size());
   std::vector<double> losses;
   for (int t = 1; t <= steps; ++t) {
@@ -172,12 +172,12 @@ TEST_CASE("every stage gives the single-process loss curve", "[gpt][stages]") {
     const std::vector<double> got = engine_curve(spec, steps);
     check_curves(got, ref, 1e-5, "stage " + std::to_string(stage));
     double worst = 0;
-    for (std::size_t s = 0; s < got.size(); ++s)
-      worst = std::max(worst, std::abs(got[s] - ref[s]) / ref[s]);
+    for (std::size_t s = 0; s < got.size(); ++s) worst = std::max(worst, std::abs(got[s] - ref[s]) / ref[s]);
     if (ctx().is_root())
-      std::printf("  stage %d, %d rank(s): loss %.6f -> %.6f, largest deviation from the "
-                  "reference %.1e relative\n",
-                  stage, ctx().world_size(), got.front(), got.back(), worst);
+      std::printf(
+          "  stage %d, %d rank(s): loss %.6f -> %.6f, largest deviation from the "
+          "reference %.1e relative\n",
+          stage, ctx().world_size(), got.front(), got.back(), worst);
   }
 }
 
@@ -219,8 +219,8 @@ TEST_CASE("the loss falls below 2.9 nats within 100 steps on tiny Shakespeare", 
   double last10 = 0;
   for (int s = 90; s < 100; ++s) last10 += curve[static_cast<std::size_t>(s)] / 10;
   if (ctx().is_root())
-    std::printf("  loss %.3f at step 1, %.3f over steps 91-100 (%d rank(s))\n", curve.front(),
-                last10, ctx().world_size());
+    std::printf("  loss %.3f at step 1, %.3f over steps 91-100 (%d rank(s))\n", curve.front(), last10,
+                ctx().world_size());
   CHECK(curve.front() > 5.0);
   CHECK(last10 < 2.9);
 }
@@ -242,8 +242,7 @@ TEST_CASE("a resumed run continues the same curve", "[gpt][stages][checkpoint]")
   // One directory for all ranks: rank 0 names it after its process id.
   long long id = ::getpid();
   ctx().comm().broadcast(&id, sizeof id, 0);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zero_gpt_resume_" + std::to_string(id))).string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("zero_gpt_resume_" + std::to_string(id))).string();
 
   RunSpec spec;
   spec.stage = 2;
@@ -306,9 +305,8 @@ TEST_CASE("the validation loss does not depend on the rank count or micro-batch"
     const zero::Config c = make_config(spec);
     GptTrainer trainer(ctx(), c, read_gpt_settings(c));
     const GptTrainer::Evaluation got = trainer.evaluate();
-    INFO("evaluate() " << got.loss << ", reference " << want << " (" << set.eval_sequences
-                       << " windows, micro-batch " << micro << ", " << ctx().world_size()
-                       << " rank(s))");
+    INFO("evaluate() " << got.loss << ", reference " << want << " (" << set.eval_sequences << " windows, micro-batch "
+                       << micro << ", " << ctx().world_size() << " rank(s))");
     CHECK(got.loss == Approx(want).epsilon(1e-6));
     CHECK(got.sequences == 9);
     CHECK(got.tokens == 9 * mc.seq_len);
@@ -333,8 +331,7 @@ TEST_CASE("by default the validation loss covers the whole split", "[gpt][stages
 TEST_CASE("a damaged data position in a checkpoint is an error naming the key", "[gpt][checkpoint]") {
   long long id = ::getpid();
   ctx().comm().broadcast(&id, sizeof id, 0);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() / ("zero_gpt_client_" + std::to_string(id))).string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("zero_gpt_client_" + std::to_string(id))).string();
   RunSpec spec;
   const zero::Config cfg = make_config(spec);
   GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));

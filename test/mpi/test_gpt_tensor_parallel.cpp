@@ -50,8 +50,8 @@ std::string config_text(const RunSpec& r) {
   y += "  stage3_param_persistence_threshold: 100\n  stage3_prefetch_bucket_size: 20000\n";
   y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.003\n    betas: [0.9, 0.95]\n"
        "    eps: 1.0e-8\n    weight_decay: 0.1\n";
-  y += "model:\n  n_layer: 2\n  n_head: " + std::to_string(r.n_head) +
-       "\n  n_embd: " + std::to_string(r.n_embd) + "\n  seq_len: 16\n  vocab_size: " + std::to_string(r.vocab) +
+  y += "model:\n  n_layer: 2\n  n_head: " + std::to_string(r.n_head) + "\n  n_embd: " + std::to_string(r.n_embd) +
+       "\n  seq_len: 16\n  vocab_size: " + std::to_string(r.vocab) +
        "\n  seed: 7\n  tensor_parallel: " + std::to_string(r.tp) + "\n";
   if (r.checkpointing) y += "  activation_checkpointing: true\n";
   y += "data:\n  train: shakespeare\n  seed: 11\n";
@@ -89,8 +89,7 @@ Curve train(const RunSpec& r, int steps, bool extras = false) {
   return c;
 }
 
-double compare(const std::vector<double>& got, const std::vector<double>& want, double rel,
-               const std::string& what) {
+double compare(const std::vector<double>& got, const std::vector<double>& want, double rel, const std::string& what) {
   REQUIRE(got.size() == want.size());
   double worst = 0;
   for (std::size_t s = 0; s < got.size(); ++s) {
@@ -103,8 +102,7 @@ double compare(const std::vector<double>& got, const std::vector<double>& want, 
 
 }  // namespace
 
-TEST_CASE("tensor parallel x data parallel gives the data-parallel curve at every stage",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("tensor parallel x data parallel gives the data-parallel curve at every stage", "[gpt][tensor_parallel]") {
   const int world = ctx().world_size();
   REQUIRE(world % 2 == 0);
   const int steps = 20;
@@ -115,21 +113,20 @@ TEST_CASE("tensor parallel x data parallel gives the data-parallel curve at ever
     tp.tp = 2;
     const Curve want = train(dp, steps);
     const Curve got = train(tp, steps);
-    const std::string what = "stage " + std::to_string(stage) + ", TP 2 x DP " +
-                             std::to_string(world / 2) + " vs TP 1 x DP " + std::to_string(world);
+    const std::string what = "stage " + std::to_string(stage) + ", TP 2 x DP " + std::to_string(world / 2) +
+                             " vs TP 1 x DP " + std::to_string(world);
     const double dl = compare(got.loss, want.loss, 1e-4, what + ", loss");
     const double dn = compare(got.norm, want.norm, 1e-4, what + ", gradient norm");
     // Clipping at 0.5 is active at the start, so the norm decides the update.
     CHECK(want.norm.front() > 0.5);
     CHECK(want.loss.back() < want.loss.front() - 0.5);
     if (ctx().is_root())
-      std::printf("  %s: loss %.6f -> %.6f, largest deviation %.1e (loss) %.1e (norm)\n",
-                  what.c_str(), want.loss.front(), want.loss.back(), dl, dn);
+      std::printf("  %s: loss %.6f -> %.6f, largest deviation %.1e (loss) %.1e (norm)\n", what.c_str(),
+                  want.loss.front(), want.loss.back(), dl, dn);
   }
 }
 
-TEST_CASE("activation checkpointing, evaluation and sampling under tensor parallelism",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("activation checkpointing, evaluation and sampling under tensor parallelism", "[gpt][tensor_parallel]") {
   RunSpec dp;
   dp.stage = 3;
   dp.checkpointing = true;
@@ -145,8 +142,7 @@ TEST_CASE("activation checkpointing, evaluation and sampling under tensor parall
   CHECK((ctx().is_root() ? got.sample.size() == 8 : got.sample.empty()));
 }
 
-TEST_CASE("a padded vocabulary split over ranks, with ids past vocab_size in a rank's part",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("a padded vocabulary split over ranks, with ids past vocab_size in a rank's part", "[gpt][tensor_parallel]") {
   // vocab 200 pads to 256: rank 1 of 2 holds ids 128-255, of which 200-255 are padding.
   RunSpec dp;
   dp.stage = 1;
@@ -159,42 +155,36 @@ TEST_CASE("a padded vocabulary split over ranks, with ids past vocab_size in a r
   compare(got.norm, want.norm, 1e-4, "vocab 200, gradient norm");
 }
 
-TEST_CASE("grids the model or the world cannot form are errors naming the setting",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("grids the model or the world cannot form are errors naming the setting", "[gpt][tensor_parallel]") {
   zero::LoadOptions o;
   o.extra_sections = gpt_sections();
-  auto settings = [&](const RunSpec& r) {
-    return read_gpt_settings(zero::parse_config(config_text(r), "test", o));
-  };
+  auto settings = [&](const RunSpec& r) { return read_gpt_settings(zero::parse_config(config_text(r), "test", o)); };
   // The checks come with the settings, before any rank needs to exist.
   RunSpec heads;
   heads.n_head = 2;
   heads.tp = 4;
-  CHECK_THROWS_WITH(settings(heads), Catch::Contains("model.tensor_parallel") &&
-                                         Catch::Contains("n_head = 2") && Catch::Contains("divisors"));
+  CHECK_THROWS_WITH(settings(heads), Catch::Contains("model.tensor_parallel") && Catch::Contains("n_head = 2") &&
+                                         Catch::Contains("divisors"));
   RunSpec vocab;
   vocab.n_embd = 48;
   vocab.n_head = 3;
   vocab.tp = 3;  // 3 heads divide, the padded vocabulary 256 does not
-  CHECK_THROWS_WITH(settings(vocab), Catch::Contains("model.tensor_parallel") &&
-                                         Catch::Contains("padded vocabulary 256"));
+  CHECK_THROWS_WITH(settings(vocab),
+                    Catch::Contains("model.tensor_parallel") && Catch::Contains("padded vocabulary 256"));
   vocab.tp = 1;
   CHECK(settings(vocab).tensor_parallel == 1);
   // A world the tensor groups do not fill.
   GptSettings s;
   s.tensor_parallel = 2;
-  CHECK_THROWS_WITH(gpt_data_parallel_size(s, 3),
-                    Catch::Contains("3 ranks") && Catch::Contains("tensor_parallel = 2"));
+  CHECK_THROWS_WITH(gpt_data_parallel_size(s, 3), Catch::Contains("3 ranks") && Catch::Contains("tensor_parallel = 2"));
   CHECK(gpt_data_parallel_size(s, 4) == 2);
   // The model itself refuses a part it cannot be: n_head 4 over 8 ranks.
   GptConfig c;
   auto ops = make_host_ops();
-  CHECK_THROWS_WITH(GptModel(c, 1, *ops, TensorParallel{8, 0, &ctx().comm()}),
-                    Catch::Contains("n_head = 4"));
+  CHECK_THROWS_WITH(GptModel(c, 1, *ops, TensorParallel{8, 0, &ctx().comm()}), Catch::Contains("n_head = 4"));
 }
 
-TEST_CASE("the tensor group carries the model's all-reduces and nothing else",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("the tensor group carries the model's all-reduces and nothing else", "[gpt][tensor_parallel]") {
   // Per micro-step of N = B x seq_len tokens and width C: forward, the embedding and two per
   // block ([N, C] each), the cross-entropy's row maxima [N] and sums [2N] (once: the backward
   // reuses them); backward, the head's

@@ -115,14 +115,16 @@ TEST_CASE("collectives count the bytes each rank sends inside its node and acros
   std::vector<float> v(64 * static_cast<std::size_t>(world), 1.0f);  // room for the 100-byte broadcast
   REQUIRE(sent([&] { c.all_gather(v.data() + 10 * r, v.data(), 10, DType::f32); }) == (n - 1) * 10 * 4);
   REQUIRE(sent([&] { c.reduce_scatter(v.data(), v.data(), 10, DType::bf16); }) == (n - 1) * 10 * 2);
-  REQUIRE(sent([&] { c.all_reduce(v.data(), 10, DType::f32); }) == (world == 1 ? 0 : 2 * (n - 1) * ((10 + n - 1) / n) * 4));
+  REQUIRE(sent([&] { c.all_reduce(v.data(), 10, DType::f32); }) ==
+          (world == 1 ? 0 : 2 * (n - 1) * ((10 + n - 1) / n) * 4));
   REQUIRE(sent([&] { c.broadcast(v.data(), 100, 0); }) == (world == 1 || (r + 1) % world == 0 ? 0 : 100));
   REQUIRE(sent([&] { c.barrier(); }) == 0);
   // The groups' total includes what data() sent.
   REQUIRE(g.traffic().intra_node + g.traffic().inter_node >= c.traffic().intra_node + c.traffic().inter_node);
 }
 
-TEST_CASE("point to point: a ring of sends and receives in every dtype, posted in either order, counted by the peer's node") {
+TEST_CASE(
+    "point to point: a ring of sends and receives in every dtype, posted in either order, counted by the peer's node") {
   Context& ctx = *Context::current();
   const int world = ctx.world_size(), r = ctx.rank();
   if (world < 2) return;
@@ -156,8 +158,10 @@ TEST_CASE("point to point: a ring of sends and receives in every dtype, posted i
       b.wait();
       a.wait();
       for (std::size_t i = 0; i < m; ++i) {
-        if (t == DType::f32) REQUIRE(in32[i] == static_cast<float>(prev * 10000 + static_cast<int>(i)));
-        else REQUIRE(in16[i] == static_cast<std::uint16_t>(prev * 1000 + static_cast<int>(i)));
+        if (t == DType::f32)
+          REQUIRE(in32[i] == static_cast<float>(prev * 10000 + static_cast<int>(i)));
+        else
+          REQUIRE(in16[i] == static_cast<std::uint16_t>(prev * 1000 + static_cast<int>(i)));
       }
       const TrafficBytes d = c.traffic() - before;
       const auto bytes = static_cast<std::int64_t>(n * dtype_size(t));
@@ -210,15 +214,15 @@ TEST_CASE("a receive that does not match its send is an error naming both ranks 
   ProcessGroups tp(ctx, {.tensor = 2});
   if (tp.coord().tensor == 1) {
     Communicator& d = tp.data();
-    if (d.rank() == 0) d.send(buf.data(), 5, DType::f32, 1);
+    if (d.rank() == 0)
+      d.send(buf.data(), 5, DType::f32, 1);
     else
-      REQUIRE_THROWS_WITH(d.recv(buf.data(), 4, DType::f32, 0),
-                          Catch::Contains("world rank 1 sent 5 fp32") &&
-                              Catch::Contains("world rank 3 posted a receive of 4 fp32"));
+      REQUIRE_THROWS_WITH(
+          d.recv(buf.data(), 4, DType::f32, 0),
+          Catch::Contains("world rank 1 sent 5 fp32") && Catch::Contains("world rank 3 posted a receive of 4 fp32"));
   }
   ctx.comm().barrier();
 }
-
 
 TEST_CASE("all_to_all delivers block j to rank j and counts each block on its destination's side") {
   Context& ctx = *Context::current();
@@ -236,7 +240,8 @@ TEST_CASE("all_to_all delivers block j to rank j and counts each block on its de
         return static_cast<float>(from * 32 + to * 8 + static_cast<int>(i % 8));
       };
       for (int j = 0; j < world; ++j)
-        for (std::size_t i = 0; i < n; ++i) store_from_f32(send.data(), static_cast<std::size_t>(j) * n + i, t, value(r, j, i));
+        for (std::size_t i = 0; i < n; ++i)
+          store_from_f32(send.data(), static_cast<std::size_t>(j) * n + i, t, value(r, j, i));
       const TrafficBytes before = c.traffic();
       c.all_to_all(send.data(), recv.data(), n, t);
       const TrafficBytes d = c.traffic() - before;
@@ -313,8 +318,8 @@ TEST_CASE("explicit groups in another order than Megatron's, and lists that do n
   // Groups that cross: tensor and data both {0, 1}, {2, 3}.
   bad = e;
   bad.tensor = bad.data;
-  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)), Catch::Contains("ranks 0 and 1 share a tensor group [0, 1]") &&
-                                                     Catch::Contains("as in a grid"));
+  REQUIRE_THROWS_WITH((ProcessGroups(ctx, bad)),
+                      Catch::Contains("ranks 0 and 1 share a tensor group [0, 1]") && Catch::Contains("as in a grid"));
   // Sizes that differ between ranks, or do not make the world; a rank outside its own group.
   bad = e;
   if (r == 3) bad.tensor = {3};

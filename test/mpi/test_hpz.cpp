@@ -24,11 +24,14 @@ using namespace zero::test;
 namespace {
 
 Config config(int stage, const std::string& dtype, int hpz, bool qwz = false) {
-  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
-                  "  zero_hpz_partition_size: " + std::to_string(hpz) + "\n" +
-                  (qwz ? "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n" : "");
+  std::string y =
+      "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
+      "zero_optimization:\n  stage: " +
+      std::to_string(stage) +
+      "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
+      "  zero_hpz_partition_size: " +
+      std::to_string(hpz) + "\n" +
+      (qwz ? "  zero_quantized_weights: true\n  zero_quantized_weights_block_size: 16\n" : "");
   if (dtype == "bf16") y += "bf16:\n  enabled: true\n";
   if (dtype == "fp16") y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
   Config c = parse_config(y, "test_hpz");
@@ -90,9 +93,9 @@ TEST_CASE("hpZ trains bit for bit as plain stage 3") {
 
 TEST_CASE("hpZ's bad combinations are clear errors") {
   Context& ctx = *Context::current();
-  REQUIRE_THROWS_WITH(Engine(ctx, config(2, "fp32", 2), make_layout()),
-                      Catch::Contains("zero_hpz_partition_size = 2 applies to stage 3 only") &&
-                          Catch::Contains("stage 2"));
+  REQUIRE_THROWS_WITH(
+      Engine(ctx, config(2, "fp32", 2), make_layout()),
+      Catch::Contains("zero_hpz_partition_size = 2 applies to stage 3 only") && Catch::Contains("stage 2"));
   if (ctx.world_size() == 4)
     REQUIRE_THROWS_WITH(Engine(ctx, config(3, "fp32", 3), make_layout()),
                         Catch::Contains("does not divide the 4 data-parallel ranks"));

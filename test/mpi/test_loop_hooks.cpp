@@ -94,7 +94,8 @@ TEST_CASE("a cosine schedule with warmup set from the loop is the rate the optim
         REQUIRE(r.lr == static_cast<double>(reference[static_cast<std::size_t>(s)]));
       }
       const std::vector<float> w = e.full_master(0);
-      for (int s = 0; s < kSteps; ++s) REQUIRE(w[static_cast<std::size_t>(s)] == -reference[static_cast<std::size_t>(s)]);
+      for (int s = 0; s < kSteps; ++s)
+        REQUIRE(w[static_cast<std::size_t>(s)] == -reference[static_cast<std::size_t>(s)]);
       // The rate stays until the loop sets another.
       REQUIRE(one_hot_step(e, kSteps).lr == static_cast<double>(reference.back()));
       REQUIRE(e.full_master(0)[kSteps] == -reference.back());
@@ -118,7 +119,8 @@ TEST_CASE("the loop's rate is kept by checkpoints and a resumed run continues bi
   const std::string root = test::process_scratch_dir("loop_lr") + "/ckpt";
   for (int stage : {0, 3}) {
     INFO("stage " << stage);
-    const Config cfg = make_config(stage, "optimizer:\n  type: AdamW\n  params:\n    lr: 0.1\nscheduler:\n  type: ManualLR\n");
+    const Config cfg =
+        make_config(stage, "optimizer:\n  type: AdamW\n  params:\n    lr: 0.1\nscheduler:\n  type: ManualLR\n");
     auto rate = [](int s) { return llmc_lr(s, 0.01f, 2, 8, 0.1f); };
     auto train = [&](Engine& e, int from, int to) {
       for (int s = from; s < to; ++s) {
@@ -333,7 +335,8 @@ TEST_CASE("the overflow flag is known before step(), which then skips") {
         auto p = e.gather(u);
         auto g = e.grads(u);
         // One rank's gradient overflows: every rank must see it.
-        if (u == 2 && k == 1 && ctx().rank() == ctx().world_size() - 1) g[0].add(0, std::numeric_limits<float>::infinity());
+        if (u == 2 && k == 1 && ctx().rank() == ctx().world_size() - 1)
+          g[0].add(0, std::numeric_limits<float>::infinity());
         e.reduce(u);
       }
     }

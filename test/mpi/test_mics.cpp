@@ -32,11 +32,15 @@ int group_size() { return std::max(1, ctx().world_size() / 2); }
 // engine_model's loop (no collectives of its own, so engine.traffic() is the engine's alone),
 // with gradient clipping and two micro-steps.
 Config loop_config(int stage, const std::string& dtype, int mics, const std::string& extra = "") {
-  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
-                  "  mics_shard_size: " + std::to_string(mics) + "\n" + extra;
-  if (dtype == "fp16") y += "fp16:\n  enabled: true\n  initial_scale_power: 18\n  loss_scale_window: 4\n  hysteresis: 1\n";
+  std::string y =
+      "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
+      "zero_optimization:\n  stage: " +
+      std::to_string(stage) +
+      "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
+      "  mics_shard_size: " +
+      std::to_string(mics) + "\n" + extra;
+  if (dtype == "fp16")
+    y += "fp16:\n  enabled: true\n  initial_scale_power: 18\n  loss_scale_window: 4\n  hysteresis: 1\n";
   Config c = parse_config(y, "test_mics");
   c.resolve(ctx().world_size());
   return c;
@@ -135,9 +139,10 @@ TEST_CASE("MiCS trains as plain ZeRO within fp32 reduction-order error") {
         worst_weight = std::max(worst_weight, std::abs(static_cast<double>(master[1][u][i]) - master[0][u][i]));
     REQUIRE(worst_weight <= 1e-6);
     if (ctx().rank() == 0)
-      std::printf("MiCS N=%d on %d ranks, stage %d, 20 steps: largest relative loss difference to plain %.3g, "
-                  "largest weight difference %.3g\n",
-                  n, world, stage, worst_loss, worst_weight);
+      std::printf(
+          "MiCS N=%d on %d ranks, stage %d, 20 steps: largest relative loss difference to plain %.3g, "
+          "largest weight difference %.3g\n",
+          n, world, stage, worst_loss, worst_weight);
   }
 }
 
@@ -165,7 +170,8 @@ TEST_CASE("MiCS with N = world is plain ZeRO, bit for bit") {
   const int world = ctx().world_size();
   for (int stage = 1; stage <= 3; ++stage) {
     INFO("stage " << stage);
-    const Run plain = loop_run(loop_config(stage, "fp32", -1), 6), whole = loop_run(loop_config(stage, "fp32", world), 6);
+    const Run plain = loop_run(loop_config(stage, "fp32", -1), 6),
+              whole = loop_run(loop_config(stage, "fp32", world), 6);
     REQUIRE(whole.master == plain.master);
     for (std::size_t s = 0; s < plain.steps.size(); ++s) REQUIRE(whole.steps[s].grad_norm == plain.steps[s].grad_norm);
   }
@@ -185,7 +191,8 @@ TEST_CASE("MiCS: the global norm, clipping and fp16 overflow agree with plain Ze
         // the sums, reduced once more across groups), the same skips, the same scale.
         REQUIRE(mics.steps[s].skipped == plain.steps[s].skipped);
         REQUIRE(mics.steps[s].loss_scale == plain.steps[s].loss_scale);
-        if (!plain.steps[s].skipped) REQUIRE(rel(mics.steps[s].grad_norm, plain.steps[s].grad_norm) <= (dtype == "fp32" ? 1e-6 : 2e-3));
+        if (!plain.steps[s].skipped)
+          REQUIRE(rel(mics.steps[s].grad_norm, plain.steps[s].grad_norm) <= (dtype == "fp32" ? 1e-6 : 2e-3));
         skipped += plain.steps[s].skipped ? 1 : 0;
         clipped += !plain.steps[s].skipped && plain.steps[s].grad_norm > 1.0 ? 1 : 0;
       }
@@ -219,9 +226,10 @@ TEST_CASE("MiCS: the bytes crossing nodes per step are the ring model's, fewer t
     REQUIRE(mics.traffic.inter_node == want);
     if (stage == 3 && rank % 2 == 1) REQUIRE(mics.traffic.inter_node < plain.traffic.inter_node);
     if (rank == 1)
-      std::printf("stage %d, 4 ranks on 2 simulated nodes, rank 1's inter-node bytes per step: plain %lld, MiCS "
-                  "N=2 %lld\n",
-                  stage, static_cast<long long>(plain.traffic.inter_node), static_cast<long long>(mics.traffic.inter_node));
+      std::printf(
+          "stage %d, 4 ranks on 2 simulated nodes, rank 1's inter-node bytes per step: plain %lld, MiCS "
+          "N=2 %lld\n",
+          stage, static_cast<long long>(plain.traffic.inter_node), static_cast<long long>(mics.traffic.inter_node));
   }
 }
 
@@ -253,9 +261,10 @@ TEST_CASE("MiCS's bad combinations are clear errors") {
                       Catch::Contains("mics_shard_size = 0 is not a group size"));
   REQUIRE_THROWS_WITH(parse_config("zero_optimization:\n  mics_shard_size: -2\n", "t"),
                       Catch::Contains("mics_shard_size"));
-  REQUIRE_THROWS_WITH(Engine(ctx(), loop_config(3, "fp32", world, "  zero_hpz_partition_size: " + std::to_string(world) + "\n"),
-                             make_layout()),
-                      Catch::Contains("zero_hpz_partition_size = " + std::to_string(world) + " together"));
+  REQUIRE_THROWS_WITH(
+      Engine(ctx(), loop_config(3, "fp32", world, "  zero_hpz_partition_size: " + std::to_string(world) + "\n"),
+             make_layout()),
+      Catch::Contains("zero_hpz_partition_size = " + std::to_string(world) + " together"));
   REQUIRE_THROWS_WITH(Engine(ctx(), loop_config(2, "fp32", world + 1), make_layout()),
                       Catch::Contains("mics_shard_size = " + std::to_string(world + 1) + " does not divide the " +
                                       std::to_string(world) + " data-parallel ranks"));

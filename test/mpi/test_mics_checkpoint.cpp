@@ -34,7 +34,8 @@ std::vector<std::vector<float>> masters(Engine& e) { return snapshot(e).master; 
 void write_master(const std::string& path, const std::vector<std::vector<float>>& m) {
   if (ctx().rank() != 0) return;
   std::ofstream out(path, std::ios::binary);
-  for (const auto& u : m) out.write(reinterpret_cast<const char*>(u.data()), static_cast<std::streamsize>(u.size() * sizeof(float)));
+  for (const auto& u : m)
+    out.write(reinterpret_cast<const char*>(u.data()), static_cast<std::streamsize>(u.size() * sizeof(float)));
   REQUIRE(out.good());
 }
 

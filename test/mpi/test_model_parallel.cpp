@@ -76,8 +76,8 @@ TEST_CASE("tensor and pipeline parts of a model train as the whole model does un
           const ParamInfo& wp = whole.unit(mu).params[k];
           for (std::int64_t i = 0; i < pp.numel; ++i) {
             const float a = mp.master[static_cast<std::size_t>(u)][static_cast<std::size_t>(pp.offset + i)];
-            const float b = ref.master[static_cast<std::size_t>(mu)][static_cast<std::size_t>(
-                wp.offset + global_index(pp, g.coord().tensor, i))];
+            const float b = ref.master[static_cast<std::size_t>(mu)]
+                                      [static_cast<std::size_t>(wp.offset + global_index(pp, g.coord().tensor, i))];
             INFO(pp.unit << "." << pp.name << "[" << i << "]: " << a << " vs " << b);
             REQUIRE(std::abs(a - b) <= 1e-5f * std::max(1.0f, std::abs(b)));
           }
@@ -139,7 +139,8 @@ TEST_CASE("explicit groups in another rank order train as Megatron's grid does")
   const Run ref = train(ctx, 2, 1, 2, 4);
   const Run mine = train_on(ctx, g, 2, 4);
   // The same parts see the same samples: the norms match the Megatron-ordered run's.
-  for (std::size_t s = 0; s < ref.norms.size(); ++s) REQUIRE(std::abs(mine.norms[s] - ref.norms[s]) <= 1e-6 * ref.norms[s]);
+  for (std::size_t s = 0; s < ref.norms.size(); ++s)
+    REQUIRE(std::abs(mine.norms[s] - ref.norms[s]) <= 1e-6 * ref.norms[s]);
 }
 
 TEST_CASE("backend: cuda runs the engine over the data-parallel group of a grid") {

@@ -27,11 +27,14 @@ struct Result {
 Result run(int stage, const std::string& dtype, const std::string& device, const std::string& optimizer,
            const std::string& param_device = "none", bool mixed_decay = false) {
   Context& ctx = *Context::current();
-  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 0.05\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
-                  "  offload_optimizer:\n    device: " + device + "\n    nvme_path: " + nvme_dir() + "\n" +
-                  "  offload_param:\n    device: " + param_device + "\n    nvme_path: " + nvme_dir() + "\n";
+  std::string y =
+      "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 0.05\n"
+      "zero_optimization:\n  stage: " +
+      std::to_string(stage) +
+      "\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
+      "  offload_optimizer:\n    device: " +
+      device + "\n    nvme_path: " + nvme_dir() + "\n" + "  offload_param:\n    device: " + param_device +
+      "\n    nvme_path: " + nvme_dir() + "\n";
   if (dtype != "fp32") y += dtype + ":\n  enabled: true\n";
   if (dtype == "fp16") y += "  initial_scale_power: 8\n";
   y += "optimizer:\n  type: " + optimizer + "\n  params:\n    lr: 0.01\n    weight_decay: 0.1\n";
@@ -47,7 +50,8 @@ Result run(int stage, const std::string& dtype, const std::string& device, const
     r.master.push_back(e.full_master(u));
   }
   MemoryReport m = e.memory();
-  if (param_device == "nvme") REQUIRE(m.params < static_cast<std::int64_t>(e.layout().num_params()));  // slices left memory
+  if (param_device == "nvme")
+    REQUIRE(m.params < static_cast<std::int64_t>(e.layout().num_params()));  // slices left memory
   if (device == "none") {
     REQUIRE(m.master > 0);
     REQUIRE(m.offloaded_host == 0);
@@ -116,8 +120,10 @@ TEST_CASE("stage-3 parameter offload to nvme gives bitwise-identical parameters"
 
 TEST_CASE("nvme offload checks free space before any step") {
   Context& ctx = *Context::current();
-  std::string y = "zero_optimization:\n  stage: 1\n  sub_group_size: 1000000\n"
-                  "  offload_optimizer:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n";
+  std::string y =
+      "zero_optimization:\n  stage: 1\n  sub_group_size: 1000000\n"
+      "  offload_optimizer:\n    device: nvme\n    nvme_path: " +
+      nvme_dir() + "\n";
   Config cfg = parse_config(y, "test_offload");
   cfg.resolve(ctx.world_size());
   // A layout whose optimizer state (12 bytes per owned parameter) exceeds the free space of
@@ -132,10 +138,11 @@ TEST_CASE("nvme offload checks free space before any step") {
 TEST_CASE("an exception leaving the training loop removes every rank's NVMe swap files") {
   Context& ctx = *Context::current();
   const std::string rank_dir = nvme_dir() + "/zero_rank" + std::to_string(ctx.rank());
-  std::string y = "zero_optimization:\n  stage: 3\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
-                  "  offload_optimizer:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n" +
-                  "  offload_param:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n" +
-                  "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n";
+  std::string y =
+      "zero_optimization:\n  stage: 3\n  sub_group_size: 50\n  stage3_param_persistence_threshold: 0\n"
+      "  offload_optimizer:\n    device: nvme\n    nvme_path: " +
+      nvme_dir() + "\n" + "  offload_param:\n    device: nvme\n    nvme_path: " + nvme_dir() + "\n" +
+      "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n";
   Config cfg = parse_config(y, "test_offload");
   cfg.resolve(ctx.world_size());
   try {

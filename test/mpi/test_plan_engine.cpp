@@ -1,13 +1,12 @@
 // The planner's model-state bytes equal the engine's own accounting (Engine::memory()) for
 // every stage, optimizer offload (none, cpu, nvme), parameter offload to NVMe at stage 3,
-// compute dtype, fp32 gradient accumulation under bf16 (data_types.grad_accum_dtype), and the world size this test runs at (ctest runs it at 1, 2, 3 and 4 ranks),
-// on a small GPT layout whose units pad differently at each world size; and for MiCS
-// (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes, and
-// qgZ's error-feedback buffers (zero_quantized_gradients) at stages 2 and 3; and qgZ's scratch
-// (MemoryReport::qgz_buffers, part of comm_buffers) against plan::qgz_buffer_bytes, also on
-// simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2, both phases; 2 ranks as 2 x 1); and the
-// plan's comm_buffers (equal) and stage-3 gathered (equal at the default max live, else a bound)
-// against the reducer's and the gatherer's pools.
+// compute dtype, fp32 gradient accumulation under bf16 (data_types.grad_accum_dtype), and the world size this test runs
+// at (ctest runs it at 1, 2, 3 and 4 ranks), on a small GPT layout whose units pad differently at each world size; and
+// for MiCS (mics_shard_size) and hpZ's secondary shards (zero_hpz_partition_size) at even world sizes, and qgZ's
+// error-feedback buffers (zero_quantized_gradients) at stages 2 and 3; and qgZ's scratch (MemoryReport::qgz_buffers,
+// part of comm_buffers) against plan::qgz_buffer_bytes, also on simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2,
+// both phases; 2 ranks as 2 x 1); and the plan's comm_buffers (equal) and stage-3 gathered (equal at the default max
+// live, else a bound) against the reducer's and the gatherer's pools.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -55,15 +54,15 @@ TEST_CASE("plan model states equal engine.memory()", "[plan][mpi]") {
     for (std::string opt : {"none", "cpu", "nvme"})
       for (std::string param : {"none", "nvme"})
         for (std::string dtype : {"bf16", "fp32", "bf16 fp32-accum"}) {
-          if (opt != "none" && stage == 0) continue;     // the engine refuses offload at stage 0
-          if (param != "none" && stage != 3) continue;   // parameter offload is a stage 3 feature
+          if (opt != "none" && stage == 0) continue;    // the engine refuses offload at stage 0
+          if (param != "none" && stage != 3) continue;  // parameter offload is a stage 3 feature
           DYNAMIC_SECTION("stage " << stage << " offload " << opt << " param " << param << " " << dtype) {
             const bool fp32_accum = dtype == "bf16 fp32-accum";
             const Config cfg = make_config(stage, opt, param, fp32_accum ? "bf16" : dtype, fp32_accum ? "fp32" : "");
             Engine engine(ctx, cfg, plan::gpt_layout(shape));
             const MemoryReport r = engine.memory();
-            const plan::ModelStates m = plan::model_states(plan::gpt_layout(shape), plan::settings_from(cfg),
-                                                           ctx.world_size());
+            const plan::ModelStates m =
+                plan::model_states(plan::gpt_layout(shape), plan::settings_from(cfg), ctx.world_size());
             CHECK(m.device() == r.model_state());
             CHECK(m.params == r.params);
             CHECK(m.grads == r.grads);
@@ -71,8 +70,10 @@ TEST_CASE("plan model states equal engine.memory()", "[plan][mpi]") {
             CHECK(m.optimizer == r.optimizer);
             // NVMe bytes are the engine's exactly when only parameters are there (the optimizer
             // swap files round each sub-group up to a page); host state is at least the plan's.
-            if (opt != "nvme") CHECK(m.nvme == r.offloaded_nvme);
-            else CHECK(r.offloaded_nvme >= m.nvme);
+            if (opt != "nvme")
+              CHECK(m.nvme == r.offloaded_nvme);
+            else
+              CHECK(r.offloaded_nvme >= m.nvme);
             CHECK(r.offloaded_host >= m.host);
           }
         }
@@ -139,8 +140,7 @@ TEST_CASE("plan model states equal engine.memory() with qgZ's error feedback", "
   Context& ctx = *Context::current();
   const int world = ctx.world_size();
   const plan::GptShape shape{"", 2, 3, 72, 40, 300};
-  for (int stage : {2, 3})
-    DYNAMIC_SECTION("stage " << stage << " qgZ, " << world << " ranks") {
+  for (int stage : {2, 3}) DYNAMIC_SECTION("stage " << stage << " qgZ, " << world << " ranks") {
       const Config cfg = make_config(stage, "none", "none", "bf16", "", "  zero_quantized_gradients: true\n");
       Engine engine(ctx, cfg, plan::gpt_layout(shape));
       engine.init_params([](const ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.0f); });
@@ -171,11 +171,12 @@ TEST_CASE("plan's qgZ scratch equals engine.memory()", "[plan][mpi][qgz]") {
         for (int gas : {1, 2})
           DYNAMIC_SECTION("stage " << stage << " bucket " << bucket << " overlap " << overlap << " gas " << gas << ", "
                                    << world << " ranks, " << per_node << " per node") {
-            const std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " +
-                                  std::to_string(gas) + "\nbf16:\n  enabled: true\nzero_optimization:\n  stage: " +
-                                  std::to_string(stage) + "\n  zero_quantized_gradients: true\n  reduce_bucket_size: " +
-                                  std::to_string(bucket) + "\n  overlap_comm: " + (overlap ? "true" : "false") +
-                                  "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+            const std::string y =
+                "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " + std::to_string(gas) +
+                "\nbf16:\n  enabled: true\nzero_optimization:\n  stage: " + std::to_string(stage) +
+                "\n  zero_quantized_gradients: true\n  reduce_bucket_size: " + std::to_string(bucket) +
+                "\n  overlap_comm: " + (overlap ? "true" : "false") +
+                "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
             Config cfg = parse_config(y, "test_plan_engine");
             cfg.resolve(world);
             Engine engine(ctx, cfg, layout);
@@ -253,19 +254,20 @@ TEST_CASE("plan's comm buffers equal, and its gathered bounds, engine.memory()",
             for (int gas : {1, 2})
               for (std::int64_t live : {1000000000, 70000}) {
                 if (stage != 3 && live != 1000000000) continue;  // max live is a stage 3 setting
-                DYNAMIC_SECTION("stage " << stage << " " << dtype << " bucket " << bucket << " ag " << ag
-                                         << " overlap " << overlap << " gas " << gas << " live " << live << ", "
-                                         << world << " ranks") {
-                  std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " +
-                                  std::to_string(gas) + "\n";
+                DYNAMIC_SECTION("stage " << stage << " " << dtype << " bucket " << bucket << " ag " << ag << " overlap "
+                                         << overlap << " gas " << gas << " live " << live << ", " << world
+                                         << " ranks") {
+                  std::string y =
+                      "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: " + std::to_string(gas) + "\n";
                   if (dtype != "fp32") y += "bf16:\n  enabled: true\n";
                   if (dtype == "bf16 fp32-accum") y += "data_types:\n  grad_accum_dtype: fp32\n";
-                  y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n  reduce_bucket_size: " +
-                       std::to_string(bucket) + "\n  allgather_bucket_size: " + std::to_string(ag) +
+                  y += "zero_optimization:\n  stage: " + std::to_string(stage) +
+                       "\n  reduce_bucket_size: " + std::to_string(bucket) +
+                       "\n  allgather_bucket_size: " + std::to_string(ag) +
                        "\n  stage3_prefetch_bucket_size: " + std::to_string(ag) +
                        "\n  stage3_max_live_parameters: " + std::to_string(live) +
-                       "\n  stage3_param_persistence_threshold: 1000\n  overlap_comm: " +
-                       (overlap ? "true" : "false") + "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+                       "\n  stage3_param_persistence_threshold: 1000\n  overlap_comm: " + (overlap ? "true" : "false") +
+                       "\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
                   const Config cfg = resolved_config(y, world);
                   const MemoryReport r = memory_after_steps(ctx, cfg, layout, 2);
                   const plan::Settings s = plan::settings_from(cfg);

@@ -52,13 +52,28 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
   const std::string mics = "  mics_shard_size: " + std::to_string(std::max(1, world / 2)) + "\n";
   const std::string qgz = "  zero_quantized_gradients: true\n", block = "  zero_quantized_weights_block_size: 48\n";
   const std::vector<std::string> cases = {
-      "  stage: 0\n", "  stage: 1\n", "  stage: 2\n", "  stage: 3\n",
-      "  stage: 1\n  reduce_scatter: false\n", "  stage: 2\n  reduce_scatter: false\n",
-      regather, regather + hpz, regather + qwz, regather + hpz + qwz, "  stage: 3\n" + hpz,
-      "  stage: 1\n" + mics, "  stage: 2\n" + mics, "  stage: 3\n" + mics, regather + mics,
+      "  stage: 0\n",
+      "  stage: 1\n",
+      "  stage: 2\n",
+      "  stage: 3\n",
+      "  stage: 1\n  reduce_scatter: false\n",
+      "  stage: 2\n  reduce_scatter: false\n",
+      regather,
+      regather + hpz,
+      regather + qwz,
+      regather + hpz + qwz,
+      "  stage: 3\n" + hpz,
+      "  stage: 1\n" + mics,
+      "  stage: 2\n" + mics,
+      "  stage: 3\n" + mics,
+      regather + mics,
       "  stage: 1\n  reduce_scatter: false\n" + mics,
-      "  stage: 2\n" + qgz + block, "  stage: 3\n" + qgz + block, regather + qgz + block,
-      "  stage: 3\n" + hpz + qgz + block, "  stage: 3\n" + qwz + qgz, regather + hpz + qwz + qgz,
+      "  stage: 2\n" + qgz + block,
+      "  stage: 3\n" + qgz + block,
+      regather + qgz + block,
+      "  stage: 3\n" + hpz + qgz + block,
+      "  stage: 3\n" + qwz + qgz,
+      regather + hpz + qwz + qgz,
   };
   // PowerSGD from the second step on (the measured steps): its own rank and factor dtype each.
   auto powersgd = [](int r, const char* factor) {
@@ -76,8 +91,7 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
   }
   for (const auto& [keys, top] : all)
     for (bool bf16 : {false, true}) {
-      if ((keys.find("hpz") != std::string::npos || keys.find("mics") != std::string::npos) && world % 2 != 0)
-        continue;
+      if ((keys.find("hpz") != std::string::npos || keys.find("mics") != std::string::npos) && world % 2 != 0) continue;
       DYNAMIC_SECTION(keys << top << (bf16 ? "bf16" : "fp32")) {
         const zero::Config cfg = make_config(keys, bf16, top);
         GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));

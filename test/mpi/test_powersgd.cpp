@@ -91,8 +91,10 @@ struct Bench {
   }
   void fill(int rank, int t) {
     std::fill(full.begin(), full.end(), 0.0f);
-    for (std::int64_t i = 0; i < rows * cols; ++i) full[static_cast<std::size_t>(i)] = static_cast<float>(grad_value(rank, t, i, cols));
-    for (std::int64_t i = 0; i < 5; ++i) full[static_cast<std::size_t>(rows * cols + i)] = static_cast<float>(grad_value(rank, t, 1000 + i, cols));
+    for (std::int64_t i = 0; i < rows * cols; ++i)
+      full[static_cast<std::size_t>(i)] = static_cast<float>(grad_value(rank, t, i, cols));
+    for (std::int64_t i = 0; i < 5; ++i)
+      full[static_cast<std::size_t>(rows * cols + i)] = static_cast<float>(grad_value(rank, t, 1000 + i, cols));
   }
   std::vector<void*> fulls() { return {full.data()}; }
 };
@@ -118,8 +120,10 @@ TEST_CASE("PowerSGD: two compressed steps against a double-precision reference",
       Bench g(rows, cols);
       g.fill(k, t);
       for (std::int64_t i = 0; i < rows * cols; ++i)
-        m[k][static_cast<std::size_t>(i)] = static_cast<double>(g.full[static_cast<std::size_t>(i)]) + err[k][static_cast<std::size_t>(i)];
-      for (std::int64_t i = 0; i < 5; ++i) bias[static_cast<std::size_t>(i)] += g.full[static_cast<std::size_t>(rows * cols + i)];
+        m[k][static_cast<std::size_t>(i)] =
+            static_cast<double>(g.full[static_cast<std::size_t>(i)]) + err[k][static_cast<std::size_t>(i)];
+      for (std::int64_t i = 0; i < 5; ++i)
+        bias[static_cast<std::size_t>(i)] += g.full[static_cast<std::size_t>(rows * cols + i)];
       for (std::int64_t i = 0; i < rows; ++i)
         for (int c = 0; c < r; ++c)
           for (std::int64_t j = 0; j < cols; ++j) p[i * r + c] += m[k][i * cols + j] * q[j * r + c];
@@ -190,7 +194,8 @@ TEST_CASE("PowerSGD: bf16 factors halve their bytes, and the rounding goes into 
     // Within bf16 rounding (2^-8 relative per factor) of the fp32 factors' gradient, not equal.
     double worst = 0, largest = 0;
     for (std::int64_t i = 0; i < rows * cols; ++i) {
-      worst = std::max(worst, static_cast<double>(std::abs(b16.full[static_cast<std::size_t>(i)] - b32.full[static_cast<std::size_t>(i)])));
+      worst = std::max(worst, static_cast<double>(std::abs(b16.full[static_cast<std::size_t>(i)] -
+                                                           b32.full[static_cast<std::size_t>(i)])));
       largest = std::max(largest, static_cast<double>(std::abs(b32.full[static_cast<std::size_t>(i)])));
     }
     INFO("step " << t << ": bf16 factors' gradient off by " << worst << " (largest " << largest << ")");
@@ -218,7 +223,8 @@ TEST_CASE("PowerSGD: bf16 factors halve their bytes, and the rounding goes into 
 
 TEST_CASE("PowerSGD: rank >= min(rows, cols) gives the plain all-reduce", "[powersgd]") {
   const int world = ctx().world_size(), me = ctx().rank();
-  for (auto [rows, cols, warm] : {std::tuple<std::int64_t, std::int64_t, bool>{12, 9, true}, {6, 10, true}, {12, 9, false}}) {
+  for (auto [rows, cols, warm] :
+       {std::tuple<std::int64_t, std::int64_t, bool>{12, 9, true}, {6, 10, true}, {12, 9, false}}) {
     Bench b(rows, cols);
     GradientCompressionConfig gc = psgd(16);
     gc.warm_start = warm;  // false: a new random Q every step
@@ -299,11 +305,12 @@ struct Run {
 
 Config run_config(const Run& c) {
   std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: " + std::to_string(c.gas) +
-                  "\ngradient_clipping: " + std::to_string(c.clip) + "\nzero_optimization:\n  stage: " +
-                  std::to_string(c.stage) + "\n" + c.extra + c.compression;
+                  "\ngradient_clipping: " + std::to_string(c.clip) +
+                  "\nzero_optimization:\n  stage: " + std::to_string(c.stage) + "\n" + c.extra + c.compression;
   if (c.fp16) y += "fp16:\n  enabled: true\n  initial_scale_power: 8\n";
   if (c.bf16) y += "bf16:\n  enabled: true\n";
-  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n    betas: [0.9, 0.95]\n    eps: 1.0e-8\n    weight_decay: 0.1\n";
+  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n    betas: [0.9, 0.95]\n    eps: 1.0e-8\n    weight_decay: "
+       "0.1\n";
   Config cfg = parse_config(y, "test_powersgd");
   cfg.resolve(ctx().world_size());
   return cfg;
@@ -531,7 +538,8 @@ GptRun gpt_run(const std::string& compression, int steps) {
 
 }  // namespace
 
-TEST_CASE("PowerSGD on the tiny GPT: loss within 2% of plain stage 0, 10x fewer bytes, deterministic", "[powersgd][gpt]") {
+TEST_CASE("PowerSGD on the tiny GPT: loss within 2% of plain stage 0, 10x fewer bytes, deterministic",
+          "[powersgd][gpt]") {
   // Rank 4 after 20 plain steps (PyTorch's advice: start once the early, large gradients are
   // past); from step 0, or at rank 1-2, this tiny model lags plain by 3-7% at 150 steps.
   const std::string psgd4 = "gradient_compression:\n  type: powersgd\n  rank: 4\n  start_step: 20\n";

@@ -63,7 +63,8 @@ Nodes nodes_of(const MpiCommunicator& c) {
 
 // Rank r's gradient element j: magnitudes from 1e-3 to 10 changing every 5 elements.
 float grad_value(int r, std::size_t j) {
-  return hash_unit(static_cast<std::uint64_t>(r) + 17, j) * static_cast<float>(std::pow(10.0, static_cast<double>((j / 5) % 5) - 3.0));
+  return hash_unit(static_cast<std::uint64_t>(r) + 17, j) *
+         static_cast<float>(std::pow(10.0, static_cast<double>((j / 5) % 5) - 3.0));
 }
 
 std::size_t packed(std::size_t n, std::size_t block, int bits) {
@@ -76,7 +77,8 @@ std::size_t packed(std::size_t n, std::size_t block, int bits) {
 struct Reference {
   std::vector<double> exact, bound;
 };
-Reference reference(const std::vector<std::vector<double>>& g, const Nodes& t, int me, std::size_t S, std::size_t block) {
+Reference reference(const std::vector<std::vector<double>>& g, const Nodes& t, int me, std::size_t S,
+                    std::size_t block) {
   const std::size_t M = t.owner.size(), L = t.owner[0].size();
   Reference ref;
   ref.exact.assign(S, 0.0);
@@ -101,7 +103,8 @@ Reference reference(const std::vector<std::vector<double>>& g, const Nodes& t, i
       for (std::size_t i = 0; i < S; ++i) {
         const std::size_t pos = static_cast<std::size_t>(t.n) * S + i, first = pos / block * block;
         double amax = 0.0;
-        for (std::size_t p = first; p < std::min(first + block, M * S); ++p) amax = std::max(amax, std::abs(chunk_value(p)));
+        for (std::size_t p = first; p < std::min(first + block, M * S); ++p)
+          amax = std::max(amax, std::abs(chunk_value(p)));
         err1[n2][i] += amax / 254.0;
       }
     }
@@ -126,7 +129,8 @@ std::vector<std::vector<double>> gradients(int world, std::size_t S, DType t) {
     for (std::size_t j = 0; j < S * static_cast<std::size_t>(world); ++j) {
       float v[1] = {0};
       std::uint16_t h[1] = {0};
-      if (t == DType::f32) v[0] = grad_value(r, j);
+      if (t == DType::f32)
+        v[0] = grad_value(r, j);
       else {  // what the bf16 gradient holds
         store_from_f32(h, 0, t, grad_value(r, j));
         v[0] = load_as_f32(h, 0, t);
@@ -205,7 +209,8 @@ TEST_CASE("qgZ error feedback: summed over many reductions of a constant gradien
   for (int k = 0; k < K; k += 4) {
     std::vector<std::vector<float>> outs(4, std::vector<float>(S));
     std::vector<Work> works;
-    for (int j = 0; j < 4; ++j) works.push_back(q.start(mine.data(), DType::f32, S, fb, outs[static_cast<std::size_t>(j)].data()));
+    for (int j = 0; j < 4; ++j)
+      works.push_back(q.start(mine.data(), DType::f32, S, fb, outs[static_cast<std::size_t>(j)].data()));
     // Polled in between (done() only reports; the test below checks that it starts nothing),
     // then waited for.
     for (int poll = 0; poll < 3; ++poll)
@@ -273,12 +278,18 @@ class GroupWatch final : public Communicator {
   GroupWatch(Communicator& inner, const QuantizedReduceScatter& q) : inner_(inner), q_(q) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
-  Work all_reduce_async(void* b, std::size_t n, DType t, ReduceOp op) override { return inner_.all_reduce_async(b, n, t, op); }
+  Work all_reduce_async(void* b, std::size_t n, DType t, ReduceOp op) override {
+    return inner_.all_reduce_async(b, n, t, op);
+  }
   Work reduce_scatter_async(const void* s, void* r, std::size_t n, DType t, ReduceOp op) override {
     return inner_.reduce_scatter_async(s, r, n, t, op);
   }
-  Work all_gather_async(const void* s, void* r, std::size_t n, DType t) override { return inner_.all_gather_async(s, r, n, t); }
-  Work all_to_all_async(const void* s, void* r, std::size_t n, DType t) override { return inner_.all_to_all_async(s, r, n, t); }
+  Work all_gather_async(const void* s, void* r, std::size_t n, DType t) override {
+    return inner_.all_gather_async(s, r, n, t);
+  }
+  Work all_to_all_async(const void* s, void* r, std::size_t n, DType t) override {
+    return inner_.all_to_all_async(s, r, n, t);
+  }
   Work broadcast_async(void* b, std::size_t bytes, int root) override { return inner_.broadcast_async(b, bytes, root); }
   Work barrier_async() override { return inner_.barrier_async(); }
   Work send_async(const void* b, std::size_t n, DType t, int peer) override { return inner_.send_async(b, n, t, peer); }
@@ -345,10 +356,11 @@ TEST_CASE("the gradient reducer issues qgZ's all-to-alls outside any group of th
 namespace {
 
 Config config(int stage, const std::string& dtype, bool qgz, const std::string& extra = "") {
-  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  stage3_param_persistence_threshold: 0\n  zero_quantized_weights_block_size: 16\n" +
-                  (qgz ? "  zero_quantized_gradients: true\n" : "") + extra;
+  std::string y =
+      "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
+      "zero_optimization:\n  stage: " +
+      std::to_string(stage) + "\n  stage3_param_persistence_threshold: 0\n  zero_quantized_weights_block_size: 16\n" +
+      (qgz ? "  zero_quantized_gradients: true\n" : "") + extra;
   if (dtype == "bf16") y += "bf16:\n  enabled: true\n";
   Config c = parse_config(y, "test_qgz");
   c.resolve(Context::current()->world_size());
@@ -453,7 +465,7 @@ TEST_CASE("qgZ trains within 2% of plain, deterministically, sending fewer bytes
         const double plain_inter = comm.all_reduce_scalar(static_cast<double>(plain.traffic.inter_node), ReduceOp::sum);
         const double q_inter = comm.all_reduce_scalar(static_cast<double>(q.traffic.inter_node), ReduceOp::sum);
         INFO("job-wide inter-node bytes: plain " << plain_inter << " (reduce-scatters " << plain_rs << "), qgZ "
-                                                  << q_inter << " (reduce-scatters " << qgz_rs << ")");
+                                                 << q_inter << " (reduce-scatters " << qgz_rs << ")");
         REQUIRE(q_inter == static_cast<double>(static_cast<std::int64_t>(plain_inter) - plain_rs + qgz_rs));
         REQUIRE(qgz_rs * (dtype == "fp32" ? 4 : 2) <= plain_rs);
       }
@@ -464,11 +476,12 @@ TEST_CASE("qgZ with fp16 loss scaling: overflowed steps are skipped, their error
   Context& ctx = *Context::current();
   // Start at 2^24: the first steps overflow fp16 and halve the scale until it fits.
   auto fp16 = [&](bool qgz) {
-    std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\n"
-                    "zero_optimization:\n  stage: 3\n  stage3_param_persistence_threshold: 0\n"
-                    "  zero_quantized_weights_block_size: 16\n" +
-                    std::string(qgz ? "  zero_quantized_gradients: true\n" : "") +
-                    "fp16:\n  enabled: true\n  initial_scale_power: 24\n  hysteresis: 1\n  loss_scale_window: 1000\n";
+    std::string y =
+        "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\n"
+        "zero_optimization:\n  stage: 3\n  stage3_param_persistence_threshold: 0\n"
+        "  zero_quantized_weights_block_size: 16\n" +
+        std::string(qgz ? "  zero_quantized_gradients: true\n" : "") +
+        "fp16:\n  enabled: true\n  initial_scale_power: 24\n  hysteresis: 1\n  loss_scale_window: 1000\n";
     Config c = parse_config(y, "test_qgz");
     c.resolve(ctx.world_size());
     Engine e(ctx, c, make_layout());
@@ -528,7 +541,8 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
   const std::string powersgd = "gradient_compression:\n  type: powersgd\n  rank: 2\n";
   REQUIRE_THROWS_WITH(Engine(ctx, config(1, "fp32", true, powersgd), make_layout()),
                       Catch::Contains("zero_quantized_gradients applies to stages 2 and 3"));
-  REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd), Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
+  REQUIRE_THROWS_WITH(config(2, "fp32", true, powersgd),
+                      Catch::Contains("powersgd applies to zero_optimization.stage 0 and 1"));
   // On backend: cuda the reduce-scatter runs on the backend's memory, kernels and device
   // communicators: here (no device, or a build without CUDA) the only error left is the
   // backend's own, never a refusal of qgZ.
@@ -551,8 +565,10 @@ TEST_CASE("qgZ's bad combinations are clear errors") {
     const std::string keep = saved ? saved : "";
     ::setenv("ZERO_RANKS_PER_NODE", "3", 1);
     MpiCommunicator uneven(MPI_COMM_WORLD);
-    if (saved) ::setenv("ZERO_RANKS_PER_NODE", keep.c_str(), 1);
-    else ::unsetenv("ZERO_RANKS_PER_NODE");
+    if (saved)
+      ::setenv("ZERO_RANKS_PER_NODE", keep.c_str(), 1);
+    else
+      ::unsetenv("ZERO_RANKS_PER_NODE");
     REQUIRE_THROWS_WITH(QuantizedReduceScatter(uneven, 16), Catch::Contains("different numbers of them (3, 1)"));
   }
 }

@@ -26,10 +26,13 @@ using namespace zero::test;
 namespace {
 
 Config config(int stage, const std::string& dtype, const std::string& features, int block = 16) {
-  std::string y = "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
-                  "  zero_quantized_weights_block_size: " + std::to_string(block) + "\n" + features;
+  std::string y =
+      "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 2\ngradient_clipping: 1.0\n"
+      "zero_optimization:\n  stage: " +
+      std::to_string(stage) +
+      "\n  stage3_param_persistence_threshold: 0\n  stage3_max_reuse_distance: 0\n"
+      "  zero_quantized_weights_block_size: " +
+      std::to_string(block) + "\n" + features;
   if (dtype == "bf16") y += "bf16:\n  enabled: true\n";
   Config c = parse_config(y, "test_zeropp_checkpoint");
   c.resolve(Context::current()->world_size());
@@ -78,9 +81,12 @@ TEST_CASE("hpZ, qwZ and qgZ resume bit for bit") {
     const char* dtype;
     std::string features;
   };
-  const std::vector<Case> cases = {{"hpZ", 3, "fp32", hpz},          {"hpZ bf16", 3, "bf16", hpz},
-                                   {"qwZ", 3, "fp32", qwz},          {"qgZ stage 2", 2, "fp32", qgz},
-                                   {"qgZ stage 3", 3, "fp32", qgz},  {"qgZ stage 3 bf16", 3, "bf16", qgz},
+  const std::vector<Case> cases = {{"hpZ", 3, "fp32", hpz},
+                                   {"hpZ bf16", 3, "bf16", hpz},
+                                   {"qwZ", 3, "fp32", qwz},
+                                   {"qgZ stage 2", 2, "fp32", qgz},
+                                   {"qgZ stage 3", 3, "fp32", qgz},
+                                   {"qgZ stage 3 bf16", 3, "bf16", qgz},
                                    {"hpZ+qwZ+qgZ", 3, "fp32", hpz + qwz + qgz}};
   int k = 0;
   for (const auto& c : cases) {
@@ -92,7 +98,8 @@ TEST_CASE("hpZ, qwZ and qgZ resume bit for bit") {
     const std::string root = process_scratch_dir("zeropp_ckpt") + "/case" + std::to_string(k++);
     Engine b = resumed(cfg, root);
     const Result tail = finish(b, 4, 4);
-    for (int s = 0; s < 4; ++s) REQUIRE(tail.norms[static_cast<std::size_t>(s)] == all.norms[static_cast<std::size_t>(4 + s)]);
+    for (int s = 0; s < 4; ++s)
+      REQUIRE(tail.norms[static_cast<std::size_t>(s)] == all.norms[static_cast<std::size_t>(4 + s)]);
     REQUIRE(tail.master == all.master);
   }
 }

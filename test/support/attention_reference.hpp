@@ -109,8 +109,7 @@ inline Expect expect(const Case& c) {
   host::attention_forward<double>(e.out.data(), att.data(), qkv.data(), B, T, C, NH);
   e.dqkv.assign(c.dqkv0.begin(), c.dqkv0.end());
   std::vector<double> datt(att.size(), 0.0);
-  host::attention_backward<double>(e.dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(),
-                                   B, T, C, NH);
+  host::attention_backward<double>(e.dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
 
   auto q = [&](int b, int t) { return &qkv[(static_cast<std::size_t>(b) * T + t) * C3]; };
   // The score bound e over the whole case.
@@ -174,8 +173,7 @@ inline Expect expect(const Case& c) {
         double* dq_tol = &e.dqkv_tol[(static_cast<std::size_t>(b) * T + i) * C3 + h * hs];
         for (int j = 0; j <= i; ++j) {
           const double ds = a[j] * (dp[j] - D) * scale;
-          const double eds =
-              scale * a[j] * (dD + (u + es) * (std::abs(dp[j] - D) + dp_abs[j])) + u * std::abs(ds);
+          const double eds = scale * a[j] * (dD + (u + es) * (std::abs(dp[j] - D) + dp_abs[j])) + u * std::abs(ds);
           const double* kj = q(b, j) + C + h * hs;
           double* dk_tol = &e.dqkv_tol[(static_cast<std::size_t>(b) * T + j) * C3 + C + h * hs];
           double* dv_tol = dk_tol + C;
@@ -188,8 +186,7 @@ inline Expect expect(const Case& c) {
       }
     }
   }
-  for (std::size_t k = 0; k < e.dqkv.size(); ++k)
-    e.dqkv_tol[k] += u * std::abs(e.dqkv[k]) + abs_floor;
+  for (std::size_t k = 0; k < e.dqkv.size(); ++k) e.dqkv_tol[k] += u * std::abs(e.dqkv[k]) + abs_floor;
   return e;
 }
 
@@ -201,8 +198,8 @@ struct Check {
 };
 
 template <class Got>
-Check check(const std::vector<Got>& got, const std::vector<double>& want,
-            const std::vector<double>& tol, const std::string& what) {
+Check check(const std::vector<Got>& got, const std::vector<double>& want, const std::vector<double>& tol,
+            const std::string& what) {
   Check r;
   for (std::size_t k = 0; k < want.size(); ++k) {
     const double g = static_cast<double>(got[k]);

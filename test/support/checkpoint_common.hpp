@@ -72,7 +72,7 @@ inline Config make_config(const Case& c, int world) {
   y += "gradient_accumulation_steps: " + std::to_string(c.gas) + "\n";
   y += "zero_optimization:\n  stage: " + std::to_string(c.stage) + "\n";
   y += "  stage3_param_persistence_threshold: 20\n";  // "head" and "layer1" stay whole at stage 3
-  y += "  sub_group_size: 50\n";                       // offload steps in several chunks
+  y += "  sub_group_size: 50\n";                      // offload steps in several chunks
   if (c.mics != -1) y += "  mics_shard_size: " + std::to_string(c.mics) + "\n";
   if (c.offload != "none") {
     y += "  offload_optimizer:\n    device: " + c.offload + "\n";
@@ -83,8 +83,10 @@ inline Config make_config(const Case& c, int world) {
     y += std::string("fp16:\n  enabled: true\n  initial_scale_power: 14\n") +
          (c.dynamic_fp16 ? "  loss_scale_window: 2\n  hysteresis: 1\n" : "");
   y += "optimizer:\n  type: " + c.optimizer + "\n  params:\n    lr: 0.01\n";
-  if (c.optimizer == "SGD") y += "    momentum: 0.9\n    weight_decay: 0.01\n";
-  else y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n    weight_decay: 0.1\n";
+  if (c.optimizer == "SGD")
+    y += "    momentum: 0.9\n    weight_decay: 0.01\n";
+  else
+    y += "    betas: [0.9, 0.95]\n    eps: 1.0e-8\n    weight_decay: 0.1\n";
   if (c.scheduler)
     y += "scheduler:\n  type: WarmupLR\n  params:\n    warmup_min_lr: 0.001\n    warmup_max_lr: 0.01\n"
          "    warmup_num_steps: 8\n    warmup_type: linear\n";
@@ -95,7 +97,8 @@ inline Config make_config(const Case& c, int world) {
 
 // Loss of one sample on one unit: its gradient is engine_model's sample_grad.
 inline double sample_loss(int unit, std::int64_t i, std::int64_t sample, float w) {
-  double x = hash_unit(static_cast<std::uint64_t>(sample) * 1000 + static_cast<std::uint64_t>(unit), static_cast<std::uint64_t>(i));
+  double x = hash_unit(static_cast<std::uint64_t>(sample) * 1000 + static_cast<std::uint64_t>(unit),
+                       static_cast<std::uint64_t>(i));
   double a = 1.0 + 0.25 * unit, wd = w;
   return 0.5 * a * (wd - x) * (wd - x) + 0.025 * wd * wd * wd * wd;
 }
@@ -176,7 +179,8 @@ inline std::vector<std::vector<double>> reference(int steps) {
 
 // The engine's parity tolerance: fp32 within 1e-6 relative, magnitudes floored at 0.25 (see
 // test_engine.cpp: deviations come from rounding gradients, so they are absolute near zero).
-inline void require_near_reference(const std::vector<std::vector<float>>& got, const std::vector<std::vector<double>>& ref) {
+inline void require_near_reference(const std::vector<std::vector<float>>& got,
+                                   const std::vector<std::vector<double>>& ref) {
   REQUIRE(got.size() == ref.size());
   for (std::size_t u = 0; u < ref.size(); ++u)
     for (std::size_t i = 0; i < ref[u].size(); ++i) {

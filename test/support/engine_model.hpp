@@ -66,12 +66,14 @@ inline float hash_unit(std::uint64_t a, std::uint64_t b) {
 inline void init_value(const ParamInfo& p, std::span<float> out) {
   std::uint64_t seed = 0;
   for (char c : p.name) seed = seed * 131 + static_cast<unsigned char>(c);
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = 0.5f * hash_unit(seed + static_cast<std::uint64_t>(p.offset), i);
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = 0.5f * hash_unit(seed + static_cast<std::uint64_t>(p.offset), i);
 }
 
 // Per-sample gradient of element i of unit u for parameter value w.
 inline float sample_grad(int unit, std::int64_t i, std::int64_t sample, float w) {
-  float x = hash_unit(static_cast<std::uint64_t>(sample) * 1000 + static_cast<std::uint64_t>(unit), static_cast<std::uint64_t>(i));
+  float x = hash_unit(static_cast<std::uint64_t>(sample) * 1000 + static_cast<std::uint64_t>(unit),
+                      static_cast<std::uint64_t>(i));
   return (1.0f + 0.25f * static_cast<float>(unit)) * (w - x) + 0.1f * w * w * w;
 }
 
@@ -123,8 +125,10 @@ struct ReferenceAdam {
       for (std::size_t i = 0; i < w[u].size(); ++i) {
         const double wd = decayed[u][i] ? 0.1 : 0.0;
         double gi = g[u][i];
-        if (decoupled) w[u][i] *= 1.0 - lr * wd;
-        else gi += wd * w[u][i];
+        if (decoupled)
+          w[u][i] *= 1.0 - lr * wd;
+        else
+          gi += wd * w[u][i];
         m[u][i] = b1 * m[u][i] + (1 - b1) * gi;
         v[u][i] = b2 * v[u][i] + (1 - b2) * gi * gi;
         double denom = std::sqrt(v[u][i]) / std::sqrt(1 - std::pow(b2, t)) + eps;
@@ -166,7 +170,8 @@ inline void accumulate(Engine& e, int rank, int world, std::int64_t s, float div
 }
 
 // Trains `steps` steps (accumulate, then step()).
-inline void train(Engine& e, int rank, int world, int first_step, int steps, std::vector<StepResult>* results = nullptr) {
+inline void train(Engine& e, int rank, int world, int first_step, int steps,
+                  std::vector<StepResult>* results = nullptr) {
   for (int s = first_step; s < first_step + steps; ++s) {
     accumulate(e, rank, world, s);
     StepResult r = e.step();

@@ -21,40 +21,36 @@ class ForwardingOps : public Ops {
   void download(void* d, const void* s, std::size_t n) override { host_->download(d, s, n); }
   void fill_zero(void* p, std::size_t n) override { host_->fill_zero(p, n); }
   void synchronize() override {}
-  void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T,
-                       int C) override {
+  void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T, int C) override {
     host_->encoder_forward(o, t, a, b, B, T, C);
   }
-  void encoder_backward(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T,
-                        int C) override {
+  void encoder_backward(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T, int C) override {
     host_->encoder_backward(a, b, d, t, B, T, C);
   }
-  void encoder_forward_part(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B,
-                            int T, int C, int v0, int rows) override {
+  void encoder_forward_part(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T, int C, int v0,
+                            int rows) override {
     host_->encoder_forward_part(o, t, a, b, B, T, C, v0, rows);
   }
-  void encoder_backward_part(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T,
-                             int C, int v0, int rows) override {
+  void encoder_backward_part(Act* a, Act* b, const Act* d, const std::int32_t* t, int B, int T, int C, int v0,
+                             int rows) override {
     host_->encoder_backward_part(a, b, d, t, B, T, C, v0, rows);
   }
-  void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b,
-                         int N, int C) override {
+  void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b, int N, int C) override {
     host_->layernorm_forward(o, m, r, i, w, b, N, C);
   }
-  void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b,
-                                  const Act* w, const Act* bias, int N, int C) override {
+  void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b, const Act* w,
+                                  const Act* bias, int N, int C) override {
     host_->residual_layernorm_forward(res, o, m, r, a, b, w, bias, N, C);
   }
-  void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w,
-                          const float* m, const float* r, int N, int C) override {
+  void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, const float* m,
+                          const float* r, int N, int C) override {
     host_->layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
   }
-  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC,
-                      Act* pre_gelu) override {
+  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC, Act* pre_gelu) override {
     host_->matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
   }
-  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N,
-                       int C, int OC, const Act* pre_gelu) override {
+  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N, int C, int OC,
+                       const Act* pre_gelu) override {
     host_->matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
   }
   std::size_t attention_stats_floats(int B, int T, int NH) const override {
@@ -66,8 +62,8 @@ class ForwardingOps : public Ops {
   void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
     host_->attention_forward(o, st, qkv, B, T, C, NH);
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o,
-                          const float* st, int B, int T, int C, int NH) override {
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
+                          int T, int C, int NH) override {
     host_->attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
   }
   void residual_forward(Act* o, const Act* a, const Act* b, std::size_t n) override {
@@ -76,29 +72,25 @@ class ForwardingOps : public Ops {
   void logits_forward(Act* l, const Act* x, const Act* w, int N, int C, int Vp) override {
     host_->logits_forward(l, x, w, N, C, Vp);
   }
-  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C,
-                       int Vp) override {
+  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C, int Vp) override {
     host_->logits_backward(dx, dw, dl, x, w, N, C, Vp);
   }
-  void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V,
-                             int Vp, float dloss) override {
+  void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V, int Vp,
+                             float dloss) override {
     host_->softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
   }
   void cross_entropy_part_max(float* m, const Act* lg, int N, int Vl, int v0, int V) override {
     host_->cross_entropy_part_max(m, lg, N, Vl, v0, V);
   }
-  void cross_entropy_part_sums(float* s, const Act* lg, const float* m, const std::int32_t* t,
-                               int N, int Vl, int v0, int V) override {
+  void cross_entropy_part_sums(float* s, const Act* lg, const float* m, const std::int32_t* t, int N, int Vl, int v0,
+                               int V) override {
     host_->cross_entropy_part_sums(s, lg, m, t, N, Vl, v0, V);
   }
   void cross_entropy_part_finish(float* l, Act* dl, const Act* lg, const float* m, const float* s,
-                                 const std::int32_t* t, int N, int Vl, int v0, int V,
-                                 float dloss) override {
+                                 const std::int32_t* t, int N, int Vl, int v0, int V, float dloss) override {
     host_->cross_entropy_part_finish(l, dl, lg, m, s, t, N, Vl, v0, V, dloss);
   }
-  void add_mean(double* total, const float* values, int n) override {
-    host_->add_mean(total, values, n);
-  }
+  void add_mean(double* total, const float* values, int n) override { host_->add_mean(total, values, n); }
 
  private:
   std::unique_ptr<Ops> host_ = make_host_ops();

@@ -79,9 +79,7 @@ inline GptConfig config_of(const ModelCase& m) {
   return c;
 }
 
-inline std::string describe(const ModelCase& m) {
-  return config_of(m).describe() + " B=" + std::to_string(kBatch);
-}
+inline std::string describe(const ModelCase& m) { return config_of(m).describe() + " B=" + std::to_string(kBatch); }
 
 struct Batch {
   std::vector<std::int32_t> inputs, targets;
@@ -138,16 +136,15 @@ struct TensorAgreement {
 };
 
 // Every tensor of two gradients held unit by unit in HostParams' layout.
-inline std::vector<TensorAgreement> agreement_per_tensor(
-    const std::vector<UnitSpec>& specs, const std::vector<std::vector<float>>& got,
-    const std::vector<std::vector<float>>& want) {
+inline std::vector<TensorAgreement> agreement_per_tensor(const std::vector<UnitSpec>& specs,
+                                                         const std::vector<std::vector<float>>& got,
+                                                         const std::vector<std::vector<float>>& want) {
   std::vector<TensorAgreement> out;
   for (std::size_t u = 0; u < specs.size(); ++u) {
     std::size_t off = 0;
     for (const TensorSpec& t : specs[u].tensors) {
       const auto n = static_cast<std::size_t>(t.numel());
-      out.push_back({t.name, agreement(std::span(got[u]).subspan(off, n),
-                                       std::span(want[u]).subspan(off, n))});
+      out.push_back({t.name, agreement(std::span(got[u]).subspan(off, n), std::span(want[u]).subspan(off, n))});
       off += n;
     }
   }
@@ -160,8 +157,7 @@ struct HostStep {
   double loss = 0;
   HostParams grads;
 };
-inline HostStep host_step(Ops& ops, const GptConfig& cfg, const HostParams& params,
-                          const Batch& batch) {
+inline HostStep host_step(Ops& ops, const GptConfig& cfg, const HostParams& params, const Batch& batch) {
   GptModel model(cfg, kBatch, ops);
   HostStep r{0.0, HostParams(cfg)};
   model.set_batch(batch.inputs.data(), batch.targets.data(), kBatch, cfg.seq_len);
@@ -177,8 +173,8 @@ inline std::vector<std::vector<float>> units_of(const HostParams& p) {
 }
 
 // The worst tensor, printed so that a passing run still shows how much margin is left.
-inline void print_summary(const char* what, const std::string& model, double loss_got,
-                          double loss_want, const std::vector<TensorAgreement>& t) {
+inline void print_summary(const char* what, const std::string& model, double loss_got, double loss_want,
+                          const std::vector<TensorAgreement>& t) {
   double worst_rel = 0, worst_cos = 1;
   std::string rel_name, cos_name;
   for (const auto& x : t) {
@@ -188,8 +184,8 @@ inline void print_summary(const char* what, const std::string& model, double los
   std::printf(
       "%s | %s: loss %.6f vs %.6f (rel %.2e, tol %.0e); worst grad rel %.2e (%s, tol "
       "%.0e), worst cosine %.6f (%s, min %.3f)\n",
-      what, model.c_str(), loss_got, loss_want, std::abs(loss_got - loss_want) / loss_want,
-      kLossRel, worst_rel, rel_name.c_str(), kGradRel, worst_cos, cos_name.c_str(), kGradCos);
+      what, model.c_str(), loss_got, loss_want, std::abs(loss_got - loss_want) / loss_want, kLossRel, worst_rel,
+      rel_name.c_str(), kGradRel, worst_cos, cos_name.c_str(), kGradCos);
 }
 
 }  // namespace zero::gpt::compare

@@ -79,8 +79,7 @@ class ThreadComm final : public zero::Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_->size(); }
 
-  zero::Work all_reduce_async(void* buf, std::size_t count, zero::DType t,
-                              zero::ReduceOp op) override {
+  zero::Work all_reduce_async(void* buf, std::size_t count, zero::DType t, zero::ReduceOp op) override {
     ZERO_CHECK(t == zero::DType::f32 && (op == zero::ReduceOp::sum || op == zero::ReduceOp::max),
                "ThreadComm: only fp32 sum and max all-reduces");
     auto* mine = static_cast<float*>(buf);
@@ -98,16 +97,11 @@ class ThreadComm final : public zero::Communicator {
     std::copy(out.begin(), out.end(), mine);
     return {};
   }
-  zero::Work reduce_scatter_async(const void*, void*, std::size_t, zero::DType,
-                                  zero::ReduceOp) override {
+  zero::Work reduce_scatter_async(const void*, void*, std::size_t, zero::DType, zero::ReduceOp) override {
     unsupported("reduce_scatter");
   }
-  zero::Work all_gather_async(const void*, void*, std::size_t, zero::DType) override {
-    unsupported("all_gather");
-  }
-  zero::Work all_to_all_async(const void*, void*, std::size_t, zero::DType) override {
-    unsupported("all_to_all");
-  }
+  zero::Work all_gather_async(const void*, void*, std::size_t, zero::DType) override { unsupported("all_gather"); }
+  zero::Work all_to_all_async(const void*, void*, std::size_t, zero::DType) override { unsupported("all_to_all"); }
   zero::Work broadcast_async(void*, std::size_t, int) override { unsupported("broadcast"); }
   zero::Work barrier_async() override { unsupported("barrier"); }
   zero::Work send_async(const void*, std::size_t, zero::DType, int) override { unsupported("send"); }
@@ -126,8 +120,7 @@ using Units = std::vector<std::vector<float>>;  // values unit by unit, in a lay
 
 // Rank t's part of whole-model tensors (HostParams' layout, build_layout) in the layout `part`
 // (tensor_parallel_layout(cfg, T)), unit by unit.
-inline Units take_parts(const GptConfig& cfg, const Units& whole, const zero::Layout& part, int T,
-                        int t) {
+inline Units take_parts(const GptConfig& cfg, const Units& whole, const zero::Layout& part, int T, int t) {
   const zero::Layout full = build_layout(cfg);
   Units out;
   for (int u = 0; u < part.num_units(); ++u) {
@@ -139,8 +132,7 @@ inline Units take_parts(const GptConfig& cfg, const Units& whole, const zero::La
       const zero::ParamInfo& w = wu.params[i];
       take_part(std::span(whole[static_cast<std::size_t>(u)])
                     .subspan(static_cast<std::size_t>(w.offset), static_cast<std::size_t>(w.numel)),
-                p, T, t,
-                std::span(o).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel)));
+                p, T, t, std::span(o).subspan(static_cast<std::size_t>(p.offset), static_cast<std::size_t>(p.numel)));
     }
   }
   return out;
@@ -166,8 +158,7 @@ class OpsUnits {
       buffers_.emplace_back(ops, sizes_.back() * ops.elem_bytes());
       auto& ptrs = ptrs_.emplace_back();
       for (const zero::ParamInfo& p : u.params)
-        ptrs.push_back(act_offset(buffers_.back().as<Act>(), static_cast<std::size_t>(p.offset),
-                                  ops.elem_bytes()));
+        ptrs.push_back(act_offset(buffers_.back().as<Act>(), static_cast<std::size_t>(p.offset), ops.elem_bytes()));
     }
     zero();
   }

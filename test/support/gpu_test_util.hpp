@@ -62,14 +62,26 @@ inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, float
   std::normal_distribution<float> normal(0.0f, scale);
   std::uniform_int_distribution<int> pick(0, 199);
   const float inf = std::numeric_limits<float>::infinity();
-  const float specials_list[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN(), 0.0f, -0.0f,
-                                 1e-40f /* subnormal */, -3e-39f, 65504.0f, 65520.0f /* f16 overflow */,
-                                 3.0e38f, 1.0009765625f /* f16 tie */, 1.00390625f /* bf16 tie */, 5.96e-8f};
+  const float specials_list[] = {inf,
+                                 -inf,
+                                 std::numeric_limits<float>::quiet_NaN(),
+                                 0.0f,
+                                 -0.0f,
+                                 1e-40f /* subnormal */,
+                                 -3e-39f,
+                                 65504.0f,
+                                 65520.0f /* f16 overflow */,
+                                 3.0e38f,
+                                 1.0009765625f /* f16 tie */,
+                                 1.00390625f /* bf16 tie */,
+                                 5.96e-8f};
   std::vector<float> v(n);
   for (auto& x : v) {
     const int p = pick(rng);
-    if (specials && p < 6) x = specials_list[static_cast<std::size_t>(pick(rng)) % std::size(specials_list)];
-    else x = normal(rng);
+    if (specials && p < 6)
+      x = specials_list[static_cast<std::size_t>(pick(rng)) % std::size(specials_list)];
+    else
+      x = normal(rng);
   }
   return v;
 }

@@ -31,7 +31,8 @@ inline std::string process_scratch_dir(const char* tag) {
     Context& ctx = *Context::current();
     char buf[512] = {};
     if (ctx.rank() == 0) {
-      const std::string t = (std::filesystem::temp_directory_path() / (std::string("zero_") + tag + "_XXXXXX")).string();
+      const std::string t =
+          (std::filesystem::temp_directory_path() / (std::string("zero_") + tag + "_XXXXXX")).string();
       std::snprintf(buf, sizeof buf, "%s", t.c_str());
       REQUIRE(::mkdtemp(buf) != nullptr);
       dir.owner = true;

@@ -53,8 +53,10 @@ inline Layout part_layout(int T, int P, GridCoord c, bool tied = false) {
     for (const auto& p : kModel[u].params) ps.push_back({p.name, {p.replicated ? p.rows : p.rows / T, p.cols}});
     const int id = l.add_unit(kModel[u].name, ps);
     for (const auto& p : kModel[u].params) {
-      if (p.replicated) l.set_replicated(id, p.name);
-      else if (T > 1) l.set_split(id, p.name, 0);
+      if (p.replicated)
+        l.set_replicated(id, p.name);
+      else if (T > 1)
+        l.set_split(id, p.name, 0);
     }
   }
   if (tied && P > 1 && c.pipeline == P - 1) {
@@ -85,8 +87,8 @@ inline std::uint64_t seed_of(const ParamInfo& p) {
 inline std::string config_text(int stage, int data_size, bool fp16 = false) {
   std::string y = "train_micro_batch_size_per_gpu: " + std::to_string(kGlobalBatch / data_size) +
                   "\ngradient_clipping: 0.5\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.01\n"
-                  "zero_optimization:\n  stage: " + std::to_string(stage) +
-                  "\n  stage3_param_persistence_threshold: 0\n";
+                  "zero_optimization:\n  stage: " +
+                  std::to_string(stage) + "\n  stage3_param_persistence_threshold: 0\n";
   if (fp16) y += "fp16:\n  enabled: true\n  initial_scale_power: 4\n  hysteresis: 1\n";
   return y;
 }
@@ -95,7 +97,8 @@ inline std::string config_text(int stage, int data_size, bool fp16 = false) {
 inline void init_part(Engine& e, GridCoord c) {
   e.init_params([&](const ParamInfo& p, std::span<float> v) {
     for (std::size_t i = 0; i < v.size(); ++i)
-      v[i] = 0.5f * hash_unit(seed_of(p), static_cast<std::uint64_t>(global_index(p, c.tensor, static_cast<std::int64_t>(i))));
+      v[i] = 0.5f *
+             hash_unit(seed_of(p), static_cast<std::uint64_t>(global_index(p, c.tensor, static_cast<std::int64_t>(i))));
   });
 }
 

@@ -15,8 +15,7 @@ namespace zero::gpt::cuda {
 namespace {
 
 std::string shape_text(int B, int T, int C, int NH) {
-  return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) +
-         " NH=" + std::to_string(NH);
+  return "B=" + std::to_string(B) + " T=" + std::to_string(T) + " C=" + std::to_string(C) + " NH=" + std::to_string(NH);
 }
 
 void check_shape(const char* op, int B, int T, int C, int NH) {
@@ -30,9 +29,9 @@ void check_shape(const char* op, int B, int T, int C, int NH) {
 }
 
 void check_aligned(const char* op, const char* name, const void* p) {
-  ZERO_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
-             std::string(op) + ": " + name + " must be 16-byte aligned (rows are read in 16-byte "
-                                             "pieces)");
+  ZERO_CHECK(reinterpret_cast<std::uintptr_t>(p) % 16 == 0, std::string(op) + ": " + name +
+                                                                " must be 16-byte aligned (rows are read in 16-byte "
+                                                                "pieces)");
 }
 
 }  // namespace
@@ -41,12 +40,10 @@ void attn::use_shared_memory(const char* op, const void* kernel, std::size_t byt
   int device = 0, optin = 0;
   GPT_CUDA_CHECK(cudaGetDevice(&device));
   GPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  ZERO_CHECK(bytes <= static_cast<std::size_t>(optin),
-             std::string(op) + ": needs " + std::to_string(bytes) +
-                 " bytes of shared memory per block, the device allows " + std::to_string(optin) +
-                 " (built for sm_80 / sm_90)");
-  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(bytes)));
+  ZERO_CHECK(bytes <= static_cast<std::size_t>(optin), std::string(op) + ": needs " + std::to_string(bytes) +
+                                                           " bytes of shared memory per block, the device allows " +
+                                                           std::to_string(optin) + " (built for sm_80 / sm_90)");
+  GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 bool attention_supported(int T, int C, int NH) {
@@ -55,8 +52,7 @@ bool attention_supported(int T, int C, int NH) {
   return hs == 32 || hs == 64 || hs == 128;
 }
 
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
-                       cudaStream_t stream) {
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
   check_shape("attention_forward", B, T, C, NH);
   check_aligned("attention_forward", "qkv", qkv);
   check_aligned("attention_forward", "out", out);
@@ -72,9 +68,8 @@ std::size_t attention_backward_scratch_floats(int B, int T, int C, int NH) {
   return static_cast<std::size_t>(B) * NH * T;  // D per (b, h, t); the rest lives on chip
 }
 
-void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
-                        const bf16* out, const float* lse, int B, int T, int C, int NH,
-                        cudaStream_t stream) {
+void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
+                        const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
   check_shape("attention_backward", B, T, C, NH);
   check_aligned("attention_backward", "dqkv", dqkv);
   check_aligned("attention_backward", "dout", dout);

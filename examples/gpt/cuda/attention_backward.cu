@@ -25,8 +25,8 @@ namespace {
 
 // drow[(b*NH + h)*T + t] = dot(dout, out) over head h's columns of row (b, t); one warp each.
 template <int HS>
-__global__ void attention_drow_kernel(float* drow, const bf16* dout, const bf16* out, int T,
-                                      int C, int NH, std::size_t rows) {
+__global__ void attention_drow_kernel(float* drow, const bf16* dout, const bf16* out, int T, int C, int NH,
+                                      std::size_t rows) {
   const std::size_t w = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (w >= rows) return;  // w is the same for the whole warp
@@ -35,8 +35,7 @@ __global__ void attention_drow_kernel(float* drow, const bf16* dout, const bf16*
   const std::size_t b = bh / NH, h = bh % NH;
   const std::size_t off = (b * T + t) * C + h * HS;
   float acc = 0.0f;
-  for (int d = lane; d < HS; d += 32)
-    acc += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
+  for (int d = lane; d < HS; d += 32) acc += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
   for (int m = 16; m > 0; m /= 2) acc += __shfl_xor_sync(kFullMask, acc, m);
   if (lane == 0) drow[w] = acc;
 }
@@ -66,9 +65,8 @@ struct BwdTiles {
 
 // The query tile's rows of q and dout, and their lse and D (zeros past T).
 template <int HS>
-__device__ void load_query_side(const BwdTiles<HS>& sm, const bf16* q_src, const bf16* do_src,
-                                const float* lse_bh, const float* drow_bh, std::size_t C3, int C,
-                                int q0, int T) {
+__device__ void load_query_side(const BwdTiles<HS>& sm, const bf16* q_src, const bf16* do_src, const float* lse_bh,
+                                const float* drow_bh, std::size_t C3, int C, int q0, int T) {
   load_tile<HS>(sm.q, q_src, C3, q0, T);
   load_tile<HS>(sm.dout, do_src, static_cast<std::size_t>(C), q0, T);
   for (int r = threadIdx.x; r < kRows; r += kThreads) {
@@ -81,9 +79,8 @@ __device__ void load_query_side(const BwdTiles<HS>& sm, const bf16* q_src, const
 // One CTA per (key tile, batch*head): dK and dV of the tile's 64 keys.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attention_dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                          const float* drow, int T, int C, int NH, float scale,
-                          float scale_log2) {
+    attention_dkdv_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* drow, int T,
+                          int C, int NH, float scale, float scale_log2) {
   using L = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   const BwdTiles<HS> sm(smem);
@@ -136,8 +133,7 @@ __global__ void __launch_bounds__(kThreads)
       const int c = (cc + rot) % 32;
       const int col = half * 32 + c;
       const int i = q0 + col;
-      const float p =
-          attn::attends(i, j, T) ? attn::prob_from_lse(s_row[c] * scale_log2, sm.lse[col]) : 0.0f;
+      const float p = attn::attends(i, j, T) ? attn::prob_from_lse(s_row[c] * scale_log2, sm.lse[col]) : 0.0f;
       p_row[c] = __float2bfloat16(p);
       ds_row[c] = __float2bfloat16(attn::score_grad(p, dp_row[c], sm.drow[col], scale));
     }
@@ -156,8 +152,8 @@ __global__ void __launch_bounds__(kThreads)
 // One CTA per (query tile, batch*head): dQ of the tile's 64 queries.
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                        const float* drow, int T, int C, int NH, float scale, float scale_log2) {
+    attention_dq_kernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* drow, int T,
+                        int C, int NH, float scale, float scale_log2) {
   using L = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   const BwdTiles<HS> sm(smem);
@@ -205,8 +201,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int cc = 0; cc < 32; ++cc) {
       const int c = (cc + rot) % 32;
       const int jj = k0 + half * 32 + c;
-      const float p =
-          attn::attends(i, jj, T) ? attn::prob_from_lse(s_row[c] * scale_log2, row_lse) : 0.0f;
+      const float p = attn::attends(i, jj, T) ? attn::prob_from_lse(s_row[c] * scale_log2, row_lse) : 0.0f;
       ds_row[c] = __float2bfloat16(attn::score_grad(p, dp_row[c], row_d, scale));
     }
     __syncwarp();
@@ -220,34 +215,30 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 template <int HS>
-void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out,
-                     const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out, const float* lse,
+                     int B, int T, int C, int NH, cudaStream_t stream) {
   const std::size_t rows = static_cast<std::size_t>(B) * NH * T;
   constexpr int kDrowThreads = 256;
-  const auto drow_blocks =
-      static_cast<unsigned>((rows * 32 + kDrowThreads - 1) / kDrowThreads);
-  attention_drow_kernel<HS><<<drow_blocks, kDrowThreads, 0, stream>>>(drow, dout, out, T, C, NH,
-                                                                      rows);
+  const auto drow_blocks = static_cast<unsigned>((rows * 32 + kDrowThreads - 1) / kDrowThreads);
+  attention_drow_kernel<HS><<<drow_blocks, kDrowThreads, 0, stream>>>(drow, dout, out, T, C, NH, rows);
   GPT_CUDA_CHECK(cudaGetLastError());
 
   constexpr std::size_t bytes = Smem<HS>::bwd_bytes;
   const float scale = scale_of(HS), scale_log2 = scale * kLog2e;
   const dim3 grid(tile_count(T, kRows), B * NH);
   use_shared_memory("attention_backward", reinterpret_cast<const void*>(attention_dkdv_kernel<HS>), bytes);
-  attention_dkdv_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C,
-                                                               NH, scale, scale_log2);
+  attention_dkdv_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C, NH, scale, scale_log2);
   GPT_CUDA_CHECK(cudaGetLastError());
   use_shared_memory("attention_backward", reinterpret_cast<const void*>(attention_dq_kernel<HS>), bytes);
-  attention_dq_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C,
-                                                             NH, scale, scale_log2);
+  attention_dq_kernel<HS><<<grid, kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, T, C, NH, scale, scale_log2);
   GPT_CUDA_CHECK(cudaGetLastError());
 }
 
-template void launch_backward<32>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int,
-                                  int, int, cudaStream_t);
-template void launch_backward<64>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int,
-                                  int, int, cudaStream_t);
-template void launch_backward<128>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int,
-                                   int, int, cudaStream_t);
+template void launch_backward<32>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int, int,
+                                  int, cudaStream_t);
+template void launch_backward<64>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int, int,
+                                  int, cudaStream_t);
+template void launch_backward<128>(bf16*, float*, const bf16*, const bf16*, const bf16*, const float*, int, int, int,
+                                   int, cudaStream_t);
 
 }  // namespace zero::gpt::cuda::attn

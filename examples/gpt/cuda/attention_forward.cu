@@ -19,8 +19,7 @@ namespace {
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH,
-                             float scale_log2) {
+    attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   using L = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -89,12 +88,10 @@ __global__ void __launch_bounds__(kThreads)
     FragAcc acc[HS / kF];
     float* o_w = sO + warp * kF * L::ld_o;
 #pragma unroll
-    for (int n = 0; n < HS / kF; ++n)
-      wmma::load_matrix_sync(acc[n], o_w + n * kF, L::ld_o, wmma::mem_row_major);
+    for (int n = 0; n < HS / kF; ++n) wmma::load_matrix_sync(acc[n], o_w + n * kF, L::ld_o, wmma::mem_row_major);
     product_ab_acc<HS>(acc, sP + warp * kF * L::ld_p, L::ld_p, sV, L::ld_h);
 #pragma unroll
-    for (int n = 0; n < HS / kF; ++n)
-      wmma::store_matrix_sync(o_w + n * kF, acc[n], L::ld_o, wmma::mem_row_major);
+    for (int n = 0; n < HS / kF; ++n) wmma::store_matrix_sync(o_w + n * kF, acc[n], L::ld_o, wmma::mem_row_major);
     __syncwarp();
   }
 
@@ -106,8 +103,7 @@ __global__ void __launch_bounds__(kThreads)
       uint4 raw;
       auto* v = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        v[k] = __floats2bfloat162_rn(o_row[c + 2 * k] * inv, o_row[c + 2 * k + 1] * inv);
+      for (int k = 0; k < 4; ++k) v[k] = __floats2bfloat162_rn(o_row[c + 2 * k] * inv, o_row[c + 2 * k + 1] * inv);
       *reinterpret_cast<uint4*>(dst + c) = raw;
     }
     if (half == 0) lse[static_cast<std::size_t>(bh) * T + i] = attn::online_lse(st);
@@ -121,8 +117,7 @@ void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C,
   constexpr std::size_t bytes = Smem<HS>::fwd_bytes;
   use_shared_memory("attention_forward", reinterpret_cast<const void*>(attention_forward_kernel<HS>), bytes);
   const dim3 grid(tile_count(T, kRows), B * NH);
-  attention_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, T, C, NH,
-                                                                  scale_of(HS) * kLog2e);
+  attention_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, T, C, NH, scale_of(HS) * kLog2e);
   GPT_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -40,9 +40,7 @@ ZERO_ATTN_HD int causal_key_tiles(int q_tile, int q_rows, int k_rows, int T) {
 
 // First query tile that attends anything in key tile k_tile (the one holding its first key);
 // every query tile after it does too, up to tile_count(T, q_rows).
-ZERO_ATTN_HD int causal_first_query_tile(int k_tile, int q_rows, int k_rows) {
-  return k_tile * k_rows / q_rows;
-}
+ZERO_ATTN_HD int causal_first_query_tile(int k_tile, int q_rows, int k_rows) { return k_tile * k_rows / q_rows; }
 
 // --- online softmax (log2 domain) ---
 
@@ -69,9 +67,7 @@ ZERO_ATTN_HD float online_rescale(OnlineSoftmax& st, float tile_max) {
 }
 
 // Unnormalised probability of a score s2 (-inf for a masked key gives 0), after online_rescale.
-ZERO_ATTN_HD float online_prob(const OnlineSoftmax& st, float s2) {
-  return exp2f(s2 - online_reference(st.max));
-}
+ZERO_ATTN_HD float online_prob(const OnlineSoftmax& st, float s2) { return exp2f(s2 - online_reference(st.max)); }
 
 // Two partial states of the same row (disjoint key sets) as one.
 ZERO_ATTN_HD OnlineSoftmax online_merge(OnlineSoftmax a, OnlineSoftmax b) {
@@ -83,9 +79,7 @@ ZERO_ATTN_HD OnlineSoftmax online_merge(OnlineSoftmax a, OnlineSoftmax b) {
 }
 
 // Natural-log log-sum-exp of the row's scaled scores.
-ZERO_ATTN_HD float online_lse(const OnlineSoftmax& st) {
-  return (st.max + log2f(st.sum)) * kLn2;
-}
+ZERO_ATTN_HD float online_lse(const OnlineSoftmax& st) { return (st.max + log2f(st.sum)) * kLn2; }
 
 // --- backward ---
 
@@ -94,8 +88,6 @@ ZERO_ATTN_HD float prob_from_lse(float s2, float lse) { return exp2f(s2 - lse * 
 
 // Gradient of the unscaled score q.k: p * (dp - D) * scale, D = dot(dout, out) of the row
 // (= sum_j p_j dp_j, the softmax Jacobian's rank-one term).
-ZERO_ATTN_HD float score_grad(float p, float dp, float drow, float scale) {
-  return p * (dp - drow) * scale;
-}
+ZERO_ATTN_HD float score_grad(float p, float dp, float drow, float scale) { return p * (dp - drow) * scale; }
 
 }  // namespace zero::gpt::cuda::attn

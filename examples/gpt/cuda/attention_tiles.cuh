@@ -67,8 +67,7 @@ struct Smem {
   // backward: Q dO K V | S dP | P dS | lse D
   static constexpr std::size_t bwd_bytes = 4 * tile_h + 2 * tile_s + 2 * tile_p + 2 * row_f;
 
-  static_assert(tile_h % 128 == 0 && tile_s % 128 == 0 && tile_p % 128 == 0 &&
-                tile_o % 128 == 0 && row_f % 128 == 0);
+  static_assert(tile_h % 128 == 0 && tile_s % 128 == 0 && tile_p % 128 == 0 && tile_o % 128 == 0 && row_f % 128 == 0);
 };
 
 // Rows row0 .. row0+63 of a [T, stride] bf16 matrix, HS columns from `src`, into a [64][ld_h]
@@ -108,8 +107,7 @@ __device__ void product_abt(float* s, int lds, const bf16* a, int lda, const bf1
 
 // acc[16][HS] += a[16][64] . b[64][HS] (both row-major in shared memory).
 template <int HS>
-__device__ void product_ab_acc(FragAcc (&acc)[HS / kF], const bf16* a, int lda, const bf16* b,
-                               int ldb) {
+__device__ void product_ab_acc(FragAcc (&acc)[HS / kF], const bf16* a, int lda, const bf16* b, int ldb) {
 #pragma unroll
   for (int k = 0; k < kRows / kF; ++k) {
     FragA fa;
@@ -138,8 +136,8 @@ inline __device__ void add_to_bf16x8(bf16* dst, const float* src) {
 // Adds a warp's 16 x HS accumulator into rows row0 .. row0+15 (those < T) of a bf16 matrix
 // with row stride `stride`, through `stage` (16 x 16 fp32 of the warp's own shared memory).
 template <int HS>
-__device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T,
-                              const FragAcc (&acc)[HS / kF], float* stage, int ld_stage) {
+__device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T, const FragAcc (&acc)[HS / kF],
+                              float* stage, int ld_stage) {
   const int lane = threadIdx.x % 32;
   const int r = lane / 2, c = (lane % 2) * 8;
 #pragma unroll
@@ -147,8 +145,7 @@ __device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T,
     wmma::store_matrix_sync(stage, acc[n], ld_stage, wmma::mem_row_major);
     __syncwarp();
     if (row0 + r < T) {
-      add_to_bf16x8(dst + static_cast<std::size_t>(row0 + r) * stride + n * kF + c,
-                    stage + r * ld_stage + c);
+      add_to_bf16x8(dst + static_cast<std::size_t>(row0 + r) * stride + n * kF + c, stage + r * ld_stage + c);
     }
     __syncwarp();  // the next store overwrites stage
   }
@@ -167,7 +164,7 @@ void use_shared_memory(const char* op, const void* kernel, std::size_t bytes);
 template <int HS>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream);
 template <int HS>
-void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out,
-                     const float* lse, int B, int T, int C, int NH, cudaStream_t stream);
+void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out, const float* lse,
+                     int B, int T, int C, int NH, cudaStream_t stream);
 
 }  // namespace zero::gpt::cuda::attn

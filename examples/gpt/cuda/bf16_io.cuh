@@ -25,25 +25,22 @@ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p
 
 inline std::size_t align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
-inline unsigned ceil_div(std::size_t a, std::size_t b) {
-  return static_cast<unsigned>((a + b - 1) / b);
-}
+inline unsigned ceil_div(std::size_t a, std::size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Scratch handed to a launcher may have any alignment: every *_scratch_bytes size includes
 // kScratchAlign bytes of slack, and the launcher carves its buffers from scratch_base().
 constexpr std::size_t kScratchAlign = 256;
 
 inline std::byte* scratch_base(void* scratch) {
-  return reinterpret_cast<std::byte*>(
-      align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
+  return reinterpret_cast<std::byte*>(align_up(reinterpret_cast<std::uintptr_t>(scratch), kScratchAlign));
 }
 
 // The launcher's own check that the caller's scratch is the size its *_scratch_bytes asked for.
-inline void check_scratch(const char* op, const void* scratch, std::size_t scratch_bytes,
-                          std::size_t need, const std::string& shape) {
+inline void check_scratch(const char* op, const void* scratch, std::size_t scratch_bytes, std::size_t need,
+                          const std::string& shape) {
   ZERO_CHECK(scratch != nullptr && scratch_bytes >= need,
-             std::string(op) + ": scratch of " + std::to_string(scratch_bytes) + " bytes for " +
-                 shape + ", needs " + std::to_string(need) + " (" + op + "_scratch_bytes)");
+             std::string(op) + ": scratch of " + std::to_string(scratch_bytes) + " bytes for " + shape + ", needs " +
+                 std::to_string(need) + " (" + op + "_scratch_bytes)");
 }
 
 // The deterministic column sums (dw, db, dbias): threads per block over the columns, and the
@@ -51,8 +48,7 @@ inline void check_scratch(const char* op, const void* scratch, std::size_t scrat
 constexpr int kColumnThreads = 128;
 
 inline std::size_t column_partial_bytes(int N, int C) {
-  return align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * C * sizeof(float),
-                  kScratchAlign);
+  return align_up(static_cast<std::size_t>(math::column_reduce_blocks(N)) * C * sizeof(float), kScratchAlign);
 }
 
 // VEC = 8: one 16-byte access (p must be 16-byte aligned); VEC = 1: one element.
@@ -109,14 +105,12 @@ __global__ void add_column_partials_kernel(bf16* out, const float* partials, int
   out[c] = __float2bfloat16_rn(__bfloat162float(out[c]) + acc);
 }
 
-inline void add_column_partials(bf16* out, const float* partials, int blocks, int C,
-                                cudaStream_t stream) {
+inline void add_column_partials(bf16* out, const float* partials, int blocks, int C, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  add_column_partials_kernel<<<ceil_div(static_cast<std::size_t>(C), kThreads), kThreads, 0,
-                               stream>>>(out, partials, blocks, C);
+  add_column_partials_kernel<<<ceil_div(static_cast<std::size_t>(C), kThreads), kThreads, 0, stream>>>(out, partials,
+                                                                                                       blocks, C);
 }
 
 }  // namespace
 
 }  // namespace zero::gpt::cuda::detail
-

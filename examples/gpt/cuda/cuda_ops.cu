@@ -52,9 +52,8 @@ void* device_malloc(std::size_t bytes, const char* what) {
   const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
   constexpr double kMiB = 1024.0 * 1024.0;
   std::ostringstream s;
-  s << "CudaOps: cudaMalloc of " << bytes << " bytes (" << static_cast<double>(bytes) / kMiB
-    << " MiB) for " << what << " failed: " << cudaGetErrorName(rc) << " (" << cudaGetErrorString(rc)
-    << ")";
+  s << "CudaOps: cudaMalloc of " << bytes << " bytes (" << static_cast<double>(bytes) / kMiB << " MiB) for " << what
+    << " failed: " << cudaGetErrorName(rc) << " (" << cudaGetErrorString(rc) << ")";
   if (have_info)
     s << "; the device has " << static_cast<double>(free_bytes) / kMiB << " MiB free of "
       << static_cast<double>(total_bytes) / kMiB << " MiB";
@@ -66,9 +65,7 @@ class CudaOps final : public Ops {
  public:
   // A null stream: the Ops creates its own non-blocking stream and destroys it at the end.
   explicit CudaOps(cudaStream_t stream)
-      : owned_stream_{stream ? nullptr : new_stream()},
-        stream_(stream ? stream : owned_stream_.s),
-        matmul_(stream_) {}
+      : owned_stream_{stream ? nullptr : new_stream()}, stream_(stream ? stream : owned_stream_.s), matmul_(stream_) {}
   ~CudaOps() override {
     cudaStreamSynchronize(stream_);
     for (Staging& s : staging_) {
@@ -97,8 +94,10 @@ class CudaOps final : public Ops {
     if (bytes == 0) return;
     Staging& s = staging_[next_slot_];
     next_slot_ = (next_slot_ + 1) % kStagingSlots;
-    if (s.done) GPT_CUDA_CHECK(cudaEventSynchronize(s.done));
-    else GPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    if (s.done)
+      GPT_CUDA_CHECK(cudaEventSynchronize(s.done));
+    else
+      GPT_CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
     if (s.bytes < bytes) {
       if (s.host) GPT_CUDA_CHECK(cudaFreeHost(s.host));
       s.host = nullptr;
@@ -111,8 +110,7 @@ class CudaOps final : public Ops {
     GPT_CUDA_CHECK(cudaEventRecord(s.done, stream_));
   }
   void download(void* host_dst, const void* src, std::size_t bytes) override {
-    if (bytes != 0)
-      GPT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    if (bytes != 0) GPT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     GPT_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void fill_zero(void* p, std::size_t bytes) override {
@@ -121,52 +119,48 @@ class CudaOps final : public Ops {
   }
   void synchronize() override { GPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
-  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B,
-                       int T, int C) override {
+  void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T,
+                       int C) override {
     cuda::encoder_forward(dev(out), tokens, dev(wte), dev(wpe), B, T, C, stream_);
   }
-  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B,
-                        int T, int C) override {
+  void encoder_backward(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T,
+                        int C) override {
     void* s = scratch(cuda::encoder_backward_scratch_bytes(B, T, C));
-    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_,
-                           stream_);
+    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_, stream_);
   }
-  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe,
-                            int B, int T, int C, int vocab_begin, int vocab_rows) override {
-    cuda::encoder_forward(dev(out), tokens, dev(wte), dev(wpe), B, T, C, stream_, vocab_begin,
-                          vocab_rows);
+  void encoder_forward_part(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T, int C,
+                            int vocab_begin, int vocab_rows) override {
+    cuda::encoder_forward(dev(out), tokens, dev(wte), dev(wpe), B, T, C, stream_, vocab_begin, vocab_rows);
   }
-  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens,
-                             int B, int T, int C, int vocab_begin, int vocab_rows) override {
+  void encoder_backward_part(Act* dwte, Act* dwpe, const Act* dout, const std::int32_t* tokens, int B, int T, int C,
+                             int vocab_begin, int vocab_rows) override {
     void* s = scratch(cuda::encoder_backward_scratch_bytes(B, T, C));
-    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_,
-                           stream_, vocab_begin, vocab_rows);
+    cuda::encoder_backward(dev(dwte), dev(dwpe), dev(dout), tokens, B, T, C, s, scratch_bytes_, stream_, vocab_begin,
+                           vocab_rows);
   }
 
-  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w,
-                         const Act* b, int N, int C) override {
+  void layernorm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w, const Act* b, int N,
+                         int C) override {
     cuda::layernorm_forward(dev(out), mean, rstd, dev(inp), dev(w), dev(b), N, C, stream_);
   }
-  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a,
-                                  const Act* b, const Act* w, const Act* bias, int N,
-                                  int C) override {
-    cuda::residual_layernorm_forward(dev(residual), dev(out), mean, rstd, dev(a), dev(b), dev(w),
-                                     dev(bias), N, C, stream_);
+  void residual_layernorm_forward(Act* residual, Act* out, float* mean, float* rstd, const Act* a, const Act* b,
+                                  const Act* w, const Act* bias, int N, int C) override {
+    cuda::residual_layernorm_forward(dev(residual), dev(out), mean, rstd, dev(a), dev(b), dev(w), dev(bias), N, C,
+                                     stream_);
   }
-  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp,
-                          const Act* w, const float* mean, const float* rstd, int N,
-                          int C) override {
+  void layernorm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp, const Act* w, const float* mean,
+                          const float* rstd, int N, int C) override {
     void* s = scratch(cuda::layernorm_backward_scratch_bytes(N, C));
-    cuda::layernorm_backward(dev(dinp), dev(dw), dev(db), dev(dout), dev(inp), dev(w), mean, rstd,
-                             N, C, s, scratch_bytes_, stream_);
+    cuda::layernorm_backward(dev(dinp), dev(dw), dev(db), dev(dout), dev(inp), dev(w), mean, rstd, N, C, s,
+                             scratch_bytes_, stream_);
   }
 
   void matmul_forward(Act* out, const Act* inp, const Act* w, const Act* bias, int N, int C, int OC,
                       Act* pre_gelu) override {
     matmul_.forward(dev(out), dev(inp), dev(w), dev(bias), N, C, OC, dev(pre_gelu));
   }
-  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp,
-                       const Act* w, int N, int C, int OC, const Act* pre_gelu) override {
+  void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp, const Act* w, int N, int C,
+                       int OC, const Act* pre_gelu) override {
     matmul_.backward(dev(dinp), dev(dw), dev(dout), dev(inp), dev(w), N, C, OC, dev(pre_gelu));
     if (dbias) {
       void* s = scratch(cuda::bias_backward_scratch_bytes(N, OC));
@@ -182,22 +176,16 @@ class CudaOps final : public Ops {
   // promised here is one float per (b, h, t) row, the per-row dot(dout, out) the backward
   // computes first; attention_backward checks the launcher's real need and, when the model's
   // buffer is smaller, runs in this object's scratch instead (grown once, on the first step).
-  std::size_t attention_scratch_floats(int B, int T, int NH) const override {
-    return attention_stats_floats(B, T, NH);
-  }
-  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C,
-                         int NH) override {
+  std::size_t attention_scratch_floats(int B, int T, int NH) const override { return attention_stats_floats(B, T, NH); }
+  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) override {
     cuda::attention_forward(dev(out), stats, dev(qkv), B, T, C, NH, stream_);
   }
-  void attention_backward(Act* dqkv, float* scratch_floats, const Act* dout, const Act* qkv,
-                          const Act* out, const float* stats, int B, int T, int C,
-                          int NH) override {
+  void attention_backward(Act* dqkv, float* scratch_floats, const Act* dout, const Act* qkv, const Act* out,
+                          const float* stats, int B, int T, int C, int NH) override {
     const std::size_t need = cuda::attention_backward_scratch_floats(B, T, C, NH);
     float* s = scratch_floats;
-    if (need > attention_scratch_floats(B, T, NH))
-      s = static_cast<float*>(scratch(need * sizeof(float)));
-    cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, B, T, C, NH,
-                             stream_);
+    if (need > attention_scratch_floats(B, T, NH)) s = static_cast<float*>(scratch(need * sizeof(float)));
+    cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, B, T, C, NH, stream_);
   }
 
   void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
@@ -207,36 +195,29 @@ class CudaOps final : public Ops {
   void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) override {
     matmul_.logits_forward(dev(logits), dev(x), dev(wte), N, C, Vp);
   }
-  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N,
-                       int C, int Vp) override {
+  void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N, int C,
+                       int Vp) override {
     matmul_.logits_backward(dev(dx), dev(dwte), dev(dlogits), dev(x), dev(wte), N, C, Vp);
   }
 
-  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits,
-                             const std::int32_t* targets, int N, int V, int Vp,
-                             float dloss) override {
-    cuda::softmax_cross_entropy(losses, dev(dlogits), dev(logits), targets, N, V, Vp, dloss,
-                                stream_);
+  void softmax_cross_entropy(float* losses, Act* dlogits, const Act* logits, const std::int32_t* targets, int N, int V,
+                             int Vp, float dloss) override {
+    cuda::softmax_cross_entropy(losses, dev(dlogits), dev(logits), targets, N, V, Vp, dloss, stream_);
   }
-  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0,
-                              int V) override {
+  void cross_entropy_part_max(float* row_max, const Act* logits, int N, int Vl, int v0, int V) override {
     cuda::cross_entropy_part_max(row_max, dev(logits), N, Vl, v0, V, stream_);
   }
-  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max,
-                               const std::int32_t* targets, int N, int Vl, int v0,
-                               int V) override {
+  void cross_entropy_part_sums(float* sums, const Act* logits, const float* row_max, const std::int32_t* targets, int N,
+                               int Vl, int v0, int V) override {
     cuda::cross_entropy_part_sums(sums, dev(logits), row_max, targets, N, Vl, v0, V, stream_);
   }
-  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits,
-                                 const float* row_max, const float* sums,
-                                 const std::int32_t* targets, int N, int Vl, int v0, int V,
+  void cross_entropy_part_finish(float* losses, Act* dlogits, const Act* logits, const float* row_max,
+                                 const float* sums, const std::int32_t* targets, int N, int Vl, int v0, int V,
                                  float dloss) override {
-    cuda::cross_entropy_part_finish(losses, dev(dlogits), dev(logits), row_max, sums, targets, N,
-                                    Vl, v0, V, dloss, stream_);
+    cuda::cross_entropy_part_finish(losses, dev(dlogits), dev(logits), row_max, sums, targets, N, Vl, v0, V, dloss,
+                                    stream_);
   }
-  void add_mean(double* total, const float* values, int n) override {
-    cuda::add_mean(total, values, n, stream_);
-  }
+  void add_mean(double* total, const float* values, int n) override { cuda::add_mean(total, values, n, stream_); }
 
  private:
   // The largest scratch any launcher asks for at these shapes: the encoder's sort over B*T
@@ -296,8 +277,6 @@ class CudaOps final : public Ops {
 
 }  // namespace
 
-std::unique_ptr<Ops> make_cuda_ops(cudaStream_t stream) {
-  return std::make_unique<CudaOps>(stream);
-}
+std::unique_ptr<Ops> make_cuda_ops(cudaStream_t stream) { return std::make_unique<CudaOps>(stream); }
 
 }  // namespace zero::gpt

@@ -72,8 +72,7 @@ __global__ void map_kernel(bf16* out, const bf16* x, const bf16* y, std::size_t 
 }
 
 template <class F>
-void launch_map(const char* op, bf16* out, const bf16* x, const bf16* y, std::size_t n, F f,
-                cudaStream_t stream) {
+void launch_map(const char* op, bf16* out, const bf16* x, const bf16* y, std::size_t n, F f, cudaStream_t stream) {
   if (n == 0) return;
   const std::size_t chunks = (n + kChunk - 1) / kChunk;
   const std::size_t blocks = (chunks + kThreads - 1) / kThreads;
@@ -90,8 +89,7 @@ void launch_map(const char* op, bf16* out, const bf16* x, const bf16* y, std::si
 
 // Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order; the column
 // sums go to row g of partial [G, OC].
-__global__ void bias_backward_partials_kernel(float* partial, const bf16* dout, int N, int OC,
-                                              int rows_per_block) {
+__global__ void bias_backward_partials_kernel(float* partial, const bf16* dout, int N, int OC, int rows_per_block) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= OC) return;
   const int g = static_cast<int>(blockIdx.y);
@@ -120,8 +118,7 @@ __global__ void add_mean_kernel(double* total, const float* values, int n) {
 
 void check_bias_shape(const char* op, int N, int OC) {
   ZERO_CHECK(N >= 1 && OC >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
-                                    ", OC=" + std::to_string(OC) +
-                                    " (N and OC must be at least 1)");
+                                    ", OC=" + std::to_string(OC) + " (N and OC must be at least 1)");
 }
 
 }  // namespace
@@ -142,8 +139,7 @@ void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream
   launch_map("gelu_forward", out, inp, nullptr, n, Gelu{}, stream);
 }
 
-void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n,
-                           cudaStream_t stream) {
+void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n, cudaStream_t stream) {
   launch_map("gelu_backward_inplace", dinp, inp, dout, n, GeluBackward{}, stream);
 }
 
@@ -152,8 +148,8 @@ std::size_t bias_backward_scratch_bytes(int N, int OC) {
   return kScratchAlign + detail::column_partial_bytes(N, OC);
 }
 
-void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
-                   std::size_t scratch_bytes, cudaStream_t stream) {
+void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch, std::size_t scratch_bytes,
+                   cudaStream_t stream) {
   check_bias_shape("bias_backward", N, OC);
   const std::size_t need = bias_backward_scratch_bytes(N, OC);
   detail::check_scratch("bias_backward", scratch, scratch_bytes, need,
@@ -161,8 +157,7 @@ void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
   auto* partial = reinterpret_cast<float*>(detail::scratch_base(scratch));
   const int rows = math::column_reduce_rows_per_block(N);
   const int blocks = math::column_reduce_blocks(N);
-  const dim3 grid(ceil_div(static_cast<std::size_t>(OC), kColumnThreads),
-                  static_cast<unsigned>(blocks));
+  const dim3 grid(ceil_div(static_cast<std::size_t>(OC), kColumnThreads), static_cast<unsigned>(blocks));
   bias_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(partial, dout, N, OC, rows);
   GPT_LAUNCH_CHECK("bias_backward (partials)");
   detail::add_column_partials(dbias, partial, blocks, OC, stream);

@@ -35,9 +35,8 @@ std::string shape_text(int B, int T, int C) {
 }
 
 void check_shape(const char* op, int B, int T, int C) {
-  ZERO_CHECK(B >= 1 && T >= 1 && C >= 1, std::string(op) + ": unsupported shape " +
-                                             shape_text(B, T, C) +
-                                             " (B, T and C must be at least 1)");
+  ZERO_CHECK(B >= 1 && T >= 1 && C >= 1,
+             std::string(op) + ": unsupported shape " + shape_text(B, T, C) + " (B, T and C must be at least 1)");
   ZERO_CHECK(static_cast<long long>(B) * T <= 0x7fffffffLL,
              std::string(op) + ": B*T = " + std::to_string(static_cast<long long>(B) * T) +
                  " positions exceed the 2^31-1 the sort supports (" + shape_text(B, T, C) + ")");
@@ -45,9 +44,8 @@ void check_shape(const char* op, int B, int T, int C) {
 
 // One thread per VEC-wide chunk of an output row.
 template <int VEC>
-__global__ void encoder_forward_kernel(bf16* out, const std::int32_t* tokens, const bf16* wte,
-                                       const bf16* wpe, int T, int C, std::size_t chunks,
-                                       int row0, int rows) {
+__global__ void encoder_forward_kernel(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int T,
+                                       int C, std::size_t chunks, int row0, int rows) {
   const std::size_t per_row = static_cast<std::size_t>(C / VEC);
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
@@ -75,17 +73,14 @@ __global__ void iota_kernel(std::int32_t* v, int n) {
 // Block i handles sorted entry i if it starts a run of equal token ids: it walks the run (the
 // positions in increasing order, as the stable sort left them) for each of its columns.
 template <int VEC>
-__global__ void encoder_backward_wte_kernel(bf16* dwte, const bf16* dout,
-                                            const std::int32_t* sorted_ids,
-                                            const std::int32_t* sorted_pos, int N, int C,
-                                            int row0, int rows) {
+__global__ void encoder_backward_wte_kernel(bf16* dwte, const bf16* dout, const std::int32_t* sorted_ids,
+                                            const std::int32_t* sorted_pos, int N, int C, int row0, int rows) {
   const int i = static_cast<int>(blockIdx.x);
   const std::int32_t id = sorted_ids[i];
   if (i > 0 && sorted_ids[i - 1] == id) return;
   if (rows >= 0 && (id - row0 < 0 || id - row0 >= rows)) return;  // another rank's part
   bf16* row = dwte + static_cast<std::size_t>(id - row0) * C;
-  for (int c = static_cast<int>(threadIdx.x) * VEC; c < C;
-       c += static_cast<int>(blockDim.x) * VEC) {
+  for (int c = static_cast<int>(threadIdx.x) * VEC; c < C; c += static_cast<int>(blockDim.x) * VEC) {
     float acc[VEC];
 #pragma unroll
     for (int k = 0; k < VEC; ++k) acc[k] = 0.0f;
@@ -138,11 +133,10 @@ unsigned grid_for(std::size_t items, int threads) {
 std::size_t sort_temp_bytes(int n) {
   std::size_t bytes = 0;
   const cudaError_t rc = cub::DeviceRadixSort::SortPairs(
-      nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
-      static_cast<std::int32_t*>(nullptr), static_cast<const std::int32_t*>(nullptr),
-      static_cast<std::int32_t*>(nullptr), n);
-  ZERO_CHECK(rc == cudaSuccess, std::string("encoder_backward: sizing the CUB radix sort of ") +
-                                    std::to_string(n) + " ids failed: " + cudaGetErrorName(rc));
+      nullptr, bytes, static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n);
+  ZERO_CHECK(rc == cudaSuccess, std::string("encoder_backward: sizing the CUB radix sort of ") + std::to_string(n) +
+                                    " ids failed: " + cudaGetErrorName(rc));
   return bytes;
 }
 
@@ -163,21 +157,19 @@ BackwardScratch backward_scratch(int N) {
 
 }  // namespace
 
-void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int B,
-                     int T, int C, cudaStream_t stream, int row0, int rows) {
+void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
+                     cudaStream_t stream, int row0, int rows) {
   check_shape("encoder_forward", B, T, C);
   constexpr int kThreads = 256;
   const std::size_t N = static_cast<std::size_t>(B) * T;
   if (C % 8 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe)) {
     const std::size_t chunks = N * (C / 8);
     encoder_forward_kernel<8>
-        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks,
-                                                              row0, rows);
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks, row0, rows);
   } else {
     const std::size_t chunks = N * C;
     encoder_forward_kernel<1>
-        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks,
-                                                              row0, rows);
+        <<<grid_for(chunks, kThreads), kThreads, 0, stream>>>(out, tokens, wte, wpe, T, C, chunks, row0, rows);
   }
   GPT_LAUNCH_CHECK("encoder_forward");
 }
@@ -187,9 +179,8 @@ std::size_t encoder_backward_scratch_bytes(int B, int T, int C) {
   return backward_scratch(B * T).total;
 }
 
-void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens, int B,
-                      int T, int C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream,
-                      int row0, int rows) {
+void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens, int B, int T, int C,
+                      void* scratch, std::size_t scratch_bytes, cudaStream_t stream, int row0, int rows) {
   check_shape("encoder_backward", B, T, C);
   const int N = B * T;
   const BackwardScratch s = backward_scratch(N);
@@ -202,35 +193,31 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
   std::size_t sort_bytes = s.sort_bytes;
 
   constexpr int kThreads = 256;
-  iota_kernel<<<grid_for(static_cast<std::size_t>(N), kThreads), kThreads, 0, stream>>>(positions,
-                                                                                        N);
+  iota_kernel<<<grid_for(static_cast<std::size_t>(N), kThreads), kThreads, 0, stream>>>(positions, N);
   GPT_LAUNCH_CHECK("encoder_backward (positions)");
-  const cudaError_t rc = cub::DeviceRadixSort::SortPairs(
-      sort_temp, sort_bytes, tokens, sorted_ids, positions, sorted_pos, N, 0,
-      static_cast<int>(sizeof(std::int32_t) * 8), stream);
-  ZERO_CHECK(rc == cudaSuccess,
-             std::string("encoder_backward: CUB radix sort of ") + std::to_string(N) +
-                 " token ids failed: " + cudaGetErrorName(rc) + " (" + shape_text(B, T, C) + ")");
+  const cudaError_t rc =
+      cub::DeviceRadixSort::SortPairs(sort_temp, sort_bytes, tokens, sorted_ids, positions, sorted_pos, N, 0,
+                                      static_cast<int>(sizeof(std::int32_t) * 8), stream);
+  ZERO_CHECK(rc == cudaSuccess, std::string("encoder_backward: CUB radix sort of ") + std::to_string(N) +
+                                    " token ids failed: " + cudaGetErrorName(rc) + " (" + shape_text(B, T, C) + ")");
 
   const bool vec = C % 8 == 0 && aligned16(dwte) && aligned16(dwpe) && aligned16(dout);
   // Enough threads for one pass over the row's chunks, a whole number of warps, at most 256.
   const int row_chunks = vec ? C / 8 : C;
   const int wte_threads = row_chunks >= 256 ? 256 : (row_chunks + 31) / 32 * 32;
   if (vec) {
-    encoder_backward_wte_kernel<8><<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(
-        dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
+    encoder_backward_wte_kernel<8>
+        <<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
   } else {
-    encoder_backward_wte_kernel<1><<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(
-        dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
+    encoder_backward_wte_kernel<1>
+        <<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
   }
   GPT_LAUNCH_CHECK("encoder_backward (wte)");
   const std::size_t wpe_chunks = static_cast<std::size_t>(T) * row_chunks;
   if (vec) {
-    encoder_backward_wpe_kernel<8>
-        <<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+    encoder_backward_wpe_kernel<8><<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   } else {
-    encoder_backward_wpe_kernel<1>
-        <<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+    encoder_backward_wpe_kernel<1><<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
   }
   GPT_LAUNCH_CHECK("encoder_backward (wpe)");
 }

@@ -22,41 +22,37 @@ using bf16 = __nv_bfloat16;
 // --- encoder (encoder.cu) ---
 // rows >= 0: wte holds the vocabulary rows [row0, row0 + rows) only (tensor parallelism, the
 // Ops' *_part calls); other ids read zeros and get no gradient, and wpe may be null.
-void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe,
-                     int B, int T, int C, cudaStream_t stream, int row0 = 0, int rows = -1);
+void encoder_forward(bf16* out, const std::int32_t* tokens, const bf16* wte, const bf16* wpe, int B, int T, int C,
+                     cudaStream_t stream, int row0 = 0, int rows = -1);
 // Deterministic, no atomics on the hot path: the (b, t) positions are grouped by token id on the
 // device (a sort of B*T ids), then each id's rows are summed in position order.
 std::size_t encoder_backward_scratch_bytes(int B, int T, int C);
-void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens,
-                      int B, int T, int C, void* scratch, std::size_t scratch_bytes,
-                      cudaStream_t stream, int row0 = 0, int rows = -1);
+void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32_t* tokens, int B, int T, int C,
+                      void* scratch, std::size_t scratch_bytes, cudaStream_t stream, int row0 = 0, int rows = -1);
 
 // --- LayerNorm (layernorm.cu), eps 1e-5, statistics in fp32 ---
-void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
-                       const bf16* b, int N, int C, cudaStream_t stream);
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w, const bf16* b, int N, int C,
+                       cudaStream_t stream);
 // residual = a + b (rounded to bf16), out = LayerNorm(residual), in one pass.
-void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd,
-                                const bf16* a, const bf16* b, const bf16* w, const bf16* bias,
-                                int N, int C, cudaStream_t stream);
+void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                const bf16* w, const bf16* bias, int N, int C, cudaStream_t stream);
 // Deterministic: dw and db are reduced in fp32 over row blocks in a fixed order (partial sums
 // per block in scratch, then one ordered pass), then added to the bf16 gradients.
 std::size_t layernorm_backward_scratch_bytes(int N, int C);
-void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const bf16* inp,
-                        const bf16* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, std::size_t scratch_bytes, cudaStream_t stream);
+void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const bf16* inp, const bf16* w,
+                        const float* mean, const float* rstd, int N, int C, void* scratch, std::size_t scratch_bytes,
+                        cudaStream_t stream);
 
 // --- element-wise (elementwise.cu) ---
-void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n,
-                      cudaStream_t stream);
+void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream);
 // GELU (tanh approximation), for the paths where the matmul epilogue does not apply.
 void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream);
 // dinp = dout * GELU'(inp) (overwrites; dinp may alias dout).
-void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n,
-                           cudaStream_t stream);
+void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n, cudaStream_t stream);
 // dbias[OC] += column sums of dout[N, OC], fp32 accumulation, deterministic.
 std::size_t bias_backward_scratch_bytes(int N, int OC);
-void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch,
-                   std::size_t scratch_bytes, cudaStream_t stream);
+void bias_backward(bf16* dbias, const bf16* dout, int N, int OC, void* scratch, std::size_t scratch_bytes,
+                   cudaStream_t stream);
 
 // *total += the mean of values[0, n), summed in double in a fixed order (one block; n is a
 // micro-batch's token count, so one block is plenty).
@@ -67,19 +63,15 @@ void add_mean(double* total, const float* values, int n, cudaStream_t stream);
 // and, if dlogits is non-null, dlogits = (softmax - onehot) * dloss for ids < V, 0 for the
 // padding; dlogits may alias logits. One read of the logits for the statistics, one for the
 // gradient; no probabilities are stored.
-void softmax_cross_entropy(float* losses, bf16* dlogits, const bf16* logits,
-                           const std::int32_t* targets, int N, int V, int Vp, float dloss,
-                           cudaStream_t stream);
+void softmax_cross_entropy(float* losses, bf16* dlogits, const bf16* logits, const std::int32_t* targets, int N, int V,
+                           int Vp, float dloss, cudaStream_t stream);
 // Vocabulary-parallel cross-entropy, the three passes of Ops::cross_entropy_part_* (logits
 // [N, Vl] are the ids [v0, v0 + Vl); ids >= V take no part); one block per row.
-void cross_entropy_part_max(float* row_max, const bf16* logits, int N, int Vl, int v0, int V,
-                            cudaStream_t stream);
-void cross_entropy_part_sums(float* sums, const bf16* logits, const float* row_max,
-                             const std::int32_t* targets, int N, int Vl, int v0, int V,
-                             cudaStream_t stream);
-void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits,
-                               const float* row_max, const float* sums,
-                               const std::int32_t* targets, int N, int Vl, int v0, int V,
+void cross_entropy_part_max(float* row_max, const bf16* logits, int N, int Vl, int v0, int V, cudaStream_t stream);
+void cross_entropy_part_sums(float* sums, const bf16* logits, const float* row_max, const std::int32_t* targets, int N,
+                             int Vl, int v0, int V, cudaStream_t stream);
+void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits, const float* row_max,
+                               const float* sums, const std::int32_t* targets, int N, int Vl, int v0, int V,
                                float dloss, cudaStream_t stream);
 
 // --- attention (attention.cu): causal, flash-style, head size hs = C / NH ---
@@ -87,13 +79,11 @@ void cross_entropy_part_finish(float* losses, bf16* dlogits, const bf16* logits,
 // (the log-sum-exp of each row's scaled scores, what the backward needs to rebuild the
 // probabilities). No T x T matrix is stored. Supported head sizes: see attention_supported.
 bool attention_supported(int T, int C, int NH);
-void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
-                       cudaStream_t stream);
+void attention_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream);
 // dqkv += gradient of q, k and v. Scratch: attention_backward_scratch_floats fp32 elements
 // (the per-row dot(dout, out), and fp32 accumulators where the kernel needs them).
 std::size_t attention_backward_scratch_floats(int B, int T, int C, int NH);
-void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv,
-                        const bf16* out, const float* lse, int B, int T, int C, int NH,
-                        cudaStream_t stream);
+void attention_backward(bf16* dqkv, float* scratch, const bf16* dout, const bf16* qkv, const bf16* out,
+                        const float* lse, int B, int T, int C, int NH, cudaStream_t stream);
 
 }  // namespace zero::gpt::cuda

@@ -47,8 +47,7 @@ ZERO_GPT_HD float layernorm_rstd(float variance) {
 
 // LayerNorm input gradient of one element: with dn = dy w and xhat = (x - mean) rstd,
 // dx = rstd (dn - mean(dn) - xhat mean(dn xhat)). mean_dn and mean_dn_xhat are the row means.
-ZERO_GPT_HD float layernorm_dinp(float dy, float w, float xhat, float mean_dn, float mean_dn_xhat,
-                                 float rstd) {
+ZERO_GPT_HD float layernorm_dinp(float dy, float w, float xhat, float mean_dn, float mean_dn_xhat, float rstd) {
   return (dy * w - mean_dn - xhat * mean_dn_xhat) * rstd;
 }
 

@@ -38,18 +38,14 @@ void check_shape(const char* op, int N, int C) {
                                    ", C=" + std::to_string(C) + " (N and C must be at least 1)");
 }
 
-__device__ __forceinline__ float round_bf16(float x) {
-  return __bfloat162float(__float2bfloat16_rn(x));
-}
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // RESIDUAL: the row is bf16(a + b), written to `residual` and then read back from there;
 // otherwise the row is `a`. `b` is unused without RESIDUAL.
 template <int VEC, bool RESIDUAL>
-__global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean, float* rstd,
-                                         const bf16* a, const bf16* b, const bf16* w,
-                                         const bf16* bias, int N, int C) {
-  const int row =
-      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+__global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a,
+                                         const bf16* b, const bf16* w, const bf16* bias, int N, int C) {
+  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= N) return;
   const std::size_t off = static_cast<std::size_t>(row) * C;
@@ -99,11 +95,9 @@ __global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean,
 
 // dinp += rstd (dy w - mean(dy w) - xhat mean(dy w xhat)), one warp per row.
 template <int VEC>
-__global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp,
-                                               const bf16* w, const float* mean, const float* rstd,
-                                               int N, int C) {
-  const int row =
-      static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+__global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* w,
+                                               const float* mean, const float* rstd, int N, int C) {
+  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
   if (row >= N) return;
   const std::size_t off = static_cast<std::size_t>(row) * C;
@@ -132,17 +126,15 @@ __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, con
     load_bf16<VEC>(w + c, wv);
     load_bf16<VEC>(dinp + off + c, g);
 #pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      g[k] += math::layernorm_dinp(dy[k], wv[k], (x[k] - m) * s, mean_dn, mean_dn_xhat, s);
+    for (int k = 0; k < VEC; ++k) g[k] += math::layernorm_dinp(dy[k], wv[k], (x[k] - m) * s, mean_dn, mean_dn_xhat, s);
     store_bf16<VEC>(dinp + off + c, g);
   }
 }
 
 // Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order. Writes the
 // block's partial sums of dy * xhat (dw) and dy (db) to row g of each partial matrix [G, C].
-__global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_db, const bf16* dout,
-                                                   const bf16* inp, const float* mean,
-                                                   const float* rstd, int N, int C,
+__global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_db, const bf16* dout, const bf16* inp,
+                                                   const float* mean, const float* rstd, int N, int C,
                                                    int rows_per_block) {
   const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (c >= C) return;
@@ -164,9 +156,8 @@ __global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_d
 unsigned row_grid(int N) { return ceil_div(static_cast<std::size_t>(N), kWarpsPerBlock); }
 
 template <bool RESIDUAL>
-void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, float* rstd,
-                    const bf16* a, const bf16* b, const bf16* w, const bf16* bias, int N, int C,
-                    cudaStream_t stream) {
+void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                    const bf16* w, const bf16* bias, int N, int C, cudaStream_t stream) {
   check_shape(op, N, C);
   bool vec = C % 8 == 0 && aligned16(out) && aligned16(a) && aligned16(w) && aligned16(bias);
   if (RESIDUAL) vec = vec && aligned16(residual) && aligned16(b);
@@ -183,17 +174,14 @@ void launch_forward(const char* op, bf16* residual, bf16* out, float* mean, floa
 
 }  // namespace
 
-void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w,
-                       const bf16* b, int N, int C, cudaStream_t stream) {
-  launch_forward<false>("layernorm_forward", nullptr, out, mean, rstd, inp, nullptr, w, b, N, C,
-                        stream);
+void layernorm_forward(bf16* out, float* mean, float* rstd, const bf16* inp, const bf16* w, const bf16* b, int N, int C,
+                       cudaStream_t stream) {
+  launch_forward<false>("layernorm_forward", nullptr, out, mean, rstd, inp, nullptr, w, b, N, C, stream);
 }
 
-void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a,
-                                const bf16* b, const bf16* w, const bf16* bias, int N, int C,
-                                cudaStream_t stream) {
-  launch_forward<true>("residual_layernorm_forward", residual, out, mean, rstd, a, b, w, bias, N, C,
-                       stream);
+void residual_layernorm_forward(bf16* residual, bf16* out, float* mean, float* rstd, const bf16* a, const bf16* b,
+                                const bf16* w, const bf16* bias, int N, int C, cudaStream_t stream) {
+  launch_forward<true>("residual_layernorm_forward", residual, out, mean, rstd, a, b, w, bias, N, C, stream);
 }
 
 std::size_t layernorm_backward_scratch_bytes(int N, int C) {
@@ -201,9 +189,9 @@ std::size_t layernorm_backward_scratch_bytes(int N, int C) {
   return kScratchAlign + 2 * detail::column_partial_bytes(N, C);
 }
 
-void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const bf16* inp,
-                        const bf16* w, const float* mean, const float* rstd, int N, int C,
-                        void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const bf16* inp, const bf16* w,
+                        const float* mean, const float* rstd, int N, int C, void* scratch, std::size_t scratch_bytes,
+                        cudaStream_t stream) {
   check_shape("layernorm_backward", N, C);
   const std::size_t need = layernorm_backward_scratch_bytes(N, C);
   detail::check_scratch("layernorm_backward", scratch, scratch_bytes, need,
@@ -212,24 +200,20 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
   auto* part_dw = reinterpret_cast<float*>(base);
   auto* part_db = reinterpret_cast<float*>(base + detail::column_partial_bytes(N, C));
 
-  const bool vec =
-      C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+  const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
   constexpr int threads = 32 * kWarpsPerBlock;
   if (vec) {
-    layernorm_backward_dinp_kernel<8>
-        <<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<8><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   } else {
-    layernorm_backward_dinp_kernel<1>
-        <<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
+    layernorm_backward_dinp_kernel<1><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
   }
   GPT_LAUNCH_CHECK("layernorm_backward (dinp)");
 
   const int rows = math::column_reduce_rows_per_block(N);
   const int blocks = math::column_reduce_blocks(N);
-  const dim3 grid(ceil_div(static_cast<std::size_t>(C), kColumnThreads),
-                  static_cast<unsigned>(blocks));
-  layernorm_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(
-      part_dw, part_db, dout, inp, mean, rstd, N, C, rows);
+  const dim3 grid(ceil_div(static_cast<std::size_t>(C), kColumnThreads), static_cast<unsigned>(blocks));
+  layernorm_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(part_dw, part_db, dout, inp, mean, rstd, N, C,
+                                                                          rows);
   GPT_LAUNCH_CHECK("layernorm_backward (dw/db partials)");
   detail::add_column_partials(dw, part_dw, blocks, C, stream);
   GPT_LAUNCH_CHECK("layernorm_backward (dw)");

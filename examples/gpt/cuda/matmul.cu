@@ -24,18 +24,15 @@ namespace {
 constexpr std::uint32_t kAlignBytes = 16;
 constexpr int kAlignElements = kAlignBytes / sizeof(bf16);
 
-[[noreturn]] void throw_cublas_status(const char* file, int line, const char* call,
-                                      cublasStatus_t s) {
-  zero::throw_error(file, line,
-                    std::string(call) + " failed: " + cublasLtGetStatusName(s) + " (" +
-                        cublasLtGetStatusString(s) + ")");
+[[noreturn]] void throw_cublas_status(const char* file, int line, const char* call, cublasStatus_t s) {
+  zero::throw_error(
+      file, line, std::string(call) + " failed: " + cublasLtGetStatusName(s) + " (" + cublasLtGetStatusString(s) + ")");
 }
 
-#define GPT_CUBLAS_CHECK(call)                                        \
-  do {                                                                \
-    const cublasStatus_t gpt_cublas_rc_ = (call);                     \
-    if (gpt_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                      \
-      throw_cublas_status(__FILE__, __LINE__, #call, gpt_cublas_rc_); \
+#define GPT_CUBLAS_CHECK(call)                                                                                   \
+  do {                                                                                                           \
+    const cublasStatus_t gpt_cublas_rc_ = (call);                                                                \
+    if (gpt_cublas_rc_ != CUBLAS_STATUS_SUCCESS) throw_cublas_status(__FILE__, __LINE__, #call, gpt_cublas_rc_); \
   } while (0)
 
 enum class Epilogue : std::uint8_t { none, bias, gelu_aux, gelu_aux_bias, dgelu };
@@ -51,9 +48,7 @@ cublasLtEpilogue_t to_cublas(Epilogue e) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 bool reads_bias(Epilogue e) { return e == Epilogue::bias || e == Epilogue::gelu_aux_bias; }
-bool is_gelu(Epilogue e) {
-  return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu;
-}
+bool is_gelu(Epilogue e) { return e == Epilogue::gelu_aux || e == Epilogue::gelu_aux_bias || e == Epilogue::dgelu; }
 bool uses_aux(Epilogue e) { return is_gelu(e); }
 const char* epilogue_name(Epilogue e) {
   switch (e) {
@@ -81,8 +76,8 @@ struct Gemm {
 std::string describe(const Gemm& g) {
   std::ostringstream s;
   s << "m=" << g.m << " n=" << g.n << " k=" << g.k << " op(A)=" << (g.trans_a ? "T" : "N")
-    << " op(B)=" << (g.trans_b ? "T" : "N") << " lda=" << g.lda << " ldb=" << g.ldb
-    << " ldd=" << g.ldd << " epilogue " << epilogue_name(g.epilogue);
+    << " op(B)=" << (g.trans_b ? "T" : "N") << " lda=" << g.lda << " ldb=" << g.ldb << " ldd=" << g.ldd << " epilogue "
+    << epilogue_name(g.epilogue);
   return s.str();
 }
 
@@ -109,18 +104,15 @@ void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, co
   GPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
 }
 template <class T>
-void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
-              const T& value) {
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, const T& value) {
   GPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
 // --- validation, before anything is enqueued ---
 
-std::string shape_text(const char* op, const char* a, int av, const char* b, int bv, const char* c,
-                       int cv) {
+std::string shape_text(const char* op, const char* a, int av, const char* b, int bv, const char* c, int cv) {
   std::ostringstream s;
-  s << "matmul " << op << " (" << a << "=" << av << ", " << b << "=" << bv << ", " << c << "=" << cv
-    << ")";
+  s << "matmul " << op << " (" << a << "=" << av << ", " << b << "=" << bv << ", " << c << "=" << cv << ")";
   return s.str();
 }
 
@@ -130,8 +122,7 @@ void check_rows(const std::string& where, int rows) {
 
 void check_row_length(const std::string& where, const char* name, int v) {
   ZERO_CHECK(v > 0 && v % kAlignElements == 0,
-             where + ": " + name + " = " + std::to_string(v) +
-                 " is not supported: it must be a positive multiple of " +
+             where + ": " + name + " = " + std::to_string(v) + " is not supported: it must be a positive multiple of " +
                  std::to_string(kAlignElements) +
                  " (cuBLASLt's bf16 kernels need every row 16-byte aligned); pad the dimension");
 }
@@ -202,26 +193,25 @@ struct Matmul::Impl {
       set_desc(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, probe_address());
     }
     const auto u = [](std::int64_t v) { return static_cast<std::uint64_t>(v); };
-    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, u(g.trans_a ? g.k : g.m),
-                                                u(g.trans_a ? g.m : g.k), g.lda));
-    GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, u(g.trans_b ? g.n : g.k),
-                                                u(g.trans_b ? g.k : g.n), g.ldb));
+    GPT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, u(g.trans_a ? g.k : g.m), u(g.trans_a ? g.m : g.k), g.lda));
+    GPT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, u(g.trans_b ? g.n : g.k), u(g.trans_b ? g.k : g.n), g.ldb));
     GPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16BF, u(g.m), u(g.n), g.ldd));
 
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->d, p->d,
-                                                            pref, 1, &result, &found);
+    const cublasStatus_t s =
+        cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
     ++stats.heuristic_queries;
-    p->supported = s == CUBLAS_STATUS_SUCCESS && found > 0 &&
-                   result.state == CUBLAS_STATUS_SUCCESS && result.workspaceSize <= kWorkspaceBytes;
+    p->supported = s == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
+                   result.workspaceSize <= kWorkspaceBytes;
     if (p->supported) {
       p->algo = result.algo;
     } else if (!is_gelu(g.epilogue)) {
       // The GELU epilogues have a fallback; a plain product has none.
-      ZERO_THROW(std::string("cuBLASLt has no algorithm for the bf16 product ") + describe(g) +
-                 " (heuristic status " + cublasLtGetStatusName(s) + ", " + std::to_string(found) +
-                 " results)");
+      ZERO_THROW(std::string("cuBLASLt has no algorithm for the bf16 product ") + describe(g) + " (heuristic status " +
+                 cublasLtGetStatusName(s) + ", " + std::to_string(found) + " results)");
     }
     Plan& ref = *p;
     plans.emplace(g, std::move(p));
@@ -231,8 +221,8 @@ struct Matmul::Impl {
 
   // Runs g if cuBLASLt has an algorithm for it; false (nothing enqueued) when it has none,
   // which only a GELU epilogue may see.
-  bool run(const Gemm& g, const bf16* A, const bf16* B, bf16* D, float beta,
-           const bf16* bias = nullptr, const void* aux = nullptr) {
+  bool run(const Gemm& g, const bf16* A, const bf16* B, bf16* D, float beta, const bf16* bias = nullptr,
+           const void* aux = nullptr) {
     Plan& p = plan(g);
     if (!p.supported) return false;
     if (reads_bias(g.epilogue)) {
@@ -242,8 +232,8 @@ struct Matmul::Impl {
     if (uses_aux(g.epilogue)) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     const float alpha = 1.0f;
     // C is D (in place, same layout): beta = 1 accumulates into D, beta = 0 overwrites it.
-    const cublasStatus_t s = cublasLtMatmul(handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d,
-                                            D, p.d, &p.algo, workspace, kWorkspaceBytes, stream);
+    const cublasStatus_t s = cublasLtMatmul(handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                                            workspace, kWorkspaceBytes, stream);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED && is_gelu(g.epilogue)) {
       // Refused at launch although the heuristic offered it: use the fallback from now on.
       p.supported = false;
@@ -279,10 +269,9 @@ Matmul::~Matmul() = default;
 
 Matmul::Stats Matmul::stats() const { return impl_->stats; }
 
-void Matmul::forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C,
-                     int OC, bf16* pre_gelu) {
-  const std::string where =
-      shape_text(pre_gelu ? "forward (GELU)" : "forward", "N", N, "C", C, "OC", OC);
+void Matmul::forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C, int OC,
+                     bf16* pre_gelu) {
+  const std::string where = shape_text(pre_gelu ? "forward (GELU)" : "forward", "N", N, "C", C, "OC", OC);
   check_rows(where, N);
   check_row_length(where, "C", C);
   check_row_length(where, "OC", OC);
@@ -315,15 +304,13 @@ void Matmul::forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias
   }
   g.epilogue = plain;
   impl_->run(g, w, inp, pre_gelu, 0.0f, bias);
-  gelu_forward(out, pre_gelu, static_cast<std::size_t>(N) * static_cast<std::size_t>(OC),
-               impl_->stream);
+  gelu_forward(out, pre_gelu, static_cast<std::size_t>(N) * static_cast<std::size_t>(OC), impl_->stream);
   ++impl_->stats.gelu_fallbacks;
 }
 
-void Matmul::backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, const bf16* w, int N,
-                      int C, int OC, const bf16* pre_gelu) {
-  const std::string where =
-      shape_text(pre_gelu ? "backward (GELU)" : "backward", "N", N, "C", C, "OC", OC);
+void Matmul::backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, const bf16* w, int N, int C, int OC,
+                      const bf16* pre_gelu) {
+  const std::string where = shape_text(pre_gelu ? "backward (GELU)" : "backward", "N", N, "C", C, "OC", OC);
   check_rows(where, N);
   check_row_length(where, "C", C);
   check_row_length(where, "OC", OC);
@@ -370,8 +357,7 @@ void Matmul::backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, c
   }
   gi.epilogue = Epilogue::none;
   impl_->run(gi, w, dout, dinp, 0.0f);
-  gelu_backward_inplace(dinp, pre_gelu, dinp,
-                        static_cast<std::size_t>(N) * static_cast<std::size_t>(C), impl_->stream);
+  gelu_backward_inplace(dinp, pre_gelu, dinp, static_cast<std::size_t>(N) * static_cast<std::size_t>(C), impl_->stream);
   ++impl_->stats.gelu_fallbacks;
 }
 
@@ -397,8 +383,8 @@ void Matmul::logits_forward(bf16* logits, const bf16* x, const bf16* wte, int N,
   impl_->run(g, wte, x, logits, 0.0f);
 }
 
-void Matmul::logits_backward(bf16* dx, bf16* dwte, const bf16* dlogits, const bf16* x,
-                             const bf16* wte, int N, int C, int Vp) {
+void Matmul::logits_backward(bf16* dx, bf16* dwte, const bf16* dlogits, const bf16* x, const bf16* wte, int N, int C,
+                             int Vp) {
   const std::string where = shape_text("logits_backward", "N", N, "C", C, "Vp", Vp);
   check_rows(where, N);
   check_row_length(where, "C", C);

@@ -51,19 +51,17 @@ class Matmul {
 
   // out[N,OC] = inp[N,C] w[C,OC] + bias[OC] (bias may be null). With pre_gelu non-null, the
   // product plus bias goes to pre_gelu and out = GELU(pre_gelu) (pre_gelu must not be out).
-  void forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C, int OC,
-               bf16* pre_gelu);
+  void forward(bf16* out, const bf16* inp, const bf16* w, const bf16* bias, int N, int C, int OC, bf16* pre_gelu);
   // dw[C,OC] += inp^T dout, then, if dinp is non-null, dinp[N,C] += dout w^T; with pre_gelu
   // non-null, dinp = (dout w^T) * GELU'(pre_gelu) instead (overwritten; dinp must not be
   // pre_gelu). dw is computed first, so dinp may alias inp. The bias gradient is not here
   // (bias_backward in gpt_kernels.hpp).
-  void backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, const bf16* w, int N,
-                int C, int OC, const bf16* pre_gelu);
+  void backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, const bf16* w, int N, int C, int OC,
+                const bf16* pre_gelu);
   // logits[N,Vp] = x[N,C] wte[Vp,C]^T.
   void logits_forward(bf16* logits, const bf16* x, const bf16* wte, int N, int C, int Vp);
   // dwte[Vp,C] += dlogits^T x, then, if dx is non-null, dx[N,C] += dlogits wte.
-  void logits_backward(bf16* dx, bf16* dwte, const bf16* dlogits, const bf16* x, const bf16* wte,
-                       int N, int C, int Vp);
+  void logits_backward(bf16* dx, bf16* dwte, const bf16* dlogits, const bf16* x, const bf16* wte, int N, int C, int Vp);
 
   Stats stats() const;
   // Workspace handed to cuBLASLt: NVIDIA's recommendation for Hopper, enough for Ampere.

@@ -54,12 +54,32 @@ class Work {
   // or timed-out collective, a wait inside a group still open): not noexcept, which would turn
   // such an error into std::terminate.
   Work& operator=(Work&& o) {
-    if (this != &o) { wait(); impl_ = std::move(o.impl_); }
+    if (this != &o) {
+      wait();
+      impl_ = std::move(o.impl_);
+    }
     return *this;
   }
-  ~Work() { if (impl_) try { impl_->wait(); } catch (...) {} }
-  void wait() { if (impl_) { impl_->wait(); impl_.reset(); } }
-  bool done() { if (!impl_) return true; if (impl_->test()) { wait(); return true; } return false; }
+  ~Work() {
+    if (impl_) try {
+        impl_->wait();
+      } catch (...) {
+      }
+  }
+  void wait() {
+    if (impl_) {
+      impl_->wait();
+      impl_.reset();
+    }
+  }
+  bool done() {
+    if (!impl_) return true;
+    if (impl_->test()) {
+      wait();
+      return true;
+    }
+    return false;
+  }
   bool pending() const { return impl_ != nullptr; }
 
  private:
@@ -111,8 +131,7 @@ class Communicator {
   // In place: buf (count elements) becomes the reduction over ranks.
   virtual Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) = 0;
   // send holds size()*recv_count elements; rank r receives the reduction of block r.
-  virtual Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
-                                    ReduceOp op) = 0;
+  virtual Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) = 0;
   // send holds send_count elements; recv gets size()*send_count, rank r's block at r*send_count.
   // send may alias recv + rank()*send_count (in place).
   virtual Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) = 0;
@@ -125,8 +144,7 @@ class Communicator {
   void all_reduce(void* buf, std::size_t count, DType t, ReduceOp op = ReduceOp::sum) {
     all_reduce_async(buf, count, t, op).wait();
   }
-  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t,
-                      ReduceOp op = ReduceOp::sum) {
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op = ReduceOp::sum) {
     reduce_scatter_async(send, recv, recv_count, t, op).wait();
   }
   void all_gather(const void* send, void* recv, std::size_t send_count, DType t) {
@@ -185,7 +203,10 @@ class CommGroup {
   CommGroup(const CommGroup&) = delete;
   CommGroup& operator=(const CommGroup&) = delete;
   ~CommGroup() {
-    if (comm_) try { comm_->group_end(); } catch (...) {}
+    if (comm_) try {
+        comm_->group_end();
+      } catch (...) {
+      }
   }
   // Closes the group now, reporting errors (the destructor must swallow them).
   void end() {

@@ -11,7 +11,9 @@
 
 #include "zero/dtype.hpp"
 
-namespace YAML { class Node; }
+namespace YAML {
+class Node;
+}
 
 namespace zero {
 
@@ -84,8 +86,7 @@ constexpr const char* to_string(GradAccumDType g) {
 // (as Megatron does: with 32 micro-steps a bf16 sum keeps about 3 significant bits of the last
 // micro-batches' gradients), else the compute dtype (one micro-step rounds once either way; the
 // host backend keeps its memory and its results as they were unless asked).
-DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t accumulation_steps,
-                           BackendKind backend);
+DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t accumulation_steps, BackendKind backend);
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
@@ -235,9 +236,7 @@ struct Config {
   std::string auto_block() const;
 
   // Compute dtype implied by fp16 / bf16.
-  DType compute_dtype() const {
-    return fp16.enabled ? DType::f16 : (bf16_enabled ? DType::bf16 : DType::f32);
-  }
+  DType compute_dtype() const { return fp16.enabled ? DType::f16 : (bf16_enabled ? DType::bf16 : DType::f32); }
   // The dtype gradients accumulate in (grad_accum_dtype_for; final once resolved).
   DType grad_dtype() const {
     return grad_accum_dtype_for(grad_accum_dtype, compute_dtype(), gradient_accumulation_steps, backend);

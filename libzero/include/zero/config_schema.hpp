@@ -33,12 +33,8 @@ struct Range {
   bool lo_open = false;
   bool hi_open = false;
 
-  static Range at_least(double lo) {
-    return {lo, std::numeric_limits<double>::infinity(), false, false};
-  }
-  static Range above(double lo) {
-    return {lo, std::numeric_limits<double>::infinity(), true, false};
-  }
+  static Range at_least(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, false}; }
+  static Range above(double lo) { return {lo, std::numeric_limits<double>::infinity(), true, false}; }
   static Range closed(double lo, double hi) { return {lo, hi, false, false}; }
   static Range closed_open(double lo, double hi) { return {lo, hi, false, true}; }
 
@@ -88,11 +84,11 @@ class StrictSection {
   std::string get_string(std::string_view key, const std::string& def);
   // One of `choices`; returns the spelling in `choices` (so case-insensitive matching gives
   // the canonical name).
-  std::string get_choice(std::string_view key, const std::string& def,
-                         const std::vector<std::string>& choices, bool ignore_case = false);
+  std::string get_choice(std::string_view key, const std::string& def, const std::vector<std::string>& choices,
+                         bool ignore_case = false);
   // A list of exactly `count` numbers (count 0: any length), each within `each`.
-  std::vector<double> get_doubles(std::string_view key, const std::vector<double>& def,
-                                  std::size_t count, const Range& each = {});
+  std::vector<double> get_doubles(std::string_view key, const std::vector<double>& def, std::size_t count,
+                                  const Range& each = {});
   // The nested mapping under `key`; nullopt when absent or null.
   std::optional<StrictSection> sub(std::string_view key);
   // Same, but an empty section when absent, so defaults apply with the same code path.

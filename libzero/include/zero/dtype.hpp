@@ -18,8 +18,12 @@ constexpr std::string_view dtype_name(DType t) {
   return t == DType::f32 ? "fp32" : (t == DType::bf16 ? "bf16" : "fp16");
 }
 
-struct bf16_t { std::uint16_t bits; };
-struct fp16_t { std::uint16_t bits; };
+struct bf16_t {
+  std::uint16_t bits;
+};
+struct fp16_t {
+  std::uint16_t bits;
+};
 
 // fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN.
 inline std::uint16_t f32_to_bf16_bits(float f) {
@@ -28,16 +32,14 @@ inline std::uint16_t f32_to_bf16_bits(float f) {
   std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<std::uint16_t>((u + rounding) >> 16);
 }
-inline float bf16_bits_to_f32(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
+inline float bf16_bits_to_f32(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
 // fp32 -> IEEE binary16, round to nearest even, overflow to inf, subnormals kept.
 inline std::uint16_t f32_to_f16_bits(float f) {
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   std::uint32_t sign = (u >> 16) & 0x8000u;
   std::uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
   if (a < 0x38800000u) {
     // Result is subnormal or zero: value = a_float / 2^-24, rounded to nearest even.

@@ -121,12 +121,12 @@ class GatheredModel {
 };
 
 struct StepResult {
-  std::int64_t step = 0;     // optimizer steps taken so far, skipped ones included
-  bool skipped = false;      // no update anywhere: an overflow, or the loop asked (StepOptions::skip)
-  bool overflow = false;     // an inf/nan in the gradients on some rank
-  double grad_norm = 0.0;    // global L2 norm of the unscaled, averaged gradient (before clipping)
-  double loss_scale = 1.0;   // scale used for this step's gradients
-  double lr = 0.0;           // learning rate applied
+  std::int64_t step = 0;    // optimizer steps taken so far, skipped ones included
+  bool skipped = false;     // no update anywhere: an overflow, or the loop asked (StepOptions::skip)
+  bool overflow = false;    // an inf/nan in the gradients on some rank
+  double grad_norm = 0.0;   // global L2 norm of the unscaled, averaged gradient (before clipping)
+  double loss_scale = 1.0;  // scale used for this step's gradients
+  double lr = 0.0;          // learning rate applied
 };
 
 // The gradient of the step about to be taken, as step() will see it (Engine::grad_norm).
@@ -149,10 +149,10 @@ struct StepOptions {
 
 // Bytes per rank by category. model_state() is what the ZeRO formula counts.
 struct MemoryReport {
-  std::int64_t params = 0;          // compute-dtype parameters kept between steps
-  std::int64_t grads = 0;           // gradient storage kept between reduce and step (accumulation dtype)
-  std::int64_t master = 0;          // fp32 master weights
-  std::int64_t optimizer = 0;       // optimizer moments (Adam: m and v; SGD: momentum)
+  std::int64_t params = 0;     // compute-dtype parameters kept between steps
+  std::int64_t grads = 0;      // gradient storage kept between reduce and step (accumulation dtype)
+  std::int64_t master = 0;     // fp32 master weights
+  std::int64_t optimizer = 0;  // optimizer moments (Adam: m and v; SGD: momentum)
   // The two below count what their pools have held at most, freed buffers kept for reuse
   // included: the memory taken from the backend, not only the bytes in use at once.
   std::int64_t comm_buffers = 0;    // reduce/gather staging buffers
@@ -249,7 +249,7 @@ class Engine {
   float loss_scale() const;  // multiply the loss (the backward's seed gradient) by this
   const Layout& layout() const;
   const Config& config() const;
-  int micro_step() const;    // micro-steps completed since the last step()
+  int micro_step() const;  // micro-steps completed since the last step()
   std::int64_t global_step() const;
   MemoryReport memory() const;
   // Bytes this rank has sent in the engine's collectives so far, inside its node and across
@@ -262,7 +262,7 @@ class Engine {
   std::vector<float> full_params(int unit);
 
  private:
-  friend class EngineState;  // zero/engine_state.hpp: the state checkpoints read and restore
+  friend class EngineState;                   // zero/engine_state.hpp: the state checkpoints read and restore
   friend Backend& engine_backend(Engine& e);  // internal, for the backends' tests
   std::unique_ptr<EngineImpl> impl_;
 };

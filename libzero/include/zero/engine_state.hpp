@@ -58,12 +58,11 @@ class EngineState {
 
   std::int64_t slice(int unit) const;  // elements per rank slice of the padded unit
   OwnedRange owned_range(int unit) const;
-  int optimizer_moments() const;       // fp32 tensors besides the master (Adam 2, SGD 1)
+  int optimizer_moments() const;  // fp32 tensors besides the master (Adam 2, SGD 1)
   bool loss_scale_dynamic() const;
   TrainingState training_state() const;
   // All-gathers of stage-3 units started so far, prefetches included.
   std::int64_t unit_all_gathers() const;
-
 
   // Throws unless the engine is between steps: no partial accumulation, no held UnitParams.
   // `what` names the caller in the message.

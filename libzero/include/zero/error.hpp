@@ -23,16 +23,15 @@ std::string rank_prefix();
 }  // namespace zero
 
 #define ZERO_THROW(msg) ::zero::throw_error(__FILE__, __LINE__, (msg))
-#define ZERO_CHECK(cond, msg)                         \
-  do {                                                \
+#define ZERO_CHECK(cond, msg)                                    \
+  do {                                                           \
     if (!(cond)) ::zero::throw_error(__FILE__, __LINE__, (msg)); \
   } while (0)
 
-#define ZERO_MPI_CHECK(call)                                                        \
-  do {                                                                              \
-    int zero_mpi_rc_ = (call);                                                      \
-    if (zero_mpi_rc_ != 0)                                                          \
-      ::zero::throw_error(__FILE__, __LINE__,                                       \
-                          std::string(#call " failed with MPI error ") +            \
-                              std::to_string(zero_mpi_rc_));                        \
+#define ZERO_MPI_CHECK(call)                                                                            \
+  do {                                                                                                  \
+    int zero_mpi_rc_ = (call);                                                                          \
+    if (zero_mpi_rc_ != 0)                                                                              \
+      ::zero::throw_error(__FILE__, __LINE__,                                                           \
+                          std::string(#call " failed with MPI error ") + std::to_string(zero_mpi_rc_)); \
   } while (0)

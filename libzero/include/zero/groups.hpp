@@ -16,8 +16,8 @@ class Context;
 // The nodes under the world communicator (the Context's), for start-up reports.
 struct NodeLayout {
   int nodes = 1;
-  int ranks_per_node = 1;  // 0 when nodes differ in size
-  bool simulated = false;  // ZERO_RANKS_PER_NODE
+  int ranks_per_node = 1;        // 0 when nodes differ in size
+  bool simulated = false;        // ZERO_RANKS_PER_NODE
   std::string describe() const;  // "2 nodes x 2 ranks (simulated: ZERO_RANKS_PER_NODE)"
 };
 NodeLayout node_layout(Context& ctx);

@@ -41,7 +41,7 @@ struct ParamInfo {
 struct UnitInfo {
   std::string name;
   std::vector<ParamInfo> params;
-  std::int64_t numel = 0;  // sum of its parameters, without padding
+  std::int64_t numel = 0;                       // sum of its parameters, without padding
   int find_param(std::string_view name) const;  // -1 when absent
 };
 

@@ -17,8 +17,8 @@ struct AdamHyper {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  bool decoupled = true;   // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
-  std::int64_t step = 1;   // 1-based count of steps taken, including this one
+  bool decoupled = true;  // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
+  std::int64_t step = 1;  // 1-based count of steps taken, including this one
   // Multiplies the incoming gradient before anything else: 1/loss_scale x clip coefficient x
   // 1/(number of summed contributions), folded by the caller into one factor.
   float grad_scale = 1.0f;
@@ -46,7 +46,7 @@ struct SgdHyper {
   float momentum = 0.0f;
   float weight_decay = 0.0f;  // L2: g += wd*p
   float grad_scale = 1.0f;
-  bool first_step = false;    // the momentum buffer is initialised to g on the first step
+  bool first_step = false;  // the momentum buffer is initialised to g on the first step
 };
 
 // The hyper-parameters of update number `step` (1-based) from the config's optimizer section.

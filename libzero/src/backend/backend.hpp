@@ -36,12 +36,12 @@ struct OffloadTimeline {
   struct Group {
     std::size_t range = 0, begin = 0, n = 0;
     double d2h_start = -1, d2h_end = -1;  // its gradient chunks' copies out (device); -1: none
-    double wait_start = 0;              // host_grads called: the host waits for those copies
-    double host_start = 0;              // host_grads returned: the host optimizer starts
-    double host_end = 0;                // params_ready called: the host optimizer is done
+    double wait_start = 0;                // host_grads called: the host waits for those copies
+    double host_start = 0;                // host_grads returned: the host optimizer starts
+    double host_end = 0;                  // params_ready called: the host optimizer is done
     double h2d_start = -1, h2d_end = -1;  // its parameters' copy back (device); -1: none
   };
-  double origin_s = 0;  // the origin on steady_clock, in seconds since that clock's epoch
+  double origin_s = 0;            // the origin on steady_clock, in seconds since that clock's epoch
   double origin_uncertainty = 0;  // ms: the origin event's record-to-seen interval
   double finish = 0;              // finish() called (host)
   std::vector<Group> groups;
@@ -95,7 +95,10 @@ class Buffer {
   ~Buffer();
 
   void* get() const { return ptr_; }
-  template <class T> T* as() const { return static_cast<T*>(ptr_); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
   std::size_t bytes() const { return bytes_; }
   explicit operator bool() const { return ptr_ != nullptr; }
 
@@ -135,10 +138,10 @@ class Backend {
 
   // Optimizer updates over a flat range of backend memory (the host AdamW's semantics and
   // hyper-parameters). param_out (compute dtype) may be null.
-  virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out,
-                    DType pt, std::size_t n, const AdamHyper& h) = 0;
-  virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-                   std::size_t n, const SgdHyper& h) = 0;
+  virtual void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt,
+                    std::size_t n, const AdamHyper& h) = 0;
+  virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+                   const SgdHyper& h) = 0;
 
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
   // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host

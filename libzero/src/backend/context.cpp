@@ -38,8 +38,9 @@ std::terminate_handler g_previous_terminate = nullptr;
   if (reporting.exchange(true)) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  std::string what = "std::terminate was called without an active exception (a noexcept function threw, or a "
-                     "joinable std::thread was destroyed)";
+  std::string what =
+      "std::terminate was called without an active exception (a noexcept function threw, or a "
+      "joinable std::thread was destroyed)";
   if (std::exception_ptr e = std::current_exception()) {
     try {
       std::rethrow_exception(e);

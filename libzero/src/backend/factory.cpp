@@ -71,9 +71,10 @@ std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communica
   // The engine would keep the parameter shard in device memory regardless: refuse rather than
   // ignore the setting.
   ZERO_CHECK(cfg.zero_optimization.offload_param.device == OffloadDevice::none,
-             where + ": zero_optimization.offload_param.device is set, but the CUDA backend does not offload "
-                     "parameters yet (only the optimizer state); set offload_param.device: none, or use "
-                     "offload_optimizer.device: cpu / nvme");
+             where +
+                 ": zero_optimization.offload_param.device is set, but the CUDA backend does not offload "
+                 "parameters yet (only the optimizer state); set offload_param.device: none, or use "
+                 "offload_optimizer.device: cpu / nvme");
   const PluginLoad& load = load_plugin();
   ZERO_CHECK(load.plugin != nullptr || !load.other_build,
              where + ": backend: cuda, but the CUDA backend's library " + load.error +
@@ -87,9 +88,10 @@ std::unique_ptr<Backend> make_backend(Context& ctx, const Config& cfg, Communica
   return load.plugin->make_backend(ctx, cfg, ranks);
 #else
   (void)ctx, (void)ranks;
-  ZERO_THROW(where + ": backend: cuda, but this libzero was built without CUDA (only the host backend is "
-                     "available). Rebuild with -DZERO_CUDA=ON (needs nvcc, cuBLASLt and NCCL; cmake prints why "
-                     "they were not found), or set backend: host");
+  ZERO_THROW(where +
+             ": backend: cuda, but this libzero was built without CUDA (only the host backend is "
+             "available). Rebuild with -DZERO_CUDA=ON (needs nvcc, cuBLASLt and NCCL; cmake prints why "
+             "they were not found), or set backend: host");
 #endif
 }
 

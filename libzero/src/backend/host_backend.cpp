@@ -83,8 +83,7 @@ class HostBackend final : public Backend {
       for (std::size_t i = 0; i < n; ++i) d[i] += s[i];
       return;
     }
-    for (std::size_t i = 0; i < n; ++i)
-      store_from_f32(dst, i, dt, load_as_f32(dst, i, dt) + load_as_f32(src, i, st));
+    for (std::size_t i = 0; i < n; ++i) store_from_f32(dst, i, dt, load_as_f32(dst, i, dt) + load_as_f32(src, i, st));
   }
 
   void stats_begin() override { sumsq_ = 0.0; }
@@ -98,12 +97,12 @@ class HostBackend final : public Backend {
   }
   double stats_finish() override { return sumsq_; }
 
-  void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt,
-            std::size_t n, const AdamHyper& h) override {
+  void adam(float* master, float* m, float* v, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+            const AdamHyper& h) override {
     offload::adam_step(master, m, v, grad, gt, param_out, pt, n, h);
   }
-  void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt,
-           std::size_t n, const SgdHyper& h) override {
+  void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+           const SgdHyper& h) override {
     offload::sgd_step(master, mom, grad, gt, param_out, pt, n, h);
   }
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {

@@ -175,13 +175,17 @@ void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
   std::vector<float> s;
   std::string why;
   const std::string layout = e.rank_state_layout();
-  if (m.rank_state.empty()) why = "the checkpoint holds none (saved without them)";
-  else if (m.rank_state_kind != kind) why = "the checkpoint holds " + rank_state_what(m.rank_state_kind) + " instead";
-  else if (m.world != e.world_size()) why = fmt::format("it was saved by {} ranks, this run has {}", m.world, e.world_size());
+  if (m.rank_state.empty())
+    why = "the checkpoint holds none (saved without them)";
+  else if (m.rank_state_kind != kind)
+    why = "the checkpoint holds " + rank_state_what(m.rank_state_kind) + " instead";
+  else if (m.world != e.world_size())
+    why = fmt::format("it was saved by {} ranks, this run has {}", m.world, e.world_size());
   else if (m.rank_state_layout != layout)
     why = fmt::format("they were saved for {}, this run is {}", m.rank_state_layout, layout);
-  else s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
-                                      m.rank_state[static_cast<std::size_t>(e.rank())]);
+  else
+    s = ckpt::read_rank_state_file(r.dir() + "/" + m.rank_state[static_cast<std::size_t>(e.rank())].file,
+                                   m.rank_state[static_cast<std::size_t>(e.rank())]);
   const std::size_t want = e.rank_state_size();
   if (why.empty() && s.size() != want) {
     why = fmt::format("they hold {} values per rank, this run's {}{}", s.size(), want,
@@ -209,18 +213,18 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     const ckpt::UnitMeta& cu = m.units[static_cast<std::size_t>(i)];
     std::string at = fmt::format("{}{}[{}]", file, units, i);
     if (cu.name != ui.name)
-      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i, ui.name,
-                             fix));
+      ZERO_THROW(fmt::format("{}.name' = \"{}\", the engine's unit {} is \"{}\"{}", at, escape_bytes(cu.name), i,
+                             ui.name, fix));
     if (cu.params.size() != ui.params.size())
-      ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at,
-                             cu.params.size(), ui.name, ui.params.size(), fix));
+      ZERO_THROW(fmt::format("{}.params' lists {} parameters for unit '{}', the engine has {}{}", at, cu.params.size(),
+                             ui.name, ui.params.size(), fix));
     for (std::size_t k = 0; k < ui.params.size(); ++k) {
       const auto& cp = cu.params[k];
       const auto& p = ui.params[k];
       std::string pat = fmt::format("{}.params[{}]", at, k);
       if (cp.name != p.name)
-        ZERO_THROW(pat + ".name' = \"" + escape_bytes(cp.name) + "\", the engine's parameter is \"" + p.name + "\" (unit '" +
-                   ui.name + "')" + fix);
+        ZERO_THROW(pat + ".name' = \"" + escape_bytes(cp.name) + "\", the engine's parameter is \"" + p.name +
+                   "\" (unit '" + ui.name + "')" + fix);
       if (cp.shape != p.shape)
         ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
                    shape_text(p.shape) + fix);
@@ -231,9 +235,10 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
     }
   }
   if (m.moments != e.optimizer_moments())
-    ZERO_THROW(fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
-                           "checkpoint was trained with",
-                           file, m.moments, m.optimizer, e.optimizer_moments()));
+    ZERO_THROW(
+        fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
+                    "checkpoint was trained with",
+                    file, m.moments, m.optimizer, e.optimizer_moments()));
   if (o.allow_config_change) return;
   if (m.compute_dtype != e.compute_dtype())
     ZERO_THROW(file + "compute_dtype' = " + std::string(dtype_name(m.compute_dtype)) + ", the engine computes in " +
@@ -289,16 +294,18 @@ std::vector<ckpt::PositionMeta> gather_positions(EngineState& e, const GridPlace
 // would need every parameter re-cut, which the loader does not do.
 void check_grid(const GridPlace& at, const ckpt::Metadata& m, const std::string& dir, int data_size) {
   if (m.grid.tensor == at.grid.tensor && m.grid.pipeline == at.grid.pipeline) return;
-  ZERO_THROW(fmt::format("load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {} x DP {}; a "
-                         "checkpoint resumes only with the tensor and pipeline sizes it was saved with (any "
-                         "data-parallel size): run with {}, or export the whole model (zero-ckpt export) and "
-                         "initialise the new grid from it",
-                         dir, m.grid.describe(), m.world, at.grid.describe(), data_size, m.grid.describe()));
+  ZERO_THROW(
+      fmt::format("load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {} x DP {}; a "
+                  "checkpoint resumes only with the tensor and pipeline sizes it was saved with (any "
+                  "data-parallel size): run with {}, or export the whole model (zero-ckpt export) and "
+                  "initialise the new grid from it",
+                  dir, m.grid.describe(), m.world, at.grid.describe(), data_size, m.grid.describe()));
 }
 
 }  // namespace
 
-void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client, const CheckpointOptions& opts) {
+void save_checkpoint(Engine& engine, const std::string& root, const ClientState& client,
+                     const CheckpointOptions& opts) {
   EngineState e(engine);
   // Host memory: the MPI communicators, whatever the backend uses. The root, the commit and the
   // agreement on errors span the world; shards are cut over each position's data-parallel group.
@@ -306,7 +313,8 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
   Communicator& data = e.host_comm();
   const GridPlace at = grid_place(e);
   agree(comm, [&] {
-    ZERO_CHECK(e.initialized(), "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
+    ZERO_CHECK(e.initialized(),
+               "save_checkpoint: parameters are not initialised; call init_params or load_checkpoint first");
     e.check_between_steps("save_checkpoint");
     ZERO_CHECK(!root.empty(), "save_checkpoint: the checkpoint root is empty; pass a directory");
     ZERO_CHECK(opts.keep_last >= 0, fmt::format("save_checkpoint: keep_last = {} is negative; use 0 to keep every "
@@ -342,14 +350,14 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
     // infinity, and all refuse together; the partial directory goes (below).
     const double unfinite_ranks = comm.all_reduce_scalar(unfinite.empty() ? 0.0 : 1.0, ReduceOp::sum);
     if (unfinite_ranks > 0)
-      ZERO_THROW(fmt::format("save_checkpoint: step {} was not saved: {}, which is not finite (the training diverged). "
-                             "`latest` and every earlier checkpoint in '{}' are kept, none is pruned; resume from "
-                             "the latest with a lower learning rate or gradient clipping",
-                             st.step,
-                             unfinite.empty() ? fmt::format("{} other rank(s) hold a value (their messages name it)",
-                                                            unfinite_ranks)
-                                              : unfinite,
-                             root));
+      ZERO_THROW(fmt::format(
+          "save_checkpoint: step {} was not saved: {}, which is not finite (the training diverged). "
+          "`latest` and every earlier checkpoint in '{}' are kept, none is pruned; resume from "
+          "the latest with a lower learning rate or gradient clipping",
+          st.step,
+          unfinite.empty() ? fmt::format("{} other rank(s) hold a value (their messages name it)", unfinite_ranks)
+                           : unfinite,
+          root));
     // Rank 0 records every shard's size and index checksum, binding the shards to the metadata.
     // Shard r's writer is data-parallel rank r (engine_state.hpp).
     std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size())), states;
@@ -401,10 +409,12 @@ std::uint64_t checkpoint_bytes(Engine& engine, std::uint64_t block_size) {
     total += block(ckpt::shard_file_bytes(units, e.optimizer_moments(), elements));
   }
   if (!e.rank_state_kind().empty())  // one per rank, as large on every rank
-    total += static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.rank_state_size() * sizeof(float));
+    total +=
+        static_cast<std::uint64_t>(e.world_size()) * block(ckpt::kHeaderBytes + e.rank_state_size() * sizeof(float));
   // Under a grid every position saves its own shards: the model group holds one of each.
   if (e.model_parallel())
-    total = static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));
+    total =
+        static_cast<std::uint64_t>(e.groups()->model().all_reduce_scalar(static_cast<double>(total), ReduceOp::sum));
   std::vector<ckpt::ShardMeta> shards(static_cast<std::size_t>(e.world_size()),
                                       ckpt::ShardMeta{"shard_00000.ckpt", 0, 0});
   const std::string meta = make_metadata(e, e.training_state(), {}, std::move(shards)).to_json();

@@ -70,8 +70,7 @@ void lock_root(const std::string& root, bool exclusive, const char* kind) {
     dir = p.has_parent_path() ? p.parent_path().string() : ".";
   }
   JobLock::Taken t = JobLock::take(
-      dir + "/" + kLockFile, exclusive ? LockMode::exclusive : LockMode::shared,
-      fmt::format("the {} '{}'", kind, dir),
+      dir + "/" + kLockFile, exclusive ? LockMode::exclusive : LockMode::shared, fmt::format("the {} '{}'", kind, dir),
       fmt::format("wait for it to end or stop it, or give this job another {} (a resumed run must not run twice)",
                   kind));
   std::lock_guard guard(mutex);
@@ -81,9 +80,10 @@ void lock_root(const std::string& root, bool exclusive, const char* kind) {
 std::string read_latest(const std::string& root) {
   std::string path = root + "/" + kLatestFile;
   if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT)
-    ZERO_THROW(fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
-                           "check the path, or pass a step number as the tag",
-                           root));
+    ZERO_THROW(
+        fmt::format("checkpoint root '{}' has no 'latest' file: no checkpoint was completed there; "
+                    "check the path, or pass a step number as the tag",
+                    root));
   Fd f = Fd::open_read(path);
   std::uint64_t size = f.size();
   if (size > 64) file_fail(path, "content", fmt::format("is {} bytes; it should hold one directory name", size));
@@ -103,7 +103,8 @@ std::string resolve(const std::string& root, const std::string& tag) {
                                    escape_bytes(tag)));
     return root;
   }
-  if (!is_dir(root)) ZERO_THROW(fmt::format("checkpoint root '{}' does not exist or is not a directory; check the path", root));
+  if (!is_dir(root))
+    ZERO_THROW(fmt::format("checkpoint root '{}' does not exist or is not a directory; check the path", root));
   std::string name;
   if (latest) {
     name = read_latest(root);
@@ -134,10 +135,11 @@ std::string prepare(const std::string& root, std::int64_t step, const char* who,
   if (refuse_older) {
     auto steps = steps_in(root);
     if (!steps.empty() && steps.back() > step)
-      ZERO_THROW(fmt::format("{}: '{}' already holds step {}, newer than step {}: writing an older step there would "
-                             "move 'latest' back, and the run that saves there would then replace its newer "
-                             "checkpoints. Write to another directory",
-                             who, root, steps.back(), step));
+      ZERO_THROW(
+          fmt::format("{}: '{}' already holds step {}, newer than step {}: writing an older step there would "
+                      "move 'latest' back, and the run that saves there would then replace its newer "
+                      "checkpoints. Write to another directory",
+                      who, root, steps.back(), step));
   }
   if (is_dir(root + "/" + name) && fs::exists(fs::path(root) / kLatestFile)) {
     std::string latest;
@@ -194,10 +196,11 @@ void commit(const std::string& root, const std::string& tmp_dir, std::int64_t st
     } catch (const Error&) {
       before = "names no step";
     }
-    ZERO_THROW(fmt::format("checkpoint: step {} is complete on disk; `latest` {} (it could not be updated: {}). "
-                           "The step is in '{}'. Free space in '{}': the next save updates `latest` (or write \"{}\" "
-                           "into '{}/{}' to resume from step {}; zero-ckpt inspect lists it)",
-                           step, before, e.what(), final_dir, root, name, root, kLatestFile, step));
+    ZERO_THROW(
+        fmt::format("checkpoint: step {} is complete on disk; `latest` {} (it could not be updated: {}). "
+                    "The step is in '{}'. Free space in '{}': the next save updates `latest` (or write \"{}\" "
+                    "into '{}/{}' to resume from step {}; zero-ckpt inspect lists it)",
+                    step, before, e.what(), final_dir, root, name, root, kLatestFile, step));
   }
   fail_point("after_latest");
   if (keep_last <= 0) return;

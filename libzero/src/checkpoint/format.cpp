@@ -42,9 +42,10 @@ std::string writer_of(std::uint32_t version) {
 }  // namespace
 
 void detail::sys_fail(const std::string& what, const std::string& path, int err) {
-  ZERO_THROW(fmt::format("checkpoint: cannot {} '{}': {}; check that the directory exists, is writable and has "
-                         "free space",
-                         what, path, std::strerror(err)));
+  ZERO_THROW(
+      fmt::format("checkpoint: cannot {} '{}': {}; check that the directory exists, is writable and has "
+                  "free space",
+                  what, path, std::strerror(err)));
 }
 
 void detail::file_fail(const std::string& path, const std::string& field, const std::string& problem) {
@@ -235,14 +236,16 @@ FileHeader read_header(const Fd& f, FileKind expect) {
               fmt::format("is truncated: the file has {} bytes, less than the {}-byte header", size, kHeaderBytes));
   unsigned char h[kHeaderBytes];
   f.pread_all(h, kHeaderBytes, 0);
-  if (std::memcmp(h, kMagic, 8) != 0) file_fail(p, "header.magic", "is not \"ZEROCKPT\": this is not a libzero checkpoint file");
+  if (std::memcmp(h, kMagic, 8) != 0)
+    file_fail(p, "header.magic", "is not \"ZEROCKPT\": this is not a libzero checkpoint file");
   // The version comes before the checksum: another version may checksum its header differently.
   std::uint32_t version = get32(h + 8);
   if (version < kOldestReadableFormat || version > kFormatVersion)
-    ZERO_THROW(fmt::format("checkpoint file '{}': field 'header.format_version' = {}: written by {}; this build reads "
-                           "formats {} to {}. Load it with the libzero that wrote it (or convert it there to "
-                           "safetensors with zero-ckpt export)",
-                           p, version, writer_of(version), kOldestReadableFormat, kFormatVersion));
+    ZERO_THROW(
+        fmt::format("checkpoint file '{}': field 'header.format_version' = {}: written by {}; this build reads "
+                    "formats {} to {}. Load it with the libzero that wrote it (or convert it there to "
+                    "safetensors with zero-ckpt export)",
+                    p, version, writer_of(version), kOldestReadableFormat, kFormatVersion));
   std::uint64_t stored = get64(h + 56), computed = checksum(h, 56);
   if (stored != computed)
     file_fail(p, "header.checksum",
@@ -305,9 +308,10 @@ std::vector<float> read_rank_state_file(const std::string& path, const ShardMeta
   if (h.index_bytes != h.payload_bytes || h.payload_bytes % sizeof(float) != 0)
     file_fail(path, "header.index_bytes", "must equal payload_bytes, a whole number of fp32 values");
   if (kHeaderBytes + h.payload_bytes != expect.bytes || h.index_checksum != expect.index_checksum)
-    file_fail(path, "header", fmt::format("does not match the metadata's record of it ({} bytes, checksum {}): the "
-                                          "file belongs to another checkpoint",
-                                          expect.bytes, json::hex64(expect.index_checksum)));
+    file_fail(path, "header",
+              fmt::format("does not match the metadata's record of it ({} bytes, checksum {}): the "
+                          "file belongs to another checkpoint",
+                          expect.bytes, json::hex64(expect.index_checksum)));
   const std::string payload = read_index(f, h);
   std::vector<float> out(payload.size() / sizeof(float));
   if (!out.empty()) std::memcpy(out.data(), payload.data(), payload.size());

@@ -67,10 +67,10 @@ enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3 };
 
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
-std::string shard_file_name(int rank);     // shard_00003.ckpt
+std::string shard_file_name(int rank);  // shard_00003.ckpt
 // A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline stage 0, rank 3).
 std::string shard_file_name(int rank, int tensor, int pipeline);
-std::string rank_state_file_name(int rank);  // rank_state_00003.ckpt
+std::string rank_state_file_name(int rank);    // rank_state_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
 // The step of a directory name "step_<digits>" (8 or more digits), or -1.
 std::int64_t parse_step_dir_name(const std::string& name);
@@ -337,7 +337,7 @@ class ModelReader {
   std::string dir_;
   GridMeta grid_;
   Metadata meta_;
-  std::vector<std::vector<Source>> sources_;  // per whole unit, per parameter
+  std::vector<std::vector<Source>> sources_;      // per whole unit, per parameter
   std::vector<std::unique_ptr<Reader>> readers_;  // per position, t + T x p
 };
 

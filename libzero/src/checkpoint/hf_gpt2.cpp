@@ -52,9 +52,10 @@ int model_key(const std::string& config_yaml, const char* key, int given, const 
     } catch (const YAML::Exception&) {
     }
   }
-  ZERO_THROW(fmt::format("export {}: {} is not in the config saved in {} (section model, key {}); pass it with "
-                         "--{} (zero-gpt checkpoints record it)",
-                         format, key, where, key, key == std::string("n_head") ? "n-head" : "vocab-size"));
+  ZERO_THROW(
+      fmt::format("export {}: {} is not in the config saved in {} (section model, key {}); pass it with "
+                  "--{} (zero-gpt checkpoints record it)",
+                  format, key, where, key, key == std::string("n_head") ? "n-head" : "vocab-size"));
 }
 
 std::map<std::string, const ckpt::ParamMeta*> params_by_name(const ckpt::Metadata& m) {
@@ -71,11 +72,11 @@ plan::GptShape gpt2_shape(const ckpt::ModelReader& r, const ExportOptions& o, st
   const std::string& step_dir = r.dir();
   const auto by_name = params_by_name(m);
   const auto wte = by_name.find(kWte), wpe = by_name.find("wpe.weight");
-  ZERO_CHECK(wte != by_name.end() && wpe != by_name.end() && wte->second->shape.size() == 2 &&
-                 wpe->second->shape.size() == 2,
-             fmt::format("export {}: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format {} is for "
-                         "GPT-2-shaped models, use --format safetensors for any model",
-                         format, step_dir, format));
+  ZERO_CHECK(
+      wte != by_name.end() && wpe != by_name.end() && wte->second->shape.size() == 2 && wpe->second->shape.size() == 2,
+      fmt::format("export {}: {} holds no GPT-2 embeddings (2-D wte.weight and wpe.weight); --format {} is for "
+                  "GPT-2-shaped models, use --format safetensors for any model",
+                  format, step_dir, format));
   plan::GptShape c;
   c.n_layer = 0;  // counted from the blocks present
   while (by_name.count(fmt::format("h.{}.ln_1.weight", c.n_layer))) ++c.n_layer;
@@ -105,9 +106,10 @@ plan::GptShape gpt2_shape(const ckpt::ModelReader& r, const ExportOptions& o, st
     for (const auto& p : u.params) {
       expected.insert(p.name);
       auto it = by_name.find(p.name);
-      ZERO_CHECK(it != by_name.end(), fmt::format("export {}: {} has no tensor '{}' of GPT-2 (n_layer {}); use --format "
-                                                  "safetensors for other models",
-                                                  format, step_dir, p.name, c.n_layer));
+      ZERO_CHECK(it != by_name.end(),
+                 fmt::format("export {}: {} has no tensor '{}' of GPT-2 (n_layer {}); use --format "
+                             "safetensors for other models",
+                             format, step_dir, p.name, c.n_layer));
       ZERO_CHECK(it->second->shape == p.shape,
                  fmt::format("export {}: '{}' in {} is {}, GPT-2 with n_embd {} needs {}", format, p.name, step_dir,
                              shape_text(it->second->shape), c.n_embd, shape_text(p.shape)));
@@ -240,20 +242,22 @@ void check_finite(const std::string& path, const std::string& name, const float*
   // unit's values, without the file and its tensor.
   for (std::size_t i = 0; i < n; ++i)
     if (!std::isfinite(v[i]))
-      ZERO_THROW(fmt::format("model.init_from: tensor '{}' in '{}' holds {} at index {}{}, which is not finite; the "
-                             "file is damaged or the weights diverged: export them again from a checkpoint whose "
-                             "loss was finite",
-                             name, path, v[i], i, order));
+      ZERO_THROW(
+          fmt::format("model.init_from: tensor '{}' in '{}' holds {} at index {}{}, which is not finite; the "
+                      "file is damaged or the weights diverged: export them again from a checkpoint whose "
+                      "loss was finite",
+                      name, path, v[i], i, order));
 }
 
 }  // namespace
 
 Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make_unique<File>()) {
   std::error_code ec;
-  ZERO_CHECK(fs::exists(path, ec),
-             fmt::format("model.init_from: '{}' does not exist; give a Hugging Face GPT-2 directory (model.safetensors, "
-                         "config.json), a .safetensors file or an llm.c checkpoint such as gpt2_124M.bin",
-                         path));
+  ZERO_CHECK(
+      fs::exists(path, ec),
+      fmt::format("model.init_from: '{}' does not exist; give a Hugging Face GPT-2 directory (model.safetensors, "
+                  "config.json), a .safetensors file or an llm.c checkpoint such as gpt2_124M.bin",
+                  path));
   // llm.c's format is told by its magic number; a .bin file without it gets llm.c's error.
   if (!fs::is_directory(path) && (llmc::has_magic(path) || path.ends_with(".bin"))) {
     open_llmc();
@@ -270,7 +274,8 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
     if (fs::exists(cj)) {
       const ckpt::Fd in = ckpt::Fd::open_read(cj);  // a regular file only: a FIFO would block
       const std::uint64_t bytes = in.size();
-      ZERO_CHECK(bytes <= (1u << 20), fmt::format("model.init_from: '{}' is {} bytes; a config.json is a few", cj, bytes));
+      ZERO_CHECK(bytes <= (1u << 20),
+                 fmt::format("model.init_from: '{}' is {} bytes; a config.json is a few", cj, bytes));
       std::string text(static_cast<std::size_t>(bytes), '\0');
       in.pread_all(text.data(), text.size(), 0);
       const json::Json doc = json::parse(text, cj);
@@ -303,19 +308,23 @@ Gpt2Weights::Gpt2Weights(const std::string& path) : path_(path), file_(std::make
       continue;
     }
     File::Tensor x;
-    if (t.dtype == "F32") x.dtype = DType::f32;
-    else if (t.dtype == "BF16") x.dtype = DType::bf16;
-    else if (t.dtype == "F16") x.dtype = DType::f16;
+    if (t.dtype == "F32")
+      x.dtype = DType::f32;
+    else if (t.dtype == "BF16")
+      x.dtype = DType::bf16;
+    else if (t.dtype == "F16")
+      x.dtype = DType::f16;
     else
-      ZERO_THROW(fmt::format("model.init_from: tensor '{}' in '{}' has dtype \"{}\", not F32, BF16 or F16 (the types "
-                             "the trainer reads)",
-                             escape_bytes(t.name), file, escape_bytes(t.dtype)));
+      ZERO_THROW(
+          fmt::format("model.init_from: tensor '{}' in '{}' has dtype \"{}\", not F32, BF16 or F16 (the types "
+                      "the trainer reads)",
+                      escape_bytes(t.name), file, escape_bytes(t.dtype)));
     x.shape = std::move(t.shape);
     x.begin = t.begin;
     x.end = t.end;
-    ZERO_CHECK(F.tensors.emplace(name, std::move(x)).second,
-               fmt::format("model.init_from: '{}' holds '{}' twice (with and without the transformer. prefix)", file,
-                           name));
+    ZERO_CHECK(
+        F.tensors.emplace(name, std::move(x)).second,
+        fmt::format("model.init_from: '{}' holds '{}' twice (with and without the transformer. prefix)", file, name));
   }
 }
 
@@ -376,21 +385,20 @@ void Gpt2Weights::check(const plan::GptShape& model) const {
       }
       const auto& s = it->second.shape;
       // wte: the true vocabulary, or the padded rows of a raw export.
-      const bool wte_ok = p.name == kWte && s.size() == 2 && s[1] == p.shape[1] &&
-                          (s[0] == model.vocab_size || s[0] == p.shape[0]);
+      const bool wte_ok =
+          p.name == kWte && s.size() == 2 && s[1] == p.shape[1] && (s[0] == model.vocab_size || s[0] == p.shape[0]);
       if (s != p.shape && !wte_ok)
-        problems.push_back(fmt::format("tensor '{}' is {}, the model needs {}{}", p.name, shape_text(s),
-                                       shape_text(p.shape),
-                                       p.name == kWte ? fmt::format(" (or [{}, {}])", model.vocab_size, p.shape[1])
-                                                      : std::string()));
+        problems.push_back(
+            fmt::format("tensor '{}' is {}, the model needs {}{}", p.name, shape_text(s), shape_text(p.shape),
+                        p.name == kWte ? fmt::format(" (or [{}, {}])", model.vocab_size, p.shape[1]) : std::string()));
     }
   for (const auto& [name, t] : file_->tensors)
     if (!needed.count(name)) problems.push_back(fmt::format("tensor '{}' is not part of the model", name));
   if (problems.empty()) return;
-  ZERO_THROW(fmt::format("model.init_from: '{}' does not fit the model (n_layer {}, n_head {}, n_embd {}, seq_len {}, "
-                         "vocab_size {}):\n  {}\nset the model section to the weights' shape",
-                         path_, model.n_layer, model.n_head, model.n_embd, model.seq_len, model.vocab_size,
-                         fmt::join(problems, "\n  ")));
+  ZERO_THROW(fmt::format(
+      "model.init_from: '{}' does not fit the model (n_layer {}, n_head {}, n_embd {}, seq_len {}, "
+      "vocab_size {}):\n  {}\nset the model section to the weights' shape",
+      path_, model.n_layer, model.n_head, model.n_embd, model.seq_len, model.vocab_size, fmt::join(problems, "\n  ")));
 }
 
 void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>& shape, std::span<float> out) const {
@@ -399,8 +407,8 @@ void Gpt2Weights::read(const std::string& name, const std::vector<std::int64_t>&
   const File::Tensor& t = it->second;
   std::size_t want = 1;
   for (auto d : shape) want *= static_cast<std::size_t>(d);
-  ZERO_CHECK(out.size() == want, fmt::format("Gpt2Weights::read: '{}' needs {} values, got room for {}", name, want,
-                                             out.size()));
+  ZERO_CHECK(out.size() == want,
+             fmt::format("Gpt2Weights::read: '{}' needs {} values, got room for {}", name, want, out.size()));
   std::size_t have = 1;
   for (auto d : t.shape) have *= static_cast<std::size_t>(d);
   // Fewer elements only for wte with the true vocabulary: the rows that follow are padding.

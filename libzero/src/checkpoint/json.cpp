@@ -26,9 +26,10 @@ Json parse(std::string_view text, const std::string& origin) {
       case Json::parse_event_t::key: {
         const auto& key = parsed.get_ref<const std::string&>();
         if (!open.back().insert(key).second)
-          ZERO_THROW(fmt::format("{}: malformed JSON: duplicate member name '{}' (a strict reader cannot tell "
-                                 "which one is meant){}",
-                                 origin, escape_bytes(key), kFix));
+          ZERO_THROW(
+              fmt::format("{}: malformed JSON: duplicate member name '{}' (a strict reader cannot tell "
+                          "which one is meant){}",
+                          origin, escape_bytes(key), kFix));
         break;
       }
       case Json::parse_event_t::object_end: open.pop_back(); break;
@@ -48,9 +49,10 @@ std::string dump_checked(const Json& v, int indent, bool ascii, const char* what
   try {
     return v.dump(indent, ' ', ascii);
   } catch (const Json::exception& e) {
-    ZERO_THROW(fmt::format("{}: cannot write a string that is not valid UTF-8 ({}); names and keys must be UTF-8 "
-                           "text",
-                           what, e.what()));
+    ZERO_THROW(
+        fmt::format("{}: cannot write a string that is not valid UTF-8 ({}); names and keys must be UTF-8 "
+                    "text",
+                    what, e.what()));
   }
 }
 }  // namespace

@@ -34,7 +34,7 @@ Json parse(std::string_view text, const std::string& origin);
 std::string dump_pretty(const Json& v, const char* what);
 std::string dump_compact(const Json& v, const char* what);
 
-std::string hex64(std::uint64_t v);        // "0x" + 16 hex digits
+std::string hex64(std::uint64_t v);          // "0x" + 16 hex digits
 std::string to_hex(std::string_view bytes);  // two lowercase hex digits per byte
 
 class Field {
@@ -52,8 +52,8 @@ class Field {
                    std::initializer_list<std::string_view> optional = {}) const;
 
   std::int64_t i64(std::int64_t lo = INT64_MIN, std::int64_t hi = INT64_MAX) const;
-  std::uint64_t hex64() const;      // "0x" + 16 hex digits
-  std::string hex_bytes() const;    // to_hex's text back to bytes
+  std::uint64_t hex64() const;    // "0x" + 16 hex digits
+  std::string hex_bytes() const;  // to_hex's text back to bytes
   double f64() const;
   bool boolean() const;
   const std::string& str() const;

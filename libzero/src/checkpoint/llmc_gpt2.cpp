@@ -27,14 +27,22 @@ struct Tensor {
   bool transposed;
 };
 constexpr Tensor kTensors[] = {
-    {"wte", "wte.weight", false, false},           {"wpe", "wpe.weight", false, false},
-    {"ln1w", "ln_1.weight", true, false},          {"ln1b", "ln_1.bias", true, false},
-    {"qkvw", "attn.c_attn.weight", true, true},    {"qkvb", "attn.c_attn.bias", true, false},
-    {"attprojw", "attn.c_proj.weight", true, true}, {"attprojb", "attn.c_proj.bias", true, false},
-    {"ln2w", "ln_2.weight", true, false},          {"ln2b", "ln_2.bias", true, false},
-    {"fcw", "mlp.c_fc.weight", true, true},        {"fcb", "mlp.c_fc.bias", true, false},
-    {"fcprojw", "mlp.c_proj.weight", true, true},  {"fcprojb", "mlp.c_proj.bias", true, false},
-    {"lnfw", "ln_f.weight", false, false},         {"lnfb", "ln_f.bias", false, false},
+    {"wte", "wte.weight", false, false},
+    {"wpe", "wpe.weight", false, false},
+    {"ln1w", "ln_1.weight", true, false},
+    {"ln1b", "ln_1.bias", true, false},
+    {"qkvw", "attn.c_attn.weight", true, true},
+    {"qkvb", "attn.c_attn.bias", true, false},
+    {"attprojw", "attn.c_proj.weight", true, true},
+    {"attprojb", "attn.c_proj.bias", true, false},
+    {"ln2w", "ln_2.weight", true, false},
+    {"ln2b", "ln_2.bias", true, false},
+    {"fcw", "mlp.c_fc.weight", true, true},
+    {"fcb", "mlp.c_fc.bias", true, false},
+    {"fcprojw", "mlp.c_proj.weight", true, true},
+    {"fcprojb", "mlp.c_proj.bias", true, false},
+    {"lnfw", "ln_f.weight", false, false},
+    {"lnfb", "ln_f.bias", false, false},
 };
 
 constexpr std::int32_t kShardMagic = 20240520;  // llm.c's token shards, a common mix-up
@@ -54,8 +62,9 @@ std::uint64_t Header::num_elements() const {
 }
 
 Header header_for(const plan::GptShape& shape, DType dtype) {
-  ZERO_CHECK(dtype != DType::f16, "export llmc: llm.c checkpoints hold fp32 (version 3) or bf16 (version 5) "
-                                  "parameters, not fp16; use --dtype fp32 or --dtype bf16");
+  ZERO_CHECK(dtype != DType::f16,
+             "export llmc: llm.c checkpoints hold fp32 (version 3) or bf16 (version 5) "
+             "parameters, not fp16; use --dtype fp32 or --dtype bf16");
   shape.validate();
   Header h;
   h.version = dtype == DType::bf16 ? kVersionBf16 : kVersionF32;
@@ -186,11 +195,14 @@ plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out
   hf::for_each_param(r, [&](const ckpt::ParamMeta& p, const float* src) {
     const Placement& at = where.at(p.name);  // gpt2_shape checked every name and shape
     values.resize(static_cast<std::size_t>(p.numel));
-    if (at.transposed) hf::transpose(src, values.data(), at.shape[0], at.shape[1]);
-    else std::copy(src, src + p.numel, values.begin());
+    if (at.transposed)
+      hf::transpose(src, values.data(), at.shape[0], at.shape[1]);
+    else
+      std::copy(src, src + p.numel, values.begin());
     // llm.c's padding rows are zeros that nothing reads; whatever the checkpoint holds there
     // (zeros too, unless a loop wrote them) stays behind.
-    if (p.name == kWte) std::fill(values.begin() + static_cast<std::ptrdiff_t>(c.vocab_size) * c.n_embd, values.end(), 0.0f);
+    if (p.name == kWte)
+      std::fill(values.begin() + static_cast<std::ptrdiff_t>(c.vocab_size) * c.n_embd, values.end(), 0.0f);
     const void* bytes = values.data();
     if (h.dtype() != DType::f32) {
       half.resize(values.size());
@@ -200,8 +212,8 @@ plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out
     file.fd().pwrite_all(bytes, values.size() * es, kHeaderBytes + at.offset * es);
     ++written;
   });
-  ZERO_CHECK(written == where.size(), fmt::format("export llmc: {} holds {} of GPT-2's {} tensors", r.dir(), written,
-                                                  where.size()));
+  ZERO_CHECK(written == where.size(),
+             fmt::format("export llmc: {} holds {} of GPT-2's {} tensors", r.dir(), written, where.size()));
   file.commit();
   return c;
 }

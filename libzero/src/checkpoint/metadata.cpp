@@ -88,8 +88,7 @@ std::vector<UnitMeta> parse_units(json::Field us, int world) {
       if (prev.name == u.name) uf.at("name").fail(fmt::format("= \"{}\" repeats an earlier unit's name", u.name));
     u.numel = uf.at("numel").i64(1, kMaxElements);
     u.slice = uf.at("slice").i64(0, kMaxElements / world);
-    if (u.slice * world < u.numel)
-      uf.at("slice").fail(fmt::format("x world_size is smaller than numel ({})", u.numel));
+    if (u.slice * world < u.numel) uf.at("slice").fail(fmt::format("x world_size is smaller than numel ({})", u.numel));
     uf.at("padded").i64(u.slice * world, u.slice * world);
     uf.at("padding").i64(u.slice * world - u.numel, u.slice * world - u.numel);
     json::Field ps = uf.at("params");
@@ -164,8 +163,8 @@ PositionMeta parse_position(json::Field pf, int world, int tensor, int pipeline)
   p.tensor = static_cast<int>(pf.at("tensor").i64(tensor, tensor));
   p.pipeline = static_cast<int>(pf.at("pipeline").i64(pipeline, pipeline));
   p.units = parse_units(pf.at("units"), world);
-  p.shards = parse_file_list(pf.at("shards"), world, "shards",
-                             [&](int r) { return shard_file_name(r, tensor, pipeline); });
+  p.shards =
+      parse_file_list(pf.at("shards"), world, "shards", [&](int r) { return shard_file_name(r, tensor, pipeline); });
   return p;
 }
 
@@ -249,16 +248,17 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   json::Json doc = json::parse(text, origin);
   json::Field d(doc, origin, "", kMetaHint);
   // Units and shards are at the top, or per position under a grid (checked below).
-  d.expect_keys({"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype",
-                 "master_dtype", "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler",
-                 "client_state", "config_yaml"},
-                {"units", "shards", "grid", "rank_state"});
+  d.expect_keys(
+      {"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype", "master_dtype",
+       "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler", "client_state", "config_yaml"},
+      {"units", "shards", "grid", "rank_state"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   m.format_version = static_cast<std::uint32_t>(d.at("format_version").i64());
   if (m.format_version < kOldestReadableFormat || m.format_version > kFormatVersion)
-    d.at("format_version").fail(fmt::format("= {} is not a format this build reads ({} to {})", m.format_version,
-                                            kOldestReadableFormat, kFormatVersion));
+    d.at("format_version")
+        .fail(fmt::format("= {} is not a format this build reads ({} to {})", m.format_version, kOldestReadableFormat,
+                          kFormatVersion));
   // Counters are bounded where they are read, so no later arithmetic on them (step + 1, the
   // scaler's iter + 1, tokens = step x tokens per step in a double) can overflow.
   m.step = d.at("step").i64(0, kMaxCounter);
@@ -272,8 +272,9 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   for (OptimizerType t : {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd})
     if (m.optimizer == to_string(t)) need = t == OptimizerType::sgd ? 1 : 2;
   if (need == 0)
-    d.at("optimizer").fail(fmt::format("= \"{}\" is not one of {}, {}, {}", m.optimizer, to_string(OptimizerType::adamw),
-                                       to_string(OptimizerType::adam), to_string(OptimizerType::sgd)));
+    d.at("optimizer")
+        .fail(fmt::format("= \"{}\" is not one of {}, {}, {}", m.optimizer, to_string(OptimizerType::adamw),
+                          to_string(OptimizerType::adam), to_string(OptimizerType::sgd)));
   m.moments = static_cast<int>(d.at("optimizer_moments").i64(need, need));
 
   json::Field cp = d.at("compute_params");
@@ -317,14 +318,15 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     if (ps.size() != static_cast<std::size_t>(m.grid.tensor) * static_cast<std::size_t>(m.grid.pipeline))
       ps.fail(fmt::format("lists {} positions for the grid {}", ps.size(), m.grid.describe()));
     for (std::size_t i = 0; i < ps.size(); ++i)
-      m.positions.push_back(parse_position(ps[i], m.world, static_cast<int>(i) % m.grid.tensor,
-                                           static_cast<int>(i) / m.grid.tensor));
+      m.positions.push_back(
+          parse_position(ps[i], m.world, static_cast<int>(i) % m.grid.tensor, static_cast<int>(i) / m.grid.tensor));
     if (d.has("units") || d.has("shards")) d.fail("has both a grid and top-level units or shards");
     const std::vector<std::string> bad = position_disagreements(m);
     if (!bad.empty())
-      ZERO_THROW(fmt::format("checkpoint file '{}': the positions of the grid {} disagree {}\n  every tensor rank of a "
-                             "pipeline stage must hold tensor rank 0's units and parameters (its own part of each); {}",
-                             origin, m.grid.describe(), problem_lines(bad), kDamaged));
+      ZERO_THROW(
+          fmt::format("checkpoint file '{}': the positions of the grid {} disagree {}\n  every tensor rank of a "
+                      "pipeline stage must hold tensor rank 0's units and parameters (its own part of each); {}",
+                      origin, m.grid.describe(), problem_lines(bad), kDamaged));
   } else {
     m.units = parse_units(d.at("units"), m.world);
     m.shards = parse_file_list(d.at("shards"), m.world, "shards", [](int r) { return shard_file_name(r); });
@@ -356,7 +358,8 @@ std::vector<std::string> position_disagreements(const Metadata& m) {
       const std::vector<UnitMeta>& other = m.positions[i].units;
       // Each line: the field, its value, tensor rank 0's; a mismatch higher up (a unit count,
       // a unit's name or parameter count) is reported alone, not as the cascade it causes.
-      const std::string where = fmt::format("position (tensor {}, pipeline {}): field 'grid.positions[{}].units", t, p, i);
+      const std::string where =
+          fmt::format("position (tensor {}, pipeline {}): field 'grid.positions[{}].units", t, p, i);
       const std::string rank0 = fmt::format("position (tensor 0, pipeline {})", p);
       if (other.size() != first.size()) {
         out.push_back(fmt::format("{}' lists {} units, {} lists {}", where, other.size(), rank0, first.size()));
@@ -366,8 +369,8 @@ std::vector<std::string> position_disagreements(const Metadata& m) {
         const UnitMeta &a = first[u], &b = other[u];
         const std::string uat = fmt::format("{}[{}]", where, u);
         if (a.name != b.name) {
-          out.push_back(fmt::format("{}.name' = \"{}\", {} has \"{}\"", uat, escape_bytes(b.name), rank0,
-                                    escape_bytes(a.name)));
+          out.push_back(
+              fmt::format("{}.name' = \"{}\", {} has \"{}\"", uat, escape_bytes(b.name), rank0, escape_bytes(a.name)));
           continue;
         }
         if (a.params.size() != b.params.size()) {
@@ -403,10 +406,11 @@ void write_metadata_file(const std::string& path, const Metadata& m) {
   // units is found here, not at the resume.
   const std::vector<std::string> bad = position_disagreements(m);
   if (!bad.empty())
-    ZERO_THROW(fmt::format("checkpoint '{}': the tensor ranks of a pipeline stage hold different units or parameters "
-                           "{}\n  every tensor rank must build the same Layout, its own part of each parameter "
-                           "(Layout::set_split, set_replicated)",
-                           path, problem_lines(bad)));
+    ZERO_THROW(
+        fmt::format("checkpoint '{}': the tensor ranks of a pipeline stage hold different units or parameters "
+                    "{}\n  every tensor rank must build the same Layout, its own part of each parameter "
+                    "(Layout::set_split, set_replicated)",
+                    path, problem_lines(bad)));
   write_small_file(path, FileKind::metadata, m.to_json());  // the index is the whole payload
 }
 

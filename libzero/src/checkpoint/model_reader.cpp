@@ -18,7 +18,7 @@ void concat_parts(const std::vector<const float*>& parts, const std::vector<std:
   for (int d = 0; d < axis; ++d) outer *= part[static_cast<std::size_t>(d)];
   for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
   const std::int64_t extent = part[static_cast<std::size_t>(axis)];  // one part's, along axis
-  const std::int64_t chunk = extent / blocks * inner;                 // one block of one part
+  const std::int64_t chunk = extent / blocks * inner;                // one block of one part
   for (std::int64_t o = 0; o < outer; ++o)
     for (std::int64_t b = 0; b < blocks; ++b)
       for (std::int64_t t = 0; t < T; ++t)
@@ -100,7 +100,9 @@ void ModelReader::read_unit(int unit, float* master) {
     if (!got.empty()) continue;
     const bool split = std::any_of(src.begin(), src.end(), [&](const Source& s) {
       if (s.pipeline != src[k].pipeline || s.unit != src[k].unit) return false;
-      const auto& pm = readers_[static_cast<std::size_t>(T * s.pipeline)]->meta().units[static_cast<std::size_t>(s.unit)]
+      const auto& pm = readers_[static_cast<std::size_t>(T * s.pipeline)]
+                           ->meta()
+                           .units[static_cast<std::size_t>(s.unit)]
                            .params[static_cast<std::size_t>(s.param)];
       return pm.split_axis >= 0;
     });

@@ -33,8 +33,8 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
     if (comm.rank() != 0) return;
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    ZERO_CHECK(!ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir,
-                                ec.message()));
+    ZERO_CHECK(
+        !ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir, ec.message()));
     ckpt::lock_root(dir, true, kind);
   });
 }
@@ -57,9 +57,10 @@ void check_checkpoint_space(Engine& engine, const std::string& root) {
     ZERO_CHECK(stated, fmt::format("checkpoint root '{}': cannot read its free space: {}; check the path", root,
                                    std::strerror(stat_errno)));
     if (fs.f_blocks == 0) {
-      log_warning("checkpoint root '{}' is on a filesystem that reports no capacity (ramfs?): its free space is not "
-                  "checked; one save takes {}",
-                  root, format_bytes(need));
+      log_warning(
+          "checkpoint root '{}' is on a filesystem that reports no capacity (ramfs?): its free space is not "
+          "checked; one save takes {}",
+          root, format_bytes(need));
       return;
     }
     const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
@@ -68,9 +69,10 @@ void check_checkpoint_space(Engine& engine, const std::string& root) {
                                          "(--checkpoint)",
                                          root, format_bytes(free), format_bytes(need)));
     if (free < 2 * need)
-      log_warning("checkpoint root '{}' has {} free, room for one save ({}) but not two: a save is written in full "
-                  "before the older one is pruned, so the second save may fail. Free space there",
-                  root, format_bytes(free), format_bytes(need));
+      log_warning(
+          "checkpoint root '{}' has {} free, room for one save ({}) but not two: a save is written in full "
+          "before the older one is pruned, so the second save may fail. Free space there",
+          root, format_bytes(free), format_bytes(need));
   });
 }
 

@@ -51,7 +51,8 @@ std::string header(const std::vector<TensorSpec>& tensors, const std::map<std::s
   return text;
 }
 
-Writer::Writer(const std::string& path, std::vector<TensorSpec> tensors, const std::map<std::string, std::string>& metadata)
+Writer::Writer(const std::string& path, std::vector<TensorSpec> tensors,
+               const std::map<std::string, std::string>& metadata)
     : path_(path), file_(path), tensors_(std::move(tensors)) {
   std::string h = header(tensors_, metadata);
   unsigned char len[8];
@@ -88,16 +89,17 @@ const char* kNotSafetensors = "the file is damaged or not a safetensors file (th
   ZERO_THROW(fmt::format("safetensors file '{}': {}; {}", file, problem, kNotSafetensors));
 }
 
-std::string span_text(const TensorEntry& t) { return fmt::format("'{}' [{}, {})", escape_bytes(t.name), t.begin, t.end); }
+std::string span_text(const TensorEntry& t) {
+  return fmt::format("'{}' [{}, {})", escape_bytes(t.name), t.begin, t.end);
+}
 
 }  // namespace
 
 int dtype_bits(const std::string& dtype) {
   static const std::pair<const char*, int> kBits[] = {
-      {"BOOL", 8},     {"U8", 8},       {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8},
-      {"I16", 16},     {"U16", 16},     {"F16", 16}, {"BF16", 16},   {"I32", 32},    {"U32", 32},
-      {"F32", 32},     {"F64", 64},     {"I64", 64}, {"U64", 64},    {"F4", 4},      {"F6_E2M3", 6},
-      {"F6_E3M2", 6}};
+      {"BOOL", 8}, {"U8", 8},   {"I8", 8},    {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+      {"U16", 16}, {"F16", 16}, {"BF16", 16}, {"I32", 32},    {"U32", 32},    {"F32", 32},    {"F64", 64},
+      {"I64", 64}, {"U64", 64}, {"F4", 4},    {"F6_E2M3", 6}, {"F6_E3M2", 6}};
   for (const auto& [name, bits] : kBits)
     if (dtype == name) return bits;
   return 0;
@@ -122,7 +124,9 @@ void check_offsets(std::vector<TensorEntry>& tensors, std::uint64_t data_bytes, 
                                       span_text(*prev), span_text(t))
                         : fmt::format("the first tensor {} starts at byte {}, not 0", span_text(t), t.begin));
     const int bits = dtype_bits(t.dtype);
-    if (bits == 0) refuse(file, fmt::format("tensor '{}': dtype \"{}\" is not a safetensors dtype", escape_bytes(t.name), escape_bytes(t.dtype)));
+    if (bits == 0)
+      refuse(file, fmt::format("tensor '{}': dtype \"{}\" is not a safetensors dtype", escape_bytes(t.name),
+                               escape_bytes(t.dtype)));
     // In bits, with every product checked: a shape of 2^62 elements overflows nothing.
     std::uint64_t n = static_cast<std::uint64_t>(bits);
     bool fits = true;
@@ -139,12 +143,13 @@ void check_offsets(std::vector<TensorEntry>& tensors, std::uint64_t data_bytes, 
     prev = &t;
   }
   if (at != data_bytes)
-    refuse(file, at < data_bytes ? fmt::format("{} bytes after the last tensor{} belong to no tensor (the data is {} "
-                                               "bytes, the tensors end at {})",
-                                               data_bytes - at, prev ? fmt::format(" {}", span_text(*prev)) : std::string(),
-                                               data_bytes, at)
-                                 : fmt::format("tensor {} ends at byte {}, past the end of the data ({} bytes)",
-                                               span_text(*prev), at, data_bytes));
+    refuse(file, at < data_bytes
+                     ? fmt::format("{} bytes after the last tensor{} belong to no tensor (the data is {} "
+                                   "bytes, the tensors end at {})",
+                                   data_bytes - at, prev ? fmt::format(" {}", span_text(*prev)) : std::string(),
+                                   data_bytes, at)
+                     : fmt::format("tensor {} ends at byte {}, past the end of the data ({} bytes)", span_text(*prev),
+                                   at, data_bytes));
 }
 
 Contents read_header(const ckpt::Fd& f) {

@@ -45,9 +45,9 @@ struct TensorEntry {
   std::uint64_t begin = 0, end = 0;  // data_offsets: bytes from the start of the data
 };
 struct Contents {
-  std::uint64_t data_start = 0;      // 8 + the header's length: where tensor data begins
-  std::uint64_t data_bytes = 0;      // the bytes after the header
-  std::vector<TensorEntry> tensors;  // sorted by data_offsets
+  std::uint64_t data_start = 0;                 // 8 + the header's length: where tensor data begins
+  std::uint64_t data_bytes = 0;                 // the bytes after the header
+  std::vector<TensorEntry> tensors;             // sorted by data_offsets
   std::map<std::string, std::string> metadata;  // "__metadata__"
 };
 

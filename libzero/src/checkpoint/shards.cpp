@@ -31,7 +31,8 @@ void check_place(const std::string& path, const std::string& index, std::uint32_
   const auto* ix = reinterpret_cast<const unsigned char*>(index.data());
   const std::uint32_t rec_rank = get32(ix), word = get32(ix + 20);
   if (version < 3) {
-    if (word != 0) file_fail(path, "index.reserved", fmt::format("= {}, expected 0 in a format {} shard", word, version));
+    if (word != 0)
+      file_fail(path, "index.reserved", fmt::format("= {}, expected 0 in a format {} shard", word, version));
     if (rec_rank != static_cast<std::uint32_t>(rank))
       file_fail(path, "index.rank",
                 fmt::format("= {}, but the file lies in rank {}'s place: the shard was moved or swapped with another",
@@ -46,12 +47,13 @@ void check_place(const std::string& path, const std::string& index, std::uint32_
     own = fmt::format(" (it was written as {})",
                       grid || rt != 0 || rp != 0 ? shard_file_name(rr, rt, rp) : shard_file_name(rr));
   }
-  ZERO_THROW(fmt::format("checkpoint file '{}': field '{}' records position (tensor {}, pipeline {}), data-parallel rank "
-                         "{}, but the file was found in the place of position (tensor {}, pipeline {}), rank {}: the "
-                         "shard was moved or swapped with another{}; put every shard back under the name it was "
-                         "written as, or load an older checkpoint",
-                         path, rt != tensor || rp != pipeline ? "index.position" : "index.rank", rt, rp, rec_rank,
-                         tensor, pipeline, rank, own));
+  ZERO_THROW(
+      fmt::format("checkpoint file '{}': field '{}' records position (tensor {}, pipeline {}), data-parallel rank "
+                  "{}, but the file was found in the place of position (tensor {}, pipeline {}), rank {}: the "
+                  "shard was moved or swapped with another{}; put every shard back under the name it was "
+                  "written as, or load an older checkpoint",
+                  path, rt != tensor || rp != pipeline ? "index.position" : "index.rank", rt, rp, rec_rank, tensor,
+                  pipeline, rank, own));
 }
 }  // namespace
 
@@ -71,17 +73,19 @@ ShardWriter::ShardWriter(const std::string& path, int rank, int world, int stage
       pipeline_(pipeline),
       step_(step),
       ranges_(std::move(ranges)) {
-  ZERO_CHECK(tensor >= 0 && tensor < kMaxGridCoord && pipeline >= 0 && pipeline < kMaxGridCoord,
-             fmt::format("checkpoint: grid position (tensor {}, pipeline {}) of '{}' does not fit the shard index (each "
-                         "coordinate below {})",
-                         tensor, pipeline, path, kMaxGridCoord));
+  ZERO_CHECK(
+      tensor >= 0 && tensor < kMaxGridCoord && pipeline >= 0 && pipeline < kMaxGridCoord,
+      fmt::format("checkpoint: grid position (tensor {}, pipeline {}) of '{}' does not fit the shard index (each "
+                  "coordinate below {})",
+                  tensor, pipeline, path, kMaxGridCoord));
   fd_ = Fd::create(path);
   index_bytes_ = kShardIndexHead + kShardIndexEntry * ranges_.size();
   offset_ = index_bytes_;
 }
 
 void ShardWriter::add_section(const float* section) {
-  ZERO_CHECK(next_ < static_cast<int>(ranges_.size()), fmt::format("ShardWriter: more sections than units for '{}'", path_));
+  ZERO_CHECK(next_ < static_cast<int>(ranges_.size()),
+             fmt::format("ShardWriter: more sections than units for '{}'", path_));
   const Range& r = ranges_[static_cast<std::size_t>(next_)];
   std::size_t bytes = static_cast<std::size_t>(r.len) * static_cast<std::size_t>(1 + moments_) * sizeof(float);
   sums_.push_back(checksum(section, bytes));
@@ -187,8 +191,9 @@ Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, in
                             "this checkpoint",
                             kHeaderBytes + h.payload_bytes, sm.bytes));
     if (h.index_bytes != kShardIndexHead + kShardIndexEntry * nu)
-      file_fail(p, "header.index_bytes",
-                fmt::format("= {}, expected {} for {} units", h.index_bytes, kShardIndexHead + kShardIndexEntry * nu, nu));
+      file_fail(
+          p, "header.index_bytes",
+          fmt::format("= {}, expected {} for {} units", h.index_bytes, kShardIndexHead + kShardIndexEntry * nu, nu));
     if (h.index_checksum != sm.index_checksum)
       file_fail(p, "header.index_checksum",
                 fmt::format("= {}, but the metadata recorded {}: the shard does not belong to this checkpoint",
@@ -224,7 +229,8 @@ Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, in
                   fmt::format("= {}, expected {} (sections are stored back to back)", sec.offset, off));
       off += l * stride;
       if (off > h.payload_bytes)
-        file_fail(p, field + ".offset", fmt::format("runs past the end of the file (payload {} bytes)", h.payload_bytes));
+        file_fail(p, field + ".offset",
+                  fmt::format("runs past the end of the file (payload {} bytes)", h.payload_bytes));
       s->sections.push_back(sec);
     }
     if (off != h.payload_bytes)
@@ -245,8 +251,8 @@ Reader::Reader(const std::string& step_dir, const Metadata& meta, int tensor, in
       at = b + l;
     }
     if (at != meta_.units[u].numel)
-      ZERO_THROW(fmt::format("checkpoint '{}': field 'units[{}]' ('{}'): the shards hold {} of {} elements; {}", dir_, u,
-                             meta_.units[u].name, at, meta_.units[u].numel, kDamaged));
+      ZERO_THROW(fmt::format("checkpoint '{}': field 'units[{}]' ('{}'): the shards hold {} of {} elements; {}", dir_,
+                             u, meta_.units[u].name, at, meta_.units[u].numel, kDamaged));
   }
 }
 
@@ -259,8 +265,7 @@ void Reader::read_section(Shard& s, int unit, std::vector<float>& buf) {
   if (c != sec.checksum)
     file_fail(s.fd.path(), fmt::format("index.units[{}].checksum", unit),
               fmt::format("(unit '{}') does not match its data (stored {}, computed {}): the section is corrupted",
-                          meta_.units[static_cast<std::size_t>(unit)].name, json::hex64(sec.checksum),
-                          json::hex64(c)));
+                          meta_.units[static_cast<std::size_t>(unit)].name, json::hex64(sec.checksum), json::hex64(c)));
 }
 
 void Reader::read_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {

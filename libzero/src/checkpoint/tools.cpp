@@ -49,7 +49,8 @@ std::string client_value_text(const std::string& v) {
 std::string split_note(const ckpt::ParamMeta& p) {
   if (p.replicated) return "  replicated";
   if (p.split_axis < 0) return "";
-  return fmt::format("  split axis {}{}", p.split_axis, p.split_blocks > 1 ? fmt::format(" blocks {}", p.split_blocks) : "");
+  return fmt::format("  split axis {}{}", p.split_axis,
+                     p.split_blocks > 1 ? fmt::format(" blocks {}", p.split_blocks) : "");
 }
 
 // One shard set (a whole checkpoint's, or one grid position's): units, then its files verified.
@@ -122,7 +123,8 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       << "optimizer " << m.optimizer << " (" << m.moments << " moment(s))\n";
   out << "  loss scaler: " << (m.scaler_dynamic ? "dynamic" : "static") << ", scale " << m.scaler.scale
       << ", hysteresis left " << m.scaler.hysteresis_left << ", iter " << m.scaler.iter << ", last overflow "
-      << m.scaler.last_overflow_iter << "; scheduler " << escape_bytes(m.scheduler) << " at step " << m.scheduler_step << "\n";
+      << m.scaler.last_overflow_iter << "; scheduler " << escape_bytes(m.scheduler) << " at step " << m.scheduler_step
+      << "\n";
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
   for (const auto& [k, v] : m.client) out << "\n    " << escape_bytes(k) << " = " << client_value_text(v);
@@ -231,7 +233,8 @@ void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
     master.resize(static_cast<std::size_t>(u.numel));
     r.read_unit(static_cast<int>(i), master.data());
     for (const auto& p : u.params)
-      fn({u.name, p.name, p.shape}, std::span<const float>(master.data() + p.offset, static_cast<std::size_t>(p.numel)));
+      fn({u.name, p.name, p.shape},
+         std::span<const float>(master.data() + p.offset, static_cast<std::size_t>(p.numel)));
   }
 }
 

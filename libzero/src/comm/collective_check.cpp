@@ -104,7 +104,8 @@ void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int ro
                                static_cast<int>(kDescribeBytes), MPI_CHAR, comm_));
   // Ranks with the same call are listed together, so a 64-rank job prints two lines, not 64.
   std::map<std::string, std::vector<int>> by_call;
-  for (int r = 0; r < size_; ++r) by_call[std::string(all.data() + static_cast<std::size_t>(r) * kDescribeBytes)].push_back(r);
+  for (int r = 0; r < size_; ++r)
+    by_call[std::string(all.data() + static_cast<std::size_t>(r) * kDescribeBytes)].push_back(r);
   std::vector<std::pair<std::vector<int>, std::string>> groups;
   for (auto& [call, ranks] : by_call) groups.emplace_back(ranks, call);
   std::sort(groups.begin(), groups.end());
@@ -114,7 +115,8 @@ void CollectiveCheck::agree(const char* kind, std::size_t count, DType t, int ro
       "collective mismatch at collective #{}: the ranks issued different collectives:{}\nEvery rank must issue the "
       "same collectives in the same order. At stage 3 gather() is a collective (every rank gathers the same units "
       "in the same order, in eval mode too); to run a forward pass on one rank only (sampling, evaluation on rank "
-      "0), call Engine::gather_all() on every rank first and read the units through it (docs/training-loop.md, Collectives)",
+      "0), call Engine::gather_all() on every rank first and read the units through it (docs/training-loop.md, "
+      "Collectives)",
       seq, calls));
 }
 
@@ -124,7 +126,8 @@ std::string CollectiveCheck::recent() const {
   const std::int64_t first = std::max<std::int64_t>(0, stated_ - static_cast<std::int64_t>(kRecent));
   for (std::int64_t i = first; i < stated_; ++i) {
     const Stated& c = recent_[static_cast<std::size_t>(i) % kRecent];
-    s += fmt::format("{}#{} {}", s.empty() ? "" : "; ", c.seq, describe_collective(c.site, c.kind, c.count, c.t, c.root));
+    s += fmt::format("{}#{} {}", s.empty() ? "" : "; ", c.seq,
+                     describe_collective(c.site, c.kind, c.count, c.t, c.root));
   }
   return s.empty() ? "none" : s;
 }

@@ -34,8 +34,7 @@ class CollectiveCheck {
   bool enabled() const { return enabled_; }
   // Agrees on this rank's next collective with every peer; throws zero::Error naming each rank's
   // call when they differ. `wait` completes a request under the collective deadline.
-  void agree(const char* kind, std::size_t count, DType t, int root,
-             const std::function<void(MPI_Request&)>& wait);
+  void agree(const char* kind, std::size_t count, DType t, int root, const std::function<void(MPI_Request&)>& wait);
   // Records a point-to-point call (kind "send" or "recv", root: the peer) in the recent list
   // without any agreement: only two ranks take part (zero/comm.hpp).
   void note(const char* kind, std::size_t count, DType t, int peer);

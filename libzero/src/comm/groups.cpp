@@ -36,8 +36,7 @@ ProcessGroups::ProcessGroups(Context& ctx, GridSpec spec) : spec_(spec), world_(
   ZERO_CHECK(world_ % (spec.tensor * spec.pipeline) == 0,
              fmt::format("process groups: the world of {} ranks does not divide into tensor {} x pipeline {} = {} "
                          "ranks per model replica; launch a multiple of {} ranks or change the sizes",
-                         world_, spec.tensor, spec.pipeline, spec.tensor * spec.pipeline,
-                         spec.tensor * spec.pipeline));
+                         world_, spec.tensor, spec.pipeline, spec.tensor * spec.pipeline, spec.tensor * spec.pipeline));
   data_size_ = world_ / (spec.tensor * spec.pipeline);
   std::vector<GridCoord> coords;
   for (int q = 0; q < world_; ++q)
@@ -57,7 +56,8 @@ struct AllLists {
 AllLists gather_lists(const ExplicitGroups& mine, int world) {
   const std::array<const std::vector<int>*, 3> lists = {&mine.tensor, &mine.data, &mine.pipeline};
   std::array<int, 3> sizes{};
-  for (int k = 0; k < 3; ++k) sizes[static_cast<std::size_t>(k)] = static_cast<int>(lists[static_cast<std::size_t>(k)]->size());
+  for (int k = 0; k < 3; ++k)
+    sizes[static_cast<std::size_t>(k)] = static_cast<int>(lists[static_cast<std::size_t>(k)]->size());
   std::vector<int> all_sizes(static_cast<std::size_t>(3 * world));
   MPI_Allgather(sizes.data(), 3, MPI_INT, all_sizes.data(), 3, MPI_INT, MPI_COMM_WORLD);
   std::vector<int> counts(static_cast<std::size_t>(world)), displs(static_cast<std::size_t>(world));
@@ -92,8 +92,9 @@ AllLists gather_lists(const ExplicitGroups& mine, int world) {
 ProcessGroups::ProcessGroups(Context& ctx, const ExplicitGroups& mine) : explicit_(true), world_(ctx.world_size()) {
   const AllLists all = gather_lists(mine, world_);
   const char* kinds[3] = {"tensor", "data", "pipeline"};
-  const std::string fix = "; pass each rank's own tensor, data and pipeline groups as lists of world ranks, every "
-                          "member of a group the same list in the same order";
+  const std::string fix =
+      "; pass each rank's own tensor, data and pipeline groups as lists of world ranks, every "
+      "member of a group the same list in the same order";
   auto list = [&](int q, int k) -> const std::vector<int>& {
     return all.of[static_cast<std::size_t>(q)][static_cast<std::size_t>(k)];
   };
@@ -107,10 +108,10 @@ ProcessGroups::ProcessGroups(Context& ctx, const ExplicitGroups& mine) : explici
                              q, kinds[k], list(q, k).size(), list_text(list(q, k)), size[k], list_text(list(0, k)),
                              kinds[k], fix));
   }
-  ZERO_CHECK(size[0] >= 1 && size[1] >= 1 && size[2] >= 1 &&
-                 static_cast<long long>(size[0]) * size[1] * size[2] == world_,
-             fmt::format("explicit process groups: tensor {} x data {} x pipeline {} ranks is not the world of {}{}",
-                         size[0], size[1], size[2], world_, fix));
+  ZERO_CHECK(
+      size[0] >= 1 && size[1] >= 1 && size[2] >= 1 && static_cast<long long>(size[0]) * size[1] * size[2] == world_,
+      fmt::format("explicit process groups: tensor {} x data {} x pipeline {} ranks is not the world of {}{}", size[0],
+                  size[1], size[2], world_, fix));
   spec_ = {size[0], size[2]};
   data_size_ = size[1];
   // A rank's coordinate in each kind is its place in its own list.
@@ -138,8 +139,8 @@ ProcessGroups::ProcessGroups(Context& ctx, const ExplicitGroups& mine) : explici
                                q, kinds[k], list_text(list(q, k)), m, list_text(list(m, k)), fix));
         // Members of one group differ in that group's coordinate only: the groups form a grid.
         const GridCoord a = coords[static_cast<std::size_t>(q)], b = coords[static_cast<std::size_t>(m)];
-        const bool same_rest = (k == 0 || a.tensor == b.tensor) && (k == 1 || a.data == b.data) &&
-                               (k == 2 || a.pipeline == b.pipeline);
+        const bool same_rest =
+            (k == 0 || a.tensor == b.tensor) && (k == 1 || a.data == b.data) && (k == 2 || a.pipeline == b.pipeline);
         ZERO_CHECK(same_rest,
                    fmt::format("explicit process groups: ranks {} and {} share a {} group {} but sit at different "
                                "places of the other groups (tensor {}, data {}, pipeline {} vs {}, {}, {}): a "
@@ -201,7 +202,7 @@ TrafficBytes ProcessGroups::traffic() const {
 
 std::string NodeLayout::describe() const {
   const std::string shape = ranks_per_node > 0 ? fmt::format("{} nodes x {} ranks", nodes, ranks_per_node)
-                                                : fmt::format("{} nodes of unequal size", nodes);
+                                               : fmt::format("{} nodes of unequal size", nodes);
   return shape + (simulated ? " (simulated: ZERO_RANKS_PER_NODE)" : "");
 }
 
@@ -212,9 +213,8 @@ NodeLayout node_layout(Context& ctx) {
 
 std::string ProcessGroups::describe() const {
   const NodeLayout nl{nodes_, ranks_per_node_, simulated_};
-  return fmt::format("{} ranks on {}; grid TP {} x DP {} x PP {} ({})", world_, nl.describe(), spec_.tensor,
-                     data_size_, spec_.pipeline,
-                     explicit_ ? "explicit groups" : "tensor ranks adjacent, then data, then pipeline");
+  return fmt::format("{} ranks on {}; grid TP {} x DP {} x PP {} ({})", world_, nl.describe(), spec_.tensor, data_size_,
+                     spec_.pipeline, explicit_ ? "explicit groups" : "tensor ranks adjacent, then data, then pipeline");
 }
 
 }  // namespace zero

@@ -14,11 +14,20 @@
 namespace zero::mpi_calls {
 
 enum Kind : int {
-  kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier, kAllReduceScalar, kSend, kRecv, kAllToAll, kKinds
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kBarrier,
+  kAllReduceScalar,
+  kSend,
+  kRecv,
+  kAllToAll,
+  kKinds
 };
 inline const char* kind_name(std::int64_t k) {
-  static const char* names[kKinds] = {"all_reduce", "reduce_scatter",    "all_gather", "broadcast", "barrier",
-                                      "all_reduce_scalar", "send",       "recv",       "all_to_all"};
+  static const char* names[kKinds] = {"all_reduce",        "reduce_scatter", "all_gather", "broadcast", "barrier",
+                                      "all_reduce_scalar", "send",           "recv",       "all_to_all"};
   return k >= 0 && k < kKinds ? names[k] : "an unknown collective";
 }
 

@@ -104,7 +104,7 @@ void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int ro
     for (int j = 0; j < size_; ++j)
       if (j != rank_)
         (node_of_[static_cast<std::size_t>(j)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
-                                                                                             : traffic_.inter_node) +=
+                                                                                            : traffic_.inter_node) +=
             c * esize;
     return;
   }
@@ -114,11 +114,12 @@ void MpiCommunicator::count_traffic(int kind, std::size_t count, DType t, int ro
     case kAllReduce: bytes = ring_all_reduce_bytes(n, c, esize); break;
     case kAllReduceScalar: bytes = ring_all_reduce_bytes(n, n, static_cast<std::int64_t>(sizeof(double))); break;
     case kBroadcast: bytes = (rank_ + 1) % size_ == root ? 0 : c; break;  // count is bytes
-    default: break;  // barrier: no payload
+    default: break;                                                       // barrier: no payload
   }
   const int next = (rank_ + 1) % size_;
   (node_of_[static_cast<std::size_t>(next)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
-                                                                                          : traffic_.inter_node) += bytes;
+                                                                                         : traffic_.inter_node) +=
+      bytes;
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
@@ -198,8 +199,7 @@ Work MpiCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, Re
   }));
 }
 
-Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count,
-                                           DType t, ReduceOp op) {
+Work MpiCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) {
   int n = checked_count(recv_count, "reduce_scatter");
   checked_count(recv_count * static_cast<std::size_t>(size_), "reduce_scatter (send buffer)");
   const Call call = next_call(kReduceScatter, recv_count, t);

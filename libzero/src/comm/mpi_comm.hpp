@@ -37,8 +37,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
 
   Work all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) override;
-  Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
-                            ReduceOp op) override;
+  Work reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t, ReduceOp op) override;
   Work all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) override;
   Work all_to_all_async(const void* send, void* recv, std::size_t count, DType t) override;
   Work broadcast_async(void* buf, std::size_t bytes, int root) override;

@@ -85,7 +85,8 @@ MpiCommunicator::Call MpiCommunicator::p2p_call(int kind, std::size_t count, DTy
   if (kind == kSend) {
     const auto bytes = static_cast<std::int64_t>(count * dtype_size(t));
     (node_of_[static_cast<std::size_t>(peer)] == node_of_[static_cast<std::size_t>(rank_)] ? traffic_.intra_node
-                                                                                          : traffic_.inter_node) += bytes;
+                                                                                           : traffic_.inter_node) +=
+        bytes;
   }
   Call call{p2p_seq_++, kind, count, t};
   call.peer = peer;

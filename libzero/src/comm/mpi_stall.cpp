@@ -33,7 +33,8 @@ std::string describe(const MpiCommunicator::Call& c) {
   if (c.kind == kAllReduceScalar) return s + " of one double";
   if (c.kind == kBroadcast) return fmt::format("{} of {} bytes", s, c.count);
   if (c.kind == kSend || c.kind == kRecv)
-    return fmt::format("{} {} rank {} of {} {}", s, c.kind == kSend ? "to" : "from", c.peer, c.count, dtype_name(c.dtype));
+    return fmt::format("{} {} rank {} of {} {}", s, c.kind == kSend ? "to" : "from", c.peer, c.count,
+                       dtype_name(c.dtype));
   return fmt::format("{} of {} {} ({} bytes)", s, c.count, dtype_name(c.dtype), c.count * dtype_size(c.dtype));
 }
 
@@ -117,8 +118,8 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
     else if (r == rank_ || (a[0] == call.seq && a[1] == call.kind))
       with_me.push_back(r);
     else
-      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)",
-                               ranks_text({r}), kind_name(a[1]), a[0]);
+      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)", ranks_text({r}),
+                               kind_name(a[1]), a[0]);
   }
   const std::string limit =
       timeout_s_ > 0.0
@@ -135,13 +136,14 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
   // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
   // without waiting on stdio's lock. The layout is the log's ("[rank r/n] error: ..."), as the
   // CUDA watchdog's report.
-  write_last_words(log_line_text(
-      LogLevel::error,
-      fmt::format("{}{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
-                  "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
-                  "This rank's last collectives: {}",
-                  describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere, check_->recent())) +
-                   '\n');
+  write_last_words(
+      log_line_text(
+          LogLevel::error,
+          fmt::format("{}{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
+                      "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
+                      "This rank's last collectives: {}",
+                      describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere, check_->recent())) +
+      '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.
   const Clock::time_point printed = Clock::now();

@@ -47,8 +47,7 @@ double error_bound(Bits bits) { return 0.5 / static_cast<double>(levels(bits)); 
 void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) {
   auto* q = reinterpret_cast<std::int8_t*>(static_cast<float*>(out) + blocks(n, block));
   const std::size_t used = blocks(n, block) * sizeof(float) + n;
-  if (packed_bytes(n, block) > used)
-    std::memset(static_cast<char*>(out) + used, 0, packed_bytes(n, block) - used);
+  if (packed_bytes(n, block) > used) std::memset(static_cast<char*>(out) + used, 0, packed_bytes(n, block) - used);
   quantize_blocks(
       n, block, Bits::int8, out, [&](std::size_t i) { return load_as_f32(src, i, t); },
       [&](std::size_t i, int v) { q[i] = static_cast<std::int8_t>(v); });
@@ -67,12 +66,16 @@ void quantize_keep_error(float* v, std::size_t n, std::size_t block, Bits bits, 
   const std::size_t start = blocks(n, block) * sizeof(float);
   if (packed_bytes(n, block, bits) > start)
     std::memset(static_cast<char*>(out) + start, 0, packed_bytes(n, block, bits) - start);
-  quantize_blocks(n, block, bits, out, [&](std::size_t i) { return v[i]; }, [&](std::size_t i, int k) {
-    if (bits == Bits::int8) q[i] = static_cast<unsigned char>(static_cast<std::int8_t>(k));
-    else q[i / 2] |= math::int4_nibble(k, i);
-    // The receiver computes k * scale in fp32: the residual is what it misses.
-    v[i] -= math::dequantize_value(k, scales[i / block]);
-  });
+  quantize_blocks(
+      n, block, bits, out, [&](std::size_t i) { return v[i]; },
+      [&](std::size_t i, int k) {
+        if (bits == Bits::int8)
+          q[i] = static_cast<unsigned char>(static_cast<std::int8_t>(k));
+        else
+          q[i / 2] |= math::int4_nibble(k, i);
+        // The receiver computes k * scale in fp32: the residual is what it misses.
+        v[i] -= math::dequantize_value(k, scales[i / block]);
+      });
 }
 
 void dequantize_add(const void* in, std::size_t n, std::size_t block, Bits bits, float* acc) {

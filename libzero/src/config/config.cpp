@@ -56,8 +56,7 @@ void check_nvme_dir(const std::string& key, const std::string& path, const std::
     throw Error(at + "is not a directory; nvme_path names a directory for swap files");
   }
   if (::access(path.c_str(), W_OK | X_OK) != 0) {
-    throw Error(at + "is not writable (" + std::strerror(errno) +
-                "); fix its permissions or choose another directory");
+    throw Error(at + "is not writable (" + std::strerror(errno) + "); fix its permissions or choose another directory");
   }
   std::string probe = path + "/.libzero-probe-XXXXXX";
   int fd = ::mkstemp(probe.data());
@@ -85,9 +84,10 @@ DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t a
 
 void Config::resolve(int world_size) {
   if (world_size < 1) {
-    throw Error(fmt::format("Config::resolve: world size {} is not a number of ranks; pass the "
-                            "data-parallel world size (>= 1)",
-                            world_size));
+    throw Error(
+        fmt::format("Config::resolve: world size {} is not a number of ranks; pass the "
+                    "data-parallel world size (>= 1)",
+                    world_size));
   }
   const std::int64_t w = world_size;
   std::int64_t& tbs = train_batch_size;
@@ -103,9 +103,10 @@ void Config::resolve(int world_size) {
       "world size";
   auto derive = [&](std::int64_t whole, std::int64_t part, const char* what) {
     if (whole % part != 0) {
-      throw Error(fmt::format("{}: batch sizes do not divide: {}; {}, so {} would be {} / {}; "
-                              "change train_batch_size or the other given number",
-                              source, shown, rule, what, whole, part));
+      throw Error(
+          fmt::format("{}: batch sizes do not divide: {}; {}, so {} would be {} / {}; "
+                      "change train_batch_size or the other given number",
+                      source, shown, rule, what, whole, part));
     }
     return whole / part;
   };
@@ -113,9 +114,10 @@ void Config::resolve(int world_size) {
   if (tbs > 0 && mbs > 0 && gas > 0) {
     std::int64_t product = checked_mul(checked_mul(mbs, gas, shown), w, shown);
     if (product != tbs) {
-      throw Error(fmt::format("{}: inconsistent batch sizes: {}; {} (= {}). Fix one of them, or "
-                              "set one to \"auto\" to derive it",
-                              source, shown, rule, product));
+      throw Error(
+          fmt::format("{}: inconsistent batch sizes: {}; {} (= {}). Fix one of them, or "
+                      "set one to \"auto\" to derive it",
+                      source, shown, rule, product));
     }
   } else if (tbs > 0 && mbs > 0) {
     gas = derive(tbs, checked_mul(mbs, w, shown), "gradient_accumulation_steps");
@@ -146,35 +148,36 @@ void Config::resolve(int world_size) {
   }
   // The engine and the trainers count micro batches and accumulation steps in int: a derived
   // value must fit there as a given one must (the key table's range says so for those).
-  for (auto [name, v] : {std::pair{"train_micro_batch_size_per_gpu", mbs},
-                         std::pair{"gradient_accumulation_steps", gas}}) {
+  for (auto [name, v] :
+       {std::pair{"train_micro_batch_size_per_gpu", mbs}, std::pair{"gradient_accumulation_steps", gas}}) {
     if (v > std::numeric_limits<int>::max()) {
-      throw Error(fmt::format("{}: {} would be {} ({}), more than {} per step; check the batch "
-                              "settings",
-                              source, name, v, shown, std::numeric_limits<int>::max()));
+      throw Error(
+          fmt::format("{}: {} would be {} ({}), more than {} per step; check the batch "
+                      "settings",
+                      source, name, v, shown, std::numeric_limits<int>::max()));
     }
   }
   if (!derived.empty()) {
     for (auto& a : autos) {
-      if (a.value == "derived" && (a.path == "train_batch_size" ||
-                                   a.path == "train_micro_batch_size_per_gpu" ||
+      if (a.value == "derived" && (a.path == "train_batch_size" || a.path == "train_micro_batch_size_per_gpu" ||
                                    a.path == "gradient_accumulation_steps")) {
-        const std::int64_t v = a.path == "train_batch_size"
-                                   ? tbs
-                                   : (a.path == "gradient_accumulation_steps" ? gas : mbs);
+        const std::int64_t v =
+            a.path == "train_batch_size" ? tbs : (a.path == "gradient_accumulation_steps" ? gas : mbs);
         a.value = fmt::format("{}", v);
         a.source = fmt::format("derived for world size {}", w);
       }
     }
-    notes.push_back(fmt::format("batch: train_batch_size {} = train_micro_batch_size_per_gpu {} x "
-                                "gradient_accumulation_steps {} x world size {} ({})",
-                                tbs, mbs, gas, w, derived));
+    notes.push_back(
+        fmt::format("batch: train_batch_size {} = train_micro_batch_size_per_gpu {} x "
+                    "gradient_accumulation_steps {} x world size {} ({})",
+                    tbs, mbs, gas, w, derived));
   }
 
   if (grad_accum_dtype == GradAccumDType::automatic) {
     const DType d = grad_dtype();
-    grad_accum_dtype = d == DType::f32 ? GradAccumDType::fp32 : d == DType::f16 ? GradAccumDType::fp16
-                                                                                : GradAccumDType::bf16;
+    grad_accum_dtype = d == DType::f32   ? GradAccumDType::fp32
+                       : d == DType::f16 ? GradAccumDType::fp16
+                                         : GradAccumDType::bf16;
     if (d != compute_dtype()) {
       const char* own = compute_dtype() == DType::f16 ? "fp16" : "bf16";  // as the key spells it
       notes.push_back(fmt::format(
@@ -187,8 +190,7 @@ void Config::resolve(int world_size) {
 
   const auto& z = zero_optimization;
   if (z.offload_optimizer.device == OffloadDevice::nvme) {
-    check_nvme_dir("zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path,
-                   source);
+    check_nvme_dir("zero_optimization.offload_optimizer.nvme_path", z.offload_optimizer.nvme_path, source);
   }
   if (z.offload_param.device == OffloadDevice::nvme) {
     check_nvme_dir("zero_optimization.offload_param.nvme_path", z.offload_param.nvme_path, source);
@@ -199,7 +201,7 @@ void Config::resolve(int world_size) {
 std::string Config::to_yaml() const {
   YAML::Emitter out;
   out << YAML::BeginMap;
-  std::vector<std::string> open;  // the sections being written, outermost first
+  std::vector<std::string> open;              // the sections being written, outermost first
   Config& self = const_cast<Config&>(*this);  // slots are only read here
   for (const auto& s : keys::config_keys()) {
     if ((s.inapplicable && !s.inapplicable(*this).empty()) || (s.omitted && s.omitted(*this))) {
@@ -234,8 +236,7 @@ std::string Config::to_yaml() const {
           } else if constexpr (std::is_same_v<P, bool*>) {
             out << *p;
           } else if constexpr (std::is_same_v<P, keys::PairRef>) {
-            out << YAML::Flow << YAML::BeginSeq << shortest_text(*p.first)
-                << shortest_text(*p.second) << YAML::EndSeq;
+            out << YAML::Flow << YAML::BeginSeq << shortest_text(*p.first) << shortest_text(*p.second) << YAML::EndSeq;
           } else {
             out << keys::value_text(s, *this);
           }
@@ -263,26 +264,20 @@ namespace {
 // What "auto" means for a key, for docs/configuration.md and --help.
 std::string auto_text(const keys::Spec& s) {
   switch (s.auto_rule) {
-    case keys::Auto::none:
-      return "";
-    case keys::Auto::derived:
-      return "`auto`: derived from the other two and the world size.";
-    case keys::Auto::required:
-      return "`auto`: the run length the application passes.";
-    case keys::Auto::fallback:
-      break;
+    case keys::Auto::none: return "";
+    case keys::Auto::derived: return "`auto`: derived from the other two and the world size.";
+    case keys::Auto::required: return "`auto`: the run length the application passes.";
+    case keys::Auto::fallback: break;
   }
   return "`auto`: the application's value, else " +
-         (s.auto_from.empty() ? std::string("the default") : "`" + std::string(s.auto_from) + "`") +
-         ".";
+         (s.auto_from.empty() ? std::string("the default") : "`" + std::string(s.auto_from) + "`") + ".";
 }
 
 std::string foreign_list(keys::Policy policy) {
   std::string out;
   for (const auto& f : keys::foreign_keys()) {
-    const bool listed = policy == keys::Policy::silent
-                            ? (f.policy == policy || !f.inert.empty() || f.inert_if)
-                            : f.policy == policy;
+    const bool listed =
+        policy == keys::Policy::silent ? (f.policy == policy || !f.inert.empty() || f.inert_if) : f.policy == policy;
     if (!listed) continue;
     std::string line = "- `" + std::string(f.path) + "`";
     for (auto a : f.aliases) line += " (or `" + std::string(a) + "`)";
@@ -314,28 +309,30 @@ std::string config_reference_markdown() {
     std::string meaning(s.doc);
     if (std::string a = auto_text(s); !a.empty()) meaning += " " + a;
     for (auto alias : s.aliases) meaning += " Also spelt `" + std::string(alias) + "`.";
-    out += "| `" + std::string(s.path) + "` | " + keys::type_text(s) + " | " +
-           keys::default_text(s) + " | " + meaning + " |\n";
+    out += "| `" + std::string(s.path) + "` | " + keys::type_text(s) + " | " + keys::default_text(s) + " | " + meaning +
+           " |\n";
   }
-  out += "\nKeys and sections that DeepSpeed reads as not set when they are null (JSON `null`, YAML "
-         "`~` or no value), so their default applies, with a note at start: ";
+  out +=
+      "\nKeys and sections that DeepSpeed reads as not set when they are null (JSON `null`, YAML "
+      "`~` or no value), so their default applies, with a note at start: ";
   std::string nulls;
   for (const auto& s : keys::config_keys())
     if (s.null_is_default) nulls += (nulls.empty() ? "`" : ", `") + std::string(s.path) + "`";
   for (auto p : keys::null_default_sections()) nulls += ", `" + std::string(p) + "` (the section)";
-  out += nulls + ". Any other key of the table, or section, set to null is an error that says to remove it for "
-                 "the default; in the lists below null is a value other than those named.\n";
+  out += nulls +
+         ". Any other key of the table, or section, set to null is an error that says to remove it for "
+         "the default; in the lists below null is a value other than those named.\n";
   out += "\nDeepSpeed keys accepted silently (no effect here, or libzero does it anyway):\n\n";
   out += foreign_list(keys::Policy::silent);
   out += "\nDeepSpeed keys that get one note at start (libzero does it another way):\n\n";
   out += foreign_list(keys::Policy::note);
-  out += "\nDeepSpeed keys and values that are errors (honouring them would change the training "
-         "result, and libzero cannot):\n\n";
+  out +=
+      "\nDeepSpeed keys and values that are errors (honouring them would change the training "
+      "result, and libzero cannot):\n\n";
   out += foreign_list(keys::Policy::refused);
   for (const auto& s : keys::config_keys()) {
     for (const auto& [value, why] : s.refused_values) {
-      out += "- `" + std::string(s.path) + ": " + std::string(value) + "`: " + std::string(why) +
-             "\n";
+      out += "- `" + std::string(s.path) + ": " + std::string(value) + "`: " + std::string(why) + "\n";
     }
   }
   return out;

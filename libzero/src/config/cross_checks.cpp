@@ -18,14 +18,14 @@ void ConfigLoader::cross_checks() {
   const auto& z = cfg_.zero_optimization;
   for (const char* which : {"offload_optimizer", "offload_param"}) {
     check([&] {
-      const auto& o = std::string(which) == "offload_param"
-                          ? z.offload_param.device : z.offload_optimizer.device;
-      const auto& path = std::string(which) == "offload_param" ? z.offload_param.nvme_path
-                                                               : z.offload_optimizer.nvme_path;
+      const auto& o = std::string(which) == "offload_param" ? z.offload_param.device : z.offload_optimizer.device;
+      const auto& path =
+          std::string(which) == "offload_param" ? z.offload_param.nvme_path : z.offload_optimizer.nvme_path;
       StrictSection* s = section(std::string("zero_optimization.") + which);
       if (s && o == OffloadDevice::nvme && path.empty()) {
-        s->fail("device", "is nvme but nvme_path is not set; add nvme_path: <a directory on the "
-                          "NVMe drive> to this section, or use device: cpu");
+        s->fail("device",
+                "is nvme but nvme_path is not set; add nvme_path: <a directory on the "
+                "NVMe drive> to this section, or use device: cpu");
       }
     });
   }
@@ -38,16 +38,14 @@ void ConfigLoader::cross_checks() {
           ->fail("device", fmt::format("= {} needs zero_optimization.stage 3, but stage is {} "
                                        "({}); parameter offload exists only at stage 3: set "
                                        "stage: 3 or offload_param.device: none",
-                                       to_string(z.offload_param.device), z.stage,
-                                       zs->where("stage")));
+                                       to_string(z.offload_param.device), z.stage, zs->where("stage")));
     }
   });
   check([&] {
     if (zs && z.offload_optimizer.device != OffloadDevice::none && z.stage == 0) {
       section("zero_optimization.offload_optimizer")
           ->fail("device", std::string("= ") + to_string(z.offload_optimizer.device) +
-                               " needs zero_optimization.stage >= 1, but stage is 0 (" +
-                               zs->where("stage") +
+                               " needs zero_optimization.stage >= 1, but stage is 0 (" + zs->where("stage") +
                                "); set stage: 1 or higher, or offload_optimizer.device: none");
     }
   });
@@ -67,16 +65,14 @@ void ConfigLoader::cross_checks() {
   });
   check([&] {
     if (cfg_.aio.block_size % 4096 != 0) {
-      section("aio")->fail("block_size",
-                           fmt::format("= {} must be a multiple of 4096 (O_DIRECT transfers "
-                                       "are 4 KiB aligned)",
-                                       cfg_.aio.block_size));
+      section("aio")->fail("block_size", fmt::format("= {} must be a multiple of 4096 (O_DIRECT transfers "
+                                                     "are 4 KiB aligned)",
+                                                     cfg_.aio.block_size));
     }
   });
   check([&] {
     if (cfg_.fp16.enabled && cfg_.bf16_enabled) {
-      section("bf16")->fail("enabled", "is true and so is fp16.enabled (" +
-                                           section("fp16")->where("enabled") +
+      section("bf16")->fail("enabled", "is true and so is fp16.enabled (" + section("fp16")->where("enabled") +
                                            "); choose one compute precision: set one of them "
                                            "to false");
     }
@@ -90,9 +86,9 @@ void ConfigLoader::cross_checks() {
     StrictSection* d = section("data_types");
     if (want == cfg_.compute_dtype() || !d) return;
     d->fail("grad_accum_dtype",
-               fmt::format("= {} but the compute dtype is {}; gradients accumulate in fp32 or in the compute "
-                           "dtype: set it to fp32, or remove it",
-                           to_string(g), dtype_name(cfg_.compute_dtype())));
+            fmt::format("= {} but the compute dtype is {}; gradients accumulate in fp32 or in the compute "
+                        "dtype: set it to fp32, or remove it",
+                        to_string(g), dtype_name(cfg_.compute_dtype())));
   });
   check([&] {
     StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
@@ -106,8 +102,7 @@ void ConfigLoader::cross_checks() {
   // be a setting with no effect: an error, not ignored.
   check([&] {
     if (top.has("comm") && cfg_.backend == BackendKind::host && cfg_.comm == CommKind::nccl) {
-      const std::string how =
-          top.has("backend") ? "set at " + top.where("backend") : "the default";
+      const std::string how = top.has("backend") ? "set at " + top.where("backend") : "the default";
       top.fail("comm", "= nccl applies to backend: cuda, but backend is host (" + how +
                            "); the host backend always communicates over MPI: remove comm, or "
                            "set backend: cuda");
@@ -144,7 +139,8 @@ void ConfigLoader::scheduler_checks(StrictSection& top) {
             "WarmupCosineLR or ManualLR (or remove the section for a constant optimizer lr)");
   }
   StrictSection* p = section("scheduler.params");
-  if (!p || c.type == SchedulerType::warmup_lr || c.type == SchedulerType::manual_lr || failed_.count("scheduler.params.total_num_steps"))
+  if (!p || c.type == SchedulerType::warmup_lr || c.type == SchedulerType::manual_lr ||
+      failed_.count("scheduler.params.total_num_steps"))
     return;
   const std::string type = c.type == SchedulerType::warmup_decay_lr ? "WarmupDecayLR" : "WarmupCosineLR";
   if (!p->has("total_num_steps")) {
@@ -153,10 +149,9 @@ void ConfigLoader::scheduler_checks(StrictSection& top) {
                                    "the run length");
   }
   if (c.total_num_steps < c.warmup_num_steps) {
-    p->fail("total_num_steps",
-            fmt::format("= {} is less than warmup_num_steps = {}: the run would end inside the "
-                        "warmup; raise total_num_steps or shorten the warmup",
-                        c.total_num_steps, c.warmup_num_steps));
+    p->fail("total_num_steps", fmt::format("= {} is less than warmup_num_steps = {}: the run would end inside the "
+                                           "warmup; raise total_num_steps or shorten the warmup",
+                                           c.total_num_steps, c.warmup_num_steps));
   }
 }
 

@@ -71,12 +71,8 @@ std::string type_text(const Spec& s) {
     case Kind::real:
       t = "number" + (s.range.describe() == "any value" ? std::string() : " " + s.range.describe());
       break;
-    case Kind::flag:
-      t = "bool";
-      break;
-    case Kind::text:
-      t = "string";
-      break;
+    case Kind::flag: t = "bool"; break;
+    case Kind::text: t = "string"; break;
     case Kind::choice:
       for (auto c : s.choices) {
         if (c.empty()) continue;
@@ -84,9 +80,7 @@ std::string type_text(const Spec& s) {
       }
       if (s.any_case) t += " (any case)";
       break;
-    case Kind::pair:
-      t = "list of 2 numbers " + s.range.describe();
-      break;
+    case Kind::pair: t = "list of 2 numbers " + s.range.describe(); break;
   }
   if (s.auto_rule != Auto::none) t += ", or `auto`";
   return t;

@@ -18,13 +18,11 @@ Range between(double lo, double hi) { return Range::closed(lo, hi); }
 std::string sgd_only(const Config& c) {
   return c.optimizer.type == OptimizerType::sgd
              ? std::string()
-             : "applies to SGD only (optimizer.type is " +
-                   std::string(to_string(c.optimizer.type)) +
+             : "applies to SGD only (optimizer.type is " + std::string(to_string(c.optimizer.type)) +
                    "; Adam's momentum is betas[0])";
 }
 std::string adam_only(const Config& c) {
-  return c.optimizer.type != OptimizerType::sgd ? std::string()
-                                                : "applies to Adam and AdamW, not SGD (use momentum)";
+  return c.optimizer.type != OptimizerType::sgd ? std::string() : "applies to Adam and AdamW, not SGD (use momentum)";
 }
 std::string no_scheduler(const Config& c) {
   if (c.scheduler.type == SchedulerType::manual_lr)
@@ -37,9 +35,7 @@ std::string cosine_only(const Config& c) {
   return c.scheduler.type == SchedulerType::warmup_cosine_lr
              ? std::string()
              : "applies to WarmupCosineLR only (scheduler.type is " +
-                   std::string(c.scheduler.type == SchedulerType::warmup_lr ? "WarmupLR"
-                                                                            : "WarmupDecayLR") +
-                   ")";
+                   std::string(c.scheduler.type == SchedulerType::warmup_lr ? "WarmupLR" : "WarmupDecayLR") + ")";
 }
 std::string not_cosine(const Config& c) {
   if (!no_scheduler(c).empty()) return no_scheduler(c);
@@ -462,9 +458,8 @@ const std::vector<SectionAlias>& section_aliases() {
 // zero_optimization, optimizer, scheduler and data_types set to null fail there (a None where a
 // dict is expected), so they are errors here too.
 const std::vector<std::string_view>& null_default_sections() {
-  static const std::vector<std::string_view> table = {
-      "bf16", "aio", "zero_optimization.offload_optimizer", "zero_optimization.offload_param",
-      "optimizer.params"};
+  static const std::vector<std::string_view> table = {"bf16", "aio", "zero_optimization.offload_optimizer",
+                                                      "zero_optimization.offload_param", "optimizer.params"};
   return table;
 }
 

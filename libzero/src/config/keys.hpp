@@ -51,14 +51,14 @@ struct Spec {
   std::string_view path;  // "zero_optimization.stage"
   Kind kind;
   Slot (*slot)(Config&);
-  Range range{};                          // integer and real kinds (each element for pair)
+  Range range{};                            // integer and real kinds (each element for pair)
   std::vector<std::string_view> choices{};  // choice: index = enum value; "" is never accepted
-  bool any_case = false;                // choice: case-insensitive (optimizer names)
+  bool any_case = false;                    // choice: case-insensitive (optimizer names)
   Auto auto_rule = Auto::none;
-  std::string_view auto_from{};           // fallback: another key's value instead of the default
+  std::string_view auto_from{};             // fallback: another key's value instead of the default
   std::vector<std::string_view> aliases{};  // other spellings of the last path part
   std::string_view doc{};
-  std::string_view default_text{};        // documented default when not simply the member's default
+  std::string_view default_text{};  // documented default when not simply the member's default
   // Sets a default that depends on keys read before (overlap_comm on at stage 3). Optional.
   void (*dynamic_default)(Config&) = nullptr;
   std::string_view default_depends_on{};  // the key the dynamic default follows, for messages
@@ -85,7 +85,7 @@ struct Foreign {
   // '|'-separated values with no effect here, always silent ("false|0"); for a section, the
   // values of its "enabled" key. Empty: every value gets `policy`.
   std::string_view inert{};
-  std::string_view why{}; // the note, or the reason of the error
+  std::string_view why{};  // the note, or the reason of the error
   std::vector<std::string_view> aliases{};
   // Decides instead of `inert` where the answer depends on other settings; returns true when
   // the value is inert.
@@ -106,9 +106,9 @@ const std::vector<SectionAlias>& section_aliases();
 const std::vector<std::string_view>& null_default_sections();
 
 // Text forms used by messages, to_yaml and the documentation.
-std::string value_text(const Spec& s, const Config& c);   // "3", "true", "[0.9, 0.999]"
-std::string type_text(const Spec& s);                     // "integer 0..3, or `auto`"
-std::string default_text(const Spec& s);                  // "`500000000`"
+std::string value_text(const Spec& s, const Config& c);  // "3", "true", "[0.9, 0.999]"
+std::string type_text(const Spec& s);                    // "integer 0..3, or `auto`"
+std::string default_text(const Spec& s);                 // "`500000000`"
 // The effective range of an integer key: its Range clipped to the member's type.
 Range integer_range(const Spec& s);
 

@@ -84,11 +84,11 @@ void ConfigLoader::load() {
   for (const auto& s : keys::config_keys()) attempt(s.path, [&] { read(s); });
   StrictSection& top = sections_.at("");
   if (deepspeed_json_ && !top.has("gradient_clipping")) {
-    cfg_.notes.push_back(fmt::format(
-        "gradient_clipping: not set, DeepSpeed's default {} is used (DeepSpeed 0.19.3 and later; "
-        "before, and in a YAML config here, the default is 0, no clipping): write "
-        "gradient_clipping: 0 to train unclipped",
-        shortest_text(kDeepSpeedGradientClipping)));
+    cfg_.notes.push_back(
+        fmt::format("gradient_clipping: not set, DeepSpeed's default {} is used (DeepSpeed 0.19.3 and later; "
+                    "before, and in a YAML config here, the default is 0, no clipping): write "
+                    "gradient_clipping: 0 to train unclipped",
+                    shortest_text(kDeepSpeedGradientClipping)));
   }
   for (const auto& name : opts_.extra_sections) top.allow(name);
   for (const auto& f : keys::foreign_keys()) attempt(f.path, [&] { judge(f); });
@@ -108,9 +108,8 @@ void ConfigLoader::load() {
   errors_.insert(errors_.begin(), unknown.begin(), unknown.end());
   if (errors_.size() == 1) throw Error(errors_.front());
   if (!errors_.empty()) {
-    std::string msg = fmt::format(
-        "{}: {} problems in the configuration (fix them all, then load again):", cfg_.source,
-        errors_.size());
+    std::string msg = fmt::format("{}: {} problems in the configuration (fix them all, then load again):", cfg_.source,
+                                  errors_.size());
     for (const auto& e : errors_) msg += "\n  - " + e;
     throw Error(msg);
   }
@@ -148,9 +147,10 @@ StrictSection* ConfigLoader::section(const std::string& path) {
       if (null_default_section(path)) {
         cfg_.notes.push_back(path + ": null, the defaults of its keys are used (as DeepSpeed reads it)");
       } else {
-        parent->fail(leaf, "has no value (null), and null does not mean its defaults (docs/"
-                           "configuration.md lists where it does); write its keys under it (or {} "
-                           "for the defaults), or remove the key for the defaults");
+        parent->fail(leaf,
+                     "has no value (null), and null does not mean its defaults (docs/"
+                     "configuration.md lists where it does); write its keys under it (or {} "
+                     "for the defaults), or remove the key for the defaults");
       }
     }
     return &sections_.emplace(path, parent->section(leaf)).first->second;
@@ -163,13 +163,12 @@ StrictSection* ConfigLoader::section(const std::string& path) {
 
 // The spelling of `leaf` used in the file among the key and its aliases; "" when absent.
 std::string ConfigLoader::spelling(StrictSection& sec, const std::string& leaf,
-                                  const std::vector<std::string_view>& aliases) {
+                                   const std::vector<std::string_view>& aliases) {
   std::string found = sec.has(leaf) ? leaf : "";
   for (auto a : aliases) {
     if (!sec.has(a)) continue;
     if (!found.empty()) {
-      sec.fail(std::string(a), "and " + found + " (" + sec.where(found) +
-                                   ") are the same setting; keep one");
+      sec.fail(std::string(a), "and " + found + " (" + sec.where(found) + ") are the same setting; keep one");
     }
     found = std::string(a);
   }
@@ -217,14 +216,16 @@ void ConfigLoader::read_null(const Spec& s, StrictSection& sec, const std::strin
     }
     sec.fail(key, "has no value (null): DeepSpeed then takes no " + owner +
                       " from the file but the training script's (and ignores " + owner +
-                      ".params); libzero builds the " + owner + " from this section: write one of " +
-                      choices + ", or remove the " + owner + " section for the default " + def);
+                      ".params); libzero builds the " + owner + " from this section: write one of " + choices +
+                      ", or remove the " + owner + " section for the default " + def);
   }
   if (s.auto_rule == Auto::required) {
     sec.fail(key, "has no value (null); write the number of optimizer steps");
   }
-  sec.fail(key, "has no value (null), and null does not mean this key's default (docs/"
-                "configuration.md lists where it does): remove the key for the default " + def);
+  sec.fail(key,
+           "has no value (null), and null does not mean this key's default (docs/"
+           "configuration.md lists where it does): remove the key for the default " +
+               def);
 }
 
 // "auto": the application's value, else the rule's fallback.
@@ -239,19 +240,24 @@ void ConfigLoader::resolve_auto(const Spec& s, StrictSection& sec, const std::st
     read_value(s, app, key);
     source = "the application";
   } else if (s.auto_rule == Auto::derived) {
-    std::visit([](auto p) {
-      if constexpr (std::is_same_v<decltype(p), std::int64_t*>) *p = 0;
-    }, s.slot(cfg_));
+    std::visit(
+        [](auto p) {
+          if constexpr (std::is_same_v<decltype(p), std::int64_t*>) *p = 0;
+        },
+        s.slot(cfg_));
     cfg_.autos.push_back({path, "derived", "resolve() derives it from the batch triple and the world size"});
     return;
   } else if (s.auto_rule == Auto::required) {
     if (opts_.total_num_steps <= 0) {
-      sec.fail(key, "is \"auto\", but the application did not tell libzero the run length; "
-                    "write the number of optimizer steps");
+      sec.fail(key,
+               "is \"auto\", but the application did not tell libzero the run length; "
+               "write the number of optimizer steps");
     }
-    std::visit([&](auto p) {
-      if constexpr (std::is_same_v<decltype(p), std::int64_t*>) *p = opts_.total_num_steps;
-    }, s.slot(cfg_));
+    std::visit(
+        [&](auto p) {
+          if constexpr (std::is_same_v<decltype(p), std::int64_t*>) *p = opts_.total_num_steps;
+        },
+        s.slot(cfg_));
     source = "the run length the application gave";
   } else if (!s.auto_from.empty()) {
     const Spec* from = find_spec(s.auto_from);
@@ -279,8 +285,8 @@ void ConfigLoader::read_value(const Spec& s, StrictSection& sec, const std::stri
           // The range is clipped to the member's type, so no value is narrowed.
           const Range r = keys::integer_range(s);
           const auto lo = static_cast<std::int64_t>(std::ceil(r.lo));
-          const auto hi = r.hi >= 9.2e18 ? std::numeric_limits<std::int64_t>::max()
-                                         : static_cast<std::int64_t>(std::floor(r.hi));
+          const auto hi =
+              r.hi >= 9.2e18 ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(std::floor(r.hi));
           *p = static_cast<std::remove_pointer_t<P>>(sec.get_int(key, *p, lo, hi));
         } else if constexpr (std::is_same_v<P, double*>) {
           *p = sec.get_double(key, *p, s.range);
@@ -310,13 +316,13 @@ void ConfigLoader::read_choice(const Spec& s, StrictSection& sec, const std::str
         for (const auto& n : names) choices += (choices.empty() ? "" : ", ") + n;
         sec.fail(key, "= " + escape_bytes(v.Scalar()) + ": " + std::string(why) +
                           "; another optimizer or schedule would change the training result, "
-                          "so choose one of " + choices);
+                          "so choose one of " +
+                          choices);
       }
     }
   }
   const std::string current(s.choices[static_cast<std::size_t>(ref.get(cfg_))]);
-  const std::string got = sec.get_choice(key, current.empty() ? names.front() : current, names,
-                                         s.any_case);
+  const std::string got = sec.get_choice(key, current.empty() ? names.front() : current, names, s.any_case);
   for (std::size_t i = 0; i < s.choices.size(); ++i)
     if (s.choices[i] == got) ref.set(cfg_, static_cast<int>(i));
 }
@@ -357,23 +363,20 @@ void ConfigLoader::judge(const keys::Foreign& f) {
     }
   }
   if (inert) return;
-  const std::string shown = v.IsScalar()
-                                ? " = " + escape_bytes(v.Scalar())
-                                : (v.IsMap() && judged.IsDefined() ? " has enabled: " + text : "");
+  const std::string shown = v.IsScalar() ? " = " + escape_bytes(v.Scalar())
+                                         : (v.IsMap() && judged.IsDefined() ? " has enabled: " + text : "");
   if (f.policy == keys::Policy::note) {
-    cfg_.notes.push_back(sec->path_of(key) + shown + ": handled differently here: " +
-                         std::string(f.why));
+    cfg_.notes.push_back(sec->path_of(key) + shown + ": handled differently here: " + std::string(f.why));
   } else if (v.IsNull()) {
-    sec->fail(key, "has no value (null), and null does not mean this key's default (docs/"
-                   "configuration.md lists where it does): remove the key for the default");
+    sec->fail(key,
+              "has no value (null), and null does not mean this key's default (docs/"
+              "configuration.md lists where it does): remove the key for the default");
   } else {
-    sec->fail(key, shown.empty() ? "is set: " + std::string(f.why)
-                                 : shown.substr(1) + ": " + std::string(f.why));
+    sec->fail(key, shown.empty() ? "is set: " + std::string(f.why) : shown.substr(1) + ": " + std::string(f.why));
   }
 }
 
 namespace {
-
 
 // A DeepSpeed JSON config: a file whose name ends in .json (ds_config.json).
 bool is_deepspeed_json(const std::string& origin) {
@@ -385,12 +388,10 @@ Config build(YAML::Node root, const std::string& origin, const LoadOptions& opts
   cfg.source = origin;
   for (const auto& name : opts.extra_sections) {
     bool ours = false;
-    for (const auto& s : keys::config_keys())
-      ours = ours || s.path == name || s.path.starts_with(name + ".");
+    for (const auto& s : keys::config_keys()) ours = ours || s.path == name || s.path.starts_with(name + ".");
     if (ours || name.empty() || name.find_first_of(".[]= ") != std::string::npos) {
       throw Error("LoadOptions::extra_sections: '" + name + "' cannot be an application section (" +
-                  (ours ? "libzero reads that key itself" : "it must be a plain key name") +
-                  "); rename the section");
+                  (ours ? "libzero reads that key itself" : "it must be a plain key name") + "); rename the section");
     }
   }
   if (!root.IsDefined() || root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
@@ -437,9 +438,10 @@ Config load_config(const std::string& path, const LoadOptions& opts) {
     ~Closer() { ::close(fd); }
   } closer{f.fd};
   if (f.size > kMaxConfigBytes) {
-    throw Error(fmt::format("{}: is {} bytes, more than the {} MiB a config file may have; is this "
-                            "the right file?",
-                            path, f.size, kMaxConfigBytes >> 20));
+    throw Error(
+        fmt::format("{}: is {} bytes, more than the {} MiB a config file may have; is this "
+                    "the right file?",
+                    path, f.size, kMaxConfigBytes >> 20));
   }
   std::string text(static_cast<std::size_t>(f.size), '\0');
   std::size_t got = 0;

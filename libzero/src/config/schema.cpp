@@ -117,8 +117,7 @@ struct StrictSection::Impl {
     YAML::Mark m = e ? e->key_node.Mark() : node.Mark();
     return m.is_null() ? origin : fmt::format("{}:{}", origin, m.line + 1);
   }
-  [[noreturn]] void fail_at(std::string_view entry_key, const std::string& full,
-                            const std::string& problem) const {
+  [[noreturn]] void fail_at(std::string_view entry_key, const std::string& full, const std::string& problem) const {
     throw Error(where(full, entry_key) + ": " + full + " " + problem);
   }
   // "stage = 7" / "stage is a mapping" / "stage has no value", for "<this>: expected ...".
@@ -128,8 +127,8 @@ struct StrictSection::Impl {
     if (v.IsSequence()) return fmt::format("{} is a list of {}", full, v.size());
     return full + " = " + (v.Scalar().empty() ? std::string("\"\"") : escape_bytes(v.Scalar()));
   }
-  [[noreturn]] void bad_value(const Entry& e, const std::string& full, const YAML::Node& v,
-                              const std::string& expected, const std::string& hint = "") const {
+  [[noreturn]] void bad_value(const Entry& e, const std::string& full, const YAML::Node& v, const std::string& expected,
+                              const std::string& hint = "") const {
     std::string msg = shown(full, v) + ": expected " + expected;
     if (v.IsScalar() && v.Scalar() == "auto") msg += " (\"auto\" is not accepted for this key)";
     if (!hint.empty()) msg += " (" + hint + ")";
@@ -153,14 +152,12 @@ StrictSection::StrictSection(const YAML::Node& node, std::string key_path, std::
   if (!node.IsDefined() || node.IsNull()) return;
   if (!node.IsMap()) {
     std::string shown = Impl::shown(impl_->path.empty() ? "top level" : impl_->path, node);
-    throw Error(impl_->where(impl_->path, "") + ": " + shown +
-                ": expected a section (a mapping of keys)");
+    throw Error(impl_->where(impl_->path, "") + ": " + shown + ": expected a section (a mapping of keys)");
   }
   for (auto it = node.begin(); it != node.end(); ++it) {
     Impl::Entry e{"", it->first, it->second, false};
     if (!it->first.IsScalar()) {
-      throw Error(impl_->where(impl_->path, "") + ": " +
-                  (impl_->path.empty() ? "top level" : impl_->path) +
+      throw Error(impl_->where(impl_->path, "") + ": " + (impl_->path.empty() ? "top level" : impl_->path) +
                   ": has a key that is not a plain name; keys are names like 'stage'");
     }
     e.key = it->first.Scalar();
@@ -168,9 +165,8 @@ StrictSection::StrictSection(const YAML::Node& node, std::string key_path, std::
       std::string full = impl_->path_of(e.key);
       YAML::Mark m1 = first->key_node.Mark();
       YAML::Mark m2 = e.key_node.Mark();
-      std::string lines = (!m1.is_null() && !m2.is_null())
-                              ? fmt::format(" (lines {} and {})", m1.line + 1, m2.line + 1)
-                              : "";
+      std::string lines =
+          (!m1.is_null() && !m2.is_null()) ? fmt::format(" (lines {} and {})", m1.line + 1, m2.line + 1) : "";
       throw Error(impl_->origin + ": " + escape_bytes(full) + ": key appears twice" + lines +
                   "; keep one (a later one would not silently win here)");
     }
@@ -185,9 +181,7 @@ StrictSection& StrictSection::operator=(StrictSection&&) noexcept = default;
 const std::string& StrictSection::key_path() const { return impl_->path; }
 const std::string& StrictSection::origin() const { return impl_->origin; }
 std::string StrictSection::path_of(std::string_view key) const { return impl_->path_of(key); }
-std::string StrictSection::where(std::string_view key) const {
-  return impl_->where(impl_->path_of(key), key);
-}
+std::string StrictSection::where(std::string_view key) const { return impl_->where(impl_->path_of(key), key); }
 
 bool StrictSection::has(std::string_view key) { return impl_->take(key) != nullptr; }
 
@@ -202,8 +196,7 @@ void StrictSection::reject(std::string_view key, std::string_view why) {
   impl_->rejected.emplace(std::string(key), std::string(why));
 }
 
-std::int64_t StrictSection::get_int(std::string_view key, std::int64_t def, std::int64_t min,
-                                    std::int64_t max) {
+std::int64_t StrictSection::get_int(std::string_view key, std::int64_t def, std::int64_t min, std::int64_t max) {
   Impl::Entry* e = impl_->take(key);
   if (!e) return def;
   constexpr auto lo_limit = std::numeric_limits<std::int64_t>::min();
@@ -272,12 +265,11 @@ std::string StrictSection::get_choice(std::string_view key, const std::string& d
     if (s == c || (ignore_case && lower_ascii(s) == lower_ascii(c))) return c;
   }
   std::string guess = closest_match(s, choices);
-  impl_->bad_value(*e, full, e->value, expected,
-                   guess.empty() ? std::string() : "did you mean " + guess + "?");
+  impl_->bad_value(*e, full, e->value, expected, guess.empty() ? std::string() : "did you mean " + guess + "?");
 }
 
-std::vector<double> StrictSection::get_doubles(std::string_view key, const std::vector<double>& def,
-                                               std::size_t count, const Range& each) {
+std::vector<double> StrictSection::get_doubles(std::string_view key, const std::vector<double>& def, std::size_t count,
+                                               const Range& each) {
   Impl::Entry* e = impl_->take(key);
   if (!e) return def;
   std::string full = impl_->path_of(key);
@@ -311,8 +303,7 @@ std::optional<StrictSection> StrictSection::sub(std::string_view key) {
 
 StrictSection StrictSection::section(std::string_view key) {
   if (auto s = sub(key)) return std::move(*s);
-  StrictSection s(YAML::Node(YAML::NodeType::Map), impl_->path_of(key), impl_->origin,
-                  impl_->locations);
+  StrictSection s(YAML::Node(YAML::NodeType::Map), impl_->path_of(key), impl_->origin, impl_->locations);
   s.impl_->self_where = impl_->where(impl_->path_of(key), key);
   return s;
 }
@@ -362,8 +353,7 @@ void StrictSection::finish(std::vector<std::string>& errors, bool first_only) {
       constexpr std::size_t kListed = 20;
       std::vector<std::string> listed(impl_->known.begin(),
                                       impl_->known.begin() + std::min(kListed, impl_->known.size()));
-      msg += "; the keys known " +
-             (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
+      msg += "; the keys known " + (impl_->path.empty() ? std::string("at the top level") : "in " + impl_->path) +
              " are: " + join(listed, ", ") +
              (impl_->known.size() > kListed
                   ? fmt::format(" and {} more (see docs/configuration.md)", impl_->known.size() - kListed)
@@ -394,11 +384,9 @@ class DocumentCounter : public YAML::EventHandler {
   void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
   void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
   void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
-  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                       YAML::EmitterStyle::value) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
   void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
-                  YAML::EmitterStyle::value) override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
   void OnMapEnd() override {}
 };
 
@@ -444,8 +432,7 @@ YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
 YAML::Node extra_section_node(const Config& cfg, const std::string& name) {
   auto it = cfg.extra_sections.find(name);
   if (it == cfg.extra_sections.end()) return YAML::Node(YAML::NodeType::Map);
-  return parse_yaml(it->second, (cfg.source.empty() ? std::string("config") : cfg.source) +
-                                    " (section " + name + ")");
+  return parse_yaml(it->second, (cfg.source.empty() ? std::string("config") : cfg.source) + " (section " + name + ")");
 }
 
 StrictSection extra_section(const Config& cfg, const std::string& name) {
@@ -455,8 +442,7 @@ StrictSection extra_section(const Config& cfg, const std::string& name) {
       locations->emplace(path, where);
     }
   }
-  return StrictSection(extra_section_node(cfg, name), name,
-                       cfg.source.empty() ? std::string("config") : cfg.source,
+  return StrictSection(extra_section_node(cfg, name), name, cfg.source.empty() ? std::string("config") : cfg.source,
                        std::move(locations));
 }
 

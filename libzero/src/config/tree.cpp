@@ -69,10 +69,11 @@ void apply_override(YAML::Node root, const std::string& text, KeyLocations& loca
 void LocationRecorder::record(const YAML::Node& n, const std::string& path) {
   const std::size_t total = visit(n, path, "");
   if (total > kMaxExpandedValues) {
-    throw Error(fmt::format("{}: {} expands to {}+ values through YAML aliases (*name), more than "
-                            "the {} a configuration may hold; write the values out or use fewer "
-                            "aliases",
-                            out_.at(path), escape_bytes(path), total, kMaxExpandedValues));
+    throw Error(
+        fmt::format("{}: {} expands to {}+ values through YAML aliases (*name), more than "
+                    "the {} a configuration may hold; write the values out or use fewer "
+                    "aliases",
+                    out_.at(path), escape_bytes(path), total, kMaxExpandedValues));
   }
 }
 
@@ -153,6 +154,5 @@ void normalize_deepspeed_forms(YAML::Node root, const std::string& origin, KeyLo
     root.remove(alias);
   }
 }
-
 
 }  // namespace zero

@@ -75,9 +75,10 @@ class CudaBackend final : public Backend {
     try {
       shutdown();
     } catch (const std::exception& e) {
-      log_error("device {}: the CUDA backend did not shut down cleanly ({}); its device memory is left to the "
-                "process exit",
-                device_, e.what());
+      log_error(
+          "device {}: the CUDA backend did not shut down cleanly ({}); its device memory is left to the "
+          "process exit",
+          device_, e.what());
       alloc_.abandon();
     } catch (...) {
       alloc_.abandon();
@@ -117,9 +118,10 @@ class CudaBackend final : public Backend {
     bool idle = true;
     for (cudaStream_t s : streams_.all()) idle = stream_drain(s, limit) && idle;
     if (!idle) {
-      log_warning("device {}: work on the backend's streams did not finish within {:g} s (ZERO_NCCL_TIMEOUT_S) at "
-                  "shutdown; its device memory is left to the process exit",
-                  device_, limit);
+      log_warning(
+          "device {}: work on the backend's streams did not finish within {:g} s (ZERO_NCCL_TIMEOUT_S) at "
+          "shutdown; its device memory is left to the process exit",
+          device_, limit);
       alloc_.abandon();
     }
     staging_.reset();
@@ -147,7 +149,8 @@ class CudaBackend final : public Backend {
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
     use_device(device_);
-    if (bytes && dst != src) ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_.compute));
+    if (bytes && dst != src)
+      ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, streams_.compute));
   }
   void convert(const void* src, DType st, void* dst, DType dt, std::size_t n) override {
     use_device(device_);
@@ -162,8 +165,8 @@ class CudaBackend final : public Backend {
 
   void stats_begin() override {
     use_device(device_);
-    ZERO_CUDA_CHECK(cudaMemsetAsync(stats_, 0, static_cast<std::size_t>(sumsq_blocks_) * sizeof(double),
-                                    streams_.compute));
+    ZERO_CUDA_CHECK(
+        cudaMemsetAsync(stats_, 0, static_cast<std::size_t>(sumsq_blocks_) * sizeof(double), streams_.compute));
   }
   void stats_add(const void* g, DType t, std::size_t n) override {
     use_device(device_);
@@ -270,7 +273,7 @@ class CudaBackend final : public Backend {
   // Declaration order is destruction order reversed: streams and events outlive the allocator
   // and the pinned pool, which outlive the communicator and the staging that use them.
   int device_;
-  CommKind comm_kind_;  // comm: nccl or mpi, for the backend's communicator and its groups'
+  CommKind comm_kind_;        // comm: nccl or mpi, for the backend's communicator and its groups'
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S bounds the shutdown's waits too
   Stream comm_stream_, copy_stream_, upload_stream_;
   StreamSet streams_;
@@ -293,9 +296,10 @@ std::unique_ptr<Backend> make_cuda_backend(Context& ctx, const Config& cfg, Comm
     int count = 0;
     const cudaError_t rc = cudaGetDeviceCount(&count);
     cudaGetLastError();
-    ZERO_THROW(fmt::format("backend: cuda, but rank {} has no CUDA device (cudaGetDeviceCount: {}); run on a GPU node, "
-                           "check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host",
-                           ctx.rank(), rc == cudaSuccess ? fmt::format("{} devices", count) : cudaGetErrorName(rc)));
+    ZERO_THROW(
+        fmt::format("backend: cuda, but rank {} has no CUDA device (cudaGetDeviceCount: {}); run on a GPU node, "
+                    "check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi), or set backend: host",
+                    ctx.rank(), rc == cudaSuccess ? fmt::format("{} devices", count) : cudaGetErrorName(rc)));
   }
   return std::make_unique<cuda::CudaBackend>(ctx, cfg, ranks);
 }

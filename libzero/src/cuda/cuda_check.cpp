@@ -26,8 +26,7 @@ const char* cuda_hint(cudaError_t rc) {
     case cudaErrorNoKernelImageForDevice:
       return "; libzero was not compiled for this GPU: rebuild with "
              "-DCMAKE_CUDA_ARCHITECTURES=<your GPU's compute capability, e.g. 90>";
-    default:
-      return "";
+    default: return "";
   }
 }
 
@@ -36,8 +35,9 @@ const char* cuda_hint(cudaError_t rc) {
 // advice as the collective watchdog's (watchdog_report.hpp), which often notices them first.
 std::string kernel_fault_hint(cudaError_t rc) {
   if (!is_kernel_fault(cudaGetErrorName(rc))) return "";
-  return std::string("; a kernel failed and the CUDA context is unusable from here on (the error is sticky, and the "
-                     "call named is where it was noticed, not necessarily the kernel that caused it): ") +
+  return std::string(
+             "; a kernel failed and the CUDA context is unusable from here on (the error is sticky, and the "
+             "call named is where it was noticed, not necessarily the kernel that caused it): ") +
          kernel_fault_advice();
 }
 
@@ -53,8 +53,8 @@ DeviceProbe probe_devices() {
     p.kind = DeviceProbe::none;
     p.devices = 0;
     p.message = fmt::format("no CUDA device ({})", rc == cudaSuccess ? "0 devices"
-                                                   : driver == 0    ? "no CUDA driver installed"
-                                                                    : cudaGetErrorName(rc));
+                                                   : driver == 0     ? "no CUDA driver installed"
+                                                                     : cudaGetErrorName(rc));
   } else if (rc != cudaSuccess) {
     int runtime = 0;
     cudaRuntimeGetVersion(&runtime);
@@ -78,8 +78,7 @@ void throw_cuda_error(const char* file, int line, const char* call, cudaError_t 
   throw_error(file, line, cuda_error_text(call, rc));
 }
 
-void throw_nccl_error(const char* file, int line, const char* call, int rc, const char* text,
-                      const char* last_error) {
+void throw_nccl_error(const char* file, int line, const char* call, int rc, const char* text, const char* last_error) {
   std::string msg = fmt::format("{} failed: NCCL error {} ({})", call, rc, text ? text : "?");
   if (last_error && *last_error) msg += ": " + std::string(last_error);
   msg += "; run with NCCL_DEBUG=WARN for NCCL's own account";

@@ -16,8 +16,8 @@ namespace zero::cuda {
 // The message throw_cuda_error gives (without the call site): the call, the error's name and
 // text, and what to do where that is known.
 std::string cuda_error_text(const char* call, cudaError_t rc);
-[[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int rc,
-                                   const char* text, const char* last_error);
+[[noreturn]] void throw_nccl_error(const char* file, int line, const char* call, int rc, const char* text,
+                                   const char* last_error);
 
 // What a process finds before it uses CUDA. No device, or no driver at all, means "no GPU on
 // this machine" (GPU tests and benchmarks then skip with exit 77); a driver that is installed
@@ -36,20 +36,17 @@ void use_device(int device);
 
 }  // namespace zero::cuda
 
-#define ZERO_CUDA_CHECK(call)                                                          \
-  do {                                                                                 \
-    cudaError_t zero_cuda_rc_ = (call);                                                \
-    if (zero_cuda_rc_ != cudaSuccess)                                                  \
-      ::zero::cuda::throw_cuda_error(__FILE__, __LINE__, #call, zero_cuda_rc_);        \
+#define ZERO_CUDA_CHECK(call)                                                                                   \
+  do {                                                                                                          \
+    cudaError_t zero_cuda_rc_ = (call);                                                                         \
+    if (zero_cuda_rc_ != cudaSuccess) ::zero::cuda::throw_cuda_error(__FILE__, __LINE__, #call, zero_cuda_rc_); \
   } while (0)
 
 // Needs <nccl.h> where it is used (ncclGetErrorString, ncclGetLastError).
-#define ZERO_NCCL_CHECK(call)                                                          \
-  do {                                                                                 \
-    ncclResult_t zero_nccl_rc_ = (call);                                               \
-    if (zero_nccl_rc_ != ncclSuccess)                                                  \
-      ::zero::cuda::throw_nccl_error(__FILE__, __LINE__, #call,                        \
-                                     static_cast<int>(zero_nccl_rc_),                  \
-                                     ncclGetErrorString(zero_nccl_rc_),                \
-                                     ncclGetLastError(nullptr));                       \
+#define ZERO_NCCL_CHECK(call)                                                                       \
+  do {                                                                                              \
+    ncclResult_t zero_nccl_rc_ = (call);                                                            \
+    if (zero_nccl_rc_ != ncclSuccess)                                                               \
+      ::zero::cuda::throw_nccl_error(__FILE__, __LINE__, #call, static_cast<int>(zero_nccl_rc_),    \
+                                     ncclGetErrorString(zero_nccl_rc_), ncclGetLastError(nullptr)); \
   } while (0)

@@ -43,8 +43,10 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
   bool kept = false;  // the cache could not be returned: the streams did not drain
   if (rc == cudaErrorMemoryAllocation && bytes_cached() > 0) {
     cudaGetLastError();  // not sticky, but clear it so the retry starts clean
-    if (trim()) rc = cudaMalloc(&p, cls);
-    else kept = true;
+    if (trim())
+      rc = cudaMalloc(&p, cls);
+    else
+      kept = true;
   }
   if (rc != cudaSuccess) {
     cudaGetLastError();
@@ -52,17 +54,19 @@ void* DeviceAllocator::allocate(std::size_t bytes) {
     cudaMemGetInfo(&free_b, &total_b);
     cudaGetLastError();
     const std::string unreturned =
-        kept ? fmt::format(" ({} of cached blocks were not returned to the device: the backend's streams did not "
-                           "finish within ZERO_NCCL_TIMEOUT_S, and freeing would have waited on them)",
-                           format_bytes(bytes_cached()))
+        kept ? fmt::format(
+                   " ({} of cached blocks were not returned to the device: the backend's streams did not "
+                   "finish within ZERO_NCCL_TIMEOUT_S, and freeing would have waited on them)",
+                   format_bytes(bytes_cached()))
              : std::string();
-    ZERO_THROW(fmt::format("CUDA out of memory on device {}: cudaMalloc of {} failed ({}); libzero holds {} in use, the "
-                           "device has {} free of {}{}. Lower the micro batch or the bucket sizes (reduce_bucket_size, "
-                           "allgather_bucket_size, stage3_prefetch_bucket_size, stage3_max_live_parameters), use a "
-                           "higher ZeRO stage, or offload the optimizer (zero_optimization.offload_optimizer.device: "
-                           "cpu)",
-                           device_, format_bytes(cls), cudaGetErrorName(rc), format_bytes(in_use_),
-                           format_bytes(free_b), format_bytes(total_b), unreturned));
+    ZERO_THROW(
+        fmt::format("CUDA out of memory on device {}: cudaMalloc of {} failed ({}); libzero holds {} in use, the "
+                    "device has {} free of {}{}. Lower the micro batch or the bucket sizes (reduce_bucket_size, "
+                    "allgather_bucket_size, stage3_prefetch_bucket_size, stage3_max_live_parameters), use a "
+                    "higher ZeRO stage, or offload the optimizer (zero_optimization.offload_optimizer.device: "
+                    "cpu)",
+                    device_, format_bytes(cls), cudaGetErrorName(rc), format_bytes(in_use_), format_bytes(free_b),
+                    format_bytes(total_b), unreturned));
   }
   reserved_ += cls;
   if (reserved_ > max_reserved_) max_reserved_ = reserved_;

@@ -91,13 +91,17 @@ struct F4 {
 template <int T>
 __device__ __forceinline__ float half_to_f32(std::uint32_t h) {
   const std::uint16_t b = static_cast<std::uint16_t>(h & 0xffffu);
-  if constexpr (T == kBF16) return bf16_to_f32(b);
-  else return f16_to_f32(b);
+  if constexpr (T == kBF16)
+    return bf16_to_f32(b);
+  else
+    return f16_to_f32(b);
 }
 template <int T>
 __device__ __forceinline__ std::uint32_t f32_to_half(float f) {
-  if constexpr (T == kBF16) return f32_to_bf16(f);
-  else return f32_to_f16(f);
+  if constexpr (T == kBF16)
+    return f32_to_bf16(f);
+  else
+    return f32_to_f16(f);
 }
 
 // Elements [4q, 4q + 4) of p; p must satisfy aligned4<T>.
@@ -140,9 +144,7 @@ __host__ __device__ __forceinline__ bool aligned4(const void* p) {
 __device__ __forceinline__ std::size_t first_index() {
   return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ std::size_t grid_stride() {
-  return static_cast<std::size_t>(gridDim.x) * blockDim.x;
-}
+__device__ __forceinline__ std::size_t grid_stride() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
 
 // Launch geometry shared by the element-wise kernels: enough blocks to fill an H100 several
 // times over; the grid-stride loops above cover the rest.

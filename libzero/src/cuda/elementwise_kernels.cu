@@ -123,12 +123,16 @@ void launch_accumulate(void* dst, DType dt, const void* src, DType st, std::size
   switch (st) {
     case DType::f32: accumulate_kernel<kF32, kF32><<<b, kThreads, 0, s>>>(dst, src, n, vec); break;
     case DType::bf16:
-      if (dt == DType::f32) accumulate_kernel<kF32, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
-      else accumulate_kernel<kBF16, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      if (dt == DType::f32)
+        accumulate_kernel<kF32, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      else
+        accumulate_kernel<kBF16, kBF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
       break;
     case DType::f16:
-      if (dt == DType::f32) accumulate_kernel<kF32, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
-      else accumulate_kernel<kF16, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      if (dt == DType::f32)
+        accumulate_kernel<kF32, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
+      else
+        accumulate_kernel<kF16, kF16><<<b, kThreads, 0, s>>>(dst, src, n, vec);
       break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());

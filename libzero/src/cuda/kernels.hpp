@@ -39,11 +39,9 @@ void launch_sgd(float* master, float* momentum_buf, const void* grad, DType grad
                 DType param_type, std::size_t n, const SgdHyper& h, cudaStream_t stream);
 
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
-void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n,
-                    cudaStream_t stream);
+void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t stream);
 // dst[i] += src[i], added in fp32 and rounded once to dst_type (equal dtypes, or an fp32 dst).
-void launch_accumulate(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n,
-                       cudaStream_t stream);
+void launch_accumulate(void* dst, DType dst_type, const void* src, DType src_type, std::size_t n, cudaStream_t stream);
 
 // buf[i] = buf[i] / d, divided in fp32 and rounded once to t (the average after a summing
 // collective: a 16-bit 1/d would bias every element by the rounding of 1/d).

@@ -47,8 +47,9 @@ class NcclWork final : public Work::Impl {
   }
   void wait() override {
     const std::uint64_t t = ticket();
-    ZERO_CHECK(t != 0, "Work::wait() on a collective of a communicator group that is still open; close the group "
-                       "(group_end() or CommGroup::end()) before waiting on its collectives");
+    ZERO_CHECK(t != 0,
+               "Work::wait() on a collective of a communicator group that is still open; close the group "
+               "(group_end() or CommGroup::end()) before waiting on its collectives");
     // The compute stream may be the legacy stream, which names the current device's: a thread
     // whose current device is another would make that device wait instead.
     use_device(c_->device());
@@ -183,9 +184,9 @@ NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int d
     arrivals.complete();
   } else {
     const char* last = ncclGetLastError(comm_);
-    const std::string nccl_says = timed_out ? std::string()
-                                            : std::string(": ") + ncclGetErrorString(rc) +
-                                                  (last && *last ? std::string(": ") + last : "");
+    const std::string nccl_says =
+        timed_out ? std::string()
+                  : std::string(": ") + ncclGetErrorString(rc) + (last && *last ? std::string(": ") + last : "");
     const std::string missing = arrivals.missing();
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -198,10 +199,11 @@ NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int d
           : missing.empty() ? std::string("every rank reached the setup, so the network between them is the likely "
                                           "cause (NCCL_DEBUG=INFO shows the transports)")
                             : fmt::format("ranks that never reached it: {} (check their logs)", missing)));
-    ZERO_THROW(fmt::format("NCCL could not set up the communicator of {} ranks on device {}{}. NCCL needs one GPU per "
-                           "rank; to run several ranks on one GPU set comm: mpi. Run with NCCL_DEBUG=WARN for NCCL's "
-                           "account",
-                           size_, device_, nccl_says));
+    ZERO_THROW(
+        fmt::format("NCCL could not set up the communicator of {} ranks on device {}{}. NCCL needs one GPU per "
+                    "rank; to run several ranks on one GPU set comm: mpi. Run with NCCL_DEBUG=WARN for NCCL's "
+                    "account",
+                    size_, device_, nccl_says));
   }
   WatchdogOptions o;
   o.timeout_s = timeout_s_;
@@ -324,17 +326,22 @@ void NcclCommunicator::run_divide(const Divide& d) {
 // so ranks that would pair up different NCCL calls stop with an error instead.
 Work NcclCommunicator::all_reduce_async(void* buf, std::size_t count, DType t, ReduceOp op) {
   host_.check_collective("all_reduce", count, t, -1);
-  return launch("all_reduce", count * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(settle(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
-  }, op == ReduceOp::avg ? Divide{buf, t, count} : Divide{});
+  return launch(
+      "all_reduce", count * dtype_size(t),
+      [&] { ZERO_NCCL_CHECK(settle(ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, streams_.comm))); },
+      op == ReduceOp::avg ? Divide{buf, t, count} : Divide{});
 }
 
 Work NcclCommunicator::reduce_scatter_async(const void* send, void* recv, std::size_t recv_count, DType t,
                                             ReduceOp op) {
   host_.check_collective("reduce_scatter", recv_count, t, -1);
-  return launch("reduce_scatter", recv_count * static_cast<std::size_t>(size_) * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(settle(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
-  }, op == ReduceOp::avg ? Divide{recv, t, recv_count} : Divide{});
+  return launch(
+      "reduce_scatter", recv_count * static_cast<std::size_t>(size_) * dtype_size(t),
+      [&] {
+        ZERO_NCCL_CHECK(
+            settle(ncclReduceScatter(send, recv, recv_count, nccl_type(t), nccl_op(op), comm_, streams_.comm)));
+      },
+      op == ReduceOp::avg ? Divide{recv, t, recv_count} : Divide{});
 }
 
 Work NcclCommunicator::all_gather_async(const void* send, void* recv, std::size_t send_count, DType t) {
@@ -353,7 +360,8 @@ Work NcclCommunicator::all_to_all_async(const void* send, void* recv, std::size_
     ZERO_NCCL_CHECK(settle(ncclGroupStart()));
     for (int j = 0; j < size_; ++j) {
       const std::size_t at = static_cast<std::size_t>(j) * block;
-      ZERO_NCCL_CHECK(settle(ncclSend(static_cast<const char*>(send) + at, count, nccl_type(t), j, comm_, streams_.comm)));
+      ZERO_NCCL_CHECK(
+          settle(ncclSend(static_cast<const char*>(send) + at, count, nccl_type(t), j, comm_, streams_.comm)));
       ZERO_NCCL_CHECK(settle(ncclRecv(static_cast<char*>(recv) + at, count, nccl_type(t), j, comm_, streams_.comm)));
     }
     ZERO_NCCL_CHECK(settle(ncclGroupEnd()));
@@ -372,18 +380,16 @@ Work NcclCommunicator::send_async(const void* buf, std::size_t count, DType t, i
   ZERO_CHECK(peer >= 0 && peer < size_ && peer != rank_,
              fmt::format("send: peer {} is not another rank of this communicator of {} ranks", peer, size_));
   host_.note_p2p("send", count, t, peer);
-  return launch("send", count * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(settle(ncclSend(buf, count, nccl_type(t), peer, comm_, streams_.comm)));
-  });
+  return launch("send", count * dtype_size(t),
+                [&] { ZERO_NCCL_CHECK(settle(ncclSend(buf, count, nccl_type(t), peer, comm_, streams_.comm))); });
 }
 
 Work NcclCommunicator::recv_async(void* buf, std::size_t count, DType t, int peer) {
   ZERO_CHECK(peer >= 0 && peer < size_ && peer != rank_,
              fmt::format("recv: peer {} is not another rank of this communicator of {} ranks", peer, size_));
   host_.note_p2p("recv", count, t, peer);
-  return launch("recv", count * dtype_size(t), [&] {
-    ZERO_NCCL_CHECK(settle(ncclRecv(buf, count, nccl_type(t), peer, comm_, streams_.comm)));
-  });
+  return launch("recv", count * dtype_size(t),
+                [&] { ZERO_NCCL_CHECK(settle(ncclRecv(buf, count, nccl_type(t), peer, comm_, streams_.comm))); });
 }
 
 Work NcclCommunicator::barrier_async() { return host_.barrier_async(); }

@@ -99,7 +99,7 @@ class NcclCommunicator final : public Communicator {
   // unwinding). Exactly one transition happens, so an abort never races a finalization.
   enum State : int { kOpen, kClosing, kAborted };
   std::atomic<int> state_{kOpen};
-  std::mutex comm_mu_;  // the watchdog's error polling vs the start of the finalization
+  std::mutex comm_mu_;        // the watchdog's error polling vs the start of the finalization
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S: setup, collectives and teardown
   // This communicator's collectives in the thread's open NCCL group joined it (first one only).
   void join_group();

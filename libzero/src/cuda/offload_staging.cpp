@@ -50,8 +50,7 @@ struct CudaOffloadStaging::Trace {
   }
 };
 
-CudaOffloadStaging::CudaOffloadStaging(StreamSet& streams, offload::PinnedPool& pool)
-    : streams_(streams), pool_(pool) {
+CudaOffloadStaging::CudaOffloadStaging(StreamSet& streams, offload::PinnedPool& pool) : streams_(streams), pool_(pool) {
   ready_ = Event::create();
   done_ = Event::create();
 }
@@ -120,14 +119,14 @@ void CudaOffloadStaging::add(const void* grads, void* params, std::size_t n) {
   for (std::size_t c = 0; c < chunks; ++c) {
     const std::size_t off = c * chunk_ * gesize_, len = std::min(chunk_, n - c * chunk_) * gesize_;
     if (timing) ZERO_CUDA_CHECK(cudaEventRecord(timing_event(*timing, 2 * c).get(), streams_.copy));
-    ZERO_CUDA_CHECK(cudaMemcpyAsync(r.grads.as<char>() + off, r.dev_grads + off, len, cudaMemcpyDefault, streams_.copy));
+    ZERO_CUDA_CHECK(
+        cudaMemcpyAsync(r.grads.as<char>() + off, r.dev_grads + off, len, cudaMemcpyDefault, streams_.copy));
     ZERO_CUDA_CHECK(cudaEventRecord(r.chunk_done[c].get(), streams_.copy));
     if (timing) ZERO_CUDA_CHECK(cudaEventRecord(timing_event(*timing, 2 * c + 1).get(), streams_.copy));
   }
 }
 
-CudaOffloadStaging::Range& CudaOffloadStaging::range(std::size_t r, std::size_t begin, std::size_t n,
-                                                     const char* who) {
+CudaOffloadStaging::Range& CudaOffloadStaging::range(std::size_t r, std::size_t begin, std::size_t n, const char* who) {
   ZERO_CHECK(r < count_ && begin + n <= ranges_[r].n,
              fmt::format("OffloadStaging::{}: range {} [{}, {}) was not declared by add() in this step", who, r, begin,
                          begin + n));

@@ -30,8 +30,8 @@ __device__ __forceinline__ void adam_one(float& p, float& m, float& v, float g, 
 // vec: four elements per access (every buffer aligned for it), then the scalar tail.
 template <int G, int O>
 __global__ void adam_kernel(float* __restrict__ master, float* __restrict__ m, float* __restrict__ v,
-                            const void* __restrict__ grad, void* __restrict__ out, std::size_t n,
-                            AdamConstants c, bool vec) {
+                            const void* __restrict__ grad, void* __restrict__ out, std::size_t n, AdamConstants c,
+                            bool vec) {
   if (vec)
     for (std::size_t q = first_index(); q < n / 4; q += grid_stride()) {
       F4 p = load4<kF32>(master, q), mq = load4<kF32>(m, q), vq = load4<kF32>(v, q);

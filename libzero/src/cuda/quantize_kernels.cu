@@ -164,8 +164,10 @@ void launch_quantize_keep_error(float* v, std::size_t n, std::size_t block, bool
   const float* scales = write_scales<kF32>(v, n, block, int8, out, s);
   auto* q = static_cast<unsigned char*>(out) + qm::blocks(n, block) * sizeof(float);
   const unsigned b = blocks_for(qm::value_bytes(n, int8));
-  if (int8) quantize_keep_error_kernel<true><<<b, kThreads, 0, s>>>(v, n, block, scales, q);
-  else quantize_keep_error_kernel<false><<<b, kThreads, 0, s>>>(v, n, block, scales, q);
+  if (int8)
+    quantize_keep_error_kernel<true><<<b, kThreads, 0, s>>>(v, n, block, scales, q);
+  else
+    quantize_keep_error_kernel<false><<<b, kThreads, 0, s>>>(v, n, block, scales, q);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -175,8 +177,10 @@ void launch_dequantize_add(const void* in, std::size_t n, std::size_t block, boo
   const auto* scales = static_cast<const float*>(in);
   const auto* q = static_cast<const unsigned char*>(in) + qm::blocks(n, block) * sizeof(float);
   const unsigned b = blocks_for(n);
-  if (int8) dequantize_add_kernel<true><<<b, kThreads, 0, s>>>(scales, q, n, block, acc);
-  else dequantize_add_kernel<false><<<b, kThreads, 0, s>>>(scales, q, n, block, acc);
+  if (int8)
+    dequantize_add_kernel<true><<<b, kThreads, 0, s>>>(scales, q, n, block, acc);
+  else
+    dequantize_add_kernel<false><<<b, kThreads, 0, s>>>(scales, q, n, block, acc);
   ZERO_CUDA_CHECK(cudaGetLastError());
 }
 

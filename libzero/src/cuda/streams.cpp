@@ -63,17 +63,20 @@ void refuse_capture(cudaStream_t s, const char* what) {
   // The legacy stream answers "implicit" while a blocking stream captures: a collective ordered
   // after it would join (and break) that capture just the same.
   const bool implicit = rc == cudaErrorStreamCaptureImplicit;
-  if (implicit) cudaGetLastError();
-  else ZERO_CUDA_CHECK(rc);
+  if (implicit)
+    cudaGetLastError();
+  else
+    ZERO_CUDA_CHECK(rc);
   if (!implicit && status == cudaStreamCaptureStatusNone) return;
   ZERO_THROW(fmt::format(
       "{}: the compute stream is being captured into a CUDA graph ({}); libzero's collectives cannot be captured, "
       "because the collective watchdog tracks each one's completion on the device and a graph replay would bypass "
       "it. End the capture before engine.gather / reduce / step (or any Communicator call) and capture only the "
       "kernels between them",
-      what, implicit ? "another stream's capture includes the legacy default stream"
-            : status == cudaStreamCaptureStatusActive ? "cudaStreamBeginCapture is active"
-                                                      : "the capture was invalidated"));
+      what,
+      implicit                                  ? "another stream's capture includes the legacy default stream"
+      : status == cudaStreamCaptureStatusActive ? "cudaStreamBeginCapture is active"
+                                                : "the capture was invalidated"));
 }
 
 }  // namespace zero::cuda

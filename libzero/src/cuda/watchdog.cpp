@@ -25,8 +25,8 @@ namespace {
 // "not complete yet": the event is queried again at the next poll.
 bool capture_error(cudaError_t e) {
   return e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureInvalidated ||
-         e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread ||
-         e == cudaErrorCapturedEvent || e == cudaErrorStreamCaptureIsolation;
+         e == cudaErrorStreamCaptureImplicit || e == cudaErrorStreamCaptureWrongThread || e == cudaErrorCapturedEvent ||
+         e == cudaErrorStreamCaptureIsolation;
 }
 
 }  // namespace
@@ -125,7 +125,6 @@ std::string Watchdog::describe(const Slot& s, Clock::time_point now) const {
   return fmt::format("{} of {} (#{}), enqueued {:.1f} s ago", s.what, format_bytes(s.bytes), s.ticket, waited);
 }
 
-
 void Watchdog::run() {
   cudaSetDevice(o_.device);  // event queries need the device's context on this thread
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
@@ -167,8 +166,8 @@ void Watchdog::run() {
         const cudaError_t d = cudaEventQuery(ring_[0].event);
         const bool bad = d != cudaSuccess && d != cudaErrorNotReady;
         cudaGetLastError();
-        failure = comm_error(std::move(nccl), bad ? cudaGetErrorName(d) : "cudaSuccess",
-                             bad ? cudaGetErrorString(d) : "");
+        failure =
+            comm_error(std::move(nccl), bad ? cudaGetErrorName(d) : "cudaSuccess", bad ? cudaGetErrorString(d) : "");
       }
     }
     if (failure) {

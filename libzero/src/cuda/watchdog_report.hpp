@@ -111,8 +111,7 @@ inline std::string watchdog_message(const WatchdogFinding& f, int rank, int worl
           "from it, stalled or dead{}. {}; {}, or raise ZERO_NCCL_TIMEOUT_S if the collective is legitimately that "
           "slow",
           head, f.collective, f.timeout_s, last, abort, nccl_debug);
-    case WatchdogFinding::comm_error:
-      break;
+    case WatchdogFinding::comm_error: break;
   }
   return fmt::format("{}{}{}{}. {}; {}", head, f.error, waiting, last, abort, nccl_debug);
 }

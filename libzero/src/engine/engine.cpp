@@ -32,14 +32,16 @@ std::string first_unfit_value(const UnitInfo& unit, const std::vector<float>& fu
       const bool finite = std::isfinite(v);
       // Past fp16's largest value (65504) the rounding decides; below it every dtype holds v.
       if (finite && (dtype == DType::f32 || std::fabs(v) <= 65504.0f || std::isfinite(round_to(dtype, v)))) continue;
-      const std::string where = fmt::format("parameter '{}' of unit '{}' has the initial value {} at index {}", p.name,
-                                            unit.name, v, k);
-      return finite ? fmt::format("{}, which the run's {} parameters cannot hold (it rounds to infinity); give "
-                                  "values within their range or train in fp32",
-                                  where, dtype_name(dtype))
-                    : fmt::format("{}, which is not finite; fix the initialiser, or the weights it reads "
-                                  "(model.init_from)",
-                                  where);
+      const std::string where =
+          fmt::format("parameter '{}' of unit '{}' has the initial value {} at index {}", p.name, unit.name, v, k);
+      return finite ? fmt::format(
+                          "{}, which the run's {} parameters cannot hold (it rounds to infinity); give "
+                          "values within their range or train in fp32",
+                          where, dtype_name(dtype))
+                    : fmt::format(
+                          "{}, which is not finite; fix the initialiser, or the weights it reads "
+                          "(model.init_from)",
+                          where);
     }
   return {};
 }
@@ -65,9 +67,10 @@ void EngineImpl::init_params(const std::function<void(const ParamInfo&, std::spa
                                                                 "out of range on {} other rank(s); their messages "
                                                                 "name the parameter",
                                                                 layout_.unit(i).name, unfit_ranks)
-                                                    : unfit));
+                                                  : unfit));
     double sum = 0.0;
-    for (std::size_t k = 0; k < full.size(); ++k) sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
+    for (std::size_t k = 0; k < full.size(); ++k)
+      sum += static_cast<double>(full[k]) * static_cast<double>((k % 7) + 1);
     double lo = -all_ranks().all_reduce_scalar(-sum, ReduceOp::max);
     double hi = all_ranks().all_reduce_scalar(sum, ReduceOp::max);
     ZERO_CHECK(lo == hi, "init_params: unit '" + layout_.unit(i).name +
@@ -147,9 +150,9 @@ std::string MemoryReport::to_string() const {
   // Two decimals: scripts compare the stages' model state against the ZeRO formula to 1%.
   auto b = [](std::int64_t n) { return format_bytes(static_cast<std::uint64_t>(n), 2); };
   const std::string qgz = qgz_buffers ? fmt::format(" (qgZ {})", b(qgz_buffers)) : "";
-  std::string s = fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}{}, gathered {}",
-                              b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers), qgz,
-                              b(gathered));
+  std::string s =
+      fmt::format("model state {} (params {}, grads {}, master {}, optimizer {}); buffers: comm {}{}, gathered {}",
+                  b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers), qgz, b(gathered));
   if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
   if (error_feedback) s += fmt::format(", qgZ error feedback {}", b(error_feedback));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));

@@ -58,7 +58,7 @@ class EngineImpl {
   UnitParams gather(int unit);
   GatheredModel gather_all();
   TrafficBytes traffic() const;
-  void release_all(bool was_eval);  // GatheredModel's destructor
+  void release_all(bool was_eval);              // GatheredModel's destructor
   void release(int unit, std::uint64_t token);  // UnitParams' destructor
   UnitGrads grads(int unit);
   void reduce(int unit);
@@ -133,7 +133,7 @@ class EngineImpl {
   Communicator& host_comm_;
   // The other ranks holding parts of this model replica (tensor x pipeline), or null.
   Communicator* model_comm_;
-  const int tensor_rank_;  // replicated parameters count in the norm on tensor rank 0 only
+  const int tensor_rank_;        // replicated parameters count in the norm on tensor rank 0 only
   ProcessGroups* const groups_;  // the grid the engine was built on, or null (checkpoints read it)
   // hpZ's group of zero_hpz_partition_size consecutive ranks, or null (engine/gather.hpp).
   std::unique_ptr<Communicator> hpz_comm_;
@@ -165,9 +165,9 @@ class EngineImpl {
 
   bool initialized_ = false;
   bool eval_mode_ = false;
-  int micro_ = 0;             // completed micro-steps since the last step()
-  std::int64_t step_ = 0;     // step() calls
-  std::int64_t applied_ = 0;  // non-skipped updates (Adam's t, the scheduler's step)
+  int micro_ = 0;                  // completed micro-steps since the last step()
+  std::int64_t step_ = 0;          // step() calls
+  std::int64_t applied_ = 0;       // non-skipped updates (Adam's t, the scheduler's step)
   std::optional<double> loop_lr_;  // the rate the loop set (set_lr), for this and later steps
   std::optional<double> sumsq_;    // this step's global squared gradient norm, once computed
 };

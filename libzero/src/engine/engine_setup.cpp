@@ -80,17 +80,19 @@ std::unique_ptr<QuantizedReduceScatter> make_qgz(const Config& cfg, Communicator
                                        "reduce-scatter, which stage {} does not make); set it to false, or use stage "
                                        "2 or 3",
                                        key, z.stage));
-  ZERO_CHECK(z.reduce_scatter, key + " quantizes the gradient reduce-scatter, and zero_optimization.reduce_scatter: "
-                                     "false asks for an all-reduce instead; set reduce_scatter to true, or "
-                                     "zero_quantized_gradients to false");
+  ZERO_CHECK(z.reduce_scatter, key +
+                                   " quantizes the gradient reduce-scatter, and zero_optimization.reduce_scatter: "
+                                   "false asks for an all-reduce instead; set reduce_scatter to true, or "
+                                   "zero_quantized_gradients to false");
   // MiCS reduces inside its groups and then all-reduces across them; qgZ's two phases would have
   // to be rebuilt around that, so the combination is refused rather than half supported.
   ZERO_CHECK(z.mics_shard_size == -1,
-             fmt::format("{} with zero_optimization.mics_shard_size = {} is not supported; use one of them",
-                         key, z.mics_shard_size));
+             fmt::format("{} with zero_optimization.mics_shard_size = {} is not supported; use one of them", key,
+                         z.mics_shard_size));
   // Its per-rank error-feedback files are named by data-parallel rank, which every grid position shares.
-  ZERO_CHECK(!model_parallel, key + " runs without tensor or pipeline parallelism so far; use tensor and pipeline "
-                                    "sizes of 1, or set it to false");
+  ZERO_CHECK(!model_parallel, key +
+                                  " runs without tensor or pipeline parallelism so far; use tensor and pipeline "
+                                  "sizes of 1, or set it to false");
   auto* mpi = dynamic_cast<MpiCommunicator*>(&host);
   ZERO_CHECK(mpi != nullptr, key + ": needs the host (MPI) communicator");
   return std::make_unique<QuantizedReduceScatter>(*mpi, static_cast<std::size_t>(z.zero_quantized_weights_block_size),
@@ -103,11 +105,13 @@ std::unique_ptr<PowerSgd> make_powersgd(const Config& cfg, Communicator& comm, c
                                         const std::vector<UnitShape>& shapes, int rank, bool model_parallel) {
   if (cfg.gradient_compression.type == CompressionType::none) return nullptr;
   // Its per-rank state files are named by data-parallel rank, which every grid position shares.
-  ZERO_CHECK(!model_parallel, cfg.source + ": gradient_compression.type = powersgd runs without tensor or pipeline "
-                                           "parallelism so far; use tensor and pipeline sizes of 1, or type: none");
+  ZERO_CHECK(!model_parallel, cfg.source +
+                                  ": gradient_compression.type = powersgd runs without tensor or pipeline "
+                                  "parallelism so far; use tensor and pipeline sizes of 1, or type: none");
   ZERO_CHECK(cfg.zero_optimization.mics_shard_size == -1,
-             cfg.source + ": gradient_compression.type = powersgd with zero_optimization.mics_shard_size is not "
-                          "supported; use one of them");
+             cfg.source +
+                 ": gradient_compression.type = powersgd with zero_optimization.mics_shard_size is not "
+                 "supported; use one of them");
   return std::make_unique<PowerSgd>(comm, layout, shapes, cfg.gradient_compression, cfg.grad_dtype(),
                                     cfg.zero_optimization.stage, rank == 0);
 }
@@ -119,11 +123,13 @@ MicsComms make_mics_comms(const Config& cfg, Communicator& dp) {
   const std::int64_t n = cfg.zero_optimization.mics_shard_size;
   if (n == -1) return {};
   const std::string key = fmt::format("{}: zero_optimization.mics_shard_size = {}", cfg.source, n);
-  ZERO_CHECK(n >= 1, key + " is not a group size; use the ranks per node (a divisor of the data-parallel ranks), "
-                           "or -1 for off");
+  ZERO_CHECK(n >= 1, key +
+                         " is not a group size; use the ranks per node (a divisor of the data-parallel ranks), "
+                         "or -1 for off");
   ZERO_CHECK(cfg.zero_optimization.stage >= 1,
-             key + " applies to stages 1-3 (it shards the model states inside groups; stage 0 shards nothing); "
-                   "set it to -1, or use stage 1, 2 or 3");
+             key +
+                 " applies to stages 1-3 (it shards the model states inside groups; stage 0 shards nothing); "
+                 "set it to -1, or use stage 1, 2 or 3");
   ZERO_CHECK(dp.size() % n == 0,
              fmt::format("{} does not divide the {} data-parallel ranks; use a divisor, normally the ranks per node",
                          key, dp.size()));
@@ -167,16 +173,16 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       dtype_(cfg.compute_dtype()),
       shapes_(plan_units()),
       // The data-parallel rank names the NVMe swap directories: MiCS groups repeat rank_.
-      opt_(make_optimizer_store(*backend_, cfg_, dp_comm_.rank(), [this] {
-        std::vector<std::int64_t> owned;
-        for (const auto& s : shapes_) owned.push_back(s.own_len);
-        return owned;
-      }())),
+      opt_(make_optimizer_store(*backend_, cfg_, dp_comm_.rank(),
+                                [this] {
+                                  std::vector<std::int64_t> owned;
+                                  for (const auto& s : shapes_) owned.push_back(s.own_len);
+                                  return owned;
+                                }())),
       params_(*backend_, cfg_, shapes_, dp_comm_.rank(), dtype_),
-      gatherer_(*backend_, comm_, params_, layout_, shapes_,
-                {.zero = cfg_.zero_optimization,
-                 .dtype = dtype_,
-                 .hpz = hpz_device_ ? hpz_device_.get() : hpz_comm_.get()}),
+      gatherer_(
+          *backend_, comm_, params_, layout_, shapes_,
+          {.zero = cfg_.zero_optimization, .dtype = dtype_, .hpz = hpz_device_ ? hpz_device_.get() : hpz_comm_.get()}),
       reducer_(*backend_, comm_, layout_, shapes_,
                {.zero = cfg_.zero_optimization,
                 .dtype = dtype_,
@@ -240,12 +246,14 @@ void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {
   for (const auto& [key, f] : filesystems) {
     const bool one = f.ranks.size() == 1;
     const bool member = std::find(f.ranks.begin(), f.ranks.end(), me) != f.ranks.end();
-    const std::string ranks = one ? fmt::format("rank {}", f.ranks[0]) : fmt::format("ranks {}", fmt::join(f.ranks, ", "));
+    const std::string ranks =
+        one ? fmt::format("rank {}", f.ranks[0]) : fmt::format("ranks {}", fmt::join(f.ranks, ", "));
     if (!f.known) {
       if (f.ranks.front() == me)
-        log_warning("the filesystem of {} reports no capacity (ramfs?): the NVMe swap of {} ({}) is not checked "
-                    "against free space",
-                    mine.dir, ranks, format_bytes(f.needed));
+        log_warning(
+            "the filesystem of {} reports no capacity (ramfs?): the NVMe swap of {} ({}) is not checked "
+            "against free space",
+            mine.dir, ranks, format_bytes(f.needed));
       continue;
     }
     ZERO_CHECK(f.needed <= f.free,

@@ -23,8 +23,9 @@ ParamGatherer::ParamGatherer(Backend& backend, Communicator& comm, ParamStore& p
       pool_(backend),
       units_(shapes.size()),
       hpz_(opts.hpz),
-      qwz_block_(opts.zero.zero_quantized_weights ? static_cast<std::size_t>(opts.zero.zero_quantized_weights_block_size)
-                                                : 0) {}
+      qwz_block_(opts.zero.zero_quantized_weights
+                     ? static_cast<std::size_t>(opts.zero.zero_quantized_weights_block_size)
+                     : 0) {}
 
 std::int64_t ParamGatherer::secondary_bytes() const {
   std::int64_t n = 0;
@@ -89,7 +90,8 @@ void ParamGatherer::finish(int unit) {
     const std::size_t packed = quant::packed_bytes(slice, qwz_block_);
     for (int r = 0; r < comm_.size(); ++r)
       backend_.dequantize_int8(u.q_recv.as<char>() + static_cast<std::size_t>(r) * packed, slice, qwz_block_,
-                             u.gathered.as<char>() + static_cast<std::size_t>(r) * slice * dtype_size(dtype_), dtype_);
+                               u.gathered.as<char>() + static_cast<std::size_t>(r) * slice * dtype_size(dtype_),
+                               dtype_);
     pool_.give_back(std::move(u.q_send));
     pool_.give_back(std::move(u.q_recv));
   }
@@ -109,11 +111,12 @@ void ParamGatherer::check_order(int unit) {
     std::size_t expect_pos = pos_ % order_.size();
     int expected = order_[expect_pos];
     if (expected != unit)
-      ZERO_THROW(fmt::format("gather order changed: gather #{} of this micro-step asked for unit '{}' but the order "
-                             "recorded in the first micro-step has '{}' there ({} gathers per micro-step). Stage 3 "
-                             "prefetches along the recorded order, so every micro-step must gather the same units in "
-                             "the same order; use set_eval(true) for forward-only passes",
-                             pos_ + 1, layout_.unit(unit).name, layout_.unit(expected).name, order_.size()));
+      ZERO_THROW(
+          fmt::format("gather order changed: gather #{} of this micro-step asked for unit '{}' but the order "
+                      "recorded in the first micro-step has '{}' there ({} gathers per micro-step). Stage 3 "
+                      "prefetches along the recorded order, so every micro-step must gather the same units in "
+                      "the same order; use set_eval(true) for forward-only passes",
+                      pos_ + 1, layout_.unit(unit).name, layout_.unit(expected).name, order_.size()));
   }
   ++pos_;
 }
@@ -218,8 +221,9 @@ void ParamGatherer::drop_all(const char* what) {
 
 void ParamGatherer::finish_micro_step() {
   if (!recording_ && pos_ != order_.size())
-    ZERO_THROW(fmt::format("gather order changed: this micro-step gathered {} units but the first micro-step gathered {}",
-                           pos_, order_.size()));
+    ZERO_THROW(
+        fmt::format("gather order changed: this micro-step gathered {} units but the first micro-step gathered {}",
+                    pos_, order_.size()));
   recording_ = false;
   pos_ = 0;
 }

@@ -41,8 +41,8 @@ class ParamGatherer {
   struct Options {
     // stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance, qwZ's keys
     ZeroOptimizationConfig zero;
-    DType dtype = DType::f32;       // the compute dtype of the gathered parameters
-    Communicator* hpz = nullptr;    // the communicator of this rank's hpZ group, or null (hpZ off)
+    DType dtype = DType::f32;     // the compute dtype of the gathered parameters
+    Communicator* hpz = nullptr;  // the communicator of this rank's hpZ group, or null (hpZ off)
   };
   ParamGatherer(Backend& backend, Communicator& comm, ParamStore& params, const Layout& layout,
                 const std::vector<UnitShape>& shapes, const Options& opts);
@@ -82,8 +82,8 @@ class ParamGatherer {
     Work work;        // pending all-gather into `gathered`
     int refs = 0;     // live UnitParams handles
     std::uint64_t token = 0;
-    Buffer q_send, q_recv;     // qwZ: the packed slice sent and every rank's received
-    Buffer secondary;          // hpZ: this rank's chunk of the full unit
+    Buffer q_send, q_recv;  // qwZ: the packed slice sent and every rank's received
+    Buffer secondary;       // hpZ: this rank's chunk of the full unit
     bool secondary_valid = false;
     bool from_secondary = false;  // the pending gather reads the group's chunks
   };
@@ -109,10 +109,10 @@ class ParamGatherer {
   std::vector<Unit> units_;
   std::vector<int> order_;  // recorded during the first micro-step, checked afterwards
   bool recording_ = true;
-  std::size_t pos_ = 0;     // gathers so far in this micro-step
+  std::size_t pos_ = 0;  // gathers so far in this micro-step
   std::int64_t all_gathers_ = 0;
   bool holding_all_ = false;
-  Communicator* hpz_;  // null: hpZ off
+  Communicator* hpz_;      // null: hpZ off
   std::size_t qwz_block_;  // 0: qwZ off
 };
 

@@ -25,7 +25,8 @@ int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>
   for (auto& [pname, shape] : params) {
     ZERO_CHECK(u.find_param(pname) < 0,
                "Layout::add_unit: parameter '" + pname + "' appears twice in unit '" + u.name + "'");
-    ZERO_CHECK(!shape.empty(), "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name + "' has an empty shape");
+    ZERO_CHECK(!shape.empty(),
+               "Layout::add_unit: parameter '" + pname + "' in unit '" + u.name + "' has an empty shape");
     std::int64_t n = 1;
     for (auto d : shape) {
       ZERO_CHECK(d > 0, fmt::format("Layout::add_unit: parameter '{}' in unit '{}' has a non-positive dimension {}",
@@ -40,8 +41,7 @@ int Layout::add_unit(std::string name, std::vector<std::pair<std::string, Shape>
 }
 
 const UnitInfo& Layout::unit(int id) const {
-  ZERO_CHECK(id >= 0 && id < num_units(),
-             fmt::format("unknown unit id {} (the layout has {} units)", id, num_units()));
+  ZERO_CHECK(id >= 0 && id < num_units(), fmt::format("unknown unit id {} (the layout has {} units)", id, num_units()));
   return units_[static_cast<std::size_t>(id)];
 }
 

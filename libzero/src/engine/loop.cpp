@@ -56,8 +56,9 @@ UnitGrads EngineImpl::grads(int unit) {
   const UnitInfo& ui = layout_.unit(unit);
   ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
              "grads(): unit '" + ui.name + "' was already reduced in this micro-step; ask for grads before reduce()");
-  ZERO_CHECK(micro_ < gas_,
-             fmt::format("grads(): all {} micro-steps of gradient_accumulation_steps are done; call step() first", gas_));
+  ZERO_CHECK(
+      micro_ < gas_,
+      fmt::format("grads(): all {} micro-steps of gradient_accumulation_steps are done; call step() first", gas_));
   return UnitGrads(&ui, reducer_.grads(unit), dtype_);
 }
 

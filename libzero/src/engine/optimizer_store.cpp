@@ -69,7 +69,9 @@ class ResidentStore final : public OptimizerStore {
   void write_master(int unit, const float* owned) override { put(slot(unit, 0), owned, bytes(unit)); }
   void read_master(int unit, float* owned) override { get(owned, slot(unit, 0), bytes(unit)); }
   void read_moment(int unit, int which, float* owned) override { get(owned, slot(unit, which + 1), bytes(unit)); }
-  void write_moment(int unit, int which, const float* owned) override { put(slot(unit, which + 1), owned, bytes(unit)); }
+  void write_moment(int unit, int which, const float* owned) override {
+    put(slot(unit, which + 1), owned, bytes(unit));
+  }
   bool on_host() const override { return offloaded_; }
   void for_each(const Visit& fn) override {
     for (const auto& g : groups_) {
@@ -102,12 +104,16 @@ class ResidentStore final : public OptimizerStore {
   std::size_t bytes(int unit) const { return unit_at(state_, unit).bytes; }
   // Host memory is copied directly; backend memory goes through the backend.
   void put(float* dst, const float* host, std::size_t n) {
-    if (offloaded_) std::memcpy(dst, host, n);
-    else backend_.from_host(dst, host, n);
+    if (offloaded_)
+      std::memcpy(dst, host, n);
+    else
+      backend_.from_host(dst, host, n);
   }
   void get(float* host, const float* src, std::size_t n) {
-    if (offloaded_) std::memcpy(host, src, n);
-    else backend_.to_host(host, src, n);
+    if (offloaded_)
+      std::memcpy(host, src, n);
+    else
+      backend_.to_host(host, src, n);
   }
 
   Backend& backend_;

@@ -32,7 +32,8 @@ class OptimizerStore {
 
   // fn(unit, begin, len, master, m1, m2): a sub-group [begin, begin+len) of unit's owned range,
   // its state resident and writable. m2 is null for SGD.
-  using Visit = std::function<void(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2)>;
+  using Visit =
+      std::function<void(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2)>;
   virtual void for_each(const Visit& fn) = 0;
   virtual void report(MemoryReport& r) const = 0;
   // True when the state lives in host memory (offload cpu / nvme): the host AdamW steps it.

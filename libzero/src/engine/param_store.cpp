@@ -10,8 +10,7 @@
 
 namespace zero {
 
-ParamStore::ParamStore(Backend& backend, const Config& cfg, const std::vector<UnitShape>& shapes, int rank,
-                       DType dtype)
+ParamStore::ParamStore(Backend& backend, const Config& cfg, const std::vector<UnitShape>& shapes, int rank, DType dtype)
     : backend_(backend), shapes_(shapes), esize_(dtype_size(dtype)), units_(shapes.size()) {
   const auto& z = cfg.zero_optimization;
   if (z.offload_param.device == OffloadDevice::nvme) {
@@ -28,22 +27,18 @@ ParamStore::ParamStore(Backend& backend, const Config& cfg, const std::vector<Un
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const UnitShape& s = shapes_[i];
     if (on_nvme(static_cast<int>(i))) continue;  // the slice lives in a swap file
-    if (s.sharded_params) units_[i].shard = backend_.alloc(static_cast<std::size_t>(s.slice) * esize_);
-    else units_[i].full = backend_.alloc(static_cast<std::size_t>(s.padded) * esize_);
+    if (s.sharded_params)
+      units_[i].shard = backend_.alloc(static_cast<std::size_t>(s.slice) * esize_);
+    else
+      units_[i].full = backend_.alloc(static_cast<std::size_t>(s.padded) * esize_);
   }
 }
 
-bool ParamStore::on_nvme(int unit) const {
-  return swap_ != nullptr && shape(unit).sharded_params;
-}
+bool ParamStore::on_nvme(int unit) const { return swap_ != nullptr && shape(unit).sharded_params; }
 
-std::size_t ParamStore::slice_bytes(int unit) const {
-  return static_cast<std::size_t>(shape(unit).slice) * esize_;
-}
+std::size_t ParamStore::slice_bytes(int unit) const { return static_cast<std::size_t>(shape(unit).slice) * esize_; }
 
-std::string ParamStore::swap_key(int unit) const {
-  return fmt::format("e{}_param{}", instance_, unit);
-}
+std::string ParamStore::swap_key(int unit) const { return fmt::format("e{}_param{}", instance_, unit); }
 
 void* ParamStore::full(int unit) const { return state(unit).full.get(); }
 
@@ -85,8 +80,10 @@ void ParamStore::report(MemoryReport& r) const {
   for (std::size_t i = 0; i < shapes_.size(); ++i) {
     const UnitShape& s = shapes_[i];
     std::int64_t bytes = s.param_elements() * static_cast<std::int64_t>(esize_);
-    if (on_nvme(static_cast<int>(i))) r.offloaded_nvme += bytes;
-    else r.params += bytes;
+    if (on_nvme(static_cast<int>(i)))
+      r.offloaded_nvme += bytes;
+    else
+      r.params += bytes;
   }
 }
 

@@ -34,7 +34,8 @@ void orthogonalize(float* p, std::int64_t rows, int r, std::vector<double>& cols
   const std::size_t n = static_cast<std::size_t>(rows);
   cols.assign(n * static_cast<std::size_t>(r), 0.0);
   for (int k = 0; k < r; ++k)
-    for (std::size_t i = 0; i < n; ++i) cols[static_cast<std::size_t>(k) * n + i] = p[i * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)];
+    for (std::size_t i = 0; i < n; ++i)
+      cols[static_cast<std::size_t>(k) * n + i] = p[i * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)];
   for (int k = 0; k < r; ++k) {
     double* c = cols.data() + static_cast<std::size_t>(k) * n;
     double before = 0.0;
@@ -54,7 +55,8 @@ void orthogonalize(float* p, std::int64_t rows, int r, std::vector<double>& cols
   }
   for (int k = 0; k < r; ++k)
     for (std::size_t i = 0; i < n; ++i)
-      p[i * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)] = static_cast<float>(cols[static_cast<std::size_t>(k) * n + i]);
+      p[i * static_cast<std::size_t>(r) + static_cast<std::size_t>(k)] =
+          static_cast<float>(cols[static_cast<std::size_t>(k) * n + i]);
 }
 
 }  // namespace
@@ -63,9 +65,9 @@ int powersgd_rank(const ParamInfo& p, const GradientCompressionConfig& cfg) {
   const std::int64_t rows = p.shape.size() >= 2 ? p.shape[0] : 0;
   const std::int64_t cols = rows > 0 ? p.numel / rows : 0;
   const int r = static_cast<int>(std::min<std::int64_t>({cfg.rank, rows, cols}));
-  const bool compress = rows > 0 && r > 0 &&
-                        static_cast<double>((rows + cols) * r) * cfg.min_compression_rate <
-                            static_cast<double>(rows * cols);
+  const bool compress =
+      rows > 0 && r > 0 &&
+      static_cast<double>((rows + cols) * r) * cfg.min_compression_rate < static_cast<double>(rows * cols);
   return compress ? r : 0;
 }
 
@@ -78,7 +80,8 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
                                      stage));
   ZERO_CHECK(fdt_ == DType::f32 || fdt_ == DType::bf16,
              fmt::format("gradient_compression.factor_dtype = {}: the factors go as fp32 or bf16", dtype_name(fdt_)));
-  ZERO_CHECK(cfg.rank >= 1, fmt::format("gradient_compression.rank = {}: PowerSGD needs a rank of at least 1", cfg.rank));
+  ZERO_CHECK(cfg.rank >= 1,
+             fmt::format("gradient_compression.rank = {}: PowerSGD needs a rank of at least 1", cfg.rank));
   std::int64_t compressed_elems = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const ParamInfo& p : layout.unit(u).params) {
@@ -112,17 +115,18 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
   if (fdt_ != DType::f32) wire_.resize(static_cast<std::size_t>(std::max(p_elems_, q_elems_)) * dtype_size(fdt_));
   row_.resize(kChunk);
   if (log) {
-    const double plain_bytes = static_cast<double>(compressed_elems + plain_elems_) * static_cast<double>(dtype_size(gdt_));
+    const double plain_bytes =
+        static_cast<double>(compressed_elems + plain_elems_) * static_cast<double>(dtype_size(gdt_));
     const double sent = static_cast<double>(factor_elements()) * static_cast<double>(dtype_size(fdt_)) +
                         static_cast<double>(plain_elems_) * static_cast<double>(dtype_size(gdt_));
-    log_info("gradient_compression: PowerSGD rank {} from step {}: {} matrices compressed ({} elements) into {} "
-             "{} factor elements, {} elements all-reduced plainly; {} all-reduced per step instead of {} ({:.1f}x "
-             "fewer){}",
-             cfg.rank, cfg.start_step, matrices_.size(), compressed_elems, factor_elements(), dtype_name(fdt_),
-             plain_elems_,
-             format_bytes(static_cast<std::uint64_t>(sent)), format_bytes(static_cast<std::uint64_t>(plain_bytes)),
-             sent > 0 ? plain_bytes / sent : 0.0,
-             stage == 1 ? "; stage 1: the factors are all-reduced (no reduce-scatter), each rank keeps its slice" : "");
+    log_info(
+        "gradient_compression: PowerSGD rank {} from step {}: {} matrices compressed ({} elements) into {} "
+        "{} factor elements, {} elements all-reduced plainly; {} all-reduced per step instead of {} ({:.1f}x "
+        "fewer){}",
+        cfg.rank, cfg.start_step, matrices_.size(), compressed_elems, factor_elements(), dtype_name(fdt_), plain_elems_,
+        format_bytes(static_cast<std::uint64_t>(sent)), format_bytes(static_cast<std::uint64_t>(plain_bytes)),
+        sent > 0 ? plain_bytes / sent : 0.0,
+        stage == 1 ? "; stage 1: the factors are all-reduced (no reduce-scatter), each rank keeps its slice" : "");
   }
 }
 
@@ -160,7 +164,9 @@ bool PowerSgd::reduce(const std::vector<void*>& fulls, std::int64_t step, double
     return false;
   }
   const std::size_t ge = dtype_size(gdt_);
-  auto at = [&](int unit, std::int64_t offset) { return static_cast<char*>(fulls[static_cast<std::size_t>(unit)]) + static_cast<std::size_t>(offset) * ge; };
+  auto at = [&](int unit, std::int64_t offset) {
+    return static_cast<char*>(fulls[static_cast<std::size_t>(unit)]) + static_cast<std::size_t>(offset) * ge;
+  };
   // Overflow first: a non-finite gradient on any rank reduces plainly (the engine then skips
   // the step) and leaves the error and Q as they were.
   bool finite = true;
@@ -307,8 +313,8 @@ void PowerSgd::set_state(const std::vector<float>& s) {
     }
     return;
   }
-  ZERO_CHECK(s.size() == state_size(), fmt::format("PowerSGD state: {} values given, this model's matrices hold {}",
-                                                   s.size(), state_size()));
+  ZERO_CHECK(s.size() == state_size(),
+             fmt::format("PowerSGD state: {} values given, this model's matrices hold {}", s.size(), state_size()));
   auto it = s.begin();
   for (Matrix& m : matrices_) {
     std::copy_n(it, m.q.size(), m.q.begin());

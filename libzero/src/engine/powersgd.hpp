@@ -46,9 +46,9 @@ class PowerSgd {
     int unit = 0;
     std::int64_t offset = 0;  // element offset in the unit's flat storage
     std::int64_t rows = 0, cols = 0;
-    int rank = 0;             // min(gradient_compression.rank, rows, cols)
-    std::vector<float> q;     // [cols, rank], row-major
-    std::vector<float> error; // [rows, cols]; during reduce() it holds M
+    int rank = 0;              // min(gradient_compression.rank, rows, cols)
+    std::vector<float> q;      // [cols, rank], row-major
+    std::vector<float> error;  // [rows, cols]; during reduce() it holds M
   };
 
   // grad_dtype: what the gradient buffers hold. Logs the plan on rank 0 when `log`.
@@ -101,11 +101,11 @@ class PowerSgd {
   std::vector<Matrix> matrices_;
   std::vector<Run> plain_;  // the parameters not compressed, in unit order
   std::int64_t p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
-  std::vector<float> p_, qsum_;      // every matrix's P, then Q, back to back (one all-reduce each)
-  std::vector<char> plain_buf_;      // the plain parameters' gradients, back to back
-  std::vector<float> row_;           // conversion scratch
-  std::vector<char> wire_;           // a 16-bit factor all-reduce's buffer
-  std::vector<char> host_grads_;     // the gradients' host copy where the backend's memory is not the host's
+  std::vector<float> p_, qsum_;   // every matrix's P, then Q, back to back (one all-reduce each)
+  std::vector<char> plain_buf_;   // the plain parameters' gradients, back to back
+  std::vector<float> row_;        // conversion scratch
+  std::vector<char> wire_;        // a 16-bit factor all-reduce's buffer
+  std::vector<char> host_grads_;  // the gradients' host copy where the backend's memory is not the host's
 };
 
 }  // namespace zero

@@ -54,7 +54,8 @@ QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t 
   const std::vector<int>& node_of = dp.nodes();
   nodes_ = *std::max_element(node_of.begin(), node_of.end()) + 1;
   owner_.assign(static_cast<std::size_t>(nodes_), {});
-  for (int r = 0; r < dp.size(); ++r) owner_[static_cast<std::size_t>(node_of[static_cast<std::size_t>(r)])].push_back(r);
+  for (int r = 0; r < dp.size(); ++r)
+    owner_[static_cast<std::size_t>(node_of[static_cast<std::size_t>(r)])].push_back(r);
   per_node_ = static_cast<int>(owner_[0].size());
   std::string sizes;
   bool uniform = true;
@@ -103,8 +104,8 @@ QuantizedReduceScatter::Feedback QuantizedReduceScatter::make_feedback(std::size
 
 TrafficBytes QuantizedReduceScatter::bytes_per_reduction(std::size_t slice) const {
   TrafficBytes t;
-  t.intra_node = static_cast<std::int64_t>((per_node_ - 1) *
-                                           quant::packed_bytes(static_cast<std::size_t>(nodes_) * slice, block_, Bits::int8));
+  t.intra_node = static_cast<std::int64_t>(
+      (per_node_ - 1) * quant::packed_bytes(static_cast<std::size_t>(nodes_) * slice, block_, Bits::int8));
   t.inter_node = static_cast<std::int64_t>((nodes_ - 1) * quant::packed_bytes(slice, block_, Bits::int4));
   return t;
 }

@@ -46,8 +46,8 @@ class QuantizedReduceScatter {
   // One tensor's error-feedback state (one unit's gradient).
   // fp32 values in the backend's memory, zeroed when made.
   struct Feedback {
-    Buffer intra;  // phase 1: the L-1 chunks sent to node peers, in local-rank order
-    Buffer inter;  // phase 2: the M-1 slices sent to other nodes, in node order
+    Buffer intra;                          // phase 1: the L-1 chunks sent to node peers, in local-rank order
+    Buffer inter;                          // phase 2: the M-1 slices sent to other nodes, in node order
     std::size_t intra_n = 0, inter_n = 0;  // their elements
   };
 
@@ -70,11 +70,10 @@ class QuantizedReduceScatter {
   TrafficBytes bytes_per_reduction(std::size_t slice) const;
 
   // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice;
-  // backend memory). When the Work completes, out (slice fp32 values, backend memory) holds the sum over ranks of this rank's
-  // slice. grad, fb and out must stay valid until then. Works must be started in the same order
-  // on every rank (as every collective). Its test() (Work::done) only reports and issues no
-  // collective: phase 2 starts when a Work is waited for, so a Work is never done before some
-  // wait() has started its phase 2.
+  // backend memory). When the Work completes, out (slice fp32 values, backend memory) holds the sum over ranks of this
+  // rank's slice. grad, fb and out must stay valid until then. Works must be started in the same order on every rank
+  // (as every collective). Its test() (Work::done) only reports and issues no collective: phase 2 starts when a Work is
+  // waited for, so a Work is never done before some wait() has started its phase 2.
   Work start(const void* grad, DType t, std::size_t slice, Feedback& fb, float* out);
 
   TrafficBytes traffic() const;
@@ -86,8 +85,8 @@ class QuantizedReduceScatter {
  private:
   struct Op;
   class OpWork;
-  void start_inter(Op& op);   // phase 1 done: sum it, start phase 2 (or finish)
-  void finish(Op& op);        // phase 2 done: sum into out
+  void start_inter(Op& op);      // phase 1 done: sum it, start phase 2 (or finish)
+  void finish(Op& op);           // phase 2 done: sum into out
   void advance_through(Op* op);  // completes phase 1 of every op up to op, in start order
   void complete(Op* op);
   bool poll(Op* op);  // reports only: starts no phase and no collective
@@ -102,9 +101,9 @@ class QuantizedReduceScatter {
   // Device communicators over the same two groups (null on the host backend); traffic and the
   // collective check stay with the host ones above.
   std::unique_ptr<Communicator> node_dev_, cross_dev_;
-  BufferPool pool_;  // scratch: the packed messages and the partial sums
-  int nodes_ = 1, per_node_ = 1, node_ = 0, local_ = 0;        // M, L, and this rank's n and l
-  std::vector<std::vector<int>> owner_;  // owner_[n][l]: the data-parallel rank R(n, l)
+  BufferPool pool_;                                      // scratch: the packed messages and the partial sums
+  int nodes_ = 1, per_node_ = 1, node_ = 0, local_ = 0;  // M, L, and this rank's n and l
+  std::vector<std::vector<int>> owner_;                  // owner_[n][l]: the data-parallel rank R(n, l)
   std::size_t block_;
   std::deque<std::shared_ptr<Op>> in_phase1_;  // ops whose phase 1 is in flight, in start order
 };

@@ -97,7 +97,8 @@ void GradReducer::flush_bucket() {
       f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
     } else if (stage_ == 1) {
       if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
-        f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
+        f.works.push_back(
+            comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
         continue;
       }
       auto out = std::make_shared<Buffer>(scratch_pool_.acquire(scratch_bytes, false));
@@ -129,10 +130,11 @@ void GradReducer::flush_bucket() {
       auto src = std::make_shared<Buffer>(std::move(u.micro));
       const char* reduced = out->as<char>();
       if (z_.reduce_scatter) {
-        f.works.push_back(
-            comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_, ReduceOp::sum));
+        f.works.push_back(comm_.reduce_scatter_async(src->get(), out->get(), static_cast<std::size_t>(s.slice), dtype_,
+                                                     ReduceOp::sum));
       } else {
-        f.works.push_back(comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
+        f.works.push_back(
+            comm_.all_reduce_async(src->get(), static_cast<std::size_t>(s.padded), dtype_, ReduceOp::sum));
         reduced = src->as<char>() + static_cast<std::size_t>(s.own_begin) * esize();
       }
       f.finish.push_back([this, &u, &s, out, src, reduced] {
@@ -233,14 +235,16 @@ std::vector<float> GradReducer::error_feedback() const {
 }
 
 void GradReducer::set_error_feedback(const std::vector<float>& v) {
-  ZERO_CHECK(v.empty() || v.size() == error_feedback_size(),
-             fmt::format("set_rank_state: {} values for qgZ's error-feedback buffers of {}", v.size(),
-                         error_feedback_size()));
+  ZERO_CHECK(
+      v.empty() || v.size() == error_feedback_size(),
+      fmt::format("set_rank_state: {} values for qgZ's error-feedback buffers of {}", v.size(), error_feedback_size()));
   std::size_t at = 0;
   for (auto& f : feedback_) {
     for (auto [buf, n] : {std::pair{&f.intra, f.intra_n}, std::pair{&f.inter, f.inter_n}}) {
-      if (v.empty()) backend_.zero(buf->get(), n * sizeof(float));
-      else backend_.from_host(buf->get(), v.data() + at, n * sizeof(float));
+      if (v.empty())
+        backend_.zero(buf->get(), n * sizeof(float));
+      else
+        backend_.from_host(buf->get(), v.data() + at, n * sizeof(float));
       at += n;
     }
   }

@@ -68,22 +68,22 @@ class GradReducer {
               const Options& opts);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
-  void* grads(int unit);                 // where the backward adds this micro-step's gradient
-  int times_reduced(int unit) const;     // ready() calls since the last clear()
+  void* grads(int unit);              // where the backward adds this micro-step's gradient
+  int times_reduced(int unit) const;  // ready() calls since the last clear()
   // unit's gradient of this micro-step is complete; boundary: the step's last micro-step.
   // Returns true when it completes the micro-step (every unit ready; the last bucket flushed).
   bool ready(int unit, bool boundary);
   bool mid_micro_step() const { return reduced_this_micro_ != 0 || !pending_.empty(); }
   int reduced_this_micro() const { return reduced_this_micro_; }
-  void wait_all();                       // every bucket reduced and accumulated
+  void wait_all();  // every bucket reduced and accumulated
   // MiCS: after wait_all() at the step's end, the owned slices summed over the replica group
   // (every data-parallel rank's gradient then counts once); nothing without MiCS.
   void all_reduce_replicas();
-  void* owned(int unit);                 // the gradient values the optimizer reads (owned range)
+  void* owned(int unit);                                   // the gradient values the optimizer reads (owned range)
   void* full(int unit) { return state(unit).full.get(); }  // stages 0/1: the padded unit
-  DType grad_dtype() const { return gdt_; }  // owned()'s dtype
-  void clear();                          // zero the gradients for the next step
-  void report(MemoryReport& r) const;    // gradient storage and the staging buffers' peak
+  DType grad_dtype() const { return gdt_; }                // owned()'s dtype
+  void clear();                                            // zero the gradients for the next step
+  void report(MemoryReport& r) const;                      // gradient storage and the staging buffers' peak
   // qgZ's error-feedback values, every unit's (intra then inter, unit by unit), read from the
   // backend's memory; empty when off. set_error_feedback writes them back (empty: zeros) and
   // throws unless `v` is empty or holds error_feedback_size() values.
@@ -95,11 +95,11 @@ class GradReducer {
 
  private:
   struct Unit {
-    Buffer full;         // accumulation dtype, padded (stages 0 and 1)
-    Buffer slice;        // accumulation dtype, slice (stages 2 and 3)
-    Buffer micro;        // compute dtype: this micro-step's full-size gradient (stages 2/3, or
-                         // stages 0/1 accumulating in another dtype)
-    int reduced = 0;     // ready() calls since the last clear()
+    Buffer full;      // accumulation dtype, padded (stages 0 and 1)
+    Buffer slice;     // accumulation dtype, slice (stages 2 and 3)
+    Buffer micro;     // compute dtype: this micro-step's full-size gradient (stages 2/3, or
+                      // stages 0/1 accumulating in another dtype)
+    int reduced = 0;  // ready() calls since the last clear()
   };
   // Collectives in flight with what to do on completion.
   struct InFlight {
@@ -111,8 +111,12 @@ class GradReducer {
   std::size_t esize() const { return dtype_size(dtype_); }
   // What it keeps and takes from its pools per unit, the rules zero-plan counts with.
   ReduceBuffers buffers() const {
-    return {.stage = stage_, .dtype = dtype_, .grad_dtype = gdt_, .reduce_scatter = z_.reduce_scatter,
-            .quantized = qgz_ != nullptr, .deferred = deferred_};
+    return {.stage = stage_,
+            .dtype = dtype_,
+            .grad_dtype = gdt_,
+            .reduce_scatter = z_.reduce_scatter,
+            .quantized = qgz_ != nullptr,
+            .deferred = deferred_};
   }
   // Unit ids index the per-unit vectors.
   Unit& state(int unit) { return unit_at(units_, unit); }
@@ -122,7 +126,7 @@ class GradReducer {
   Backend& backend_;
   Communicator& comm_;
   Communicator* replica_;  // MiCS's replica group, or null
-  const Layout& layout_;  // unit names, for the collective check's messages
+  const Layout& layout_;   // unit names, for the collective check's messages
   const std::vector<UnitShape>& shapes_;
   const ZeroOptimizationConfig z_;
   DType dtype_, gdt_;
@@ -134,7 +138,7 @@ class GradReducer {
   std::int64_t pending_elems_ = 0;
   int reduced_this_micro_ = 0;
   std::deque<InFlight> in_flight_;
-  QuantizedReduceScatter* qgz_;  // null: plain reduce-scatter
+  QuantizedReduceScatter* qgz_;                             // null: plain reduce-scatter
   std::vector<QuantizedReduceScatter::Feedback> feedback_;  // qgZ: per unit
 };
 

@@ -36,14 +36,14 @@ void EngineImpl::report_mics_groups() const {
     for (int g = 0; g < groups; ++g) members.push_back(g * n + k);
     replica_groups.push_back(fmt::format("{{{}}}", fmt::join(members, ",")));
   }
-  log_info("MiCS: mics_shard_size {}: stage {} model states sharded over {} groups of {} consecutive ranks ({}), "
-           "replicated across groups; parameter gathers, reduce-scatters and the optimizer step stay in the group "
-           "{}; gradients all-reduced across groups between ranks of the same position ({})",
-           n, stage_, groups, n, fmt::join(shard_groups, ", "),
-           inside_nodes ? "(each inside one node)" : "(groups span nodes: make mics_shard_size the ranks per node)",
-           fmt::join(replica_groups, ", "));
+  log_info(
+      "MiCS: mics_shard_size {}: stage {} model states sharded over {} groups of {} consecutive ranks ({}), "
+      "replicated across groups; parameter gathers, reduce-scatters and the optimizer step stay in the group "
+      "{}; gradients all-reduced across groups between ranks of the same position ({})",
+      n, stage_, groups, n, fmt::join(shard_groups, ", "),
+      inside_nodes ? "(each inside one node)" : "(groups span nodes: make mics_shard_size the ranks per node)",
+      fmt::join(replica_groups, ", "));
 }
-
 
 // What qgZ does on this layout: its groups, the bytes it sends, what it pads, its buffers.
 void EngineImpl::report_qgz() const {
@@ -56,14 +56,15 @@ void EngineImpl::report_qgz() const {
   // The reducer's buffers, already made: a Feedback made here to be measured would take (device)
   // memory on rank 0 alone, and stay cached there.
   const std::size_t feedback = reducer_.error_feedback_size() * sizeof(float);
-  log_info("qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
-           "across {} nodes x {} ranks between ranks of the same local rank with int4 blocks of {}, error feedback "
-           "{} per rank (fp32); this rank sends {} inside its node and {} across nodes per micro-step. Padding: the "
-           "units' own ({} elements in all, so that each splits into {} equal slices), and each message rounded up "
-           "to whole 4-byte words; no other size is changed, none falls back to the plain reduce-scatter",
-           qgz_->block(), qgz_->nodes(), qgz_->ranks_per_node(), qgz_->block(), format_bytes(static_cast<std::uint64_t>(feedback)),
-           format_bytes(static_cast<std::uint64_t>(per_step.intra_node)),
-           format_bytes(static_cast<std::uint64_t>(per_step.inter_node)), padding, world_);
+  log_info(
+      "qgZ (zero_quantized_gradients): gradient reduce-scatter inside each node with int8 blocks of {}, then "
+      "across {} nodes x {} ranks between ranks of the same local rank with int4 blocks of {}, error feedback "
+      "{} per rank (fp32); this rank sends {} inside its node and {} across nodes per micro-step. Padding: the "
+      "units' own ({} elements in all, so that each splits into {} equal slices), and each message rounded up "
+      "to whole 4-byte words; no other size is changed, none falls back to the plain reduce-scatter",
+      qgz_->block(), qgz_->nodes(), qgz_->ranks_per_node(), qgz_->block(),
+      format_bytes(static_cast<std::uint64_t>(feedback)), format_bytes(static_cast<std::uint64_t>(per_step.intra_node)),
+      format_bytes(static_cast<std::uint64_t>(per_step.inter_node)), padding, world_);
 }
 
 // Stage 3 shards only the units at or above stage3_param_persistence_threshold (DeepSpeed's
@@ -86,14 +87,16 @@ void EngineImpl::report_stage3_sharding() const {
     if (names.size() > kShown) out += fmt::format(" and {} more", names.size() - kShown);
     return names.empty() ? std::string("none") : out;
   };
-  log_info("stage 3, stage3_param_persistence_threshold {}: {} of {} units sharded: {}; {} persistent (whole on "
-           "every rank, fewer elements than the threshold): {}",
-           threshold, sharded.size(), layout_.num_units(), listed(sharded), persistent.size(), listed(persistent));
+  log_info(
+      "stage 3, stage3_param_persistence_threshold {}: {} of {} units sharded: {}; {} persistent (whole on "
+      "every rank, fewer elements than the threshold): {}",
+      threshold, sharded.size(), layout_.num_units(), listed(sharded), persistent.size(), listed(persistent));
   if (sharded.empty())
-    log_warning("stage 3 shards no unit's parameters: every unit has fewer elements than "
-                "zero_optimization.stage3_param_persistence_threshold = {} (the largest, '{}', has {}), so each "
-                "rank keeps all parameters as at stage 2; lower the threshold (0 shards every unit) to shard them",
-                threshold, layout_.unit(largest).name, shape(largest).numel);
+    log_warning(
+        "stage 3 shards no unit's parameters: every unit has fewer elements than "
+        "zero_optimization.stage3_param_persistence_threshold = {} (the largest, '{}', has {}), so each "
+        "rank keeps all parameters as at stage 2; lower the threshold (0 shards every unit) to shard them",
+        threshold, layout_.unit(largest).name, shape(largest).numel);
 }
 
 // Settings DeepSpeed users carry over that change nothing here. They are accepted so a
@@ -105,23 +108,28 @@ void EngineImpl::report_inert_settings() const {
   const AioConfig da;
   std::vector<std::string> notes;
   if (z.contiguous_gradients != dz.contiguous_gradients)
-    notes.push_back("zero_optimization.contiguous_gradients: false has no effect: each unit's gradient is always one "
-                    "contiguous buffer");
+    notes.push_back(
+        "zero_optimization.contiguous_gradients: false has no effect: each unit's gradient is always one "
+        "contiguous buffer");
   if (z.offload_optimizer.buffer_count != dz.offload_optimizer.buffer_count)
-    notes.push_back("zero_optimization.offload_optimizer.buffer_count has no effect: NVMe offload streams sub-groups "
-                    "through three buffers (read next, step current, write previous)");
+    notes.push_back(
+        "zero_optimization.offload_optimizer.buffer_count has no effect: NVMe offload streams sub-groups "
+        "through three buffers (read next, step current, write previous)");
   if (cfg_.aio.intra_op_parallelism != da.intra_op_parallelism || cfg_.aio.single_submit != da.single_submit ||
       cfg_.aio.overlap_events != da.overlap_events)
-    notes.push_back("aio.intra_op_parallelism / single_submit / overlap_events have no effect: one io_uring ring per "
-                    "rank submits in batches and overlaps completions; block_size and queue_depth are honoured");
+    notes.push_back(
+        "aio.intra_op_parallelism / single_submit / overlap_events have no effect: one io_uring ring per "
+        "rank submits in batches and overlaps completions; block_size and queue_depth are honoured");
   if (z.offload_param.device != OffloadDevice::none && (z.offload_param.buffer_count != dz.offload_param.buffer_count ||
-                                                       z.offload_param.buffer_size != dz.offload_param.buffer_size ||
-                                                       z.offload_param.max_in_cpu != dz.offload_param.max_in_cpu))
-    notes.push_back("zero_optimization.offload_param.buffer_count / buffer_size / max_in_cpu have no effect: a unit's "
-                    "slice is read from NVMe when its gather starts and released when the gather completes");
+                                                        z.offload_param.buffer_size != dz.offload_param.buffer_size ||
+                                                        z.offload_param.max_in_cpu != dz.offload_param.max_in_cpu))
+    notes.push_back(
+        "zero_optimization.offload_param.buffer_count / buffer_size / max_in_cpu have no effect: a unit's "
+        "slice is read from NVMe when its gather starts and released when the gather completes");
   if (z.offload_param.device == OffloadDevice::cpu)
-    notes.push_back("zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
-                    "memory");
+    notes.push_back(
+        "zero_optimization.offload_param.device: cpu: on the host backend parameters already live in host "
+        "memory");
   if (dp_comm_.rank() == 0)
     for (const auto& n : notes) log_info("{}", n);
 }

@@ -60,7 +60,6 @@ TrainingState EngineState::training_state() const {
 }
 std::int64_t EngineState::unit_all_gathers() const { return impl_->gatherer_.all_gathers(); }
 
-
 void EngineState::check_between_steps(const char* what) const {
   const EngineImpl& e = *impl_;
   ZERO_CHECK(e.micro_ == 0 && !e.reducer_.mid_micro_step() && !e.gatherer_.mid_micro_step(),
@@ -73,13 +72,17 @@ void EngineState::check_between_steps(const char* what) const {
 }
 
 void EngineState::read_owned(int unit, int which, float* owned) const {
-  if (which == 0) impl_->opt_->read_master(unit, owned);
-  else impl_->opt_->read_moment(unit, which - 1, owned);
+  if (which == 0)
+    impl_->opt_->read_master(unit, owned);
+  else
+    impl_->opt_->read_moment(unit, which - 1, owned);
 }
 
 void EngineState::write_owned(int unit, int which, const float* owned) {
-  if (which == 0) impl_->opt_->write_master(unit, owned);
-  else impl_->opt_->write_moment(unit, which - 1, owned);
+  if (which == 0)
+    impl_->opt_->write_master(unit, owned);
+  else
+    impl_->opt_->write_moment(unit, which - 1, owned);
 }
 
 std::string EngineState::rank_state_kind() const {
@@ -104,8 +107,9 @@ std::size_t EngineState::rank_state_size() const {
 }
 
 void EngineState::set_rank_state(const std::vector<float>& s) {
-  ZERO_CHECK(!rank_state_kind().empty() || s.empty(),
-             "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no zero_quantized_gradients)");
+  ZERO_CHECK(
+      !rank_state_kind().empty() || s.empty(),
+      "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no zero_quantized_gradients)");
   if (impl_->powersgd_) {
     impl_->powersgd_->set_state(s);  // empty: reset
     return;

@@ -58,8 +58,9 @@ StepResult EngineImpl::step(const StepOptions& opts) {
   r.grad_norm = norm.norm;
   r.overflow = overflow;
   r.lr = next_lr();
-  ZERO_CHECK(!std::isnan(r.lr), "step(): scheduler.type is ManualLR but the loop has not set a learning rate; call "
-                                "Engine::set_lr(lr) before the first step()");
+  ZERO_CHECK(!std::isnan(r.lr),
+             "step(): scheduler.type is ManualLR but the loop has not set a learning rate; call "
+             "Engine::set_lr(lr) before the first step()");
   if (opts.clip_coefficient) {
     const double c = *opts.clip_coefficient;
     ZERO_CHECK(std::isfinite(c) && c >= 0.0,
@@ -117,11 +118,13 @@ void EngineImpl::check_ranks_agree(double lr, const StepOptions& opts) {
   const double fp = static_cast<double>(XXH3_64bits(decisions, sizeof decisions) >> 12);  // exact in a double
   const double hi = all_ranks().all_reduce_scalar(fp, ReduceOp::max);
   const double lo = -all_ranks().all_reduce_scalar(-fp, ReduceOp::max);
-  ZERO_CHECK(lo == hi, fmt::format("step(): the ranks disagree on the learning rate, the skip or the clip "
-                                   "coefficient (this rank: lr {}, skip {}, clip coefficient {}); give "
-                                   "Engine::set_lr and StepOptions the same values on every rank (decide from "
-                                   "grad_norm(), which every rank shares)",
-                                   lr, opts.skip, opts.clip_coefficient ? fmt::format("{}", *opts.clip_coefficient) : "from the config"));
+  ZERO_CHECK(lo == hi,
+             fmt::format("step(): the ranks disagree on the learning rate, the skip or the clip "
+                         "coefficient (this rank: lr {}, skip {}, clip coefficient {}); give "
+                         "Engine::set_lr and StepOptions the same values on every rank (decide from "
+                         "grad_norm(), which every rank shares)",
+                         lr, opts.skip,
+                         opts.clip_coefficient ? fmt::format("{}", *opts.clip_coefficient) : "from the config"));
 }
 
 void EngineImpl::check_step_ready(const char* what) const {
@@ -131,20 +134,20 @@ void EngineImpl::check_step_ready(const char* what) const {
   std::string missing;
   for (int i = 0; i < layout_.num_units(); ++i)
     if (reducer_.times_reduced(i) == micro_) missing += (missing.empty() ? "" : ", ") + layout_.unit(i).name;
-  ZERO_THROW(fmt::format("{} called before every unit was reduced: {} of {} micro-steps "
-                         "(gradient_accumulation_steps) are complete; units not yet reduced in the current micro-step: {}",
-                         what, micro_, gas_, missing));
+  ZERO_THROW(
+      fmt::format("{} called before every unit was reduced: {} of {} micro-steps "
+                  "(gradient_accumulation_steps) are complete; units not yet reduced in the current micro-step: {}",
+                  what, micro_, gas_, missing));
 }
 
 // Global squared norm of the stored gradients. Stage 0 holds identical full gradients on every
 // rank; otherwise the owned slices add up over the partition group. With MiCS every group holds
 // the same slices (world / N copies of each): the sum over one group counts each element once,
 // and the maximum over the replica group makes every group take the same norm (and the same
-// overflow decision) bit for bit, whatever the replica all-reduce's rounding. Under model parallelism the parts of the model add
-// up over the model group, a parameter replicated across the tensor group counted on its tensor
-// rank 0 only, a copy marked norm_counted_elsewhere (a tied weight on two pipeline stages) only
-// where it is not marked. An inf/nan on any rank makes the sum non-finite everywhere, so every rank agrees
-// to skip.
+// overflow decision) bit for bit, whatever the replica all-reduce's rounding. Under model parallelism the parts of the
+// model add up over the model group, a parameter replicated across the tensor group counted on its tensor rank 0 only,
+// a copy marked norm_counted_elsewhere (a tied weight on two pipeline stages) only where it is not marked. An inf/nan
+// on any rank makes the sum non-finite everywhere, so every rank agrees to skip.
 double EngineImpl::global_grad_sumsq() {
   backend_->stats_begin();
   // The gradients the optimizer reads are in the accumulation dtype (data_types.grad_accum_dtype).
@@ -162,10 +165,14 @@ double EngineImpl::global_grad_sumsq() {
         const std::int64_t b = std::max(pos, p.offset), e = std::min(end, p.offset + p.numel);
         const bool elsewhere = (p.replicated && tensor_rank_ != 0) || p.norm_counted_elsewhere;
         if (!elsewhere || b >= e) continue;
-        if (b > pos) backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt, static_cast<std::size_t>(b - pos));
+        if (b > pos)
+          backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt,
+                              static_cast<std::size_t>(b - pos));
         pos = e;
       }
-    if (pos < end) backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt, static_cast<std::size_t>(end - pos));
+    if (pos < end)
+      backend_->stats_add(g + static_cast<std::size_t>(pos - s.own_begin) * ge, gt,
+                          static_cast<std::size_t>(end - pos));
   }
   double sumsq = backend_->stats_finish();
   const CommSiteScope site("step() gradient norm");
@@ -246,16 +253,20 @@ void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, fl
     const void* gr = g + o * ges;
     void* pw = p + o * esize();
     if (!on_host) {
-      if (sgd_type) backend_->sgd(mw, v1, gr, gt, pw, dtype_, k, s);
-      else backend_->adam(mw, v1, v2, gr, gt, pw, dtype_, k, a);
+      if (sgd_type)
+        backend_->sgd(mw, v1, gr, gt, pw, dtype_, k, s);
+      else
+        backend_->adam(mw, v1, v2, gr, gt, pw, dtype_, k, a);
     } else if (sgd_type) {
       offload::sgd_step(mw, v1, gr, gt, pw, dtype_, k, s);
     } else {
       offload::adam_step(mw, v1, v2, gr, gt, pw, dtype_, k, a);
     }
   });
-  if (on_host && async_stage) async_stage->params_ready(r, b, n);
-  else if (copied) backend_->from_host(static_cast<char*>(params_.owned(unit)) + b * esize(), p_out, bytes);
+  if (on_host && async_stage)
+    async_stage->params_ready(r, b, n);
+  else if (copied)
+    backend_->from_host(static_cast<char*>(params_.owned(unit)) + b * esize(), p_out, bytes);
 }
 
 // Every rank updated only its slice of a full parameter buffer: all-gather the slices,
@@ -271,7 +282,8 @@ void EngineImpl::all_gather_updated() {
     const UnitShape& u = shape(i);
     if (u.sharded_params) continue;
     const CommSiteScope site("step() all_gather of updated params", &layout_.unit(i).name);
-    works.push_back(comm_.all_gather_async(params_.owned(i), params_.full(i), static_cast<std::size_t>(u.slice), dtype_));
+    works.push_back(
+        comm_.all_gather_async(params_.owned(i), params_.full(i), static_cast<std::size_t>(u.slice), dtype_));
     bucket += u.padded;
     if (bucket >= cfg_.zero_optimization.allgather_bucket_size) {
       group->end();

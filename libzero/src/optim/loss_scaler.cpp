@@ -31,10 +31,11 @@ void LossScaler::update(bool overflow) {
   if (overflow) {
     if (hysteresis_left_ <= 1) {
       if (scale_ <= min_scale_)
-        ZERO_THROW(fmt::format("fp16 gradients overflowed at the minimum loss scale ({:f}): the run has diverged. "
-                               "Lower the learning rate, enable gradient_clipping, use bf16, or lower "
-                               "fp16.min_loss_scale",
-                               min_scale_));
+        ZERO_THROW(
+            fmt::format("fp16 gradients overflowed at the minimum loss scale ({:f}): the run has diverged. "
+                        "Lower the learning rate, enable gradient_clipping, use bf16, or lower "
+                        "fp16.min_loss_scale",
+                        min_scale_));
       scale_ = std::max(scale_ / 2.0, min_scale_);
     } else {
       --hysteresis_left_;

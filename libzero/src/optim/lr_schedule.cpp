@@ -27,15 +27,15 @@ namespace zero {
 //   cos_min_ratio instead of climbing back up the cosine.
 double lr_at(const Config& cfg, std::int64_t step) {
   if (step < 0) {
-    throw Error(
-        fmt::format("lr_at: step {} is negative; steps count optimizer steps from 0", step));
+    throw Error(fmt::format("lr_at: step {} is negative; steps count optimizer steps from 0", step));
   }
   const SchedulerConfig& s = cfg.scheduler;
   const double base_lr = cfg.optimizer.lr;
   if (s.type == SchedulerType::none) return base_lr;
   if (s.type == SchedulerType::manual_lr)
-    throw Error("lr_at: scheduler.type is ManualLR, whose rate the training loop sets (Engine::set_lr); the "
-                "config holds no schedule to evaluate");
+    throw Error(
+        "lr_at: scheduler.type is ManualLR, whose rate the training loop sets (Engine::set_lr); the "
+        "config holds no schedule to evaluate");
   const double w = static_cast<double>(std::max<std::int64_t>(2, s.warmup_num_steps));
   const double t = static_cast<double>(step);
   const bool warming = t < w;
@@ -47,8 +47,7 @@ double lr_at(const Config& cfg, std::int64_t step) {
     } else {
       double span = std::max(1.0, static_cast<double>(s.total_num_steps) - w);
       double p = std::min(1.0, (t - w + 1.0) / span);
-      ratio =
-          s.cos_min_ratio + (1.0 - s.cos_min_ratio) * (1.0 + std::cos(std::numbers::pi * p)) / 2.0;
+      ratio = s.cos_min_ratio + (1.0 - s.cos_min_ratio) * (1.0 + std::cos(std::numbers::pi * p)) / 2.0;
     }
     return base_lr * std::max(0.0, ratio);
   }

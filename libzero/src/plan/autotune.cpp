@@ -48,17 +48,50 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 std::string TuneCandidate::label() const {
   std::ostringstream l;
   const char* sep = "";
-  if (stage) { l << sep << "stage " << *stage; sep = ", "; }
-  if (micro_batch) { l << sep << "mb " << *micro_batch; sep = ", "; }
-  if (bucket_size) { l << sep << "bucket " << *bucket_size; sep = ", "; }
-  if (overlap_comm) { l << sep << (*overlap_comm ? "overlap" : "no overlap"); sep = ", "; }
-  if (offload_optimizer) { l << sep << "offload " << to_string(*offload_optimizer); sep = ", "; }
-  if (hpz_partition_size && *hpz_partition_size > 1) { l << sep << "hpz " << *hpz_partition_size; sep = ", "; }
-  if (quantized_weights && *quantized_weights) { l << sep << "qwz"; sep = ", "; }
-  if (quantized_gradients && *quantized_gradients) { l << sep << "qgz"; sep = ", "; }
-  if (mics_shard_size && *mics_shard_size != -1) { l << sep << "mics " << *mics_shard_size; sep = ", "; }
-  if (tensor_parallel) { l << sep << "tp " << *tensor_parallel; sep = ", "; }
-  if (pipeline_parallel) { l << sep << "pp " << *pipeline_parallel; sep = ", "; }
+  if (stage) {
+    l << sep << "stage " << *stage;
+    sep = ", ";
+  }
+  if (micro_batch) {
+    l << sep << "mb " << *micro_batch;
+    sep = ", ";
+  }
+  if (bucket_size) {
+    l << sep << "bucket " << *bucket_size;
+    sep = ", ";
+  }
+  if (overlap_comm) {
+    l << sep << (*overlap_comm ? "overlap" : "no overlap");
+    sep = ", ";
+  }
+  if (offload_optimizer) {
+    l << sep << "offload " << to_string(*offload_optimizer);
+    sep = ", ";
+  }
+  if (hpz_partition_size && *hpz_partition_size > 1) {
+    l << sep << "hpz " << *hpz_partition_size;
+    sep = ", ";
+  }
+  if (quantized_weights && *quantized_weights) {
+    l << sep << "qwz";
+    sep = ", ";
+  }
+  if (quantized_gradients && *quantized_gradients) {
+    l << sep << "qgz";
+    sep = ", ";
+  }
+  if (mics_shard_size && *mics_shard_size != -1) {
+    l << sep << "mics " << *mics_shard_size;
+    sep = ", ";
+  }
+  if (tensor_parallel) {
+    l << sep << "tp " << *tensor_parallel;
+    sep = ", ";
+  }
+  if (pipeline_parallel) {
+    l << sep << "pp " << *pipeline_parallel;
+    sep = ", ";
+  }
   std::string s = l.str();
   return s.empty() ? "base" : s;
 }
@@ -152,8 +185,8 @@ TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, cons
 }
 
 TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
-                               const MakeTrainStepFn& make_train_step,
-                               const std::vector<TuneCandidate>& candidates, const TuneOptions& options) {
+                               const MakeTrainStepFn& make_train_step, const std::vector<TuneCandidate>& candidates,
+                               const TuneOptions& options) {
   auto make_engine = [&ctx, &layout, &init](const Config& cfg, GridSpec grid) {
     ZERO_CHECK(grid.tensor == 1 && grid.pipeline == 1,
                fmt::format("autotune: a candidate with tensor {} x pipeline {} needs its own process groups and "
@@ -165,8 +198,8 @@ TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& l
     return run;
   };
   return autotune_grid(
-      ctx, base, make_engine, [&make_train_step](TuneEngine& run) { return make_train_step(*run.engine); },
-      candidates, options);
+      ctx, base, make_engine, [&make_train_step](TuneEngine& run) { return make_train_step(*run.engine); }, candidates,
+      options);
 }
 
 TuneResult autotune_grid(Context& ctx, const Config& base, const MakeEngineFn& make_engine,
@@ -190,8 +223,8 @@ TuneResult autotune_grid(Context& ctx, const Config& base, const MakeEngineFn& m
     const int ranks = t.grid.tensor * t.grid.pipeline;
     if (ranks < 1 || t.grid.tensor < 1 || world % ranks != 0) {
       t.outcome = TuneTrial::Outcome::refused;
-      t.note = fmt::format("tensor {} x pipeline {} does not divide the {} ranks", t.grid.tensor, t.grid.pipeline,
-                           world);
+      t.note =
+          fmt::format("tensor {} x pipeline {} does not divide the {} ranks", t.grid.tensor, t.grid.pipeline, world);
       result.trials.push_back(std::move(t));
       continue;
     }

@@ -24,17 +24,19 @@ void GptShape::validate() const {
   // 2^24 bounds every field far above any real model and keeps products of two in int64 (a
   // shape read from a checkpoint or a config.json is not trusted).
   auto positive = [this](int v, const char* field) {
-    ZERO_CHECK(v > 0 && v <= (1 << 24), fmt::format("GPT shape{}: {} must be in [1, 2^24] (got {})",
-                                                   name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
+    ZERO_CHECK(v > 0 && v <= (1 << 24),
+               fmt::format("GPT shape{}: {} must be in [1, 2^24] (got {})",
+                           name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
   };
   positive(n_layer, "n_layer");
   positive(n_head, "n_head");
   positive(n_embd, "n_embd");
   positive(seq_len, "seq_len");
   positive(vocab_size, "vocab_size");
-  ZERO_CHECK(n_embd % n_head == 0,
-             fmt::format("GPT shape: n_embd {} is not a multiple of n_head {}; pick a head count that divides the width",
-                         n_embd, n_head));
+  ZERO_CHECK(
+      n_embd % n_head == 0,
+      fmt::format("GPT shape: n_embd {} is not a multiple of n_head {}; pick a head count that divides the width",
+                  n_embd, n_head));
 }
 
 std::int64_t GptShape::num_params() const {
@@ -79,17 +81,17 @@ Layout gpt_layout(const GptShape& s) {
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string unit = fmt::format("h.{}", l), p = unit + ".";
     layout.add_unit(unit, {{p + "ln_1.weight", {C}},
-                            {p + "ln_1.bias", {C}},
-                            {p + "attn.c_attn.weight", {C, 3 * C}},
-                            {p + "attn.c_attn.bias", {3 * C}},
-                            {p + "attn.c_proj.weight", {C, C}},
-                            {p + "attn.c_proj.bias", {C}},
-                            {p + "ln_2.weight", {C}},
-                            {p + "ln_2.bias", {C}},
-                            {p + "mlp.c_fc.weight", {C, 4 * C}},
-                            {p + "mlp.c_fc.bias", {4 * C}},
-                            {p + "mlp.c_proj.weight", {4 * C, C}},
-                            {p + "mlp.c_proj.bias", {C}}});
+                           {p + "ln_1.bias", {C}},
+                           {p + "attn.c_attn.weight", {C, 3 * C}},
+                           {p + "attn.c_attn.bias", {3 * C}},
+                           {p + "attn.c_proj.weight", {C, C}},
+                           {p + "attn.c_proj.bias", {C}},
+                           {p + "ln_2.weight", {C}},
+                           {p + "ln_2.bias", {C}},
+                           {p + "mlp.c_fc.weight", {C, 4 * C}},
+                           {p + "mlp.c_fc.bias", {4 * C}},
+                           {p + "mlp.c_proj.weight", {4 * C, C}},
+                           {p + "mlp.c_proj.bias", {C}}});
   }
   layout.add_unit("ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}});
   return layout;
@@ -124,13 +126,12 @@ std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, 
   return stage_activation_bytes(s, StagePart{}, micro, 1, checkpointing, element_bytes, attention);
 }
 
-int StagePart::blocks(const GptShape& shape) const {
-  return shape.n_layer / pp + (stage < shape.n_layer % pp ? 1 : 0);
-}
+int StagePart::blocks(const GptShape& shape) const { return shape.n_layer / pp + (stage < shape.n_layer % pp ? 1 : 0); }
 
 void check_split(const GptShape& shape, int tp, int pp) {
   shape.validate();
-  ZERO_CHECK(tp >= 1 && pp >= 1, fmt::format("model parallelism: tensor ({}) and pipeline ({}) sizes must be >= 1", tp, pp));
+  ZERO_CHECK(tp >= 1 && pp >= 1,
+             fmt::format("model parallelism: tensor ({}) and pipeline ({}) sizes must be >= 1", tp, pp));
   ZERO_CHECK(shape.n_head % tp == 0,
              fmt::format("tensor parallelism {}: n_head {} is not a multiple of it (each rank takes n_head / T "
                          "heads); pick a tensor size that divides the head count",
@@ -157,17 +158,17 @@ Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
   for (int l = first_block; l < first_block + part.blocks(s); ++l) {
     const std::string unit = fmt::format("h.{}", l), p = unit + ".";
     layout.add_unit(unit, {{p + "ln_1.weight", {C}},
-                            {p + "ln_1.bias", {C}},
-                            {p + "attn.c_attn.weight", {C, 3 * C / T}},
-                            {p + "attn.c_attn.bias", {3 * C / T}},
-                            {p + "attn.c_proj.weight", {C / T, C}},
-                            {p + "attn.c_proj.bias", {C}},
-                            {p + "ln_2.weight", {C}},
-                            {p + "ln_2.bias", {C}},
-                            {p + "mlp.c_fc.weight", {C, 4 * C / T}},
-                            {p + "mlp.c_fc.bias", {4 * C / T}},
-                            {p + "mlp.c_proj.weight", {4 * C / T, C}},
-                            {p + "mlp.c_proj.bias", {C}}});
+                           {p + "ln_1.bias", {C}},
+                           {p + "attn.c_attn.weight", {C, 3 * C / T}},
+                           {p + "attn.c_attn.bias", {3 * C / T}},
+                           {p + "attn.c_proj.weight", {C / T, C}},
+                           {p + "attn.c_proj.bias", {C}},
+                           {p + "ln_2.weight", {C}},
+                           {p + "ln_2.bias", {C}},
+                           {p + "mlp.c_fc.weight", {C, 4 * C / T}},
+                           {p + "mlp.c_fc.bias", {4 * C / T}},
+                           {p + "mlp.c_proj.weight", {4 * C / T, C}},
+                           {p + "mlp.c_proj.bias", {C}}});
   }
   if (part.last()) {
     // The tied head: the last stage keeps its own copy of the embedding's rows when it is not
@@ -210,8 +211,8 @@ std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, in
   const std::int64_t once_floats = (checkpointing ? block_floats : 0) + att;
   const std::int64_t ints = 2 * N;
   const std::int64_t f = static_cast<std::int64_t>(sizeof(float));
-  const std::int64_t per_micro = kept_elements * element_bytes + kept_floats * f +
-                                 ints * static_cast<std::int64_t>(sizeof(std::int32_t));
+  const std::int64_t per_micro =
+      kept_elements * element_bytes + kept_floats * f + ints * static_cast<std::int64_t>(sizeof(std::int32_t));
   return in_flight * per_micro + once_elements * element_bytes + once_floats * f;
 }
 

@@ -32,12 +32,9 @@ const std::vector<GpuSpec>& gpu_presets() {
   // Dense fp16/bf16 tensor peaks; PCIe one direction as measured in practice (gen3 12, gen4 24,
   // gen5 48 GB/s); NVLink per GPU, one direction.
   static const std::vector<GpuSpec> presets = {
-      gpu("V100-16GB", 16 * GiB, 125, 900, 12, 150),
-      gpu("V100-32GB", 32 * GiB, 125, 900, 12, 150),
-      gpu("A100-40GB", 40 * GiB, 312, 1555, 24, 300),
-      gpu("A100-80GB", 80 * GiB, 312, 2039, 24, 300),
-      gpu("H100-SXM", 80 * GiB, 989, 3350, 48, 450),
-      gpu("H200", 141 * GB, 989, 4800, 48, 450),
+      gpu("V100-16GB", 16 * GiB, 125, 900, 12, 150),  gpu("V100-32GB", 32 * GiB, 125, 900, 12, 150),
+      gpu("A100-40GB", 40 * GiB, 312, 1555, 24, 300), gpu("A100-80GB", 80 * GiB, 312, 2039, 24, 300),
+      gpu("H100-SXM", 80 * GiB, 989, 3350, 48, 450),  gpu("H200", 141 * GB, 989, 4800, 48, 450),
   };
   return presets;
 }
@@ -62,9 +59,12 @@ std::optional<GpuSpec> gpu_preset_for_device(std::string_view device_name, doubl
   if (has("H200")) preset = "H200";
   // The SXM H100 reports HBM3 memory; the PCIe card (HBM2e, 756 TFLOP/s) and the NVL part are
   // other devices with other peaks.
-  else if (has("H100") && (has("HBM3") || has("SXM")) && !has("PCIe") && !has("NVL")) preset = "H100-SXM";
-  else if (has("A100")) preset = gib > 48 ? "A100-80GB" : "A100-40GB";
-  else if (has("V100")) preset = gib > 20 ? "V100-32GB" : "V100-16GB";
+  else if (has("H100") && (has("HBM3") || has("SXM")) && !has("PCIe") && !has("NVL"))
+    preset = "H100-SXM";
+  else if (has("A100"))
+    preset = gib > 48 ? "A100-80GB" : "A100-40GB";
+  else if (has("V100"))
+    preset = gib > 20 ? "V100-32GB" : "V100-16GB";
   if (!preset) return std::nullopt;
   return gpu_preset(preset);
 }
@@ -78,8 +78,8 @@ std::vector<GpuSpec> load_gpu_presets(const std::string& path) {
   }
   YAML::Node list = root.IsMap() && root["gpus"] ? root["gpus"] : root;
   ZERO_CHECK(list.IsSequence(), path + ": expected a list of GPU entries (or a 'gpus:' list)");
-  static const std::vector<std::string> keys = {"name", "base", "memory_gb", "peak_tflops", "efficiency",
-                                                "hbm_gbps", "pcie_gbps", "nvlink_gbps"};
+  static const std::vector<std::string> keys = {"name",       "base",     "memory_gb", "peak_tflops",
+                                                "efficiency", "hbm_gbps", "pcie_gbps", "nvlink_gbps"};
   std::vector<GpuSpec> out;
   for (const auto& e : list) {
     const std::string where = fmt::format("{}:{}", path, e.Mark().line + 1);

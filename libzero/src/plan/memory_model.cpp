@@ -27,9 +27,12 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
   for (const UnitShape& u : unit_shapes(layout, s, data_parallel)) {
     // Stage 3 shards a unit's parameters unless it is below the persistence threshold.
     const std::int64_t pbytes = u.param_elements() * es;
-    if (u.sharded_params && s.offload_param == OffloadDevice::nvme) m.nvme += pbytes;
-    else if (u.sharded_params && s.offload_param == OffloadDevice::cpu) m.host += pbytes;
-    else m.params += pbytes;
+    if (u.sharded_params && s.offload_param == OffloadDevice::nvme)
+      m.nvme += pbytes;
+    else if (u.sharded_params && s.offload_param == OffloadDevice::cpu)
+      m.host += pbytes;
+    else
+      m.params += pbytes;
     m.grads += static_cast<std::int64_t>(reducer.stored_bytes(u));
     // hpZ: the rank's chunk of the gathered unit (padded for every rank), kept for the group.
     if (u.sharded_params && s.hpz_partition_size > 1) m.secondary += u.padded / s.hpz_partition_size * es;
@@ -116,8 +119,10 @@ void replay_reductions(const std::vector<std::vector<int>>& buckets, bool overla
 std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node) {
   if (!s.quantized_gradients) return 0;
   const std::int64_t D = data_parallel, L = std::min(D, static_cast<std::int64_t>(ranks_per_node));
-  ZERO_CHECK(L >= 1 && D % L == 0, fmt::format("qgz_buffer_bytes: qgZ needs the same ranks on every node; {} data-parallel "
-                                               "ranks by {} per node", D, ranks_per_node));
+  ZERO_CHECK(L >= 1 && D % L == 0,
+             fmt::format("qgz_buffer_bytes: qgZ needs the same ranks on every node; {} data-parallel "
+                         "ranks by {} per node",
+                         D, ranks_per_node));
   const std::int64_t M = D / L;
   const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
   auto packed = [&](std::int64_t n, quant::Bits bits) {
@@ -179,7 +184,8 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
     pool.give(u.msg2);
     pool.give(u.msg2);
   };
-  replay_reductions(reduce_buckets(shapes, s), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);
+  replay_reductions(
+      reduce_buckets(shapes, s), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);
   return pool.held();
 }
 
@@ -271,7 +277,9 @@ Settings settings_from(const Config& cfg) {
 }
 
 std::string Settings::label() const {
-  auto dev = [](OffloadDevice d) { return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none"; };
+  auto dev = [](OffloadDevice d) {
+    return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
+  };
   // (a stream, not string concatenation: GCC 12 at -O3 misreports the latter as -Wrestrict)
   std::ostringstream l;
   l << "stage " << stage;

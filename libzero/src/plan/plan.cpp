@@ -115,8 +115,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
   m.device_overhead = kDeviceOverheadBytes;
   m.host_overhead = kHostOverheadBytes;
-  m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.activations + m.comm_buffers + m.gathered +
-                m.device_overhead;
+  m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.activations + m.comm_buffers +
+                m.gathered + m.device_overhead;
   m.host_bytes = m.states.host + m.pinned + m.host_overhead;
   m.nvme_bytes = m.states.nvme * c.ranks_per_node();
   return m;
@@ -188,12 +188,19 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   double fwd_comm = 0, bwd_comm = 0, boundary = 0, post_step = 0;
   switch (s.stage) {
     case 0: boundary = s.powersgd() ? 0.0 : 2 * grad_ring; break;  // all-reduce during the last backward
-    case 1: boundary = s.powersgd() ? 0.0 : grad_ring; post_step = ring; break;
-    case 2: bwd_comm = reduce; post_step = ring; break;
+    case 1:
+      boundary = s.powersgd() ? 0.0 : grad_ring;
+      post_step = ring;
+      break;
+    case 2:
+      bwd_comm = reduce;
+      post_step = ring;
+      break;
     case 3: {  // gather forward, gather + reduce backward
       // qwZ sends int8 values and an fp32 scale per block instead of the compute dtype; hpZ
       // re-gathers in the backward inside its group (normally the node) from secondary shards.
-      const double q = s.quantized_weights ? (1.0 + 4.0 / static_cast<double>(s.quantized_weights_block_size)) / es : 1.0;
+      const double q =
+          s.quantized_weights ? (1.0 + 4.0 / static_cast<double>(s.quantized_weights_block_size)) / es : 1.0;
       const int H = s.hpz_partition_size;
       const double regather = H > 1 ? (H - 1.0) / H * full / c.group_bytes_per_s(H, T) : q * ring;
       fwd_comm = q * ring;
@@ -338,8 +345,8 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
   // An empty list takes base's value. A listed value that does not apply at a candidate's stage
   // or grid drops the candidate; base's (a config's) qgZ or PowerSGD is kept where it applies and
   // off elsewhere, its MiCS drops the candidate (as the engine refuses it).
-  const std::vector<bool> qgz_list = quantized_gradients.empty() ? std::vector<bool>{base.quantized_gradients}
-                                                                 : quantized_gradients;
+  const std::vector<bool> qgz_list =
+      quantized_gradients.empty() ? std::vector<bool>{base.quantized_gradients} : quantized_gradients;
   const std::vector<int> mics_list = mics_shard_size.empty() ? std::vector<int>{base.mics_shard_size} : mics_shard_size;
   const std::vector<int> psgd_list =
       powersgd_rank.empty() ? std::vector<int>{base.powersgd() ? base.compression.rank : 0} : powersgd_rank;
@@ -347,59 +354,59 @@ std::vector<Settings> SettingsSpace::expand(int gpus) const {
   const bool mics_off = std::find(mics_list.begin(), mics_list.end(), -1) != mics_list.end();
   std::vector<Settings> out;
   for (int tp : tensor_parallel)
-  for (int pp : pipeline_parallel)
-  for (int stage : stages)
-    for (auto oo : offload_optimizer)
-      for (auto op : offload_param)
-        for (int mb : micro_batches)
-          for (bool ckpt : checkpointing)
-          for (int hpz : hpz_partition_size)
-          for (bool qwz : quantized_weights)
-          for (bool qgz : qgz_list)
-          for (int mics : mics_list)
-          for (int psgd : psgd_list) {
-            if (op != OffloadDevice::none && stage < 3) continue;
-            if ((hpz != 1 || qwz) && stage != 3) continue;
-            if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
-            if (oo != OffloadDevice::none && stage == 0) continue;
-            if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
-            if (pp > 1 && stage >= 2) continue;
-            const int dp = gpus / (tp * pp);
-            // MiCS as the engine takes it: stages 1-3, a divisor, not with hpZ.
-            if (mics != -1 && (stage == 0 || mics < 1 || dp % mics != 0 || hpz != 1)) continue;
-            // One group of every rank is plain sharding: listed once, as off, when off is listed.
-            if (mics == dp && mics_off) continue;
-            // qgZ where the engine takes it: stages 2-3 without a grid or MiCS.
-            bool qg = qgz;
-            if (qg && (stage < 2 || tp * pp != 1 || mics != -1 || !base.reduce_scatter)) {
-              if (qgz_listed) continue;
-              qg = false;
-            }
-            // PowerSGD: stages 0-1 without a grid or MiCS.
-            int ps = psgd;
-            if (ps > 0 && (stage > 1 || tp * pp != 1 || mics != -1)) {
-              if (psgd_listed) continue;
-              ps = 0;
-            }
-            Settings s = base;
-            s.tensor_parallel = tp;
-            s.pipeline_parallel = pp;
-            s.stage = stage;
-            s.offload_optimizer = oo;
-            s.offload_param = op;
-            s.micro_batch = mb;
-            s.activation_checkpointing = ckpt;
-            s.hpz_partition_size = hpz;
-            s.quantized_gradients = qg;
-            s.quantized_weights = qwz;
-            s.mics_shard_size = mics;
-            s.compression.type = ps > 0 ? CompressionType::powersgd : CompressionType::none;
-            if (ps > 0) s.compression.rank = ps;
-            if (global_batch > 0)
-              s.grad_accum = static_cast<int>(std::max<std::int64_t>(
-                  1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));
-            out.push_back(s);
-          }
+    for (int pp : pipeline_parallel)
+      for (int stage : stages)
+        for (auto oo : offload_optimizer)
+          for (auto op : offload_param)
+            for (int mb : micro_batches)
+              for (bool ckpt : checkpointing)
+                for (int hpz : hpz_partition_size)
+                  for (bool qwz : quantized_weights)
+                    for (bool qgz : qgz_list)
+                      for (int mics : mics_list)
+                        for (int psgd : psgd_list) {
+                          if (op != OffloadDevice::none && stage < 3) continue;
+                          if ((hpz != 1 || qwz) && stage != 3) continue;
+                          if (hpz < 1 || (gpus / std::max(1, tp * pp)) % hpz != 0) continue;
+                          if (oo != OffloadDevice::none && stage == 0) continue;
+                          if (tp < 1 || pp < 1 || gpus % (tp * pp) != 0) continue;
+                          if (pp > 1 && stage >= 2) continue;
+                          const int dp = gpus / (tp * pp);
+                          // MiCS as the engine takes it: stages 1-3, a divisor, not with hpZ.
+                          if (mics != -1 && (stage == 0 || mics < 1 || dp % mics != 0 || hpz != 1)) continue;
+                          // One group of every rank is plain sharding: listed once, as off, when off is listed.
+                          if (mics == dp && mics_off) continue;
+                          // qgZ where the engine takes it: stages 2-3 without a grid or MiCS.
+                          bool qg = qgz;
+                          if (qg && (stage < 2 || tp * pp != 1 || mics != -1 || !base.reduce_scatter)) {
+                            if (qgz_listed) continue;
+                            qg = false;
+                          }
+                          // PowerSGD: stages 0-1 without a grid or MiCS.
+                          int ps = psgd;
+                          if (ps > 0 && (stage > 1 || tp * pp != 1 || mics != -1)) {
+                            if (psgd_listed) continue;
+                            ps = 0;
+                          }
+                          Settings s = base;
+                          s.tensor_parallel = tp;
+                          s.pipeline_parallel = pp;
+                          s.stage = stage;
+                          s.offload_optimizer = oo;
+                          s.offload_param = op;
+                          s.micro_batch = mb;
+                          s.activation_checkpointing = ckpt;
+                          s.hpz_partition_size = hpz;
+                          s.quantized_gradients = qg;
+                          s.quantized_weights = qwz;
+                          s.mics_shard_size = mics;
+                          s.compression.type = ps > 0 ? CompressionType::powersgd : CompressionType::none;
+                          if (ps > 0) s.compression.rank = ps;
+                          if (global_batch > 0)
+                            s.grad_accum = static_cast<int>(std::max<std::int64_t>(
+                                1, std::llround(static_cast<double>(global_batch) / (static_cast<double>(mb) * dp))));
+                          out.push_back(s);
+                        }
   return out;
 }
 

@@ -68,8 +68,9 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
              "step_traffic: models data parallelism only; tensor and pipeline parallel traffic is not modelled");
   const int units = layout.num_units();
   ZERO_CHECK(units >= 3, "step_traffic: the GPT trainer's layout has embeddings, at least one block and ln_f");
-  ZERO_CHECK(s.hpz_partition_size >= 1 && world % s.hpz_partition_size == 0,
-             fmt::format("step_traffic: zero_hpz_partition_size {} does not divide {} ranks", s.hpz_partition_size, world));
+  ZERO_CHECK(
+      s.hpz_partition_size >= 1 && world % s.hpz_partition_size == 0,
+      fmt::format("step_traffic: zero_hpz_partition_size {} does not divide {} ranks", s.hpz_partition_size, world));
   check_groups(s, world);
   TrafficBytes t;
   if (world == 1) return t;
@@ -91,10 +92,10 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
              fmt::format("step_traffic: qgZ needs the same ranks on every node; {} ranks by {} per node", world, L));
   auto qgz = [&](TrafficBytes& to, std::int64_t sl) {
     const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
-    to.intra_node += (L - 1) * static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(M * sl), block,
-                                                                             quant::Bits::int8));
-    to.inter_node += (M - 1) * static_cast<std::int64_t>(quant::packed_bytes(static_cast<std::size_t>(sl), block,
-                                                                             quant::Bits::int4));
+    to.intra_node += (L - 1) * static_cast<std::int64_t>(
+                                   quant::packed_bytes(static_cast<std::size_t>(M * sl), block, quant::Bits::int8));
+    to.inter_node += (M - 1) * static_cast<std::int64_t>(
+                                   quant::packed_bytes(static_cast<std::size_t>(sl), block, quant::Bits::int4));
   };
 
   // Gradients: stages 0 and 1 reduce the accumulated gradient at the boundary, stages 2 and 3
@@ -109,13 +110,18 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   }
   for (int u = 0; u < units && !s.powersgd(); ++u) {
     const std::int64_t sl = shape(u).slice, pd = shape(u).padded;
-    if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter)) part.all_reduce(t, pd, gesize);
-    else if (s.stage == 1) part.reduce_scatter(t, sl, gesize);
+    if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter))
+      part.all_reduce(t, pd, gesize);
+    else if (s.stage == 1)
+      part.reduce_scatter(t, sl, gesize);
     else
       for (int m = 0; m < s.grad_accum; ++m) {
-        if (s.quantized_gradients) qgz(t, sl);
-        else if (s.reduce_scatter) part.reduce_scatter(t, sl, esize);
-        else part.all_reduce(t, pd, esize);
+        if (s.quantized_gradients)
+          qgz(t, sl);
+        else if (s.reduce_scatter)
+          part.reduce_scatter(t, sl, esize);
+        else
+          part.all_reduce(t, pd, esize);
       }
   }
   // MiCS: each rank's accumulated slice, once per step, over the replicas.

@@ -37,7 +37,8 @@ std::map<std::string, std::weak_ptr<JobLock>>& registry() {
 }
 
 bool same_file(int fd, const std::string& path) {
-  struct stat a{}, b{};
+  struct stat a {
+  }, b{};
   return ::fstat(fd, &a) == 0 && ::stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
@@ -60,12 +61,11 @@ void write_holder(int fd, const std::string& file) {
 
 [[noreturn]] void refuse(const std::string& what, const std::string& file, const std::string& holder,
                          const std::string& fix) {
-  ZERO_THROW(fmt::format("{} is in use by another job: its lock file {} is held by {}. Two jobs writing one "
-                         "directory destroy each other's files; {}",
-                         what, file,
-                         holder.empty() ? std::string("a process that has not yet written its host and pid")
-                                        : escape_bytes(holder),
-                         fix));
+  ZERO_THROW(fmt::format(
+      "{} is in use by another job: its lock file {} is held by {}. Two jobs writing one "
+      "directory destroy each other's files; {}",
+      what, file,
+      holder.empty() ? std::string("a process that has not yet written its host and pid") : escape_bytes(holder), fix));
 }
 
 // Why the lock file cannot be opened: the file itself when it exists (its owner and mode), its
@@ -76,11 +76,12 @@ std::string cannot_open(const std::string& file, const std::string& what, int er
     return fmt::format("cannot create the lock file {} for {}: {}; check the permissions of its directory", file, what,
                        std::strerror(err));
   const struct passwd* pw = ::getpwuid(st.st_uid);
-  return fmt::format("cannot open the lock file {} for {}: {}; it belongs to {} (uid {}) with mode {:04o}, and this "
-                     "process runs as uid {}. A stale lock file needs no cleaning when it can be opened: remove this "
-                     "one (or ask its owner to), or make it readable",
-                     file, what, std::strerror(err), pw ? escape_bytes(pw->pw_name) : std::string("an unknown user"),
-                     st.st_uid, st.st_mode & 07777, ::geteuid());
+  return fmt::format(
+      "cannot open the lock file {} for {}: {}; it belongs to {} (uid {}) with mode {:04o}, and this "
+      "process runs as uid {}. A stale lock file needs no cleaning when it can be opened: remove this "
+      "one (or ask its owner to), or make it readable",
+      file, what, std::strerror(err), pw ? escape_bytes(pw->pw_name) : std::string("an unknown user"), st.st_uid,
+      st.st_mode & 07777, ::geteuid());
 }
 
 bool locks_unsupported(int err) { return err == ENOLCK || err == EOPNOTSUPP || err == ENOSYS || err == EINVAL; }
@@ -138,9 +139,10 @@ JobLock::Taken JobLock::take(const std::string& file, LockMode mode, const std::
         ::close(fd);
         ZERO_THROW(fmt::format("cannot lock {} ({}): {}", file, what, std::strerror(err)));
       }
-      log_warning("the filesystem of {} does not support file locks ({}); a second job using {} will not be "
-                  "detected",
-                  file, std::strerror(err), what);
+      log_warning(
+          "the filesystem of {} does not support file locks ({}); a second job using {} will not be "
+          "detected",
+          file, std::strerror(err), what);
     } else if (!same_file(fd, file) && attempt < 100) {
       ::close(fd);
       continue;

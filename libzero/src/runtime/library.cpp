@@ -55,8 +55,8 @@ LibrarySymbol find_library_entry(const std::string& file, const std::string& sym
   const auto get_id = reinterpret_cast<const char* (*)()>(dlsym(lib.handle, id_symbol.c_str()));
   const char* theirs = get_id ? get_id() : nullptr;
   if (theirs == nullptr || id != theirs) {
-    const std::string what = theirs ? fmt::format("its interface id is {}", theirs)
-                                    : fmt::format("it has no interface id ({})", id_symbol);
+    const std::string what =
+        theirs ? fmt::format("its interface id is {}", theirs) : fmt::format("it has no interface id ({})", id_symbol);
     return {nullptr, fmt::format("{} is from another build: {}, this build's is {}", lib.path, what, id), true};
   }
   return find_library_symbol(file, symbol);

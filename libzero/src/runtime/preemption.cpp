@@ -50,8 +50,9 @@ extern "C" void on_stop_signal(int signo) {
 }  // namespace
 
 StopSignal::StopSignal() {
-  ZERO_CHECK(!g_installed, "StopSignal: one is already installed in this process; keep a single "
-                           "StopSignal for the whole training loop");
+  ZERO_CHECK(!g_installed,
+             "StopSignal: one is already installed in this process; keep a single "
+             "StopSignal for the whole training loop");
   const char* const names[] = {"SIGTERM", "SIGINT", "SIGUSR1"};
   static_assert(std::size(names) == std::size(kSignals));
   for (std::size_t i = 0; i < std::size(kSignals); ++i) {

@@ -60,12 +60,18 @@ std::string shape_text(const std::vector<std::int64_t>& shape) { return fmt::for
 std::string escape_bytes(std::string_view bytes) {
   std::string out;
   for (unsigned char c : bytes) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
-    else if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
-    else fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c >= 0x20 && c < 0x7f)
+      out += static_cast<char>(c);
+    else
+      fmt::format_to(std::back_inserter(out), "\\x{:02x}", c);
   }
   return out;
 }

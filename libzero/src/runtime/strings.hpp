@@ -23,5 +23,4 @@ std::string shape_text(const std::vector<std::int64_t>& shape);
 // "rank 2" or "ranks 0, 1, 3", for messages about some ranks of a job.
 std::string rank_list(const std::vector<int>& ranks);
 
-
 }  // namespace zero

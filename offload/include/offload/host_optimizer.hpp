@@ -40,15 +40,13 @@ std::size_t adam_prefetch_elements();
 // m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps).
 // threads: 0 uses the OpenMP default (OMP_NUM_THREADS). Throws zero::Error on bad arguments or
 // when `path` is not supported by this CPU.
-void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type,
-               void* param_out, DType param_type, std::size_t n, const AdamHyper& h,
-               SimdPath path = best_simd_path(), int threads = 0);
+void adam_step(float* master, float* m, float* v, const void* grad, DType grad_type, void* param_out, DType param_type,
+               std::size_t n, const AdamHyper& h, SimdPath path = best_simd_path(), int threads = 0);
 
 // One SGD step (PyTorch semantics, dampening 0, no Nesterov): g = grad*grad_scale + wd*p;
 // with momentum: buf = first_step ? g : momentum*buf + g, g = buf; then p -= lr*g.
 // momentum_buf may be null when momentum == 0.
-void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type,
-              void* param_out, DType param_type, std::size_t n, const SgdHyper& h,
-              int threads = 0);
+void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out, DType param_type,
+              std::size_t n, const SgdHyper& h, int threads = 0);
 
 }  // namespace zero::offload

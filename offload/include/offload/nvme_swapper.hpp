@@ -46,10 +46,10 @@ struct SwapRequest;
 struct AioOptions {
   std::size_t block_size = std::size_t{1} << 20;  // bytes per request; a multiple of 4096
   int queue_depth = 8;                            // requests in flight
-  bool direct_io = true;     // O_DIRECT when the filesystem supports it
-  bool use_io_uring = true;  // false forces the pread/pwrite path
-  bool keep_files = false;   // leave the swap files behind at destruction (for inspection;
-                             // the next swapper on the directory removes them)
+  bool direct_io = true;                          // O_DIRECT when the filesystem supports it
+  bool use_io_uring = true;                       // false forces the pread/pwrite path
+  bool keep_files = false;                        // leave the swap files behind at destruction (for inspection;
+                                                  // the next swapper on the directory removes them)
 };
 
 // A pending transfer. Move-only; destroying a handle that was not waited for waits for the
@@ -110,10 +110,10 @@ class NvmeSwapper {
   // check_space() in two parts, for a caller that checks several swappers together (the ranks
   // of a job that share one filesystem) before any of them claims space.
   struct Space {
-    std::uint64_t needed = 0;     // bytes still to claim
-    std::uint64_t free = 0;       // free bytes of the filesystem
-    bool capacity_known = true;   // false: the filesystem reports no size (ramfs); not checked
-    std::uint64_t filesystem = 0; // st_dev of the directory (the same on one host: one filesystem)
+    std::uint64_t needed = 0;      // bytes still to claim
+    std::uint64_t free = 0;        // free bytes of the filesystem
+    bool capacity_known = true;    // false: the filesystem reports no size (ramfs); not checked
+    std::uint64_t filesystem = 0;  // st_dev of the directory (the same on one host: one filesystem)
     std::string dir;
   };
   Space space() const;

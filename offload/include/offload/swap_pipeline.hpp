@@ -60,8 +60,7 @@ class SwapPipeline {
 
   // Reserves every segment's key in `swapper` and takes three buffers of the largest group
   // from `pool`. Both must outlive the pipeline.
-  SwapPipeline(NvmeSwapper& swapper, PinnedPool& pool,
-               std::vector<std::vector<SwapSegment>> groups);
+  SwapPipeline(NvmeSwapper& swapper, PinnedPool& pool, std::vector<std::vector<SwapSegment>> groups);
 
   std::size_t group_count() const { return groups_.size(); }
 

@@ -12,7 +12,9 @@ int main(int argc, char** argv) {
     layout.add_unit("a", {{"w", {10}}});
     layout.add_unit("b", {{"w", {3, 3}}});
     zero::Engine engine(ctx, cfg, layout);
-    engine.init_params([](const zero::ParamInfo&, std::span<float> v) { for (auto& x : v) x = 1.0f; });
+    engine.init_params([](const zero::ParamInfo&, std::span<float> v) {
+      for (auto& x : v) x = 1.0f;
+    });
     for (int step = 0; step < 3; ++step) {
       for (int u = 1; u >= 0; --u) {
         auto p = engine.gather(u);

@@ -114,7 +114,7 @@ TEST_CASE("json: int64, shortest doubles and bytes round-trip exactly") {
   o["max"] = INT64_MAX;
   o["d"] = doubles;
   std::string text = json::dump_pretty(o, "test");
-  for (unsigned char c : text) CHECK((c == '\n' || (c >= 0x20 && c < 0x7f)));  // pure printable ASCII
+  for (unsigned char c : text) CHECK((c == '\n' || (c >= 0x20 && c < 0x7f)));   // pure printable ASCII
   CHECK(text.find("\"d\": [\n    0.30000000000000004,") != std::string::npos);  // shortest text
   auto back = json::parse(text, "t");
   json::Field f(back, "t", "", "");
@@ -389,7 +389,8 @@ TEST_CASE("safetensors: header layout, alignment and names") {
   CHECK(h.size() % 8 == 0);
   CHECK(h.rfind("{\"__metadata__\":{\"format\":\"pt\"}", 0) == 0);
   CHECK(h.find("\"wte\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[0,24]}") != std::string::npos);
-  CHECK(h.find("\"h.0.ln_1.b\xc3\xa9\":{\"dtype\":\"BF16\",\"shape\":[5],\"data_offsets\":[24,34]}") != std::string::npos);
+  CHECK(h.find("\"h.0.ln_1.b\xc3\xa9\":{\"dtype\":\"BF16\",\"shape\":[5],\"data_offsets\":[24,34]}") !=
+        std::string::npos);
   CHECK_THROWS_WITH(safetensors::header({{"w", DType::f32, {1}}, {"w", DType::f32, {2}}}, {}), Contains("unique"));
   CHECK_THROWS_WITH(safetensors::header({{"bad\xff", DType::f32, {1}}}, {}), Contains("UTF-8"));
 
@@ -459,44 +460,45 @@ TEST_CASE("safetensors: overlapping, reversed or gapped data_offsets are refused
     std::size_t data;
     std::vector<std::string> says;
   };
-  for (const Bad& c : std::vector<Bad>{
-           {"overlap",
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            12,
-            {"tensors 'a' [0, 8) and 'b' [4, 12) overlap", "bytes [4, 8) belong to both"}},
-           {"the same bytes twice",
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
-            8,
-            {"'a' [0, 8) and 'b' [0, 8) overlap"}},
-           {"reversed",
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
-            8,
-            {"tensor 'a': data_offsets [8, 0] are out of order"}},
-           {"gap",
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
-            12,
-            {"bytes [4, 8) between tensors 'a' [0, 4) and 'b' [8, 12) belong to no tensor"}},
-           {"not from 0",
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-            8,
-            {"the first tensor 'a' [4, 8) starts at byte 4"}},
-           {"trailing bytes",
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-            12,
-            {"8 bytes after the last tensor 'a' [0, 4) belong to no tensor"}},
-           {"past the end",
-            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
-            8,
-            {"'a' [0, 16) ends at byte 16, past the end of the data (8 bytes)"}},
-           {"size against shape",
-            R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
-            8,
-            {"'a' [0, 8) holds 8 bytes, but its shape [3] of F32 makes 96 bits"}},
-           {"unknown dtype",
-            R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})",
-            1,
-            {"dtype \"Q7\" is not a safetensors dtype"}},
-       }) {
+  for (
+      const Bad& c : std::vector<Bad>{
+          {"overlap",
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           12,
+           {"tensors 'a' [0, 8) and 'b' [4, 12) overlap", "bytes [4, 8) belong to both"}},
+          {"the same bytes twice",
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+           8,
+           {"'a' [0, 8) and 'b' [0, 8) overlap"}},
+          {"reversed",
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})",
+           8,
+           {"tensor 'a': data_offsets [8, 0] are out of order"}},
+          {"gap",
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+           12,
+           {"bytes [4, 8) between tensors 'a' [0, 4) and 'b' [8, 12) belong to no tensor"}},
+          {"not from 0",
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+           8,
+           {"the first tensor 'a' [4, 8) starts at byte 4"}},
+          {"trailing bytes",
+           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+           12,
+           {"8 bytes after the last tensor 'a' [0, 4) belong to no tensor"}},
+          {"past the end",
+           R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+           8,
+           {"'a' [0, 16) ends at byte 16, past the end of the data (8 bytes)"}},
+          {"size against shape",
+           R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+           8,
+           {"'a' [0, 8) holds 8 bytes, but its shape [3] of F32 makes 96 bits"}},
+          {"unknown dtype",
+           R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})",
+           1,
+           {"dtype \"Q7\" is not a safetensors dtype"}},
+      }) {
     INFO(c.what);
     const std::string path = crafted_safetensors(dir, "bad.safetensors", c.header, c.data);
     std::vector<std::string> says = c.says;
@@ -613,8 +615,10 @@ TEST_CASE("SIGKILL at arbitrary moments during repeated saves never breaks lates
         Case c = kill_case();
         Engine e(cx, make_config(c, 1), make_ckpt_layout());
         bool resumed = fs::exists(root + "/latest");
-        if (resumed) load_checkpoint(e, root);
-        else e.init_params(init_value);
+        if (resumed)
+          load_checkpoint(e, root);
+        else
+          e.init_params(init_value);
         CheckpointOptions o;
         o.keep_last = 2;
         for (;;) {
@@ -684,8 +688,10 @@ TEST_CASE("a second job on a checkpoint root is refused, naming the holder's hos
     for (bool save : {true, false}) {
       INFO((save ? "save" : "resume"));
       try {
-        if (save) (void)ckpt::prepare(root, 5, "save_checkpoint");
-        else ckpt::lock_root(root, false);
+        if (save)
+          (void)ckpt::prepare(root, 5, "save_checkpoint");
+        else
+          ckpt::lock_root(root, false);
         FAIL("a second job took a checkpoint root another process holds");
       } catch (const Error& e) {
         const std::string msg = e.what();
@@ -699,7 +705,7 @@ TEST_CASE("a second job on a checkpoint root is refused, naming the holder's hos
     step = ckpt::parse_step_dir_name(ckpt::read_latest(root));
   }  // the first job is killed: the kernel releases its lock
   CHECK(step == 2);
-  ckpt::lock_root(root, false);                                // resume
+  ckpt::lock_root(root, false);                                 // resume
   std::string tmp = ckpt::prepare(root, 3, "save_checkpoint");  // and save: shared becomes exclusive
   CHECK(fs::is_directory(tmp));
   fs::remove_all(root);

@@ -59,7 +59,9 @@ std::vector<std::int64_t> range(std::int64_t b, std::int64_t e) {
 // Whole shapes: wte [4, 3] (vocabulary rows split), wpe [2, 3] replicated, qkv [2, 12] (3 blocks
 // of 4 columns, each split), proj [4, 2] (rows split), ln [1, 3] replicated, head [3, 4]
 // (columns split), lnf [1, 2] replicated.
-float value(float base, std::int64_t r, std::int64_t c, int whole_cols) { return base + static_cast<float>(r * whole_cols + c); }
+float value(float base, std::int64_t r, std::int64_t c, int whole_cols) {
+  return base + static_cast<float>(r * whole_cols + c);
+}
 
 struct UnitParts {
   std::string unit;
@@ -69,8 +71,8 @@ struct UnitParts {
 // Position (t, p)'s units.
 std::vector<UnitParts> position(int t, int p) {
   // qkv: rank 0 holds [q0 | k0 | v0] = whole columns 0,1 | 4,5 | 8,9; rank 1 the others.
-  const std::vector<std::int64_t> qkv = t == 0 ? std::vector<std::int64_t>{0, 1, 4, 5, 8, 9}
-                                               : std::vector<std::int64_t>{2, 3, 6, 7, 10, 11};
+  const std::vector<std::int64_t> qkv =
+      t == 0 ? std::vector<std::int64_t>{0, 1, 4, 5, 8, 9} : std::vector<std::int64_t>{2, 3, 6, 7, 10, 11};
   // A replicated copy on tensor rank 1 differs, to show that rank 0's is the one taken.
   const float rep = t == 0 ? 0.0f : 0.5f;
   if (p == 0)
@@ -89,7 +91,7 @@ std::vector<UnitParts> position(int t, int p) {
             {"lnf", range(0, 1), range(0, 2), 700 + rep, true}}}};
 }
 int whole_cols(const std::string& name) {
-  const std::map<std::string, int> cols = {{"wte", 3}, {"wpe", 3}, {"qkv", 12}, {"proj", 2},
+  const std::map<std::string, int> cols = {{"wte", 3}, {"wpe", 3},  {"qkv", 12}, {"proj", 2},
                                            {"ln", 3},  {"head", 4}, {"lnf", 2}};
   return cols.at(name);
 }
@@ -106,7 +108,8 @@ struct TestUnit {
 
 // Writes a checkpoint of step 7 saved on a T x P grid (no grid when 1 x 1), each position's
 // units (positions[t + T x p]) flat and cut into D data-parallel shards, moments -1.
-void write_checkpoint(const std::string& root, int T, int P, int D, const std::vector<std::vector<TestUnit>>& positions) {
+void write_checkpoint(const std::string& root, int T, int P, int D,
+                      const std::vector<std::vector<TestUnit>>& positions) {
   const std::int64_t step = 7;
   std::string tmp = ckpt::prepare(root, step, "test");
   ckpt::Metadata m;
@@ -212,10 +215,10 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
     got[t.name] = {t.unit, t.shape, {v.begin(), v.end()}};
   });
   // Stage order; the tied embedding is one unit, its lnf (only on the last stage) appended.
-  CHECK(order == std::vector<std::string>{"embed.wte", "embed.wpe", "embed.lnf", "h.0.qkv", "h.0.proj", "h.0.ln",
-                                          "h.1.head"});
+  CHECK(order ==
+        std::vector<std::string>{"embed.wte", "embed.wpe", "embed.lnf", "h.0.qkv", "h.0.proj", "h.0.ln", "h.1.head"});
   const std::map<std::string, std::pair<std::vector<std::int64_t>, float>> want = {
-      {"wte", {{4, 3}, 100}}, {"wpe", {{2, 3}, 200}}, {"qkv", {{2, 12}, 300}}, {"proj", {{4, 2}, 400}},
+      {"wte", {{4, 3}, 100}}, {"wpe", {{2, 3}, 200}},  {"qkv", {{2, 12}, 300}}, {"proj", {{4, 2}, 400}},
       {"ln", {{1, 3}, 500}},  {"head", {{3, 4}, 600}}, {"lnf", {{1, 2}, 700}}};
   for (const auto& [name, w] : want) {
     INFO(name);
@@ -240,10 +243,12 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
   // The data-parallel size of each position can be changed offline; the whole model stays.
   reshard_checkpoint(root, root + "/dp3", 3);
   std::vector<float> again, before;
-  for_each_checkpoint_tensor(root + "/dp3", "latest",
-                             [&](const CheckpointTensor&, std::span<const float> v) { again.insert(again.end(), v.begin(), v.end()); });
-  for_each_checkpoint_tensor(root, "latest",
-                             [&](const CheckpointTensor&, std::span<const float> v) { before.insert(before.end(), v.begin(), v.end()); });
+  for_each_checkpoint_tensor(root + "/dp3", "latest", [&](const CheckpointTensor&, std::span<const float> v) {
+    again.insert(again.end(), v.begin(), v.end());
+  });
+  for_each_checkpoint_tensor(root, "latest", [&](const CheckpointTensor&, std::span<const float> v) {
+    before.insert(before.end(), v.begin(), v.end());
+  });
   CHECK(again == before);
   CHECK(ckpt::Reader(ckpt::resolve(root + "/dp3", "latest"), 1, 1).meta().world == 3);
   fs::remove_all(root);
@@ -370,8 +375,9 @@ void downgrade_to_format_2(const std::string& step_dir) {
 
 std::vector<float> whole_values(const std::string& root) {
   std::vector<float> all;
-  for_each_checkpoint_tensor(root, "latest",
-                             [&](const CheckpointTensor&, std::span<const float> v) { all.insert(all.end(), v.begin(), v.end()); });
+  for_each_checkpoint_tensor(root, "latest", [&](const CheckpointTensor&, std::span<const float> v) {
+    all.insert(all.end(), v.begin(), v.end());
+  });
   return all;
 }
 
@@ -388,9 +394,11 @@ TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, na
     std::vector<std::string> says;
   };
   const std::vector<Case> cases = {
-      {"a unit less", [](json::Json& p) { p["units"].erase(1); },
+      {"a unit less",
+       [](json::Json& p) { p["units"].erase(1); },
        {"field 'grid.positions[1].units' lists 1 units, position (tensor 0, pipeline 0) lists 2"}},
-      {"a unit renamed", [](json::Json& p) { p["units"][1]["name"] = "h.9"; },
+      {"a unit renamed",
+       [](json::Json& p) { p["units"][1]["name"] = "h.9"; },
        {"grid.positions[1].units[1].name' = \"h.9\", position (tensor 0, pipeline 0) has \"h.0\""}},
       {"a parameter less",
        [](json::Json& p) {
@@ -401,13 +409,18 @@ TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, na
        },
        {"grid.positions[1].units[1].params' lists 2 parameters for unit 'h.0', position (tensor 0, pipeline 0) "
         "lists 3"}},
-      {"a parameter renamed", [](json::Json& p) { p["units"][1]["params"][1]["name"] = "proj2"; },
+      {"a parameter renamed",
+       [](json::Json& p) { p["units"][1]["params"][1]["name"] = "proj2"; },
        {"grid.positions[1].units[1].params[1].name' = \"proj2\" (unit 'h.0'), position (tensor 0, pipeline 0) has "
         "\"proj\""}},
-      {"another shape", [](json::Json& p) { p["units"][1]["params"][1]["shape"] = {4, 1}; },
+      {"another shape",
+       [](json::Json& p) {
+         p["units"][1]["params"][1]["shape"] = {4, 1};
+       },
        {"grid.positions[1].units[1].params[1].shape' = [4, 1] for 'proj' of unit 'h.0', position (tensor 0, "
         "pipeline 0) has [2, 2]"}},
-      {"another split", [](json::Json& p) { p["units"][1]["params"][0]["split"]["blocks"] = 1; },
+      {"another split",
+       [](json::Json& p) { p["units"][1]["params"][0]["split"]["blocks"] = 1; },
        {"grid.positions[1].units[1].params[0]' 'qkv' of unit 'h.0' is split along axis 1, position (tensor 0, "
         "pipeline 0) has it split along axis 1 in 3 blocks"}},
   };
@@ -435,7 +448,8 @@ TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, na
         for (const auto& s : says) CHECK_THAT(std::string(e.what()), Contains(s));
       }
     };
-    refused([&] { for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}); });
+    refused(
+        [&] { for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}); });
     refused([&] { export_safetensors(root, root + "/x.safetensors", DType::f32, "latest"); });
     refused([&] { reshard_checkpoint(root, root + "/dp3", 3); });
     for (int p = 0; p < 2; ++p)
@@ -456,16 +470,18 @@ TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, na
   std::ostringstream listing;
   CHECK_FALSE(inspect_checkpoint(root, listing));
   INFO(listing.str());
-  CHECK_THAT(listing.str(),
-             Contains("disagree (3 problems)") && Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[0].name'") &&
-                 Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[1].params[1].shape'") &&
-                 Contains("\n    position (tensor 1, pipeline 1): field 'grid.positions[3].units[0].params[0]' 'head' of "
-                          "unit 'h.1' is replicated, position (tensor 0, pipeline 1) has it split along axis 1"));
+  CHECK_THAT(
+      listing.str(),
+      Contains("disagree (3 problems)") &&
+          Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[0].name'") &&
+          Contains("\n    position (tensor 1, pipeline 0): field 'grid.positions[1].units[1].params[1].shape'") &&
+          Contains("\n    position (tensor 1, pipeline 1): field 'grid.positions[3].units[0].params[0]' 'head' of "
+                   "unit 'h.1' is replicated, position (tensor 0, pipeline 1) has it split along axis 1"));
 
   // The one function the readers share, on its own: nothing to say of a consistent grid.
   write_grid_checkpoint(root + "/good");
-  CHECK(ckpt::position_disagreements(ckpt::read_metadata_file(ckpt::resolve(root + "/good", "latest") + "/" +
-                                                              ckpt::kMetadataFile))
+  CHECK(ckpt::position_disagreements(
+            ckpt::read_metadata_file(ckpt::resolve(root + "/good", "latest") + "/" + ckpt::kMetadataFile))
             .empty());
   // A save never writes such a checkpoint (write_metadata_file runs the same check).
   ckpt::Metadata m = ckpt::read_metadata_file(ckpt::resolve(root + "/good", "latest") + "/" + ckpt::kMetadataFile);
@@ -496,14 +512,16 @@ TEST_CASE("a shard in another position's place is refused, naming the file and b
   swap_files(step, "shard_t00_p00_00000.ckpt", "shard_t01_p00_00000.ckpt");
   resign_shard_records(step);
   const std::string said_00 =
-      step + "/shard_t00_p00_00000.ckpt': field 'index.position' records position (tensor 1, pipeline 0), "
-             "data-parallel rank 0, but the file was found in the place of position (tensor 0, pipeline 0), rank 0";
+      step +
+      "/shard_t00_p00_00000.ckpt': field 'index.position' records position (tensor 1, pipeline 0), "
+      "data-parallel rank 0, but the file was found in the place of position (tensor 0, pipeline 0), rank 0";
   const std::string said_10 =
-      step + "/shard_t01_p00_00000.ckpt': field 'index.position' records position (tensor 0, pipeline 0), "
-             "data-parallel rank 0, but the file was found in the place of position (tensor 1, pipeline 0), rank 0";
-  CHECK_THROWS_WITH(ckpt::Reader(step, 0, 0),
-                    Contains(said_00) && Contains("(it was written as shard_t01_p00_00000.ckpt)") &&
-                        Contains("moved or swapped"));
+      step +
+      "/shard_t01_p00_00000.ckpt': field 'index.position' records position (tensor 0, pipeline 0), "
+      "data-parallel rank 0, but the file was found in the place of position (tensor 1, pipeline 0), rank 0";
+  CHECK_THROWS_WITH(ckpt::Reader(step, 0, 0), Contains(said_00) &&
+                                                  Contains("(it was written as shard_t01_p00_00000.ckpt)") &&
+                                                  Contains("moved or swapped"));
   CHECK_THROWS_WITH(ckpt::Reader(step, 1, 0), Contains(said_10));
   CHECK_THROWS_WITH(whole_values(root), Contains(said_00));
   CHECK_THROWS_WITH(reshard_checkpoint(root, root + "/dp3", 3), Contains(said_00));
@@ -580,9 +598,9 @@ TEST_CASE("concat_parts interleaves blocks") {
 TEST_CASE("a grid checkpoint with a parameter neither split nor replicated cannot be put together") {
   const std::string root = temp_dir();
   write_grid_checkpoint(root, /*leave_one_unmarked=*/true);
-  REQUIRE_THROWS_WITH(for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}),
-                      Contains("parameter 'proj' of unit 'h.0' is neither split nor replicated") &&
-                          Contains("set_split"));
+  REQUIRE_THROWS_WITH(
+      for_each_checkpoint_tensor(root, "latest", [](const CheckpointTensor&, std::span<const float>) {}),
+      Contains("parameter 'proj' of unit 'h.0' is neither split nor replicated") && Contains("set_split"));
   fs::remove_all(root);
 }
 
@@ -617,13 +635,15 @@ TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export
     if (name == "wte.weight") return {0, 1};
     if (name.ends_with("c_attn.weight")) return {1, 3};
     if (name.ends_with("c_attn.bias")) return {0, 3};
-    if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias")) return {name.ends_with("weight") ? 1 : 0, 1};
+    if (name.ends_with("mlp.c_fc.weight") || name.ends_with("mlp.c_fc.bias"))
+      return {name.ends_with("weight") ? 1 : 0, 1};
     if (name.ends_with("c_proj.weight")) return {0, 1};
     return {-1, 1};
   };
   auto values_of = [](int unit, const ParamInfo& p) {
     std::vector<float> v(static_cast<std::size_t>(p.numel));
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 0.25f * static_cast<float>(unit) + 0.001f * static_cast<float>(p.offset + static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = 0.25f * static_cast<float>(unit) + 0.001f * static_cast<float>(p.offset + static_cast<std::int64_t>(i));
     return v;
   };
   auto stage_of = [](const std::string& unit) { return unit == "embeddings" || unit == "h.0" ? 0 : 1; };
@@ -672,7 +692,8 @@ TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export
   o.vocab_size = c.vocab_size;
   hf::export_gpt2(root + "/whole", root + "/hf_whole", o);
   hf::export_gpt2(root + "/grid", root + "/hf_grid", o);
-  const std::string a = file_bytes(root + "/hf_whole/model.safetensors"), b = file_bytes(root + "/hf_grid/model.safetensors");
+  const std::string a = file_bytes(root + "/hf_whole/model.safetensors"),
+                    b = file_bytes(root + "/hf_grid/model.safetensors");
   CHECK(a.size() > 4 * static_cast<std::size_t>(plan::gpt_layout(c).num_params() - 28 * 8));  // the tensors are there
   CHECK(a == b);
   CHECK(file_bytes(root + "/hf_whole/config.json") == file_bytes(root + "/hf_grid/config.json"));

@@ -19,8 +19,10 @@ class TimeoutEnv {
   }
   ~TimeoutEnv() {
     for (const auto& s : saved_)
-      if (s.had) ::setenv(s.name.c_str(), s.value.c_str(), 1);
-      else ::unsetenv(s.name.c_str());
+      if (s.had)
+        ::setenv(s.name.c_str(), s.value.c_str(), 1);
+      else
+        ::unsetenv(s.name.c_str());
   }
 
  private:
@@ -31,8 +33,10 @@ class TimeoutEnv {
   void save(const char* name, const char* v) {
     const char* old = std::getenv(name);
     saved_.push_back({name, old ? old : "", old != nullptr});
-    if (v) ::setenv(name, v, 1);
-    else ::unsetenv(name);
+    if (v)
+      ::setenv(name, v, 1);
+    else
+      ::unsetenv(name);
   }
   std::vector<Saved> saved_;
 };

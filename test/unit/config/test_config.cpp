@@ -145,57 +145,46 @@ TEST_CASE("a tab-indented stage-3 NVMe JSON with auto values loads", "[config]")
 
 TEST_CASE("an unknown key names the key, file:line and the closest known key", "[config]") {
   REQUIRE_THROWS_AS(zero::load_config(data("config_typo.yaml")), zero::Error);
-  REQUIRE_THROWS_WITH(zero::load_config(data("config_typo.yaml")),
-                      Contains("config_typo.yaml:4") &&
-                          Contains("unknown key 'zero_optimisation'") &&
-                          Contains("did you mean 'zero_optimization'?"));
+  REQUIRE_THROWS_WITH(zero::load_config(data("config_typo.yaml")), Contains("config_typo.yaml:4") &&
+                                                                       Contains("unknown key 'zero_optimisation'") &&
+                                                                       Contains("did you mean 'zero_optimization'?"));
 
   // Nested: the full key path and the suggestion's full path.
   REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 2\n  reduce_bucket_sise: 100\n"),
-                      Contains("test.yaml:3") &&
-                          Contains("unknown key 'zero_optimization.reduce_bucket_sise'") &&
+                      Contains("test.yaml:3") && Contains("unknown key 'zero_optimization.reduce_bucket_sise'") &&
                           Contains("did you mean 'zero_optimization.reduce_bucket_size'?"));
-  REQUIRE_THROWS_WITH(
-      parse("optimizer:\n  type: AdamW\n  params:\n    lr: 1e-3\n    bettas: [0.9, 0.99]\n"),
-      Contains("test.yaml:5") && Contains("'optimizer.params.bettas'") &&
-          Contains("did you mean 'optimizer.params.betas'?"));
+  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    lr: 1e-3\n    bettas: [0.9, 0.99]\n"),
+                      Contains("test.yaml:5") && Contains("'optimizer.params.bettas'") &&
+                          Contains("did you mean 'optimizer.params.betas'?"));
   // Far from every known key: the known keys are listed instead of a guess.
   REQUIRE_THROWS_WITH(parse("aio:\n  xyzzy_plugh: 1\n"),
                       Contains("unknown key 'aio.xyzzy_plugh'") && Contains("block_size"));
   // DeepSpeed keys with no effect here load silently (issue 14's policy); a misspelling of one
   // still gets the did-you-mean.
-  CHECK(parse("zero_optimization:\n  stage: 3\n  stage3_gather_16bit_weights_on_model_save: true\n")
-            .notes.empty());
+  CHECK(parse("zero_optimization:\n  stage: 3\n  stage3_gather_16bit_weights_on_model_save: true\n").notes.empty());
   CHECK(parse("wall_clock_breakdown: false\n").notes.empty());
-  REQUIRE_THROWS_WITH(parse("wall_clock_breakdwn: false\n"),
-                      Contains("unknown key 'wall_clock_breakdwn'") &&
-                          Contains("did you mean 'wall_clock_breakdown'?"));
+  REQUIRE_THROWS_WITH(parse("wall_clock_breakdwn: false\n"), Contains("unknown key 'wall_clock_breakdwn'") &&
+                                                                 Contains("did you mean 'wall_clock_breakdown'?"));
   // A key given twice is not silently resolved to one of them.
-  REQUIRE_THROWS_WITH(
-      parse("steps_per_print: 1\nsteps_per_print: 2\n"),
-      Contains("steps_per_print") && Contains("appears twice") && Contains("lines 1 and 2"));
+  REQUIRE_THROWS_WITH(parse("steps_per_print: 1\nsteps_per_print: 2\n"),
+                      Contains("steps_per_print") && Contains("appears twice") && Contains("lines 1 and 2"));
 }
 
 TEST_CASE("wrong types and ranges name the path, the value and what is expected", "[config]") {
-  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: three\n"),
-                      Contains("test.yaml:2") && Contains("zero_optimization.stage = three") &&
-                          Contains("expected an integer in 0..3"));
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  stage: 7\n"),
-      Contains("zero_optimization.stage = 7") && Contains("expected an integer in 0..3"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: three\n"), Contains("test.yaml:2") &&
+                                                                         Contains("zero_optimization.stage = three") &&
+                                                                         Contains("expected an integer in 0..3"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 7\n"),
+                      Contains("zero_optimization.stage = 7") && Contains("expected an integer in 0..3"));
   // 0 is a bucket size DeepSpeed accepts (one bucket per unit); below is an error.
   CHECK(parse("zero_optimization:\n  reduce_bucket_size: 0\n").zero_optimization.reduce_bucket_size == 0);
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  reduce_bucket_size: -1\n"),
-      Contains("zero_optimization.reduce_bucket_size = -1") && Contains("expected an integer >= 0"));
-  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  allgather_bucket_size: -5\n"),
-                      Contains("expected an integer >= 0"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  reduce_bucket_size: -1\n"),
+                      Contains("zero_optimization.reduce_bucket_size = -1") && Contains("expected an integer >= 0"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  allgather_bucket_size: -5\n"), Contains("expected an integer >= 0"));
   REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    betas: [0.9, 1.0]\n"),
-                      Contains("test.yaml:4") && Contains("optimizer.params.betas[1] = 1.0") &&
-                          Contains("in [0, 1)"));
-  REQUIRE_THROWS_WITH(
-      parse("optimizer:\n  type: AdamW\n  params:\n    betas: [0.9]\n"),
-      Contains("optimizer.params.betas is a list of 1") && Contains("a list of 2 numbers"));
+                      Contains("test.yaml:4") && Contains("optimizer.params.betas[1] = 1.0") && Contains("in [0, 1)"));
+  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    betas: [0.9]\n"),
+                      Contains("optimizer.params.betas is a list of 1") && Contains("a list of 2 numbers"));
   REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    eps: 0\n"),
                       Contains("optimizer.params.eps = 0") && Contains("> 0"));
   REQUIRE_THROWS_WITH(parse("fp16:\n  enabled: maybe\n"),
@@ -209,11 +198,10 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
                       Contains("optimizer.type = Lamb") && Contains("one of AdamW, Adam, SGD"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupLr\n"),
                       Contains("scheduler.type = WarmupLr") && Contains("did you mean WarmupLR?"));
-  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  offload_optimizer:\n    device: gpu\n"),
-                      Contains("zero_optimization.offload_optimizer.device = gpu") &&
-                          Contains("one of none, cpu, nvme"));
-  REQUIRE_THROWS_WITH(parse("aio:\n  block_size: 5000\n"),
-                      Contains("aio.block_size") && Contains("multiple of 4096"));
+  REQUIRE_THROWS_WITH(
+      parse("zero_optimization:\n  offload_optimizer:\n    device: gpu\n"),
+      Contains("zero_optimization.offload_optimizer.device = gpu") && Contains("one of none, cpu, nvme"));
+  REQUIRE_THROWS_WITH(parse("aio:\n  block_size: 5000\n"), Contains("aio.block_size") && Contains("multiple of 4096"));
   // "auto" only where DeepSpeed accepts it.
   REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: auto\n"),
                       Contains("zero_optimization.stage = auto") && Contains("not accepted"));
@@ -222,13 +210,11 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
                       Contains("optimizer.params.betas") && Contains("not SGD"));
   REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    momentum: 0.9\n"),
                       Contains("optimizer.params.momentum") && Contains("SGD only"));
-  REQUIRE_THROWS_WITH(
-      parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    total_num_steps: 100\n"
-            "    warmup_max_lr: 0.1\n"),
-      Contains("scheduler.params.warmup_max_lr") && Contains("WarmupCosineLR"));
-  REQUIRE_THROWS_WITH(
-      parse("scheduler:\n  type: WarmupDecayLR\n  params:\n    warmup_num_steps: 10\n"),
-      Contains("scheduler.params.total_num_steps") && Contains("missing"));
+  REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    total_num_steps: 100\n"
+                            "    warmup_max_lr: 0.1\n"),
+                      Contains("scheduler.params.warmup_max_lr") && Contains("WarmupCosineLR"));
+  REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupDecayLR\n  params:\n    warmup_num_steps: 10\n"),
+                      Contains("scheduler.params.total_num_steps") && Contains("missing"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  params:\n    warmup_num_steps: 10\n"),
                       Contains("scheduler.type") && Contains("missing"));
 }
@@ -241,8 +227,8 @@ TEST_CASE("integers accept 5e8 and reject 5.5", "[config]") {
   CHECK(c.zero_optimization.allgather_bucket_size == 2500);
   CHECK(c.zero_optimization.sub_group_size == 1000000);
   REQUIRE_THROWS_WITH(parse("zero_optimization:\n  reduce_bucket_size: 5.5\n"),
-                      Contains("zero_optimization.reduce_bucket_size = 5.5") &&
-                          Contains("expected an integer") && Contains("not a whole number"));
+                      Contains("zero_optimization.reduce_bucket_size = 5.5") && Contains("expected an integer") &&
+                          Contains("not a whole number"));
   REQUIRE_THROWS_WITH(parse("train_batch_size: 5.5\n"),
                       Contains("train_batch_size = 5.5") && Contains("not a whole number"));
   REQUIRE_THROWS_WITH(parse("train_batch_size: 1e30\n"), Contains("too large"));
@@ -278,25 +264,22 @@ TEST_CASE("batch triple resolution", "[config]") {
       4);
   CHECK(c.train_batch_size == 8);
   CHECK(c.gradient_accumulation_steps == 1);
-  c = resolved(
-      "train_batch_size: 32\ntrain_micro_batch_size_per_gpu: 4\ngradient_accumulation_steps: 2\n",
-      4);
+  c = resolved("train_batch_size: 32\ntrain_micro_batch_size_per_gpu: 4\ngradient_accumulation_steps: 2\n", 4);
   CHECK(c.notes.empty());  // nothing derived, nothing to say
 
   // Inconsistent: all four numbers in the message.
   Config bad = parse(
       "train_batch_size: 30\ntrain_micro_batch_size_per_gpu: 4\n"
       "gradient_accumulation_steps: 2\n");
-  REQUIRE_THROWS_WITH(bad.resolve(4), Contains("inconsistent batch sizes") &&
-                                          Contains("train_batch_size=30") &&
+  REQUIRE_THROWS_WITH(bad.resolve(4), Contains("inconsistent batch sizes") && Contains("train_batch_size=30") &&
                                           Contains("train_micro_batch_size_per_gpu=4") &&
-                                          Contains("gradient_accumulation_steps=2") &&
-                                          Contains("world size=4") && Contains("(= 32)"));
+                                          Contains("gradient_accumulation_steps=2") && Contains("world size=4") &&
+                                          Contains("(= 32)"));
   Config indivisible = parse("train_batch_size: 30\ntrain_micro_batch_size_per_gpu: 4\n");
-  REQUIRE_THROWS_WITH(indivisible.resolve(4),
-                      Contains("do not divide") && Contains("train_batch_size=30") &&
-                          Contains("train_micro_batch_size_per_gpu=4") &&
-                          Contains("gradient_accumulation_steps=auto") && Contains("world size=4"));
+  REQUIRE_THROWS_WITH(indivisible.resolve(4), Contains("do not divide") && Contains("train_batch_size=30") &&
+                                                  Contains("train_micro_batch_size_per_gpu=4") &&
+                                                  Contains("gradient_accumulation_steps=auto") &&
+                                                  Contains("world size=4"));
   Config odd = parse("train_batch_size: 10\n");
   REQUIRE_THROWS_WITH(odd.resolve(3), Contains("train_batch_size=10") && Contains("world size=3"));
   Config any = parse("{}");
@@ -304,28 +287,23 @@ TEST_CASE("batch triple resolution", "[config]") {
 }
 
 TEST_CASE("contradictions are errors at load", "[config]") {
-  REQUIRE_THROWS_WITH(parse("fp16:\n  enabled: true\nbf16:\n  enabled: true\n"),
-                      Contains("bf16.enabled") && Contains("fp16.enabled (test.yaml:2)") &&
-                          Contains("choose one compute precision"));
   REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: nvme\n"),
-      Contains("test.yaml:4") && Contains("zero_optimization.offload_optimizer.device") &&
-          Contains("nvme_path is not set"));
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  stage: 3\n  offload_param:\n    device: nvme\n"),
-      Contains("zero_optimization.offload_param.device") && Contains("nvme_path is not set"));
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  stage: 2\n  offload_param:\n    device: cpu\n"),
-      Contains("test.yaml:4") && Contains("zero_optimization.offload_param.device") &&
-          Contains("needs zero_optimization.stage 3, but stage is 2 (test.yaml:2)"));
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  offload_optimizer:\n    device: cpu\n"),
-      Contains("zero_optimization.offload_optimizer.device") && Contains("stage is 0"));
+      parse("fp16:\n  enabled: true\nbf16:\n  enabled: true\n"),
+      Contains("bf16.enabled") && Contains("fp16.enabled (test.yaml:2)") && Contains("choose one compute precision"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 2\n  offload_optimizer:\n    device: nvme\n"),
+                      Contains("test.yaml:4") && Contains("zero_optimization.offload_optimizer.device") &&
+                          Contains("nvme_path is not set"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 3\n  offload_param:\n    device: nvme\n"),
+                      Contains("zero_optimization.offload_param.device") && Contains("nvme_path is not set"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 2\n  offload_param:\n    device: cpu\n"),
+                      Contains("test.yaml:4") && Contains("zero_optimization.offload_param.device") &&
+                          Contains("needs zero_optimization.stage 3, but stage is 2 (test.yaml:2)"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  offload_optimizer:\n    device: cpu\n"),
+                      Contains("zero_optimization.offload_optimizer.device") && Contains("stage is 0"));
   REQUIRE_THROWS_WITH(
       parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    warmup_num_steps: 100\n"
             "    total_num_steps: 50\n"),
-      Contains("scheduler.params.total_num_steps = 50") &&
-          Contains("less than warmup_num_steps = 100"));
+      Contains("scheduler.params.total_num_steps = 50") && Contains("less than warmup_num_steps = 100"));
   REQUIRE_NOTHROW(parse("fp16:\n  enabled: true\nbf16:\n  enabled: false\n"));
 }
 
@@ -349,8 +327,7 @@ TEST_CASE("nvme_path is created if missing and must be writable at resolve()", "
   if (std::filesystem::is_regular_file("/etc/hostname")) {
     Config impossible = nvme("/etc/hostname/swap");
     REQUIRE_THROWS_WITH(impossible.resolve(1),
-                        Contains("zero_optimization.offload_param.nvme_path") &&
-                            Contains("cannot be created"));
+                        Contains("zero_optimization.offload_param.nvme_path") && Contains("cannot be created"));
   }
 
   Config file = nvme("/etc/hostname");
@@ -366,32 +343,28 @@ TEST_CASE("nvme_path is created if missing and must be writable at resolve()", "
       "zero_optimization:\n  stage: 1\n  offload_optimizer:\n    device: nvme\n"
       "    nvme_path: " +
       (::geteuid() == 0 ? std::string("/proc") : ro) + "\n");
-  REQUIRE_THROWS_WITH(
-      locked.resolve(1),
-      Contains("zero_optimization.offload_optimizer.nvme_path") && Contains("not writable"));
+  REQUIRE_THROWS_WITH(locked.resolve(1),
+                      Contains("zero_optimization.offload_optimizer.nvme_path") && Contains("not writable"));
 }
 
 TEST_CASE("overrides apply after the file and are validated the same way", "[config]") {
-  Config c =
-      parse("zero_optimization:\n  stage: 1\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.1\n",
-            sets({"zero_optimization.stage=3", "optimizer.params.betas = [0.9,0.95]",
-                  "zero_optimization.offload_param.device=cpu"}));
+  Config c = parse("zero_optimization:\n  stage: 1\noptimizer:\n  type: AdamW\n  params:\n    lr: 0.1\n",
+                   sets({"zero_optimization.stage=3", "optimizer.params.betas = [0.9,0.95]",
+                         "zero_optimization.offload_param.device=cpu"}));
   CHECK(c.zero_optimization.stage == 3);
   CHECK(c.zero_optimization.offload_param.device == zero::OffloadDevice::cpu);
   CHECK(c.optimizer.beta2 == 0.95);
   CHECK(c.optimizer.lr == 0.1);
 
   // Unknown path: same did-you-mean, naming the override.
+  REQUIRE_THROWS_WITH(parse("{}", sets({"zero_optimisation.stage=3"})),
+                      Contains("--set zero_optimisation.stage=3") && Contains("did you mean 'zero_optimization'?"));
   REQUIRE_THROWS_WITH(
-      parse("{}", sets({"zero_optimisation.stage=3"})),
-      Contains("--set zero_optimisation.stage=3") && Contains("did you mean 'zero_optimization'?"));
-  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 1\n", sets({"zero_optimization.stag=3"})),
-                      Contains("--set zero_optimization.stag=3") &&
-                          Contains("did you mean 'zero_optimization.stage'?"));
+      parse("zero_optimization:\n  stage: 1\n", sets({"zero_optimization.stag=3"})),
+      Contains("--set zero_optimization.stag=3") && Contains("did you mean 'zero_optimization.stage'?"));
   // Bad value: the override, not the file line, is blamed.
-  REQUIRE_THROWS_WITH(
-      parse("zero_optimization:\n  stage: 1\n", sets({"zero_optimization.stage=9"})),
-      Contains("--set zero_optimization.stage=9: zero_optimization.stage = 9") && Contains("0..3"));
+  REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: 1\n", sets({"zero_optimization.stage=9"})),
+                      Contains("--set zero_optimization.stage=9: zero_optimization.stage = 9") && Contains("0..3"));
   REQUIRE_THROWS_WITH(parse("{}", sets({"zero_optimization.stage"})),
                       Contains("--set zero_optimization.stage") && Contains("key.path=value"));
   REQUIRE_THROWS_WITH(parse("{}", sets({"zero_optimization..stage=1"})), Contains("empty part"));
@@ -401,8 +374,7 @@ TEST_CASE("overrides apply after the file and are validated the same way", "[con
                       Contains("--set optimizer.params.betas=[0.9,") && Contains("not valid YAML"));
   // The override sees the final state: SGD then rejects the file's betas.
   REQUIRE_THROWS_WITH(
-      parse("optimizer:\n  type: AdamW\n  params:\n    betas: [0.9, 0.99]\n",
-            sets({"optimizer.type=SGD"})),
+      parse("optimizer:\n  type: AdamW\n  params:\n    betas: [0.9, 0.99]\n", sets({"optimizer.type=SGD"})),
       Contains("test.yaml:4") && Contains("optimizer.params.betas") && Contains("not SGD"));
 }
 
@@ -426,17 +398,16 @@ TEST_CASE("auto values are resolved visibly", "[config]") {
   CHECK(c.scheduler.warmup_max_lr == 2e-4);  // follows optimizer lr
   CHECK(c.scheduler.warmup_num_steps == 1000);
   CHECK(c.scheduler.total_num_steps == 5000);
-  for (const char* n : {"gradient_clipping: \"auto\" -> 0", "fp16.enabled: \"auto\" -> false",
-                        "bf16.enabled: \"auto\" -> false",
-                        "zero_optimization.reduce_bucket_size: \"auto\" -> 500000000",
-                        "zero_optimization.stage3_param_persistence_threshold: \"auto\" -> 100000",
-                        "optimizer.params.eps: \"auto\" -> 1e-08",
-                        "optimizer.params.weight_decay: \"auto\" -> 0.01 (default for AdamW)",
-                        "scheduler.params.warmup_min_lr: \"auto\" -> 0",
-                        "scheduler.params.warmup_max_lr: \"auto\" -> 2e-04 (optimizer.params.lr)",
-                        "scheduler.params.warmup_num_steps: \"auto\" -> 1000",
-                        "scheduler.params.warmup_type: \"auto\" -> log",
-                        "scheduler.params.total_num_steps: \"auto\" -> 5000"}) {
+  for (const char* n :
+       {"gradient_clipping: \"auto\" -> 0", "fp16.enabled: \"auto\" -> false", "bf16.enabled: \"auto\" -> false",
+        "zero_optimization.reduce_bucket_size: \"auto\" -> 500000000",
+        "zero_optimization.stage3_param_persistence_threshold: \"auto\" -> 100000",
+        "optimizer.params.eps: \"auto\" -> 1e-08",
+        "optimizer.params.weight_decay: \"auto\" -> 0.01 (default for AdamW)",
+        "scheduler.params.warmup_min_lr: \"auto\" -> 0",
+        "scheduler.params.warmup_max_lr: \"auto\" -> 2e-04 (optimizer.params.lr)",
+        "scheduler.params.warmup_num_steps: \"auto\" -> 1000", "scheduler.params.warmup_type: \"auto\" -> log",
+        "scheduler.params.total_num_steps: \"auto\" -> 5000"}) {
     INFO(n);
     std::string all;
     for (const auto& line : c.notes) all += line + "\n";
@@ -448,9 +419,8 @@ TEST_CASE("auto values are resolved visibly", "[config]") {
   CHECK(has_note(c, "no batch size given"));
 
   // Without the run length, total_num_steps "auto" cannot be filled in.
-  REQUIRE_THROWS_WITH(
-      parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    total_num_steps: auto\n"),
-      Contains("scheduler.params.total_num_steps") && Contains("run length"));
+  REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    total_num_steps: auto\n"),
+                      Contains("scheduler.params.total_num_steps") && Contains("run length"));
   // Weight decay defaults per optimizer when absent.
   CHECK(parse("optimizer:\n  type: SGD\n").optimizer.weight_decay == 0.0);
   CHECK(parse("optimizer:\n  type: adamw\n").optimizer.weight_decay == 0.01);
@@ -532,9 +502,8 @@ TEST_CASE("to_yaml round-trips every setting", "[config]") {
   CHECK(y.find("n_embd: 768") != std::string::npos);
 
   TempDir nvme;
-  const LoadOptions local_nvme =
-      sets({"zero_optimization.offload_optimizer.nvme_path=" + nvme.path.string(),
-            "zero_optimization.offload_param.nvme_path=" + nvme.path.string()});
+  const LoadOptions local_nvme = sets({"zero_optimization.offload_optimizer.nvme_path=" + nvme.path.string(),
+                                       "zero_optimization.offload_param.nvme_path=" + nvme.path.string()});
   for (const char* file : {"ds_config.json", "ds_config_stage3_nvme.json"}) {
     Config c = zero::load_config(data(file), local_nvme);
     std::string t = c.to_yaml();
@@ -587,16 +556,14 @@ TEST_CASE("extra sections are kept for the application and read with StrictSecti
   CHECK(model.get_int("n_embd", 1, 1, 1 << 20) == 768);
   CHECK(model.get_double("dropout", 0.0, zero::Range::closed(0, 1)) == 0.0);
   // The typo in the file: did-you-mean, with the file's own line number.
-  REQUIRE_THROWS_WITH(model.finish(), Contains("gpt_run.yaml:14") &&
-                                          Contains("unknown key 'model.dropuot'") &&
+  REQUIRE_THROWS_WITH(model.finish(), Contains("gpt_run.yaml:14") && Contains("unknown key 'model.dropuot'") &&
                                           Contains("did you mean 'model.dropout'?"));
 
   // A key created by --set is blamed on the --set.
   zero::StrictSection run = zero::extra_section(c, "run");
   CHECK(run.get_int("steps", 0, 1, 1 << 30) == 1000);
   CHECK(run.where("steps").find("gpt_run.yaml:16") != std::string::npos);
-  REQUIRE_THROWS_WITH(run.finish(), Contains("--set run.eval_every=50") &&
-                                        Contains("unknown key 'run.eval_every'"));
+  REQUIRE_THROWS_WITH(run.finish(), Contains("--set run.eval_every=50") && Contains("unknown key 'run.eval_every'"));
 
   // An absent section reads as empty, so defaults apply.
   zero::StrictSection d = zero::extra_section(c, "data");
@@ -604,15 +571,14 @@ TEST_CASE("extra sections are kept for the application and read with StrictSecti
   REQUIRE_NOTHROW(d.finish());
 
   // A file section not declared by the application is unknown to libzero, with a suggestion.
-  REQUIRE_THROWS_WITH(zero::load_config(data("gpt_run.yaml"), sections({"modle", "run"})),
-                      Contains("gpt_run.yaml:10") && Contains("unknown key 'model'") &&
-                          Contains("did you mean 'modle'?"));
+  REQUIRE_THROWS_WITH(
+      zero::load_config(data("gpt_run.yaml"), sections({"modle", "run"})),
+      Contains("gpt_run.yaml:10") && Contains("unknown key 'model'") && Contains("did you mean 'modle'?"));
   REQUIRE_THROWS_WITH(parse("{}", sections({"fp16"})), Contains("libzero reads that key itself"));
 }
 
 TEST_CASE("StrictSection on its own", "[config]") {
-  YAML::Node n = zero::parse_yaml(
-      "a: 5e3\nb: 0.25\nc: yes\nd: text\ne: RED\nf:\n  g: 1\nh: [1, 2, 3]\n", "app.yaml");
+  YAML::Node n = zero::parse_yaml("a: 5e3\nb: 0.25\nc: yes\nd: text\ne: RED\nf:\n  g: 1\nh: [1, 2, 3]\n", "app.yaml");
   zero::StrictSection s(n, "app", "app.yaml");
   CHECK(s.get_int("a", 0, 0, 10000) == 5000);
   CHECK(s.get_double("b", 0, zero::Range::closed_open(0, 1)) == 0.25);
@@ -652,7 +618,6 @@ TEST_CASE("a missing file and a syntax error say where", "[config]") {
                       Contains("/nonexistent/x.yaml") && Contains("cannot open"));
   REQUIRE_THROWS_WITH(parse("zero_optimization:\n  stage: [1\n"),
                       Contains("test.yaml:") && Contains("not valid YAML or JSON"));
-  REQUIRE_THROWS_WITH(parse("- 1\n- 2\n"),
-                      Contains("top level is a list") && Contains("expected a section"));
+  REQUIRE_THROWS_WITH(parse("- 1\n- 2\n"), Contains("top level is a list") && Contains("expected a section"));
   CHECK(parse("").zero_optimization.stage == 0);  // an empty file is all defaults
 }

@@ -99,8 +99,8 @@ TEST_CASE("--set overrides backend and comm, validated like the file", "[config]
 }
 
 TEST_CASE("to_yaml round-trips backend and comm", "[config]") {
-  for (const char* text : {"backend: cuda\ncomm: mpi\n", "backend: cuda\n", "backend: host\n", "",
-                           "backend: host\ncomm: mpi\n"}) {
+  for (const char* text :
+       {"backend: cuda\ncomm: mpi\n", "backend: cuda\n", "backend: host\n", "", "backend: host\ncomm: mpi\n"}) {
     INFO(text);
     Config a = parse(text);
     const std::string y = a.to_yaml();

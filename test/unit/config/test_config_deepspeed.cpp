@@ -215,8 +215,7 @@ TEST_CASE("DeepSpeed keys that would change the result are errors that say why",
   REQUIRE_THROWS_WITH(parse("curriculum_learning: {enabled: true, curriculum_type: seqlen}\n"),
                       Contains("curriculum_learning") && Contains("changes the data"));
   CHECK_NOTHROW(parse("curriculum_learning: {enabled: false}\n"));
-  REQUIRE_THROWS_WITH(parse("sparse_attention: {mode: fixed, block: 16}\n"),
-                      Contains("sparse_attention"));
+  REQUIRE_THROWS_WITH(parse("sparse_attention: {mode: fixed, block: 16}\n"), Contains("sparse_attention"));
   REQUIRE_THROWS_WITH(parse("tensor_parallel: {autotp_size: 2}\n"),
                       Contains("tensor_parallel.autotp_size = 2") && Contains("tensor parallelism"));
   REQUIRE_THROWS_WITH(parse("zero_optimization: {stage: 3, aio: {block_size: 1048576}}\n"),
@@ -262,12 +261,13 @@ TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype; auto follows 
   const Config cuda = resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 32\n");
   CHECK(cuda.grad_dtype() == DType::f32);
   CHECK(cuda.grad_accum_dtype == GradAccumDType::fp32);
-  CHECK(has_note(cuda, "data_types.grad_accum_dtype: fp32 (the CUDA backend's default with "
-                       "gradient_accumulation_steps 32 > 1 and bf16 compute"));
-  CHECK(resolved("backend: cuda\nfp16: {enabled: true}\ngradient_accumulation_steps: 2\n").grad_dtype() ==
-        DType::f32);
+  CHECK(has_note(cuda,
+                 "data_types.grad_accum_dtype: fp32 (the CUDA backend's default with "
+                 "gradient_accumulation_steps 32 > 1 and bf16 compute"));
+  CHECK(resolved("backend: cuda\nfp16: {enabled: true}\ngradient_accumulation_steps: 2\n").grad_dtype() == DType::f32);
   CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ndata_types: {grad_accum_dtype: auto}\n"
-                 "gradient_accumulation_steps: 2\n").grad_dtype() == DType::f32);
+                 "gradient_accumulation_steps: 2\n")
+            .grad_dtype() == DType::f32);
   // ... but not without accumulation, nor with fp32 compute, nor on the host backend, nor where given.
   const Config one = resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 1\n");
   CHECK(one.grad_dtype() == DType::bf16);
@@ -275,10 +275,12 @@ TEST_CASE("data_types.grad_accum_dtype: fp32 or the compute dtype; auto follows 
   CHECK(resolved("backend: cuda\ngradient_accumulation_steps: 8\n").grad_dtype() == DType::f32);
   CHECK(resolved("bf16: {enabled: true}\ngradient_accumulation_steps: 8\n").grad_dtype() == DType::bf16);
   CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ngradient_accumulation_steps: 8\n"
-                 "data_types: {grad_accum_dtype: bf16}\n").grad_dtype() == DType::bf16);
+                 "data_types: {grad_accum_dtype: bf16}\n")
+            .grad_dtype() == DType::bf16);
   // A derived accumulation count counts too (train_batch_size 64 over micro-batches of 8).
   CHECK(resolved("backend: cuda\nbf16: {enabled: true}\ntrain_batch_size: 64\n"
-                 "train_micro_batch_size_per_gpu: 8\n").grad_dtype() == DType::f32);
+                 "train_micro_batch_size_per_gpu: 8\n")
+            .grad_dtype() == DType::f32);
   // The resolved choice is written out and loads back as given.
   const Config again = parse(cuda.to_yaml());
   CHECK(again.grad_accum_dtype == GradAccumDType::fp32);
@@ -335,17 +337,25 @@ struct NullCase {
 const NullCase kNullCases[] = {
     {R"({"train_batch_size": null, "train_micro_batch_size_per_gpu": 4})",
      "train_batch_size: null, the default (derived from the other two and the world size) is used",
-     [](Config& c) { c.resolve(2); return c.train_batch_size == 8 && c.gradient_accumulation_steps == 1; }},
+     [](Config& c) {
+       c.resolve(2);
+       return c.train_batch_size == 8 && c.gradient_accumulation_steps == 1;
+     }},
     {R"({"train_micro_batch_size_per_gpu": null, "train_batch_size": 16})",
      "train_micro_batch_size_per_gpu: null, the default (derived",
-     [](Config& c) { c.resolve(2); return c.train_micro_batch_size_per_gpu == 8; }},
+     [](Config& c) {
+       c.resolve(2);
+       return c.train_micro_batch_size_per_gpu == 8;
+     }},
     {R"({"gradient_accumulation_steps": null, "train_batch_size": 16, "train_micro_batch_size_per_gpu": 4})",
      "gradient_accumulation_steps: null, the default (derived",
-     [](Config& c) { c.resolve(2); return c.gradient_accumulation_steps == 2; }},
+     [](Config& c) {
+       c.resolve(2);
+       return c.gradient_accumulation_steps == 2;
+     }},
     {R"({"steps_per_print": null})", "steps_per_print: null, the default 10 is used",
      [](Config& c) { return c.steps_per_print == 10; }},
-    {R"({"bf16": null})", "bf16: null, the defaults of its keys are used",
-     [](Config& c) { return !c.bf16_enabled; }},
+    {R"({"bf16": null})", "bf16: null, the defaults of its keys are used", [](Config& c) { return !c.bf16_enabled; }},
     {R"({"aio": null})", "aio: null, the defaults of its keys are used",
      [](Config& c) { return c.aio.block_size == 1048576 && c.aio.queue_depth == 8; }},
     {R"({"zero_optimization": {"stage": 3, "overlap_comm": null}})",
@@ -375,8 +385,7 @@ const NullCase kNullCases[] = {
        c.resolve(8);
        return c.grad_accum_dtype == GradAccumDType::bf16 && c.gradient_accumulation_steps == 4 && c.bf16_enabled;
      }},
-    {R"({"optimizer": {"type": "AdamW", "params": null}})",
-     "optimizer.params: null, the defaults of its keys are used",
+    {R"({"optimizer": {"type": "AdamW", "params": null}})", "optimizer.params: null, the defaults of its keys are used",
      [](Config& c) { return c.optimizer.type == zero::OptimizerType::adamw && c.optimizer.lr == 1e-3; }},
 };
 
@@ -451,9 +460,9 @@ TEST_CASE("a key DeepSpeed refuses as null stays an error that says to remove it
   CHECK_THAT(error_of(R"({"amp": null})"),
              Contains("amp has no value (null)") && Contains("remove the key for the default"));
   // adam_w_mode: null is false to DeepSpeed (L2 decay with type Adam), not its default true.
-  CHECK_THAT(error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": null}}})"),
-             Contains("optimizer.params.adam_w_mode has no value (null)") &&
-                 Contains("remove the key for the default true"));
+  CHECK_THAT(
+      error_of(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": null}}})"),
+      Contains("optimizer.params.adam_w_mode has no value (null)") && Contains("remove the key for the default true"));
 }
 
 TEST_CASE("gradient_clipping: a DeepSpeed JSON file gets DeepSpeed's default 1.0, a YAML file 0",

@@ -73,8 +73,8 @@ TEST_CASE("D2: an alias bomb in an application section fails fast with a clear e
   o.extra_sections = {"model", "run"};
   const std::string bomb = "model:\n" + alias_bomb(9);  // 10^9 values in about 400 bytes
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE_THROWS_WITH(parse(bomb, o), Contains("in.yaml:1") && Contains("model expands to") &&
-                                          Contains("YAML aliases"));
+  REQUIRE_THROWS_WITH(parse(bomb, o),
+                      Contains("in.yaml:1") && Contains("model expands to") && Contains("YAML aliases"));
   CHECK(seconds_since(t0) < 0.5);
 
   // A few aliases are fine, and their keys point at a line of the file.
@@ -99,10 +99,8 @@ TEST_CASE("An alias inside the anchor it names is an error, not endless recursio
 TEST_CASE("D3: integers are range-checked against the member that stores them", "[config]") {
   // 2^32 + 16 would wrap to 16 in an int.
   REQUIRE_THROWS_WITH(parse("train_micro_batch_size_per_gpu: 4294967312\n"),
-                      Contains("train_micro_batch_size_per_gpu = 4294967312") &&
-                          Contains("1..2147483647"));
-  REQUIRE_THROWS_WITH(parse("gradient_accumulation_steps: 4294967297\n"),
-                      Contains("1..2147483647"));
+                      Contains("train_micro_batch_size_per_gpu = 4294967312") && Contains("1..2147483647"));
+  REQUIRE_THROWS_WITH(parse("gradient_accumulation_steps: 4294967297\n"), Contains("1..2147483647"));
   REQUIRE_THROWS_WITH(parse("zero_optimization:\n  offload_optimizer:\n    buffer_count: 4294967300\n"),
                       Contains("buffer_count") && Contains("1..1048576"));
   REQUIRE_THROWS_WITH(parse("fp16:\n  loss_scale_window: 4294967296\n"), Contains("1..1073741824"));
@@ -110,8 +108,7 @@ TEST_CASE("D3: integers are range-checked against the member that stores them", 
   Config big = parse("train_batch_size: 8589934592\ngradient_accumulation_steps: 1\n");
   REQUIRE_THROWS_WITH(big.resolve(1), Contains("train_micro_batch_size_per_gpu would be 8589934592"));
   // In range: loaded exactly.
-  CHECK(parse("train_micro_batch_size_per_gpu: 2147483647\n").train_micro_batch_size_per_gpu ==
-        2147483647);
+  CHECK(parse("train_micro_batch_size_per_gpu: 2147483647\n").train_micro_batch_size_per_gpu == 2147483647);
 }
 
 TEST_CASE("a FIFO, a directory or an oversized file is refused without reading it", "[config]") {
@@ -119,8 +116,8 @@ TEST_CASE("a FIFO, a directory or an oversized file is refused without reading i
   const std::string fifo = (dir.path / "cfg.fifo").string();
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const auto t0 = std::chrono::steady_clock::now();
-  REQUIRE_THROWS_WITH(zero::load_config(fifo), Contains("cfg.fifo") && Contains("not a regular file") &&
-                                                   Contains("a FIFO"));
+  REQUIRE_THROWS_WITH(zero::load_config(fifo),
+                      Contains("cfg.fifo") && Contains("not a regular file") && Contains("a FIFO"));
   CHECK(seconds_since(t0) < 0.5);
   REQUIRE_THROWS_WITH(zero::load_config(dir.path.string()), Contains("a directory"));
   if (std::filesystem::exists("/dev/zero")) {

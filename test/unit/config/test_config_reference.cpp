@@ -43,8 +43,9 @@ TEST_CASE("docs/configuration.md's key table is the one generated from the key t
     SUCCEED("docs/configuration.md rewritten");
     return;
   }
-  INFO("docs/configuration.md's block differs from zero::config_reference_markdown(); rerun this "
-       "test with ZERO_UPDATE_CONFIG_DOC=1 to rewrite it");
+  INFO(
+      "docs/configuration.md's block differs from zero::config_reference_markdown(); rerun this "
+      "test with ZERO_UPDATE_CONFIG_DOC=1 to rewrite it");
   CHECK(in_doc == generated);
 }
 

@@ -19,9 +19,9 @@ TEST_CASE("a failed kernel's CUDA errors carry the hint of how to find it", "[cu
                          Contains("CUDA_LAUNCH_BLOCKING=1") && Contains("compute-sanitizer") && Contains("sticky"));
   }
   // Thrown with the call site, as ZERO_CUDA_CHECK does.
-  CHECK_THROWS_WITH([] { ZERO_CUDA_CHECK(cudaErrorIllegalAddress); }(),
-                    Contains("test_cuda_check.cpp") && Contains("cudaErrorIllegalAddress") &&
-                        Contains("CUDA_LAUNCH_BLOCKING=1"));
+  CHECK_THROWS_WITH([] { ZERO_CUDA_CHECK(cudaErrorIllegalAddress); }(), Contains("test_cuda_check.cpp") &&
+                                                                            Contains("cudaErrorIllegalAddress") &&
+                                                                            Contains("CUDA_LAUNCH_BLOCKING=1"));
   // Other errors keep their own hints, or none.
   CHECK_THAT(zero::cuda::cuda_error_text("cudaMalloc(&p, n)", cudaErrorMemoryAllocation),
              Contains("out of memory") && !Contains("CUDA_LAUNCH_BLOCKING"));

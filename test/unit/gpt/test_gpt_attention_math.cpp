@@ -39,13 +39,11 @@ enum class Bug { none, mask_off_by_one, scale_no_sqrt, lse_log2, no_output_resca
 Emulated emulate(const at::Case& c, int q_rows, int k_rows, Bug bug = Bug::none) {
   const int B = c.B, T = c.T, C = c.C, NH = c.NH, hs = c.hs();
   const std::size_t C3 = 3 * static_cast<std::size_t>(C);
-  const float scale = bug == Bug::scale_no_sqrt ? 1.0f / static_cast<float>(hs)
-                                                : 1.0f / std::sqrt(static_cast<float>(hs));
+  const float scale =
+      bug == Bug::scale_no_sqrt ? 1.0f / static_cast<float>(hs) : 1.0f / std::sqrt(static_cast<float>(hs));
   const float scale_log2 = scale * attn::kLog2e;
   const bool mask_bug = bug == Bug::mask_off_by_one;
-  auto attends = [&](int i, int j) {
-    return mask_bug ? (j <= i + 1 && j < T && i < T) : attn::attends(i, j, T);
-  };
+  auto attends = [&](int i, int j) { return mask_bug ? (j <= i + 1 && j < T && i < T) : attn::attends(i, j, T); };
   auto row = [&](int b, int t) { return &c.qkv[(static_cast<std::size_t>(b) * T + t) * C3]; };
   auto score = [&](int b, int h, int i, int j) {
     float s = 0;
@@ -90,10 +88,8 @@ Emulated emulate(const at::Case& c, int q_rows, int k_rows, Bug bug = Bug::none)
             st.sum += tile_sum;
           }
           for (int d = 0; d < hs; ++d)
-            r.out[(static_cast<std::size_t>(b) * T + i) * C + h * hs + d] =
-                at::round_bf16(o[d] / st.sum);
-          r.lse[bh * T + i] =
-              bug == Bug::lse_log2 ? attn::online_lse(st) / attn::kLn2 : attn::online_lse(st);
+            r.out[(static_cast<std::size_t>(b) * T + i) * C + h * hs + d] = at::round_bf16(o[d] / st.sum);
+          r.lse[bh * T + i] = bug == Bug::lse_log2 ? attn::online_lse(st) / attn::kLn2 : attn::online_lse(st);
         }
       }
       // Backward: D from the bf16 output.
@@ -109,8 +105,7 @@ Emulated emulate(const at::Case& c, int q_rows, int k_rows, Bug bug = Bug::none)
       auto dp_of = [&](int i, int j) {
         float x = 0;
         for (int d = 0; d < hs; ++d)
-          x += c.dout[(static_cast<std::size_t>(b) * T + i) * C + h * hs + d] *
-               row(b, j)[2 * C + h * hs + d];
+          x += c.dout[(static_cast<std::size_t>(b) * T + i) * C + h * hs + d] * row(b, j)[2 * C + h * hs + d];
         return x;
       };
       auto p_of = [&](int i, int j) {
@@ -175,8 +170,7 @@ TEST_CASE("causal tile ranges hold exactly the live tile pairs", "[attention]") 
       }
       for (int kt = 0; kt < n_kt; ++kt) {
         const int first = attn::causal_first_query_tile(kt, qr, kr);
-        for (int qt = 0; qt < n_qt; ++qt)
-          REQUIRE(tile_pair_live(qt, kt, qr, kr, T) == (qt >= first));
+        for (int qt = 0; qt < n_qt; ++qt) REQUIRE(tile_pair_live(qt, kt, qr, kr, T) == (qt >= first));
       }
     }
   }
@@ -205,8 +199,7 @@ TEST_CASE("online softmax equals the direct log-sum-exp, in any tiling", "[atten
         float tsum = 0;
         for (int c = c0; c < std::min(n, c0 + tile); ++c) tsum += attn::online_prob(st, s2[c]);
         st.sum += tsum;
-        for (int c = c0; c < std::min(n, c0 + tile); ++c)
-          part.sum += attn::online_prob(part, s2[c]);
+        for (int c = c0; c < std::min(n, c0 + tile); ++c) part.sum += attn::online_prob(part, s2[c]);
         parts.push_back(part);
       }
       INFO("n " << n << " tile " << tile);
@@ -227,32 +220,30 @@ TEST_CASE("online softmax equals the direct log-sum-exp, in any tiling", "[atten
   CHECK(empty.sum == 0.0f);
 }
 
-TEST_CASE("the kernels' tile loops match the double reference within the stated bounds",
-          "[attention]") {
+TEST_CASE("the kernels' tile loops match the double reference within the stated bounds", "[attention]") {
   struct Shape {
     int B, T, C, NH;
     float q_scale;
   };
   // With the kernels' 64 x 64 tiles: T = 65 leaves one valid row (and key) in the last tile,
   // T = 128 is two full tiles (no tail at all).
-  const Shape shapes[] = {{2, 64, 128, 2, 1.0f},  {2, 1, 128, 2, 1.0f},  {1, 100, 128, 2, 1.0f},
-                          {1, 100, 128, 4, 3.0f}, {1, 130, 256, 2, 1.0f}, {1, 65, 64, 1, 1.0f},
-                          {1, 128, 128, 4, 1.0f}};
+  const Shape shapes[] = {{2, 64, 128, 2, 1.0f},  {2, 1, 128, 2, 1.0f}, {1, 100, 128, 2, 1.0f}, {1, 100, 128, 4, 3.0f},
+                          {1, 130, 256, 2, 1.0f}, {1, 65, 64, 1, 1.0f}, {1, 128, 128, 4, 1.0f}};
   const int tiles[][2] = {{64, 64}, {32, 16}, {16, 32}};
   std::uint64_t seed = 100;
   for (const auto& s : shapes) {
     const at::Case c = at::make_case(s.B, s.T, s.C, s.NH, seed += 10, s.q_scale);
     const at::Expect e = at::expect(c);
     for (const auto& t : tiles) {
-      INFO("B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " q_scale "
-                << s.q_scale << " tiles " << t[0] << "x" << t[1]);
+      INFO("B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " q_scale " << s.q_scale << " tiles "
+                << t[0] << "x" << t[1]);
       const Emulated r = emulate(c, t[0], t[1]);
       const auto out = at::check(r.out, e.out, e.out_tol, "out");
       const auto lse = at::check(r.lse, e.lse, e.lse_tol, "lse");
       const auto dqkv = at::check(r.dqkv, e.dqkv, e.dqkv_tol, "dqkv");
       INFO(out.first << lse.first << dqkv.first);
-      INFO("worst error / bound: out " << out.worst_ratio << " lse " << lse.worst_ratio
-                                       << " dqkv " << dqkv.worst_ratio);
+      INFO("worst error / bound: out " << out.worst_ratio << " lse " << lse.worst_ratio << " dqkv "
+                                       << dqkv.worst_ratio);
       CHECK(out.bad == 0);
       CHECK(lse.bad == 0);
       CHECK(dqkv.bad == 0);

@@ -36,45 +36,40 @@ void round_all(Act* p, std::size_t n) {
 class Bf16RoundingOps final : public test::ForwardingOps {
  public:
   const char* name() const override { return "host-bf16-rounding"; }
-  void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T,
-                       int C) override {
+  void encoder_forward(Act* o, const std::int32_t* t, const Act* a, const Act* b, int B, int T, int C) override {
     ForwardingOps::encoder_forward(o, t, a, b, B, T, C);
     round_all(o, size(B) * T * C);
   }
-  void encoder_backward(Act* dwte, Act* dwpe, const Act* d, const std::int32_t* t, int B, int T,
-                        int C) override {
+  void encoder_backward(Act* dwte, Act* dwpe, const Act* d, const std::int32_t* t, int B, int T, int C) override {
     ForwardingOps::encoder_backward(dwte, dwpe, d, t, B, T, C);
     // Only the rows of the ids present were written (the padded ones must stay exactly 0).
-    for (std::size_t i = 0; i < size(B) * T; ++i)
-      round_all(act_offset(dwte, size(t[i]) * C, sizeof(float)), size(C));
+    for (std::size_t i = 0; i < size(B) * T; ++i) round_all(act_offset(dwte, size(t[i]) * C, sizeof(float)), size(C));
     round_all(dwpe, size(T) * C);
   }
-  void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b,
-                         int N, int C) override {
+  void layernorm_forward(Act* o, float* m, float* r, const Act* i, const Act* w, const Act* b, int N, int C) override {
     ForwardingOps::layernorm_forward(o, m, r, i, w, b, N, C);
     round_all(o, size(N) * C);
   }
-  void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b,
-                                  const Act* w, const Act* bias, int N, int C) override {
+  void residual_layernorm_forward(Act* res, Act* o, float* m, float* r, const Act* a, const Act* b, const Act* w,
+                                  const Act* bias, int N, int C) override {
     ForwardingOps::residual_layernorm_forward(res, o, m, r, a, b, w, bias, N, C);
     round_all(res, size(N) * C);
     round_all(o, size(N) * C);
   }
-  void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w,
-                          const float* m, const float* r, int N, int C) override {
+  void layernorm_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, const float* m,
+                          const float* r, int N, int C) override {
     ForwardingOps::layernorm_backward(di, dw, db, d, i, w, m, r, N, C);
     round_all(di, size(N) * C);
     round_all(dw, size(C));
     round_all(db, size(C));
   }
-  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC,
-                      Act* pre_gelu) override {
+  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC, Act* pre_gelu) override {
     ForwardingOps::matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
     round_all(o, size(N) * OC);
     round_all(pre_gelu, size(N) * OC);
   }
-  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N,
-                       int C, int OC, const Act* pre_gelu) override {
+  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N, int C, int OC,
+                       const Act* pre_gelu) override {
     ForwardingOps::matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
     round_all(di, size(N) * C);
     round_all(dw, size(C) * OC);
@@ -84,8 +79,8 @@ class Bf16RoundingOps final : public test::ForwardingOps {
     ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
     round_all(o, size(B) * T * C);
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o,
-                          const float* st, int B, int T, int C, int NH) override {
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
+                          int T, int C, int NH) override {
     ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
     round_all(dqkv, size(B) * T * 3 * C);
   }
@@ -97,14 +92,13 @@ class Bf16RoundingOps final : public test::ForwardingOps {
     ForwardingOps::logits_forward(l, x, w, N, C, Vp);
     round_all(l, size(N) * Vp);
   }
-  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C,
-                       int Vp) override {
+  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C, int Vp) override {
     ForwardingOps::logits_backward(dx, dw, dl, x, w, N, C, Vp);
     round_all(dx, size(N) * C);
     round_all(dw, size(Vp) * C);
   }
-  void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V,
-                             int Vp, float dloss) override {
+  void softmax_cross_entropy(float* l, Act* dl, const Act* lg, const std::int32_t* t, int N, int V, int Vp,
+                             float dloss) override {
     ForwardingOps::softmax_cross_entropy(l, dl, lg, t, N, V, Vp, dloss);
     round_all(dl, size(N) * Vp);
   }
@@ -128,8 +122,7 @@ TEST_CASE("bf16 rounding alone stays within the GPU model test's tolerances", "[
     Bf16RoundingOps bf16_ops;
     const cmp::HostStep rounded = cmp::host_step(bf16_ops, cfg, params, batch);
 
-    const auto t = cmp::agreement_per_tensor(params.specs(), cmp::units_of(rounded.grads),
-                                             cmp::units_of(exact.grads));
+    const auto t = cmp::agreement_per_tensor(params.specs(), cmp::units_of(rounded.grads), cmp::units_of(exact.grads));
     cmp::print_summary("bf16 emulation", cmp::describe(mc), rounded.loss, exact.loss, t);
     CHECK(std::abs(rounded.loss - exact.loss) <= cmp::kLossRel * exact.loss);
     bool any_rounding = false;

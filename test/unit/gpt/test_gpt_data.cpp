@@ -25,8 +25,8 @@ namespace {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() /
-           ("zero_gpt_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    path =
+        fs::temp_directory_path() / ("zero_gpt_data_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() {
@@ -46,8 +46,7 @@ std::vector<std::uint16_t> iota_tokens(std::size_t n, std::uint16_t first) {
   return t;
 }
 
-void write_raw(const std::string& path, const std::vector<std::int32_t>& header,
-               std::size_t token_bytes) {
+void write_raw(const std::string& path, const std::vector<std::int32_t>& header, std::size_t token_bytes) {
   std::ofstream out(path, std::ios::binary);
   std::vector<std::int32_t> h(256, 0);
   std::copy(header.begin(), header.end(), h.begin());
@@ -184,8 +183,7 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
     const std::string f = dir.file("cut.bin");
     write_raw(f, {kShardMagic, kShardVersion, 100}, 150);
     CHECK_THROWS_WITH(TokenSet::from_shards(f),
-                      Catch::Contains(f) && Catch::Contains("header says 100 tokens") &&
-                          Catch::Contains("1174 bytes"));
+                      Catch::Contains(f) && Catch::Contains("header says 100 tokens") && Catch::Contains("1174 bytes"));
   }
   SECTION("truncated inside the header") {
     const std::string f = dir.file("stub.bin");
@@ -195,24 +193,20 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
   SECTION("wrong magic") {
     const std::string f = dir.file("magic.bin");
     write_raw(f, {20240521, kShardVersion, 10}, 20);
-    CHECK_THROWS_WITH(TokenSet::from_shards(f),
-                      Catch::Contains(f) && Catch::Contains("magic 20240521"));
+    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("magic 20240521"));
   }
   SECTION("wrong version") {
     const std::string f = dir.file("version.bin");
     write_raw(f, {kShardMagic, 2, 10}, 20);
-    CHECK_THROWS_WITH(TokenSet::from_shards(f),
-                      Catch::Contains(f) && Catch::Contains("version 2"));
+    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("version 2"));
   }
   SECTION("one bad shard among good ones") {
     write_shard(dir.file("a_000.bin"), iota_tokens(10, 0));
     write_raw(dir.file("a_001.bin"), {kShardMagic, 7, 10}, 20);
-    CHECK_THROWS_WITH(TokenSet::from_shards(dir.file("a_*.bin")),
-                      Catch::Contains(dir.file("a_001.bin")));
+    CHECK_THROWS_WITH(TokenSet::from_shards(dir.file("a_*.bin")), Catch::Contains(dir.file("a_001.bin")));
   }
   SECTION("nothing matches") {
-    CHECK_THROWS_WITH(TokenSet::from_shards(dir.file("none_*.bin")),
-                      Catch::Contains("no file matches"));
+    CHECK_THROWS_WITH(TokenSet::from_shards(dir.file("none_*.bin")), Catch::Contains("no file matches"));
   }
   SECTION("a token outside the model's vocabulary") {
     const std::string f = dir.file("big.bin");
@@ -224,8 +218,7 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
     o.vocab_size = 256;
     DataLoader loader(set, o);
     std::vector<std::int32_t> in(8), tg(8);
-    CHECK_THROWS_WITH(loader.next(in.data(), tg.data()),
-                      Catch::Contains(f) && Catch::Contains("vocab_size 256"));
+    CHECK_THROWS_WITH(loader.next(in.data(), tg.data()), Catch::Contains(f) && Catch::Contains("vocab_size 256"));
   }
 }
 
@@ -249,8 +242,7 @@ TEST_CASE("data that is not a regular file is refused, not read", "[gpt][data]")
   // A FIFO with no writer: opening it for reading would block forever.
   const std::string fifo = dir.file("fifo");
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
-  CHECK_THROWS_WITH(TokenSet::from_shards(fifo),
-                    Catch::Contains(fifo) && Catch::Contains("not a regular file"));
+  CHECK_THROWS_WITH(TokenSet::from_shards(fifo), Catch::Contains(fifo) && Catch::Contains("not a regular file"));
   CHECK_THROWS_WITH(TokenSet::from_text_file(fifo, false), Catch::Contains("not a regular file"));
   // A device would be read forever.
   CHECK_THROWS_WITH(TokenSet::from_text_file("/dev/zero", false),
@@ -259,8 +251,7 @@ TEST_CASE("data that is not a regular file is refused, not read", "[gpt][data]")
   write_shard(dir.file("a.bin"), iota_tokens(100, 0));
   CHECK_THROWS_WITH(TokenSet::from_shards(dir.path.string()),
                     Catch::Contains("is a directory") && Catch::Contains("/*.bin"));
-  CHECK_THROWS_WITH(TokenSet::from_text_file(dir.path.string(), false),
-                    Catch::Contains("is a directory"));
+  CHECK_THROWS_WITH(TokenSet::from_text_file(dir.path.string(), false), Catch::Contains("is a directory"));
   CHECK(TokenSet::from_shards(dir.file("*.bin")).num_tokens() == 100);
 }
 

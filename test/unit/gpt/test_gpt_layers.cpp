@@ -60,8 +60,8 @@ void require_close(const Vec& analytic, const Vec& numeric, const char* what, do
       at = i;
     }
   }
-  INFO(what << ": worst relative error " << worst << " at " << at << " (analytic "
-            << analytic[at] << ", numeric " << numeric[at] << ")");
+  INFO(what << ": worst relative error " << worst << " at " << at << " (analytic " << analytic[at] << ", numeric "
+            << numeric[at] << ")");
   CHECK(worst <= tol);
 }
 
@@ -87,8 +87,7 @@ TEST_CASE("layernorm backward matches finite differences", "[gpt][layers]") {
   objective();
   const Vec base_x = random_vec(N * C, rng), base_w = random_vec(C, rng), base_b = random_vec(C, rng);
   Vec dx = base_x, dw = base_w, db = base_b;
-  h::layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
-                        rstd.data(), N, C);
+  h::layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
   require_close(minus(dx, base_x), numeric_grad(x, objective), "d input");
   require_close(minus(dw, base_w), numeric_grad(w, objective), "d weight");
   require_close(minus(db, base_b), numeric_grad(b, objective), "d bias");
@@ -168,8 +167,8 @@ TEST_CASE("gelu backward matches finite differences", "[gpt][layers]") {
     return dot(out, r);
   };
   objective();
-  CHECK(out[20] == 0.0);                                // gelu(0) = 0
-  CHECK(out[40] == Approx(5.0).epsilon(1e-6));           // ~identity for large x
+  CHECK(out[20] == 0.0);                        // gelu(0) = 0
+  CHECK(out[40] == Approx(5.0).epsilon(1e-6));  // ~identity for large x
   const Vec base = random_vec(x.size(), rng);
   Vec dx = base;
   h::gelu_backward(dx.data(), x.data(), r.data(), x.size());
@@ -184,8 +183,7 @@ TEST_CASE("softmax cross-entropy with a padded vocabulary", "[gpt][layers]") {
   const double dloss = 0.7;
   Vec losses(N);
   auto objective = [&] {
-    h::softmax_cross_entropy<double>(losses.data(), nullptr, logits.data(), targets.data(), N, V,
-                                     Vp, 0.0);
+    h::softmax_cross_entropy<double>(losses.data(), nullptr, logits.data(), targets.data(), N, V, Vp, 0.0);
     double s = 0;
     for (double l : losses) s += l;
     return dloss * s;
@@ -197,8 +195,7 @@ TEST_CASE("softmax cross-entropy with a padded vocabulary", "[gpt][layers]") {
   CHECK(losses[0] == Approx(std::log(z) - logits[0]).epsilon(1e-12));
 
   Vec dlogits(N * Vp, 42.0);  // overwritten, not added: it is the seed of the backward
-  h::softmax_cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, Vp,
-                           dloss);
+  h::softmax_cross_entropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V, Vp, dloss);
   require_close(dlogits, numeric_grad(logits, objective), "d logits");
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) CHECK(dlogits[static_cast<std::size_t>(n * Vp + v)] == 0.0);
@@ -211,8 +208,7 @@ TEST_CASE("softmax cross-entropy with a padded vocabulary", "[gpt][layers]") {
   }
   SECTION("in place: the gradient may overwrite the logits") {
     Vec inplace = logits;
-    h::softmax_cross_entropy(losses.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp,
-                             dloss);
+    h::softmax_cross_entropy(losses.data(), inplace.data(), inplace.data(), targets.data(), N, V, Vp, dloss);
     require_close(inplace, dlogits, "in place", 1e-14);
   }
 }
@@ -235,7 +231,8 @@ TEST_CASE("embedding backward matches finite differences", "[gpt][layers]") {
   require_close(minus(dwte, base_e), numeric_grad(wte, objective), "d wte");
   require_close(minus(dwpe, base_p), numeric_grad(wpe, objective), "d wpe");
   // Token 2 never occurs: its row gets nothing.
-  for (int c = 0; c < C; ++c) CHECK(dwte[static_cast<std::size_t>(2 * C + c)] == base_e[static_cast<std::size_t>(2 * C + c)]);
+  for (int c = 0; c < C; ++c)
+    CHECK(dwte[static_cast<std::size_t>(2 * C + c)] == base_e[static_cast<std::size_t>(2 * C + c)]);
 }
 
 TEST_CASE("tied LM head backward matches finite differences", "[gpt][layers]") {
@@ -267,8 +264,8 @@ TEST_CASE("HostOps (fp32) agrees with the double-precision kernels", "[gpt][laye
   auto ops = zero::gpt::make_host_ops();
   std::mt19937_64 rng(8);
   const int B = 2, T = 16, C = 32, NH = 4, N = B * T;
-  const Vec x = random_vec(N * C, rng), w = random_vec(C * 3 * C, rng, 0.2),
-            bias = random_vec(3 * C, rng), g = random_vec(C, rng), beta = random_vec(C, rng);
+  const Vec x = random_vec(N * C, rng), w = random_vec(C * 3 * C, rng, 0.2), bias = random_vec(3 * C, rng),
+            g = random_vec(C, rng), beta = random_vec(C, rng);
   auto to_f = [](const Vec& v) { return std::vector<float>(v.begin(), v.end()); };
 
   // layernorm -> matmul to qkv -> attention, in both precisions.
@@ -285,8 +282,7 @@ TEST_CASE("HostOps (fp32) agrees with the double-precision kernels", "[gpt][laye
   REQUIRE(ops->attention_stats_floats(B, T, NH) == attf.size());
   ops->attention_forward(A(yf), attf.data(), A(qkvf), B, T, C, NH);
   double worst = 0;
-  for (std::size_t i = 0; i < y.size(); ++i)
-    worst = std::max(worst, std::abs(y[i] - yf[i]) / (1.0 + std::abs(y[i])));
+  for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::abs(y[i] - yf[i]) / (1.0 + std::abs(y[i])));
   // fp32 rounding through three layers of width 32: a few ulps of 1.
   CHECK(worst < 1e-5);
 }

@@ -78,8 +78,7 @@ TEST_CASE("layernorm_dinp over a row matches the fp64 host backward", "[gpt][mat
 
     // The backward from the same (float) statistics on both sides.
     const double md = mf, sd = sf;
-    h::layernorm_backward(dinp.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), &md,
-                          &sd, 1, C);
+    h::layernorm_backward(dinp.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), &md, &sd, 1, C);
     float sum_dn = 0, sum_dn_xhat = 0;
     for (int c = 0; c < C; ++c) {
       const float dn = static_cast<float>(dy[c]) * static_cast<float>(w[c]);
@@ -90,12 +89,11 @@ TEST_CASE("layernorm_dinp over a row matches the fp64 host backward", "[gpt][mat
     const float mean_dn_xhat = sum_dn_xhat / static_cast<float>(C);
     for (int c = 0; c < C; ++c) {
       const float xhat = (static_cast<float>(x[c]) - mf) * sf;
-      const float got = m::layernorm_dinp(static_cast<float>(dy[c]), static_cast<float>(w[c]), xhat,
-                                          mean_dn, mean_dn_xhat, sf);
+      const float got =
+          m::layernorm_dinp(static_cast<float>(dy[c]), static_cast<float>(w[c]), xhat, mean_dn, mean_dn_xhat, sf);
       // Terms of size rstd (|dy w| + |mean_dn| + |xhat mean_dn_xhat|); the row sums add about
       // C rounding steps to the means.
-      const double scale =
-          sd * (std::abs(dy[c] * w[c]) + std::abs(mean_dn) + std::abs(xhat * mean_dn_xhat) + 1.0);
+      const double scale = sd * (std::abs(dy[c] * w[c]) + std::abs(mean_dn) + std::abs(xhat * mean_dn_xhat) + 1.0);
       INFO("c = " << c);
       CHECK(std::abs(got - dinp[c]) <= 0x1p-24 * (C + 8) * scale);
     }
@@ -119,8 +117,7 @@ TEST_CASE("online softmax statistics merge to the row's log-sum-exp", "[gpt][mat
 
   // The kernels' split: thread t takes t, t + 32, ...; then a butterfly over 32 partials.
   std::vector<m::SoftmaxStats> part(32, m::softmax_stats_empty());
-  for (int i = 0; i < V; ++i)
-    part[i % 32] = m::softmax_stats_add(part[i % 32], static_cast<float>(l[i]));
+  for (int i = 0; i < V; ++i) part[i % 32] = m::softmax_stats_add(part[i % 32], static_cast<float>(l[i]));
   for (int offset = 16; offset > 0; offset >>= 1) {
     std::vector<m::SoftmaxStats> next(32);
     for (int t = 0; t < 32; ++t) next[t] = m::softmax_stats_merge(part[t], part[t ^ offset]);
@@ -154,8 +151,7 @@ TEST_CASE("cross_entropy_dlogit matches the fp64 host softmax cross-entropy", "[
   CHECK(std::abs((lse - static_cast<float>(l[target])) - loss) <= 1e-6 * (1.0 + std::abs(lse)));
   double total = 0;
   for (int v = 0; v < V; ++v) {
-    const float g = m::cross_entropy_dlogit(static_cast<float>(l[v]), lse, v == target,
-                                            static_cast<float>(dloss));
+    const float g = m::cross_entropy_dlogit(static_cast<float>(l[v]), lse, v == target, static_cast<float>(dloss));
     INFO("v = " << v);
     // exp of (l - lse) with lse off by ~1e-6 absolute: relative error ~1e-6 in the probability.
     CHECK(std::abs(g - d[v]) <= 0x1p-18 * dloss);
@@ -165,8 +161,7 @@ TEST_CASE("cross_entropy_dlogit matches the fp64 host softmax cross-entropy", "[
 }
 
 TEST_CASE("column reductions split rows into fixed blocks", "[gpt][math]") {
-  for (const int n :
-       {1, 63, 64, 65, 1000, 65536, 65537, 1 << 20, 5'000'000, std::numeric_limits<int>::max()}) {
+  for (const int n : {1, 63, 64, 65, 1000, 65536, 65537, 1 << 20, 5'000'000, std::numeric_limits<int>::max()}) {
     INFO("n = " << n);
     const int r = m::column_reduce_rows_per_block(n);
     const int g = m::column_reduce_blocks(n);

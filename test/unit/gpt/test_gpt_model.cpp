@@ -54,23 +54,21 @@ class CountingOps final : public zero::gpt::test::ForwardingOps {
  public:
   double flops = 0;
   const char* name() const override { return "counting"; }
-  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC,
-                      Act* pre_gelu) override {
+  void matmul_forward(Act* o, const Act* i, const Act* w, const Act* b, int N, int C, int OC, Act* pre_gelu) override {
     flops += 2.0 * N * C * OC;
     ForwardingOps::matmul_forward(o, i, w, b, N, C, OC, pre_gelu);
   }
-  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N,
-                       int C, int OC, const Act* pre_gelu) override {
+  void matmul_backward(Act* di, Act* dw, Act* db, const Act* d, const Act* i, const Act* w, int N, int C, int OC,
+                       const Act* pre_gelu) override {
     flops += (di ? 4.0 : 2.0) * N * C * OC;
     ForwardingOps::matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
   }
-  void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C,
-                         int NH) override {
+  void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
     flops += 2.0 * B * T * T * C;
     ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o,
-                          const float* st, int B, int T, int C, int NH) override {
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
+                          int T, int C, int NH) override {
     flops += 4.0 * B * T * T * C;
     ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
   }
@@ -78,8 +76,7 @@ class CountingOps final : public zero::gpt::test::ForwardingOps {
     flops += 2.0 * N * C * Vp;
     ForwardingOps::logits_forward(l, x, w, N, C, Vp);
   }
-  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C,
-                       int Vp) override {
+  void logits_backward(Act* dx, Act* dw, const Act* dl, const Act* x, const Act* w, int N, int C, int Vp) override {
     flops += 4.0 * N * C * Vp;
     ForwardingOps::logits_backward(dx, dw, dl, x, w, N, C, Vp);
   }
@@ -139,8 +136,7 @@ TEST_CASE("the whole model's gradient matches finite differences", "[gpt][model]
       REQUIRE(norm > 1e-4);
       std::vector<float> keep(p.begin(), p.end());
       auto shifted_loss = [&](double s) {
-        for (std::size_t k = 0; k < p.size(); ++k)
-          p[k] = static_cast<float>(keep[k] + s * g[k] / norm);
+        for (std::size_t k = 0; k < p.size(); ++k) p[k] = static_cast<float>(keep[k] + s * g[k] / norm);
         return loss_of(model, params);
       };
       const double numeric = (shifted_loss(eps) - shifted_loss(-eps)) / (2 * eps);
@@ -196,8 +192,7 @@ TEST_CASE("activation checkpointing gives the same loss and gradients", "[gpt][m
 
   // The recompute runs the same operations on the same inputs: bit-identical results.
   CHECK(l_ckpt == l_plain);
-  for (int u = 0; u < params.num_units(); ++u)
-    CHECK(g_ckpt.unit_data(u) == g_plain.unit_data(u));
+  for (int u = 0; u < params.num_units(); ++u) CHECK(g_ckpt.unit_data(u) == g_plain.unit_data(u));
   CHECK(ckpt.activation_bytes() < plain.activation_bytes());
 }
 
@@ -213,8 +208,8 @@ TEST_CASE("FLOPs per token: what the model computes, recompute included", "[gpt]
   double in_products = 0;
   for (const UnitSpec& u : gpt_units(cfg))
     for (const TensorSpec& t : u.tensors)
-      if (t.name == "wte.weight" || t.name.ends_with("c_attn.weight") ||
-          t.name.ends_with("c_proj.weight") || t.name.ends_with("c_fc.weight"))
+      if (t.name == "wte.weight" || t.name.ends_with("c_attn.weight") || t.name.ends_with("c_proj.weight") ||
+          t.name.ends_with("c_fc.weight"))
         in_products += static_cast<double>(t.numel());
   const double outside = static_cast<double>(cfg.num_params()) - in_products;
   CHECK(plain + 6 * outside == Approx(f.model).epsilon(1e-12));
@@ -277,14 +272,13 @@ TEST_CASE("a shorter batch and sampling use the same activations", "[gpt][model]
   forward_all(model, params);
   model.logits_at(0, 2, long_logits);
   REQUIRE(short_logits.size() == static_cast<std::size_t>(cfg.vocab_size));
-  for (std::size_t i = 0; i < short_logits.size(); ++i)
-    CHECK(short_logits[i] == Approx(long_logits[i]).margin(1e-6));
+  for (std::size_t i = 0; i < short_logits.size(); ++i) CHECK(short_logits[i] == Approx(long_logits[i]).margin(1e-6));
   CHECK_THROWS_AS(model.set_batch(batch.inputs.data(), nullptr, 3, 4), zero::Error);
 }
 
 TEST_CASE("sample_token", "[gpt][model]") {
   const std::vector<float> logits = {0.1f, 3.0f, -1.0f, 2.9f};
-  CHECK(sample_token(logits, 0.0f, 0, 0.5) == 1);  // greedy
+  CHECK(sample_token(logits, 0.0f, 0, 0.5) == 1);   // greedy
   CHECK(sample_token(logits, 1.0f, 1, 0.99) == 1);  // top-1 is greedy too
   // top-2 keeps ids 1 and 3 only, whatever the coin.
   for (double coin : {0.0, 0.3, 0.6, 0.999}) {
@@ -368,8 +362,8 @@ TEST_CASE("weight decay: matrices and embeddings only, as GPT-2 and nanoGPT", "[
       CHECK(p.decay == matrix);
       (p.decay ? decayed : kept) += 1;
     }
-  CHECK(decayed == 2 + 4 * cfg.n_layer);         // wte, wpe; c_attn, attn.c_proj, c_fc, mlp.c_proj
-  CHECK(kept == 8 * cfg.n_layer + 2);            // biases and LayerNorm gains/shifts, ln_f
+  CHECK(decayed == 2 + 4 * cfg.n_layer);  // wte, wpe; c_attn, attn.c_proj, c_fc, mlp.c_proj
+  CHECK(kept == 8 * cfg.n_layer + 2);     // biases and LayerNorm gains/shifts, ln_f
   // The per-parameter switch any loop can use, with a did-you-mean on a typo.
   zero::Layout l = layout;
   l.set_decay(0, "wpe.weight", false);

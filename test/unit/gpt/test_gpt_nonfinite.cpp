@@ -18,8 +18,8 @@ TEST_CASE("GELU and softmax cross-entropy pass NaN through and saturate at infin
   std::vector<float> y(x.size());
   h::gelu_forward(y.data(), x.data(), x.size());
   CHECK(std::isnan(y[0]));
-  CHECK(y[1] == inf);        // GELU(x) -> x for large x
-  CHECK(y[4] == 0.0f);       // GELU(x) -> 0 for very negative x (-0 included)
+  CHECK(y[1] == inf);   // GELU(x) -> x for large x
+  CHECK(y[4] == 0.0f);  // GELU(x) -> 0 for very negative x (-0 included)
   CHECK(y[5] == Approx(0.345714f).epsilon(1e-5));
 
   // One row of logits holding a NaN: its loss is NaN, the other row's is finite.

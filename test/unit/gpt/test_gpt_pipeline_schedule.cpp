@@ -101,8 +101,10 @@ TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's 
       for (int s = 0; s + 1 < P; ++s)
         for (bool fwd : {true, false}) {
           std::vector<int> a, b;
-          for (const PipeOp& op : ops[static_cast<std::size_t>(s)]) if (op.forward == fwd) a.push_back(op.micro);
-          for (const PipeOp& op : ops[static_cast<std::size_t>(s + 1)]) if (op.forward == fwd) b.push_back(op.micro);
+          for (const PipeOp& op : ops[static_cast<std::size_t>(s)])
+            if (op.forward == fwd) a.push_back(op.micro);
+          for (const PipeOp& op : ops[static_cast<std::size_t>(s + 1)])
+            if (op.forward == fwd) b.push_back(op.micro);
           REQUIRE(a == b);
         }
       std::vector<std::size_t> pc(static_cast<std::size_t>(P), 0);

@@ -67,8 +67,7 @@ TEST_CASE("a preset with explicit overrides", "[gpt][settings]") {
 }
 
 TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]") {
-  CHECK_THROWS_WITH(read("model:\n  n_layers: 3\n"),
-                    Catch::Contains("model.n_layers") && Catch::Contains("n_layer"));
+  CHECK_THROWS_WITH(read("model:\n  n_layers: 3\n"), Catch::Contains("model.n_layers") && Catch::Contains("n_layer"));
   CHECK_THROWS_WITH(read("run:\n  stesp: 3\n"), Catch::Contains("run.stesp") && Catch::Contains("steps"));
   CHECK_THROWS_WITH(read("model:\n  preset: gpt3\n"), Catch::Contains("model.preset"));
   CHECK_THROWS_WITH(read("model:\n  n_embd: 100\n  n_head: 3\n"),
@@ -79,18 +78,17 @@ TEST_CASE("mistakes are errors that say where and what to do", "[gpt][settings]"
   // A count of micro-batches meant other tokens at another batch size: replaced, and said so.
   CHECK_THROWS_WITH(read("run:\n  eval_batches: 8\n"),
                     Catch::Contains("run.eval_batches") && Catch::Contains("eval_sequences"));
-  CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}),
-                    Catch::Contains("model.n_layr"));
+  CHECK_THROWS_WITH(read("model:\n  n_layer: 2\n", {"model.n_layr=3"}), Catch::Contains("model.n_layr"));
   // Without the trainer's sections registered, the engine's loader rejects them.
   CHECK_THROWS_AS(zero::parse_config("model:\n  preset: tiny\n", "run.yaml"), zero::Error);
 }
 
 TEST_CASE("--help text covers every key", "[gpt][settings]") {
   const std::string help = gpt_settings_help();
-  for (const char* key : {"preset", "n_layer", "seq_len", "vocab_size", "activation_checkpointing",
-                          "train:", "val:", "steps:", "eval_interval", "eval_sequences",
-                          "sample_tokens", "temperature", "top_k", "out_dir", "save_interval", "keep_checkpoints",
-                          "token_budget", "log_jsonl", "progress", "peak_tflops"})
+  for (const char* key : {"preset",           "n_layer",      "seq_len",   "vocab_size",    "activation_checkpointing",
+                          "train:",           "val:",         "steps:",    "eval_interval", "eval_sequences",
+                          "sample_tokens",    "temperature",  "top_k",     "out_dir",       "save_interval",
+                          "keep_checkpoints", "token_budget", "log_jsonl", "progress",      "peak_tflops"})
     CHECK_THAT(help, Catch::Contains(key));
 }
 
@@ -99,15 +97,12 @@ TEST_CASE("one table gives the defaults, the reading and the documented table", 
   CHECK(GptSettings().sections() == read("train_micro_batch_size_per_gpu: 4\n").sections());
   const std::string table = gpt_settings_reference_markdown();
   // Rows written by hand here (not by the code under test), one of each kind.
-  for (const char* row : {"| `model.preset` | `tiny` \\| `gpt2` \\| `gpt2-medium` \\| `gpt2-large` \\| `gpt2-xl` | `tiny` |",
-                          "| `model.n_layer` | integer 1..4096 | the preset's |",
-                          "| `model.seed` | integer >= 0 | `42` |",
-                          "| `data.train` | string | `shakespeare` |",
-                          "| `run.temperature` | number >= 0 | `0.8` |",
-                          "| `run.token_budget` | number > 0 | `1e+11` |",
-                          "| `run.log_jsonl` | bool | `true` |",
-                          "| `run.out_dir` | string | `runs/<preset>` |",
-                          "- `run.eval_batches` was replaced by run.eval_sequences"})
+  for (const char* row :
+       {"| `model.preset` | `tiny` \\| `gpt2` \\| `gpt2-medium` \\| `gpt2-large` \\| `gpt2-xl` | `tiny` |",
+        "| `model.n_layer` | integer 1..4096 | the preset's |", "| `model.seed` | integer >= 0 | `42` |",
+        "| `data.train` | string | `shakespeare` |", "| `run.temperature` | number >= 0 | `0.8` |",
+        "| `run.token_budget` | number > 0 | `1e+11` |", "| `run.log_jsonl` | bool | `true` |",
+        "| `run.out_dir` | string | `runs/<preset>` |", "- `run.eval_batches` was replaced by run.eval_sequences"})
     CHECK_THAT(table, Catch::Contains(row));
   // Every key the resolved sections write has its row.
   for (const auto& [section, body] : GptSettings().sections())

@@ -54,19 +54,18 @@ std::vector<std::vector<float>> vocab_parts(const std::vector<float>& logits, in
 struct GroupSums {
   std::vector<float> mx, sums;
 };
-GroupSums group_sums(Ops& ops, const std::vector<std::vector<float>>& part,
-                     const std::vector<std::int32_t>& targets, int N, int V) {
+GroupSums group_sums(Ops& ops, const std::vector<std::vector<float>>& part, const std::vector<std::int32_t>& targets,
+                     int N, int V) {
   const int T = static_cast<int>(part.size()), Vl = static_cast<int>(part[0].size()) / N;
-  GroupSums g{std::vector<float>(N, -std::numeric_limits<float>::infinity()),
-              std::vector<float>(2 * N, 0.0f)};
+  GroupSums g{std::vector<float>(N, -std::numeric_limits<float>::infinity()), std::vector<float>(2 * N, 0.0f)};
   std::vector<float> m(N), s(2 * N);
   for (int t = 0; t < T; ++t) {
     ops.cross_entropy_part_max(m.data(), A(part[static_cast<std::size_t>(t)]), N, Vl, t * Vl, V);
     for (int n = 0; n < N; ++n) g.mx[n] = std::max(g.mx[n], m[n]);
   }
   for (int t = 0; t < T; ++t) {
-    ops.cross_entropy_part_sums(s.data(), A(part[static_cast<std::size_t>(t)]), g.mx.data(),
-                                targets.data(), N, Vl, t * Vl, V);
+    ops.cross_entropy_part_sums(s.data(), A(part[static_cast<std::size_t>(t)]), g.mx.data(), targets.data(), N, Vl,
+                                t * Vl, V);
     for (int i = 0; i < 2 * N; ++i) g.sums[i] += s[i];
   }
   return g;
@@ -93,8 +92,8 @@ TEST_CASE("vocabulary-parallel cross-entropy equals the whole-row one", "[gpt][t
       std::vector<float> loss(N);
       auto& p = part[static_cast<std::size_t>(t)];
       // The gradient in place of the logits, as the model asks for it.
-      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(),
-                                     targets.data(), N, Vl, t * Vl, V, dloss);
+      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(), targets.data(), N, Vl, t * Vl,
+                                     V, dloss);
       for (int n = 0; n < N; ++n) {
         INFO("rank " << t << ", row " << n);
         CHECK(loss[n] == Approx(want_loss[n]).epsilon(1e-6));
@@ -108,8 +107,7 @@ TEST_CASE("vocabulary-parallel cross-entropy equals the whole-row one", "[gpt][t
   }
 }
 
-TEST_CASE("a target outside the vocabulary gives a NaN loss, whole-row and by parts",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("a target outside the vocabulary gives a NaN loss, whole-row and by parts", "[gpt][tensor_parallel]") {
   // V = 130 pads to 256: at T = 2, id 200 is padding on part 1 (no part holds it as a real id),
   // 256 is past the padded vocabulary and -1 below it. Row 1's target is valid and stays finite.
   auto ops = make_host_ops();
@@ -130,8 +128,8 @@ TEST_CASE("a target outside the vocabulary gives a NaN loss, whole-row and by pa
       INFO("rank " << t);
       std::vector<float> loss(N);
       auto& p = part[static_cast<std::size_t>(t)];
-      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(),
-                                     targets.data(), N, Vl, t * Vl, V, 1.0f);
+      ops->cross_entropy_part_finish(loss.data(), A(p), A(p), g.mx.data(), g.sums.data(), targets.data(), N, Vl, t * Vl,
+                                     V, 1.0f);
       CHECK(std::isnan(loss[0]));
       CHECK(loss[1] == Approx(whole[1]).epsilon(1e-6));
     }
@@ -152,8 +150,7 @@ TEST_CASE("the vocabulary-parallel embedding sums to the whole one", "[gpt][tens
   for (int t = 0; t < TP; ++t) {
     const std::vector<float> rows(wte.begin() + t * Vl * C, wte.begin() + (t + 1) * Vl * C);
     // Rank 0 adds the positions; the others pass null.
-    ops->encoder_forward_part(A(out), tokens.data(), A(rows), t == 0 ? A(wpe) : nullptr, B, T, C,
-                              t * Vl, Vl);
+    ops->encoder_forward_part(A(out), tokens.data(), A(rows), t == 0 ? A(wpe) : nullptr, B, T, C, t * Vl, Vl);
     for (std::size_t i = 0; i < out.size(); ++i) sum[i] += out[i];
     std::vector<float> g(rows.size(), 0.0f), gp(wpe.size(), 0.0f);
     ops->encoder_backward_part(A(g), A(gp), A(dout), tokens.data(), B, T, C, t * Vl, Vl);
@@ -164,8 +161,7 @@ TEST_CASE("the vocabulary-parallel embedding sums to the whole one", "[gpt][tens
   for (std::size_t i = 0; i < whole.size(); ++i) CHECK(sum[i] == Approx(whole[i]).epsilon(1e-6));
 }
 
-TEST_CASE("each parameter is cut as Megatron cuts it, and the parts make the whole",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("each parameter is cut as Megatron cuts it, and the parts make the whole", "[gpt][tensor_parallel]") {
   GptConfig c;  // tiny: n_embd 128, n_head 4, vocabulary 256
   const int T = 2, C = c.n_embd;
   const zero::Layout whole = build_layout(c);
@@ -218,8 +214,7 @@ TEST_CASE("each parameter is cut as Megatron cuts it, and the parts make the who
   CHECK_THROWS_WITH(tensor_parallel_layout(c, 8), Catch::Contains("n_head = 4"));
 }
 
-TEST_CASE("an in-process tensor group of T models computes the whole model",
-          "[gpt][tensor_parallel]") {
+TEST_CASE("an in-process tensor group of T models computes the whole model", "[gpt][tensor_parallel]") {
   // On HostOps (fp32) every member's loss is the whole model's and its gradients are its part of
   // the whole's, up to the order of fp32 sums (the partial products before each all-reduce):
   // relative differences of about 1e-6, far below what a part cut or placed wrongly moves

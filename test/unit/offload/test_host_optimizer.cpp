@@ -43,9 +43,7 @@ struct Grad {
       }
     }
   }
-  const void* data() const {
-    return type == DType::f32 ? static_cast<const void*>(full.data()) : half.data();
-  }
+  const void* data() const { return type == DType::f32 ? static_cast<const void*>(full.data()) : half.data(); }
   float at(std::size_t i) const { return load_as_f32(data(), i, type); }
 };
 
@@ -82,8 +80,8 @@ struct RefAdam {
   }
 };
 
-void check_close(const std::vector<float>& got, const std::vector<double>& want, double rel,
-                 double abs_floor, const char* what) {
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double rel, double abs_floor,
+                 const char* what) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double tol = rel * std::fabs(want[i]) + abs_floor;
     if (std::fabs(static_cast<double>(got[i]) - want[i]) > tol) {
@@ -136,8 +134,7 @@ TEST_CASE("scalar Adam and AdamW match a double-precision reference", "[host_opt
         h.decoupled = tc.decoupled;
         h.step = t;
         h.grad_scale = tc.grad_scale;
-        adam_step(p.data(), m.data(), v.data(), g.data(), g.type, out.data(), DType::bf16, n, h,
-                  SimdPath::scalar, 1);
+        adam_step(p.data(), m.data(), v.data(), g.data(), g.type, out.data(), DType::bf16, n, h, SimdPath::scalar, 1);
         ref.step(g, h);
       }
       // Six steps of fp32 rounding: a few ulps on each state variable. m sums terms of either
@@ -166,8 +163,7 @@ TEST_CASE("scalar SGD matches a double-precision reference", "[host_optimizer]")
         h.weight_decay = wd;
         h.grad_scale = 0.25f;
         h.first_step = t == 0;
-        sgd_step(p.data(), momentum != 0.0f ? buf.data() : nullptr, g.data(), g.type, out.data(),
-                 DType::f32, n, h);
+        sgd_step(p.data(), momentum != 0.0f ? buf.data() : nullptr, g.data(), g.type, out.data(), DType::f32, n, h);
         for (std::size_t i = 0; i < n; ++i) {
           double gi = static_cast<double>(g.at(i)) * 0.25 + static_cast<double>(wd) * rp[i];
           if (momentum != 0.0f) {
@@ -194,16 +190,35 @@ namespace {
 std::vector<float> special_values() {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> s = {0.0f, -0.0f, inf, -inf, nan, -nan,
+  std::vector<float> s = {0.0f,
+                          -0.0f,
+                          inf,
+                          -inf,
+                          nan,
+                          -nan,
                           std::bit_cast<float>(0x7fa00001u),  // signalling NaN with payload
-                          std::numeric_limits<float>::denorm_min(), -1e-40f, 1e-39f,
-                          std::numeric_limits<float>::min(), 65504.0f, 65520.0f, 65519.99f,
-                          -70000.0f, 3e38f, -3e38f, 5.96e-8f, 2.98e-8f, 6.1e-5f, 1.0f,
+                          std::numeric_limits<float>::denorm_min(),
+                          -1e-40f,
+                          1e-39f,
+                          std::numeric_limits<float>::min(),
+                          65504.0f,
+                          65520.0f,
+                          65519.99f,
+                          -70000.0f,
+                          3e38f,
+                          -3e38f,
+                          5.96e-8f,
+                          2.98e-8f,
+                          6.1e-5f,
+                          1.0f,
                           std::bit_cast<float>(0x3f808000u),  // bf16 tie, even
                           std::bit_cast<float>(0x3f818000u),  // bf16 tie, odd
-                          std::bit_cast<float>(0x3f808001u), std::bit_cast<float>(0x7f7fffffu),
-                          std::bit_cast<float>(0x477ff000u), std::bit_cast<float>(0x33000000u),
-                          std::bit_cast<float>(0x33000001u), std::bit_cast<float>(0x387fe000u)};
+                          std::bit_cast<float>(0x3f808001u),
+                          std::bit_cast<float>(0x7f7fffffu),
+                          std::bit_cast<float>(0x477ff000u),
+                          std::bit_cast<float>(0x33000000u),
+                          std::bit_cast<float>(0x33000001u),
+                          std::bit_cast<float>(0x387fe000u)};
   return s;
 }
 
@@ -268,14 +283,14 @@ TEST_CASE("every SIMD path is bitwise equal to the scalar path", "[host_optimize
               h.decoupled = mode.decoupled;
               h.step = t;
               h.grad_scale = t == 1 ? 1.0f : 0.37f;
-              adam_step(a.p.data(), a.m.data(), a.v.data(), g.data(), gt,
-                        has_out ? a.out.data() : nullptr, ot, n, h, SimdPath::scalar, 1);
-              adam_step(b.p.data(), b.m.data(), b.v.data(), g.data(), gt,
-                        has_out ? b.out.data() : nullptr, ot, n, h, path, 1);
+              adam_step(a.p.data(), a.m.data(), a.v.data(), g.data(), gt, has_out ? a.out.data() : nullptr, ot, n, h,
+                        SimdPath::scalar, 1);
+              adam_step(b.p.data(), b.m.data(), b.v.data(), g.data(), gt, has_out ? b.out.data() : nullptr, ot, n, h,
+                        path, 1);
             }
-            INFO("path " << simd_path_name(path) << " n=" << n << " grad " << dtype_name(gt)
-                         << " out " << (has_out ? dtype_name(ot) : "none") << " decoupled "
-                         << mode.decoupled << " wd " << mode.wd);
+            INFO("path " << simd_path_name(path) << " n=" << n << " grad " << dtype_name(gt) << " out "
+                         << (has_out ? dtype_name(ot) : "none") << " decoupled " << mode.decoupled << " wd "
+                         << mode.wd);
             for (std::size_t i = 0; i < n; ++i) {
               INFO("element " << i << " scalar p=" << a.p[i] << " simd p=" << b.p[i]);
               REQUIRE(bits(a.p[i]) == bits(b.p[i]));
@@ -319,8 +334,7 @@ TEST_CASE("param_out conversion equals zero/dtype.hpp for every path", "[host_op
       h.decoupled = false;
       adam_step(q.data(), m.data(), v.data(), zero_g.data(), DType::f32, out, ot, n, h, path);
       for (std::size_t i = 0; i < n; ++i) {
-        INFO("path " << simd_path_name(path) << " " << dtype_name(ot) << " input bits 0x"
-                     << std::hex << bits(p[i]));
+        INFO("path " << simd_path_name(path) << " " << dtype_name(ot) << " input bits 0x" << std::hex << bits(p[i]));
         if (ot == DType::bf16) {
           REQUIRE(out16[i] == f32_to_bf16_bits(p[i]));
         } else if (ot == DType::f16) {
@@ -344,12 +358,10 @@ TEST_CASE("results do not depend on the thread count", "[host_optimizer]") {
     AdamHyper h;
     h.weight_decay = 0.1f;
     h.step = 3;
-    adam_step(ref.p.data(), ref.m.data(), ref.v.data(), g.data(), g.type, ref.out.data(),
-              DType::bf16, n, h, path, 1);
+    adam_step(ref.p.data(), ref.m.data(), ref.v.data(), g.data(), g.type, ref.out.data(), DType::bf16, n, h, path, 1);
     for (int threads : {0, 2, 3, 4, 7}) {
       State s = base;
-      adam_step(s.p.data(), s.m.data(), s.v.data(), g.data(), g.type, s.out.data(), DType::bf16,
-                n, h, path, threads);
+      adam_step(s.p.data(), s.m.data(), s.v.data(), g.data(), g.type, s.out.data(), DType::bf16, n, h, path, threads);
       INFO("path " << simd_path_name(path) << " threads " << threads);
       REQUIRE(std::memcmp(s.p.data(), ref.p.data(), n * 4) == 0);
       REQUIRE(std::memcmp(s.m.data(), ref.m.data(), n * 4) == 0);
@@ -374,34 +386,29 @@ TEST_CASE("bad arguments are reported", "[host_optimizer]") {
   std::vector<float> p(4, 1.0f), m(4), v(4), g(4);
   AdamHyper h;
   h.step = 0;
-  REQUIRE_THROWS_AS(adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr,
-                              DType::f32, 4, h),
+  REQUIRE_THROWS_AS(adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr, DType::f32, 4, h),
                     zero::Error);
   h.step = 1;
-  REQUIRE_THROWS_WITH(adam_step(p.data(), nullptr, v.data(), g.data(), DType::f32, nullptr,
-                                DType::f32, 4, h),
+  REQUIRE_THROWS_WITH(adam_step(p.data(), nullptr, v.data(), g.data(), DType::f32, nullptr, DType::f32, 4, h),
                       Catch::Contains("m and v"));
   h.beta1 = 1.0f;
-  REQUIRE_THROWS_WITH(adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr,
-                                DType::f32, 4, h),
+  REQUIRE_THROWS_WITH(adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr, DType::f32, 4, h),
                       Catch::Contains("betas"));
   h.beta1 = 0.9f;
-  REQUIRE_THROWS_WITH(adam_step(p.data(), m.data(), v.data(), g.data(), static_cast<DType>(9),
-                                nullptr, DType::f32, 4, h),
-                      Catch::Contains("gradient type"));
+  REQUIRE_THROWS_WITH(
+      adam_step(p.data(), m.data(), v.data(), g.data(), static_cast<DType>(9), nullptr, DType::f32, 4, h),
+      Catch::Contains("gradient type"));
   SgdHyper sh;
   sh.momentum = 0.5f;
-  REQUIRE_THROWS_WITH(
-      sgd_step(p.data(), nullptr, g.data(), DType::f32, nullptr, DType::f32, 4, sh),
-      Catch::Contains("momentum buffer"));
+  REQUIRE_THROWS_WITH(sgd_step(p.data(), nullptr, g.data(), DType::f32, nullptr, DType::f32, 4, sh),
+                      Catch::Contains("momentum buffer"));
   // n == 0 is a no-op even with null pointers.
-  REQUIRE_NOTHROW(adam_step(nullptr, nullptr, nullptr, nullptr, DType::f32, nullptr, DType::f32,
-                            0, h));
+  REQUIRE_NOTHROW(adam_step(nullptr, nullptr, nullptr, nullptr, DType::f32, nullptr, DType::f32, 0, h));
   for (SimdPath path : {SimdPath::avx2, SimdPath::avx512}) {
     if (!simd_path_supported(path)) {
-      REQUIRE_THROWS_WITH(adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr,
-                                    DType::f32, 4, h, path),
-                          Catch::Contains("not supported by this CPU"));
+      REQUIRE_THROWS_WITH(
+          adam_step(p.data(), m.data(), v.data(), g.data(), DType::f32, nullptr, DType::f32, 4, h, path),
+          Catch::Contains("not supported by this CPU"));
     }
   }
 }

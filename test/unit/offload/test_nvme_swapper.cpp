@@ -84,8 +84,7 @@ std::vector<std::string> list_dir(const std::string& dir) {
   return out;
 }
 
-void round_trip(NvmeSwapper& sw, PinnedPool& pool, const std::string& key, std::size_t bytes,
-                unsigned seed) {
+void round_trip(NvmeSwapper& sw, PinnedPool& pool, const std::string& key, std::size_t bytes, unsigned seed) {
   PinnedBuffer src = pool.acquire(bytes + 1);
   PinnedBuffer dst = pool.acquire(bytes + 1);
   fill_random(src.data(), bytes, seed);
@@ -124,9 +123,20 @@ TEST_CASE("round trips of many sizes, io_uring and O_DIRECT when available", "[n
   if (!sw.using_io_uring()) WARN("io_uring unavailable here: tested the pread/pwrite fallback");
   if (!sw.using_direct_io()) WARN("O_DIRECT unavailable under " << tmp.path());
   const std::size_t bs = opt.block_size;
-  const std::size_t sizes[] = {0,      1,      100,        4095,         4096,
-                               4097,   8191,   bs - 1,     bs,           bs + 1,
-                               bs + 4096, 3 * bs + 12345, 2 * bs + 4096 * 3, 5 * 1024 * 1024 + 7};
+  const std::size_t sizes[] = {0,
+                               1,
+                               100,
+                               4095,
+                               4096,
+                               4097,
+                               8191,
+                               bs - 1,
+                               bs,
+                               bs + 1,
+                               bs + 4096,
+                               3 * bs + 12345,
+                               2 * bs + 4096 * 3,
+                               5 * 1024 * 1024 + 7};
   unsigned seed = 1;
   for (std::size_t bytes : sizes) round_trip(sw, pool, key_name("t", bytes), bytes, seed++);
   // Overwrite a key with different contents and a different size.
@@ -238,11 +248,10 @@ TEST_CASE("a truncated file is detected", "[nvme_swapper]") {
   sw.set_fault_hook(nullptr);
 }
 
-TEST_CASE("check_space fails before writing anything when the disk is too small",
-          "[nvme_swapper]") {
+TEST_CASE("check_space fails before writing anything when the disk is too small", "[nvme_swapper]") {
   TempDir tmp;
   NvmeSwapper sw(tmp.path(), 1);
-  struct statvfs vfs{};
+  struct statvfs vfs {};
   REQUIRE(statvfs(tmp.path().c_str(), &vfs) == 0);
   const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
   sw.reserve("small", 1 << 20);
@@ -267,7 +276,7 @@ TEST_CASE("check_space preallocates the reserved files", "[nvme_swapper]") {
   sw.reserve("a", 3 << 20);
   sw.reserve("b", 12345);
   sw.check_space();
-  struct stat st{};
+  struct stat st {};
   REQUIRE(stat(sw.file_path("a").c_str(), &st) == 0);
   CHECK(st.st_size == (3 << 20));
   REQUIRE(stat(sw.file_path("b").c_str(), &st) == 0);
@@ -302,8 +311,7 @@ TEST_CASE("a write failing with ENOSPC gives a clear error", "[nvme_swapper]") {
   }
   sw.set_fault_hook(nullptr);
   // The failed write leaves nothing readable behind, and the key can be written again.
-  REQUIRE_THROWS_WITH(sw.read_async("unit2/v", buf.data(), bytes),
-                      Catch::Contains("no completed write"));
+  REQUIRE_THROWS_WITH(sw.read_async("unit2/v", buf.data(), bytes), Catch::Contains("no completed write"));
   round_trip(sw, pool, "unit2/v", bytes, 9);
 }
 
@@ -394,7 +402,7 @@ TEST_CASE("fallbacks: pread/pwrite and buffered I/O", "[nvme_swapper]") {
     REQUIRE(std::memcmp(src.data() + 1, dst.data() + 1, 1000) == 0);
   }
   SECTION("tmpfs (/dev/shm), where O_DIRECT may be refused") {
-    struct stat st{};
+    struct stat st {};
     if (stat("/dev/shm", &st) != 0 || !S_ISDIR(st.st_mode) || access("/dev/shm", W_OK) != 0) {
       WARN("no writable /dev/shm; skipped");
       return;
@@ -438,7 +446,7 @@ TEST_CASE("swap files are removed with the swapper", "[nvme_swapper]") {
     round_trip(sw, pool, "b/c", 9000, 2);
     CHECK(list_dir(dir).size() == 2);
   }
-  struct stat st{};
+  struct stat st {};
   CHECK(stat(dir.c_str(), &st) != 0);  // the rank directory is gone too
 }
 
@@ -502,9 +510,8 @@ TEST_CASE("SwapPipeline streams sub-groups through three buffers", "[nvme_swappe
                                }),
                       "stop at 3");
   // Groups 0..2 were written back unchanged, the rest never touched: all still read cleanly.
-  pipe.run(SwapPipeline::Mode::read_only, [&](std::size_t g, SwapGroupView& view) {
-    REQUIRE(view.as<float>(0)[5] == value(g, 0, 5) + 2.0f);
-  });
+  pipe.run(SwapPipeline::Mode::read_only,
+           [&](std::size_t g, SwapGroupView& view) { REQUIRE(view.as<float>(0)[5] == value(g, 0, 5) + 2.0f); });
 }
 
 // ---------------------------------------------------------------- two jobs, one nvme_path
@@ -518,7 +525,7 @@ std::string this_host() {
 }
 
 bool exists(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
 }
 
@@ -566,8 +573,7 @@ TEST_CASE("swap files of a killed job are reclaimed at start, so the space check
   TempDir tmp;
   // On a 1 MiB tmpfs (when this runs as root) the stale files leave too little space for the
   // new job's: without the reclaim its space check fails. Elsewhere the files must still go.
-  const bool small_fs =
-      geteuid() == 0 && ::mount("zero_swap_test", tmp.path().c_str(), "tmpfs", 0, "size=1m") == 0;
+  const bool small_fs = geteuid() == 0 && ::mount("zero_swap_test", tmp.path().c_str(), "tmpfs", 0, "size=1m") == 0;
   struct Unmount {
     std::string path;
     bool mounted;

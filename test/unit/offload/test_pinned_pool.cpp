@@ -138,8 +138,7 @@ TEST_CASE("pinning works when the limit allows it", "[pinned_pool]") {
   CHECK(pool.bytes_pinned() == 256 * 1024);
 }
 
-TEST_CASE("failing to pin: an error when required, a pageable fallback otherwise",
-          "[pinned_pool]") {
+TEST_CASE("failing to pin: an error when required, a pageable fallback otherwise", "[pinned_pool]") {
   NoMemlock guard;
   if (!guard.active()) {
     WARN("could not lower RLIMIT_MEMLOCK / drop CAP_IPC_LOCK here; skipping");

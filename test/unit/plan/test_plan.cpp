@@ -118,9 +118,9 @@ TEST_CASE("MiCS and hpZ memory per rank: the stage formulas with the group size,
     int stage, mics, hpz;
     const char* says;
   };
-  for (const Bad& b : {Bad{0, 2, 1, "mics_shard_size 2 applies to stages 1-3"},
-                       Bad{2, 3, 1, "mics_shard_size 3 does not divide the 8 data-parallel ranks"},
-                       Bad{3, 2, 2, "with hpZ"}}) {
+  for (const Bad& b :
+       {Bad{0, 2, 1, "mics_shard_size 2 applies to stages 1-3"},
+        Bad{2, 3, 1, "mics_shard_size 3 does not divide the 8 data-parallel ranks"}, Bad{3, 2, 2, "with hpZ"}}) {
     s = bf16_stage(b.stage);
     s.mics_shard_size = b.mics;
     s.hpz_partition_size = b.hpz;
@@ -509,8 +509,8 @@ TEST_CASE("grid: the 1F1B bubble and the model-parallel traffic in the step time
 
 TEST_CASE("grid: a group's bandwidth, inside a node or sharing its NICs", "[plan][grid]") {
   const Cluster c = v100_nodes(64);
-  CHECK(c.group_bytes_per_s(4, 1) == Approx(150e9));  // TP 4 inside the node
-  CHECK(c.group_bytes_per_s(16, 4) == Approx(50e9 / 4));  // DP 16 beside TP 4: four rings per node
+  CHECK(c.group_bytes_per_s(4, 1) == Approx(150e9));                  // TP 4 inside the node
+  CHECK(c.group_bytes_per_s(16, 4) == Approx(50e9 / 4));              // DP 16 beside TP 4: four rings per node
   CHECK(c.group_bytes_per_s(64, 1) == Approx(c.ring_bytes_per_s()));  // the flat ring
   CHECK(c.group_bytes_per_s(32, 2) == Approx(50e9 / 2));
 }
@@ -632,7 +632,8 @@ TEST_CASE("ZeRO++: hpZ and qwZ lead the ranking when the inter-node link is slow
   REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("only stage 3"));
   s.stage = 3;
   s.hpz_partition_size = 3;
-  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s), Catch::Matchers::Contains("does not divide the 8 data-parallel ranks"));
+  REQUIRE_THROWS_WITH(make_plan(gpt_preset("gpt2-xl"), c, s),
+                      Catch::Matchers::Contains("does not divide the 8 data-parallel ranks"));
 }
 
 TEST_CASE("across nodes: the candidates of qgZ, MiCS and PowerSGD follow the engine's rules", "[plan]") {
@@ -722,15 +723,14 @@ TEST_CASE("step time: qgZ's two phases and PowerSGD's factors, worked by hand", 
   CHECK(e.flops == Approx(4.0 * 4 * static_cast<double>(e.compressed)));
   const double all_reduce = 2.0 * 15 / 16 * n * 4 / nic;
   const double factors = 2.0 * 15 / 16 * (static_cast<double>(e.plain) * 4 + static_cast<double>(e.p + e.q) * 2) / nic;
-  const double compute = e.flops / (c.gpu.peak_flops * c.gpu.efficiency) +
-                         static_cast<double>(e.compressed) * 40 / c.gpu.hbm_bytes_per_s;
+  const double compute =
+      e.flops / (c.gpu.peak_flops * c.gpu.efficiency) + static_cast<double>(e.compressed) * 40 / c.gpu.hbm_bytes_per_s;
   CHECK(psgd.time.compress_s == Approx(compute).epsilon(1e-9));
   CHECK(plain0.time.step_s - psgd.time.step_s == Approx(all_reduce - factors - compute).epsilon(1e-6));
   CHECK(psgd.time.step_s < 0.5 * plain0.time.step_s);
   // Its buffers in GPU memory: the fp32 error and Q of every compressed matrix, the fp32 P and
   // summed Q, the plain rest in fp32 (accumulated gradients), the bf16 wire copy of P or Q.
-  const std::int64_t buffers =
-      4 * (e.compressed + 2 * e.q + e.p) + 4 * e.plain + 2 * std::max(e.p, e.q);
+  const std::int64_t buffers = 4 * (e.compressed + 2 * e.q + e.p) + 4 * e.plain + 2 * std::max(e.p, e.q);
   CHECK(psgd.memory.comm_buffers - plain0.memory.comm_buffers == buffers);
   CHECK(psgd.memory.gpu_bytes - plain0.memory.gpu_bytes == buffers);
 }

@@ -36,8 +36,7 @@ TEST_CASE("the planner's GPT is the trainer's GPT", "[plan]") {
       for (int micro : {1, 3}) {
         zero::gpt::GptModel model(cfg, micro, *ops);
         CHECK(static_cast<std::int64_t>(model.activation_bytes()) ==
-              zero::plan::activation_bytes(shape, micro, ckpt, 4,
-                                                           zero::plan::AttentionStore::probabilities));
+              zero::plan::activation_bytes(shape, micro, ckpt, 4, zero::plan::AttentionStore::probabilities));
       }
     }
   }

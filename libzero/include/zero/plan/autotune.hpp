@@ -24,14 +24,14 @@ class Context;
 // What a candidate changes in the base config; an unset field keeps the base's value.
 struct TuneCandidate {
   std::optional<int> stage;
-  std::optional<std::int64_t> micro_batch;   // the global batch stays; accumulation follows
-  std::optional<std::int64_t> bucket_size;   // reduce_bucket_size and allgather_bucket_size
+  std::optional<std::int64_t> micro_batch;  // the global batch stays; accumulation follows
+  std::optional<std::int64_t> bucket_size;  // reduce_bucket_size and allgather_bucket_size
   std::optional<bool> overlap_comm;
   std::optional<OffloadDevice> offload_optimizer;
-  std::optional<int> hpz_partition_size;     // ZeRO++ hpZ (stage 3)
-  std::optional<bool> quantized_weights;     // ZeRO++ qwZ (stage 3)
-  std::optional<bool> quantized_gradients;   // ZeRO++ qgZ (stages 2-3)
-  std::optional<int> mics_shard_size;        // MiCS (stages 1-3)
+  std::optional<int> hpz_partition_size;    // ZeRO++ hpZ (stage 3)
+  std::optional<bool> quantized_weights;    // ZeRO++ qwZ (stage 3)
+  std::optional<bool> quantized_gradients;  // ZeRO++ qgZ (stages 2-3)
+  std::optional<int> mics_shard_size;       // MiCS (stages 1-3)
   // The grid (ProcessGroups): ranks splitting each layer, pipeline stages; the data-parallel
   // size, which the config is resolved for, is world / (T x P). Unset: TuneOptions::grid's.
   std::optional<int> tensor_parallel;
@@ -64,10 +64,10 @@ std::vector<TuneCandidate> with_zero_plus_plus(const std::vector<TuneCandidate>&
 struct TuneTrial {
   TuneCandidate candidate;
   enum class Outcome { timed, does_not_fit, failed, refused } outcome = Outcome::failed;
-  std::string note;            // the planner's reason, or the error
-  GridSpec grid;               // the tensor x pipeline sizes it ran (or would have run) with
-  double step_s = 0;           // mean over the timed steps, slowest rank
-  double samples_per_s = 0;    // global batch / step_s
+  std::string note;          // the planner's reason, or the error
+  GridSpec grid;             // the tensor x pipeline sizes it ran (or would have run) with
+  double step_s = 0;         // mean over the timed steps, slowest rank
+  double samples_per_s = 0;  // global batch / step_s
 };
 
 // The planner's verdict on a resolved candidate config (resolved for the data-parallel size of
@@ -81,10 +81,10 @@ FitsFn plan_fits(const plan::GptShape& shape, const plan::Cluster& cluster);
 struct TuneOptions {
   int warmup_steps = 1;
   int timed_steps = 3;
-  FitsFn fits;                // null: every candidate runs
-  std::string config_out;     // rank 0 writes the winner's YAML here (empty: not written)
-  std::string table_out;      // rank 0 writes the trial table here (empty: not written)
-  GridSpec grid;              // the base's grid: what a candidate without sizes runs with
+  FitsFn fits;             // null: every candidate runs
+  std::string config_out;  // rank 0 writes the winner's YAML here (empty: not written)
+  std::string table_out;   // rank 0 writes the trial table here (empty: not written)
+  GridSpec grid;           // the base's grid: what a candidate without sizes runs with
   // Where the application's config keeps the grid (the engine's keys do not: a GPT's model
   // section, say): called on every candidate's resolved config, so the winner's carries it.
   std::function<void(Config& cfg, GridSpec grid)> record_grid;
@@ -92,8 +92,8 @@ struct TuneOptions {
 
 struct TuneResult {
   bool found = false;
-  int best_index = -1;        // into trials
-  Config best;                // resolved for its data-parallel size at the world size it was tuned at
+  int best_index = -1;  // into trials
+  Config best;          // resolved for its data-parallel size at the world size it was tuned at
   TuneTrial best_trial;
   std::vector<TuneTrial> trials;
   std::string table() const;  // one row per candidate, the winner marked
@@ -115,8 +115,8 @@ TuneResult autotune(Context& ctx, const Config& base, const Layout& layout, cons
 // (A name of its own: a lambda returning the step also converts to TrainStepFn.)
 using MakeTrainStepFn = std::function<TrainStepFn(Engine& engine)>;
 TuneResult autotune_per_engine(Context& ctx, const Config& base, const Layout& layout, const InitFn& init,
-                               const MakeTrainStepFn& make_train_step,
-                               const std::vector<TuneCandidate>& candidates, const TuneOptions& options = {});
+                               const MakeTrainStepFn& make_train_step, const std::vector<TuneCandidate>& candidates,
+                               const TuneOptions& options = {});
 
 // A candidate's engine and the groups it runs over. Members in this order: the engine goes
 // before its groups.

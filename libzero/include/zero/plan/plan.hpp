@@ -41,8 +41,8 @@ Layout gpt_layout(const GptShape& shape);
 // A shape family for --max-model and bare parameter counts: head size 128 (or fewer heads for
 // narrow models), width a multiple of 128, depth n_embd / aspect unless fixed.
 struct GptFamily {
-  int aspect = 128;   // n_embd / n_layer (GPT-3's 175B and 13B sit at 128)
-  int n_layer = 0;    // > 0: fixed depth, only the width grows
+  int aspect = 128;  // n_embd / n_layer (GPT-3's 175B and 13B sit at 128)
+  int n_layer = 0;   // > 0: fixed depth, only the width grows
   int seq_len = 1024;
   int vocab_size = 50257;
   GptShape shape(int n_embd) const;
@@ -75,7 +75,7 @@ std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointi
 // (its own copy of wte / T when P > 1) on the last.
 struct StagePart {
   int tp = 1, pp = 1, stage = 0;
-  int blocks(const GptShape& shape) const;       // blocks on this stage
+  int blocks(const GptShape& shape) const;  // blocks on this stage
   bool first() const { return stage == 0; }
   bool last() const { return stage == pp - 1; }
 };
@@ -98,11 +98,11 @@ double pipeline_bubble(int pp, int micro_batches);
 
 struct GpuSpec {
   std::string name;
-  double memory_bytes = 0;    // usable device memory
-  double peak_flops = 0;      // dense 16-bit tensor peak, FLOP/s
-  double efficiency = 0;      // fraction of peak the training compute reaches
-  double hbm_bytes_per_s = 0; // device memory bandwidth (the on-device optimizer step)
-  double pcie_bytes_per_s = 0;// host <-> device, one direction
+  double memory_bytes = 0;        // usable device memory
+  double peak_flops = 0;          // dense 16-bit tensor peak, FLOP/s
+  double efficiency = 0;          // fraction of peak the training compute reaches
+  double hbm_bytes_per_s = 0;     // device memory bandwidth (the on-device optimizer step)
+  double pcie_bytes_per_s = 0;    // host <-> device, one direction
   double nvlink_bytes_per_s = 0;  // default intra-node bus bandwidth per GPU
 };
 
@@ -126,12 +126,12 @@ struct Cluster {
   GpuSpec gpu;
   int gpus = 1;
   int gpus_per_node = 8;
-  double intra_node_bytes_per_s = 0;    // per GPU; 0: the GPU's NVLink figure
-  double inter_node_bytes_per_s = 25e9; // per node (all its NICs)
-  double host_bytes_per_gpu = 64e9;     // host memory available to each rank
-  double host_mem_bytes_per_s = 200e9;  // per node, shared by the host AdamW of its ranks
-  double nvme_bytes_per_node = 0;       // 0: no NVMe
-  double nvme_bytes_per_s = 6e9;        // per node, read or write
+  double intra_node_bytes_per_s = 0;     // per GPU; 0: the GPU's NVLink figure
+  double inter_node_bytes_per_s = 25e9;  // per node (all its NICs)
+  double host_bytes_per_gpu = 64e9;      // host memory available to each rank
+  double host_mem_bytes_per_s = 200e9;   // per node, shared by the host AdamW of its ranks
+  double nvme_bytes_per_node = 0;        // 0: no NVMe
+  double nvme_bytes_per_s = 6e9;         // per node, read or write
   int nodes() const { return (gpus + gpus_per_node - 1) / gpus_per_node; }
   int ranks_per_node() const { return gpus < gpus_per_node ? gpus : gpus_per_node; }
   // Bus bandwidth of a ring over all ranks: NVLink inside a node, the NICs between nodes.
@@ -168,11 +168,11 @@ struct Settings {
   int pipeline_parallel = 1;  // P; the data-parallel size is GPUs / (T x P)
   // What changes which links the collectives use (step_traffic below).
   bool reduce_scatter = true;
-  std::int64_t max_reuse_distance = 1000000000;  // stage3_max_reuse_distance
-  int hpz_partition_size = 1;                    // zero_hpz_partition_size
-  bool quantized_weights = false;                // zero_quantized_weights
+  std::int64_t max_reuse_distance = 1000000000;     // stage3_max_reuse_distance
+  int hpz_partition_size = 1;                       // zero_hpz_partition_size
+  bool quantized_weights = false;                   // zero_quantized_weights
   std::int64_t quantized_weights_block_size = 256;  // qwZ's and qgZ's
-  bool quantized_gradients = false;                // zero_quantized_gradients (qgZ), stages 2-3
+  bool quantized_gradients = false;                 // zero_quantized_gradients (qgZ), stages 2-3
   // MiCS (zero_optimization.mics_shard_size, stages 1-3): model states sharded over groups of
   // this many data-parallel ranks, replicated across them; -1: over every data-parallel rank.
   int mics_shard_size = -1;
@@ -239,8 +239,8 @@ struct MemoryPlan {
   ModelStates states;
   std::int64_t activations = 0;
   std::int64_t comm_buffers = 0;
-  std::int64_t gathered = 0;      // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
-  std::int64_t pinned = 0;        // offload staging / swap buffers in host memory
+  std::int64_t gathered = 0;  // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
+  std::int64_t pinned = 0;    // offload staging / swap buffers in host memory
   std::int64_t device_overhead = 0;
   std::int64_t host_overhead = 0;
   std::int64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
@@ -261,12 +261,12 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // ln_f and the blocks backwards, the embeddings held for the whole micro-step) with the
 // gatherer's keep rule (stage3_max_reuse_distance), hpZ's in-group re-gathers and qwZ's int8
 // packing; PowerSGD's (stages 0-1, a step from start_step on) finiteness scalar and its plain,
-// P and Q all-reduces in place of the gradient all-reduce; qgZ's two all-to-alls per unit and micro-step in place of the reduce-scatter (int8
-// blocks to the L-1 node peers, M slices each; int4 blocks to the M-1 other nodes, one slice
-// each; every message rounded up to whole 4-byte words, as quant::packed_bytes); with MiCS all of that inside the rank's group, plus the replicas' all-reduce of each
-// gradient slice and of the norm. A steady-state step: the run's first micro-step records the gather order and keeps
-// nothing, so the first step gathers more. Equals Engine::traffic() over such a step (tested
-// against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
+// P and Q all-reduces in place of the gradient all-reduce; qgZ's two all-to-alls per unit and micro-step in place of
+// the reduce-scatter (int8 blocks to the L-1 node peers, M slices each; int4 blocks to the M-1 other nodes, one slice
+// each; every message rounded up to whole 4-byte words, as quant::packed_bytes); with MiCS all of that inside the
+// rank's group, plus the replicas' all-reduce of each gradient slice and of the norm. A steady-state step: the run's
+// first micro-step records the gather order and keeps nothing, so the first step gathers more. Equals Engine::traffic()
+// over such a step (tested against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
 
 // PowerSGD's all-reduces in a compressed step (engine/powersgd.hpp, powersgd_rank): the P factors
@@ -299,7 +299,7 @@ struct Plan {
   GptShape shape;
   std::int64_t params = 0;
   Settings settings;
-  MemoryPlan memory;  // of the rank that needs the most GPU memory (first or last stage)
+  MemoryPlan memory;     // of the rank that needs the most GPU memory (first or last stage)
   int memory_stage = 0;  // that rank's pipeline stage
   int data_parallel = 1;
   StepTime time;

@@ -8,8 +8,8 @@
 namespace zero {
 
 struct LibrarySymbol {
-  void* address = nullptr;  // null when it could not be had
-  std::string error;        // then why: "<path> could not be loaded: <the loader's reason>"
+  void* address = nullptr;   // null when it could not be had
+  std::string error;         // then why: "<path> could not be loaded: <the loader's reason>"
   bool other_build = false;  // find_library_entry: the library is from another build
 };
 
