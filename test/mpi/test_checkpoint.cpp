@@ -174,6 +174,14 @@ TEST_CASE("fp16 resume crosses skipped steps with the scaler state intact") {
   remove_dir(dir);
 }
 
+// `steps` training steps, each followed by a save into dir.
+static void train_and_save(Engine& e, const Case& c, const std::string& dir, const CheckpointOptions& o, int steps) {
+  for (int s = 0; s < steps; ++s) {
+    train_step(e, c);
+    save_checkpoint(e, dir, {}, o);
+  }
+}
+
 TEST_CASE("keep_last keeps the newest checkpoints; re-saving the latest step is refused") {
   std::string dir = shared_temp_dir("ckpt_keep");
   Case c;
@@ -181,20 +189,14 @@ TEST_CASE("keep_last keeps the newest checkpoints; re-saving the latest step is 
   auto e = fresh_engine(c);
   CheckpointOptions o;
   o.keep_last = 2;
-  for (int s = 0; s < 4; ++s) {
-    train_step(*e, c);
-    save_checkpoint(*e, dir, {}, o);
-  }
+  train_and_save(*e, c, dir, o, 4);
   ctx().comm().barrier();
   CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{3, 4});
   CHECK(resolve_checkpoint(dir) == dir + "/step_00000004");
   CHECK_THROWS_WITH(save_checkpoint(*e, dir), Contains("already exists and is the latest"));
   // keep_last 0 keeps everything.
   o.keep_last = 0;
-  for (int s = 0; s < 3; ++s) {
-    train_step(*e, c);
-    save_checkpoint(*e, dir, {}, o);
-  }
+  train_and_save(*e, c, dir, o, 3);
   ctx().comm().barrier();
   CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{3, 4, 5, 6, 7});
   // Tag by number, and a missing one named with what exists.
@@ -213,10 +215,7 @@ TEST_CASE("a model that diverged is not saved, and no finite checkpoint is prune
   auto e = fresh_engine(c);
   CheckpointOptions o;
   o.keep_last = 2;
-  for (int s = 0; s < 2; ++s) {
-    train_step(*e, c);
-    save_checkpoint(*e, dir, {}, o);
-  }
+  train_and_save(*e, c, dir, o, 2);
   // A rate past fp32's range: the next update leaves weights that are not finite, as a
   // diverged run does (the loss follows).
   e->set_lr(1e300);
