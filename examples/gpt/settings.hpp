@@ -39,6 +39,7 @@ struct GptSettings {
   int keep_checkpoints{};
   double token_budget{};
   bool log_jsonl{}, strict_outputs{};
+  bool allow_model_change{};  // resume a checkpoint whose n_head / vocab_size differ
   std::string progress;
   double peak_tflops{};
 

@@ -194,6 +194,12 @@ const std::vector<Key>& gpt_keys() {
        .doc = "a failed write to out_dir (log, metrics, config.yaml, sample) ends the run; false: a warning, "
               "training goes on"},
       {.section = "run",
+       .name = "allow_model_change",
+       .slot = [](GptSettings& s) -> Slot { return &s.allow_model_change; },
+       .def = false,
+       .doc = "resume (or sample) from a checkpoint saved with another model.n_head or model.vocab_size (the "
+              "same shapes, another computation); false: such a checkpoint is refused naming both values"},
+      {.section = "run",
        .name = "progress",
        .slot = [](GptSettings& s) -> Slot { return &s.progress; },
        .def = "auto",

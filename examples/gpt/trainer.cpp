@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -227,13 +228,27 @@ namespace {
 // The data position is kept as a global count of samples read, which means the same thing at
 // any world size and micro-batch.
 constexpr const char* kSamplesKey = "gpt.samples_read";
+
+// The model keys that change what the parameters compute without changing a shape (the head
+// split of the attention, the vocabulary the loss is taken over, whose padding keeps the shape):
+// the engine's load checks shapes only, so the trainer records these with every save and a
+// resume compares them.
+struct ModelKey {
+  const char* name;
+  int GptConfig::*field;
+};
+constexpr ModelKey kComputeKeys[] = {{"n_head", &GptConfig::n_head}, {"vocab_size", &GptConfig::vocab_size}};
+
+std::string client_key(const ModelKey& k) { return fmt::format("gpt.model.{}", k.name); }
 }  // namespace
 
 void GptTrainer::save_checkpoint(const std::string& root) {
   const std::int64_t samples = train_loader_->micro_step() * train_loader_->samples_per_micro_step();
   zero::CheckpointOptions o;
   o.keep_last = settings_.keep_checkpoints;
-  zero::save_checkpoint(*engine_, root, {{kSamplesKey, fmt::format("{}", samples)}}, o);
+  zero::ClientState client{{kSamplesKey, fmt::format("{}", samples)}};
+  for (const ModelKey& k : kComputeKeys) client[client_key(k)] = fmt::format("{}", settings_.model.*k.field);
+  zero::save_checkpoint(*engine_, root, client, o);
 }
 
 std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag, bool read_only) {
@@ -259,8 +274,33 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
                          "this run's micro-steps ({} samples: micro-batch x data-parallel ranks); resume with a "
                          "micro-batch and rank count whose product divides it",
                          samples, per));
+  check_model_keys(client, root);
   train_loader_->seek(samples / per);
   return engine_->global_step();
+}
+
+void GptTrainer::check_model_keys(const zero::ClientState& client, const std::string& root) const {
+  for (const ModelKey& k : kComputeKeys) {
+    const auto it = client.find(client_key(k));
+    if (it == client.end()) continue;  // saved before zero-gpt recorded it
+    const int now = settings_.model.*k.field;
+    if (it->second == fmt::format("{}", now)) continue;
+    if (settings_.allow_model_change) {
+      if (ctx_.is_root())
+        std::fputs(fmt::format("zero-gpt: warning: the checkpoint in {} was trained with model.{} = {}; this run "
+                               "continues with model.{} = {} (run.allow_model_change: true)\n",
+                               root, k.name, zero::escape_bytes(it->second), k.name, now)
+                       .c_str(),
+                   stderr);
+      continue;
+    }
+    ZERO_THROW(fmt::format(
+        "load_checkpoint: the checkpoint in {} was trained with model.{} = {}, this run's "
+        "config has model.{} = {}: the parameters have the same shapes but would compute "
+        "another model; set model.{}: {} to continue the same model, or run.allow_model_change: "
+        "true to train on with {}",
+        root, k.name, zero::escape_bytes(it->second), k.name, now, k.name, zero::escape_bytes(it->second), now));
+  }
 }
 
 int GptTrainer::start_token() const {

@@ -34,6 +34,7 @@
 #include "gpt/gpt_model.hpp"
 #include "gpt/pipeline.hpp"
 #include "gpt/settings.hpp"
+#include "zero/checkpoint.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
@@ -156,6 +157,9 @@ class GptTrainer {
   PipelineReport pipeline_report() const;
 
  private:
+  // Refuses a checkpoint whose recorded n_head / vocab_size differ from this run's (same shapes,
+  // another model) unless run.allow_model_change is set, naming both values.
+  void check_model_keys(const zero::ClientState& client, const std::string& root) const;
   // Pointer arrays for the model, one "slot" per unit in use at once (the embeddings, and the
   // unit currently gathered). When the engine's compute dtype is the Ops' (fp32 on the host,
   // bf16 on CUDA) they point into the engine's storage; otherwise (16-bit compute with HostOps)
