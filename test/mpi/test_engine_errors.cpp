@@ -132,6 +132,35 @@ TEST_CASE("misuse gives clear errors") {
     REQUIRE_THROWS_WITH(e.gather(1), Catch::Contains("gather order changed") && Catch::Contains("'layer0'") &&
                                          Catch::Contains("'embed'"));
   }
+  SECTION("a gather_all handle alive at grads(), reduce() and step() is named, at every stage") {
+    // The loop never called set_eval: the message must name the handle that put the engine in
+    // eval mode, not the mode.
+    for (int stage = 0; stage <= 3; ++stage) {
+      INFO("stage " << stage);
+      Engine e(ctx, config("zero_optimization:\n  stage: " + std::to_string(stage) + "\n"), make_layout());
+      e.init_params(init_value);
+      GatheredModel held = e.gather_all();
+      // Catch's combined matchers hold references: each assertion builds its own.
+      const std::string held_msg = "a GatheredModel from Engine::gather_all() is still alive";
+      for (const char* call : {"grads()", "reduce()", "step()"}) {
+        INFO(call);
+        const auto run = [&] {
+          if (call[0] == 'g')
+            e.grads(4);
+          else if (call[0] == 'r')
+            e.reduce(4);
+          else
+            e.step();
+        };
+        REQUIRE_THROWS_WITH(run(),
+                            Catch::Contains(std::string(call) + ": " + held_msg) && !Catch::Contains("set_eval(true)"));
+      }
+      REQUIRE_THROWS_WITH(e.set_eval(false), Catch::Contains("GatheredModel"));
+      held.release();
+      micro_step(e, 0, false);
+      REQUIRE_FALSE(e.step().skipped);
+    }
+  }
   SECTION("an unknown unit") {
     Engine e(ctx, config("zero_optimization:\n  stage: 0\n"), make_layout());
     e.init_params(init_value);

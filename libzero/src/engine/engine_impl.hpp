@@ -106,6 +106,8 @@ class EngineImpl {
 
   // The step (engine/step.cpp), in the order step() calls them.
   void check_step_ready(const char* what) const;  // what: "step()", "grad_norm()"
+  // Refuses a training call in eval mode, naming a live GatheredModel when that is the cause.
+  void check_training(const char* what) const;
   double grad_denominator() const;
   GradNorm pre_step_norm(const char* what);
   void reduce_powersgd();  // powersgd_'s reduction of the full gradients
@@ -165,6 +167,7 @@ class EngineImpl {
 
   bool initialized_ = false;
   bool eval_mode_ = false;
+  bool holding_model_ = false;     // a GatheredModel (gather_all) is alive, at any stage
   int micro_ = 0;                  // completed micro-steps since the last step()
   std::int64_t step_ = 0;          // step() calls
   std::int64_t applied_ = 0;       // non-skipped updates (Adam's t, the scheduler's step)

@@ -20,7 +20,7 @@ void EngineImpl::check_unit(int unit, const char* what) const {
 void EngineImpl::set_eval(bool on) {
   ZERO_CHECK(!on || (micro_ == 0 && reducer_.reduced_this_micro() == 0 && !gatherer_.mid_micro_step()),
              "set_eval(true) in the middle of a training micro-step; evaluate between steps");
-  ZERO_CHECK(on || !gatherer_.holding_all(),
+  ZERO_CHECK(on || !holding_model_,
              "set_eval(false) while a GatheredModel (Engine::gather_all) holds the model; release it first");
   eval_mode_ = on;
 }
@@ -36,23 +36,37 @@ UnitParams EngineImpl::gather(int unit) {
 
 GatheredModel EngineImpl::gather_all() {
   ZERO_CHECK(initialized_, "gather_all: parameters are not initialised; call Engine::init_params first");
-  ZERO_CHECK(!gatherer_.holding_all(), "gather_all: the model is already held by a GatheredModel; release it first");
+  ZERO_CHECK(!holding_model_, "gather_all: the model is already held by a GatheredModel; release it first");
   const bool was_eval = eval_mode_;
   set_eval(true);  // refuses the middle of a micro-step
   if (stage_ == 3) gatherer_.hold_all();
+  holding_model_ = true;
   return GatheredModel(this, was_eval);
 }
 
 void EngineImpl::release_all(bool was_eval) {
   gatherer_.release_all();
+  holding_model_ = false;
   eval_mode_ = was_eval;
+}
+
+void EngineImpl::check_training(const char* what) const {
+  // A GatheredModel puts the engine in eval mode for its lifetime: name the handle, not the mode
+  // the loop may never have set itself.
+  ZERO_CHECK(!holding_model_,
+             fmt::format("{}: a GatheredModel from Engine::gather_all() is still alive, and the engine stays in eval "
+                         "mode while it is; release it (GatheredModel::release(), or end its scope) before training",
+                         what));
+  ZERO_CHECK(
+      !eval_mode_,
+      fmt::format("{}: the engine is in eval mode (set_eval(true)); call set_eval(false) before training", what));
 }
 
 void EngineImpl::release(int unit, std::uint64_t token) { gatherer_.release(unit, token, stage3_training()); }
 
 UnitGrads EngineImpl::grads(int unit) {
   check_unit(unit, "grads");
-  ZERO_CHECK(!eval_mode_, "grads(): the engine is in eval mode (set_eval(true)); gradients exist only in training");
+  check_training("grads()");
   const UnitInfo& ui = layout_.unit(unit);
   ZERO_CHECK(reducer_.times_reduced(unit) == micro_,
              "grads(): unit '" + ui.name + "' was already reduced in this micro-step; ask for grads before reduce()");
@@ -64,7 +78,7 @@ UnitGrads EngineImpl::grads(int unit) {
 
 void EngineImpl::reduce(int unit) {
   check_unit(unit, "reduce");
-  ZERO_CHECK(!eval_mode_, "reduce(): the engine is in eval mode (set_eval(true))");
+  check_training("reduce()");
   const std::string& name = layout_.unit(unit).name;
   ZERO_CHECK(micro_ < gas_, fmt::format("reduce(): unit '{}' reduced after all {} micro-steps of "
                                         "gradient_accumulation_steps; call step() first",

@@ -129,7 +129,7 @@ void EngineImpl::check_ranks_agree(double lr, const StepOptions& opts) {
 
 void EngineImpl::check_step_ready(const char* what) const {
   ZERO_CHECK(initialized_, fmt::format("{}: parameters are not initialised; call Engine::init_params first", what));
-  ZERO_CHECK(!eval_mode_, fmt::format("{}: the engine is in eval mode; call set_eval(false) before training", what));
+  check_training(what);
   if (micro_ == gas_) return;
   std::string missing;
   for (int i = 0; i < layout_.num_units(); ++i)
