@@ -4,6 +4,8 @@
 //     while the other ranks train on: the collective check must end the job naming both calls.
 //   mismatch_job gather-all: the supported way: every rank calls gather_all(), rank 0 alone reads
 //     every unit (compared with full_params taken before), then all ranks train on. Exits 0.
+//   mismatch_job rank0-gather-all STAGE: at stage STAGE (0-3), rank 0 alone calls gather_all()
+//     while the other ranks train on: the collective check must end the job naming both calls.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -16,11 +18,11 @@
 int main(int argc, char** argv) {
   zero::Context ctx(&argc, &argv);
   const std::string mode = argc > 1 ? argv[1] : "";
+  const std::string stage = argc > 2 ? argv[2] : "3";
   return ctx.run([&] {
-    zero::Config cfg = zero::parse_config(
-        "train_micro_batch_size_per_gpu: 2\nzero_optimization:\n  stage: 3\n"
-        "  stage3_param_persistence_threshold: 0\n",
-        "mismatch_job");
+    const std::string yaml = "train_micro_batch_size_per_gpu: 2\nzero_optimization:\n  stage: " + stage +
+                             "\n  stage3_param_persistence_threshold: 0\n";
+    zero::Config cfg = zero::parse_config(yaml, "mismatch_job");
     cfg.resolve(ctx.world_size());
     zero::Engine e(ctx, cfg, zero::test::make_layout());
     e.init_params(zero::test::init_value);
@@ -34,6 +36,15 @@ int main(int argc, char** argv) {
       }
       zero::test::train(e, ctx.rank(), ctx.world_size(), 1, 1);
       std::fprintf(stderr, "rank %d: trained on after a rank-0-only forward pass\n", ctx.rank());
+      return 3;
+    }
+    if (mode == "rank0-gather-all") {
+      if (ctx.rank() == 0) {
+        const zero::GatheredModel held = e.gather_all();
+        for (int u = 0; u < n; ++u) e.gather(u);
+      }
+      zero::test::train(e, ctx.rank(), ctx.world_size(), 1, 1);
+      std::fprintf(stderr, "rank %d: trained on after a rank-0-only gather_all\n", ctx.rank());
       return 3;
     }
     if (mode == "gather-all") {
@@ -57,7 +68,7 @@ int main(int argc, char** argv) {
       std::printf("rank %d: trained on, step %lld\n", ctx.rank(), static_cast<long long>(e.global_step()));
       return 0;
     }
-    std::fprintf(stderr, "usage: mismatch_job rank0-eval | gather-all\n");
+    std::fprintf(stderr, "usage: mismatch_job rank0-eval | gather-all | rank0-gather-all STAGE\n");
     return 2;
   });
 }

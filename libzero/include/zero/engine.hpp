@@ -196,7 +196,8 @@ class Engine {
   // and holds them while the handle lives, in eval mode. Meanwhile gather() reads them locally
   // and issues no collective, so one rank alone may run forward passes (sampling or evaluating
   // on rank 0) while the others wait at their next collective. Costs the whole model in the
-  // compute dtype at stage 3; at stages 0-2 the parameters are whole already and nothing moves.
+  // compute dtype at stage 3; at stages 0-2 the parameters are whole already and nothing moves
+  // but a barrier, so a rank calling it alone is a collective mismatch at every stage.
   GatheredModel gather_all();
   // Local: where the backward adds unit's gradient (docs/training-loop.md, Averaging: what step()
   // divides the sum by).

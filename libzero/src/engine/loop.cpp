@@ -6,6 +6,7 @@
 #include <string>
 
 #include "engine/engine_impl.hpp"
+#include "zero/comm.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -39,7 +40,15 @@ GatheredModel EngineImpl::gather_all() {
   ZERO_CHECK(!holding_model_, "gather_all: the model is already held by a GatheredModel; release it first");
   const bool was_eval = eval_mode_;
   set_eval(true);  // refuses the middle of a micro-step
-  if (stage_ == 3) gatherer_.hold_all();
+  if (stage_ == 3) {
+    gatherer_.hold_all();
+  } else {
+    // Nothing to gather, but gather_all is collective at every stage: one rank calling it alone
+    // (to sample on rank 0) is the same bug here as at stage 3, where the all-gathers catch it,
+    // and would pass until the run switched stage. A barrier lets the collective check name it.
+    const CommSiteScope site("gather_all", nullptr, true);
+    host_comm_.barrier();
+  }
   holding_model_ = true;
   return GatheredModel(this, was_eval);
 }
