@@ -174,71 +174,75 @@ TEST_CASE("fp16 resume crosses skipped steps with the scaler state intact") {
   remove_dir(dir);
 }
 
-// `steps` training steps, each followed by a save into dir.
-static void train_and_save(Engine& e, const Case& c, const std::string& dir, const CheckpointOptions& o, int steps) {
-  for (int s = 0; s < steps; ++s) {
-    train_step(e, c);
-    save_checkpoint(e, dir, {}, o);
+// A fresh engine at `stage` saving into its own directory, keeping the last `keep_last` saves.
+struct SavingRun {
+  std::string dir;
+  Case c;
+  std::unique_ptr<Engine> e;
+  CheckpointOptions o;
+
+  SavingRun(const char* name, int stage, int keep_last) : dir(shared_temp_dir(name)) {
+    c.stage = stage;
+    e = fresh_engine(c);
+    o.keep_last = keep_last;
   }
-}
+  // `steps` training steps, each followed by a save.
+  void train_and_save(int steps) {
+    for (int s = 0; s < steps; ++s) {
+      train_step(*e, c);
+      save_checkpoint(*e, dir, {}, o);
+    }
+  }
+};
 
 TEST_CASE("keep_last keeps the newest checkpoints; re-saving the latest step is refused") {
-  std::string dir = shared_temp_dir("ckpt_keep");
-  Case c;
-  c.stage = 1;
-  auto e = fresh_engine(c);
-  CheckpointOptions o;
-  o.keep_last = 2;
-  train_and_save(*e, c, dir, o, 4);
+  SavingRun run("ckpt_keep", 1, 2);
+  run.train_and_save(4);
   ctx().comm().barrier();
-  CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{3, 4});
-  CHECK(resolve_checkpoint(dir) == dir + "/step_00000004");
-  CHECK_THROWS_WITH(save_checkpoint(*e, dir), Contains("already exists and is the latest"));
+  CHECK(list_checkpoints(run.dir) == std::vector<std::int64_t>{3, 4});
+  CHECK(resolve_checkpoint(run.dir) == run.dir + "/step_00000004");
+  CHECK_THROWS_WITH(save_checkpoint(*run.e, run.dir), Contains("already exists and is the latest"));
   // keep_last 0 keeps everything.
-  o.keep_last = 0;
-  train_and_save(*e, c, dir, o, 3);
+  run.o.keep_last = 0;
+  run.train_and_save(3);
   ctx().comm().barrier();
-  CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{3, 4, 5, 6, 7});
+  CHECK(list_checkpoints(run.dir) == std::vector<std::int64_t>{3, 4, 5, 6, 7});
   // Tag by number, and a missing one named with what exists.
-  auto e2 = make_engine(c);
-  load_checkpoint(*e2, dir, "4");
+  auto e2 = make_engine(run.c);
+  load_checkpoint(*e2, run.dir, "4");
   CHECK(e2->global_step() == 4);
-  CHECK_THROWS_WITH(load_checkpoint(*e2, dir, "9"), Contains("step_00000009") && Contains("available"));
-  CHECK_THROWS_WITH(load_checkpoint(*e2, dir, "newest"), Contains("neither"));
-  remove_dir(dir);
+  CHECK_THROWS_WITH(load_checkpoint(*e2, run.dir, "9"), Contains("step_00000009") && Contains("available"));
+  CHECK_THROWS_WITH(load_checkpoint(*e2, run.dir, "newest"), Contains("neither"));
+  remove_dir(run.dir);
 }
 
 TEST_CASE("a model that diverged is not saved, and no finite checkpoint is pruned for it") {
-  std::string dir = shared_temp_dir("ckpt_diverged");
-  Case c;
-  c.stage = 2;
-  auto e = fresh_engine(c);
-  CheckpointOptions o;
-  o.keep_last = 2;
-  train_and_save(*e, c, dir, o, 2);
+  SavingRun run("ckpt_diverged", 2, 2);
+  run.train_and_save(2);
   // A rate past fp32's range: the next update leaves weights that are not finite, as a
   // diverged run does (the loss follows).
-  e->set_lr(1e300);
-  train_step(*e, c);
+  run.e->set_lr(1e300);
+  train_step(*run.e, run.c);
   bool finite = true;
-  for (int u = 0; u < e->layout().num_units(); ++u)
-    for (float v : e->full_master(u)) finite = finite && std::isfinite(v);
+  for (int u = 0; u < run.e->layout().num_units(); ++u)
+    for (float v : run.e->full_master(u)) finite = finite && std::isfinite(v);
   REQUIRE_FALSE(finite);
   for (int s = 0; s < 3; ++s) {
-    CHECK_THROWS_WITH(save_checkpoint(*e, dir, {}, o),
+    CHECK_THROWS_WITH(save_checkpoint(*run.e, run.dir, {}, run.o),
                       Contains("save_checkpoint: step " + std::to_string(3 + s) + " was not saved") &&
                           Contains("which is not finite (the training diverged)") && Contains("none is pruned"));
-    train_step(*e, c);
+    train_step(*run.e, run.c);
   }
   ctx().comm().barrier();
-  CHECK(list_checkpoints(dir) == std::vector<std::int64_t>{1, 2});
-  CHECK(resolve_checkpoint(dir) == dir + "/step_00000002");
-  for (const auto& entry : fs::directory_iterator(dir)) CHECK(entry.path().filename().string().rfind(".tmp", 0) != 0);
-  auto e2 = make_engine(c);
-  load_checkpoint(*e2, dir);
+  CHECK(list_checkpoints(run.dir) == std::vector<std::int64_t>{1, 2});
+  CHECK(resolve_checkpoint(run.dir) == run.dir + "/step_00000002");
+  for (const auto& entry : fs::directory_iterator(run.dir))
+    CHECK(entry.path().filename().string().rfind(".tmp", 0) != 0);
+  auto e2 = make_engine(run.c);
+  load_checkpoint(*e2, run.dir);
   CHECK(e2->global_step() == 2);
   ctx().comm().barrier();
-  remove_dir(dir);
+  remove_dir(run.dir);
 }
 
 TEST_CASE("a save stopped at any point leaves a loadable latest checkpoint") {
