@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <numbers>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,18 @@ TEST_CASE("the loop's rate is kept by checkpoints and a resumed run continues bi
     train(a, 0, 4);
     a.set_lr(rate(4));  // set for the next step, then saved before it
     save_checkpoint(a, root + std::to_string(stage));
+    {
+      // zero-ckpt inspect prints the rate the loop set, and says so.
+      std::ostringstream listing;
+      REQUIRE(inspect_checkpoint(root + std::to_string(stage), listing));
+      INFO(listing.str());
+      const std::string text = listing.str(), label = "learning rate: ";
+      const auto at = text.find(label);
+      REQUIRE(at != std::string::npos);
+      std::size_t used = 0;
+      CHECK(std::stod(text.substr(at + label.size()), &used) == static_cast<double>(rate(4)));  // printed exactly
+      CHECK(text.compare(at + label.size() + used, 35, " (set by the loop: Engine::set_lr)\n") == 0);
+    }
 
     Engine b = make_engine(cfg, 5);
     REQUIRE(std::isnan(b.lr()));  // ManualLR and nothing set yet

@@ -16,6 +16,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "runtime/strings.hpp"
 #include "zero/checkpoint.hpp"
+#include "zero/config.hpp"
 #include "zero/error.hpp"
 #include "zero/layout.hpp"
 
@@ -87,6 +88,18 @@ bool inspect_shards(ckpt::Reader& r, std::ostream& out, const std::string& inden
   return ok;
 }
 
+// Where the next step's learning rate comes from: the rate the loop set (Engine::set_lr, saved
+// only then), or the config's schedule (scheduler.type; none: optimizer.params.lr).
+std::string lr_source(const ckpt::Metadata& m) {
+  if (m.loop_lr) return fmt::format("{} (set by the loop: Engine::set_lr)", *m.loop_lr);
+  if (m.scheduler == to_string(SchedulerType::manual_lr))
+    return "none set by the loop yet (scheduler.type ManualLR: the next step needs Engine::set_lr)";
+  if (m.scheduler == to_string(SchedulerType::none))
+    return "from the config (optimizer.params.lr; no scheduler, and the loop set none)";
+  return fmt::format("from the config's schedule (scheduler.type {} at step {}; the loop set none)",
+                     escape_bytes(m.scheduler), m.scheduler_step);
+}
+
 // One step directory: summary, then every file verified. Returns false on any failure.
 bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
   // The metadata is read with every check the loaders make (the grid's positions in agreement
@@ -125,6 +138,7 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       << ", hysteresis left " << m.scaler.hysteresis_left << ", iter " << m.scaler.iter << ", last overflow "
       << m.scaler.last_overflow_iter << "; scheduler " << escape_bytes(m.scheduler) << " at step " << m.scheduler_step
       << "\n";
+  out << "  learning rate: " << lr_source(m) << "\n";
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
   for (const auto& [k, v] : m.client) out << "\n    " << escape_bytes(k) << " = " << client_value_text(v);

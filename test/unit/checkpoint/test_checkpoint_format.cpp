@@ -365,6 +365,8 @@ TEST_CASE("inspect fails when latest names a missing step, and echoes file conte
   write_tiny_checkpoint(root, 20);
   std::ostringstream good;
   CHECK(inspect_checkpoint(root, good));
+  // The loop set no rate: inspect says the config gives it (a loop-set one: test_loop_hooks).
+  CHECK_THAT(good.str(), Contains("learning rate: from the config (optimizer.params.lr; no scheduler"));
   ckpt::write_file_atomic(root, "latest", "step_00000030\n");
   std::ostringstream bad;
   CHECK_FALSE(inspect_checkpoint(root, bad));
