@@ -1,6 +1,7 @@
 // zero::Error and the check macros: every failure in libzero is a zero::Error whose message says
-// what was wrong, where (config key path, file:line, rank) and what to do about it; the
-// ZERO_*_CHECK macros add the call site, so a message from deep inside still points somewhere.
+// what was wrong, where (the call, config key path and file:line, rank) and what to do about it.
+// The macros pass their source location, which the message carries only with
+// ZERO_ERROR_SOURCE=1 (for a bug report: an installed package has no sources to look it up in).
 #pragma once
 
 #include <stdexcept>
@@ -14,7 +15,8 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 
-// Builds "file:line: message" and throws. Kept out of line so the macros stay small.
+// Builds the message (rank prefix; source location with ZERO_ERROR_SOURCE=1) and throws. Kept out of line so the macros
+// stay small.
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 
 // Rank prefix used in messages ("[rank 3/4] "); empty until a Context exists.

@@ -168,14 +168,16 @@ std::map<std::string, Placement> placements(const Header& h) {
     for (int l = 0; l < (t.per_layer ? h.shape.n_layer : 1); ++l) {
       const std::string name = t.per_layer ? fmt::format("h.{}.{}", l, t.param) : std::string(t.param);
       const auto it = shapes.find(name);
-      ZERO_CHECK(it != shapes.end(), fmt::format("llm.c's tensor {} has no parameter '{}' in the trainer's layout; "
-                                                 "the table in llmc_gpt2.cpp and plan::gpt_layout disagree",
-                                                 t.llmc, name));
+      ZERO_CHECK(it != shapes.end(),
+                 fmt::format("llm.c's tensor {} has no parameter '{}' in the trainer's layout; "
+                             "libzero's llm.c tensor table and plan::gpt_layout disagree (a bug in libzero)",
+                             t.llmc, name));
       out[name] = Placement{it->second, offset, t.transposed};
       offset += static_cast<std::uint64_t>(numel(it->second));
     }
   ZERO_CHECK(out.size() == shapes.size() && offset == h.num_elements(),
-             "llm.c's tensor table does not cover plan::gpt_layout; the table in llmc_gpt2.cpp needs its new tensors");
+             "libzero's llm.c tensor table does not cover plan::gpt_layout (a bug in libzero: the table needs its new "
+             "tensors)");
   return out;
 }
 

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 #include "zero/context.hpp"
 
@@ -15,6 +17,14 @@ std::string rank_prefix() {
 }
 
 void throw_error(const char* file, int line, const std::string& message) {
+  // A message names the call, config key or docs page to act on; the source location means
+  // nothing to a user of an installed package (no src/ there), so it is added only on request,
+  // for a bug report: ZERO_ERROR_SOURCE=1.
+  static const bool with_source = [] {
+    const char* v = std::getenv("ZERO_ERROR_SOURCE");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  if (!with_source) throw Error(rank_prefix() + message);
   // Strip the build-machine prefix so messages stay short: keep from the project folder on.
   std::string f = file;
   for (const char* top : {"libzero/", "offload/", "examples/", "test/", "bench/"}) {
@@ -23,7 +33,7 @@ void throw_error(const char* file, int line, const std::string& message) {
       break;
     }
   }
-  throw Error(fmt::format("{}{} (at {}:{})", rank_prefix(), message, f, line));
+  throw Error(fmt::format("{}{} (libzero source: {}:{})", rank_prefix(), message, f, line));
 }
 
 }  // namespace zero
