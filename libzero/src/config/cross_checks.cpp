@@ -6,6 +6,7 @@
 #include <string>
 
 #include "config/loader.hpp"
+#include "runtime/strings.hpp"
 #include "zero/config.hpp"
 #include "zero/config_schema.hpp"
 
@@ -93,9 +94,10 @@ void ConfigLoader::cross_checks() {
   check([&] {
     StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
     if (o && !o->has("type")) {
-      o->fail("type", "is missing; the optimizer section needs type: AdamW, Adam or SGD");
+      o->fail("type", "is missing; the optimizer section needs type: AdamW, Adam, SGD, Lamb, Lion, Adafactor or Muon");
     }
   });
+  optimizer_checks();
   check([&] { adam_mode_note(); });
   check([&] { scheduler_checks(top); });
   // The host backend always communicates over MPI, so comm: nccl next to backend: host would
@@ -107,6 +109,58 @@ void ConfigLoader::cross_checks() {
                            "); the host backend always communicates over MPI: remove comm, or "
                            "set backend: cuda");
     }
+  });
+}
+
+// The optimizer's hyper-parameters that constrain each other. Only keys read without error are
+// compared (a failed one already has its message).
+void ConfigLoader::optimizer_checks() {
+  StrictSection* p = section("optimizer.params");
+  if (!p || failed_.count("optimizer.type")) return;
+  const OptimizerConfig& o = cfg_.optimizer;
+  const auto given = [&](const char* key) {
+    return p->has(key) && !failed_.count(std::string("optimizer.params.") + key);
+  };
+  auto check = [&](auto&& f) { attempt("", f); };
+  // DeepSpeed's FusedLamb clamps the trust ratio into [min_coeff, max_coeff]; crossed bounds
+  // would make the clamp's result depend on its order of tests.
+  check([&] {
+    if (o.type != OptimizerType::lamb || o.min_coeff <= o.max_coeff) return;
+    if (given("min_coeff"))
+      p->fail("min_coeff", fmt::format("= {} is more than max_coeff = {}; the trust ratio is clamped into "
+                                       "[min_coeff, max_coeff]: lower min_coeff or raise max_coeff",
+                                       shortest_text(o.min_coeff), shortest_text(o.max_coeff)));
+    if (given("max_coeff"))
+      p->fail("max_coeff", fmt::format("= {} is less than min_coeff = {}; the trust ratio is clamped into "
+                                       "[min_coeff, max_coeff]: raise max_coeff or lower min_coeff",
+                                       shortest_text(o.max_coeff), shortest_text(o.min_coeff)));
+  });
+  if (o.type == OptimizerType::adafactor) {
+    // Hugging Face's Adafactor: warmup_init changes the relative step size, so it needs one; and
+    // a relative step replaces lr ("Cannot combine manual lr and relative_step=True options").
+    check([&] {
+      if (o.warmup_init && !o.relative_step)
+        p->fail("warmup_init",
+                "= true needs relative_step: true (it warms up the relative step size, 1e-6 t); "
+                "set relative_step: true, or remove warmup_init");
+    });
+    check([&] {
+      if (o.relative_step && given("lr"))
+        p->fail("lr", "is given and relative_step is true (" + p->where("relative_step") +
+                          "): the relative step size min(1e-2, 1/sqrt(t)) replaces lr, as in Hugging Face's "
+                          "Adafactor; remove lr, or set relative_step: false");
+    });
+    check([&] {
+      StrictSection& top = sections_.at("");
+      if (o.relative_step && top.has("scheduler"))
+        p->fail("relative_step", "= true replaces the learning rate, so the scheduler (" + top.where("scheduler") +
+                                     ") would have no effect; remove the scheduler section, or set "
+                                     "relative_step: false");
+    });
+  }
+  check([&] {
+    if (o.type == OptimizerType::sgd && given("nesterov") && o.nesterov)
+      p->fail("nesterov", "= true: Nesterov momentum is not implemented for SGD; set nesterov: false, or remove it");
   });
 }
 

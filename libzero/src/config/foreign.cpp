@@ -67,13 +67,15 @@ const std::vector<Foreign>& foreign_keys() {
       {"fp16.fp16_master_weights_and_grads", Policy::refused, "false", "master weights are always fp32 here"},
       {"bf16.immediate_grad_update", Policy::silent, "", "a DeepSpeed performance hint"},
       {"bf16.check_grad_overflow", Policy::silent, "", "a DeepSpeed check"},
-      {"optimizer.params.bias_correction", Policy::refused, "true",
-       "Adam without bias correction changes every update; libzero always corrects"},
       {"optimizer.params.amsgrad", Policy::refused, "false", "AMSGrad is not implemented"},
       {"optimizer.params.torch_adam", Policy::silent, "", "DeepSpeed's implementation choice"},
       {"optimizer.params.fused", Policy::silent, "", "DeepSpeed's implementation choice"},
-      {"optimizer.params.nesterov", Policy::refused, "false", "Nesterov momentum is not implemented"},
       {"optimizer.params.dampening", Policy::refused, "0|0.0", "SGD dampening is not implemented"},
+      // DeepSpeed's 1-bit optimizers name their transport in their params; libzero's is set by
+      // backend and comm.
+      {"optimizer.params.cuda_aware", Policy::note, "false",
+       "the transport is chosen by backend and comm (NCCL moves device memory directly)"},
+      {"optimizer.params.comm_backend_name", Policy::note, "", "the transport is chosen by backend and comm"},
       {"scheduler.params.last_batch_iteration", Policy::silent, "", "resume continues from the checkpoint's step"},
       {"curriculum_learning", Policy::refused, "false",
        "curriculum learning changes the data; the application owns the data"},

@@ -56,6 +56,7 @@ class ConfigLoader {
 
   // ---- rules that need several keys (config/cross_checks.cpp)
   void cross_checks();
+  void optimizer_checks();
   void adam_mode_note();
   void scheduler_checks(StrictSection& top);
 

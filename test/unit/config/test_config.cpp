@@ -194,8 +194,10 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
   // test_config_deepspeed), else an error.
   REQUIRE_THROWS_WITH(parse("gradient_clipping:\n"),
                       Contains("gradient_clipping has no value") && Contains("remove the key for the default 0"));
-  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: Lamb\n"),
-                      Contains("optimizer.type = Lamb") && Contains("one of AdamW, Adam, SGD"));
+  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: OneBitAdam\n"),
+                      Contains("optimizer.type = OneBitAdam") &&
+                          Contains("compressed-communication optimizers are not implemented yet") &&
+                          Contains("one of AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupLr\n"),
                       Contains("scheduler.type = WarmupLr") && Contains("did you mean WarmupLR?"));
   REQUIRE_THROWS_WITH(
@@ -209,7 +211,8 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
   REQUIRE_THROWS_WITH(parse("optimizer:\n  type: SGD\n  params:\n    betas: [0.9, 0.99]\n"),
                       Contains("optimizer.params.betas") && Contains("not SGD"));
   REQUIRE_THROWS_WITH(parse("optimizer:\n  type: AdamW\n  params:\n    momentum: 0.9\n"),
-                      Contains("optimizer.params.momentum") && Contains("SGD only"));
+                      Contains("optimizer.params.momentum") && Contains("applies to SGD and Muon, not AdamW") &&
+                          Contains("AdamW's momentum is betas[0]"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupCosineLR\n  params:\n    total_num_steps: 100\n"
                             "    warmup_max_lr: 0.1\n"),
                       Contains("scheduler.params.warmup_max_lr") && Contains("WarmupCosineLR"));
@@ -217,6 +220,216 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
                       Contains("scheduler.params.total_num_steps") && Contains("missing"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  params:\n    warmup_num_steps: 10\n"),
                       Contains("scheduler.type") && Contains("missing"));
+}
+
+TEST_CASE("every optimizer type loads with its own defaults", "[config][optimizer]") {
+  using zero::OptimizerType;
+  // Any case, as DeepSpeed's names.
+  CHECK(parse("optimizer: {type: lamb}\n").optimizer.type == OptimizerType::lamb);
+  CHECK(parse("optimizer: {type: LION}\n").optimizer.type == OptimizerType::lion);
+  CHECK(parse("optimizer: {type: adafactor}\n").optimizer.type == OptimizerType::adafactor);
+  CHECK(parse("optimizer: {type: muon}\n").optimizer.type == OptimizerType::muon);
+
+  const auto lamb = parse("optimizer: {type: Lamb}\n").optimizer;
+  CHECK(lamb.lr == 1e-3);
+  CHECK(lamb.beta1 == 0.9);
+  CHECK(lamb.beta2 == 0.999);
+  CHECK(lamb.eps == 1e-8);
+  CHECK(lamb.weight_decay == 0.0);
+  CHECK(lamb.bias_correction);
+  CHECK(lamb.max_coeff == 10.0);
+  CHECK(lamb.min_coeff == 0.01);
+
+  const auto lion = parse("optimizer: {type: Lion}\n").optimizer;
+  CHECK(lion.lr == 1e-3);
+  CHECK(lion.beta1 == 0.9);
+  CHECK(lion.beta2 == 0.99);
+  CHECK(lion.weight_decay == 0.0);
+
+  const auto adafactor = parse("optimizer: {type: Adafactor}\n").optimizer;
+  CHECK(adafactor.lr == 1e-3);
+  CHECK(adafactor.weight_decay == 0.0);
+  CHECK(adafactor.eps1 == 1e-30);
+  CHECK(adafactor.eps2 == 1e-3);
+  CHECK(adafactor.clip_threshold == 1.0);
+  CHECK(adafactor.decay_rate == -0.8);
+  CHECK(adafactor.adafactor_beta1 == 0.0);
+  CHECK_FALSE(adafactor.scale_parameter);
+  CHECK_FALSE(adafactor.relative_step);
+  CHECK_FALSE(adafactor.warmup_init);
+
+  const auto muon = parse("optimizer: {type: Muon}\n").optimizer;
+  CHECK(muon.lr == 1e-3);
+  CHECK(muon.weight_decay == 0.1);
+  CHECK(muon.momentum == 0.95);
+  CHECK(muon.nesterov);
+  CHECK(muon.ns_steps == 5);
+  CHECK(muon.adjust_lr_fn == zero::MuonScale::original);
+  CHECK(muon.beta1 == 0.9);
+  CHECK(muon.beta2 == 0.999);
+  CHECK(muon.eps == 1e-8);
+
+  // The per-type defaults of the older types are unchanged.
+  const auto sgd = parse("optimizer: {type: SGD}\n").optimizer;
+  CHECK(sgd.momentum == 0.0);
+  CHECK(sgd.weight_decay == 0.0);
+  CHECK(parse("optimizer: {type: AdamW}\n").optimizer.beta2 == 0.999);
+  CHECK(parse("optimizer: {type: Adam}\n").optimizer.weight_decay == 0.0);
+
+  // Given values are read.
+  const auto given = parse(
+                         "optimizer:\n  type: Adafactor\n  params:\n    eps1: 1.0e-20\n    eps2: 0.01\n"
+                         "    clip_threshold: 2\n    decay_rate: -0.5\n    beta1: 0.9\n    scale_parameter: true\n"
+                         "    relative_step: true\n    warmup_init: true\n")
+                         .optimizer;
+  CHECK(given.eps1 == 1e-20);
+  CHECK(given.eps2 == 0.01);
+  CHECK(given.clip_threshold == 2.0);
+  CHECK(given.decay_rate == -0.5);
+  CHECK(given.adafactor_beta1 == 0.9);
+  CHECK(given.scale_parameter);
+  CHECK(given.relative_step);
+  CHECK(given.warmup_init);
+  const auto m = parse(
+                     "optimizer:\n  type: Muon\n  params:\n    lr: 0.02\n    momentum: 0.9\n    nesterov: false\n"
+                     "    ns_steps: 6\n    adjust_lr_fn: match_rms_adamw\n    betas: [0.9, 0.95]\n    eps: 1.0e-10\n")
+                     .optimizer;
+  CHECK(m.lr == 0.02);
+  CHECK(m.momentum == 0.9);
+  CHECK_FALSE(m.nesterov);
+  CHECK(m.ns_steps == 6);
+  CHECK(m.adjust_lr_fn == zero::MuonScale::match_rms_adamw);
+  CHECK(m.beta2 == 0.95);
+  CHECK(m.eps == 1e-10);
+  const auto l = parse("optimizer: {type: Lion, params: {betas: [0.95, 0.98], weight_decay: 1.0}}\n").optimizer;
+  CHECK(l.beta1 == 0.95);
+  CHECK(l.beta2 == 0.98);
+  CHECK(l.weight_decay == 1.0);
+  CHECK_FALSE(parse("optimizer: {type: AdamW, params: {bias_correction: false}}\n").optimizer.bias_correction);
+  // PyTorch's and Hugging Face's None for adjust_lr_fn and beta1: the default, with a note.
+  const Config nulls = parse("optimizer: {type: Muon, params: {adjust_lr_fn: null}}\n");
+  CHECK(nulls.optimizer.adjust_lr_fn == zero::MuonScale::original);
+  CHECK(has_note(nulls, "optimizer.params.adjust_lr_fn: null"));
+  CHECK(parse("optimizer: {type: Adafactor, params: {beta1: ~}}\n").optimizer.adafactor_beta1 == 0.0);
+}
+
+TEST_CASE("an optimizer key of another type is refused, naming the types it applies to", "[config][optimizer]") {
+  struct Case {
+    const char* yaml;
+    const char* key;
+    const char* why;
+  };
+  const Case cases[] = {
+      {"{type: Adafactor, params: {betas: [0.9, 0.999]}}", "optimizer.params.betas",
+       "applies to Adam, AdamW, Lamb, Lion and Muon, not Adafactor"},
+      {"{type: SGD, params: {eps: 1.0e-8}}", "optimizer.params.eps", "applies to Adam, AdamW, Lamb and Muon, not SGD"},
+      {"{type: Lion, params: {eps: 1.0e-8}}", "optimizer.params.eps", "not Lion"},
+      {"{type: Lion, params: {bias_correction: false}}", "optimizer.params.bias_correction",
+       "applies to Adam, AdamW and Lamb, not Lion"},
+      {"{type: AdamW, params: {max_coeff: 5}}", "optimizer.params.max_coeff", "applies to Lamb, not AdamW"},
+      {"{type: Adam, params: {min_coeff: 0.1}}", "optimizer.params.min_coeff", "applies to Lamb, not Adam"},
+      {"{type: AdamW, params: {eps1: 1.0e-30}}", "optimizer.params.eps1", "applies to Adafactor, not AdamW"},
+      {"{type: Lamb, params: {eps2: 0.001}}", "optimizer.params.eps2", "applies to Adafactor, not Lamb"},
+      {"{type: Muon, params: {clip_threshold: 1}}", "optimizer.params.clip_threshold",
+       "applies to Adafactor, not Muon"},
+      {"{type: SGD, params: {decay_rate: -0.8}}", "optimizer.params.decay_rate", "applies to Adafactor, not SGD"},
+      {"{type: AdamW, params: {beta1: 0.9}}", "optimizer.params.beta1", "applies to Adafactor, not AdamW"},
+      {"{type: Lion, params: {scale_parameter: true}}", "optimizer.params.scale_parameter", "applies to Adafactor"},
+      {"{type: Lion, params: {relative_step: true}}", "optimizer.params.relative_step", "applies to Adafactor"},
+      {"{type: Lion, params: {warmup_init: false}}", "optimizer.params.warmup_init", "applies to Adafactor"},
+      {"{type: Adafactor, params: {momentum: 0.9}}", "optimizer.params.momentum",
+       "applies to SGD and Muon, not Adafactor"},
+      {"{type: AdamW, params: {nesterov: true}}", "optimizer.params.nesterov", "applies to Muon and SGD, not AdamW"},
+      {"{type: SGD, params: {ns_steps: 5}}", "optimizer.params.ns_steps", "applies to Muon, not SGD"},
+      {"{type: Lamb, params: {adjust_lr_fn: original}}", "optimizer.params.adjust_lr_fn", "applies to Muon, not Lamb"},
+      {"{type: Muon, params: {adam_w_mode: true}}", "optimizer.params.adam_w_mode",
+       "applies to Adam and AdamW, not Muon"},
+  };
+  for (const auto& k : cases) {
+    INFO(k.yaml);
+    REQUIRE_THROWS_WITH(parse(std::string("optimizer: ") + k.yaml + "\n"), Contains(k.key) && Contains(k.why));
+  }
+}
+
+TEST_CASE("optimizer hyper-parameters that constrain each other", "[config][optimizer]") {
+  // Lamb's trust-ratio bounds.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb, params: {min_coeff: 0.5, max_coeff: 0.3}}\n"),
+                      Contains("optimizer.params.min_coeff = 0.5 is more than max_coeff = 0.3"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb, params: {max_coeff: 0.001}}\n"),
+                      Contains("optimizer.params.max_coeff = 0.001 is less than min_coeff = 0.01"));
+  CHECK(parse("optimizer: {type: Lamb, params: {min_coeff: 0.3, max_coeff: 0.3}}\n").optimizer.min_coeff == 0.3);
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb, params: {max_coeff: 0}}\n"),
+                      Contains("optimizer.params.max_coeff = 0") && Contains("> 0"));
+  // Adafactor: warmup_init warms up the relative step, so it needs one; a relative step replaces lr.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {warmup_init: true}}\n"),
+                      Contains("optimizer.params.warmup_init = true needs relative_step: true"));
+  CHECK(
+      parse("optimizer: {type: Adafactor, params: {warmup_init: true, relative_step: true}}\n").optimizer.warmup_init);
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {lr: 0.001, relative_step: true}}\n"),
+                      Contains("optimizer.params.lr is given and relative_step is true"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {relative_step: true}}\n"
+                            "scheduler: {type: WarmupLR}\n"),
+                      Contains("optimizer.params.relative_step = true replaces the learning rate") &&
+                          Contains("remove the scheduler section"));
+  // Ranges.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {clip_threshold: 0}}\n"),
+                      Contains("optimizer.params.clip_threshold = 0") && Contains("> 0"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {decay_rate: 0.8}}\n"),
+                      Contains("optimizer.params.decay_rate = 0.8") && Contains("< 0"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adafactor, params: {beta1: 1}}\n"),
+                      Contains("optimizer.params.beta1 = 1") && Contains("in [0, 1)"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Muon, params: {ns_steps: 0}}\n"),
+                      Contains("optimizer.params.ns_steps = 0") && Contains("1..100"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Muon, params: {ns_steps: 101}}\n"),
+                      Contains("optimizer.params.ns_steps = 101"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Muon, params: {ns_steps: 5.5}}\n"),
+                      Contains("optimizer.params.ns_steps = 5.5"));
+  // adjust_lr_fn: PyTorch's two names, exactly.
+  CHECK(parse("optimizer: {type: Muon, params: {adjust_lr_fn: original}}\n").optimizer.adjust_lr_fn ==
+        zero::MuonScale::original);
+  REQUIRE_THROWS_WITH(
+      parse("optimizer: {type: Muon, params: {adjust_lr_fn: match_rms}}\n"),
+      Contains("optimizer.params.adjust_lr_fn = match_rms") && Contains("one of original, match_rms_adamw"));
+  // SGD: Nesterov momentum is not implemented; false loads.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: SGD, params: {momentum: 0.9, nesterov: true}}\n"),
+                      Contains("optimizer.params.nesterov = true") && Contains("not implemented for SGD"));
+  CHECK(parse("optimizer: {type: SGD, params: {nesterov: false}}\n").optimizer.type == zero::OptimizerType::sgd);
+  // A missing type names them all.
+  REQUIRE_THROWS_WITH(
+      parse("optimizer: {params: {lr: 0.1}}\n"),
+      Contains("optimizer.type is missing") && Contains("AdamW, Adam, SGD, Lamb, Lion, Adafactor or Muon"));
+}
+
+TEST_CASE("to_yaml round-trips each optimizer's hyper-parameters", "[config][optimizer]") {
+  const char* configs[] = {
+      "optimizer: {type: Lamb, params: {bias_correction: false, max_coeff: 0.3, min_coeff: 0.02}}\n",
+      "optimizer: {type: Lion, params: {betas: [0.95, 0.98]}}\n",
+      "optimizer: {type: Adafactor, params: {beta1: 0.9, relative_step: true, warmup_init: true, eps2: 0.01}}\n",
+      "optimizer: {type: Muon, params: {nesterov: false, ns_steps: 3, adjust_lr_fn: match_rms_adamw}}\n",
+      "optimizer: {type: SGD, params: {momentum: 0.9, nesterov: false}}\n",
+  };
+  for (const char* text : configs) {
+    INFO(text);
+    const Config a = parse(text);
+    const std::string yaml = a.to_yaml();
+    INFO(yaml);
+    const Config b = parse(yaml);
+    CHECK(b.to_yaml() == yaml);
+    CHECK(b.optimizer.type == a.optimizer.type);
+    CHECK(b.optimizer.bias_correction == a.optimizer.bias_correction);
+    CHECK(b.optimizer.max_coeff == a.optimizer.max_coeff);
+    CHECK(b.optimizer.min_coeff == a.optimizer.min_coeff);
+    CHECK(b.optimizer.beta1 == a.optimizer.beta1);
+    CHECK(b.optimizer.beta2 == a.optimizer.beta2);
+    CHECK(b.optimizer.adafactor_beta1 == a.optimizer.adafactor_beta1);
+    CHECK(b.optimizer.relative_step == a.optimizer.relative_step);
+    CHECK(b.optimizer.warmup_init == a.optimizer.warmup_init);
+    CHECK(b.optimizer.eps2 == a.optimizer.eps2);
+    CHECK(b.optimizer.ns_steps == a.optimizer.ns_steps);
+    CHECK(b.optimizer.adjust_lr_fn == a.optimizer.adjust_lr_fn);
+    CHECK(b.optimizer.momentum == a.optimizer.momentum);
+    if (a.optimizer.type == zero::OptimizerType::muon) CHECK(b.optimizer.nesterov == a.optimizer.nesterov);
+  }
 }
 
 TEST_CASE("integers accept 5e8 and reject 5.5", "[config]") {

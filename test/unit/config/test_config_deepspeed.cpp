@@ -149,6 +149,48 @@ TEST_CASE("a DeepSpeedExamples-style config loads unchanged", "[config][deepspee
   CHECK(c.gradient_accumulation_steps == 2);
 }
 
+// The shape of DeepSpeedExamples' BERT pre-training configs (bing_bert): Lamb without bias
+// correction and with a narrowed trust-ratio range.
+TEST_CASE("a DeepSpeedExamples BERT Lamb config loads unchanged", "[config][deepspeed]") {
+  Config c = zero::load_config(data("examples_bert_lamb.json"));
+  CHECK(c.optimizer.type == zero::OptimizerType::lamb);
+  CHECK(c.optimizer.lr == 11e-3);
+  CHECK(c.optimizer.weight_decay == 0.01);
+  CHECK_FALSE(c.optimizer.bias_correction);
+  CHECK(c.optimizer.max_coeff == 0.3);
+  CHECK(c.optimizer.min_coeff == 0.01);
+  CHECK(c.optimizer.beta1 == 0.9);
+  CHECK(c.optimizer.beta2 == 0.999);
+  CHECK(c.optimizer.eps == 1e-8);
+  CHECK(c.fp16.enabled);
+  CHECK(c.gradient_clipping == 1.0);
+  CHECK(c.notes.empty());
+  c.resolve(4);
+  CHECK(c.gradient_accumulation_steps == 16);
+}
+
+// DeepSpeed's 1-bit optimizers name their transport in their params; with an implemented type
+// those keys are a note, not an error.
+TEST_CASE("DeepSpeed's transport keys cuda_aware and comm_backend_name are noted", "[config][deepspeed]") {
+  const Config c = parse(R"({"optimizer": {"type": "Adam", "params": {"lr": 1e-4, "weight_decay": 0,
+                               "cuda_aware": true, "comm_backend_name": "nccl"}}})");
+  CHECK(has_note(c, "optimizer.params.cuda_aware = true: handled differently here"));
+  CHECK(has_note(c, "optimizer.params.comm_backend_name = nccl: handled differently here"));
+  CHECK_FALSE(has_note(parse("optimizer: {type: Adam, params: {weight_decay: 0, cuda_aware: false}}\n"), "cuda_aware"));
+  // With a 1-bit type the type's error is the only one.
+  const auto m = [] {
+    try {
+      parse(R"({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 400,
+                                 "cuda_aware": false, "comm_backend_name": "nccl"}}})");
+    } catch (const zero::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  CHECK_THAT(m, Contains("optimizer.type = OneBitAdam") && Contains("compressed-communication"));
+  CHECK(m.find("problems") == std::string::npos);
+}
+
 TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") {
   Config c = zero::load_config(data("ds_older_forms.json"));
   CHECK(c.train_micro_batch_size_per_gpu == 2);  // quoted numbers, as DeepSpeed accepts them
@@ -200,11 +242,19 @@ TEST_CASE("type Adam decays decoupled unless adam_w_mode is false, as in DeepSpe
 }
 
 TEST_CASE("DeepSpeed keys that would change the result are errors that say why", "[config][deepspeed]") {
-  REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb}\n"),
-                      Contains("optimizer.type = Lamb") && Contains("does not implement"));
-  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {bias_correction: false}}\n"),
-                      Contains("optimizer.params.bias_correction") && Contains("bias correction"));
-  CHECK(notes_of(parse("optimizer: {type: Adam, params: {bias_correction: true}}\n")).empty());
+  // DeepSpeed's compressed-communication optimizers and Adagrad are not implemented.
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    REQUIRE_THROWS_WITH(parse(std::string("optimizer: {type: ") + type + "}\n"),
+                        Contains(std::string("optimizer.type = ") + type) &&
+                            Contains("compressed-communication optimizers are not implemented yet"));
+  }
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adagrad}\n"),
+                      Contains("optimizer.type = Adagrad") && Contains("does not implement"));
+  // SGD's Nesterov momentum is not implemented; false (PyTorch's default) loads.
+  REQUIRE_THROWS_WITH(
+      parse("optimizer: {type: SGD, params: {momentum: 0.9, nesterov: true}}\n"),
+      Contains("optimizer.params.nesterov = true") && Contains("Nesterov momentum is not implemented for SGD"));
+  CHECK_FALSE(parse("optimizer: {type: SGD, params: {momentum: 0.9, nesterov: false}}\n").optimizer.nesterov);
   // adam_w_mode as DeepSpeed reads it: type Adam decays decoupled unless adam_w_mode is false;
   // AdamW always decouples. Given explicitly it is silent where it takes effect.
   CHECK(notes_of(parse("optimizer: {type: AdamW, params: {adam_w_mode: true}}\n")).empty());
