@@ -18,7 +18,10 @@ class Node;
 namespace zero {
 
 enum class OffloadDevice { none, cpu, nvme };
-enum class OptimizerType { adamw, adam, sgd };
+enum class OptimizerType { adamw, adam, sgd, lamb, lion, adafactor, muon };
+// Muon's update scale for a [rows, cols] matrix (PyTorch's adjust_lr_fn): original,
+// sqrt(max(1, rows/cols)); match_rms_adamw, 0.2 sqrt(max(rows, cols)) (Moonlight).
+enum class MuonScale { original, match_rms_adamw };
 // manual_lr ("ManualLR"): the training loop sets the rate itself (Engine::set_lr).
 enum class SchedulerType { none, warmup_lr, warmup_decay_lr, warmup_cosine_lr, manual_lr };
 enum class WarmupType { log, linear };
@@ -54,6 +57,17 @@ constexpr const char* to_string(OptimizerType t) {
     case OptimizerType::adamw: return "AdamW";
     case OptimizerType::adam: return "Adam";
     case OptimizerType::sgd: return "SGD";
+    case OptimizerType::lamb: return "Lamb";
+    case OptimizerType::lion: return "Lion";
+    case OptimizerType::adafactor: return "Adafactor";
+    case OptimizerType::muon: return "Muon";
+  }
+  return "?";
+}
+constexpr const char* to_string(MuonScale s) {
+  switch (s) {
+    case MuonScale::original: return "original";
+    case MuonScale::match_rms_adamw: return "match_rms_adamw";
   }
   return "?";
 }
@@ -170,10 +184,21 @@ struct OptimizerConfig {
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;  // DeepSpeed/PyTorch: AdamW 0.01, Adam 0, SGD 0 (set per type when absent)
-  double momentum = 0.0;       // SGD only
+  double momentum = 0.0;       // SGD; Muon (default 0.95)
   // DeepSpeed's switch for type Adam: true (its default) decays decoupled, as AdamW; false adds
   // the decay to the gradient. AdamW always decouples.
   bool adam_w_mode = true;
+  bool bias_correction = true;                // Adam, AdamW, Lamb: divide the moments by 1 - beta^t
+  double max_coeff = 10.0, min_coeff = 0.01;  // Lamb: the trust ratio's bounds (DeepSpeed's)
+  // Adafactor (Hugging Face's): eps1 joins g^2, eps2 bounds the parameter scale from below;
+  // beta1 0 keeps no first moment.
+  double eps1 = 1e-30, eps2 = 1e-3;
+  double clip_threshold = 1.0, decay_rate = -0.8, adafactor_beta1 = 0.0;
+  bool scale_parameter = false, relative_step = false, warmup_init = false;
+  // Muon: Nesterov momentum, Newton-Schulz iterations, the update scale.
+  bool nesterov = true;
+  int ns_steps = 5;
+  MuonScale adjust_lr_fn = MuonScale::original;
   // True when the update decays decoupled from the gradient (AdamW, or Adam in adam_w_mode).
   bool decoupled_decay() const { return type == OptimizerType::adamw || (type == OptimizerType::adam && adam_w_mode); }
 };

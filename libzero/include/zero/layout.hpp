@@ -36,6 +36,9 @@ struct ParamInfo {
   // stage's embedding, the same name, values and summed gradient). This rank leaves it out of its
   // part of the norm, so the parameter counts once. Updated like any other parameter.
   bool norm_counted_elsewhere = false;
+  // An embedding table or output head: optimizers that treat matrices apart (Muon) step it with
+  // their rule for the other parameters, as every Muon implementation does.
+  bool embedding = false;
 };
 
 struct UnitInfo {
@@ -66,6 +69,8 @@ class Layout {
   void decay_matrices_only();
   // Marks a parameter as replicated across the tensor-parallel group (see ParamInfo::replicated).
   void set_replicated(int unit, std::string_view param, bool replicated = true);
+  // Marks an embedding table or output head (see ParamInfo::embedding).
+  void set_embedding(int unit, std::string_view param, bool embedding = true);
   // Marks a parameter as a copy whose gradient norm another rank counts (see
   // ParamInfo::norm_counted_elsewhere).
   void set_norm_counted_elsewhere(int unit, std::string_view param, bool elsewhere = true);

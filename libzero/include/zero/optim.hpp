@@ -17,8 +17,9 @@ struct AdamHyper {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
-  bool decoupled = true;  // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
-  std::int64_t step = 1;  // 1-based count of steps taken, including this one
+  bool decoupled = true;        // true: AdamW (p *= 1 - lr*wd); false: Adam (g += wd*p)
+  bool bias_correction = true;  // false: the moments are used as they are (DeepSpeed's key)
+  std::int64_t step = 1;        // 1-based count of steps taken, including this one
   // Multiplies the incoming gradient before anything else: 1/loss_scale x clip coefficient x
   // 1/(number of summed contributions), folded by the caller into one factor.
   float grad_scale = 1.0f;
@@ -34,8 +35,8 @@ struct AdamConstants {
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
   float eps;
-  float neg_step_size;     // -lr / (1 - beta1^t)
-  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t)
+  float neg_step_size;     // -lr / (1 - beta1^t); -lr without bias correction
+  float inv_sqrt_bias_c2;  // 1 / sqrt(1 - beta2^t); 1 without bias correction
   bool l2;                 // Adam with weight_decay != 0
   bool decoupled;          // AdamW
 };
@@ -53,8 +54,9 @@ struct SgdHyper {
 AdamHyper adam_hyper(const OptimizerConfig& o, double lr, std::int64_t step, float grad_scale);
 SgdHyper sgd_hyper(const OptimizerConfig& o, double lr, std::int64_t step, float grad_scale);
 
-// fp32 state tensors kept per parameter besides the master: Adam(W) 2 (m, v), SGD 1 (momentum).
-int optimizer_moments(OptimizerType t);
+// fp32 state arrays kept per owned element besides the master (libzero/src/optim/registry.cpp
+// says each optimizer's): Adam(W), Lamb and Muon 2, SGD and Lion 1, Adafactor 1 (2 with beta1).
+int optimizer_moments(const OptimizerConfig& o);
 
 // The learning rate of the config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR,
 // WarmupCosineLR, or none: optimizer.params.lr) at optimizer step `step` (0-based: the number

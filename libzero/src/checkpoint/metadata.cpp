@@ -7,6 +7,7 @@
 #include "checkpoint/json.hpp"
 #include "runtime/strings.hpp"
 #include "zero/config.hpp"
+#include "zero/optim.hpp"
 #include "zero/error.hpp"
 
 namespace zero::ckpt {
@@ -268,14 +269,21 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   m.compute_dtype = dtype_from(d.at("compute_dtype"));
   if (d.at("master_dtype").str() != "fp32") d.at("master_dtype").fail("must be \"fp32\"");
   m.optimizer = d.at("optimizer").str();
-  int need = 0;
-  for (OptimizerType t : {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd})
-    if (m.optimizer == to_string(t)) need = t == OptimizerType::sgd ? 1 : 2;
-  if (need == 0)
-    d.at("optimizer")
-        .fail(fmt::format("= \"{}\" is not one of {}, {}, {}", m.optimizer, to_string(OptimizerType::adamw),
-                          to_string(OptimizerType::adam), to_string(OptimizerType::sgd)));
-  m.moments = static_cast<int>(d.at("optimizer_moments").i64(need, need));
+  // Each optimizer's arrays per element (zero/optim.hpp, optimizer_moments): Adafactor's depend
+  // on whether it keeps a first moment.
+  int lo = 0, hi = 0;
+  std::string optimizers;
+  for (OptimizerType t : {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd, OptimizerType::lamb,
+                          OptimizerType::lion, OptimizerType::adafactor, OptimizerType::muon}) {
+    optimizers += fmt::format("{}{}", optimizers.empty() ? "" : ", ", to_string(t));
+    if (m.optimizer != to_string(t)) continue;
+    OptimizerConfig o;
+    o.type = t;
+    lo = hi = optimizer_moments(o);
+    if (t == OptimizerType::adafactor) lo = 1, hi = 2;
+  }
+  if (hi == 0) d.at("optimizer").fail(fmt::format("= \"{}\" is not one of {}", m.optimizer, optimizers));
+  m.moments = static_cast<int>(d.at("optimizer_moments").i64(lo, hi));
 
   json::Field cp = d.at("compute_params");
   cp.expect_keys({"stored", "derivation"});
@@ -299,7 +307,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   for (SchedulerType t : {SchedulerType::none, SchedulerType::warmup_lr, SchedulerType::warmup_decay_lr,
                           SchedulerType::warmup_cosine_lr, SchedulerType::manual_lr}) {
     known = known || m.scheduler == to_string(t);
-    names += fmt::format("{}{}", names.empty() ? "" : ", ", to_string(t));
+    optimizers += fmt::format("{}{}", optimizers.empty() ? "" : ", ", to_string(t));
   }
   if (!known) sc.at("type").fail(fmt::format("= \"{}\" is not one of {}", m.scheduler, names));
   m.scheduler_step = sc.at("step").i64(m.applied, m.applied);

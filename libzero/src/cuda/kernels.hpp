@@ -1,7 +1,7 @@
 // Host entry points of the CUDA backend's kernels: fills and casts, accumulation, the global
 // sum of squares, the fused optimizer updates over a flat shard, and block quantization.
 //
-// The optimizer kernels repeat the host reference (offload/src/host_optimizer.cpp's scalar kernel)
+// The optimizer kernels repeat the host reference (offload/src/host_adam.cpp's scalar kernel)
 // operation for operation: the same per-step constants, computed on the host in double and
 // rounded once; IEEE round-to-nearest intrinsics (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn),
 // which the compiler never contracts, for the host's separate operations; __fmaf_rn exactly

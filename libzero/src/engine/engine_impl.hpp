@@ -29,6 +29,7 @@
 #include "engine/powersgd.hpp"
 #include "engine/reduce.hpp"
 #include "engine/unit_shape.hpp"
+#include "optim/optimizer.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/engine.hpp"
@@ -114,9 +115,10 @@ class EngineImpl {
   double global_grad_sumsq();
   double clip_coefficient(double norm) const;
   void check_ranks_agree(double lr, const StepOptions& opts);
-  void update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd);
-  void update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
-                    const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage);
+  std::unique_ptr<Optimizer> make_engine_optimizer();
+  void update_owned_slices(const StepHyper& h);
+  void update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state,
+                    OffloadStaging* async_stage);
   void all_gather_updated();
   void refresh_params_from_master();  // collective: compute params = round(master)
 
@@ -150,6 +152,10 @@ class EngineImpl {
   const int dp_world_;  // the data-parallel ranks the gradient sums over (world_ x MiCS replicas)
   const DType dtype_;
   const std::vector<UnitShape> shapes_;
+  // The optimizer optimizer.type names (optim/optimizer.hpp), over this partition, and each unit's
+  // first parameter in its numbering of tensors.
+  std::unique_ptr<Optimizer> optim_;
+  const std::vector<int> tensor_first_ = tensor_offsets(layout_);
   // The optimizer store first: with NVMe offload it checks the free disk space, and a run that
   // cannot fit must fail before anything large is allocated.
   std::unique_ptr<OptimizerStore> opt_;

@@ -172,8 +172,9 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       dp_world_(dp_comm_.size()),
       dtype_(cfg.compute_dtype()),
       shapes_(plan_units()),
+      optim_(make_engine_optimizer()),
       // The data-parallel rank names the NVMe swap directories: MiCS groups repeat rank_.
-      opt_(make_optimizer_store(*backend_, cfg_, dp_comm_.rank(),
+      opt_(make_optimizer_store(*backend_, cfg_, dp_comm_.rank(), optim_->moments(),
                                 [this] {
                                   std::vector<std::int64_t> owned;
                                   for (const auto& s : shapes_) owned.push_back(s.own_len);
@@ -197,6 +198,28 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
   if (dp_comm_.rank() == 0 && cfg_.zero_optimization.mics_shard_size != -1) report_mics_groups();
   if (stage_ == 3 && dp_comm_.rank() == 0) report_stage3_sharding();
   if (qgz_ && dp_comm_.rank() == 0) report_qgz();
+}
+
+// The optimizer over this engine's partition, refused where it cannot run as configured.
+std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
+  OptimizerEnv env;
+  env.layout = &layout_;
+  for (const UnitShape& s : shapes_) env.slice.push_back(s.slice);
+  env.rank = rank_;
+  env.world = world_;
+  env.stage = stage_;
+  env.comm = world_ > 1 ? &host_comm_ : nullptr;
+  std::unique_ptr<Optimizer> o = make_optimizer(cfg_.optimizer, env);
+  const std::string why = o->unsupported(layout_);
+  ZERO_CHECK(why.empty(), why);
+  // State in device memory needs device kernels; offloaded state is stepped on the host, where
+  // a device backend stages one pass of the gradients.
+  const bool offloaded = cfg_.zero_optimization.offload_optimizer.device != OffloadDevice::none;
+  if (!backend_->host_accessible())
+    ZERO_CHECK(offloaded ? o->passes() == 1 : o->device_kernels(),
+               fmt::format("optimizer.type {} has no {} backend kernels yet: use the host backend{}", o->name(),
+                           backend_->name(), o->passes() == 1 ? ", or offload_optimizer.device: cpu or nvme" : ""));
+  return o;
 }
 
 void EngineImpl::claim_nvme_space(offload::NvmeSwapper* swapper) {

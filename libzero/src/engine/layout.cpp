@@ -73,6 +73,10 @@ void Layout::set_replicated(int id, std::string_view p, bool replicated) {
   param(id, p, "Layout::set_replicated").replicated = replicated;
 }
 
+void Layout::set_embedding(int id, std::string_view p, bool embedding) {
+  param(id, p, "Layout::set_embedding").embedding = embedding;
+}
+
 void Layout::set_norm_counted_elsewhere(int id, std::string_view p, bool elsewhere) {
   param(id, p, "Layout::set_norm_counted_elsewhere").norm_counted_elsewhere = elsewhere;
 }

@@ -11,7 +11,6 @@
 
 #include "engine/unit_shape.hpp"
 #include "zero/error.hpp"
-#include "zero/optim.hpp"
 #include "offload/nvme_swapper.hpp"
 #include "offload/pinned_pool.hpp"
 #include "offload/swap_pipeline.hpp"
@@ -42,9 +41,10 @@ std::vector<SubGroup> make_sub_groups(const std::vector<std::int64_t>& owned_len
 // update makes bit-identical to one pass.
 class ResidentStore final : public OptimizerStore {
  public:
-  ResidentStore(Backend& backend, const Config& cfg, const std::vector<std::int64_t>& owned_len, bool offloaded)
+  ResidentStore(Backend& backend, const Config& cfg, int moments, const std::vector<std::int64_t>& owned_len,
+                bool offloaded)
       : backend_(backend), offloaded_(offloaded) {
-    moments_ = optimizer_moments(cfg.optimizer.type);
+    moments_ = moments;
     const auto& z = cfg.zero_optimization;
     std::int64_t sub_group = offloaded ? std::max<std::int64_t>(1, z.sub_group_size) : INT64_MAX;
     groups_ = make_sub_groups(owned_len, sub_group);
@@ -76,7 +76,8 @@ class ResidentStore final : public OptimizerStore {
   void for_each(const Visit& fn) override {
     for (const auto& g : groups_) {
       auto& s = unit_at(state_, g.unit);
-      fn(g.unit, g.begin, g.len, s.ptr[0] + g.begin, s.ptr[1] + g.begin, moments_ == 2 ? s.ptr[2] + g.begin : nullptr);
+      float* state[2] = {moments_ >= 1 ? s.ptr[1] + g.begin : nullptr, moments_ >= 2 ? s.ptr[2] + g.begin : nullptr};
+      fn(g.unit, g.begin, g.len, s.ptr[0] + g.begin, state);
     }
   }
   void report(MemoryReport& r) const override {
@@ -128,8 +129,8 @@ class ResidentStore final : public OptimizerStore {
 // when the engine is built, before any step, for all ranks together (EngineImpl::claim_nvme_space).
 class NvmeStore final : public OptimizerStore {
  public:
-  NvmeStore(const Config& cfg, int rank, const std::vector<std::int64_t>& owned_len) {
-    moments_ = optimizer_moments(cfg.optimizer.type);
+  NvmeStore(const Config& cfg, int rank, int moments, const std::vector<std::int64_t>& owned_len) {
+    moments_ = moments;
     const auto& z = cfg.zero_optimization;
     offload::AioOptions aio;
     aio.block_size = static_cast<std::size_t>(cfg.aio.block_size);
@@ -167,7 +168,8 @@ class NvmeStore final : public OptimizerStore {
   void for_each(const Visit& fn) override {
     pipe_->run(offload::SwapPipeline::Mode::read_write, [&](std::size_t g, offload::SwapGroupView& v) {
       const SubGroup& sg = groups_[g];
-      fn(sg.unit, sg.begin, sg.len, v.as<float>(0), v.as<float>(1), moments_ == 2 ? v.as<float>(2) : nullptr);
+      float* state[2] = {moments_ >= 1 ? v.as<float>(1) : nullptr, moments_ >= 2 ? v.as<float>(2) : nullptr};
+      fn(sg.unit, sg.begin, sg.len, v.as<float>(0), state);
     });
   }
   bool on_host() const override { return true; }
@@ -212,12 +214,13 @@ class NvmeStore final : public OptimizerStore {
 
 }  // namespace
 
-std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank,
+std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank, int moments,
                                                      const std::vector<std::int64_t>& owned_len) {
+  ZERO_CHECK(moments >= 0 && moments <= 2, fmt::format("an optimizer store keeps 0 to 2 moments, not {}", moments));
   switch (cfg.zero_optimization.offload_optimizer.device) {
-    case OffloadDevice::none: return std::make_unique<ResidentStore>(backend, cfg, owned_len, false);
-    case OffloadDevice::cpu: return std::make_unique<ResidentStore>(backend, cfg, owned_len, true);
-    case OffloadDevice::nvme: return std::make_unique<NvmeStore>(cfg, rank, owned_len);
+    case OffloadDevice::none: return std::make_unique<ResidentStore>(backend, cfg, moments, owned_len, false);
+    case OffloadDevice::cpu: return std::make_unique<ResidentStore>(backend, cfg, moments, owned_len, true);
+    case OffloadDevice::nvme: return std::make_unique<NvmeStore>(cfg, rank, moments, owned_len);
   }
   ZERO_THROW("offload_optimizer.device has an unknown value");
 }

@@ -12,7 +12,6 @@
 
 #include "engine/engine_impl.hpp"
 #include "zero/error.hpp"
-#include "offload/host_optimizer.hpp"
 
 namespace zero {
 
@@ -71,8 +70,7 @@ StepResult EngineImpl::step(const StepOptions& opts) {
     const double clip = opts.clip_coefficient ? *opts.clip_coefficient : clip_coefficient(r.grad_norm);
     const float grad_scale = static_cast<float>(clip / grad_denominator());
     ++applied_;
-    update_owned_slices(adam_hyper(cfg_.optimizer, r.lr, applied_, grad_scale),
-                        sgd_hyper(cfg_.optimizer, r.lr, applied_, grad_scale));
+    update_owned_slices(StepHyper{r.lr, applied_, grad_scale});
     all_gather_updated();
   }
   // Gathered stage-3 units hold the old values (or were kept for reuse): drop them.
@@ -187,13 +185,14 @@ double EngineImpl::clip_coefficient(double norm) const {
   return std::min(1.0, cfg_.gradient_clipping / (norm + 1e-6));
 }
 
-// Every owned range, sub-group by sub-group as the optimizer store visits them. Offloaded
-// state is stepped by the host AdamW; device backends then stage asynchronously
-// (OffloadStaging): every owned gradient range starts its copy to pinned host memory now,
-// sub-group-sized chunks in visiting order, so the host steps sub-group k while k+1 is still
-// arriving; updated parameters go back the same way. Parameter slices on NVMe are checked out
-// one unit at a time (sub-groups come in unit order) and written back when the optimizer moves on.
-void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd) {
+// Every owned range, sub-group by sub-group as the optimizer store visits them, once per pass of
+// the optimizer (its statistics combined between passes). Offloaded state is stepped by the host
+// kernels; device backends then stage asynchronously (OffloadStaging, single-pass optimizers):
+// every owned gradient range starts its copy to pinned host memory now, sub-group-sized chunks
+// in visiting order, so the host steps sub-group k while k+1 is still arriving; updated
+// parameters go back the same way. Parameter slices on NVMe are checked out one unit at a time
+// (sub-groups come in unit order) and written back when the optimizer moves on.
+void EngineImpl::update_owned_slices(const StepHyper& h) {
   const bool staged = opt_->on_host() && !backend_->host_accessible();
   OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
   if (async_stage) {
@@ -202,27 +201,37 @@ void EngineImpl::update_owned_slices(const AdamHyper& adam, const SgdHyper& sgd)
     for (int i = 0; i < layout_.num_units(); ++i)
       async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
   }
-  int checked_out = -1;
-  opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
-    if (unit != checked_out) {
-      if (checked_out >= 0) params_.checkin(checked_out, true);
-      params_.checkout(unit, true);
-      checked_out = unit;
+  optim_->begin_step(h);
+  const int passes = optim_->passes();
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool last = pass + 1 == passes;
+    int checked_out = -1;
+    opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state) {
+      if (unit != checked_out) {
+        if (checked_out >= 0) params_.checkin(checked_out, last);
+        params_.checkout(unit, true);
+        checked_out = unit;
+      }
+      update_range(pass, unit, begin, len, master, state, async_stage);
+    });
+    if (checked_out >= 0) params_.checkin(checked_out, last);
+    if (!last) {
+      const CommSiteScope site("step() optimizer statistics");
+      optim_->end_pass(pass);
     }
-    update_range(unit, begin, len, master, m1, m2, adam, sgd, async_stage);
-  });
-  if (checked_out >= 0) params_.checkin(checked_out, true);
+  }
   if (async_stage) async_stage->finish();  // the all-gather and the next forward wait on it
 }
 
-// One sub-group [begin, begin + len) of unit's owned range: on the backend, or on the host
-// (in place where the host can address backend memory, else through staging copies). The
-// sub-group is stepped in runs of parameters that agree on weight decay (Layout::set_decay),
-// the runs without it with weight_decay 0.
-void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2,
-                              const AdamHyper& adam, const SgdHyper& sgd, OffloadStaging* async_stage) {
-  const bool sgd_type = cfg_.optimizer.type == OptimizerType::sgd;
+// One sub-group [begin, begin + len) of unit's owned range in pass `pass`: on the backend, or on
+// the host (in place where the host can address backend memory, else through staging copies),
+// cut into the optimizer's runs: parameters that agree on weight decay (Layout::set_decay; the
+// runs without it get weight_decay 0), or for per-tensor optimizers each parameter's part in
+// each partition slice, padding left out. The parameters are written in the last pass only.
+void EngineImpl::update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master,
+                              float* const* state, OffloadStaging* async_stage) {
   const bool on_host = opt_->on_host();
+  const bool last = pass + 1 == optim_->passes();
   // Gradients in the accumulation dtype, parameters in the compute dtype.
   const DType gt = reducer_.grad_dtype();
   const std::size_t ges = dtype_size(gt);
@@ -242,27 +251,50 @@ void EngineImpl::update_range(int unit, std::int64_t begin, std::int64_t len, fl
     p = stage_buf_.data() + grad_bytes;
   }
   char* const p_out = p;
-  for_each_decay_run(layout_.unit(unit), shape(unit), begin, len, [&](std::int64_t at, std::int64_t count, bool decay) {
-    const std::size_t o = static_cast<std::size_t>(at - begin), k = static_cast<std::size_t>(count);
-    AdamHyper a = adam;
-    SgdHyper s = sgd;
-    if (!decay) a.weight_decay = s.weight_decay = 0.0f;
-    float* mw = master + o;
-    float* v1 = m1 ? m1 + o : nullptr;
-    float* v2 = m2 ? m2 + o : nullptr;
-    const void* gr = g + o * ges;
-    void* pw = p + o * esize();
-    if (!on_host) {
-      if (sgd_type)
-        backend_->sgd(mw, v1, gr, gt, pw, dtype_, k, s);
-      else
-        backend_->adam(mw, v1, v2, gr, gt, pw, dtype_, k, a);
-    } else if (sgd_type) {
-      offload::sgd_step(mw, v1, gr, gt, pw, dtype_, k, s);
-    } else {
-      offload::adam_step(mw, v1, v2, gr, gt, pw, dtype_, k, a);
+  // Host memory (offloaded state, or the host backend's own) is stepped by the host kernels.
+  Backend* device = on_host || backend_->host_accessible() ? nullptr : backend_.get();
+  const UnitShape& us = shape(unit);
+  auto step = [&](std::int64_t at, std::int64_t count, bool decay, const ParamInfo* param, int tensor,
+                  std::int64_t param_at, int slice) {
+    const std::size_t o = static_cast<std::size_t>(at - begin);
+    OptimRun run;
+    run.unit = unit;
+    run.param = param;
+    run.tensor = tensor;
+    run.at = param_at;
+    run.own_at = at;
+    run.n = count;
+    run.slice = slice;
+    run.decay = decay;
+    run.master = master + o;
+    for (int k = 0; k < kMaxMoments; ++k) run.state[k] = state[k] ? state[k] + o : nullptr;
+    run.grad = g + o * ges;
+    run.grad_type = gt;
+    run.param_out = last ? p + o * esize() : nullptr;
+    run.param_type = dtype_;
+    optim_->run(pass, run, device);
+  };
+  if (!optim_->per_tensor()) {
+    for_each_decay_run(layout_.unit(unit), us, begin, len, [&](std::int64_t at, std::int64_t count, bool decay) {
+      step(at, count, decay, nullptr, -1, 0, 0);
+    });
+  } else {
+    const int first = unit_at(tensor_first_, unit);
+    const auto& params = layout_.unit(unit).params;
+    const std::int64_t lo = us.own_begin + begin, hi = lo + len;  // positions in the padded unit
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      const ParamInfo& pi = params[k];
+      std::int64_t from = std::max(lo, pi.offset);
+      const std::int64_t to = std::min(hi, pi.offset + pi.numel);
+      while (from < to) {  // cut at slice boundaries (stage 0 holds every slice)
+        const int slice = static_cast<int>(from / us.slice);
+        const std::int64_t end = std::min(to, static_cast<std::int64_t>(slice + 1) * us.slice);
+        step(from - us.own_begin, end - from, pi.decay, &pi, first + static_cast<int>(k), from - pi.offset, slice);
+        from = end;
+      }
     }
-  });
+  }
+  if (!last) return;
   if (on_host && async_stage)
     async_stage->params_ready(r, b, n);
   else if (copied)

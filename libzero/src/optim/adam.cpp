@@ -1,6 +1,12 @@
-// Hyper-parameters from the config, and Adam's per-step constants (see zero/optim.hpp).
+// Adam and AdamW: the hyper-parameters from the config, the per-step constants every
+// implementation shares (zero/optim.hpp), and the optimizer, stepped by the backend's kernels
+// on device state and by the host kernels (offload/src/host_adam*.cpp) on host state.
 #include <cmath>
+#include <memory>
 
+#include "backend/backend.hpp"
+#include "offload/host_optimizer.hpp"
+#include "optim/optimizers.hpp"
 #include "zero/config.hpp"
 #include "zero/optim.hpp"
 
@@ -9,8 +15,8 @@ namespace zero {
 AdamConstants adam_constants(const AdamHyper& h) {
   // Computed in double and rounded once, so each path (and each thread) uses identical floats.
   const double t = static_cast<double>(h.step);
-  const double bias_c1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  const double bias_c2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  const double bias_c1 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta1), t) : 1.0;
+  const double bias_c2 = h.bias_correction ? 1.0 - std::pow(static_cast<double>(h.beta2), t) : 1.0;
   AdamConstants c{};
   c.grad_scale = h.grad_scale;
   c.weight_decay = h.weight_decay;
@@ -34,15 +40,37 @@ AdamHyper adam_hyper(const OptimizerConfig& o, double lr, std::int64_t step, flo
                    static_cast<float>(o.eps),
                    static_cast<float>(o.weight_decay),
                    o.decoupled_decay(),
+                   o.bias_correction,
                    step,
                    grad_scale};
 }
 
-SgdHyper sgd_hyper(const OptimizerConfig& o, double lr, std::int64_t step, float grad_scale) {
-  return SgdHyper{static_cast<float>(lr), static_cast<float>(o.momentum), static_cast<float>(o.weight_decay),
-                  grad_scale, step == 1};
-}
+namespace {
 
-int optimizer_moments(OptimizerType t) { return t == OptimizerType::sgd ? 1 : 2; }
+class Adam final : public Optimizer {
+ public:
+  explicit Adam(const OptimizerConfig& o) : cfg_(o) {}
+  const char* name() const override { return to_string(cfg_.type); }
+  int moments() const override { return 2; }
+  bool device_kernels() const override { return true; }
+  void begin_step(const StepHyper& h) override { hyper_ = adam_hyper(cfg_, h.lr, h.step, h.grad_scale); }
+  void run(int, const OptimRun& r, Backend* device) override {
+    AdamHyper a = hyper_;
+    if (!r.decay) a.weight_decay = 0.0f;
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    if (device != nullptr)
+      device->adam(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+    else
+      offload::adam_step(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+  }
+
+ private:
+  OptimizerConfig cfg_;
+  AdamHyper hyper_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adam(const OptimizerConfig& o) { return std::make_unique<Adam>(o); }
 
 }  // namespace zero

@@ -77,7 +77,10 @@ Layout gpt_layout(const GptShape& s) {
   s.validate();
   const std::int64_t C = s.n_embd;
   Layout layout;
-  layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab(), C}}, {"wpe.weight", {s.seq_len, C}}});
+  const int emb =
+      layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab(), C}}, {"wpe.weight", {s.seq_len, C}}});
+  layout.set_embedding(emb, "wte.weight");  // the tied LM head too
+  layout.set_embedding(emb, "wpe.weight");
   for (int l = 0; l < s.n_layer; ++l) {
     const std::string unit = fmt::format("h.{}", l), p = unit + ".";
     layout.add_unit(unit, {{p + "ln_1.weight", {C}},

@@ -1,4 +1,7 @@
-// Fused optimizer steps on host memory: Adam / AdamW and SGD with momentum.
+// Fused optimizer steps on host memory: Adam / AdamW (host_adam*.cpp), SGD with momentum
+// (host_sgd.cpp), Lion, LAMB, Adafactor and Muon (host_<name>.cpp). What follows describes Adam's;
+// the others are portable C++ with the same rules (one pass per element where the mathematics
+// allows it, no reassociation, results independent of the thread count).
 //
 // With the optimizer offloaded, every step reads the gradient shard, the fp32 master weights and
 // both moments from host memory and writes back the weights, the moments and the compute copy of
@@ -16,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "zero/dtype.hpp"
 #include "zero/optim.hpp"  // AdamHyper, SgdHyper, adam_constants: the optimizer's home
@@ -30,7 +34,7 @@ SimdPath best_simd_path();
 bool simd_path_supported(SimdPath path);
 std::string_view simd_path_name(SimdPath path);
 // How far ahead (in elements) the SIMD Adam kernels prefetch: chosen per CPU vendor from
-// measurements (see host_optimizer.cpp), exposed so benchmarks can run their yardsticks alike.
+// measurements (see host_adam.cpp), exposed so benchmarks can run their yardsticks alike.
 std::size_t adam_prefetch_elements();
 
 // One Adam/AdamW step over n elements, in place on master, m and v (fp32).
@@ -48,5 +52,67 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
 // momentum_buf may be null when momentum == 0.
 void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out, DType param_type,
               std::size_t n, const SgdHyper& h, int threads = 0);
+
+// Lion (Chen et al. 2023; DeepSpeed's keys): c = b1*m + (1-b1)*g; p = p*(1 - lr*wd) - lr*sign(c);
+// m = b2*m + (1-b2)*g.
+struct LionConstants {
+  float grad_scale, lr, decay;  // decay: 1 - lr*wd
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+};
+void lion_step(float* master, float* m, const void* grad, DType grad_type, void* param_out, DType param_type,
+               std::size_t n, const LionConstants& c, int threads = 0);
+
+// LAMB (You et al. 2020; DeepSpeed's FusedLamb): u = (m/c1) / (sqrt(v/c2) + eps) + wd*p over a
+// tensor, p -= lr * trust * u with trust = ||p|| / ||u||. Two passes: lamb_moments updates m and v
+// and continues the sequential folds of p^2 and u^2 (one run of elements in order; the caller
+// keeps one fold per tensor and slice); lamb_apply recomputes u from the stored m, v and p, the
+// same float operations, and applies `step` = lr x the trust ratio.
+struct LambConstants {
+  float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
+  float inv_bias_c1, inv_bias_c2;  // 1/(1 - beta^t), or 1 without bias correction
+};
+void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::size_t n,
+                  const LambConstants& c, double* p_sumsq, double* u_sumsq);
+void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
+                const LambConstants& c, float step, int threads = 0);
+
+// Adafactor (Shazeer & Stern 2018, as Hugging Face's): s = g^2 + eps1. A run is `n` elements of
+// a [rows, cols] tensor from flat element `at` (vectors: cols = n, at = 0, rows 1).
+struct AdafactorConstants {
+  float grad_scale, beta2t, one_minus_beta2t, eps1;
+};
+// Vectors: V = beta2t*V + (1-beta2t)*s; u = g / sqrt(V); folds of p^2 and u^2.
+void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::size_t n,
+                      const AdafactorConstants& c, double* p_sumsq, double* u_sumsq);
+// Matrices, pass 1: row_sums[r] and col_sums[c] (indexed by the tensor's row and column) continue
+// their folds of s in element order; the fold of p^2 too.
+void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
+                           std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
+                           double* p_sumsq);
+// Matrices, pass 2: u = g * row_factor[r] * col_factor[c]; the fold of u^2.
+void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_sumsq);
+// The update, from V (vectors; row_factor null) or the factors: u *= scale (lr_t over the RMS
+// clip); with a first moment M = beta1*M + (1-beta1)*u, u = M; p = p + neg_decay*p - u.
+struct AdafactorApply {
+  float grad_scale, scale, neg_decay;  // neg_decay: -wd*lr_t
+  float beta1, one_minus_beta1;
+  bool first_moment;
+};
+void adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType grad_type, void* param_out,
+                     DType param_type, std::int64_t at, std::size_t n, std::int64_t cols, const float* row_factor,
+                     const float* col_factor, const AdafactorApply& a);
+
+// Muon (Jordan et al. 2024; PyTorch's torch.optim.Muon): buf = momentum*buf + g; x = nesterov ?
+// g + momentum*buf : buf, written to x_out for the owner's orthogonalisation.
+void muon_momentum(float* buf, const void* grad, DType grad_type, std::size_t n, float grad_scale, float momentum,
+                   bool nesterov, float* x_out, int threads = 0);
+// The quintic Newton-Schulz iteration on a [rows, cols] row-major matrix, in place: X / ||X||_F,
+// then `steps` times X = a X + (b A + c A A) X with A = X X^T, over the shorter side, through
+// OpenBLAS's sgemm on the host threads. `work` is scratch, grown as needed.
+void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps, std::vector<float>& work);
+// p = p*decay - step*o.
+void muon_apply(float* master, const float* o, void* param_out, DType param_type, std::size_t n, float decay,
+                float step, int threads = 0);
 
 }  // namespace zero::offload

@@ -1,16 +1,16 @@
-// AVX2 Adam kernel: 8 lanes of the scalar reference in host_optimizer.cpp, same operations in the same
+// AVX2 Adam kernel: 8 lanes of the scalar reference in host_adam.cpp, same operations in the same
 // order. AVX2 has no 16-bit masked loads, so the tail (fewer than 8 elements) is copied into
 // zero-padded stack vectors, stepped by the same vector code and copied back.
 //
 // Compiled with -mavx2 -mfma -mf16c -ffp-contract=off. Everything except the exported entry point
-// has internal linkage and no library templates are used (see host_optimizer_kernels.hpp).
+// has internal linkage and no library templates are used (see host_adam_kernels.hpp).
 #include <immintrin.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
-#include "host_optimizer_kernels.hpp"
+#include "host_adam_kernels.hpp"
 
 namespace zero::offload::detail {
 namespace {
@@ -90,7 +90,7 @@ inline void step8(float* master, float* m, float* v, const void* grad, void* out
   store_param<O>(out, i, p);
 }
 
-// One cache line of each stream, `ahead` elements ahead (see host_optimizer_kernels.hpp).
+// One cache line of each stream, `ahead` elements ahead (see host_adam_kernels.hpp).
 template <int G>
 inline void prefetch_ahead(const float* master, const float* m, const float* v, const void* grad, std::size_t i,
                            std::size_t ahead) {

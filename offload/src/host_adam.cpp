@@ -1,5 +1,5 @@
-// Host Adam/AdamW/SGD: argument checks, CPU dispatch, the OpenMP tiling and
-// the portable scalar kernel, which is also the reference the SIMD kernels must match bit for bit.
+// Host Adam/AdamW: argument checks, CPU dispatch, the OpenMP tiling and the portable scalar kernel, which is also the
+// reference the SIMD kernels must match bit for bit.
 #include "offload/host_optimizer.hpp"
 
 #include <fmt/format.h>
@@ -9,60 +9,12 @@
 #include <cmath>
 #include <string>
 
-#include "host_optimizer_kernels.hpp"
+#include "host_adam_kernels.hpp"
+#include "host_kernel_util.hpp"
 #include "zero/error.hpp"
 
 namespace zero::offload {
 namespace {
-
-// Elements per OpenMP work item (128 KiB of each fp32 stream): large enough that scheduling costs
-// nothing next to the memory traffic, small enough to spread a modest shard over many threads.
-constexpr std::size_t kTile = std::size_t{1} << 15;
-
-bool valid_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-int elem_code(DType t) { return static_cast<int>(t); }
-
-std::string describe(DType t) {
-  return valid_dtype(t) ? std::string(dtype_name(t)) : fmt::format("invalid DType {}", static_cast<int>(t));
-}
-
-// Runs body(begin, end) over [0, n) in tiles. schedule(static) gives each thread one contiguous
-// run of tiles, which keeps the hardware prefetchers on long sequential streams.
-template <class Body>
-void for_each_tile(std::size_t n, int threads, Body&& body) {
-  const std::size_t tiles = (n + kTile - 1) / kTile;
-  int nt = threads > 0 ? threads : omp_get_max_threads();
-  nt = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(nt, 1)), tiles));
-  const auto count = static_cast<std::int64_t>(tiles);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (std::int64_t t = 0; t < count; ++t) {
-    const std::size_t begin = static_cast<std::size_t>(t) * kTile;
-    body(begin, std::min(n, begin + kTile));
-  }
-}
-
-template <int G>
-inline float load_grad(const void* g, std::size_t i) {
-  if constexpr (G == detail::kF32) {
-    return static_cast<const float*>(g)[i];
-  } else if constexpr (G == detail::kBF16) {
-    return bf16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
-  } else {
-    return f16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
-  }
-}
-
-template <int O>
-inline void store_param(void* out, std::size_t i, float p) {
-  if constexpr (O == detail::kF32) {
-    static_cast<float*>(out)[i] = p;
-  } else if constexpr (O == detail::kBF16) {
-    static_cast<std::uint16_t*>(out)[i] = f32_to_bf16_bits(p);
-  } else if constexpr (O == detail::kF16) {
-    static_cast<std::uint16_t*>(out)[i] = f32_to_f16_bits(p);
-  }
-}
 
 // The reference sequence of operations. The SIMD kernels repeat it lane by lane: same order,
 // fused multiply-adds exactly where std::fma appears here, nothing reassociated.
@@ -94,51 +46,6 @@ void adam_scalar_out(float* master, float* m, float* v, const void* grad, void* 
     case detail::kF16: return adam_scalar<G, detail::kF16>(master, m, v, grad, out, b, e, c);
     default: return adam_scalar<G, detail::kNone>(master, m, v, grad, out, b, e, c);
   }
-}
-
-struct SgdConsts {
-  float lr, momentum, weight_decay, grad_scale;
-  bool first_step;
-};
-
-template <int G, int O>
-void sgd_range(float* master, float* buf, const void* grad, void* out, std::size_t begin, std::size_t end,
-               const SgdConsts& c) {
-  for (std::size_t i = begin; i < end; ++i) {
-    float p = master[i];
-    float g = load_grad<G>(grad, i) * c.grad_scale;
-    if (c.weight_decay != 0.0f) g = g + c.weight_decay * p;
-    if (c.momentum != 0.0f) {
-      const float b = c.first_step ? g : c.momentum * buf[i] + g;
-      buf[i] = b;
-      g = b;
-    }
-    p = p - c.lr * g;
-    master[i] = p;
-    store_param<O>(out, i, p);
-  }
-}
-
-template <int G>
-void sgd_range_out(float* master, float* buf, const void* grad, void* out, int oc, std::size_t b, std::size_t e,
-                   const SgdConsts& c) {
-  switch (oc) {
-    case detail::kF32: return sgd_range<G, detail::kF32>(master, buf, grad, out, b, e, c);
-    case detail::kBF16: return sgd_range<G, detail::kBF16>(master, buf, grad, out, b, e, c);
-    case detail::kF16: return sgd_range<G, detail::kF16>(master, buf, grad, out, b, e, c);
-    default: return sgd_range<G, detail::kNone>(master, buf, grad, out, b, e, c);
-  }
-}
-
-void check_common(const void* master, const void* grad, DType grad_type, const void* param_out, DType param_type,
-                  const char* who) {
-  const std::string w(who);
-  ZERO_CHECK(master != nullptr && grad != nullptr, w + ": master and grad must not be null for a non-empty step");
-  ZERO_CHECK(valid_dtype(grad_type), w + ": unsupported gradient type (" + describe(grad_type) +
-                                         "); pass DType::f32, DType::bf16 or DType::f16");
-  ZERO_CHECK(param_out == nullptr || valid_dtype(param_type), w + ": unsupported parameter output type (" +
-                                                                  describe(param_type) +
-                                                                  "); pass DType::f32, DType::bf16 or DType::f16");
 }
 
 }  // namespace
@@ -237,21 +144,6 @@ void adam_step(float* master, float* m, float* v, const void* grad, DType grad_t
   const std::size_t ahead = adam_prefetch_elements();
   for_each_tile(n, threads,
                 [&](std::size_t b, std::size_t e) { fn(master, m, v, grad, gc, param_out, oc, b, e, c, ahead); });
-}
-
-void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out, DType param_type,
-              std::size_t n, const SgdHyper& h, int threads) {
-  if (n == 0) return;
-  check_common(master, grad, grad_type, param_out, param_type, "sgd_step");
-  ZERO_CHECK(h.momentum == 0.0f || momentum_buf != nullptr,
-             fmt::format("sgd_step: momentum {} needs a momentum buffer; pass one of n floats", h.momentum));
-  const SgdConsts c{h.lr, h.momentum, h.weight_decay, h.grad_scale, h.first_step};
-  const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
-  auto range = grad_type == DType::f32    ? sgd_range_out<detail::kF32>
-               : grad_type == DType::bf16 ? sgd_range_out<detail::kBF16>
-                                          : sgd_range_out<detail::kF16>;
-  for_each_tile(n, threads,
-                [&](std::size_t b, std::size_t e) { range(master, momentum_buf, grad, param_out, oc, b, e, c); });
 }
 
 }  // namespace zero::offload

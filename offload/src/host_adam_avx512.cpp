@@ -1,4 +1,4 @@
-// AVX-512 Adam kernel: 16 lanes of the scalar reference in host_optimizer.cpp, same operations in the
+// AVX-512 Adam kernel: 16 lanes of the scalar reference in host_adam.cpp, same operations in the
 // same order. The tail (n not a multiple of 16) runs the same vector code under a lane mask, so
 // there is no second code path for the last elements.
 //
@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "host_optimizer_kernels.hpp"
+#include "host_adam_kernels.hpp"
 
 namespace zero::offload::detail {
 namespace {
@@ -132,7 +132,7 @@ inline void step16(float* master, float* m, float* v, const void* grad, void* ou
   store_param<O, Masked>(out, i, k, p);
 }
 
-// One cache line of each stream, `ahead` elements ahead (see host_optimizer_kernels.hpp).
+// One cache line of each stream, `ahead` elements ahead (see host_adam_kernels.hpp).
 template <int G>
 inline void prefetch_ahead(const float* master, const float* m, const float* v, const void* grad, std::size_t i,
                            std::size_t ahead) {

@@ -1,4 +1,4 @@
-// Internal interface between the host Adam driver (host_optimizer.cpp) and its per-ISA kernels.
+// Internal interface between the host Adam driver (host_adam.cpp) and its per-ISA kernels.
 //
 // The kernels live in their own translation units, each compiled with its ISA flags. Nothing
 // here may be an inline function or a template: an inline function compiled once with AVX-512

@@ -1,0 +1,195 @@
+// Adafactor (Shazeer & Stern 2018, "Adafactor: Adaptive Learning Rates with Sublinear Memory
+// Cost"), in the form of Hugging Face's transformers.optimization.Adafactor: a factored second
+// moment for matrices (row and column means of g^2 + eps1), an unfactored one for vectors,
+// beta2_t = 1 - t^decay_rate, the update clipped by its RMS, the relative step and parameter
+// scale, an optional first moment.
+//
+// Where the state lives: the per-element array 0 holds V for vectors; for a [rows, cols] matrix
+// it holds the row statistics R in its first `rows` places and the column statistics C in the
+// next `cols` (the rest is unused), so the factored state is saved, offloaded and re-split with
+// the element arrays and needs nothing of its own. Every step each rank contributes the places
+// it owns to the statistics exchange, so every rank knows every R and C.
+//
+// Three passes: (1) the row and column sums of g^2 + eps1 over the whole matrix, ||p||, and the
+// vectors' V and ||u||; (2) the matrices' ||u||; (3) the update. Sums are SliceStats folds.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "offload/host_optimizer.hpp"
+#include "optim/optimizers.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+namespace {
+
+struct Tensor {
+  std::int64_t numel = 0, rows = 1, cols = 0;
+  bool factored = false;
+  int slot_a = 0;  // first slot in the first exchange: p2, u2, [row sums, col sums, old R, old C]
+  std::vector<float> row_factor, col_factor, new_r, new_c;
+  float scale = 0.0f, neg_decay = 0.0f;
+  double lr = 0.0;
+};
+
+class Adafactor final : public Optimizer {
+ public:
+  Adafactor(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
+    int slot = 0;
+    for (const UnitInfo& u : env.layout->units())
+      for (const ParamInfo& p : u.params) {
+        Tensor t;
+        t.numel = p.numel;
+        t.cols = p.numel;
+        if (p.shape.size() == 2 && p.shape[0] >= 2 && p.shape[1] >= 2) {
+          // A matrix with a single row or column is factored to the same update as a vector.
+          t.factored = true;
+          t.rows = p.shape[0];
+          t.cols = p.shape[1];
+        }
+        t.slot_a = slot;
+        slot += 2 + (t.factored ? static_cast<int>(2 * (t.rows + t.cols)) : 0);
+        tensors_.push_back(std::move(t));
+      }
+    slots_a_ = slot;
+  }
+  const char* name() const override { return "Adafactor"; }
+  int moments() const override { return cfg_.adafactor_beta1 > 0.0 ? 2 : 1; }
+  int passes() const override { return 3; }
+  bool per_tensor() const override { return true; }
+  std::string unsupported(const Layout& layout) const override {
+    for (const UnitInfo& u : layout.units())
+      for (const ParamInfo& p : u.params)
+        if (p.shape.size() > 2)
+          return fmt::format("optimizer.type Adafactor factors 2-D tensors; '{}' of unit '{}' has {} dimensions",
+                             p.name, u.name, p.shape.size());
+    return needs_whole_tensors("Adafactor", layout);
+  }
+
+  void begin_step(const StepHyper& h) override {
+    const double t = static_cast<double>(h.step);
+    const double beta2t = 1.0 - std::pow(t, cfg_.decay_rate);
+    c_ = offload::AdafactorConstants{h.grad_scale, static_cast<float>(beta2t), static_cast<float>(1.0 - beta2t),
+                                     static_cast<float>(cfg_.eps1)};
+    beta2t_ = beta2t;
+    step_ = t;
+    lr_ = h.lr;
+    a_.reset(slots_a_, env_.world);
+    b_.reset(static_cast<int>(tensors_.size()), env_.world);
+  }
+
+  void run(int pass, const OptimRun& r, Backend* device) override {
+    ZERO_CHECK(device == nullptr, "Adafactor steps host memory only");
+    Tensor& t = tensors_[static_cast<std::size_t>(r.tensor)];
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    float* v = r.state[0];
+    if (pass == 0) {
+      double* p2 = &a_.at(t.slot_a, r.slice);
+      if (!t.factored) {
+        offload::adafactor_vector(r.master, v, r.grad, r.grad_type, n, c_, p2, &a_.at(t.slot_a + 1, r.slice));
+        return;
+      }
+      const int rows_at = t.slot_a + 2, cols_at = rows_at + static_cast<int>(t.rows);
+      offload::adafactor_matrix_sums(r.master, r.grad, r.grad_type, r.at, n, t.cols, c_, &a_.at(rows_at, r.slice),
+                                     &a_.at(cols_at, r.slice), p2);
+      // The stored R and C this run holds (flat places [0, rows + cols) of the matrix).
+      const int old_at = cols_at + static_cast<int>(t.cols);
+      const std::int64_t stored = t.rows + t.cols;
+      for (std::int64_t k = r.at; k < std::min(r.at + r.n, stored); ++k)
+        a_.at(old_at + static_cast<int>(k), r.slice) += v[k - r.at];
+    } else if (pass == 1) {
+      if (!t.factored) return;
+      offload::adafactor_matrix_rms(r.grad, r.grad_type, r.at, n, t.cols, c_.grad_scale, t.row_factor.data(),
+                                    t.col_factor.data(), &b_.at(r.tensor, r.slice));
+      // This run's places of the new R and C.
+      const std::int64_t stored = t.rows + t.cols;
+      for (std::int64_t k = r.at; k < std::min(r.at + r.n, stored); ++k)
+        v[k - r.at] = k < t.rows ? t.new_r[static_cast<std::size_t>(k)] : t.new_c[static_cast<std::size_t>(k - t.rows)];
+    } else {
+      const bool m = cfg_.adafactor_beta1 > 0.0;
+      const offload::AdafactorApply ap{c_.grad_scale,
+                                       t.scale,
+                                       r.decay ? t.neg_decay : 0.0f,
+                                       static_cast<float>(cfg_.adafactor_beta1),
+                                       static_cast<float>(1.0 - cfg_.adafactor_beta1),
+                                       m};
+      offload::adafactor_apply(r.master, v, m ? r.state[1] : nullptr, r.grad, r.grad_type, r.param_out, r.param_type,
+                               r.at, n, t.cols, t.factored ? t.row_factor.data() : nullptr,
+                               t.factored ? t.col_factor.data() : nullptr, ap);
+    }
+  }
+
+  void end_pass(int pass) override {
+    Communicator* comm = env_.stage == 0 ? nullptr : env_.comm;
+    if (pass == 0) {
+      a_.combine(comm, env_.rank);
+      for (Tensor& t : tensors_) {
+        // The step size: the relative step or the configured rate, times the parameter's RMS.
+        double lr = lr_;
+        if (cfg_.relative_step) lr = std::min(cfg_.warmup_init ? 1e-6 * step_ : 1e-2, 1.0 / std::sqrt(step_));
+        if (cfg_.scale_parameter)
+          lr *= std::max(cfg_.eps2, std::sqrt(a_.total(t.slot_a) / static_cast<double>(t.numel)));
+        t.lr = lr;
+        t.neg_decay = static_cast<float>(-cfg_.weight_decay * lr);
+        if (!t.factored) {
+          set_scale(t, a_.total(t.slot_a + 1));
+          continue;
+        }
+        const int rows_at = t.slot_a + 2, cols_at = rows_at + static_cast<int>(t.rows);
+        const int old_r = cols_at + static_cast<int>(t.cols), old_c = old_r + static_cast<int>(t.rows);
+        t.new_r.resize(static_cast<std::size_t>(t.rows));
+        t.new_c.resize(static_cast<std::size_t>(t.cols));
+        double r_sum = 0.0;
+        for (std::int64_t i = 0; i < t.rows; ++i) {
+          const double mean = a_.total(rows_at + static_cast<int>(i)) / static_cast<double>(t.cols);
+          const float r = static_cast<float>(beta2t_ * a_.total(old_r + static_cast<int>(i)) + (1.0 - beta2t_) * mean);
+          t.new_r[static_cast<std::size_t>(i)] = r;
+          r_sum += r;
+        }
+        for (std::int64_t j = 0; j < t.cols; ++j) {
+          const double mean = a_.total(cols_at + static_cast<int>(j)) / static_cast<double>(t.rows);
+          t.new_c[static_cast<std::size_t>(j)] =
+              static_cast<float>(beta2t_ * a_.total(old_c + static_cast<int>(j)) + (1.0 - beta2t_) * mean);
+        }
+        // u = g / sqrt(R_i C_j / mean(R)) = g * rsqrt(R_i / mean(R)) * rsqrt(C_j).
+        const double r_mean = r_sum / static_cast<double>(t.rows);
+        t.row_factor.resize(t.new_r.size());
+        t.col_factor.resize(t.new_c.size());
+        for (std::size_t i = 0; i < t.new_r.size(); ++i)
+          t.row_factor[i] = static_cast<float>(1.0 / std::sqrt(t.new_r[i] / r_mean));
+        for (std::size_t j = 0; j < t.new_c.size(); ++j)
+          t.col_factor[j] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(t.new_c[j])));
+      }
+    } else {
+      b_.combine(comm, env_.rank);
+      for (std::size_t k = 0; k < tensors_.size(); ++k)
+        if (tensors_[k].factored) set_scale(tensors_[k], b_.total(static_cast<int>(k)));
+    }
+  }
+
+ private:
+  // The update's RMS clip and the step size, folded into one factor.
+  void set_scale(Tensor& t, double u_sumsq) const {
+    const double rms = std::sqrt(u_sumsq / static_cast<double>(t.numel));
+    t.scale = static_cast<float>(t.lr / std::max(1.0, rms / cfg_.clip_threshold));
+  }
+
+  OptimizerConfig cfg_;
+  OptimizerEnv env_;
+  std::vector<Tensor> tensors_;
+  int slots_a_ = 0;
+  offload::AdafactorConstants c_{};
+  double beta2t_ = 0.0, step_ = 1.0, lr_ = 0.0;
+  SliceStats a_, b_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& o, const OptimizerEnv& env) {
+  return std::make_unique<Adafactor>(o, env);
+}
+
+}  // namespace zero

@@ -1,0 +1,97 @@
+// LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning"; DeepSpeed's FusedLamb and
+// its keys): Adam's direction plus decoupled decay, scaled per tensor by the trust ratio
+// ||p|| / ||u|| clamped to [min_coeff, max_coeff]. The norms are over the whole tensor, however
+// the partition cuts it (SliceStats), so the algorithm is the paper's at every stage.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "offload/host_optimizer.hpp"
+#include "optim/optimizers.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+namespace {
+
+class Lamb final : public Optimizer {
+ public:
+  Lamb(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env), first_(tensor_offsets(*env.layout)) {}
+  const char* name() const override { return "Lamb"; }
+  int moments() const override { return 2; }
+  int passes() const override { return 2; }
+  bool per_tensor() const override { return true; }
+  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("Lamb", layout); }
+
+  void begin_step(const StepHyper& h) override {
+    const double b1 = cfg_.beta1, b2 = cfg_.beta2, t = static_cast<double>(h.step);
+    c_ = offload::LambConstants{h.grad_scale,
+                                static_cast<float>(b1),
+                                static_cast<float>(1.0 - b1),
+                                static_cast<float>(b2),
+                                static_cast<float>(1.0 - b2),
+                                static_cast<float>(cfg_.eps),
+                                static_cast<float>(cfg_.weight_decay),
+                                static_cast<float>(cfg_.bias_correction ? 1.0 / (1.0 - std::pow(b1, t)) : 1.0),
+                                static_cast<float>(cfg_.bias_correction ? 1.0 / (1.0 - std::pow(b2, t)) : 1.0)};
+    lr_ = h.lr;
+    const int tensors = first_.back();
+    stats_.reset(2 * tensors, env_.world);
+    step_.assign(static_cast<std::size_t>(tensors), 0.0f);
+  }
+
+  void run(int pass, const OptimRun& r, Backend* device) override {
+    ZERO_CHECK(device == nullptr, "Lamb steps host memory only");
+    offload::LambConstants k = c_;
+    if (!r.decay) k.weight_decay = 0.0f;
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    if (pass == 0)
+      offload::lamb_moments(r.master, r.state[0], r.state[1], r.grad, r.grad_type, n, k,
+                            &stats_.at(2 * r.tensor, r.slice), &stats_.at(2 * r.tensor + 1, r.slice));
+    else
+      offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k,
+                          step_[static_cast<std::size_t>(r.tensor)]);
+  }
+
+  void end_pass(int) override {
+    stats_.combine(env_.stage == 0 ? nullptr : env_.comm, env_.rank);
+    for (std::size_t t = 0; t < step_.size(); ++t) {
+      const double w = std::sqrt(stats_.total(static_cast<int>(2 * t)));
+      const double u = std::sqrt(stats_.total(static_cast<int>(2 * t + 1)));
+      double trust = w > 0.0 && u > 0.0 ? w / u : 1.0;
+      trust = std::clamp(trust, cfg_.min_coeff, cfg_.max_coeff);
+      step_[t] = static_cast<float>(lr_ * trust);
+    }
+  }
+
+ private:
+  OptimizerConfig cfg_;
+  OptimizerEnv env_;
+  std::vector<int> first_;
+  offload::LambConstants c_{};
+  double lr_ = 0.0;
+  SliceStats stats_;
+  std::vector<float> step_;  // per tensor: lr x trust ratio
+};
+
+}  // namespace
+
+std::string needs_whole_tensors(const char* optimizer, const Layout& layout) {
+  for (const UnitInfo& u : layout.units())
+    for (const ParamInfo& p : u.params)
+      if (p.split_axis >= 0)
+        return fmt::format(
+            "optimizer.type {} computes statistics over whole tensors, and '{}' of unit '{}' is split by "
+            "tensor parallelism; combining them over the tensor group is not implemented yet: use "
+            "tensor parallelism 1, or an element-wise optimizer (AdamW, Adam, SGD, Lion)",
+            optimizer, p.name, u.name);
+  return {};
+}
+
+std::unique_ptr<Optimizer> make_lamb(const OptimizerConfig& o, const OptimizerEnv& env) {
+  return std::make_unique<Lamb>(o, env);
+}
+
+}  // namespace zero

@@ -1,0 +1,143 @@
+// Muon (Jordan et al. 2024; the form of PyTorch's torch.optim.Muon): momentum, then the quintic
+// Newton-Schulz orthogonalisation of each whole matrix, scaled by its shape (adjust_lr_fn), with
+// decoupled weight decay. Embeddings, the LM head (ParamInfo::embedding) and the parameters that
+// are not 2-D are stepped by AdamW with the same rate, betas and eps, as every Muon recipe does.
+//
+// A rank's slice may hold parts of a matrix. Each matrix has one owner (balanced by the cost of
+// its products): after the momentum pass the momentum updates of every unit are all-gathered,
+// each owner orthogonalises its matrices, and a reduce-scatter (every element written by exactly
+// one rank, so the sum is exact) brings each rank its slice of the result. At stage 0 every rank
+// holds every matrix and does the work itself, as it does the rest of the step.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "offload/host_optimizer.hpp"
+#include "optim/optimizers.hpp"
+#include "zero/comm.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+namespace {
+
+struct Matrix {
+  int unit = 0;
+  std::int64_t offset = 0, rows = 0, cols = 0;
+  int owner = 0;
+  float scale = 1.0f;
+};
+
+class Muon final : public Optimizer {
+ public:
+  Muon(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
+    const Layout& layout = *env.layout;
+    std::vector<double> load(static_cast<std::size_t>(env.world), 0.0);
+    for (int u = 0; u < layout.num_units(); ++u)
+      for (const ParamInfo& p : layout.unit(u).params) {
+        const bool matrix = p.shape.size() == 2 && !p.embedding;
+        index_.push_back(matrix ? static_cast<int>(matrices_.size()) : -1);
+        if (!matrix) continue;
+        Matrix m{u, p.offset, p.shape[0], p.shape[1], 0, 1.0f};
+        const double r = static_cast<double>(m.rows), c = static_cast<double>(m.cols);
+        m.scale = static_cast<float>(cfg_.adjust_lr_fn == MuonScale::original ? std::sqrt(std::max(1.0, r / c))
+                                                                              : 0.2 * std::sqrt(std::max(r, c)));
+        // The least-loaded rank takes the next matrix (its products cost about min(r,c)^2 max(r,c)).
+        const auto least = std::min_element(load.begin(), load.end());
+        m.owner = static_cast<int>(least - load.begin());
+        *least += std::min(r, c) * std::min(r, c) * std::max(r, c);
+        matrices_.push_back(m);
+      }
+    x_.resize(static_cast<std::size_t>(layout.num_units()));
+    for (const Matrix& m : matrices_) {
+      auto& x = x_[static_cast<std::size_t>(m.unit)];
+      if (x.empty()) x.assign(static_cast<std::size_t>(env.own_len(m.unit)), 0.0f);
+    }
+  }
+  const char* name() const override { return "Muon"; }
+  int moments() const override { return 2; }
+  int passes() const override { return 2; }
+  bool per_tensor() const override { return true; }
+  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("Muon", layout); }
+
+  void begin_step(const StepHyper& h) override {
+    h_ = h;
+    adam_ = AdamHyper{static_cast<float>(h.lr),
+                      static_cast<float>(cfg_.beta1),
+                      static_cast<float>(cfg_.beta2),
+                      static_cast<float>(cfg_.eps),
+                      static_cast<float>(cfg_.weight_decay),
+                      true,
+                      true,
+                      h.step,
+                      h.grad_scale};
+  }
+
+  void run(int pass, const OptimRun& r, Backend* device) override {
+    ZERO_CHECK(device == nullptr, "Muon steps host memory only");
+    const int mi = index_[static_cast<std::size_t>(r.tensor)];
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    if (mi < 0) {  // AdamW, in the pass that writes the parameters
+      if (pass == 0) return;
+      AdamHyper a = adam_;
+      if (!r.decay) a.weight_decay = 0.0f;
+      offload::adam_step(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+      return;
+    }
+    float* x = x_[static_cast<std::size_t>(r.unit)].data() + r.own_at;
+    if (pass == 0) {
+      offload::muon_momentum(r.state[0], r.grad, r.grad_type, n, h_.grad_scale, static_cast<float>(cfg_.momentum),
+                             cfg_.nesterov, x);
+      return;
+    }
+    const Matrix& m = matrices_[static_cast<std::size_t>(mi)];
+    const float decay = r.decay ? static_cast<float>(1.0 - h_.lr * cfg_.weight_decay) : 1.0f;
+    offload::muon_apply(r.master, x, r.param_out, r.param_type, n, decay, static_cast<float>(h_.lr * m.scale));
+  }
+
+  void end_pass(int) override {
+    const bool local = env_.stage == 0 || env_.comm == nullptr || env_.world == 1;
+    for (std::size_t u = 0; u < x_.size(); ++u) {
+      auto& x = x_[u];
+      if (x.empty()) continue;
+      const int unit = static_cast<int>(u);
+      if (local) {
+        for (const Matrix& m : matrices_)
+          if (m.unit == unit) offload::newton_schulz(x.data() + m.offset, m.rows, m.cols, cfg_.ns_steps, work_);
+        continue;
+      }
+      const std::size_t slice = x.size();
+      full_.assign(slice * static_cast<std::size_t>(env_.world), 0.0f);
+      env_.comm->all_gather(x.data(), full_.data(), slice, DType::f32);
+      // Keep only what this rank computes: its matrices, orthogonalised.
+      result_.assign(full_.size(), 0.0f);
+      for (const Matrix& m : matrices_) {
+        if (m.unit != unit || m.owner != env_.rank) continue;
+        float* at = full_.data() + m.offset;
+        offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
+        std::copy(at, at + m.rows * m.cols, result_.data() + m.offset);
+      }
+      env_.comm->reduce_scatter(result_.data(), x.data(), slice, DType::f32, ReduceOp::sum);
+    }
+  }
+
+ private:
+  OptimizerConfig cfg_;
+  OptimizerEnv env_;
+  std::vector<Matrix> matrices_;
+  std::vector<int> index_;             // per tensor: its matrix, or -1 (AdamW)
+  std::vector<std::vector<float>> x_;  // per unit with matrices: the owned range's update input / result
+  std::vector<float> full_, result_, work_;
+  StepHyper h_;
+  AdamHyper adam_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env) {
+  return std::make_unique<Muon>(o, env);
+}
+
+}  // namespace zero

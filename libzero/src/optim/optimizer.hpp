@@ -1,0 +1,127 @@
+// Optimizer: the interface every optimizer implements, one file per optimizer beside it
+// (adam.cpp, sgd.cpp, lamb.cpp, lion.cpp, adafactor.cpp, muon.cpp), its host kernels in offload/
+// (host_<name>.cpp) and its state counted by registry.cpp. How a step runs, why statistics over
+// whole tensors are exact at every stage, and where each optimizer keeps what: docs/architecture.md,
+// note optimizer.
+//
+// The engine owns the state (OptimizerStore: the fp32 master and moments() arrays per owned
+// element) and visits it sub-group by sub-group, passes() times per step. In each visit it hands
+// the optimizer runs of elements (OptimRun); between passes it calls end_pass(), where an
+// optimizer combines what the pass measured across the partition group.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zero/config.hpp"
+#include "zero/dtype.hpp"
+#include "zero/layout.hpp"
+#include "zero/optim.hpp"
+
+namespace zero {
+
+class Backend;
+class Communicator;
+
+// The per-step values every optimizer receives.
+struct StepHyper {
+  double lr = 0.0;          // the scheduler's (or the loop's) rate for this update
+  std::int64_t step = 1;    // updates applied including this one (Adam's t)
+  float grad_scale = 1.0f;  // multiplies every stored gradient: 1/loss scale x clip / average
+};
+
+// How the engine partitions the model, as an optimizer needs to know it.
+struct OptimizerEnv {
+  const Layout* layout = nullptr;
+  std::vector<std::int64_t> slice;  // per unit: elements per partition slice
+  int rank = 0, world = 1, stage = 0;
+  // Host-memory collectives over the partition group (null when world is 1). An optimizer's
+  // end_pass may call them; every rank calls end_pass at the same point.
+  Communicator* comm = nullptr;
+  // The owned range of unit u: the whole padded unit at stage 0, else slice `rank`.
+  std::int64_t own_begin(int unit) const {
+    return stage == 0 ? 0 : static_cast<std::int64_t>(rank) * slice[static_cast<std::size_t>(unit)];
+  }
+  std::int64_t own_len(int unit) const {
+    const std::int64_t s = slice[static_cast<std::size_t>(unit)];
+    return stage == 0 ? s * world : s;
+  }
+};
+
+constexpr int kMaxMoments = 2;
+
+// A run of owned elements with their state resident. For per-tensor optimizers it lies inside
+// one parameter and one partition slice; for element-wise ones it is a run of parameters that
+// agree on weight decay (param null), padding included.
+struct OptimRun {
+  int unit = 0;
+  const ParamInfo* param = nullptr;  // per-tensor optimizers: the parameter
+  int tensor = -1;                   // per-tensor optimizers: the parameter's index in the layout
+  std::int64_t at = 0;               // offset of the first element inside the parameter
+  std::int64_t own_at = 0;           // offset of the first element inside the unit's owned range
+  std::int64_t n = 0;
+  int slice = 0;      // the partition slice holding the run
+  bool decay = true;  // weight decay applies
+  float* master = nullptr;
+  float* state[kMaxMoments] = {nullptr, nullptr};
+  const void* grad = nullptr;  // the accumulation dtype
+  DType grad_type = DType::f32;
+  void* param_out = nullptr;  // the compute dtype; null: not written this pass
+  DType param_type = DType::f32;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual const char* name() const = 0;
+  // fp32 arrays kept per owned element besides the master.
+  virtual int moments() const = 0;
+  // Visits of the owned state per step; param_out is set in the last one only.
+  virtual int passes() const { return 1; }
+  // Runs split at parameter and slice boundaries (statistics per tensor), or at weight-decay
+  // boundaries only (element-wise updates).
+  virtual bool per_tensor() const { return false; }
+  // The backend can step device-resident state (Backend::adam, Backend::sgd).
+  virtual bool device_kernels() const { return false; }
+  // Why this optimizer cannot run on `layout` (a parameter split by tensor parallelism, say), or "".
+  virtual std::string unsupported(const Layout& layout) const {
+    (void)layout;
+    return {};
+  }
+  virtual void begin_step(const StepHyper& h) = 0;
+  // One run of pass `pass`; `device` is the backend when the state lives in its memory, null
+  // when it is host memory.
+  virtual void run(int pass, const OptimRun& r, Backend* device) = 0;
+  // Collective over the partition group: called on every rank after pass `pass`, except the last.
+  virtual void end_pass(int pass) { (void)pass; }
+};
+
+// The optimizer optimizer.type names.
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const OptimizerEnv& env);
+
+// Per-tensor statistics that are the same whatever the partition, sub-group size or stage: each
+// (slot, slice) is a sequential fold in element order (a run continues it), and end-of-pass
+// combine() adds the slices in slice order. Each rank fills the slices it owns (stage 0: all of
+// them), so the totals are bit-identical at every stage and with or without offload.
+class SliceStats {
+ public:
+  void reset(int slots, int slices);
+  double& at(int slot, int slice) {
+    return v_[static_cast<std::size_t>(slice) * static_cast<std::size_t>(slots_) + static_cast<std::size_t>(slot)];
+  }
+  // Collective when comm is not null: every rank sends the slice it owns (`own`), and receives
+  // the others'. Then total(slot) is the fold of the slices in order.
+  void combine(Communicator* comm, int own);
+  double total(int slot) const { return total_[static_cast<std::size_t>(slot)]; }
+  int slots() const { return slots_; }
+
+ private:
+  int slots_ = 0, slices_ = 0;
+  std::vector<double> v_, total_;
+};
+
+// The global index of each parameter (its order in the layout, unit by unit).
+std::vector<int> tensor_offsets(const Layout& layout);
+
+}  // namespace zero

@@ -1,0 +1,21 @@
+// The factories registry.cpp chooses from, one per optimizer file.
+#pragma once
+
+#include <memory>
+
+#include "optim/optimizer.hpp"
+
+namespace zero {
+
+std::unique_ptr<Optimizer> make_adam(const OptimizerConfig& o);
+std::unique_ptr<Optimizer> make_sgd(const OptimizerConfig& o);
+std::unique_ptr<Optimizer> make_lion(const OptimizerConfig& o);
+std::unique_ptr<Optimizer> make_lamb(const OptimizerConfig& o, const OptimizerEnv& env);
+std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& o, const OptimizerEnv& env);
+std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env);
+
+// Refuses a layout with parameters split by tensor parallelism, for optimizers whose statistics
+// span a whole tensor ("" when there is none).
+std::string needs_whole_tensors(const char* optimizer, const Layout& layout);
+
+}  // namespace zero

@@ -1,0 +1,78 @@
+// The optimizer optimizer.type names, the state each keeps, and the statistics they share.
+#include <fmt/format.h>
+
+#include <memory>
+#include <vector>
+
+#include "optim/optimizer.hpp"
+#include "optim/optimizers.hpp"
+#include "zero/comm.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+
+int optimizer_moments(const OptimizerConfig& o) {
+  switch (o.type) {
+    case OptimizerType::adamw:
+    case OptimizerType::adam:
+    case OptimizerType::lamb: return 2;  // m, v
+    case OptimizerType::sgd:
+    case OptimizerType::lion:
+      return 1;  // the momentum
+    // v of the vectors (for a matrix, its row and column statistics sit in the first
+    // rows + cols places), then the first moment when beta1 is set.
+    case OptimizerType::adafactor: return o.adafactor_beta1 > 0.0 ? 2 : 1;
+    // The momentum of a matrix; AdamW's m and v of every other parameter.
+    case OptimizerType::muon: return 2;
+  }
+  ZERO_THROW("optimizer.type has an unknown value");
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const OptimizerEnv& env) {
+  switch (o.type) {
+    case OptimizerType::adamw:
+    case OptimizerType::adam: return make_adam(o);
+    case OptimizerType::sgd: return make_sgd(o);
+    case OptimizerType::lamb: return make_lamb(o, env);
+    case OptimizerType::lion: return make_lion(o);
+    case OptimizerType::adafactor: return make_adafactor(o, env);
+    case OptimizerType::muon: return make_muon(o, env);
+  }
+  ZERO_THROW("optimizer.type has an unknown value");
+}
+
+void SliceStats::reset(int slots, int slices) {
+  slots_ = slots;
+  slices_ = slices;
+  v_.assign(static_cast<std::size_t>(slots) * static_cast<std::size_t>(slices), 0.0);
+  total_.assign(static_cast<std::size_t>(slots), 0.0);
+}
+
+void SliceStats::combine(Communicator* comm, int own) {
+  const std::size_t n = static_cast<std::size_t>(slots_);
+  if (comm != nullptr && comm->size() > 1 && n > 0) {
+    ZERO_CHECK(comm->size() == slices_, fmt::format("SliceStats: {} slices over {} ranks", slices_, comm->size()));
+    const std::vector<double> mine(v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own) * n),
+                                   v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own + 1) * n));
+    // Doubles travel as pairs of floats: the bytes arrive unchanged.
+    comm->all_gather(mine.data(), v_.data(), 2 * n, DType::f32);
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    double t = 0.0;
+    for (int s = 0; s < slices_; ++s) t += v_[static_cast<std::size_t>(s) * n + k];
+    total_[k] = t;
+  }
+}
+
+std::vector<int> tensor_offsets(const Layout& layout) {
+  std::vector<int> first;
+  int k = 0;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    first.push_back(k);
+    k += static_cast<int>(layout.unit(u).params.size());
+  }
+  first.push_back(k);
+  return first;
+}
+
+}  // namespace zero

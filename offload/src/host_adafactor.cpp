@@ -1,0 +1,102 @@
+// Host Adafactor: the statistics of the factored second moment and of the update's RMS, in the
+// order of the elements (so that every cut of a tensor into runs sums the same), then the update.
+#include "offload/host_optimizer.hpp"
+
+#include <cmath>
+
+#include "host_kernel_util.hpp"
+
+namespace zero::offload {
+
+void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::size_t n,
+                      const AdafactorConstants& c, double* p_sumsq, double* u_sumsq) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_vector");
+  double ps = *p_sumsq, us = *u_sumsq;
+  with_grad_type(grad_type, [&]<int G>() {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g = load_grad<G>(grad, i) * c.grad_scale;
+      const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
+      v[i] = vi;
+      const double p = master[i], u = g / std::sqrt(vi);
+      ps += p * p;
+      us += u * u;
+    }
+  });
+  *p_sumsq = ps;
+  *u_sumsq = us;
+}
+
+void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
+                           std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
+                           double* p_sumsq) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_matrix_sums");
+  double ps = *p_sumsq;
+  with_grad_type(grad_type, [&]<int G>() {
+    std::int64_t row = at / cols, col = at % cols;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g = load_grad<G>(grad, i) * c.grad_scale;
+      const double s = static_cast<double>(g) * g + c.eps1;
+      row_sums[row] += s;
+      col_sums[col] += s;
+      const double p = master[i];
+      ps += p * p;
+      if (++col == cols) {
+        col = 0;
+        ++row;
+      }
+    }
+  });
+  *p_sumsq = ps;
+}
+
+void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_sumsq) {
+  if (n == 0) return;
+  double us = *u_sumsq;
+  with_grad_type(grad_type, [&]<int G>() {
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::int64_t e = at + static_cast<std::int64_t>(i);
+      const float g = load_grad<G>(grad, i) * grad_scale;
+      const double u = g * row_factor[e / cols] * col_factor[e % cols];
+      us += u * u;
+    }
+  });
+  *u_sumsq = us;
+}
+
+void adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType grad_type, void* param_out,
+                     DType param_type, std::int64_t at, std::size_t n, std::int64_t cols, const float* row_factor,
+                     const float* col_factor, const AdafactorApply& a) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, param_out, param_type, "adafactor_apply");
+  with_grad_type(grad_type, [&]<int G>() {
+    with_param_type(param_out, param_type, [&]<int O>() {
+      for_each_tile(n, 0, [&](std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) {
+          const float g = load_grad<G>(grad, i) * a.grad_scale;
+          float u;
+          if (row_factor != nullptr) {
+            const std::int64_t k = at + static_cast<std::int64_t>(i);
+            u = g * row_factor[k / cols] * col_factor[k % cols];
+          } else {
+            u = g / std::sqrt(v[i]);
+          }
+          u = u * a.scale;
+          if (a.first_moment) {
+            u = a.beta1 * m1[i] + a.one_minus_beta1 * u;
+            m1[i] = u;
+          }
+          float p = master[i];
+          p = p + a.neg_decay * p;
+          p = p - u;
+          master[i] = p;
+          store_param<O>(param_out, i, p);
+        }
+      });
+    });
+  });
+}
+
+}  // namespace zero::offload

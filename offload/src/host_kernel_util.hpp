@@ -1,0 +1,103 @@
+// What the portable host optimizer kernels share: dtype checks, gradient loads and parameter
+// stores in each dtype, and the OpenMP tiling. Included by portable translation units only (the
+// ISA-specific Adam kernels have their own: host_adam_kernels.hpp says why).
+#pragma once
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "host_adam_kernels.hpp"
+#include "zero/dtype.hpp"
+#include "zero/error.hpp"
+
+namespace zero::offload {
+namespace {
+
+// Elements per OpenMP work item (128 KiB of each fp32 stream): large enough that scheduling costs
+// nothing next to the memory traffic, small enough to spread a modest shard over many threads.
+constexpr std::size_t kTile = std::size_t{1} << 15;
+
+inline bool valid_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+inline int elem_code(DType t) { return static_cast<int>(t); }
+
+inline std::string describe(DType t) {
+  return valid_dtype(t) ? std::string(dtype_name(t)) : fmt::format("invalid DType {}", static_cast<int>(t));
+}
+
+// Runs body(begin, end) over [0, n) in tiles. schedule(static) gives each thread one contiguous
+// run of tiles, which keeps the hardware prefetchers on long sequential streams.
+template <class Body>
+void for_each_tile(std::size_t n, int threads, Body&& body) {
+  const std::size_t tiles = (n + kTile - 1) / kTile;
+  int nt = threads > 0 ? threads : omp_get_max_threads();
+  nt = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(std::max(nt, 1)), tiles));
+  const auto count = static_cast<std::int64_t>(tiles);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+  for (std::int64_t t = 0; t < count; ++t) {
+    const std::size_t begin = static_cast<std::size_t>(t) * kTile;
+    body(begin, std::min(n, begin + kTile));
+  }
+}
+
+template <int G>
+inline float load_grad(const void* g, std::size_t i) {
+  if constexpr (G == detail::kF32) {
+    return static_cast<const float*>(g)[i];
+  } else if constexpr (G == detail::kBF16) {
+    return bf16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+  } else {
+    return f16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+  }
+}
+
+template <int O>
+inline void store_param(void* out, std::size_t i, float p) {
+  if constexpr (O == detail::kF32) {
+    static_cast<float*>(out)[i] = p;
+  } else if constexpr (O == detail::kBF16) {
+    static_cast<std::uint16_t*>(out)[i] = f32_to_bf16_bits(p);
+  } else if constexpr (O == detail::kF16) {
+    static_cast<std::uint16_t*>(out)[i] = f32_to_f16_bits(p);
+  }
+}
+
+inline void check_common(const void* master, const void* grad, DType grad_type, const void* param_out, DType param_type,
+                         const char* who) {
+  const std::string w(who);
+  ZERO_CHECK(master != nullptr && grad != nullptr, w + ": master and grad must not be null for a non-empty step");
+  ZERO_CHECK(valid_dtype(grad_type), w + ": unsupported gradient type (" + describe(grad_type) +
+                                         "); pass DType::f32, DType::bf16 or DType::f16");
+  ZERO_CHECK(param_out == nullptr || valid_dtype(param_type), w + ": unsupported parameter output type (" +
+                                                                  describe(param_type) +
+                                                                  "); pass DType::f32, DType::bf16 or DType::f16");
+}
+
+// Calls f.template operator()<G>() with G the element code of grad_type.
+template <class F>
+void with_grad_type(DType grad_type, F&& f) {
+  switch (grad_type) {
+    case DType::f32: return f.template operator()<detail::kF32>();
+    case DType::bf16: return f.template operator()<detail::kBF16>();
+    case DType::f16: return f.template operator()<detail::kF16>();
+  }
+}
+
+// Calls f.template operator()<O>() with O the element code of the parameter output (kNone: null).
+template <class F>
+void with_param_type(const void* out, DType param_type, F&& f) {
+  if (out == nullptr) return f.template operator()<detail::kNone>();
+  switch (param_type) {
+    case DType::f32: return f.template operator()<detail::kF32>();
+    case DType::bf16: return f.template operator()<detail::kBF16>();
+    case DType::f16: return f.template operator()<detail::kF16>();
+  }
+}
+
+}  // namespace
+}  // namespace zero::offload

@@ -1,0 +1,57 @@
+// Host LAMB: the moments and the norms in one pass, the update in a second (the trust ratio
+// needs the norms over the whole tensor first).
+#include "offload/host_optimizer.hpp"
+
+#include <cmath>
+
+#include "host_kernel_util.hpp"
+
+namespace zero::offload {
+namespace {
+
+// The one expression of the update direction both passes use.
+inline float lamb_direction(float m, float v, float p, const LambConstants& c) {
+  return (m * c.inv_bias_c1) / (std::sqrt(v * c.inv_bias_c2) + c.eps) + c.weight_decay * p;
+}
+
+}  // namespace
+
+void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::size_t n,
+                  const LambConstants& c, double* p_sumsq, double* u_sumsq) {
+  if (n == 0) return;
+  check_common(master, grad, grad_type, nullptr, DType::f32, "lamb_moments");
+  ZERO_CHECK(m != nullptr && v != nullptr, "lamb_moments: the moment buffers must not be null");
+  // Sequential folds: the sums do not depend on how the tensor's elements are cut into runs.
+  double ps = *p_sumsq, us = *u_sumsq;
+  with_grad_type(grad_type, [&]<int G>() {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float g = load_grad<G>(grad, i) * c.grad_scale;
+      const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
+      const float vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
+      m[i] = mi;
+      v[i] = vi;
+      const double p = master[i], u = lamb_direction(mi, vi, master[i], c);
+      ps += p * p;
+      us += u * u;
+    }
+  });
+  *p_sumsq = ps;
+  *u_sumsq = us;
+}
+
+void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
+                const LambConstants& c, float step, int threads) {
+  if (n == 0) return;
+  ZERO_CHECK(master != nullptr && m != nullptr && v != nullptr, "lamb_apply: null state");
+  with_param_type(param_out, param_type, [&]<int O>() {
+    for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        const float p = master[i] - step * lamb_direction(m[i], v[i], master[i], c);
+        master[i] = p;
+        store_param<O>(param_out, i, p);
+      }
+    });
+  });
+}
+
+}  // namespace zero::offload
