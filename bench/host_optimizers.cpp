@@ -385,7 +385,15 @@ int main(int argc, char** argv) {
     // The passes without a thread argument (adafactor_apply) and DeepSpeed's loops use the
     // OpenMP default.
     omp_set_num_threads(t);
-    double lamb_ps = 0, lamb_us = 0, vec_ps = 0, vec_us = 0, mat_ps = 0, mat_us = 0;
+    // The lane folds of p^2 and u^2 (kStatLanes doubles each), added up as the engine does.
+    std::vector<double> lamb_ps(kStatLanes), lamb_us(kStatLanes), vec_ps(kStatLanes), vec_us(kStatLanes),
+        mat_ps(kStatLanes), mat_us(kStatLanes);
+    auto total = [](const std::vector<double>& l) {
+      double s = 0;
+      for (double x : l) s += x;
+      return s;
+    };
+    auto clear = [](std::vector<double>& l) { std::fill(l.begin(), l.end(), 0.0); };
     std::int64_t lamb_t = 0, ada_t = 0;
     float lamb_trust_step = 0.0f;
     AdafactorApply vec_apply{}, mat_apply{};
@@ -393,34 +401,43 @@ int main(int argc, char** argv) {
     Timed lion_k{nullptr, {[&] { lion_step(p.p, m.p, g.p, DType::f32, nullptr, DType::f32, n, lion, t); }}};
     Timed lamb_k{[&] {
                    lamb_t = ++step;
-                   lamb_ps = lamb_us = 0;
+                   clear(lamb_ps);
+                   clear(lamb_us);
                  },
-                 {[&] { lamb_moments(p.p, m.p, v.p, g.p, DType::f32, n, lamb_constants(lamb_t), &lamb_ps, &lamb_us); },
+                 {[&] {
+                    lamb_moments(p.p, m.p, v.p, g.p, DType::f32, 0, n, lamb_constants(lamb_t), lamb_ps.data(),
+                                 lamb_us.data());
+                  },
                   [&] {
                     // The trust ratio from the folds (what the engine does between the passes).
-                    const double pn = std::sqrt(lamb_ps), un = std::sqrt(lamb_us);
+                    const double pn = std::sqrt(total(lamb_ps)), un = std::sqrt(total(lamb_us));
                     lamb_trust_step = static_cast<float>(1e-3 * (pn > 0 && un > 0 ? pn / un : 1.0));
                     lamb_apply(p.p, m.p, v.p, nullptr, DType::f32, n, lamb_constants(lamb_t), lamb_trust_step, t);
                   }}};
     Timed vec_k{[&] {
                   ada_t = ++step;
-                  vec_ps = vec_us = 0;
+                  clear(vec_ps);
+                  clear(vec_us);
                 },
-                {[&] { adafactor_vector(p.p, v.p, g.p, DType::f32, n, adafactor_constants(ada_t), &vec_ps, &vec_us); },
+                {[&] {
+                   adafactor_vector(p.p, v.p, g.p, DType::f32, 0, n, adafactor_constants(ada_t), vec_ps.data(),
+                                    vec_us.data());
+                 },
                  [&] {
-                   vec_apply = adafactor_apply_args(ada_t, vec_ps, vec_us, n);
+                   vec_apply = adafactor_apply_args(ada_t, total(vec_ps), total(vec_us), n);
                    adafactor_apply(p.p, v.p, nullptr, g.p, DType::f32, nullptr, DType::f32, 0, n,
                                    static_cast<std::int64_t>(n), nullptr, nullptr, vec_apply);
                  }}};
     Timed mat_k{[&] {
                   ada_t = ++step;
-                  mat_ps = mat_us = 0;
+                  clear(mat_ps);
+                  clear(mat_us);
                   std::fill(row_sums.begin(), row_sums.end(), 0.0);
                   std::fill(col_sums.begin(), col_sums.end(), 0.0);
                 },
                 {[&] {
                    adafactor_matrix_sums(p.p, g.p, DType::f32, 0, n_mat, cols, adafactor_constants(ada_t),
-                                         row_sums.data(), col_sums.data(), &mat_ps);
+                                         row_sums.data(), col_sums.data(), mat_ps.data());
                  },
                  [&] {
                    // The factored second moment and its factors (rows + cols values; part of the
@@ -441,10 +458,10 @@ int main(int argc, char** argv) {
                      col_factor[k] = 1.0f / std::sqrt(col_ema[k]);
                    }
                    adafactor_matrix_rms(g.p, DType::f32, 0, n_mat, cols, 1.0f, row_factor.data(), col_factor.data(),
-                                        &mat_us);
+                                        mat_us.data());
                  },
                  [&] {
-                   mat_apply = adafactor_apply_args(ada_t, mat_ps, mat_us, n_mat);
+                   mat_apply = adafactor_apply_args(ada_t, total(mat_ps), total(mat_us), n_mat);
                    adafactor_apply(p.p, nullptr, nullptr, g.p, DType::f32, nullptr, DType::f32, 0, n_mat, cols,
                                    row_factor.data(), col_factor.data(), mat_apply);
                  }}};

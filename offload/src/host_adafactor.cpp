@@ -8,31 +8,35 @@
 
 namespace zero::offload {
 
-void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::size_t n,
-                      const AdafactorConstants& c, double* p_sumsq, double* u_sumsq) {
+void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
+                      const AdafactorConstants& c, double* p_lanes, double* u_lanes) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_vector");
-  double ps = *p_sumsq, us = *u_sumsq;
   with_grad_type(grad_type, [&]<int G>() {
-    for (std::size_t i = 0; i < n; ++i) {
+    // V and the u^2 fold first, then the p^2 fold: each lane still in element order.
+    for_each_lane(at, n, u_lanes, [&](std::size_t i, double& us) {
       const float g = load_grad<G>(grad, i) * c.grad_scale;
       const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
       v[i] = vi;
-      const double p = master[i], u = g / std::sqrt(vi);
-      ps += p * p;
+      const double u = g / std::sqrt(vi);
       us += u * u;
-    }
+    });
   });
-  *p_sumsq = ps;
-  *u_sumsq = us;
+  for_each_lane(at, n, p_lanes, [&](std::size_t i, double& ps) {
+    const double p = master[i];
+    ps += p * p;
+  });
 }
 
 void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
                            std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
-                           double* p_sumsq) {
+                           double* p_lanes) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_matrix_sums");
-  double ps = *p_sumsq;
+  for_each_lane(at, n, p_lanes, [&](std::size_t i, double& ps) {
+    const double p = master[i];
+    ps += p * p;
+  });
   with_grad_type(grad_type, [&]<int G>() {
     std::int64_t row = at / cols, col = at % cols;
     for (std::size_t i = 0; i < n; ++i) {
@@ -40,30 +44,25 @@ void adafactor_matrix_sums(const float* master, const void* grad, DType grad_typ
       const double s = static_cast<double>(g) * g + c.eps1;
       row_sums[row] += s;
       col_sums[col] += s;
-      const double p = master[i];
-      ps += p * p;
       if (++col == cols) {
         col = 0;
         ++row;
       }
     }
   });
-  *p_sumsq = ps;
 }
 
 void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
-                          float grad_scale, const float* row_factor, const float* col_factor, double* u_sumsq) {
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_lanes) {
   if (n == 0) return;
-  double us = *u_sumsq;
   with_grad_type(grad_type, [&]<int G>() {
-    for (std::size_t i = 0; i < n; ++i) {
+    for_each_lane(at, n, u_lanes, [&](std::size_t i, double& us) {
       const std::int64_t e = at + static_cast<std::int64_t>(i);
       const float g = load_grad<G>(grad, i) * grad_scale;
       const double u = g * row_factor[e / cols] * col_factor[e % cols];
       us += u * u;
-    }
+    });
   });
-  *u_sumsq = us;
 }
 
 void adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType grad_type, void* param_out,

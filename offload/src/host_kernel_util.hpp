@@ -99,5 +99,21 @@ void with_param_type(const void* out, DType param_type, F&& f) {
   }
 }
 
+// Runs body(i, lane) for i in [0, n) with lane = (at + i) mod kStatLanes: element at + i of a
+// tensor always folds into the same lane, in element order, however the tensor is cut into runs.
+// The middle of the run goes kStatLanes elements at a time into local lanes, which vectorises.
+template <class Body>
+void for_each_lane(std::int64_t at, std::size_t n, double* lanes, Body&& body) {
+  std::size_t i = 0;
+  for (; i < n && (at + static_cast<std::int64_t>(i)) % kStatLanes != 0; ++i)
+    body(i, lanes[(at + static_cast<std::int64_t>(i)) % kStatLanes]);
+  double acc[kStatLanes];
+  for (int k = 0; k < kStatLanes; ++k) acc[k] = lanes[k];
+  for (; i + kStatLanes <= n; i += kStatLanes)
+    for (int k = 0; k < kStatLanes; ++k) body(i + static_cast<std::size_t>(k), acc[k]);
+  for (int k = 0; i < n; ++i, ++k) body(i, acc[k]);
+  for (int k = 0; k < kStatLanes; ++k) lanes[k] = acc[k];
+}
+
 }  // namespace
 }  // namespace zero::offload

@@ -22,13 +22,15 @@ namespace {
 zero::Context& ctx() { return *zero::Context::current(); }
 
 // `top`: more top-level sections (gradient_compression).
-zero::Config make_config(const std::string& zero_keys, bool bf16, const std::string& top = "") {
+// `optimizer`: the optimizer section's body.
+zero::Config make_config(const std::string& zero_keys, bool bf16, const std::string& top = "",
+                         const std::string& optimizer = "  type: AdamW\n  params:\n    lr: 0.001\n") {
   std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 2\n" + top;
   y += "zero_optimization:\n" + zero_keys;
   y += "  reduce_bucket_size: 20000\n  allgather_bucket_size: 20000\n";
   y += "  stage3_param_persistence_threshold: 100\n  stage3_prefetch_bucket_size: 20000\n";
   if (bf16) y += "bf16:\n  enabled: true\n";
-  y += "optimizer:\n  type: AdamW\n  params:\n    lr: 0.001\n";
+  y += "optimizer:\n" + optimizer;
   // A width whose units pad differently at 2 and 4 ranks; ln_f (2 x 40 elements) persists.
   y += "model:\n  n_layer: 2\n  n_head: 2\n  n_embd: 40\n  seq_len: 16\n  vocab_size: 200\n";
   y += "data:\n  train: shakespeare\n";
@@ -81,19 +83,23 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
            "\n  factor_dtype: " + factor + "\n";
   };
   struct Case {
-    std::string keys, top;
+    std::string keys, top, optimizer = "  type: AdamW\n  params:\n    lr: 0.001\n";
   };
   std::vector<Case> all;
   for (const std::string& keys : cases) all.push_back({keys, ""});
+  // Optimizers that exchange statistics (Lamb, Adafactor) or whole matrices (Muon) between passes.
+  for (const char* type : {"Lamb", "Adafactor", "Muon"})
+    for (const std::string& keys : {std::string("  stage: 1\n"), std::string("  stage: 3\n"), "  stage: 2\n" + mics})
+      all.push_back({keys, "", std::string("  type: ") + type + "\n  params:\n    lr: 0.001\n"});
   for (const char* stage : {"  stage: 0\n", "  stage: 1\n"}) {
     all.push_back({stage, powersgd(2, "fp32")});
     all.push_back({stage, powersgd(3, "bf16")});
   }
-  for (const auto& [keys, top] : all)
+  for (const auto& [keys, top, optimizer] : all)
     for (bool bf16 : {false, true}) {
       if ((keys.find("hpz") != std::string::npos || keys.find("mics") != std::string::npos) && world % 2 != 0) continue;
-      DYNAMIC_SECTION(keys << top << (bf16 ? "bf16" : "fp32")) {
-        const zero::Config cfg = make_config(keys, bf16, top);
+      DYNAMIC_SECTION(keys << top << optimizer << (bf16 ? "bf16" : "fp32")) {
+        const zero::Config cfg = make_config(keys, bf16, top, optimizer);
         GptTrainer trainer(ctx(), cfg, read_gpt_settings(cfg));
         // The first step records stage 3's gather order; the plan is of the steps after it.
         trainer.train_step();

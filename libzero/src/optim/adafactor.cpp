@@ -26,10 +26,18 @@
 namespace zero {
 namespace {
 
+// A matrix with a single row or column is factored to the same update as a vector.
+bool factored(const ParamInfo& p) { return p.shape.size() == 2 && p.shape[0] >= 2 && p.shape[1] >= 2; }
+
+// The first exchange: ||p||^2 and ||u||^2 (vectors) of every tensor (lane folds), then for each
+// matrix its row sums, column sums, stored R and stored C (sequential folds): these, per tensor.
+int matrix_slots(const ParamInfo& p) { return factored(p) ? static_cast<int>(2 * (p.shape[0] + p.shape[1])) : 0; }
+
 struct Tensor {
   std::int64_t numel = 0, rows = 1, cols = 0;
   bool factored = false;
-  int slot_a = 0;  // first slot in the first exchange: p2, u2, [row sums, col sums, old R, old C]
+  int index = 0;   // in the layout's numbering: slots 2 index (p2) and 2 index + 1 (u2)
+  int slot_m = 0;  // a matrix's first slot: row sums, col sums, old R, old C
   std::vector<float> row_factor, col_factor, new_r, new_c;
   float scale = 0.0f, neg_decay = 0.0f;
   double lr = 0.0;
@@ -38,20 +46,20 @@ struct Tensor {
 class Adafactor final : public Optimizer {
  public:
   Adafactor(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
-    int slot = 0;
+    int slot = 2 * tensor_offsets(*env.layout).back();
     for (const UnitInfo& u : env.layout->units())
       for (const ParamInfo& p : u.params) {
         Tensor t;
         t.numel = p.numel;
         t.cols = p.numel;
-        if (p.shape.size() == 2 && p.shape[0] >= 2 && p.shape[1] >= 2) {
-          // A matrix with a single row or column is factored to the same update as a vector.
+        if (factored(p)) {
           t.factored = true;
           t.rows = p.shape[0];
           t.cols = p.shape[1];
         }
-        t.slot_a = slot;
-        slot += 2 + (t.factored ? static_cast<int>(2 * (t.rows + t.cols)) : 0);
+        t.index = static_cast<int>(tensors_.size());
+        t.slot_m = slot;
+        slot += matrix_slots(p);
         tensors_.push_back(std::move(t));
       }
     slots_a_ = slot;
@@ -77,8 +85,9 @@ class Adafactor final : public Optimizer {
     beta2t_ = beta2t;
     step_ = t;
     lr_ = h.lr;
-    a_.reset(slots_a_, env_.world);
-    b_.reset(static_cast<int>(tensors_.size()), env_.world);
+    const int n = static_cast<int>(tensors_.size());
+    a_.reset(slots_a_, env_.world, 2 * n);
+    b_.reset(n, env_.world, n);
   }
 
   void run(int pass, const OptimRun& r, Backend* device) override {
@@ -87,12 +96,13 @@ class Adafactor final : public Optimizer {
     const std::size_t n = static_cast<std::size_t>(r.n);
     float* v = r.state[0];
     if (pass == 0) {
-      double* p2 = &a_.at(t.slot_a, r.slice);
+      double* p2 = a_.lanes(2 * t.index, r.slice);
       if (!t.factored) {
-        offload::adafactor_vector(r.master, v, r.grad, r.grad_type, n, c_, p2, &a_.at(t.slot_a + 1, r.slice));
+        offload::adafactor_vector(r.master, v, r.grad, r.grad_type, r.at, n, c_, p2,
+                                  a_.lanes(2 * t.index + 1, r.slice));
         return;
       }
-      const int rows_at = t.slot_a + 2, cols_at = rows_at + static_cast<int>(t.rows);
+      const int rows_at = t.slot_m, cols_at = rows_at + static_cast<int>(t.rows);
       offload::adafactor_matrix_sums(r.master, r.grad, r.grad_type, r.at, n, t.cols, c_, &a_.at(rows_at, r.slice),
                                      &a_.at(cols_at, r.slice), p2);
       // The stored R and C this run holds (flat places [0, rows + cols) of the matrix).
@@ -103,7 +113,7 @@ class Adafactor final : public Optimizer {
     } else if (pass == 1) {
       if (!t.factored) return;
       offload::adafactor_matrix_rms(r.grad, r.grad_type, r.at, n, t.cols, c_.grad_scale, t.row_factor.data(),
-                                    t.col_factor.data(), &b_.at(r.tensor, r.slice));
+                                    t.col_factor.data(), b_.lanes(r.tensor, r.slice));
       // This run's places of the new R and C.
       const std::int64_t stored = t.rows + t.cols;
       for (std::int64_t k = r.at; k < std::min(r.at + r.n, stored); ++k)
@@ -131,14 +141,14 @@ class Adafactor final : public Optimizer {
         double lr = lr_;
         if (cfg_.relative_step) lr = std::min(cfg_.warmup_init ? 1e-6 * step_ : 1e-2, 1.0 / std::sqrt(step_));
         if (cfg_.scale_parameter)
-          lr *= std::max(cfg_.eps2, std::sqrt(a_.total(t.slot_a) / static_cast<double>(t.numel)));
+          lr *= std::max(cfg_.eps2, std::sqrt(a_.total(2 * t.index) / static_cast<double>(t.numel)));
         t.lr = lr;
         t.neg_decay = static_cast<float>(-cfg_.weight_decay * lr);
         if (!t.factored) {
-          set_scale(t, a_.total(t.slot_a + 1));
+          set_scale(t, a_.total(2 * t.index + 1));
           continue;
         }
-        const int rows_at = t.slot_a + 2, cols_at = rows_at + static_cast<int>(t.rows);
+        const int rows_at = t.slot_m, cols_at = rows_at + static_cast<int>(t.rows);
         const int old_r = cols_at + static_cast<int>(t.cols), old_c = old_r + static_cast<int>(t.rows);
         t.new_r.resize(static_cast<std::size_t>(t.rows));
         t.new_c.resize(static_cast<std::size_t>(t.cols));
@@ -187,6 +197,13 @@ class Adafactor final : public Optimizer {
 };
 
 }  // namespace
+
+std::int64_t adafactor_stat_slots(const Layout& layout) {
+  std::int64_t n = 2 * tensor_offsets(layout).back();
+  for (const UnitInfo& u : layout.units())
+    for (const ParamInfo& p : u.params) n += matrix_slots(p);
+  return n;
+}
 
 std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& o, const OptimizerEnv& env) {
   return std::make_unique<Adafactor>(o, env);

@@ -38,7 +38,7 @@ class Lamb final : public Optimizer {
                                 static_cast<float>(cfg_.bias_correction ? 1.0 / (1.0 - std::pow(b2, t)) : 1.0)};
     lr_ = h.lr;
     const int tensors = first_.back();
-    stats_.reset(2 * tensors, env_.world);
+    stats_.reset(2 * tensors, env_.world, 2 * tensors);
     step_.assign(static_cast<std::size_t>(tensors), 0.0f);
   }
 
@@ -48,8 +48,8 @@ class Lamb final : public Optimizer {
     if (!r.decay) k.weight_decay = 0.0f;
     const std::size_t n = static_cast<std::size_t>(r.n);
     if (pass == 0)
-      offload::lamb_moments(r.master, r.state[0], r.state[1], r.grad, r.grad_type, n, k,
-                            &stats_.at(2 * r.tensor, r.slice), &stats_.at(2 * r.tensor + 1, r.slice));
+      offload::lamb_moments(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.at, n, k,
+                            stats_.lanes(2 * r.tensor, r.slice), stats_.lanes(2 * r.tensor + 1, r.slice));
     else
       offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k,
                           step_[static_cast<std::size_t>(r.tensor)]);

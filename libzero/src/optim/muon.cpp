@@ -37,7 +37,7 @@ class Muon final : public Optimizer {
     std::vector<double> load(static_cast<std::size_t>(env.world), 0.0);
     for (int u = 0; u < layout.num_units(); ++u)
       for (const ParamInfo& p : layout.unit(u).params) {
-        const bool matrix = p.shape.size() == 2 && !p.embedding;
+        const bool matrix = muon_matrix(p);
         index_.push_back(matrix ? static_cast<int>(matrices_.size()) : -1);
         if (!matrix) continue;
         Matrix m{u, p.offset, p.shape[0], p.shape[1], 0, 1.0f};
@@ -135,6 +135,8 @@ class Muon final : public Optimizer {
 };
 
 }  // namespace
+
+bool muon_matrix(const ParamInfo& p) { return p.shape.size() == 2 && !p.embedding; }
 
 std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env) {
   return std::make_unique<Muon>(o, env);

@@ -100,15 +100,34 @@ class Optimizer {
 // The optimizer optimizer.type names.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const OptimizerEnv& env);
 
+// The collectives an optimizer adds to a step at stages 1-3, over the partition group (zero-plan
+// counts them): all-gathers of per-slice statistics (`stat_doubles` per rank each), and for Muon
+// one fp32 all-gather and one reduce-scatter of the slice of each unit in `matrix_units`.
+struct OptimizerExchange {
+  std::vector<std::int64_t> stat_doubles;
+  std::vector<int> matrix_units;
+};
+OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout);
+
 // Per-tensor statistics that are the same whatever the partition, sub-group size or stage: each
 // (slot, slice) is a sequential fold in element order (a run continues it), and end-of-pass
 // combine() adds the slices in slice order. Each rank fills the slices it owns (stage 0: all of
 // them), so the totals are bit-identical at every stage and with or without offload.
+//
+// The first `lane_slots` slots fold in kLanes interleaved lanes instead (element k of a tensor in
+// lane k mod kLanes, each lane a sequential fold), which vectorises; combine() adds a slot's lanes
+// in a fixed tree first, so the result is still independent of how the elements were cut.
 class SliceStats {
  public:
-  void reset(int slots, int slices);
+  static constexpr int kLanes = 8;
+  void reset(int slots, int slices, int lane_slots = 0);
   double& at(int slot, int slice) {
     return v_[static_cast<std::size_t>(slice) * static_cast<std::size_t>(slots_) + static_cast<std::size_t>(slot)];
+  }
+  double* lanes(int slot, int slice) {
+    return lanes_.data() +
+           (static_cast<std::size_t>(slice) * static_cast<std::size_t>(lane_slots_) + static_cast<std::size_t>(slot)) *
+               kLanes;
   }
   // Collective when comm is not null: every rank sends the slice it owns (`own`), and receives
   // the others'. Then total(slot) is the fold of the slices in order.
@@ -117,8 +136,8 @@ class SliceStats {
   int slots() const { return slots_; }
 
  private:
-  int slots_ = 0, slices_ = 0;
-  std::vector<double> v_, total_;
+  int slots_ = 0, slices_ = 0, lane_slots_ = 0;
+  std::vector<double> v_, total_, lanes_;
 };
 
 // The global index of each parameter (its order in the layout, unit by unit).

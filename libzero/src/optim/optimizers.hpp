@@ -14,6 +14,12 @@ std::unique_ptr<Optimizer> make_lamb(const OptimizerConfig& o, const OptimizerEn
 std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& o, const OptimizerEnv& env);
 std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env);
 
+// Adafactor's first statistics exchange: its slots (optimizer_exchange, and the optimizer's own
+// layout of them).
+std::int64_t adafactor_stat_slots(const Layout& layout);
+// Muon's matrices: 2-D and not an embedding or head.
+bool muon_matrix(const ParamInfo& p);
+
 // Refuses a layout with parameters split by tensor parallelism, for optimizers whose statistics
 // span a whole tensor ("" when there is none).
 std::string needs_whole_tensors(const char* optimizer, const Layout& layout);

@@ -41,15 +41,42 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
   ZERO_THROW("optimizer.type has an unknown value");
 }
 
-void SliceStats::reset(int slots, int slices) {
+OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout) {
+  OptimizerExchange x;
+  const std::int64_t tensors = tensor_offsets(layout).back();
+  switch (o.type) {
+    case OptimizerType::lamb: x.stat_doubles = {2 * tensors}; break;  // ||p||^2, ||u||^2
+    case OptimizerType::adafactor: x.stat_doubles = {adafactor_stat_slots(layout), tensors}; break;
+    case OptimizerType::muon:
+      for (int u = 0; u < layout.num_units(); ++u)
+        for (const ParamInfo& p : layout.unit(u).params)
+          if (muon_matrix(p)) {
+            x.matrix_units.push_back(u);
+            break;
+          }
+      break;
+    default: break;
+  }
+  return x;
+}
+
+void SliceStats::reset(int slots, int slices, int lane_slots) {
   slots_ = slots;
   slices_ = slices;
+  lane_slots_ = lane_slots;
   v_.assign(static_cast<std::size_t>(slots) * static_cast<std::size_t>(slices), 0.0);
   total_.assign(static_cast<std::size_t>(slots), 0.0);
+  lanes_.assign(static_cast<std::size_t>(lane_slots) * static_cast<std::size_t>(slices) * kLanes, 0.0);
 }
 
 void SliceStats::combine(Communicator* comm, int own) {
   const std::size_t n = static_cast<std::size_t>(slots_);
+  static_assert(kLanes == 8);
+  for (int slice = 0; slice < slices_; ++slice)
+    for (int slot = 0; slot < lane_slots_; ++slot) {
+      const double* l = lanes(slot, slice);
+      at(slot, slice) += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    }
   if (comm != nullptr && comm->size() > 1 && n > 0) {
     ZERO_CHECK(comm->size() == slices_, fmt::format("SliceStats: {} slices over {} ranks", slices_, comm->size()));
     const std::vector<double> mine(v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own) * n),

@@ -258,6 +258,7 @@ Settings settings_from(const Config& cfg) {
   s.dtype = cfg.compute_dtype();
   s.grad_accum_dtype = cfg.grad_accum_dtype;  // concrete once the config is resolved
   s.moments = optimizer_moments(cfg.optimizer);
+  s.optimizer = cfg.optimizer;
   s.reduce_bucket_size = z.reduce_bucket_size;
   s.allgather_bucket_size = z.allgather_bucket_size;
   s.prefetch_bucket_size = z.stage3_prefetch_bucket_size;

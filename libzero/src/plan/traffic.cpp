@@ -8,6 +8,7 @@
 
 #include "comm/quantize.hpp"
 #include "engine/powersgd.hpp"
+#include "optim/optimizer.hpp"
 #include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/plan/plan.hpp"
@@ -134,6 +135,16 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   if (s.stage > 0) part.scalar(t);
   if (N < world) replica.scalar(t);
   for (int k = 0; k < 3; ++k) all.scalar(t);
+  // The optimizer's statistics between its passes (all-gathers of doubles, sent as fp32 pairs),
+  // and Muon's momentum updates to the matrices' owners and the results back.
+  if (s.stage > 0) {
+    const OptimizerExchange x = optimizer_exchange(s.optimizer, layout);
+    for (std::int64_t doubles : x.stat_doubles) part.all_gather(t, 2 * doubles, 4);
+    for (int u : x.matrix_units) {
+      part.all_gather(t, shape(u).slice, 4);
+      part.reduce_scatter(t, shape(u).slice, 4);
+    }
+  }
   // After the update every rank all-gathers the slices it did not write (sharded units stay
   // sharded: the next gathers rebuild them).
   if (s.stage > 0)

@@ -64,15 +64,17 @@ void lion_step(float* master, float* m, const void* grad, DType grad_type, void*
 
 // LAMB (You et al. 2020; DeepSpeed's FusedLamb): u = (m/c1) / (sqrt(v/c2) + eps) + wd*p over a
 // tensor, p -= lr * trust * u with trust = ||p|| / ||u||. Two passes: lamb_moments updates m and v
-// and continues the sequential folds of p^2 and u^2 (one run of elements in order; the caller
-// keeps one fold per tensor and slice); lamb_apply recomputes u from the stored m, v and p, the
-// same float operations, and applies `step` = lr x the trust ratio.
+// and continues the folds of p^2 and u^2 in kStatLanes lanes each (element `at + i` of the tensor
+// in lane (at + i) mod kStatLanes, each lane in element order, so any cut of a tensor into runs
+// gives the same lanes; the caller keeps one set per tensor and slice); lamb_apply recomputes u
+// from the stored m, v and p, the same float operations, and applies `step` = lr x the trust ratio.
 struct LambConstants {
   float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
   float inv_bias_c1, inv_bias_c2;  // 1/(1 - beta^t), or 1 without bias correction
 };
-void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::size_t n,
-                  const LambConstants& c, double* p_sumsq, double* u_sumsq);
+constexpr int kStatLanes = 8;
+void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::int64_t at,
+                  std::size_t n, const LambConstants& c, double* p_lanes, double* u_lanes);
 void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
                 const LambConstants& c, float step, int threads = 0);
 
@@ -81,17 +83,17 @@ void lamb_apply(float* master, const float* m, const float* v, void* param_out, 
 struct AdafactorConstants {
   float grad_scale, beta2t, one_minus_beta2t, eps1;
 };
-// Vectors: V = beta2t*V + (1-beta2t)*s; u = g / sqrt(V); folds of p^2 and u^2.
-void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::size_t n,
-                      const AdafactorConstants& c, double* p_sumsq, double* u_sumsq);
+// Vectors: V = beta2t*V + (1-beta2t)*s; u = g / sqrt(V); lane folds of p^2 and u^2 (as LAMB's).
+void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
+                      const AdafactorConstants& c, double* p_lanes, double* u_lanes);
 // Matrices, pass 1: row_sums[r] and col_sums[c] (indexed by the tensor's row and column) continue
-// their folds of s in element order; the fold of p^2 too.
+// their folds of s in element order; the lane fold of p^2.
 void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
                            std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
-                           double* p_sumsq);
-// Matrices, pass 2: u = g * row_factor[r] * col_factor[c]; the fold of u^2.
+                           double* p_lanes);
+// Matrices, pass 2: u = g * row_factor[r] * col_factor[c]; the lane fold of u^2.
 void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
-                          float grad_scale, const float* row_factor, const float* col_factor, double* u_sumsq);
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_lanes);
 // The update, from V (vectors; row_factor null) or the factors: u *= scale (lr_t over the RMS
 // clip); with a first moment M = beta1*M + (1-beta1)*u, u = M; p = p + neg_decay*p - u.
 struct AdafactorApply {

@@ -156,7 +156,9 @@ struct Settings {
   DType dtype = DType::bf16;
   // data_types.grad_accum_dtype; automatic follows the CUDA backend's rule (a plan is for GPUs).
   GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
-  int moments = 2;  // Adam(W): 2, SGD with momentum: 1
+  int moments = 2;  // fp32 state arrays per element besides the master (zero/optim.hpp)
+  // The optimizer: its statistics and Muon's matrix exchange add to a step's traffic.
+  OptimizerConfig optimizer;
   std::int64_t reduce_bucket_size = 500000000;
   std::int64_t allgather_bucket_size = 500000000;
   std::int64_t prefetch_bucket_size = 50000000;
