@@ -66,7 +66,9 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
 //
 // Collective: locks `root` (created if missing) for this job now, exclusively, so that a
 // second job on the same root is refused at its start rather than at its first save. Call it
-// before load_checkpoint in a run that will save into the root it resumes from.
+// before load_checkpoint in a run that will save into the root it resumes from. It also checks
+// that every rank sees the root as the same directory (a node-local path on a multi-host job is
+// refused, naming the hosts that do not see it).
 void lock_checkpoint_root(Engine& engine, const std::string& root);
 // The same for a job's own run directory (logs, metrics, the config it wrote), which two jobs
 // must not share either, wherever their checkpoints go.

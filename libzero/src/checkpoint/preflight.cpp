@@ -1,14 +1,21 @@
-// Before a run writes: the checkpoint root's free space against one save (checkpoint_bytes), and
-// the directory locks that keep a second job out of a run's checkpoint root or run directory.
+// Before a run writes: the checkpoint root's free space against one save (checkpoint_bytes), the
+// directory locks that keep a second job out of a run's checkpoint root or run directory, and that
+// every host sees the checkpoint root as the same directory.
 #include <fmt/format.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <random>
 #include <string>
 #include <system_error>
+#include <thread>
+#include <vector>
 
 #include "checkpoint/agree.hpp"
 #include "checkpoint/format.hpp"
@@ -37,6 +44,55 @@ void lock_job_directory(Engine& engine, const std::string& dir, const char* kind
         !ec, fmt::format("lock: cannot create the {} '{}': {}; choose a writable directory", kind, dir, ec.message()));
     ckpt::lock_root(dir, true, kind);
   });
+}
+
+// Collective: every rank must see the directory rank 0 locked as the same directory, since each
+// writes its own shard there. A node-local path (/tmp, a scratch disk) on a multi-host job is a
+// different directory on each host, which a save would otherwise find only at its end (and the
+// work since the start would be lost). Rank 0 writes a marker with a random token; every rank
+// reads it back (retrying for a while: another host's view of a shared filesystem may lag).
+void check_same_directory_everywhere(Communicator& comm, const std::string& dir, const char* kind) {
+  if (comm.size() == 1) return;
+  const std::string marker = dir + "/.zero-shared-check";
+  std::uint64_t token = 0;
+  agree(comm, [&] {
+    if (comm.rank() != 0) return;
+    token = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(::getpid());
+    std::ofstream f(marker, std::ios::trunc);
+    f << token << "\n";
+    f.close();
+    ZERO_CHECK(f.good(), fmt::format("lock: cannot write '{}' in the {}: {}", marker, kind, std::strerror(errno)));
+  });
+  comm.broadcast(&token, sizeof token, 0);
+  bool sees = false;
+  for (int attempt = 0; attempt < 20 && !sees; ++attempt) {
+    if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream f(marker);
+    std::uint64_t got = 0;
+    sees = f >> got && got == token;
+  }
+  // Every rank's host and whether it saw the marker, in 64 bytes.
+  struct Seen {
+    char host[60];
+    std::uint32_t sees;
+  };
+  static_assert(sizeof(Seen) == 64);
+  Seen mine{};
+  if (::gethostname(mine.host, sizeof mine.host - 1) != 0) std::strcpy(mine.host, "?");
+  mine.sees = sees ? 1 : 0;
+  std::vector<Seen> all(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&mine, all.data(), sizeof(Seen) / 4, DType::f32);  // raw bytes through a float gather
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove(marker);
+  std::string blind;
+  for (int r = 0; r < comm.size(); ++r)
+    if (!all[static_cast<std::size_t>(r)].sees)
+      blind += fmt::format("{}rank {} (host {})", blind.empty() ? "" : ", ", r, all[static_cast<std::size_t>(r)].host);
+  ZERO_CHECK(blind.empty(),
+             fmt::format("the {} '{}' is not the same directory on every host: {} cannot see the file rank 0 (host {}) "
+                         "wrote there. Every rank writes its shard into it, so it must be on storage all hosts share "
+                         "(a node-local /tmp or scratch disk is not); give a shared path",
+                         kind, dir, blind, all[0].host));
 }
 
 }  // namespace
@@ -78,6 +134,7 @@ void check_checkpoint_space(Engine& engine, const std::string& root) {
 
 void lock_checkpoint_root(Engine& engine, const std::string& root) {
   lock_job_directory(engine, root, "checkpoint root");
+  check_same_directory_everywhere(EngineState(engine).world_comm(), root, "checkpoint root");
 }
 
 void lock_run_directory(Engine& engine, const std::string& dir) { lock_job_directory(engine, dir, "run directory"); }
