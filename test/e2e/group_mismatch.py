@@ -39,10 +39,10 @@ def run(mode, timeout_s, limit_s):
 
 p, out = run("tensor-vs-data", 3, 30)
 check(re.search(r"\[rank 0/4\] error: all_reduce #\d+ of 4 fp32 \(16 bytes\) on the tensor group \(world ranks 0, 1\) "
-                r"did not complete within the collective deadline .*: world rank 1 did not arrive", out) is not None,
+                r"did not complete within the collective deadline .*: world rank 1 \(host [^)]+\) did not arrive", out) is not None,
       "tensor-vs-data: no report of rank 0's tensor all_reduce naming world rank 1", p)
 check(re.search(r"\[rank 2/4\] error: reduce_scatter #\d+ of 4 fp32 .* on the data group \(world ranks 0, 2\) "
-                r"did not complete within the collective deadline .*: world rank 0 did not arrive", out) is not None,
+                r"did not complete within the collective deadline .*: world rank 0 \(host [^)]+\) did not arrive", out) is not None,
       "tensor-vs-data: no report of rank 2's data reduce_scatter naming world rank 0", p)
 
 p, out = run("data-order", 60, 30)

@@ -2,6 +2,7 @@
 // how it ends).
 //   stall_job stop: the last rank stops itself (SIGSTOP) before an all_reduce of 1024 floats;
 //     the others must end the job at the deadline (ZERO_TIMEOUT_S) naming it.
+//   stall_job stop-node: the second half of the ranks stop (with ZERO_RANKS_PER_NODE, a node).
 //   stall_job late SECONDS: the last rank joins the all_reduce SECONDS late, well inside the
 //     deadline; the others must get the right sum and, while they wait, use little CPU. Prints
 //     "rank R waited W s, cpu C s" per waiting rank, and exits non-zero on a wrong sum.
@@ -34,8 +35,9 @@ int main(int argc, char** argv) {
   auto& comm = ctx.comm();
   std::vector<float> v(1024, 1.0f);
   comm.all_reduce(v.data(), v.size(), zero::DType::f32);  // #0: everyone is there
-  if (mode == "stop") {
-    if (ctx.rank() == last) std::raise(SIGSTOP);
+  if (mode == "stop" || mode == "stop-node") {
+    // stop-node: the ranks of the second half (a whole simulated node with ZERO_RANKS_PER_NODE).
+    if (ctx.rank() == last || (mode == "stop-node" && ctx.rank() >= ctx.world_size() / 2)) std::raise(SIGSTOP);
     comm.all_reduce(v.data(), v.size(), zero::DType::f32);  // #1: the last rank never arrives
     std::fprintf(stderr, "rank %d: the all_reduce completed without the stopped rank\n", ctx.rank());
     return 3;

@@ -4,7 +4,11 @@
 #include "comm/mpi_comm.hpp"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <array>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -75,6 +79,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   timeout_s_ = collective_timeout_s();
   check_ = std::make_unique<CollectiveCheck>(comm);
   node_of_ = node_of_ranks(comm_);
+  // Host names, for a deadline report that says where the missing ranks run.
+  std::array<char, 64> mine{};
+  if (::gethostname(mine.data(), mine.size() - 1) != 0) std::snprintf(mine.data(), mine.size(), "?");
+  std::vector<char> all(mine.size() * static_cast<std::size_t>(size_));
+  ZERO_MPI_CHECK(MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_CHAR, all.data(),
+                               static_cast<int>(mine.size()), MPI_CHAR, comm_));
+  for (int r = 0; r < size_; ++r) host_.emplace_back(all.data() + static_cast<std::size_t>(r) * mine.size());
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -148,6 +159,23 @@ std::string MpiCommunicator::ranks_text(const std::vector<int>& ranks) const {
   std::vector<int> w;
   for (int r : ranks) w.push_back(world_rank_[static_cast<std::size_t>(r)]);
   return "world " + rank_list(w);
+}
+
+std::string MpiCommunicator::located(const std::vector<int>& ranks) const {
+  const bool nodes = *std::max_element(node_of_.begin(), node_of_.end()) > 0;
+  std::string out;
+  std::vector<bool> done(ranks.size(), false);
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (done[i]) continue;
+    const int node = node_of_[static_cast<std::size_t>(ranks[i])];
+    std::vector<int> same;
+    for (std::size_t j = i; j < ranks.size(); ++j)
+      if (!done[j] && node_of_[static_cast<std::size_t>(ranks[j])] == node) same.push_back(ranks[j]), done[j] = true;
+    const std::string& host = host_[static_cast<std::size_t>(ranks[i])];
+    out += fmt::format("{}{} ({}host {})", out.empty() ? "" : ", ", ranks_text(same),
+                       nodes ? fmt::format("node {}, ", node) : std::string(), host);
+  }
+  return out;
 }
 
 void MpiCommunicator::check_collective(const char* kind, std::size_t count, DType t, int root) {

@@ -92,7 +92,10 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm comm_;
   MPI_Comm side_;  // the stall queries, apart from user traffic
   std::unique_ptr<CollectiveCheck> check_;
-  std::vector<int> node_of_;  // node of each rank
+  std::vector<int> node_of_;       // node of each rank
+  std::vector<std::string> host_;  // host name of each rank (for the deadline's report)
+  // "ranks 2, 3 (node 1, host b)": ranks grouped by node, each group with where it runs.
+  std::string located(const std::vector<int>& ranks) const;
   TrafficBytes traffic_;
   // Adds what this rank sends in one collective to traffic_ (the ring model of zero/comm.hpp).
   void count_traffic(int kind, std::size_t count, DType t, int root);

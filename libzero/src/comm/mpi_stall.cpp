@@ -117,9 +117,29 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
       missing.push_back(r);
     else if (r == rank_ || (a[0] == call.seq && a[1] == call.kind))
       with_me.push_back(r);
+    else if (a[0] < call.seq)  // this rank's part of it is done; the data for that rank may not be
+      elsewhere += fmt::format(
+          "; {} is still in {} #{}, which this rank has finished (what it waits for may be in flight on a slow or "
+          "broken link)",
+          located({r}), kind_name(a[1]), a[0]);
+    else if (a[0] > call.seq)
+      elsewhere += fmt::format("; {} is already in {} #{}", located({r}), kind_name(a[1]), a[0]);
     else
-      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)", ranks_text({r}),
+      elsewhere += fmt::format("; {} waits in {} #{} instead (the ranks issue different collectives)", located({r}),
                                kind_name(a[1]), a[0]);
+  }
+  // Every rank of another node missing: the host or the network to it, more likely than the program.
+  std::vector<int> lost_nodes;
+  for (int r : missing) {
+    const int node = node_of_[static_cast<std::size_t>(r)];
+    if (node == node_of_[static_cast<std::size_t>(rank_)] ||
+        std::find(lost_nodes.begin(), lost_nodes.end(), node) != lost_nodes.end())
+      continue;
+    bool all = true;
+    for (int q = 0; q < size_; ++q)
+      all = all && (node_of_[static_cast<std::size_t>(q)] != node ||
+                    std::find(missing.begin(), missing.end(), q) != missing.end());
+    if (all) lost_nodes.push_back(node);
   }
   const std::string limit =
       timeout_s_ > 0.0
@@ -128,7 +148,20 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
           : fmt::format("was abandoned after {:.1f} s: a peer's collective deadline passed", waited_s);
   const std::string arrivals =
       missing.empty() ? std::string("every rank answered")
-                      : ranks_text(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
+                      : located(missing) + " did not arrive (no answer: stopped, hung, or busy outside collectives)";
+  std::string advice =
+      "Find what the missing ranks are doing (gdb -p PID, or their last log lines), or raise ZERO_TIMEOUT_S if "
+      "such a wait is expected (0 disables the deadline)";
+  if (!lost_nodes.empty()) {
+    std::string which;
+    for (int n : lost_nodes) which += fmt::format("{}{}", which.empty() ? "" : ", ", n);
+    advice = fmt::format(
+        "No rank of node{} {} answered: check that host and the network to it first (a cut link, a host that is "
+        "down or frozen); a network outage shorter than the deadline can still end the job, as TCP's "
+        "retransmission backoff stretches it. Otherwise find what those ranks are doing (gdb -p PID), or raise "
+        "ZERO_TIMEOUT_S (0 disables the deadline)",
+        lost_nodes.size() > 1 ? "s" : "", which);
+  }
   std::vector<int> everyone;
   for (int r = 0; r < size_; ++r) everyone.push_back(r);
   const std::string where =
@@ -136,14 +169,11 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
   // Not log(): the job aborts next, so the report must get out whatever ZERO_LOG_LEVEL says and
   // without waiting on stdio's lock. The layout is the log's ("[rank r/n] error: ..."), as the
   // CUDA watchdog's report.
-  write_last_words(
-      log_line_text(
-          LogLevel::error,
-          fmt::format("{}{} {}: {}; waiting in it: {}{}. Find what the missing ranks are doing (gdb -p PID, or their "
-                      "last log lines), or raise ZERO_TIMEOUT_S if such a wait is expected (0 disables the deadline). "
-                      "This rank's last collectives: {}",
-                      describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere, check_->recent())) +
-      '\n');
+  write_last_words(log_line_text(LogLevel::error,
+                                 fmt::format("{}{} {}: {}; waiting in it: {}{}. {}. This rank's last collectives: {}",
+                                             describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere,
+                                             advice, check_->recent())) +
+                   '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
   // still answering, so it prints its report too before MPI_Abort ends everyone.
   const Clock::time_point printed = Clock::now();
