@@ -12,6 +12,7 @@
 #include <string>
 
 #include "host_adam_kernels.hpp"
+#include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
 

@@ -18,7 +18,7 @@ class Node;
 namespace zero {
 
 enum class OffloadDevice { none, cpu, nvme };
-enum class OptimizerType { adamw, adam, sgd, lamb, lion, adafactor, muon };
+enum class OptimizerType { adamw, adam, sgd, lamb, lion, adafactor, muon, onebit_adam };
 // Muon's update scale for a [rows, cols] matrix (PyTorch's adjust_lr_fn): original,
 // sqrt(max(1, rows/cols)); match_rms_adamw, 0.2 sqrt(max(rows, cols)) (Moonlight).
 enum class MuonScale { original, match_rms_adamw };
@@ -61,6 +61,7 @@ constexpr const char* to_string(OptimizerType t) {
     case OptimizerType::lion: return "Lion";
     case OptimizerType::adafactor: return "Adafactor";
     case OptimizerType::muon: return "Muon";
+    case OptimizerType::onebit_adam: return "OneBitAdam";
   }
   return "?";
 }
@@ -199,6 +200,8 @@ struct OptimizerConfig {
   bool nesterov = true;
   int ns_steps = 5;
   MuonScale adjust_lr_fn = MuonScale::original;
+  // OneBitAdam: exact Adam steps before the compressed momentum exchange starts (DeepSpeed's).
+  std::int64_t freeze_step = 100000;
   // True when the update decays decoupled from the gradient (AdamW, or Adam in adam_w_mode).
   bool decoupled_decay() const { return type == OptimizerType::adamw || (type == OptimizerType::adam && adam_w_mode); }
 };

@@ -273,8 +273,9 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   // on whether it keeps a first moment.
   int lo = 0, hi = 0;
   std::string optimizers;
-  for (OptimizerType t : {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd, OptimizerType::lamb,
-                          OptimizerType::lion, OptimizerType::adafactor, OptimizerType::muon}) {
+  for (OptimizerType t :
+       {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd, OptimizerType::lamb, OptimizerType::lion,
+        OptimizerType::adafactor, OptimizerType::muon, OptimizerType::onebit_adam}) {
     optimizers += fmt::format("{}{}", optimizers.empty() ? "" : ", ", to_string(t));
     if (m.optimizer != to_string(t)) continue;
     OptimizerConfig o;

@@ -94,7 +94,9 @@ void ConfigLoader::cross_checks() {
   check([&] {
     StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
     if (o && !o->has("type")) {
-      o->fail("type", "is missing; the optimizer section needs type: AdamW, Adam, SGD, Lamb, Lion, Adafactor or Muon");
+      o->fail("type",
+              "is missing; the optimizer section needs type: AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon or "
+              "OneBitAdam");
     }
   });
   optimizer_checks();
@@ -115,6 +117,28 @@ void ConfigLoader::cross_checks() {
 // The optimizer's hyper-parameters that constrain each other. Only keys read without error are
 // compared (a failed one already has its message).
 void ConfigLoader::optimizer_checks() {
+  // OneBitAdam replaces the gradient reduction with its compressed momentum exchange, from each
+  // rank's whole local gradient to the rank that owns the slice: stages 1 and 2, state in memory,
+  // no other change to the reduction.
+  if (StrictSection* opt = section("optimizer");
+      opt && !failed_.count("optimizer.type") && cfg_.optimizer.type == OptimizerType::onebit_adam) {
+    const auto& z = cfg_.zero_optimization;
+    std::string why;
+    if (z.stage == 0 || z.stage == 3)
+      why = fmt::format(
+          "runs at zero_optimization.stage 1 or 2 (stage is {}): the server side of its compressed "
+          "exchange is the rank that owns the slice, and stage 3 would gather parameters around it",
+          z.stage);
+    else if (z.offload_optimizer.device != OffloadDevice::none)
+      why = "keeps its state in memory: remove offload_optimizer";
+    else if (cfg_.gradient_compression.type != CompressionType::none)
+      why = "compresses the exchange itself: remove gradient_compression";
+    else if (z.zero_quantized_gradients)
+      why = "compresses the exchange itself: set zero_quantized_gradients: false";
+    else if (z.mics_shard_size != -1)
+      why = "exchanges over the whole data-parallel group: remove mics_shard_size";
+    if (!why.empty()) attempt("", [&] { opt->fail("type", "= OneBitAdam " + why); });
+  }
   StrictSection* p = section("optimizer.params");
   if (!p || failed_.count("optimizer.type")) return;
   const OptimizerConfig& o = cfg_.optimizer;

@@ -40,7 +40,12 @@ std::string for_optimizers(const Config& c, std::initializer_list<OptimizerType>
 
 using O = OptimizerType;
 
-std::string adam_family(const Config& c) { return for_optimizers(c, {O::adam, O::adamw, O::lamb}); }
+std::string adam_family(const Config& c) {
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb},
+                        c.optimizer.type == O::onebit_adam
+                            ? "OneBitAdam uses its moments without bias correction, as DeepSpeed's"
+                            : std::string());
+}
 std::string adafactor_only(const Config& c) { return for_optimizers(c, {O::adafactor}); }
 std::string muon_only(const Config& c) { return for_optimizers(c, {O::muon}); }
 std::string betas_rule(const Config& c) {
@@ -48,13 +53,13 @@ std::string betas_rule(const Config& c) {
   if (c.optimizer.type == O::sgd) hint = "use momentum";
   if (c.optimizer.type == O::adafactor)
     hint = "Adafactor's first-moment rate is beta1, its second-moment decay decay_rate";
-  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::lion, O::muon}, hint);
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::lion, O::muon, O::onebit_adam}, hint);
 }
 std::string eps_rule(const Config& c) {
   std::string hint;
   if (c.optimizer.type == O::adafactor) hint = "Adafactor's are eps1 and eps2";
   if (c.optimizer.type == O::lion) hint = "Lion's update is a sign and has no denominator";
-  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::muon}, hint);
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::muon, O::onebit_adam}, hint);
 }
 std::string momentum_rule(const Config& c) {
   const std::string type = to_string(c.optimizer.type);
@@ -376,14 +381,15 @@ const std::vector<Spec>& config_keys() {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.optimizer.type); },
                         [](Config& k, int v) { k.optimizer.type = OptimizerType(v); }};
        },
-       .choices = {"AdamW", "Adam", "SGD", "Lamb", "Lion", "Adafactor", "Muon"}, .any_case = true,
+       .choices = {"AdamW", "Adam", "SGD", "Lamb", "Lion", "Adafactor", "Muon", "OneBitAdam"}, .any_case = true,
        .doc = "The optimizer; required when the section is present. Lamb: Adam's update scaled per tensor by "
               "the trust ratio norm(p) / norm(update), clamped to [min_coeff, max_coeff]. Lion: the sign of interpolated momentum. "
               "Adafactor (Hugging Face's): factored second moment for matrices. Muon: momentum orthogonalized "
               "by Newton-Schulz iterations for matrices, AdamW (betas, eps) for the 1-D, embedding and head "
-              "tensors.",
-       .refused_values = {{"OneBitAdam", "compressed-communication optimizers are not implemented yet"},
-                          {"ZeroOneAdam", "compressed-communication optimizers are not implemented yet"},
+              "tensors. OneBitAdam (DeepSpeed's): Adam for freeze_step steps, then the variance frozen and the "
+              "momentum exchanged at 1 bit per element with error feedback, in place of the gradient "
+              "reduction (stages 1 and 2).",
+       .refused_values = {{"ZeroOneAdam", "compressed-communication optimizers are not implemented yet"},
                           {"OneBitLamb", "compressed-communication optimizers are not implemented yet"},
                           {"Adagrad", "is a DeepSpeed optimizer that libzero does not implement"}}},
       {.path = "optimizer.params.lr", .kind = Kind::real,
@@ -398,7 +404,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "optimizer.params.betas", .kind = Kind::pair,
        .slot = [](Config& c) -> Slot { return PairRef{&c.optimizer.beta1, &c.optimizer.beta2}; },
        .range = Range::closed_open(0, 1), .auto_rule = Auto::fallback,
-       .doc = "Moment decay rates: Adam, AdamW and Lamb; Lion's interpolation and momentum rates; Muon's "
+       .doc = "Moment decay rates: Adam, AdamW, Lamb and OneBitAdam; Lion's interpolation and momentum rates; Muon's "
               "AdamW part (its non-matrix tensors).",
        .default_text = "Lion `[0.9, 0.99]`, others `[0.9, 0.999]`",
        // Lion's paper and DeepSpeed's FusedLion default to (0.9, 0.99); the rest to Adam's.
@@ -410,7 +416,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "optimizer.params.eps", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.eps; }, .range = Range::above(0),
        .auto_rule = Auto::fallback,
-       .doc = "Denominator term: Adam, AdamW, Lamb, and Muon's AdamW part.", .inapplicable = eps_rule},
+       .doc = "Denominator term: Adam, AdamW, Lamb, OneBitAdam, and Muon's AdamW part.", .inapplicable = eps_rule},
       {.path = "optimizer.params.weight_decay", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.weight_decay; }, .range = ge(0),
        .auto_rule = Auto::fallback,
@@ -494,6 +500,11 @@ const std::vector<Spec>& config_keys() {
        .inapplicable = nesterov_rule,
        // Nesterov is Muon's; an SGD config gets the key only as written (false).
        .omitted = [](const Config& c) { return c.optimizer.type != OptimizerType::muon; }},
+      {.path = "optimizer.params.freeze_step", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.freeze_step; }, .range = between(0, 1e15),
+       .doc = "OneBitAdam: exact Adam steps (full-precision gradient reduction) before the variance is "
+              "frozen and the momentum exchange is compressed to 1 bit.",
+       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::onebit_adam}); }},
       {.path = "optimizer.params.ns_steps", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.optimizer.ns_steps; }, .range = between(1, 100),
        .doc = "Muon: Newton-Schulz iterations per step.", .inapplicable = muon_only},

@@ -116,6 +116,11 @@ class EngineImpl {
   double clip_coefficient(double norm) const;
   void check_ranks_agree(double lr, const StepOptions& opts);
   std::unique_ptr<Optimizer> make_engine_optimizer();
+  // The next update's gradients stay on their rank (Optimizer::local_gradients), and the reducer
+  // defers accordingly; called between steps.
+  bool local_gradients() const;
+  void follow_optimizer();
+  double local_grad_sumsq();
   void update_owned_slices(const StepHyper& h);
   void update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state,
                     OffloadStaging* async_stage);

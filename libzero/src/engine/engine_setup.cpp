@@ -188,8 +188,10 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
                {.zero = cfg_.zero_optimization,
                 .dtype = dtype_,
                 .grad_dtype = cfg_.grad_dtype(),
-                .stage = stage_,
-                .deferred = cfg_.gradient_compression.type != CompressionType::none,
+                // An optimizer that exchanges the local gradients itself keeps them whole at
+                // stage 2 too, as stage 1 does (OneBitAdam: docs/optimizers.md).
+                .stage = cfg_.optimizer.type == OptimizerType::onebit_adam ? std::min(stage_, 1) : stage_,
+                .deferred = cfg_.gradient_compression.type != CompressionType::none || optim_->local_gradients(1),
                 .replica = replica_device_ ? replica_device_.get() : mics_.replica.get(),
                 .qgz = qgz_.get()}),
       // PowerSGD's factors are host vectors: the host communicator, on every backend.
@@ -212,6 +214,11 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
   std::unique_ptr<Optimizer> o = make_optimizer(cfg_.optimizer, env);
   const std::string why = o->unsupported(layout_);
   ZERO_CHECK(why.empty(), why);
+  // Exchanging the local gradients replaces the data-parallel reduction only.
+  if (o->local_gradients(INT64_MAX))
+    ZERO_CHECK(model_comm_ == nullptr, fmt::format("optimizer.type {} exchanges the data-parallel gradients itself and "
+                                                   "runs without tensor or pipeline parallelism",
+                                                   o->name()));
   // State in device memory needs device kernels; offloaded state is stepped on the host, where
   // a device backend stages one pass of the gradients.
   const bool offloaded = cfg_.zero_optimization.offload_optimizer.device != OffloadDevice::none;

@@ -81,9 +81,13 @@ class GradReducer {
   void all_reduce_replicas();
   void* owned(int unit);                                   // the gradient values the optimizer reads (owned range)
   void* full(int unit) { return state(unit).full.get(); }  // stages 0/1: the padded unit
-  DType grad_dtype() const { return gdt_; }                // owned()'s dtype
-  void clear();                                            // zero the gradients for the next step
-  void report(MemoryReport& r) const;                      // gradient storage and the staging buffers' peak
+  // Deferred: the boundary reduces nothing, the step reduces full() itself (PowerSGD, and the
+  // optimizers that exchange the local gradients: Optimizer::local_gradients). Between steps.
+  void set_deferred(bool deferred) { deferred_ = deferred && stage_ <= 1; }
+  bool deferred() const { return deferred_; }
+  DType grad_dtype() const { return gdt_; }  // owned()'s dtype
+  void clear();                              // zero the gradients for the next step
+  void report(MemoryReport& r) const;        // gradient storage and the staging buffers' peak
   // qgZ's error-feedback values, every unit's (intra then inter, unit by unit), read from the
   // backend's memory; empty when off. set_error_feedback writes them back (empty: zeros) and
   // throws unless `v` is empty or holds error_feedback_size() values.

@@ -127,6 +127,8 @@ void EngineState::finish_restore(const TrainingState& s, bool restore_scaler) {
   impl_->refresh_params_from_master();
   impl_->step_ = s.step;
   impl_->applied_ = s.applied;
+  impl_->optim_->restored();
+  impl_->follow_optimizer();
   if (restore_scaler) impl_->scaler_.set_state(s.scaler);
   if (impl_->loop_sets_lr()) impl_->loop_lr_ = s.lr;
   impl_->initialized_ = true;

@@ -21,8 +21,27 @@ namespace zero {
 double EngineImpl::grad_denominator() const {
   const GradientAverage a = cfg_.gradient_average;
   const double steps = a == GradientAverage::steps_and_ranks ? gas_ : 1;
-  const double ranks = a == GradientAverage::none ? 1 : dp_world_;
+  // Local gradients are one rank's: the optimizer's exchange averages over the ranks.
+  const double ranks = a == GradientAverage::none || local_gradients() ? 1 : dp_world_;
   return scaler_.scale() * steps * ranks;
+}
+
+bool EngineImpl::local_gradients() const { return !powersgd_ && optim_->local_gradients(applied_ + 1); }
+
+void EngineImpl::follow_optimizer() {
+  if (!powersgd_) reducer_.set_deferred(local_gradients());
+}
+
+// The norm of local gradients: each rank's whole gradient, the mean of their squared norms over
+// the ranks (every rank then takes the same clip and overflow decision).
+double EngineImpl::local_grad_sumsq() {
+  backend_->stats_begin();
+  const DType gt = reducer_.grad_dtype();
+  for (int i = 0; i < layout_.num_units(); ++i)
+    backend_->stats_add(reducer_.full(i), gt, static_cast<std::size_t>(shape(i).padded));
+  const double mine = backend_->stats_finish();
+  const CommSiteScope site("step() gradient norm");
+  return all_ranks().all_reduce_scalar(mine, ReduceOp::sum) / dp_world_;
 }
 
 GradNorm EngineImpl::grad_norm() { return pre_step_norm("grad_norm()"); }
@@ -34,7 +53,7 @@ GradNorm EngineImpl::pre_step_norm(const char* what) {
     if (powersgd_) reduce_powersgd();
     reducer_.wait_all();
     reducer_.all_reduce_replicas();  // MiCS: the groups' sums into the data-parallel sum
-    sumsq_ = global_grad_sumsq();
+    sumsq_ = local_gradients() ? local_grad_sumsq() : global_grad_sumsq();
   }
   const bool overflow = !std::isfinite(*sumsq_);
   return GradNorm{overflow ? *sumsq_ : std::sqrt(*sumsq_) / grad_denominator(), overflow};
@@ -76,6 +95,7 @@ StepResult EngineImpl::step(const StepOptions& opts) {
   // Gathered stage-3 units hold the old values (or were kept for reuse): drop them.
   gatherer_.drop_all("step()");
   reducer_.clear();
+  follow_optimizer();  // applied_ counts this step now: the next one's gradients
   micro_ = 0;
   r.step = ++step_;
   r.skipped = overflow || opts.skip;
@@ -201,10 +221,10 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
     for (int i = 0; i < layout_.num_units(); ++i)
       async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
   }
+  const bool local = !powersgd_ && optim_->local_gradients(h.step);  // h.step: this update, counted
   optim_->begin_step(h);
   const int passes = optim_->passes();
-  for (int pass = 0; pass < passes; ++pass) {
-    const bool last = pass + 1 == passes;
+  auto visit = [&](int pass, bool last) {
     int checked_out = -1;
     opt_->for_each([&](int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state) {
       if (unit != checked_out) {
@@ -215,6 +235,17 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
       update_range(pass, unit, begin, len, master, state, async_stage);
     });
     if (checked_out >= 0) params_.checkin(checked_out, last);
+  };
+  if (optim_->wants_capture()) visit(-1, false);
+  if (local) {
+    std::vector<const void*> fulls;
+    for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
+    const CommSiteScope site("step() optimizer exchange");
+    optim_->exchange(fulls, reducer_.grad_dtype());
+  }
+  for (int pass = 0; pass < passes; ++pass) {
+    const bool last = pass + 1 == passes;
+    visit(pass, last);
     if (!last) {
       const CommSiteScope site("step() optimizer statistics");
       optim_->end_pass(pass);

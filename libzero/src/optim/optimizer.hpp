@@ -95,6 +95,24 @@ class Optimizer {
   virtual void run(int pass, const OptimRun& r, Backend* device) = 0;
   // Collective over the partition group: called on every rank after pass `pass`, except the last.
   virtual void end_pass(int pass) { (void)pass; }
+
+  // Optimizers that reduce the gradients themselves (OneBitAdam's compressed momentum exchange):
+  // for update number `step` the engine leaves each rank's whole local gradient unreduced, scales
+  // it without the average over ranks, and calls exchange() with every unit's padded gradient
+  // (host memory, the accumulation dtype) after begin_step and before the passes.
+  virtual bool local_gradients(std::int64_t step) const {
+    (void)step;
+    return false;
+  }
+  virtual void exchange(const std::vector<const void*>& full, DType type) {
+    (void)full;
+    (void)type;
+  }
+  // Before exchange(), a visit of the owned state (run() with pass -1, param_out null) when this
+  // says the optimizer needs one.
+  virtual bool wants_capture() const { return false; }
+  // The engine restored the state from a checkpoint: this rank's own caches are stale.
+  virtual void restored() {}
 };
 
 // The optimizer optimizer.type names.

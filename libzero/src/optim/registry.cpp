@@ -24,6 +24,7 @@ int optimizer_moments(const OptimizerConfig& o) {
     case OptimizerType::adafactor: return o.adafactor_beta1 > 0.0 ? 2 : 1;
     // The momentum of a matrix; AdamW's m and v of every other parameter.
     case OptimizerType::muon: return 2;
+    case OptimizerType::onebit_adam: return 2;  // m, v (frozen after freeze_step)
   }
   ZERO_THROW("optimizer.type has an unknown value");
 }
@@ -37,6 +38,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
     case OptimizerType::lion: return make_lion(o);
     case OptimizerType::adafactor: return make_adafactor(o, env);
     case OptimizerType::muon: return make_muon(o, env);
+    case OptimizerType::onebit_adam: return make_onebit_adam(o, env);
   }
   ZERO_THROW("optimizer.type has an unknown value");
 }

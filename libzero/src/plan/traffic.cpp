@@ -109,7 +109,22 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
     if (e.p > 0) part.all_reduce(t, e.p, fsize);
     if (e.q > 0) part.all_reduce(t, e.q, fsize);
   }
-  for (int u = 0; u < units && !s.powersgd(); ++u) {
+  // OneBitAdam after its warm-up (the steady state a plan is for): per unit, each rank's sign bits
+  // and scale to every slice's owner (an all-to-all: each block straight to its rank), then the
+  // owners' bits and scales all-gathered, in place of the gradient reduction.
+  const bool onebit = s.optimizer.type == OptimizerType::onebit_adam;
+  auto all_to_all = [&](std::int64_t bytes_per_peer) {
+    for (int j = 0; j < world; ++j)
+      if (j != rank) (j / ranks_per_node == rank / ranks_per_node ? t.intra_node : t.inter_node) += bytes_per_peer;
+  };
+  for (int u = 0; u < units && onebit; ++u) {
+    const std::int64_t sl = shape(u).slice;
+    all_to_all(sl / 8);
+    all_to_all(4);
+    part.all_gather(t, sl / 32, 4);
+    part.all_gather(t, 1, 4);
+  }
+  for (int u = 0; u < units && !s.powersgd() && !onebit; ++u) {
     const std::int64_t sl = shape(u).slice, pd = shape(u).padded;
     if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter))
       part.all_reduce(t, pd, gesize);

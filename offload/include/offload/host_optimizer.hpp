@@ -117,4 +117,22 @@ void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps, st
 void muon_apply(float* master, const float* o, void* param_out, DType param_type, std::size_t n, float decay,
                 float step, int threads = 0);
 
+// 1-bit Adam (Tang et al. 2021; DeepSpeed's OneBitAdam) after its warm-up: the momentum travels
+// as one sign bit per element and one scale per chunk, scale = RMS of the chunk, with the part
+// the bits do not carry kept as error feedback. onebit_compress turns x (n values, the message
+// plus the previous error) into bits (bit i of byte i/8: x_i >= 0) and returns the scale,
+// leaving in x the new error x_i - scale * sign_i. onebit_decode writes scale * sign_i.
+float onebit_compress(float* x, std::size_t n, std::uint8_t* bits);
+void onebit_decode(const std::uint8_t* bits, float scale, std::size_t n, float* out);
+// The server's part for one chunk: x_i = (sum over workers w, in order, of scale_w * sign_w,i)
+// / workers + error_i, then compressed as above (error keeps what the bits do not carry).
+// worker_bits: `workers` arrays of the chunk's bits, `stride` bytes apart.
+float onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales, int workers,
+                    float* error, std::size_t n, std::uint8_t* bits);
+// The compressed step's update: m = m_new; p = p*decay + neg_lr * m / (sqrt(v) + eps), v frozen,
+// with the operations of Adam's kernel (without bias correction), so its warm-up steps and this
+// one round alike.
+void onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out, DType param_type,
+                       std::size_t n, float decay, float neg_lr, float eps, int threads = 0);
+
 }  // namespace zero::offload

@@ -194,10 +194,10 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
   // test_config_deepspeed), else an error.
   REQUIRE_THROWS_WITH(parse("gradient_clipping:\n"),
                       Contains("gradient_clipping has no value") && Contains("remove the key for the default 0"));
-  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: OneBitAdam\n"),
-                      Contains("optimizer.type = OneBitAdam") &&
+  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: OneBitLamb\n"),
+                      Contains("optimizer.type = OneBitLamb") &&
                           Contains("compressed-communication optimizers are not implemented yet") &&
-                          Contains("one of AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon"));
+                          Contains("one of AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon, OneBitAdam"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupLr\n"),
                       Contains("scheduler.type = WarmupLr") && Contains("did you mean WarmupLR?"));
   REQUIRE_THROWS_WITH(
@@ -321,8 +321,9 @@ TEST_CASE("an optimizer key of another type is refused, naming the types it appl
   };
   const Case cases[] = {
       {"{type: Adafactor, params: {betas: [0.9, 0.999]}}", "optimizer.params.betas",
-       "applies to Adam, AdamW, Lamb, Lion and Muon, not Adafactor"},
-      {"{type: SGD, params: {eps: 1.0e-8}}", "optimizer.params.eps", "applies to Adam, AdamW, Lamb and Muon, not SGD"},
+       "applies to Adam, AdamW, Lamb, Lion, Muon and OneBitAdam, not Adafactor"},
+      {"{type: SGD, params: {eps: 1.0e-8}}", "optimizer.params.eps",
+       "applies to Adam, AdamW, Lamb, Muon and OneBitAdam, not SGD"},
       {"{type: Lion, params: {eps: 1.0e-8}}", "optimizer.params.eps", "not Lion"},
       {"{type: Lion, params: {bias_correction: false}}", "optimizer.params.bias_correction",
        "applies to Adam, AdamW and Lamb, not Lion"},
@@ -397,7 +398,7 @@ TEST_CASE("optimizer hyper-parameters that constrain each other", "[config][opti
   // A missing type names them all.
   REQUIRE_THROWS_WITH(
       parse("optimizer: {params: {lr: 0.1}}\n"),
-      Contains("optimizer.type is missing") && Contains("AdamW, Adam, SGD, Lamb, Lion, Adafactor or Muon"));
+      Contains("optimizer.type is missing") && Contains("AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon or OneBitAdam"));
 }
 
 TEST_CASE("to_yaml round-trips each optimizer's hyper-parameters", "[config][optimizer]") {

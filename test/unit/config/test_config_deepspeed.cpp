@@ -177,18 +177,29 @@ TEST_CASE("DeepSpeed's transport keys cuda_aware and comm_backend_name are noted
   CHECK(has_note(c, "optimizer.params.cuda_aware = true: handled differently here"));
   CHECK(has_note(c, "optimizer.params.comm_backend_name = nccl: handled differently here"));
   CHECK_FALSE(has_note(parse("optimizer: {type: Adam, params: {weight_decay: 0, cuda_aware: false}}\n"), "cuda_aware"));
-  // With a 1-bit type the type's error is the only one.
+  // DeepSpeed's 1-bit Adam config loads: its transport keys are noted, freeze_step read.
+  const Config onebit = parse(R"({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 400,
+                                 "cuda_aware": false, "comm_backend_name": "nccl"}},
+                                 "zero_optimization": {"stage": 1}})");
+  CHECK(onebit.optimizer.type == zero::OptimizerType::onebit_adam);
+  CHECK(onebit.optimizer.freeze_step == 400);
+  CHECK(has_note(onebit, "optimizer.params.comm_backend_name = nccl: handled differently here"));
+  // With a 1-bit type not implemented, the type's error is the only one.
   const auto m = [] {
     try {
-      parse(R"({"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-4, "freeze_step": 400,
+      parse(R"({"optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-4, "freeze_step": 400,
                                  "cuda_aware": false, "comm_backend_name": "nccl"}}})");
     } catch (const zero::Error& e) {
       return std::string(e.what());
     }
     return std::string();
   }();
-  CHECK_THAT(m, Contains("optimizer.type = OneBitAdam") && Contains("compressed-communication"));
+  CHECK_THAT(m, Contains("optimizer.type = OneBitLamb") && Contains("compressed-communication"));
   CHECK(m.find("problems") == std::string::npos);
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam, params: {bias_correction: false}}\n"),
+                      Contains("without bias correction"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {freeze_step: 10}}\n"),
+                      Contains("optimizer.params.freeze_step") && Contains("OneBitAdam"));
 }
 
 TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") {
@@ -243,7 +254,7 @@ TEST_CASE("type Adam decays decoupled unless adam_w_mode is false, as in DeepSpe
 
 TEST_CASE("DeepSpeed keys that would change the result are errors that say why", "[config][deepspeed]") {
   // DeepSpeed's compressed-communication optimizers and Adagrad are not implemented.
-  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+  for (const char* type : {"ZeroOneAdam", "OneBitLamb"}) {
     REQUIRE_THROWS_WITH(parse(std::string("optimizer: {type: ") + type + "}\n"),
                         Contains(std::string("optimizer.type = ") + type) &&
                             Contains("compressed-communication optimizers are not implemented yet"));

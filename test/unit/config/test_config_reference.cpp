@@ -63,7 +63,7 @@ TEST_CASE("the generated reference names every key, its type, default and the po
   CHECK(ref.find("Also spelt `max_live_parameters`.") != std::string::npos);
   CHECK(ref.find("- `wall_clock_breakdown`: logging") != std::string::npos);
   CHECK(ref.find("- `curriculum_learning` other than `false`") != std::string::npos);
-  CHECK(ref.find("- `optimizer.type: OneBitAdam`: compressed-communication optimizers are not implemented yet") !=
+  CHECK(ref.find("- `optimizer.type: OneBitLamb`: compressed-communication optimizers are not implemented yet") !=
         std::string::npos);
 
   const std::string help = zero::config_keys_help();

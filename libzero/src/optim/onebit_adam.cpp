@@ -1,0 +1,186 @@
+// 1-bit Adam (Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale Training with
+// Adam's Convergence Speed"; DeepSpeed's OneBitAdam and its keys), composed with ZeRO stages 1
+// and 2.
+//
+// For freeze_step updates it is Adam without bias correction (DeepSpeed's update), over the
+// exactly reduced gradients. Then the variance is frozen and the gradient reduction is replaced:
+// each rank folds its own (unreduced) gradient into the shared momentum, m_w = b1 m + (1-b1) g_w,
+// adds its worker error, and sends one sign bit per element and one scale (the RMS) per slice to
+// the rank that owns the slice; the owner averages the workers' decoded messages, adds its server
+// error, compresses again and all-gathers the result, which every rank decodes into the momentum
+// of the next step. The owner's decoded slice is its new m; p moves by -lr m / (sqrt(v) + eps).
+//
+// The shared momentum is kept on every rank as the last exchange's bits and scales (1 bit per
+// element); the worker error (4 bytes per element of the whole model) and the server error (4
+// per owned element) are this rank's own and are reset on resume, as DeepSpeed does. The first
+// compressed step (and the first after a resume) all-gathers the owned fp32 momentum instead.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "offload/host_optimizer.hpp"
+#include "optim/optimizers.hpp"
+#include "zero/comm.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+namespace {
+
+float load(const void* g, DType t, std::size_t i) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(g)[i];
+    case DType::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+    case DType::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
+  }
+  return 0.0f;
+}
+
+class OneBitAdam final : public Optimizer {
+ public:
+  OneBitAdam(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
+    const Layout& l = *env.layout;
+    units_.resize(static_cast<std::size_t>(l.num_units()));
+    for (int u = 0; u < l.num_units(); ++u) unit(u).numel = l.unit(u).numel;
+  }
+  const char* name() const override { return "OneBitAdam"; }
+  int moments() const override { return 2; }
+  bool per_tensor() const override { return true; }  // runs leave the padding out
+  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("OneBitAdam", layout); }
+  bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
+  bool wants_capture() const override { return compressed_ && !shared_valid_; }
+  void restored() override {
+    shared_valid_ = false;
+    for (Unit& u : units_) {
+      std::fill(u.worker_error.begin(), u.worker_error.end(), 0.0f);
+      std::fill(u.server_error.begin(), u.server_error.end(), 0.0f);
+    }
+  }
+
+  void begin_step(const StepHyper& h) override {
+    compressed_ = local_gradients(h.step);
+    hyper_ = AdamHyper{static_cast<float>(h.lr),
+                       static_cast<float>(cfg_.beta1),
+                       static_cast<float>(cfg_.beta2),
+                       static_cast<float>(cfg_.eps),
+                       static_cast<float>(cfg_.weight_decay),
+                       true,
+                       false,
+                       h.step,
+                       h.grad_scale};
+  }
+
+  void run(int pass, const OptimRun& r, Backend* device) override {
+    ZERO_CHECK(device == nullptr, "OneBitAdam steps host memory only");
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    Unit& u = unit(r.unit);
+    if (pass < 0) {  // capture: the owned momentum, for the first compressed exchange
+      u.owned_m.resize(static_cast<std::size_t>(env_.own_len(r.unit)));
+      std::memcpy(u.owned_m.data() + r.own_at, r.state[0], n * sizeof(float));
+      return;
+    }
+    AdamHyper a = hyper_;
+    if (!r.decay) a.weight_decay = 0.0f;
+    if (!compressed_) {
+      offload::adam_step(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+      return;
+    }
+    const AdamConstants c = adam_constants(a);
+    offload::onebit_adam_apply(r.master, r.state[0], r.state[1], u.new_m.data() + r.own_at, r.param_out, r.param_type,
+                               n, c.decay, c.neg_step_size, c.eps);
+  }
+
+  void exchange(const std::vector<const void*>& full, DType type) override {
+    const int W = env_.world;
+    const float b1 = hyper_.beta1, one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(hyper_.beta1));
+    for (int k = 0; k < static_cast<int>(units_.size()); ++k) {
+      Unit& u = unit(k);
+      const std::size_t S = static_cast<std::size_t>(env_.slice[static_cast<std::size_t>(k)]);
+      const std::size_t P = S * static_cast<std::size_t>(W), N = static_cast<std::size_t>(u.numel);
+      const std::size_t own = static_cast<std::size_t>(env_.rank) * S;
+      auto real = [&](std::size_t chunk) {  // real elements of chunk `chunk`
+        const std::size_t b = chunk * S;
+        return b >= N ? std::size_t{0} : std::min(S, N - b);
+      };
+      // The shared momentum before this step, on every rank.
+      shared_.assign(P, 0.0f);
+      if (shared_valid_) {
+        for (int c = 0; c < W; ++c)
+          offload::onebit_decode(u.bits.data() + static_cast<std::size_t>(c) * S / 8,
+                                 u.scales[static_cast<std::size_t>(c)], real(static_cast<std::size_t>(c)),
+                                 shared_.data() + static_cast<std::size_t>(c) * S);
+      } else if (W > 1) {
+        u.owned_m.resize(S);  // a slice of padding only has no runs to capture it
+        env_.comm->all_gather(u.owned_m.data(), shared_.data(), S, DType::f32);
+      } else {
+        u.owned_m.resize(S);
+        std::copy(u.owned_m.begin(), u.owned_m.end(), shared_.begin());
+      }
+      u.new_m.assign(S, 0.0f);
+      if (W == 1) {  // nothing to exchange: the momentum of the one rank's gradient, exactly
+        for (std::size_t i = 0; i < N; ++i)
+          u.new_m[i] =
+              b1 * shared_[i] + one_minus_b1 * (load(full[static_cast<std::size_t>(k)], type, i) * hyper_.grad_scale);
+        continue;
+      }
+      // Worker: this rank's momentum plus its error, compressed per destination slice.
+      if (u.worker_error.empty()) u.worker_error.assign(P, 0.0f), u.server_error.assign(S, 0.0f);
+      float* x = u.worker_error.data();
+      for (std::size_t i = 0; i < N; ++i)
+        x[i] = b1 * shared_[i] + one_minus_b1 * (load(full[static_cast<std::size_t>(k)], type, i) * hyper_.grad_scale) +
+               x[i];
+      send_bits_.assign(P / 8, 0);
+      send_scales_.assign(static_cast<std::size_t>(W), 0.0f);
+      for (int c = 0; c < W; ++c)
+        send_scales_[static_cast<std::size_t>(c)] =
+            offload::onebit_compress(x + static_cast<std::size_t>(c) * S, real(static_cast<std::size_t>(c)),
+                                     send_bits_.data() + static_cast<std::size_t>(c) * S / 8);
+      recv_bits_.assign(P / 8, 0);
+      recv_scales_.assign(static_cast<std::size_t>(W), 0.0f);
+      // Bits travel as fp32 words (S is a multiple of 64 elements: 8 bytes per slice at least).
+      env_.comm->all_to_all(send_bits_.data(), recv_bits_.data(), S / 32, DType::f32);
+      env_.comm->all_to_all(send_scales_.data(), recv_scales_.data(), 1, DType::f32);
+      // Server: the owned slice of every worker's message, averaged, compressed again.
+      std::vector<std::uint8_t> mine(S / 8, 0);
+      float scale = offload::onebit_server(recv_bits_.data(), S / 8, recv_scales_.data(), W, u.server_error.data(),
+                                           real(static_cast<std::size_t>(env_.rank)), mine.data());
+      u.bits.assign(P / 8, 0);
+      u.scales.assign(static_cast<std::size_t>(W), 0.0f);
+      env_.comm->all_gather(mine.data(), u.bits.data(), S / 32, DType::f32);
+      env_.comm->all_gather(&scale, u.scales.data(), 1, DType::f32);
+      offload::onebit_decode(u.bits.data() + own / 8, u.scales[static_cast<std::size_t>(env_.rank)],
+                             real(static_cast<std::size_t>(env_.rank)), u.new_m.data());
+    }
+    shared_valid_ = W > 1;
+    if (W == 1)  // the next step starts from this step's momentum, which the capture reads back
+      shared_valid_ = false;
+  }
+
+ private:
+  struct Unit {
+    std::int64_t numel = 0;
+    std::vector<float> worker_error, server_error;  // padded unit; owned slice
+    std::vector<std::uint8_t> bits;                 // the last exchange's result, every slice
+    std::vector<float> scales;                      // its scale per slice
+    std::vector<float> owned_m, new_m;              // captured momentum; this step's, owned slice
+  };
+  Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
+
+  OptimizerConfig cfg_;
+  OptimizerEnv env_;
+  std::vector<Unit> units_;
+  AdamHyper hyper_;
+  bool compressed_ = false, shared_valid_ = false;
+  std::vector<float> shared_, send_scales_, recv_scales_;
+  std::vector<std::uint8_t> send_bits_, recv_bits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_onebit_adam(const OptimizerConfig& o, const OptimizerEnv& env) {
+  return std::make_unique<OneBitAdam>(o, env);
+}
+
+}  // namespace zero

@@ -1,0 +1,62 @@
+// Host 1-bit Adam: sign compression with error feedback, the server's average, the update.
+#include <cmath>
+#include <cstring>
+
+#include "host_kernel_util.hpp"
+#include "offload/host_optimizer.hpp"
+
+namespace zero::offload {
+
+namespace {
+inline float sign_of(const std::uint8_t* bits, std::size_t i) { return (bits[i >> 3] >> (i & 7)) & 1 ? 1.0f : -1.0f; }
+}  // namespace
+
+float onebit_compress(float* x, std::size_t n, std::uint8_t* bits) {
+  std::memset(bits, 0, (n + 7) / 8);
+  if (n == 0) return 0.0f;
+  double ss = 0.0;
+  for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(x[i]) * x[i];
+  const float scale = static_cast<float>(std::sqrt(ss / static_cast<double>(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool up = x[i] >= 0.0f;
+    if (up) bits[i >> 3] = static_cast<std::uint8_t>(bits[i >> 3] | (1u << (i & 7)));
+    x[i] = x[i] - (up ? scale : -scale);
+  }
+  return scale;
+}
+
+void onebit_decode(const std::uint8_t* bits, float scale, std::size_t n, float* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = scale * sign_of(bits, i);
+}
+
+float onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales, int workers,
+                    float* error, std::size_t n, std::uint8_t* bits) {
+  const float inv = 1.0f / static_cast<float>(workers);
+  for (std::size_t i = 0; i < n; ++i) {
+    float sum = 0.0f;
+    for (int w = 0; w < workers; ++w)
+      sum += worker_scales[w] * sign_of(worker_bits + static_cast<std::size_t>(w) * stride, i);
+    error[i] = sum * inv + error[i];
+  }
+  return onebit_compress(error, n, bits);
+}
+
+void onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out, DType param_type,
+                       std::size_t n, float decay, float neg_lr, float eps, int threads) {
+  if (n == 0) return;
+  with_param_type(param_out, param_type, [&]<int O>() {
+    for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        const float mi = m_new[i];
+        float p = master[i] * decay;
+        const float denom = std::fma(std::sqrt(v[i]), 1.0f, eps);
+        p = std::fma(neg_lr, mi / denom, p);
+        m[i] = mi;
+        master[i] = p;
+        store_param<O>(param_out, i, p);
+      }
+    });
+  });
+}
+
+}  // namespace zero::offload
