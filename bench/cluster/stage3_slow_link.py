@@ -10,11 +10,11 @@ to --rate. Per row it measures:
     Not metrics.jsonl's inter_node_bytes: that is rank 0's alone, and with 2 ranks per host rank
     0's ring neighbour shares its host, so it reads 0 while its peers at the node boundary send
     the job's inter-node traffic.
-Rows for later features (MiCS, PowerSGD) are more entries in ROWS. The last line compares plain
-stage 3 with ZeRO++ (hpZ+qwZ+qgZ):
+Rows for later features (MiCS, PowerSGD) are more entries in ROWS. The last lines compare plain
+stage 3 with ZeRO++ (hpZ+qwZ+qgZ), and stage 1 AdamW with 1-bit Adam, where both rows ran:
     slow-link: plain <x> steps/s, zero++ <y> steps/s, speedup <r>x, inter-node bytes/step <a> -> <b>
 
-    stage3_slow_link.py [--zero-gpt build/cpu/examples/gpt/zero-gpt] [--rate 50mbit] [--work DIR]
+    stage3_slow_link.py [--zero-gpt build/cpu/examples/gpt/zero-gpt] [--rate 50mbit] [--work DIR] [--rows A,B]
 
 Needs root (network namespaces); exits 77 where slow_link.sh cannot build the cluster.
 """
@@ -48,6 +48,11 @@ ROWS = [
     # PowerSGD rank 2 from step 2 (the --short-steps run cancels the plain steps out of the bytes).
     ("stage 0 PowerSGD", ["zero_optimization.stage=0", "gradient_compression.type=powersgd",
                           "gradient_compression.rank=2", "gradient_compression.start_step=2"]),
+    # 1-bit Adam against the exact AdamW at stage 1, compressed from step 3 (the --short-steps
+    # run cancels the warm-up steps out of the bytes).
+    ("stage 1", ["zero_optimization.stage=1"]),
+    ("stage 1 1-bit Adam", ["zero_optimization.stage=1", "optimizer.type=OneBitAdam",
+                            "optimizer.params.freeze_step=2"]),
 ]
 
 PLAIN, ZEROPP = "stage 3", "stage 3 hpZ+qwZ+qgZ"
@@ -113,7 +118,9 @@ def main():
     ap.add_argument("--short-steps", type=int, default=5)
     ap.add_argument("--set", action="append", default=[], help="a zero-gpt override for every row")
     ap.add_argument("--work", default="/tmp/stage3_slow_link")
+    ap.add_argument("--rows", default="", help="comma-separated row names to run (default: every row)")
     a = ap.parse_args()
+    rows = [r for r in ROWS if not a.rows or r[0] in a.rows.split(",")]
     sets = TINY + BENCH + a.set
     shape = (a.hosts, a.ranks_per_host)
     print(f"stage3_slow_link: zero-gpt on {a.hosts} hosts x {a.ranks_per_host} ranks, host links {a.rate} "
@@ -122,7 +129,7 @@ def main():
           f"{'inter-node B/step (wire)':>25}")
     measured = {}  # name: (steps/s, inter-node bytes per step on the wire)
     try:
-        for name, row_sets in ROWS:
+        for name, row_sets in rows:
             tag = name.replace(" ", "_")
             w = os.path.join(a.work, tag)
             _, recs, sent_long = run_gpt(a.zero_gpt, a.config, w + "_long", sets + row_sets, a.steps, *shape, a.rate)
@@ -138,9 +145,12 @@ def main():
     except Skip as e:
         print(f"stage3_slow_link: SKIPPED: {e}")
         sys.exit(77)
-    (plain, plain_bytes), (zpp, zpp_bytes) = measured[PLAIN], measured[ZEROPP]
-    print(f"slow-link: plain {plain:.2f} steps/s, zero++ {zpp:.2f} steps/s, speedup {zpp / plain:.2f}x, "
-          f"inter-node bytes/step {plain_bytes:.0f} -> {zpp_bytes:.0f}")
+    for base, better, labels in ((PLAIN, ZEROPP, ("plain", "zero++")),
+                                 ("stage 1", "stage 1 1-bit Adam", ("stage 1 AdamW", "1-bit Adam"))):
+        if base in measured and better in measured:
+            (b, b_bytes), (f, f_bytes) = measured[base], measured[better]
+            print(f"slow-link: {labels[0]} {b:.2f} steps/s, {labels[1]} {f:.2f} steps/s, speedup {f / b:.2f}x, "
+                  f"inter-node bytes/step {b_bytes:.0f} -> {f_bytes:.0f}")
 
 
 if __name__ == "__main__":
