@@ -92,70 +92,83 @@ class OneBitAdam final : public Optimizer {
                                n, c.decay, c.neg_step_size, c.eps);
   }
 
+  // One all-to-all of every unit's bits (and one of their scales) to the owners, one all-gather of
+  // the owners' bits (and one of their scales) back: four collectives a step, whatever the units.
+  // The bits of unit u for slice c travel at c * B + offset(u), B the bytes of one slice of
+  // every unit.
   void exchange(const std::vector<const void*>& full, DType type) override {
     const int W = env_.world;
+    const std::size_t U = units_.size(), Wz = static_cast<std::size_t>(W);
     const float b1 = hyper_.beta1, one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(hyper_.beta1));
-    for (int k = 0; k < static_cast<int>(units_.size()); ++k) {
-      Unit& u = unit(k);
-      const std::size_t S = static_cast<std::size_t>(env_.slice[static_cast<std::size_t>(k)]);
-      const std::size_t P = S * static_cast<std::size_t>(W), N = static_cast<std::size_t>(u.numel);
-      const std::size_t own = static_cast<std::size_t>(env_.rank) * S;
-      auto real = [&](std::size_t chunk) {  // real elements of chunk `chunk`
-        const std::size_t b = chunk * S;
-        return b >= N ? std::size_t{0} : std::min(S, N - b);
-      };
+    std::vector<std::size_t> offset(U + 1, 0);  // bytes of the units' bits before unit u, in one slice
+    for (std::size_t k = 0; k < U; ++k) offset[k + 1] = offset[k] + slice(k) / 8;
+    const std::size_t B = offset[U];
+    send_bits_.assign(Wz * B, 0);
+    send_scales_.assign(Wz * U, 0.0f);
+    for (std::size_t k = 0; k < U; ++k) {
+      Unit& u = units_[k];
+      const std::size_t S = slice(k), P = S * Wz, N = static_cast<std::size_t>(u.numel);
       // The shared momentum before this step, on every rank.
       shared_.assign(P, 0.0f);
       if (shared_valid_) {
-        for (int c = 0; c < W; ++c)
-          offload::onebit_decode(u.bits.data() + static_cast<std::size_t>(c) * S / 8,
-                                 u.scales[static_cast<std::size_t>(c)], real(static_cast<std::size_t>(c)),
-                                 shared_.data() + static_cast<std::size_t>(c) * S);
-      } else if (W > 1) {
-        u.owned_m.resize(S);  // a slice of padding only has no runs to capture it
-        env_.comm->all_gather(u.owned_m.data(), shared_.data(), S, DType::f32);
+        for (std::size_t c = 0; c < Wz; ++c)
+          offload::onebit_decode(u.bits.data() + c * S / 8, u.scales[c], real(k, c), shared_.data() + c * S);
       } else {
-        u.owned_m.resize(S);
-        std::copy(u.owned_m.begin(), u.owned_m.end(), shared_.begin());
+        u.owned_m.resize(S);  // a slice of padding only has no runs to capture it
+        if (W > 1)
+          env_.comm->all_gather(u.owned_m.data(), shared_.data(), S, DType::f32);
+        else
+          std::copy(u.owned_m.begin(), u.owned_m.end(), shared_.begin());
       }
       u.new_m.assign(S, 0.0f);
       if (W == 1) {  // nothing to exchange: the momentum of the one rank's gradient, exactly
         for (std::size_t i = 0; i < N; ++i)
-          u.new_m[i] =
-              b1 * shared_[i] + one_minus_b1 * (load(full[static_cast<std::size_t>(k)], type, i) * hyper_.grad_scale);
+          u.new_m[i] = b1 * shared_[i] + one_minus_b1 * (load(full[k], type, i) * hyper_.grad_scale);
         continue;
       }
       // Worker: this rank's momentum plus its error, compressed per destination slice.
       if (u.worker_error.empty()) u.worker_error.assign(P, 0.0f), u.server_error.assign(S, 0.0f);
       float* x = u.worker_error.data();
       for (std::size_t i = 0; i < N; ++i)
-        x[i] = b1 * shared_[i] + one_minus_b1 * (load(full[static_cast<std::size_t>(k)], type, i) * hyper_.grad_scale) +
-               x[i];
-      send_bits_.assign(P / 8, 0);
-      send_scales_.assign(static_cast<std::size_t>(W), 0.0f);
-      for (int c = 0; c < W; ++c)
-        send_scales_[static_cast<std::size_t>(c)] =
-            offload::onebit_compress(x + static_cast<std::size_t>(c) * S, real(static_cast<std::size_t>(c)),
-                                     send_bits_.data() + static_cast<std::size_t>(c) * S / 8);
-      recv_bits_.assign(P / 8, 0);
-      recv_scales_.assign(static_cast<std::size_t>(W), 0.0f);
-      // Bits travel as fp32 words (S is a multiple of 64 elements: 8 bytes per slice at least).
-      env_.comm->all_to_all(send_bits_.data(), recv_bits_.data(), S / 32, DType::f32);
-      env_.comm->all_to_all(send_scales_.data(), recv_scales_.data(), 1, DType::f32);
-      // Server: the owned slice of every worker's message, averaged, compressed again.
-      std::vector<std::uint8_t> mine(S / 8, 0);
-      float scale = offload::onebit_server(recv_bits_.data(), S / 8, recv_scales_.data(), W, u.server_error.data(),
-                                           real(static_cast<std::size_t>(env_.rank)), mine.data());
-      u.bits.assign(P / 8, 0);
-      u.scales.assign(static_cast<std::size_t>(W), 0.0f);
-      env_.comm->all_gather(mine.data(), u.bits.data(), S / 32, DType::f32);
-      env_.comm->all_gather(&scale, u.scales.data(), 1, DType::f32);
-      offload::onebit_decode(u.bits.data() + own / 8, u.scales[static_cast<std::size_t>(env_.rank)],
-                             real(static_cast<std::size_t>(env_.rank)), u.new_m.data());
+        x[i] = b1 * shared_[i] + one_minus_b1 * (load(full[k], type, i) * hyper_.grad_scale) + x[i];
+      for (std::size_t c = 0; c < Wz; ++c)
+        send_scales_[c * U + k] =
+            offload::onebit_compress(x + c * S, real(k, c), send_bits_.data() + c * B + offset[k]);
     }
-    shared_valid_ = W > 1;
-    if (W == 1)  // the next step starts from this step's momentum, which the capture reads back
-      shared_valid_ = false;
+    if (W == 1) {
+      shared_valid_ = false;  // the next step reads this step's momentum back through the capture
+      return;
+    }
+    recv_bits_.assign(Wz * B, 0);
+    recv_scales_.assign(Wz * U, 0.0f);
+    // Bits travel as fp32 words (each slice is a multiple of 64 elements: 8 bytes of bits).
+    env_.comm->all_to_all(send_bits_.data(), recv_bits_.data(), B / 4, DType::f32);
+    env_.comm->all_to_all(send_scales_.data(), recv_scales_.data(), U, DType::f32);
+    // Server: the owned slice of every worker's message, averaged, compressed again.
+    std::vector<std::uint8_t> mine(B, 0);
+    std::vector<float> mine_scales(U, 0.0f), worker_scales(Wz);
+    const std::size_t r = static_cast<std::size_t>(env_.rank);
+    for (std::size_t k = 0; k < U; ++k) {
+      for (std::size_t w = 0; w < Wz; ++w) worker_scales[w] = recv_scales_[w * U + k];
+      mine_scales[k] = offload::onebit_server(recv_bits_.data() + offset[k], B, worker_scales.data(), W,
+                                              units_[k].server_error.data(), real(k, r), mine.data() + offset[k]);
+    }
+    std::vector<std::uint8_t> all_bits(Wz * B);
+    std::vector<float> all_scales(Wz * U);
+    env_.comm->all_gather(mine.data(), all_bits.data(), B / 4, DType::f32);
+    env_.comm->all_gather(mine_scales.data(), all_scales.data(), U, DType::f32);
+    for (std::size_t k = 0; k < U; ++k) {
+      Unit& u = units_[k];
+      const std::size_t S = slice(k);
+      u.bits.assign(S / 8 * Wz, 0);
+      u.scales.assign(Wz, 0.0f);
+      for (std::size_t c = 0; c < Wz; ++c) {
+        std::memcpy(u.bits.data() + c * S / 8, all_bits.data() + c * B + offset[k], S / 8);
+        u.scales[c] = all_scales[c * U + k];
+      }
+      offload::onebit_decode(u.bits.data() + r * S / 8, u.scales[r], real(k, r), u.new_m.data());
+    }
+    shared_valid_ = true;
   }
 
  private:
@@ -167,6 +180,12 @@ class OneBitAdam final : public Optimizer {
     std::vector<float> owned_m, new_m;              // captured momentum; this step's, owned slice
   };
   Unit& unit(int u) { return units_[static_cast<std::size_t>(u)]; }
+  std::size_t slice(std::size_t k) const { return static_cast<std::size_t>(env_.slice[k]); }
+  // The real (not padding) elements of unit k's slice c.
+  std::size_t real(std::size_t k, std::size_t c) const {
+    const std::size_t b = c * slice(k), n = static_cast<std::size_t>(units_[k].numel);
+    return b >= n ? 0 : std::min(slice(k), n - b);
+  }
 
   OptimizerConfig cfg_;
   OptimizerEnv env_;
