@@ -13,18 +13,14 @@ void adafactor_vector(const float* master, float* v, const void* grad, DType gra
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_vector");
   with_grad_type(grad_type, [&]<int G>() {
-    // V and the u^2 fold first, then the p^2 fold: each lane still in element order.
-    for_each_lane(at, n, u_lanes, [&](std::size_t i, double& us) {
+    for_each_lane2(at, n, p_lanes, u_lanes, [&](std::size_t i, double& ps, double& us) {
       const float g = load_grad<G>(grad, i) * c.grad_scale;
       const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
       v[i] = vi;
-      const double u = g / std::sqrt(vi);
+      const double p = master[i], u = g / std::sqrt(vi);
+      ps += p * p;
       us += u * u;
     });
-  });
-  for_each_lane(at, n, p_lanes, [&](std::size_t i, double& ps) {
-    const double p = master[i];
-    ps += p * p;
   });
 }
 

@@ -100,20 +100,27 @@ void with_param_type(const void* out, DType param_type, F&& f) {
   }
 }
 
-// Runs body(i, lane) for i in [0, n) with lane = (at + i) mod kStatLanes: element at + i of a
-// tensor always folds into the same lane, in element order, however the tensor is cut into runs.
-// The middle of the run goes kStatLanes elements at a time into local lanes, which vectorises.
+// Runs body(i, a, b) for i in [0, n) with a and b the lanes (at + i) mod kStatLanes of two folds:
+// element at + i of a tensor always folds into the same lanes, in element order, however the
+// tensor is cut into runs. The middle of the run goes kStatLanes elements at a time into local
+// lanes, which vectorises. for_each_lane is the same for one fold.
+template <class Body>
+void for_each_lane2(std::int64_t at, std::size_t n, double* lanes_a, double* lanes_b, Body&& body) {
+  auto lane = [&](std::size_t i) { return static_cast<int>((at + static_cast<std::int64_t>(i)) % kStatLanes); };
+  std::size_t i = 0;
+  for (; i < n && lane(i) != 0; ++i) body(i, lanes_a[lane(i)], lanes_b[lane(i)]);
+  double a[kStatLanes], b[kStatLanes];
+  for (int k = 0; k < kStatLanes; ++k) a[k] = lanes_a[k], b[k] = lanes_b[k];
+  for (; i + kStatLanes <= n; i += kStatLanes)
+    for (int k = 0; k < kStatLanes; ++k) body(i + static_cast<std::size_t>(k), a[k], b[k]);
+  for (int k = 0; i < n; ++i, ++k) body(i, a[k], b[k]);
+  for (int k = 0; k < kStatLanes; ++k) lanes_a[k] = a[k], lanes_b[k] = b[k];
+}
+
 template <class Body>
 void for_each_lane(std::int64_t at, std::size_t n, double* lanes, Body&& body) {
-  std::size_t i = 0;
-  for (; i < n && (at + static_cast<std::int64_t>(i)) % kStatLanes != 0; ++i)
-    body(i, lanes[(at + static_cast<std::int64_t>(i)) % kStatLanes]);
-  double acc[kStatLanes];
-  for (int k = 0; k < kStatLanes; ++k) acc[k] = lanes[k];
-  for (; i + kStatLanes <= n; i += kStatLanes)
-    for (int k = 0; k < kStatLanes; ++k) body(i + static_cast<std::size_t>(k), acc[k]);
-  for (int k = 0; i < n; ++i, ++k) body(i, acc[k]);
-  for (int k = 0; k < kStatLanes; ++k) lanes[k] = acc[k];
+  double unused[kStatLanes] = {};
+  for_each_lane2(at, n, lanes, unused, [&](std::size_t i, double& a, double&) { body(i, a); });
 }
 
 }  // namespace

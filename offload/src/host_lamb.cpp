@@ -21,11 +21,8 @@ void lamb_moments(const float* master, float* m, float* v, const void* grad, DTy
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "lamb_moments");
   ZERO_CHECK(m != nullptr && v != nullptr, "lamb_moments: the moment buffers must not be null");
-  // Two lane folds at once: p^2 into p_lanes, u^2 into u_lanes (kept interleaved in `both`).
-  double both[2 * kStatLanes];
-  for (int k = 0; k < kStatLanes; ++k) both[k] = p_lanes[k], both[kStatLanes + k] = u_lanes[k];
   with_grad_type(grad_type, [&]<int G>() {
-    auto element = [&](std::size_t i, double& ps, double& us) {
+    for_each_lane2(at, n, p_lanes, u_lanes, [&](std::size_t i, double& ps, double& us) {
       const float g = load_grad<G>(grad, i) * c.grad_scale;
       const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
       const float vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
@@ -34,15 +31,8 @@ void lamb_moments(const float* master, float* m, float* v, const void* grad, DTy
       const double p = master[i], u = lamb_direction(mi, vi, master[i], c);
       ps += p * p;
       us += u * u;
-    };
-    std::size_t i = 0;
-    auto lane = [&](std::size_t k) { return static_cast<int>((at + static_cast<std::int64_t>(k)) % kStatLanes); };
-    for (; i < n && lane(i) != 0; ++i) element(i, both[lane(i)], both[kStatLanes + lane(i)]);
-    for (; i + kStatLanes <= n; i += kStatLanes)
-      for (int k = 0; k < kStatLanes; ++k) element(i + static_cast<std::size_t>(k), both[k], both[kStatLanes + k]);
-    for (int k = 0; i < n; ++i, ++k) element(i, both[k], both[kStatLanes + k]);
+    });
   });
-  for (int k = 0; k < kStatLanes; ++k) p_lanes[k] = both[k], u_lanes[k] = both[kStatLanes + k];
 }
 
 void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,

@@ -11,15 +11,19 @@ struct SgdConsts {
   bool first_step;
 };
 
-template <int G, int O>
+// One loop per case (weight decay or not; no momentum, its first step, or later), so the loop
+// has no branch and vectorises; the same operations in each as in PyTorch's order.
+enum Momentum { kNoMomentum, kFirst, kLater };
+
+template <int G, int O, bool WD, int M>
 void sgd_range(float* master, float* buf, const void* grad, void* out, std::size_t begin, std::size_t end,
                const SgdConsts& c) {
   for (std::size_t i = begin; i < end; ++i) {
     float p = master[i];
     float g = load_grad<G>(grad, i) * c.grad_scale;
-    if (c.weight_decay != 0.0f) g = g + c.weight_decay * p;
-    if (c.momentum != 0.0f) {
-      const float b = c.first_step ? g : c.momentum * buf[i] + g;
+    if constexpr (WD) g = g + c.weight_decay * p;
+    if constexpr (M != kNoMomentum) {
+      const float b = M == kFirst ? g : c.momentum * buf[i] + g;
       buf[i] = b;
       g = b;
     }
@@ -29,14 +33,29 @@ void sgd_range(float* master, float* buf, const void* grad, void* out, std::size
   }
 }
 
+template <int G, int O>
+void sgd_range_cases(float* master, float* buf, const void* grad, void* out, std::size_t b, std::size_t e,
+                     const SgdConsts& c) {
+  const int m = c.momentum == 0.0f ? kNoMomentum : c.first_step ? kFirst : kLater;
+  const bool wd = c.weight_decay != 0.0f;
+  if (m == kNoMomentum)
+    return wd ? sgd_range<G, O, true, kNoMomentum>(master, buf, grad, out, b, e, c)
+              : sgd_range<G, O, false, kNoMomentum>(master, buf, grad, out, b, e, c);
+  if (m == kFirst)
+    return wd ? sgd_range<G, O, true, kFirst>(master, buf, grad, out, b, e, c)
+              : sgd_range<G, O, false, kFirst>(master, buf, grad, out, b, e, c);
+  return wd ? sgd_range<G, O, true, kLater>(master, buf, grad, out, b, e, c)
+            : sgd_range<G, O, false, kLater>(master, buf, grad, out, b, e, c);
+}
+
 template <int G>
 void sgd_range_out(float* master, float* buf, const void* grad, void* out, int oc, std::size_t b, std::size_t e,
                    const SgdConsts& c) {
   switch (oc) {
-    case detail::kF32: return sgd_range<G, detail::kF32>(master, buf, grad, out, b, e, c);
-    case detail::kBF16: return sgd_range<G, detail::kBF16>(master, buf, grad, out, b, e, c);
-    case detail::kF16: return sgd_range<G, detail::kF16>(master, buf, grad, out, b, e, c);
-    default: return sgd_range<G, detail::kNone>(master, buf, grad, out, b, e, c);
+    case detail::kF32: return sgd_range_cases<G, detail::kF32>(master, buf, grad, out, b, e, c);
+    case detail::kBF16: return sgd_range_cases<G, detail::kBF16>(master, buf, grad, out, b, e, c);
+    case detail::kF16: return sgd_range_cases<G, detail::kF16>(master, buf, grad, out, b, e, c);
+    default: return sgd_range_cases<G, detail::kNone>(master, buf, grad, out, b, e, c);
   }
 }
 
