@@ -110,9 +110,11 @@ struct CheckpointTensor {
 void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
                                 const std::function<void(const CheckpointTensor&, std::span<const float>)>& fn);
 
-// Writes the consolidated master weights as a safetensors file (fp32 or bf16), tensors named as
-// stored, one unit in memory at a time (a grid's parts put together, as above). Parameter names
-// must be unique across units.
+// Writes the consolidated master weights as a safetensors file (fp32 or bf16), one unit in memory
+// at a time (a grid's parts put together, as above). Tensors are named as stored when the names
+// are unique across units; when some repeat (a Layout needs them unique only within a unit), every
+// tensor is named "<unit>.<parameter>" and the file's metadata says "libzero.names":
+// "unit-qualified".
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype = DType::f32,
                         const std::string& tag = "latest");
 

@@ -255,13 +255,20 @@ void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype, const std::string& tag) {
   ckpt::ModelReader r(ckpt::resolve(path, tag));
   const ckpt::Metadata& m = r.meta();
+  // Parameter names need be unique only within their unit (Layout): when some repeat across
+  // units, every tensor is named "<unit>.<parameter>" instead, and the metadata says so.
+  std::set<std::string> seen;
+  bool repeated = false;
+  for (const auto& u : m.units)
+    for (const auto& p : u.params) repeated = !seen.insert(p.name).second || repeated;
   std::vector<safetensors::TensorSpec> tensors;
   for (const auto& u : m.units)
-    for (const auto& p : u.params) tensors.push_back({p.name, dtype, p.shape});
+    for (const auto& p : u.params) tensors.push_back({repeated ? u.name + "." + p.name : p.name, dtype, p.shape});
   std::map<std::string, std::string> meta = {
       {"format", "pt"},  // what Hugging Face loaders look for
       {"libzero.step", fmt::format("{}", m.step)},
       {"libzero.source", "fp32 master weights" + std::string(dtype == DType::f32 ? "" : ", rounded to nearest even")},
+      {"libzero.names", repeated ? "unit-qualified" : "parameter"},
   };
   safetensors::Writer w(out_file, std::move(tensors), meta);
   std::vector<float> master;

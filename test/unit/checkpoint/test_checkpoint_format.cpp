@@ -747,3 +747,33 @@ TEST_CASE("lock_checkpoint_root takes a root at a job's start, before its first 
   ckpt::lock_root(root, false);
   fs::remove_all(fs::path(root).parent_path().parent_path());
 }
+
+// A Layout needs parameter names unique within a unit only (llm.c-style loops name every block's
+// weights "w" and "b"): the export then qualifies every name with its unit, and the values land
+// under those names.
+TEST_CASE("export to safetensors qualifies names that repeat across units") {
+  const std::string root = temp_dir("st_unit_names");
+  Layout l;
+  l.add_unit("h0", {{"w", {3, 4}}, {"b", {4}}});
+  l.add_unit("h1", {{"w", {4, 2}}, {"b", {2}}});
+  Context cx;
+  Engine e(cx, make_config(Case{}, 1), l);
+  e.init_params(init_value);
+  save_checkpoint(e, root + "/ckpt");
+  const std::string file = root + "/model.safetensors";
+  export_safetensors(root + "/ckpt", file, DType::f32, "latest");
+  const safetensors::Contents c = read_safetensors(file);
+  std::vector<std::string> names;
+  for (const auto& t : c.tensors) names.push_back(t.name);
+  CHECK(names == std::vector<std::string>{"h0.w", "h0.b", "h1.w", "h1.b"});
+  CHECK(c.metadata.at("libzero.names") == "unit-qualified");
+  // h1.w's values, read from the file, are the engine's.
+  const std::vector<float> h1 = e.full_master(1);
+  std::ifstream in(file, std::ios::binary);
+  const auto& w = c.tensors[2];
+  std::vector<float> got(8);
+  in.seekg(static_cast<std::streamoff>(c.data_start + w.begin));
+  in.read(reinterpret_cast<char*>(got.data()), 8 * sizeof(float));
+  CHECK(std::equal(got.begin(), got.end(), h1.begin()));
+  fs::remove_all(root);
+}
