@@ -313,6 +313,40 @@ TEST_CASE("a step the loop skips leaves parameters and optimizer state bit-ident
   }
 }
 
+TEST_CASE("a skipped step can count for the optimizer and the schedule, as llm.c's loop does") {
+  for (int stage : {0, 2, 3}) {
+    INFO("stage " << stage);
+    const Config cfg = model_config(stage, "");
+    Engine e = model_engine(cfg);
+    test::train(e, ctx().rank(), ctx().world_size(), 0, 2);
+    const Snapshot before = snapshot(e);
+    accumulate(e, 7);
+    const StepResult r = e.step({.skip = true, .skip_counts = true});
+    CHECK(r.skipped);
+    Snapshot after = snapshot(e);
+    // Adam's step count moves on with the step counter; parameters and moments stay.
+    REQUIRE(after.step == before.step + 1);
+    REQUIRE(after.applied == before.applied + 1);
+    after.step = before.step;
+    after.applied = before.applied;
+    REQUIRE(after == before);
+    // The next update is Adam's update number 4 (bias corrections of t = 4), not 3: it differs
+    // from the update of a run that skipped without counting.
+    Engine uncounted = model_engine(cfg);
+    test::train(uncounted, ctx().rank(), ctx().world_size(), 0, 2);
+    accumulate(uncounted, 7);
+    uncounted.step({.skip = true});
+    test::train(e, ctx().rank(), ctx().world_size(), 2, 1);
+    test::train(uncounted, ctx().rank(), ctx().world_size(), 2, 1);
+    CHECK_FALSE(snapshot(e).master == snapshot(uncounted).master);
+    CHECK(snapshot(e).applied == snapshot(uncounted).applied + 1);
+  }
+  Engine e = model_engine(model_config(1, ""));
+  test::train(e, ctx().rank(), ctx().world_size(), 0, 1);
+  accumulate(e, 1);
+  REQUIRE_THROWS_WITH(e.step({.skip_counts = true}), Contains("skip_counts applies to a skipped step"));
+}
+
 TEST_CASE("the loop's clip coefficient gives the result of the equivalent gradient_clipping") {
   constexpr double kClip = 0.05;
   for (int stage = 0; stage <= 3; ++stage) {

@@ -142,6 +142,10 @@ struct StepOptions {
   // StepResult::step) advances and the gradients are discarded, as with DeepSpeed's fp16
   // overflow skip. The loss scaler sees the step as it was (it halves only on an overflow).
   bool skip = false;
+  // With skip: the step still counts for the optimizer and the schedule, as llm.c's loop counts a
+  // step whose update it skips: Adam's step count and the scheduler's position advance (the next
+  // update uses t + 1 and the next rate); parameters and moments stay as they are.
+  bool skip_counts = false;
   // Multiplies the averaged gradient instead of gradient_clipping's min(1, clip / (norm + 1e-6)),
   // for the loop's own clipping. Finite and >= 0.
   std::optional<double> clip_coefficient = std::nullopt;

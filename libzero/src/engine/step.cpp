@@ -85,6 +85,9 @@ StepResult EngineImpl::step(const StepOptions& opts) {
                fmt::format("step(): StepOptions::clip_coefficient {} is not a finite number >= 0", c));
   }
   check_ranks_agree(r.lr, opts);
+  ZERO_CHECK(opts.skip || !opts.skip_counts,
+             "step(): StepOptions::skip_counts applies to a skipped step; set skip too");
+  if (!overflow && opts.skip && opts.skip_counts) ++applied_;  // llm.c's count: t and the schedule move on
   if (!overflow && !opts.skip) {
     const double clip = opts.clip_coefficient ? *opts.clip_coefficient : clip_coefficient(r.grad_norm);
     const float grad_scale = static_cast<float>(clip / grad_denominator());
@@ -132,7 +135,8 @@ double EngineImpl::next_lr() const {
 // bit patterns).
 void EngineImpl::check_ranks_agree(double lr, const StepOptions& opts) {
   if (dp_world_ == 1) return;
-  const double decisions[3] = {lr, opts.skip ? 1.0 : 0.0, opts.clip_coefficient.value_or(-1.0)};
+  const double decisions[3] = {lr, opts.skip ? (opts.skip_counts ? 2.0 : 1.0) : 0.0,
+                               opts.clip_coefficient.value_or(-1.0)};
   const double fp = static_cast<double>(XXH3_64bits(decisions, sizeof decisions) >> 12);  // exact in a double
   const double hi = all_ranks().all_reduce_scalar(fp, ReduceOp::max);
   const double lo = -all_ranks().all_reduce_scalar(-fp, ReduceOp::max);
