@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "offload/host_optimizer.hpp"
+#include "runtime/log.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
@@ -60,7 +61,13 @@ class OneBitAdam final : public Optimizer {
   }
 
   void begin_step(const StepHyper& h) override {
+    const bool was = compressed_;
     compressed_ = local_gradients(h.step);
+    if (compressed_ && !was && env_.rank == 0)
+      log_info(
+          "OneBitAdam: update {} on: the variance is frozen and the momentum exchange is compressed to 1 bit "
+          "(freeze_step {})",
+          h.step, cfg_.freeze_step);
     hyper_ = AdamHyper{static_cast<float>(h.lr),
                        static_cast<float>(cfg_.beta1),
                        static_cast<float>(cfg_.beta2),
