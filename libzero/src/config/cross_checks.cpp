@@ -126,11 +126,12 @@ void ConfigLoader::optimizer_checks() {
     std::string why;
     if (z.stage == 0 || z.stage == 3)
       why = fmt::format(
-          "runs at zero_optimization.stage 1 or 2 (stage is {}): the server side of its compressed "
-          "exchange is the rank that owns the slice, and stage 3 would gather parameters around it",
+          "runs at zero_optimization.stage 1 or 2 (stage is {}): its exchange starts from each rank's whole "
+          "local gradient, which stage 3 does not keep, and ends at the rank that owns each slice, which stage 0 "
+          "does not have",
           z.stage);
     else if (z.offload_optimizer.device != OffloadDevice::none)
-      why = "keeps its state in memory: remove offload_optimizer";
+      why = "with offload_optimizer is not implemented yet: remove offload_optimizer";
     else if (cfg_.gradient_compression.type != CompressionType::none)
       why = "compresses the exchange itself: remove gradient_compression";
     else if (z.zero_quantized_gradients)

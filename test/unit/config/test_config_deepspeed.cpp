@@ -200,6 +200,15 @@ TEST_CASE("DeepSpeed's transport keys cuda_aware and comm_backend_name are noted
                       Contains("without bias correction"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {freeze_step: 10}}\n"),
                       Contains("optimizer.params.freeze_step") && Contains("OneBitAdam"));
+  // Where its exchange does not compose, it says why or that it is not implemented.
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 3}\n"),
+                      Contains("optimizer.type = OneBitAdam runs at zero_optimization.stage 1 or 2 (stage is 3)"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 2, offload_optimizer: "
+                            "{device: cpu}}\n"),
+                      Contains("with offload_optimizer is not implemented yet"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 1}\ngradient_compression: "
+                            "{type: powersgd}\n"),
+                      Contains("remove gradient_compression"));
 }
 
 TEST_CASE("DeepSpeed's older and alternative spellings", "[config][deepspeed]") {
