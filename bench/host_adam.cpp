@@ -30,11 +30,13 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
+#include "host_buffers.hpp"
 #include "offload/host_optimizer.hpp"
 
 using zero::DType;
 using namespace zero;
 using namespace zero::offload;
+using namespace zero::bench;
 
 // The yardstick loops add gradient x this factor, which is 0 at run time: they move exactly the
 // bytes Adam moves while leaving p, m and v as Adam left them, so interleaved runs keep a sane
@@ -43,7 +45,6 @@ float yardstick_factor = 0.0f;
 
 namespace {
 
-constexpr std::size_t kTile = std::size_t{1} << 15;  // same tiling as the library
 // The library's software prefetch distance on this CPU (elements), set in main.
 std::uintptr_t prefetch_ahead = 512;
 
@@ -57,32 +58,6 @@ inline void ahead(std::size_t i, const void* a, const void* b, const void* c, co
   _mm_prefetch(at(b, 4 * j), _MM_HINT_T0);
   _mm_prefetch(at(c, 4 * j), _MM_HINT_T0);
   _mm_prefetch(at(d, d_size * j), _MM_HINT_T0);
-}
-
-template <class T>
-struct Array {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Array(std::size_t count) : n(count) {
-    const std::size_t bytes = std::max<std::size_t>(1, n) * sizeof(T);
-    if (posix_memalign(reinterpret_cast<void**>(&p), 64, bytes) != 0) {
-      std::fprintf(stderr, "out of memory allocating %zu bytes\n", n * sizeof(T));
-      std::exit(1);
-    }
-  }
-  ~Array() { std::free(p); }
-  Array(const Array&) = delete;
-  Array& operator=(const Array&) = delete;
-};
-
-template <class Body>
-void tiles(std::size_t n, int threads, Body&& body) {
-  const auto count = static_cast<std::int64_t>((n + kTile - 1) / kTile);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t t = 0; t < count; ++t) {
-    const std::size_t b = static_cast<std::size_t>(t) * kTile;
-    body(b, std::min(n, b + kTile));
-  }
 }
 
 // ---- reference loops, one per ISA ----

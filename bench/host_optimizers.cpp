@@ -43,11 +43,13 @@
 #include <utility>
 #include <vector>
 
+#include "host_buffers.hpp"
 #include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
 
 using namespace zero;
 using namespace zero::offload;
+using namespace zero::bench;
 
 // The yardsticks add (sum of the read-only streams) x this factor, which is 0 at run time, to
 // each array they write: they move the bytes a pass moves and leave the optimizer state as it
@@ -56,40 +58,13 @@ float yardstick_factor = 0.0f;
 
 namespace {
 
-constexpr std::size_t kTile = std::size_t{1} << 15;  // the library's tile (host_kernel_util.hpp)
-std::uintptr_t prefetch_ahead = 512;                 // elements; set from the library in main
+std::uintptr_t prefetch_ahead = 512;  // elements; set from the library in main
 // Where read-only yardsticks leave their sums (one cache line per thread), so that the loads
 // are not dead code.
 struct alignas(64) Sink {
   float v = 0.0f;
 };
 Sink sinks[256];
-
-template <class T>
-struct Array {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit Array(std::size_t count) : n(count) {
-    const std::size_t bytes = std::max<std::size_t>(1, n) * sizeof(T);
-    if (posix_memalign(reinterpret_cast<void**>(&p), 64, bytes) != 0) {
-      std::fprintf(stderr, "out of memory allocating %zu bytes\n", bytes);
-      std::exit(1);
-    }
-  }
-  ~Array() { std::free(p); }
-  Array(const Array&) = delete;
-  Array& operator=(const Array&) = delete;
-};
-
-template <class Body>
-void tiles(std::size_t n, int threads, Body&& body) {
-  const auto count = static_cast<std::int64_t>((n + kTile - 1) / kTile);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (std::int64_t t = 0; t < count; ++t) {
-    const std::size_t b = static_cast<std::size_t>(t) * kTile;
-    body(b, std::min(n, b + kTile));
-  }
-}
 
 inline const float* at(const float* base, std::uintptr_t elements) {
   return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(base) + 4 * elements);
