@@ -29,15 +29,6 @@ Context& world() { return *Context::current(); }
 constexpr int kGlobalBatch = 12;  // 1 to 4 ranks
 const char* const kOptimizers[] = {"Lamb", "Lion", "Adafactor", "Muon"};
 
-Layout resume_layout() {
-  Layout l;
-  l.add_unit("a", {{"b", {5}}, {"w", {37, 23}}, {"g", {3}}});
-  const int b = l.add_unit("b", {{"w", {19, 29}}, {"e", {11, 6}}});
-  l.set_embedding(b, "e");
-  l.decay_matrices_only();
-  return l;
-}
-
 Config make_config(const std::string& type, int stage) {
   std::string y = "train_micro_batch_size_per_gpu: " + std::to_string(kGlobalBatch / world().world_size()) +
                   "\ngradient_accumulation_steps: 1\n";
@@ -64,7 +55,7 @@ std::vector<std::vector<float>> masters(Engine& e) {
 TEST_CASE("save each optimizer at N ranks", "[.][save]") {
   const int n = world().world_size();
   for (const char* type : kOptimizers) {
-    Engine e(world(), make_config(type, save_stage(n)), resume_layout());
+    Engine e(world(), make_config(type, save_stage(n)), make_cut_matrix_layout());
     e.init_params(init_value);
     train(e, world().rank(), n, 0, 5);
     const std::string root = dir() + "/" + type + "_n" + std::to_string(n);
@@ -77,14 +68,14 @@ TEST_CASE("save each optimizer at N ranks", "[.][save]") {
 TEST_CASE("load at M ranks and another stage what N ranks saved", "[.][load]") {
   const int m = world().world_size();
   for (const char* type : kOptimizers) {
-    Engine whole(world(), make_config(type, load_stage(m)), resume_layout());
+    Engine whole(world(), make_config(type, load_stage(m)), make_cut_matrix_layout());
     whole.init_params(init_value);
     train(whole, world().rank(), m, 0, 10);
     const std::vector<std::vector<float>> want = masters(whole);
     for (int n : {1, 3}) {
       INFO(type << ": saved by " << n << " ranks at stage " << save_stage(n) << ", loaded by " << m << " at stage "
                 << load_stage(m));
-      Engine e(world(), make_config(type, load_stage(m)), resume_layout());
+      Engine e(world(), make_config(type, load_stage(m)), make_cut_matrix_layout());
       load_checkpoint(e, dir() + "/" + type + "_n" + std::to_string(n));
       REQUIRE(e.global_step() == 5);
       train(e, world().rank(), m, 5, 5);

@@ -27,17 +27,6 @@ Context& ctx() { return *Context::current(); }
 constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks: the same batch at each
 constexpr int kSteps = 6;
 
-// Matrices of 37 x 23 and 19 x 29 (rows not multiples of 64 elements), a 1-D bias and gain, and
-// an embedding (AdamW under Muon). Weight decay on the 2-D parameters.
-Layout split_layout() {
-  Layout l;
-  l.add_unit("a", {{"b", {5}}, {"w", {37, 23}}, {"g", {3}}});
-  const int b = l.add_unit("b", {{"w", {19, 29}}, {"e", {11, 6}}});
-  l.set_embedding(b, "e");
-  l.decay_matrices_only();
-  return l;
-}
-
 struct Opt {
   std::string label, yaml;
   optref::Hyper h;
@@ -84,7 +73,7 @@ Config make_config(const Opt& o, int stage, bool offload) {
 }
 
 std::vector<std::vector<float>> run_engine(const Opt& o, int stage, bool offload) {
-  Engine e(ctx(), make_config(o, stage, offload), split_layout());
+  Engine e(ctx(), make_config(o, stage, offload), make_cut_matrix_layout());
   e.init_params(init_value);
   train(e, ctx().rank(), ctx().world_size(), 0, kSteps);
   std::vector<std::vector<float>> out;
@@ -95,7 +84,7 @@ std::vector<std::vector<float>> run_engine(const Opt& o, int stage, bool offload
 // One process: the mean gradient of the whole global batch (engine_model.hpp's samples), then
 // the reference optimizer per tensor, in double.
 std::vector<std::vector<double>> run_reference(const Opt& o) {
-  const Layout l = split_layout();
+  const Layout l = make_cut_matrix_layout();
   std::vector<std::vector<double>> w;
   std::vector<std::vector<optref::TensorState>> st;
   for (const UnitInfo& ui : l.units()) {
@@ -135,7 +124,7 @@ std::vector<std::vector<double>> run_reference(const Opt& o) {
 
 // The largest per-tensor relative distance ||got - want|| / ||want||.
 double worst_tensor_error(const std::vector<std::vector<float>>& got, const std::vector<std::vector<double>>& want) {
-  const Layout l = split_layout();
+  const Layout l = make_cut_matrix_layout();
   double worst = 0.0;
   for (std::size_t u = 0; u < want.size(); ++u)
     for (const ParamInfo& p : l.unit(static_cast<int>(u)).params) {

@@ -38,6 +38,19 @@ inline Layout make_mixed_decay_layout() {
   return l;
 }
 
+// Matrices the partition cuts inside their rows at 1-4 ranks (37 x 23 and 19 x 29: no row a
+// multiple of the 64-element slice alignment), a bias and a gain, and an embedding (which Muon
+// leaves to AdamW); weight decay on the 2-D parameters. For optimizers with whole-tensor
+// statistics.
+inline Layout make_cut_matrix_layout() {
+  Layout l;
+  l.add_unit("a", {{"b", {5}}, {"w", {37, 23}}, {"g", {3}}});
+  const int b = l.add_unit("b", {{"w", {19, 29}}, {"e", {11, 6}}});
+  l.set_embedding(b, "e");
+  l.decay_matrices_only();
+  return l;
+}
+
 // How far apart two models' weights (units of values) are: the largest |a - b|, and the
 // largest |a|, for checks of the form "within x% of a's largest weight".
 struct WeightDifference {
