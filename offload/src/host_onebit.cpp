@@ -25,6 +25,17 @@ float onebit_compress(float* x, std::size_t n, std::uint8_t* bits) {
   return scale;
 }
 
+void onebit_worker(float* x, const float* shared, const void* grad, DType grad_type, std::size_t n, float b1,
+                   float one_minus_b1, float grad_scale, bool add_error) {
+  if (n == 0) return;
+  with_grad_type(grad_type, [&]<int G>() {
+    for (std::size_t i = 0; i < n; ++i) {
+      const float m = b1 * shared[i] + one_minus_b1 * (load_grad<G>(grad, i) * grad_scale);
+      x[i] = add_error ? m + x[i] : m;
+    }
+  });
+}
+
 void onebit_decode(const std::uint8_t* bits, float scale, std::size_t n, float* out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = scale * sign_of(bits, i);
 }

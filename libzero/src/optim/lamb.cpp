@@ -78,18 +78,6 @@ class Lamb final : public Optimizer {
 
 }  // namespace
 
-std::string needs_whole_tensors(const char* optimizer, const Layout& layout) {
-  for (const UnitInfo& u : layout.units())
-    for (const ParamInfo& p : u.params)
-      if (p.split_axis >= 0)
-        return fmt::format(
-            "optimizer.type {} computes statistics over whole tensors, and '{}' of unit '{}' is split by "
-            "tensor parallelism; combining them over the tensor group is not implemented yet: use "
-            "tensor parallelism 1, or an element-wise optimizer (AdamW, Adam, SGD, Lion)",
-            optimizer, p.name, u.name);
-  return {};
-}
-
 std::unique_ptr<Optimizer> make_lamb(const OptimizerConfig& o, const OptimizerEnv& env) {
   return std::make_unique<Lamb>(o, env);
 }

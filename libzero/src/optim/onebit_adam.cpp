@@ -30,15 +30,6 @@
 namespace zero {
 namespace {
 
-float load(const void* g, DType t, std::size_t i) {
-  switch (t) {
-    case DType::f32: return static_cast<const float*>(g)[i];
-    case DType::bf16: return bf16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
-    case DType::f16: return f16_bits_to_f32(static_cast<const std::uint16_t*>(g)[i]);
-  }
-  return 0.0f;
-}
-
 class OneBitAdam final : public Optimizer {
  public:
   OneBitAdam(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
@@ -129,15 +120,14 @@ class OneBitAdam final : public Optimizer {
       }
       u.new_m.assign(S, 0.0f);
       if (W == 1) {  // nothing to exchange: the momentum of the one rank's gradient, exactly
-        for (std::size_t i = 0; i < N; ++i)
-          u.new_m[i] = b1 * shared_[i] + one_minus_b1 * (load(full[k], type, i) * hyper_.grad_scale);
+        offload::onebit_worker(u.new_m.data(), shared_.data(), full[k], type, N, b1, one_minus_b1, hyper_.grad_scale,
+                               false);
         continue;
       }
       // Worker: this rank's momentum plus its error, compressed per destination slice.
       if (u.worker_error.empty()) u.worker_error.assign(P, 0.0f), u.server_error.assign(S, 0.0f);
       float* x = u.worker_error.data();
-      for (std::size_t i = 0; i < N; ++i)
-        x[i] = b1 * shared_[i] + one_minus_b1 * (load(full[k], type, i) * hyper_.grad_scale) + x[i];
+      offload::onebit_worker(x, shared_.data(), full[k], type, N, b1, one_minus_b1, hyper_.grad_scale, true);
       for (std::size_t c = 0; c < Wz; ++c)
         send_scales_[c * U + k] =
             offload::onebit_compress(x + c * S, real(k, c), send_bits_.data() + c * B + offset[k]);

@@ -62,6 +62,18 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
   return x;
 }
 
+std::string needs_whole_tensors(const char* optimizer, const Layout& layout) {
+  for (const UnitInfo& u : layout.units())
+    for (const ParamInfo& p : u.params)
+      if (p.split_axis >= 0)
+        return fmt::format(
+            "optimizer.type {} computes statistics over whole tensors, and '{}' of unit '{}' is split by "
+            "tensor parallelism; combining them over the tensor group is not implemented yet: use "
+            "tensor parallelism 1, or an element-wise optimizer (AdamW, Adam, SGD, Lion)",
+            optimizer, p.name, u.name);
+  return {};
+}
+
 void SliceStats::reset(int slots, int slices, int lane_slots) {
   slots_ = slots;
   slices_ = slices;

@@ -123,6 +123,10 @@ void muon_apply(float* master, const float* o, void* param_out, DType param_type
 // plus the previous error) into bits (bit i of byte i/8: x_i >= 0) and returns the scale,
 // leaving in x the new error x_i - scale * sign_i. onebit_decode writes scale * sign_i.
 float onebit_compress(float* x, std::size_t n, std::uint8_t* bits);
+// A worker's message: x_i = b1 * shared_i + (1 - b1) * (grad_i * grad_scale), plus x_i's
+// previous value (the worker error) when add_error.
+void onebit_worker(float* x, const float* shared, const void* grad, DType grad_type, std::size_t n, float b1,
+                   float one_minus_b1, float grad_scale, bool add_error);
 void onebit_decode(const std::uint8_t* bits, float scale, std::size_t n, float* out);
 // The server's part for one chunk: x_i = (sum over workers w, in order, of scale_w * sign_w,i)
 // / workers + error_i, then compressed as above (error keeps what the bits do not carry).
