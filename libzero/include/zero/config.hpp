@@ -33,6 +33,9 @@ enum class CommKind { nccl, mpi };
 // data_types.grad_accum_dtype: what gradients accumulate in across micro-steps. automatic is
 // decided by resolve() (grad_accum_dtype_for); the others are DeepSpeed's spellings.
 enum class GradAccumDType { automatic, fp32, fp16, bf16 };
+// communication_data_type (DeepSpeed's top-level key): what the reductions of accumulated
+// gradients send at stages 0 and 1 (communication_dtype_for); automatic: their own dtype.
+enum class CommDataType { automatic, fp32, fp16, bf16 };
 // What step() divides the summed gradients by (gradient_average): the micro-steps and the
 // data-parallel ranks (as DeepSpeed does), the ranks only (the loop's seed already divides by
 // its accumulation steps, as llm.c's does), or nothing (the loop's gradients are already the
@@ -95,6 +98,15 @@ constexpr const char* to_string(GradAccumDType g) {
   }
   return "?";
 }
+constexpr const char* to_string(CommDataType c) {
+  switch (c) {
+    case CommDataType::automatic: return "auto";
+    case CommDataType::fp32: return "fp32";
+    case CommDataType::fp16: return "fp16";
+    case CommDataType::bf16: return "bf16";
+  }
+  return "?";
+}
 
 // The dtype gradients accumulate in. Given: that one (fp32, or the compute dtype itself). auto:
 // fp32 on the CUDA backend when gradient_accumulation_steps > 1 and the compute dtype is 16-bit
@@ -102,6 +114,12 @@ constexpr const char* to_string(GradAccumDType g) {
 // micro-batches' gradients), else the compute dtype (one micro-step rounds once either way; the
 // host backend keeps its memory and its results as they were unless asked).
 DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t accumulation_steps, BackendKind backend);
+// The dtype stages 0 and 1 reduce the accumulated gradients in (`grad`: what they accumulate
+// in). The 16-bit compute dtype when communication_data_type names it and they accumulate in
+// fp32: each rank's fp32 sum is rounded to it once, just before the reduction, which then
+// sends half the bytes. Otherwise `grad` (fp32 accumulation reduces in fp32: twice the bytes
+// of bf16). Stages 2 and 3 reduce each micro-step's gradient in the compute dtype anyway.
+DType communication_dtype_for(CommDataType setting, DType compute, DType grad);
 
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::none;
@@ -239,6 +257,8 @@ struct Config {
   CommKind comm = CommKind::nccl;
   // data_types.grad_accum_dtype; resolve() replaces automatic with the dtype it chose.
   GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
+  // communication_data_type (communication_dtype_for).
+  CommDataType communication_data_type = CommDataType::automatic;
 
   // Sections owned by the application (for example the GPT trainer's model/data/run), kept as
   // their YAML text; the application validates them with its own schema (config_schema.hpp).
@@ -269,6 +289,8 @@ struct Config {
   DType grad_dtype() const {
     return grad_accum_dtype_for(grad_accum_dtype, compute_dtype(), gradient_accumulation_steps, backend);
   }
+  // The dtype stages 0 and 1 reduce the accumulated gradients in (communication_dtype_for).
+  DType comm_dtype() const { return communication_dtype_for(communication_data_type, compute_dtype(), grad_dtype()); }
   // The learning rate at a step: zero::lr_at (zero/optim.hpp).
 
   // Fills the batch triple for `world_size` data-parallel ranks and checks contradictions that

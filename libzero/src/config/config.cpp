@@ -82,6 +82,12 @@ DType grad_accum_dtype_for(GradAccumDType setting, DType compute, std::int64_t a
   return backend == BackendKind::cuda && accumulation_steps > 1 && sixteen_bit ? DType::f32 : compute;
 }
 
+DType communication_dtype_for(CommDataType setting, DType compute, DType grad) {
+  const bool names_compute = (setting == CommDataType::bf16 && compute == DType::bf16) ||
+                             (setting == CommDataType::fp16 && compute == DType::f16);
+  return names_compute && grad == DType::f32 ? compute : grad;
+}
+
 void Config::resolve(int world_size) {
   if (world_size < 1) {
     throw Error(
@@ -175,6 +181,13 @@ void Config::resolve(int world_size) {
 
   if (grad_accum_dtype == GradAccumDType::automatic) {
     const DType d = grad_dtype();
+    if (communication_data_type == CommDataType::fp32 && d != DType::f32 && zero_optimization.stage <= 1) {
+      notes.push_back(
+          fmt::format("communication_data_type = fp32: handled differently here: gradients accumulate in {} "
+                      "(data_types.grad_accum_dtype: auto) and are reduced in it; set grad_accum_dtype: fp32 to "
+                      "reduce in fp32",
+                      dtype_name(d)));
+    }
     grad_accum_dtype = d == DType::f32   ? GradAccumDType::fp32
                        : d == DType::f16 ? GradAccumDType::fp16
                                          : GradAccumDType::bf16;

@@ -91,6 +91,32 @@ void ConfigLoader::cross_checks() {
                         "dtype: set it to fp32, or remove it",
                         to_string(g), dtype_name(cfg_.compute_dtype())));
   });
+  // communication_data_type: the 16-bit compute dtype rounds fp32-accumulated gradients before
+  // the stage 0/1 reduction; what the reductions cannot send is said in a note, as before the key
+  // was honoured. fp32 next to the automatic accumulation dtype waits for resolve().
+  check([&] {
+    const CommDataType c = cfg_.communication_data_type;
+    if (c == CommDataType::automatic) return;
+    const DType d = cfg_.compute_dtype();
+    const std::string head = "communication_data_type = " + std::string(to_string(c)) + ": handled differently here: ";
+    const std::string compute(dtype_name(d));
+    if (c != CommDataType::fp32) {
+      if ((c == CommDataType::bf16) == (d == DType::bf16) && d != DType::f32) return;
+      cfg_.notes.push_back(head + "gradients are reduced in the compute dtype (" + compute +
+                           ") or, accumulated in fp32 at stages 0 and 1, in fp32 or the compute dtype; "
+                           "only the compute dtype can be chosen");
+      return;
+    }
+    if (d == DType::f32) return;
+    if (cfg_.zero_optimization.stage >= 2) {
+      cfg_.notes.push_back(head + "stages 2 and 3 reduce each micro-step's gradient in the compute dtype (" + compute +
+                           "); stages 0 and 1 reduce in fp32 with data_types.grad_accum_dtype: fp32");
+    } else if (cfg_.grad_accum_dtype != GradAccumDType::automatic && cfg_.grad_accum_dtype != GradAccumDType::fp32) {
+      cfg_.notes.push_back(head + "gradients accumulate in " + compute +
+                           " (data_types.grad_accum_dtype) and are reduced in it; set grad_accum_dtype: fp32 to "
+                           "reduce in fp32");
+    }
+  });
   check([&] {
     StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
     if (o && !o->has("type")) {

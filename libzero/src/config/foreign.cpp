@@ -3,25 +3,9 @@
 // own save and compile switches, features left off, performance hints with no meaning here),
 // a note where libzero does the job another way, an error where honouring the key would change
 // the training result and libzero cannot.
-#include <yaml-cpp/yaml.h>
-
 #include "config/keys.hpp"
 
 namespace zero::keys {
-
-namespace {
-
-// communication_data_type: gradients are reduced in the compute dtype here (or, at stages 0 and
-// 1, in data_types.grad_accum_dtype), so only the compute dtype (or none) is inert.
-bool dtype_matches(const Config& c, const YAML::Node& v) {
-  if (v.IsNull()) return true;
-  if (!v.IsScalar()) return false;
-  const std::string& s = v.Scalar();
-  const DType d = c.compute_dtype();
-  return (s == "fp32" && d == DType::f32) || (s == "fp16" && d == DType::f16) || (s == "bf16" && d == DType::bf16);
-}
-
-}  // namespace
 
 const std::vector<Foreign>& foreign_keys() {
   static const std::vector<Foreign> table = {
@@ -48,14 +32,6 @@ const std::vector<Foreign>& foreign_keys() {
       {"prescale_gradients", Policy::note, "false",
        "gradients are averaged once, after the reduction, in the compute dtype"},
       {"gradient_predivide_factor", Policy::note, "1|1.0", "gradients are averaged once, after the reduction"},
-      {"communication_data_type",
-       Policy::note,
-       "",
-       "gradients are reduced in the compute dtype (fp32, fp16 or bf16), at stages 0 and 1 in "
-       "data_types.grad_accum_dtype",
-       {},
-       dtype_matches,
-       "matches the compute dtype"},
       // null: DeepSpeed reads None (runtime/config.py, .get), which is false to it.
       {"sparse_gradients", Policy::refused, "false|null",
        "sparse embedding gradients are not implemented; set it to false"},

@@ -372,6 +372,19 @@ const std::vector<Spec>& config_keys() {
               "compute, else the compute dtype. A 16-bit dtype other than the compute dtype is an "
               "error.",
        .null_is_default = true},
+      {.path = "communication_data_type", .kind = Kind::choice,
+       .slot = [](Config&) -> Slot {
+         return EnumRef{[](const Config& k) { return static_cast<int>(k.communication_data_type); },
+                        [](Config& k, int v) { k.communication_data_type = CommDataType(v); }};
+       },
+       .choices = {"auto", "fp32", "fp16", "bf16"},
+       .doc = "What stages 0 and 1 reduce gradients accumulated in fp32 in. `auto` (DeepSpeed's None): "
+              "fp32, twice the bytes of bf16. The compute dtype (`bf16` or `fp16`): each rank's fp32 sum is "
+              "rounded to it once, just before the reduction, which then sends half the bytes; the "
+              "result is widened back to fp32. Elsewhere gradients are reduced in their own dtype "
+              "already (stages 2 and 3: each micro-step's, in the compute dtype); another value "
+              "is a note at start. MiCS's sum across its groups stays in fp32.",
+       .null_is_default = true},
 
       // ---- optimizer
       // Hyper-parameters take DeepSpeed's names where DeepSpeed has the optimizer (Adam, AdamW,

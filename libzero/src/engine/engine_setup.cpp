@@ -188,6 +188,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
                {.zero = cfg_.zero_optimization,
                 .dtype = dtype_,
                 .grad_dtype = cfg_.grad_dtype(),
+                .comm_dtype = cfg_.comm_dtype(),
                 // An optimizer that exchanges the local gradients itself keeps them whole at
                 // stage 2 too, as stage 1 does (OneBitAdam: docs/optimizers.md).
                 .stage = cfg_.optimizer.type == OptimizerType::onebit_adam ? std::min(stage_, 1) : stage_,

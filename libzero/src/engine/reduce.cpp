@@ -23,6 +23,7 @@ GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& lay
       z_(opts.zero),
       dtype_(opts.dtype),
       gdt_(opts.grad_dtype),
+      cdt_(opts.comm_dtype),
       stage_(opts.stage),
       deferred_(opts.deferred && opts.stage <= 1),
       units_(shapes.size()),
@@ -31,6 +32,9 @@ GradReducer::GradReducer(Backend& backend, Communicator& comm, const Layout& lay
       qgz_(opts.qgz) {
   ZERO_CHECK(gdt_ == dtype_ || gdt_ == DType::f32,
              "GradReducer: gradients accumulate in the compute dtype or in fp32 (data_types.grad_accum_dtype)");
+  ZERO_CHECK(cdt_ == gdt_ || (gdt_ == DType::f32 && cdt_ == dtype_),
+             "GradReducer: stages 0 and 1 reduce in the accumulation dtype or, from fp32, in the compute dtype "
+             "(communication_data_type)");
   for (std::size_t i = 0; i < shapes_.size(); ++i)
     (stage_ <= 1 ? units_[i].full : units_[i].slice) = backend_.alloc(buffers().stored_bytes(shapes_[i]));
   if (qgz_) {
@@ -93,7 +97,9 @@ void GradReducer::flush_bucket() {
     Unit& u = state(unit);
     const UnitShape& s = shape(unit);
     const std::size_t scratch_bytes = buffers().scratch_bytes(s);
-    if (stage_ == 0) {
+    if (buffers().rounded_reduction()) {
+      flush_rounded(unit, f);
+    } else if (stage_ == 0) {
       f.works.push_back(comm_.all_reduce_async(u.full.get(), static_cast<std::size_t>(s.padded), gdt_, ReduceOp::sum));
     } else if (stage_ == 1) {
       if (!z_.reduce_scatter) {  // all-reduce in place: the owned range is already there
@@ -149,6 +155,35 @@ void GradReducer::flush_bucket() {
   pending_elems_ = 0;
   in_flight_.push_back(std::move(f));
   wait_in_flight(z_.overlap_comm ? 1 : 0);
+}
+
+// Stages 0/1 with communication_data_type: the fp32 sum rounded once to cdt_, reduced in cdt_
+// (an all-reduce in place, or a reduce-scatter into the slice after it), and widened back into
+// the fp32 gradient.
+void GradReducer::flush_rounded(int unit, InFlight& f) {
+  Unit& u = state(unit);
+  const UnitShape& s = shape(unit);
+  const auto padded = static_cast<std::size_t>(s.padded), slice = static_cast<std::size_t>(s.slice);
+  auto wire = std::make_shared<Buffer>(scratch_pool_.acquire(buffers().scratch_bytes(s), false));
+  backend_.convert(u.full.get(), gdt_, wire->get(), cdt_, padded);
+  // What comes back: stage 1's slice into the owned range, or the whole all-reduced unit (as the
+  // fp32 all-reduce leaves it).
+  const char* reduced = wire->as<char>();
+  void* into = u.full.get();
+  std::size_t n = padded;
+  if (stage_ == 1 && z_.reduce_scatter) {
+    char* out = wire->as<char>() + padded * dtype_size(cdt_);
+    f.works.push_back(comm_.reduce_scatter_async(wire->get(), out, slice, cdt_, ReduceOp::sum));
+    reduced = out;
+    into = owned(unit);
+    n = slice;
+  } else {
+    f.works.push_back(comm_.all_reduce_async(wire->get(), padded, cdt_, ReduceOp::sum));
+  }
+  f.finish.push_back([this, wire, reduced, into, n] {
+    backend_.convert(reduced, cdt_, into, gdt_, n);
+    scratch_pool_.give_back(std::move(*wire));
+  });
 }
 
 void GradReducer::wait_in_flight(std::size_t keep) {

@@ -27,6 +27,10 @@
 // ready(u), into the full fp32 gradient (the boundary's collective then reduces fp32); at
 // stages 2 and 3 after the micro-step's reduce-scatter (still in the compute dtype), into the
 // fp32 slice. A 16-bit sum of many micro-steps keeps few bits of the later ones; fp32 keeps them.
+// The fp32 reduction at stages 0/1 sends twice the bytes of bf16: with communication_data_type
+// set to the 16-bit compute dtype, each rank's fp32 sum is rounded to it once into a scratch
+// copy, that copy is reduced (summed in the compute dtype, as stages 2/3 reduce), and the owned
+// range of the result is widened back into the fp32 gradient. MiCS's replica sum stays fp32.
 //
 // qgZ (zero_quantized_gradients, stages 2/3): each micro-step's reduce-scatter is the
 // hierarchical quantized one (engine/quantized_reduce_scatter.hpp), summed in fp32, rounded once
@@ -57,6 +61,9 @@ class GradReducer {
     ZeroOptimizationConfig zero;    // reduce_bucket_size, overlap_comm, reduce_scatter
     DType dtype = DType::f32;       // the compute dtype grads() hands out
     DType grad_dtype = DType::f32;  // what gradients accumulate in
+    // What stages 0/1 reduce in (communication_data_type): grad_dtype, or the compute dtype the
+    // fp32 sum is rounded to once, just before the reduction.
+    DType comm_dtype = DType::f32;
     int stage = 0;
     // Stages 0/1 with gradient compression: the boundary starts no collective; the step
     // reduces the full gradients (full()) itself, as PowerSGD does (engine/powersgd.hpp).
@@ -111,6 +118,7 @@ class GradReducer {
     std::vector<std::function<void()>> finish;
   };
   void flush_bucket();
+  void flush_rounded(int unit, InFlight& f);
   void wait_in_flight(std::size_t keep);
   std::size_t esize() const { return dtype_size(dtype_); }
   // What it keeps and takes from its pools per unit, the rules zero-plan counts with.
@@ -120,7 +128,8 @@ class GradReducer {
             .grad_dtype = gdt_,
             .reduce_scatter = z_.reduce_scatter,
             .quantized = qgz_ != nullptr,
-            .deferred = deferred_};
+            .deferred = deferred_,
+            .comm_dtype = cdt_};
   }
   // Unit ids index the per-unit vectors.
   Unit& state(int unit) { return unit_at(units_, unit); }
@@ -133,7 +142,7 @@ class GradReducer {
   const Layout& layout_;   // unit names, for the collective check's messages
   const std::vector<UnitShape>& shapes_;
   const ZeroOptimizationConfig z_;
-  DType dtype_, gdt_;
+  DType dtype_, gdt_, cdt_;
   int stage_;
   bool deferred_;
   std::vector<Unit> units_;

@@ -18,6 +18,9 @@ struct ReduceBuffers {
   bool reduce_scatter = true;     // zero_optimization.reduce_scatter
   bool quantized = false;         // qgZ's reduce-scatter (zero_quantized_gradients)
   bool deferred = false;          // stages 0/1 under gradient compression: the step reduces
+  // What stages 0/1 reduce the accumulated gradient in (communication_data_type): grad_dtype,
+  // or the 16-bit compute dtype it is rounded to just before the reduction.
+  DType comm_dtype = DType::f32;
 
   // Stages 0/1 accumulating in a dtype other than the compute dtype: grads() is a micro-step
   // buffer from the pool, added into the accumulated gradient and given back at ready().
@@ -28,6 +31,9 @@ struct ReduceBuffers {
   // ready() queues the unit for a collective: every micro-step at stages 2/3, at the step's
   // last micro-step at stages 0/1, never when deferred.
   bool reduces(bool boundary) const { return stage >= 2 || (boundary && !deferred); }
+
+  // Stages 0/1 reduce a rounded copy of the accumulated gradient, in comm_dtype.
+  bool rounded_reduction() const { return stage <= 1 && comm_dtype != grad_dtype; }
 
   // The accumulated gradient kept between steps: the padded unit at stages 0/1, the rank's slice
   // at stages 2/3, in the accumulation dtype.
@@ -40,8 +46,14 @@ struct ReduceBuffers {
   // The scratch one reduction of the unit holds from its start to its completion (0: none):
   // stage 1's reduce-scattered slice in the accumulation dtype (none when it all-reduces in
   // place); stages 2/3's reduced slice in the compute dtype, with qgZ its fp32 sum before it.
+  // A rounded reduction (stages 0/1) holds the padded unit in comm_dtype, reduced in place,
+  // and after it stage 1's reduce-scattered slice in comm_dtype.
   std::size_t scratch_bytes(const UnitShape& s) const {
     const auto slice = static_cast<std::size_t>(s.slice);
+    if (rounded_reduction()) {
+      const bool scatters = stage == 1 && reduce_scatter;
+      return (static_cast<std::size_t>(s.padded) + (scatters ? slice : 0)) * dtype_size(comm_dtype);
+    }
     if (stage == 0) return 0;
     if (stage == 1) return reduce_scatter ? slice * dtype_size(grad_dtype) : 0;
     return slice * ((quantized ? sizeof(float) : 0) + dtype_size(dtype));

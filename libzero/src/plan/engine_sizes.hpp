@@ -25,7 +25,8 @@ inline ReduceBuffers reduce_buffers(const Settings& s) {
           .grad_dtype = s.grad_dtype(),
           .reduce_scatter = s.reduce_scatter,
           .quantized = s.quantized_gradients,
-          .deferred = s.powersgd() && s.stage <= 1};
+          .deferred = s.powersgd() && s.stage <= 1,
+          .comm_dtype = s.comm_dtype()};
 }
 
 }  // namespace zero::plan

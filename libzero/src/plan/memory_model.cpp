@@ -257,6 +257,7 @@ Settings settings_from(const Config& cfg) {
   s.grad_accum = static_cast<int>(std::max<std::int64_t>(1, cfg.gradient_accumulation_steps));
   s.dtype = cfg.compute_dtype();
   s.grad_accum_dtype = cfg.grad_accum_dtype;  // concrete once the config is resolved
+  s.communication_data_type = cfg.communication_data_type;
   s.moments = optimizer_moments(cfg.optimizer);
   s.optimizer = cfg.optimizer;
   s.reduce_bucket_size = z.reduce_bucket_size;

@@ -155,8 +155,9 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   // all-gather and reduce-scatter move (N-1)/N of it through each rank's link, all-reduce twice that.
   const double full = static_cast<double>(u.total_padded) * es;
   const double ring = N > 1 ? (N - 1.0) / N * full / c.group_bytes_per_s(N, T) : 0.0;
-  // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the bytes).
-  const double grad_ring = ring * static_cast<double>(dtype_size(s.grad_dtype())) / es;
+  // Stages 0/1 reduce the accumulated gradient at the boundary, in its dtype (fp32: twice the
+  // bytes) or the one communication_data_type rounds it to.
+  const double grad_ring = ring * static_cast<double>(dtype_size(s.comm_dtype())) / es;
   // qgZ (stages 2-3) replaces each micro-step's reduce-scatter by two all-to-alls over the nodes
   // of L ranks (M of them): int8 blocks with an fp32 scale each to the L-1 node peers ((L-1)/L of
   // the gradient, over the intra-node link), then int4 blocks to the M-1 other nodes (one slice,

@@ -84,6 +84,7 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   const Ring replica{world / N, (rank + N) % world / ranks_per_node != rank / ranks_per_node};
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(s.dtype));
   const std::int64_t gesize = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
+  const std::int64_t cesize = static_cast<std::int64_t>(dtype_size(s.comm_dtype()));  // stages 0/1's reduction
   const std::vector<UnitShape> shapes = unit_shapes(layout, s, world);
   auto shape = [&](int u) -> const UnitShape& { return unit_at(shapes, u); };
   // qgZ (engine/quantized_reduce_scatter.hpp): M nodes of L ranks; to each of the L-1 node peers
@@ -127,9 +128,9 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   for (int u = 0; u < units && !s.powersgd() && !onebit; ++u) {
     const std::int64_t sl = shape(u).slice, pd = shape(u).padded;
     if (s.stage == 0 || (s.stage == 1 && !s.reduce_scatter))
-      part.all_reduce(t, pd, gesize);
+      part.all_reduce(t, pd, cesize);
     else if (s.stage == 1)
-      part.reduce_scatter(t, sl, gesize);
+      part.reduce_scatter(t, sl, cesize);
     else
       for (int m = 0; m < s.grad_accum; ++m) {
         if (s.quantized_gradients)

@@ -552,3 +552,55 @@ TEST_CASE("gradient_clipping: a DeepSpeed JSON file gets DeepSpeed's default 1.0
   // Written out, the value travels with the config (a checkpoint's YAML keeps 1).
   CHECK(zero::parse_config(json.to_yaml(), "again.yaml").gradient_clipping == 1.0);
 }
+
+// communication_data_type: the compute dtype rounds fp32-accumulated gradients before the
+// stage 0/1 reduction (engine/reduce.hpp); auto keeps the accumulation dtype; what libzero
+// cannot send is a note, not silence.
+TEST_CASE("communication_data_type chooses the stage 0/1 reduction's dtype", "[config][deepspeed]") {
+  using zero::CommDataType;
+  auto resolved = [](const std::string& text) {
+    Config c = parse(text);
+    c.resolve(2);
+    return c;
+  };
+  const std::string bf16_fp32_accum =
+      R"({"bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 1})";
+  // The default: fp32 accumulation reduces in fp32.
+  const Config dflt = resolved(bf16_fp32_accum + "}");
+  CHECK(dflt.communication_data_type == CommDataType::automatic);
+  CHECK(dflt.comm_dtype() == DType::f32);
+  CHECK_FALSE(has_note(dflt, "communication_data_type"));
+  for (const char* v : {"null", "\"auto\""}) {
+    INFO(v);
+    CHECK(resolved(bf16_fp32_accum + ", \"communication_data_type\": " + v + "}").comm_dtype() == DType::f32);
+  }
+  // The compute dtype: rounded once, no note.
+  const Config bf16 = resolved(bf16_fp32_accum + R"(, "communication_data_type": "bf16"})");
+  CHECK(bf16.communication_data_type == CommDataType::bf16);
+  CHECK(bf16.comm_dtype() == DType::bf16);
+  CHECK_FALSE(has_note(bf16, "communication_data_type"));
+  CHECK(resolved(R"({"fp16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp32"}, )"
+                 R"("communication_data_type": "fp16"})")
+            .comm_dtype() == DType::f16);
+  // fp32 where the reduction is fp32 already: nothing to say.
+  CHECK_FALSE(has_note(resolved(bf16_fp32_accum + R"(, "communication_data_type": "fp32"})"), "communication"));
+  // Where gradients accumulate in bf16 the reduction is bf16 already: bf16 is inert, fp32 noted.
+  const Config accum16 = resolved(R"({"bf16": {"enabled": true}, "communication_data_type": "bf16"})");
+  CHECK(accum16.comm_dtype() == DType::bf16);
+  CHECK_FALSE(has_note(accum16, "communication_data_type"));
+  CHECK(has_note(resolved(R"({"bf16": {"enabled": true}, "communication_data_type": "fp32"})"),
+                 "communication_data_type = fp32: handled differently here: gradients accumulate in bf16 "
+                 "(data_types.grad_accum_dtype: auto)"));
+  CHECK(has_note(parse(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}, )"
+                       R"("communication_data_type": "fp32"})"),
+                 "communication_data_type = fp32: handled differently here: stages 2 and 3"));
+  // A 16-bit dtype other than the compute dtype cannot be sent: a note, and the reduction keeps
+  // its dtype.
+  const Config other = resolved(bf16_fp32_accum + R"(, "communication_data_type": "fp16"})");
+  CHECK(has_note(other, "communication_data_type = fp16: handled differently here"));
+  CHECK(other.comm_dtype() == DType::f32);
+  CHECK(has_note(parse(R"({"communication_data_type": "bf16"})"), "communication_data_type = bf16"));
+  REQUIRE_THROWS_WITH(parse(R"({"communication_data_type": "int8"})"), Contains("communication_data_type"));
+  // to_yaml writes it, and loading that gives the same setting.
+  CHECK(zero::parse_config(bf16.to_yaml(), "again").communication_data_type == CommDataType::bf16);
+}

@@ -156,6 +156,8 @@ struct Settings {
   DType dtype = DType::bf16;
   // data_types.grad_accum_dtype; automatic follows the CUDA backend's rule (a plan is for GPUs).
   GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
+  // communication_data_type: what stages 0/1 reduce fp32-accumulated gradients in.
+  CommDataType communication_data_type = CommDataType::automatic;
   int moments = 2;  // fp32 state arrays per element besides the master (zero/optim.hpp)
   // The optimizer: its statistics and Muon's matrix exchange add to a step's traffic.
   OptimizerConfig optimizer;
@@ -188,6 +190,8 @@ struct Settings {
   std::string label() const;  // "stage 3, offload cpu, mb 4, ckpt"
   // The dtype gradients accumulate in: fp32 with accumulation over 16-bit compute by default.
   DType grad_dtype() const { return grad_accum_dtype_for(grad_accum_dtype, dtype, grad_accum, BackendKind::cuda); }
+  // What stages 0/1 reduce the accumulated gradients in (communication_dtype_for).
+  DType comm_dtype() const { return communication_dtype_for(communication_data_type, dtype, grad_dtype()); }
 };
 
 // The settings a resolved-or-not Config asks for (batch fields that are 0 stay at 1).
