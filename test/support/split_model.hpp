@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "engine_model.hpp"
+#include "zero/config.hpp"
+#include "zero/context.hpp"
 #include "zero/engine.hpp"
 #include "zero/groups.hpp"
 #include "zero/layout.hpp"
@@ -130,5 +132,43 @@ inline double train_step(Engine& e, const ProcessGroups& g, int s, bool poison =
   }
   return e.step().grad_norm;
 }
+
+// A grid: tensor and pipeline sizes (the data-parallel size is what the world leaves), and the
+// ZeRO stage the engine runs at.
+struct Grid {
+  int tensor, pipeline, stage;
+  std::string name() const { return "tp" + std::to_string(tensor) + "_pp" + std::to_string(pipeline); }
+};
+
+// An engine on `g`'s grid with the model's initial values (tied: as part_layout's).
+struct Job {
+  ProcessGroups groups;
+  Engine engine;
+  Job(Context& ctx, const Grid& g, bool tied = false)
+      : groups(ctx, {.tensor = g.tensor, .pipeline = g.pipeline}),
+        engine(
+            ctx,
+            [&] {
+              Config c = parse_config(config_text(g.stage, groups.data_size()), "split_model");
+              c.resolve(groups.data_size());
+              return c;
+            }(),
+            part_layout(g.tensor, g.pipeline, groups.coord(), tied), groups) {
+    init_part(engine, groups.coord());
+  }
+  std::vector<double> train(int from, int to) {
+    std::vector<double> norms;
+    for (int s = from; s < to; ++s) norms.push_back(train_step(engine, groups, s));
+    return norms;
+  }
+  std::vector<float> master() {
+    std::vector<float> all;
+    for (int u = 0; u < engine.layout().num_units(); ++u) {
+      auto m = engine.full_master(u);
+      all.insert(all.end(), m.begin(), m.end());
+    }
+    return all;
+  }
+};
 
 }  // namespace zero::test::split

@@ -52,8 +52,9 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
 // position from <root>/latest (tag "latest") or step N (tag "N"); returns the client state.
 // `root` may also be a step directory. Replaces init_params. On failure every rank throws the
 // same zero::Error and the engine refuses to train until a load or init_params succeeds.
-// Under a grid each rank reads its position's part, at any data-parallel size; a checkpoint
-// saved on another tensor or pipeline size is refused naming both grids.
+// Under a grid each rank reads its position's part, at any data-parallel size. A checkpoint
+// saved on another tensor or pipeline size is cut anew: each rank reads the saved parts that
+// overlap its own (docs/checkpoints.md, "Another tensor or pipeline size").
 ClientState load_checkpoint(Engine& engine, const std::string& root, const std::string& tag = "latest",
                             const CheckpointLoadOptions& opts = {});
 
@@ -109,6 +110,13 @@ struct CheckpointTensor {
 // in memory at a time; the values are valid during the call.
 void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
                                 const std::function<void(const CheckpointTensor&, std::span<const float>)>& fn);
+
+// The same with the optimizer state: fn(tensor, arrays), arrays[0] the fp32 master and
+// arrays[k] moment k of the checkpoint's optimizer (Adam's m and v; see docs/optimizers.md),
+// each the whole tensor's, put together alike.
+void for_each_checkpoint_state(
+    const std::string& path, const std::string& tag,
+    const std::function<void(const CheckpointTensor&, std::span<const std::span<const float>>)>& fn);
 
 // Writes the consolidated master weights as a safetensors file (fp32 or bf16), one unit in memory
 // at a time (a grid's parts put together, as above). Tensors are named as stored when the names

@@ -180,7 +180,7 @@ class Engine {
   // each rank's own parameters summed over it, replicated ones (Layout::set_replicated) counted
   // once, so every rank clips and skips alike. `groups` must outlive the engine. Either backend
   // (a CUDA backend's device communicator spans groups.data()); checkpoints hold one shard set
-  // per grid position and resume on the same tensor and pipeline sizes (zero/checkpoint.hpp).
+  // per grid position and resume on any grid (zero/checkpoint.hpp).
   // qgZ (zero_quantized_gradients) and PowerSGD refuse it so far, with a clear error.
   Engine(Context& ctx, const Config& cfg, Layout layout, ProcessGroups& groups);
   ~Engine();

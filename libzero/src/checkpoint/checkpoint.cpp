@@ -1,6 +1,7 @@
 // save_checkpoint / load_checkpoint: the collective parts, each phase that touches files inside
 // agree() (checkpoint/agree.hpp); the space check and the directory locks are in preflight.cpp.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -200,8 +202,9 @@ void restore_rank_state(EngineState& e, const ckpt::Reader& r) {
 
 // The checkpoint must describe the engine's model exactly; errors name the metadata field.
 // `units`: where the units are in the metadata ("units", or a grid position's).
-void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const std::string& units,
-                      const CheckpointLoadOptions& o) {
+// `tensors`: the tensor size of the grid both run on (a split means nothing at 1).
+void check_units(const EngineState& e, const ckpt::Metadata& m, const std::string& dir, const std::string& units,
+                 int tensors) {
   const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
   const std::string fix = "; load it into the model it was saved from (the same Layout)";
   const Layout& l = e.layout();
@@ -228,12 +231,20 @@ void check_compatible(const EngineState& e, const ckpt::Metadata& m, const std::
       if (cp.shape != p.shape)
         ZERO_THROW(pat + ".shape' = " + shape_text(cp.shape) + " for '" + p.name + "', the engine's is " +
                    shape_text(p.shape) + fix);
-      if (cp.replicated != p.replicated || cp.split_axis != p.split_axis || cp.split_blocks != p.split_blocks)
+      if (tensors > 1 &&
+          (cp.replicated != p.replicated || cp.split_axis != p.split_axis || cp.split_blocks != p.split_blocks))
         ZERO_THROW(fmt::format("{}' ('{}') is {}, the engine's parameter is {}{}", pat, p.name,
                                split_text(cp.replicated, cp.split_axis, cp.split_blocks),
                                split_text(p.replicated, p.split_axis, p.split_blocks), fix));
     }
   }
+}
+
+// The checkpoint's optimizer state must be the engine's kind; the dtype and optimizer the same
+// unless a config change is allowed.
+void check_state(const EngineState& e, const ckpt::Metadata& m, const std::string& dir,
+                 const CheckpointLoadOptions& o) {
+  const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
   if (m.moments != e.optimizer_moments())
     ZERO_THROW(
         fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
@@ -304,16 +315,74 @@ std::vector<ckpt::PositionMeta> gather_positions(EngineState& e, const GridPlace
   return out;
 }
 
-// A checkpoint is resumed on the grid it was saved on: a tensor or pipeline size that differs
-// would need every parameter re-cut, which the loader does not do.
-void check_grid(const GridPlace& at, const ckpt::Metadata& m, const std::string& dir, int data_size) {
-  if (m.grid.tensor == at.grid.tensor && m.grid.pipeline == at.grid.pipeline) return;
-  ZERO_THROW(
-      fmt::format("load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {} x DP {}; a "
-                  "checkpoint resumes only with the tensor and pipeline sizes it was saved with (any "
-                  "data-parallel size): run with {}, or export the whole model (zero-ckpt export) and "
-                  "initialise the new grid from it",
-                  dir, m.grid.describe(), m.world, at.grid.describe(), data_size, m.grid.describe()));
+// Restores every unit's owned range, one unit at a time: read(unit, range, out) fills out[0]
+// (the master) and out[k] (moment k) for the range.
+void restore_owned(EngineState& e, const std::function<void(int, const OwnedRange&, std::span<float* const>)>& read) {
+  std::vector<std::vector<float>> buf(static_cast<std::size_t>(1 + e.optimizer_moments()));
+  std::vector<float*> out(buf.size());
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    const OwnedRange u = e.owned_range(i);
+    for (std::size_t k = 0; k < buf.size(); ++k) {
+      buf[k].resize(static_cast<std::size_t>(u.len));
+      out[k] = buf[k].data();
+    }
+    read(i, u, out);
+    // Master first: a store may reset the moments when the master is written.
+    for (std::size_t k = 0; k < buf.size(); ++k) e.write_owned(i, static_cast<int>(k), buf[k].data());
+  }
+}
+
+std::string job_grid(const GridPlace& at, int data_size) {
+  return fmt::format("{} x DP {}", at.grid.describe(), data_size);
+}
+
+// Collective over the world, on another grid than the checkpoint's: every parameter of the
+// saved whole model must be held somewhere in this job's (each rank reads only its own part, so
+// a model that lost a parameter would load without a word otherwise). Held: by this rank's
+// layout, named by unit and parameter.
+void check_whole_model_held(EngineState& e, const ckpt::ModelReader& whole, const std::string& grid) {
+  std::vector<float> held;
+  std::vector<std::string> names;
+  const Layout& l = e.layout();
+  for (const auto& u : whole.meta().units)
+    for (const auto& p : u.params) {
+      int i = l.num_units() - 1;
+      while (i >= 0 && l.unit(i).name != u.name) --i;
+      held.push_back(i >= 0 && l.unit(i).find_param(p.name) >= 0 ? 1.0f : 0.0f);
+      names.push_back(fmt::format("'{}' of unit '{}'", escape_bytes(p.name), escape_bytes(u.name)));
+    }
+  e.world_comm().all_reduce(held.data(), held.size(), DType::f32, ReduceOp::max);
+  std::vector<std::string> lost;
+  for (std::size_t i = 0; i < held.size(); ++i)
+    if (held[i] == 0.0f) lost.push_back(names[i]);
+  if (!lost.empty())
+    ZERO_THROW(
+        fmt::format("load_checkpoint: '{}' (saved on the grid {}) holds {} parameter(s) that no rank of this "
+                    "job ({}) holds: {}; it is another model",
+                    whole.dir(), whole.grid().describe(), lost.size(), grid, fmt::join(lost, ", ")));
+}
+
+// The load onto another tensor or pipeline size: each rank's owned range of every unit is cut
+// from the saved whole tensors (ModelReader::read_part), master and every moment alike, reading
+// only the saved sections that overlap it. Per-rank state is dropped, as at another world size.
+void load_regridded(EngineState& e, const GridPlace& at, ckpt::ModelReader& whole) {
+  const std::string grid = job_grid(at, e.world_size());
+  check_whole_model_held(e, whole, grid);
+  if (e.rank() == 0 && e.world_comm().rank() == 0) {
+    log_info(
+        "load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {}: every parameter and its "
+        "optimizer state is cut anew from the whole tensors (docs/checkpoints.md)",
+        whole.dir(), whole.grid().describe(), whole.meta().world, grid);
+  }
+  restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
+    whole.read_part(e.layout().unit(i), at.tensor, at.grid.tensor, u.begin, u.len, out, grid);
+  });
+  if (!e.rank_state_kind().empty()) {
+    if (e.world_comm().rank() == 0)
+      log_warning("load_checkpoint: {} start again from {}: the checkpoint was saved on another grid",
+                  rank_state_what(e.rank_state_kind()), rank_state_start(e.rank_state_kind()));
+    e.set_rank_state({});
+  }
 }
 
 }  // namespace
@@ -441,33 +510,36 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
   Communicator& comm = e.world_comm();  // host memory: MPI, whatever the backend uses
   const GridPlace at = grid_place(e);
   same_on_all_ranks(comm, root + "\n" + tag, "the checkpoint root or tag");
-  std::unique_ptr<ckpt::Reader> reader;
+  std::unique_ptr<ckpt::Reader> reader;      // the same grid: this position's shards
+  std::unique_ptr<ckpt::ModelReader> whole;  // another grid: the whole model's
   std::string dir;
   agree(comm, [&] {
     e.check_between_steps("load_checkpoint");
     dir = ckpt::resolve(root, tag);
     if (comm.rank() == 0 && opts.lock_root) ckpt::lock_root(root, false);
     const ckpt::Metadata meta = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
-    check_grid(at, meta, dir, e.world_size());
-    reader = std::make_unique<ckpt::Reader>(dir, meta, at.tensor, at.pipeline);
-    check_compatible(e, reader->meta(), dir,
-                     at.grid.split() ? fmt::format("grid.positions[{}].units", at.tensor + at.grid.tensor * at.pipeline)
-                                     : std::string("units"),
-                     opts);
+    check_state(e, meta, dir, opts);
+    if (meta.grid.tensor == at.grid.tensor && meta.grid.pipeline == at.grid.pipeline) {
+      reader = std::make_unique<ckpt::Reader>(dir, meta, at.tensor, at.pipeline);
+      check_units(e, reader->meta(), dir,
+                  at.grid.split() ? fmt::format("grid.positions[{}].units", at.tensor + at.grid.tensor * at.pipeline)
+                                  : std::string("units"),
+                  at.grid.tensor);
+    } else {
+      whole = std::make_unique<ckpt::ModelReader>(dir);
+    }
   });
   same_on_all_ranks(comm, dir, "the checkpoint directory that '" + tag + "' names (was it replaced during the load?)");
-  const ckpt::Metadata& m = reader->meta();
+  const ckpt::Metadata& m = reader ? reader->meta() : whole->meta();
   agree(comm, [&] {
     e.begin_restore();
-    const int moments = e.optimizer_moments();
-    std::vector<float> buf[3];
-    for (int i = 0; i < e.layout().num_units(); ++i) {
-      const OwnedRange u = e.owned_range(i);
-      for (int k = 0; k <= moments; ++k) buf[k].resize(static_cast<std::size_t>(u.len));
-      reader->read_range(i, u.begin, u.len, buf[0].data(), buf[1].data(), moments >= 2 ? buf[2].data() : nullptr);
-      // Master first: a store may reset the moments when the master is written.
-      for (int k = 0; k <= moments; ++k) e.write_owned(i, k, buf[k].data());
+    if (whole) {
+      load_regridded(e, at, *whole);
+      return;
     }
+    restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
+      reader->read_range(i, u.begin, u.len, out);
+    });
     restore_rank_state(e, *reader);
   });
   TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};

@@ -46,11 +46,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "zero/checkpoint.hpp"
 #include "zero/dtype.hpp"
+#include "zero/layout.hpp"
 #include "zero/loss_scaler.hpp"
 
 namespace zero::ckpt {
@@ -294,9 +296,16 @@ class Reader {
   const Metadata& meta() const { return meta_; }
   const std::string& dir() const { return dir_; }
 
-  // Elements [begin, begin + len) of unit's state (positions >= numel read as 0) into master
-  // and the moments (m2 only with 2 moments); any output may be null.
-  void read_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2);
+  // Elements [begin, begin + len) of unit's state (positions >= numel read as 0) into out[0]
+  // (the master) and out[k] (moment k); out may be shorter than 1 + moments, any entry null.
+  void read_range(int unit, std::int64_t begin, std::int64_t len, std::span<float* const> out);
+  // `len` elements of a unit from element `from`, stored at out[k] + to.
+  struct Run {
+    std::int64_t from = 0, len = 0, to = 0;
+  };
+  // Copies each run's elements that the shards hold (the rest of out is left as it is), reading
+  // and verifying each section that overlaps a run once: what a load onto another grid reads.
+  void read_runs(int unit, std::span<const Run> runs, std::span<float* const> out);
   // Reads and checks every section of shard `rank` (inspect); one section in memory at a time.
   void verify_shard(int rank);
 
@@ -329,11 +338,23 @@ class ModelReader {
   const std::string& dir() const { return dir_; }
   // The fp32 master of whole unit `unit` (meta().units[unit].numel elements).
   void read_unit(int unit, float* master);
+  // ... and its optimizer state: out[0] the master, out[k] moment k (as many as wanted).
+  void read_unit(int unit, std::span<float* const> out);
+  // The whole model as another grid cuts it: elements [begin, begin + len) of `part`, a unit of
+  // the new grid's layout at tensor rank `tensor` of `tensors`, into out[k][0, len) as above
+  // (padding past the unit's elements reads 0). Each parameter is matched by unit and name;
+  // each of its elements is found in the whole tensor by the new cut (split_axis and
+  // split_blocks, or replicated), and in the saved part that holds it by the old one. Only the
+  // saved sections that overlap are read, one at a time. Errors name the parameter and both
+  // grids (`tensors`: the new tensor size; `grid`: the new grid, for messages).
+  void read_part(const UnitInfo& part, int tensor, int tensors, std::int64_t begin, std::int64_t len,
+                 std::span<float* const> out, const std::string& grid);
 
  private:
   struct Source {  // where a whole parameter comes from: stage, and unit and parameter there
     int pipeline = 0, unit = 0, param = 0;
   };
+  const ParamMeta& part_param(const Source& s) const;  // tensor rank 0's part of it
   std::string dir_;
   GridMeta grid_;
   Metadata meta_;

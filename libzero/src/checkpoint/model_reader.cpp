@@ -88,45 +88,175 @@ ModelReader::ModelReader(const std::string& step_dir) : dir_(step_dir) {
 }
 
 void ModelReader::read_unit(int unit, float* master) {
+  float* out[] = {master};
+  read_unit(unit, out);
+}
+
+void ModelReader::read_unit(int unit, std::span<float* const> out) {
   ZERO_CHECK(unit >= 0 && static_cast<std::size_t>(unit) < meta_.units.size(),
              fmt::format("checkpoint '{}' has no unit {}", dir_, unit));
+  ZERO_CHECK(!out.empty() && out.size() <= static_cast<std::size_t>(1 + meta_.moments),
+             fmt::format("checkpoint '{}' holds {} optimizer moment(s), not {}", dir_, meta_.moments, out.size() - 1));
   const auto& whole = meta_.units[static_cast<std::size_t>(unit)];
   const auto& src = sources_[static_cast<std::size_t>(unit)];
   const int T = grid_.tensor;
+  const std::size_t arrays = out.size();
   // Each source unit is read once per tensor rank: parameters of one unit share its sections.
-  std::map<std::pair<int, int>, std::vector<std::vector<float>>> parts;  // (stage, unit) -> per tensor rank
+  // (stage, unit) -> per tensor rank, the part's arrays back to back.
+  std::map<std::pair<int, int>, std::vector<std::vector<float>>> parts;
   for (std::size_t k = 0; k < whole.params.size(); ++k) {
     auto& got = parts[{src[k].pipeline, src[k].unit}];
     if (!got.empty()) continue;
     const bool split = std::any_of(src.begin(), src.end(), [&](const Source& s) {
-      if (s.pipeline != src[k].pipeline || s.unit != src[k].unit) return false;
-      const auto& pm = readers_[static_cast<std::size_t>(T * s.pipeline)]
-                           ->meta()
-                           .units[static_cast<std::size_t>(s.unit)]
-                           .params[static_cast<std::size_t>(s.param)];
-      return pm.split_axis >= 0;
+      return s.pipeline == src[k].pipeline && s.unit == src[k].unit && part_param(s).split_axis >= 0;
     });
     for (int t = 0; t < (split ? T : 1); ++t) {
       Reader& r = *readers_[static_cast<std::size_t>(t + T * src[k].pipeline)];
-      const auto n = r.meta().units[static_cast<std::size_t>(src[k].unit)].numel;
-      got.emplace_back(static_cast<std::size_t>(n));
-      r.read_range(src[k].unit, 0, n, got.back().data(), nullptr, nullptr);
+      const auto n = static_cast<std::size_t>(r.meta().units[static_cast<std::size_t>(src[k].unit)].numel);
+      got.emplace_back(n * arrays);
+      std::vector<float*> to;
+      for (std::size_t a = 0; a < arrays; ++a) to.push_back(out[a] ? got.back().data() + a * n : nullptr);
+      r.read_range(src[k].unit, 0, static_cast<std::int64_t>(n), to);
     }
   }
   for (std::size_t k = 0; k < whole.params.size(); ++k) {
     const auto& got = parts.at({src[k].pipeline, src[k].unit});
-    const ParamMeta& pm = readers_[static_cast<std::size_t>(T * src[k].pipeline)]
-                              ->meta()
-                              .units[static_cast<std::size_t>(src[k].unit)]
-                              .params[static_cast<std::size_t>(src[k].param)];
-    float* out = master + whole.params[k].offset;
-    if (pm.split_axis < 0) {
-      std::copy_n(got[0].data() + pm.offset, pm.numel, out);
-      continue;
+    const ParamMeta& pm = part_param(src[k]);
+    const std::size_t n = got[0].size() / arrays;
+    for (std::size_t a = 0; a < arrays; ++a) {
+      if (!out[a]) continue;
+      float* to = out[a] + whole.params[k].offset;
+      if (pm.split_axis < 0) {
+        std::copy_n(got[0].data() + a * n + pm.offset, pm.numel, to);
+        continue;
+      }
+      std::vector<const float*> ptrs;
+      for (const auto& g : got) ptrs.push_back(g.data() + a * n + pm.offset);
+      concat_parts(ptrs, pm.shape, pm.split_axis, pm.split_blocks, to);
     }
-    std::vector<const float*> ptrs;
-    for (const auto& g : got) ptrs.push_back(g.data() + pm.offset);
-    concat_parts(ptrs, pm.shape, pm.split_axis, pm.split_blocks, out);
+  }
+}
+
+const ParamMeta& ModelReader::part_param(const Source& s) const {
+  return readers_[static_cast<std::size_t>(grid_.tensor * s.pipeline)]
+      ->meta()
+      .units[static_cast<std::size_t>(s.unit)]
+      .params[static_cast<std::size_t>(s.param)];
+}
+
+namespace {
+
+// Where part t of `parts` lies in its whole tensor. Flat indices: the part is [outer, extent,
+// inner] around the split axis, its extent cut into `blocks` chunks of `chunk`; chunk b of part
+// t lies at (b x parts + t) x chunk along the whole axis. Unsplit (or one part): the identity.
+struct Cut {
+  std::int64_t numel = 0, extent = 1, inner = 1, chunk = 1;
+  std::int64_t parts = 1;
+  bool split = false;
+
+  Cut(const std::vector<std::int64_t>& part, int axis, int blocks, int n) : parts(n), split(n > 1 && axis >= 0) {
+    numel = 1;
+    for (auto d : part) numel *= d;
+    if (!split) return;
+    ZERO_CHECK(static_cast<std::size_t>(axis) < part.size() && blocks >= 1 &&
+                   part[static_cast<std::size_t>(axis)] % blocks == 0,
+               fmt::format("checkpoint: a part of shape {} cannot be cut along axis {} in {} blocks", shape_text(part),
+                           axis, blocks));
+    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
+    extent = part[static_cast<std::size_t>(axis)];
+    chunk = extent / blocks;
+  }
+  // The whole tensor's index of element x of part t; `run`: the elements from x on (x included)
+  // that stay contiguous in the whole tensor.
+  std::int64_t to_whole(std::int64_t x, std::int64_t t, std::int64_t& run) const {
+    if (!split) {
+      run = numel - x;
+      return x;
+    }
+    const std::int64_t o = x / (extent * inner), r = x % (extent * inner), j = r / inner, i = r % inner;
+    const std::int64_t b = j / chunk, jj = j % chunk;
+    run = (chunk - jj) * inner - i;
+    return (o * extent * parts + (b * parts + t) * chunk + jj) * inner + i;
+  }
+  // The part t and its element holding whole index w; `run` as above, in the part.
+  std::int64_t from_whole(std::int64_t w, std::int64_t& t, std::int64_t& run) const {
+    if (!split) {
+      t = 0;
+      run = numel - w;
+      return w;
+    }
+    const std::int64_t o = w / (extent * parts * inner), r = w % (extent * parts * inner), j = r / inner, i = r % inner;
+    const std::int64_t b = j / (parts * chunk), rem = j % (parts * chunk), jj = rem % chunk;
+    t = rem / chunk;
+    run = (chunk - jj) * inner - i;
+    return (o * extent + b * chunk + jj) * inner + i;
+  }
+};
+
+}  // namespace
+
+void ModelReader::read_part(const UnitInfo& part, int tensor, int tensors, std::int64_t begin, std::int64_t len,
+                            std::span<float* const> out, const std::string& grid) {
+  ZERO_CHECK(out.size() <= static_cast<std::size_t>(1 + meta_.moments),
+             fmt::format("checkpoint '{}' holds {} optimizer moment(s), not {}", dir_, meta_.moments, out.size() - 1));
+  for (float* o : out)
+    if (o) std::fill(o, o + len, 0.0f);
+  const std::string saved = fmt::format("checkpoint '{}' (saved on the grid {})", dir_, grid_.describe());
+  const auto wu =
+      std::find_if(meta_.units.begin(), meta_.units.end(), [&](const UnitMeta& u) { return u.name == part.name; });
+  if (wu == meta_.units.end())
+    ZERO_THROW(
+        fmt::format("load_checkpoint: {} has no unit '{}', which this job's model ({}) holds: it is another "
+                    "model",
+                    saved, escape_bytes(part.name), grid));
+  const auto& src = sources_[static_cast<std::size_t>(wu - meta_.units.begin())];
+  const int T = grid_.tensor;
+  // (reader, unit) -> the runs to copy from it, in the order they were found.
+  std::map<std::pair<int, int>, std::vector<Reader::Run>> runs;
+  for (const ParamInfo& q : part.params) {
+    const auto wp =
+        std::find_if(wu->params.begin(), wu->params.end(), [&](const ParamMeta& p) { return p.name == q.name; });
+    const std::string what = fmt::format("parameter '{}' of unit '{}'", escape_bytes(q.name), escape_bytes(part.name));
+    if (wp == wu->params.end())
+      ZERO_THROW(fmt::format("load_checkpoint: {} has no {}, which this job's model ({}) holds: it is another model",
+                             saved, what, grid));
+    const Source& s = src[static_cast<std::size_t>(wp - wu->params.begin())];
+    const ParamMeta& pm = part_param(s);
+    if (tensors > 1 && !q.replicated && q.split_axis < 0)
+      ZERO_THROW(
+          fmt::format("load_checkpoint: {} is neither split nor replicated over this job's {} tensor ranks "
+                      "({}), so it cannot be cut from {}; declare it with Layout::set_split or set_replicated",
+                      what, tensors, grid, saved));
+    std::vector<std::int64_t> whole = q.shape;
+    if (tensors > 1 && q.split_axis >= 0) whole[static_cast<std::size_t>(q.split_axis)] *= tensors;
+    if (whole != wp->shape)
+      ZERO_THROW(
+          fmt::format("load_checkpoint: {} is {} as a whole tensor in {}, this job's model ({}) has {} (its "
+                      "part {}): it is another model",
+                      what, shape_text(wp->shape), saved, grid, shape_text(whole), shape_text(q.shape)));
+    // Every parameter is checked, the ones outside this rank's range too: each rank finds the
+    // same errors.
+    const std::int64_t lo = std::max(begin, q.offset), hi = std::min(begin + len, q.offset + q.numel);
+    if (lo >= hi) continue;
+    const Cut mine(q.shape, q.split_axis, q.split_blocks, q.replicated ? 1 : tensors);
+    const Cut theirs(pm.shape, pm.split_axis, pm.split_blocks, pm.replicated ? 1 : T);
+    for (std::int64_t x = lo - q.offset; x < hi - q.offset;) {
+      std::int64_t run_mine = 0, run_theirs = 0, t = 0;
+      const std::int64_t w = mine.to_whole(x, tensor, run_mine);
+      const std::int64_t y = theirs.from_whole(w, t, run_theirs);
+      const std::int64_t n = std::min({run_mine, run_theirs, hi - q.offset - x});
+      auto& list = runs[{static_cast<int>(t) + T * s.pipeline, s.unit}];
+      const Reader::Run r{pm.offset + y, n, q.offset + x - begin};
+      if (!list.empty() && list.back().from + list.back().len == r.from && list.back().to + list.back().len == r.to)
+        list.back().len += n;
+      else
+        list.push_back(r);
+      x += n;
+    }
+  }
+  for (auto& [where, list] : runs) {
+    std::sort(list.begin(), list.end(), [](const Reader::Run& a, const Reader::Run& b) { return a.from < b.from; });
+    readers_[static_cast<std::size_t>(where.first)]->read_runs(where.second, list, out);
   }
 }
 

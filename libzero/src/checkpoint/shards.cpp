@@ -268,27 +268,39 @@ void Reader::read_section(Shard& s, int unit, std::vector<float>& buf) {
                           meta_.units[static_cast<std::size_t>(unit)].name, json::hex64(sec.checksum), json::hex64(c)));
 }
 
-void Reader::read_range(int unit, std::int64_t begin, std::int64_t len, float* master, float* m1, float* m2) {
-  ZERO_CHECK(unit >= 0 && static_cast<std::size_t>(unit) < meta_.units.size() && begin >= 0 && len >= 0 &&
-                 begin <= kMaxElements && len <= kMaxElements,
-             fmt::format("checkpoint reader: bad request (unit {}, range [{}, +{}))", unit, begin, len));
-  ZERO_CHECK(m2 == nullptr || meta_.moments >= 2,
-             fmt::format("checkpoint '{}' holds {} optimizer moment(s), not 2", dir_, meta_.moments));
-  float* out[3] = {master, m1, m2};
-  for (float* o : out)
-    if (o) std::fill(o, o + len, 0.0f);
+void Reader::read_runs(int unit, std::span<const Run> runs, std::span<float* const> out) {
+  ZERO_CHECK(unit >= 0 && static_cast<std::size_t>(unit) < meta_.units.size(),
+             fmt::format("checkpoint reader: bad request (unit {})", unit));
+  ZERO_CHECK(out.size() <= static_cast<std::size_t>(1 + meta_.moments),
+             fmt::format("checkpoint '{}' holds {} optimizer moment(s), not {}", dir_, meta_.moments, out.size() - 1));
+  for (const Run& r : runs)
+    ZERO_CHECK(r.from >= 0 && r.len >= 0 && r.to >= 0 && r.from <= kMaxElements && r.len <= kMaxElements,
+               fmt::format("checkpoint reader: bad request (unit {}, range [{}, +{}))", unit, r.from, r.len));
   std::vector<float> buf;
   for (auto& s : shards_) {
     const auto& sec = s->sections[static_cast<std::size_t>(unit)];
-    std::int64_t lo = std::max(begin, sec.begin), hi = std::min(begin + len, sec.begin + sec.len);
-    if (lo >= hi) continue;
-    read_section(*s, unit, buf);
-    for (int k = 0; k <= meta_.moments && k < 3; ++k) {
-      if (!out[k]) continue;
-      const float* src = buf.data() + static_cast<std::size_t>(k) * static_cast<std::size_t>(sec.len);
-      std::copy(src + (lo - sec.begin), src + (hi - sec.begin), out[k] + (lo - begin));
+    bool read = false;
+    for (const Run& r : runs) {
+      const std::int64_t lo = std::max(r.from, sec.begin), hi = std::min(r.from + r.len, sec.begin + sec.len);
+      if (lo >= hi) continue;
+      if (!read) read_section(*s, unit, buf);
+      read = true;
+      for (std::size_t k = 0; k < out.size(); ++k) {
+        if (!out[k]) continue;
+        const float* src = buf.data() + k * static_cast<std::size_t>(sec.len);
+        std::copy(src + (lo - sec.begin), src + (hi - sec.begin), out[k] + r.to + (lo - r.from));
+      }
     }
   }
+}
+
+void Reader::read_range(int unit, std::int64_t begin, std::int64_t len, std::span<float* const> out) {
+  ZERO_CHECK(begin >= 0 && len >= 0 && begin <= kMaxElements && len <= kMaxElements,
+             fmt::format("checkpoint reader: bad request (unit {}, range [{}, +{}))", unit, begin, len));
+  for (float* o : out)
+    if (o) std::fill(o, o + len, 0.0f);
+  const Run r{begin, len, 0};
+  read_runs(unit, {&r, 1}, out);
 }
 
 void Reader::verify_shard(int rank) {

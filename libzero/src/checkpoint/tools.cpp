@@ -252,6 +252,28 @@ void for_each_checkpoint_tensor(const std::string& path, const std::string& tag,
   }
 }
 
+void for_each_checkpoint_state(
+    const std::string& path, const std::string& tag,
+    const std::function<void(const CheckpointTensor&, std::span<const std::span<const float>>)>& fn) {
+  ckpt::ModelReader r(ckpt::resolve(path, tag));
+  const auto arrays = static_cast<std::size_t>(1 + r.meta().moments);
+  std::vector<float> state;
+  std::vector<float*> out(arrays);
+  std::vector<std::span<const float>> views(arrays);
+  for (std::size_t i = 0; i < r.meta().units.size(); ++i) {
+    const auto& u = r.meta().units[i];
+    const auto n = static_cast<std::size_t>(u.numel);
+    state.resize(n * arrays);
+    for (std::size_t k = 0; k < arrays; ++k) out[k] = state.data() + k * n;
+    r.read_unit(static_cast<int>(i), out);
+    for (const auto& p : u.params) {
+      for (std::size_t k = 0; k < arrays; ++k)
+        views[k] = std::span<const float>(out[k] + p.offset, static_cast<std::size_t>(p.numel));
+      fn({u.name, p.name, p.shape}, views);
+    }
+  }
+}
+
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype, const std::string& tag) {
   ckpt::ModelReader r(ckpt::resolve(path, tag));
   const ckpt::Metadata& m = r.meta();
@@ -338,8 +360,9 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
           for (std::size_t i = 0; i < pos.units.size(); ++i) {
             const auto len = ranges[i].len;
             section.resize(static_cast<std::size_t>(len) * static_cast<std::size_t>(1 + moments));
-            r.read_range(static_cast<int>(i), ranges[i].begin, len, section.data(), section.data() + len,
-                         moments >= 2 ? section.data() + 2 * len : nullptr);
+            std::vector<float*> out;
+            for (int a = 0; a <= moments; ++a) out.push_back(section.data() + a * len);
+            r.read_range(static_cast<int>(i), ranges[i].begin, len, out);
             w.add_section(section.data());
           }
           pos.shards.push_back(w.finish());
