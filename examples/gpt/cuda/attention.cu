@@ -3,7 +3,10 @@
 // kernels of the head size, which live in attention_forward.cu and attention_backward.cu on the
 // tiling of attention_tiles.cuh.
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "gpt/cuda/attention_tiles.cuh"
 #include "gpt/cuda/gpt_kernels.hpp"
@@ -36,14 +39,24 @@ void check_aligned(const char* op, const char* name, const void* p) {
 
 }  // namespace
 
+// The opt-in is a property of the kernel on one device: it is set the first time a kernel runs
+// on a device (or asks for more than before), not at every launch; a launch then costs one
+// cudaGetDevice and a look-up. The lock makes it safe for loops that launch from several threads.
 void attn::use_shared_memory(const char* op, const void* kernel, std::size_t bytes) {
-  int device = 0, optin = 0;
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, std::size_t> opted;  // (kernel, device) -> bytes set
+  int device = 0;
   GPT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mu);
+  std::size_t& set = opted[{kernel, device}];
+  if (bytes <= set) return;
+  int optin = 0;
   GPT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   ZERO_CHECK(bytes <= static_cast<std::size_t>(optin), std::string(op) + ": needs " + std::to_string(bytes) +
                                                            " bytes of shared memory per block, the device allows " +
                                                            std::to_string(optin) + " (built for sm_80 / sm_90)");
   GPT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  set = bytes;
 }
 
 bool attention_supported(int T, int C, int NH) {

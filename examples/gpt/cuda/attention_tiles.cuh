@@ -157,7 +157,8 @@ __device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T, co
 inline float scale_of(int hs) { return 1.0f / std::sqrt(static_cast<float>(hs)); }
 
 // Opts `kernel` in to `bytes` of dynamic shared memory (over the default 48 KiB), after checking
-// that the device has that much per block; `op` names the caller in the error.
+// that the device has that much per block; `op` names the caller in the error. Once per kernel
+// and device (thread-safe); later calls with no more bytes only look the pair up.
 void use_shared_memory(const char* op, const void* kernel, std::size_t bytes);
 
 // The launches for one head size, beside their kernels; instantiated for 32, 64 and 128.
