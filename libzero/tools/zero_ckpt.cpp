@@ -8,11 +8,14 @@
 //                                                     transformers' GPT2LMHeadModel
 //   zero-ckpt export ckpt/ --format llmc -o gpt2.bin  llm.c's GPT-2 checkpoint (version 3;
 //                                                     --dtype bf16: version 5)
-//   zero-ckpt reshard ckpt/ --world 8 [--stage 3] -o ckpt8/
+//   zero-ckpt reshard ckpt/ --world 8 [--stage 3] [--tp 2] [--pp 1] -o ckpt8/
 //
 // <dir> is a checkpoint root (its `latest`, or --tag N) or one step directory.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -29,7 +32,7 @@ int main(int argc, char** argv) {
 
   std::string dir, out, format = "safetensors", dtype = "fp32", tag = "latest";
   bool show_config = false;
-  int world = 0, stage = -1, n_head = 0, vocab_size = 0;
+  int world = 0, stage = -1, n_head = 0, vocab_size = 0, tp = -1, pp = -1;
 
   auto* inspect = app.add_subcommand("inspect",
                                      "Print metadata and sizes; verify every file's checksums, where each shard lies "
@@ -52,11 +55,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 30));
   exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
-  auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks");
+  auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks or grid");
   resh->add_option("dir", dir, "Checkpoint root or step directory")->required();
   resh->add_option("--world", world, "Ranks the new checkpoint is for")->required()->check(CLI::Range(1, 1 << 20));
   resh->add_option("--stage", stage, "Stage recorded in the new checkpoint (default: unchanged)")
       ->check(CLI::Range(0, 3));
+  resh->add_option("--tp", tp, "Tensor-parallel size of the new checkpoint (default: unchanged)")
+      ->check(CLI::Range(1, (1 << 16) - 1));
+  resh->add_option("--pp", pp, "Pipeline size: unchanged (default) or 1; a job resumes at any other itself")
+      ->check(CLI::Range(1, (1 << 16) - 1));
   resh->add_option("-o,--output", out, "New checkpoint root (created; must not hold this step)")->required();
   resh->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
@@ -87,8 +94,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*resh) {
-      zero::reshard_checkpoint(dir, out, world, stage, tag);
-      std::printf("wrote %s for %d rank(s)\n", zero::resolve_checkpoint(out).c_str(), world);
+      // Progress on stderr, one line rewritten in place, when the checkpoint is large enough to wait for.
+      const bool tty = ::isatty(2) != 0;
+      auto progress = [&](std::uint64_t done, std::uint64_t total) {
+        if (total < (64u << 20)) return;
+        std::fprintf(stderr, "%sreshard: %.0f%% (%.1f of %.1f MiB)%s", tty ? "\r" : "", 100.0 * done / total,
+                     done / 1048576.0, total / 1048576.0, tty && done < total ? "" : "\n");
+      };
+      zero::reshard_checkpoint(dir, out, world, stage, tag, tp, pp, progress);
+      std::printf("wrote %s for %d data-parallel rank(s)%s\n", zero::resolve_checkpoint(out).c_str(), world,
+                  tp > 0 || pp > 0 ? " per position of the new grid" : "");
       return 0;
     }
   } catch (const std::exception& e) {

@@ -6,9 +6,11 @@
 //            the new checkpoint equal those of the old one bit for bit. The next 5 steps' gradient
 //            norms and the weights after them equal, within 1e-6 relative, a run on the new grid
 //            whose state the test cut itself from the old checkpoint's whole tensors (its own
-//            index arithmetic, not the loader's).
+//            index arithmetic, not the loader's). zero-ckpt reshard's rewrite for each grid holds
+//            the same state, and a plain resume from it trains as the direct resume did.
 //   [refuse] models that do not match the checkpoint's whole model are refused on every rank
-//            with a message naming the parameter and both grids.
+//            with a message naming the parameter and both grids; zero-ckpt reshard refuses a
+//            grid it cannot write.
 // The tags are hidden: running the executable without one runs nothing.
 #include <catch2/catch.hpp>
 
@@ -148,6 +150,22 @@ TEST_CASE("regrid: a TP 2 x PP 2 checkpoint resumed at four other grids, stages 
         ref_norms = r.train(kSaved, kSaved + kMore);
         ref_weights = r.master();
       }
+      // The same through the offline tool: resharded for the new grid, then a plain resume.
+      const std::string offline = again + "_offline";
+      if (ctx.rank() == 0) {
+        std::error_code ec;
+        std::filesystem::remove_all(offline, ec);
+        reshard_checkpoint(from, offline, 4 / (T * P), stage, std::to_string(kSaved), T, P);
+      }
+      ctx.comm().barrier();
+      require_bit_equal(whole_state(offline, std::to_string(kSaved)), saved);
+      {
+        Job c(ctx, g, true);
+        load_checkpoint(c.engine, offline, std::to_string(kSaved));
+        const auto offline_norms = c.train(kSaved, kSaved + kMore);
+        for (std::size_t s = 0; s < norms.size(); ++s) REQUIRE(offline_norms[s] == norms[s]);
+        REQUIRE(c.master() == weights);
+      }
       double worst = 0;
       for (std::size_t s = 0; s < norms.size(); ++s) {
         INFO("step " << kSaved + s << ": " << norms[s] << " vs " << ref_norms[s]);
@@ -225,6 +243,18 @@ TEST_CASE("regrid: models that are not the checkpoint's are refused, naming both
            l.add_unit("extra", {{"w", {4, 4}}});
          },
          from, {"has no unit 'extra', which this job's model (TP 1 x PP 1 x DP 4) holds"});
+  // The offline tool: a pipeline it cannot cut, a tensor size a parameter does not divide by;
+  // neither leaves an output behind.
+  if (ctx.rank() == 0) {
+    const std::string out = test_dir() + "/bad_reshard";
+    REQUIRE_THROWS_WITH(reshard_checkpoint(from, out, 1, -1, std::to_string(kSaved), 1, 3),
+                        Catch::Contains("reshard: --pp 3") && Catch::Contains("saved on the grid TP 2 x PP 2") &&
+                            Catch::Contains("keeps the pipeline size or makes it 1"));
+    REQUIRE_THROWS_WITH(reshard_checkpoint(from, out, 1, -1, std::to_string(kSaved), 3, 1),
+                        Catch::Contains("parameter 'w' of unit 'embed' ([8, 6]) cannot be cut for TP 3"));
+    REQUIRE(list_checkpoints(out).empty());
+  }
+  ctx.comm().barrier();
   // Under TP 2, a parameter neither split nor replicated cannot be cut.
   refuse(ctx, tp2,
          [](Layout& l, GridCoord) {

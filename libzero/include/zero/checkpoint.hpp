@@ -126,10 +126,16 @@ void for_each_checkpoint_state(
 void export_safetensors(const std::string& path, const std::string& out_file, DType dtype = DType::f32,
                         const std::string& tag = "latest");
 
-// Rewrites the checkpoint for `world` ranks into out_root (a new checkpoint root with its own
-// latest). stage < 0 keeps the stage recorded; any stage loads any checkpoint anyway, so the
-// stage is a label for the reader.
+// Rewrites the checkpoint for `world` data-parallel ranks into out_root (a new checkpoint root
+// with its own latest). stage < 0 keeps the stage recorded; any stage loads any checkpoint
+// anyway, so the stage is a label for the reader. tensor, pipeline >= 1: for that grid instead
+// of the saved one (< 0: unchanged), each part cut from the whole tensors as a load onto another
+// grid cuts it; the pipeline may change only to 1 (the model decides how its stages cut, so
+// another cut is left to the load, which knows the model). progress(done, total) after each
+// shard written, in bytes. Written into a temporary directory and renamed: a failure leaves no
+// partial checkpoint.
 void reshard_checkpoint(const std::string& path, const std::string& out_root, int world, int stage = -1,
-                        const std::string& tag = "latest");
+                        const std::string& tag = "latest", int tensor = -1, int pipeline = -1,
+                        const std::function<void(std::uint64_t, std::uint64_t)>& progress = {});
 
 }  // namespace zero

@@ -336,6 +336,9 @@ class ModelReader {
   const Metadata& meta() const { return meta_; }
   const GridMeta& grid() const { return grid_; }  // the grid it was saved on
   const std::string& dir() const { return dir_; }
+  // How whole parameter `param` of whole unit `unit` was saved: tensor rank 0's part of it, with
+  // its split (replicated, axis, blocks).
+  const ParamMeta& saved_part(int unit, int param) const;
   // The fp32 master of whole unit `unit` (meta().units[unit].numel elements).
   void read_unit(int unit, float* master);
   // ... and its optimizer state: out[0] the master, out[k] moment k (as many as wanted).
@@ -354,12 +357,13 @@ class ModelReader {
   struct Source {  // where a whole parameter comes from: stage, and unit and parameter there
     int pipeline = 0, unit = 0, param = 0;
   };
-  const ParamMeta& part_param(const Source& s) const;  // tensor rank 0's part of it
+
   std::string dir_;
   GridMeta grid_;
   Metadata meta_;
-  std::vector<std::vector<Source>> sources_;      // per whole unit, per parameter
-  std::vector<std::unique_ptr<Reader>> readers_;  // per position, t + T x p
+  const ParamMeta& part_param(const Source& s) const;  // tensor rank 0's part of it
+  std::vector<std::vector<Source>> sources_;           // per whole unit, per parameter
+  std::vector<std::unique_ptr<Reader>> readers_;       // per position, t + T x p
 };
 
 // Concatenates T equal parts (each of shape `part`) along `axis`, each part's extent there cut

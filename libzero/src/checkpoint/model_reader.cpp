@@ -137,6 +137,10 @@ void ModelReader::read_unit(int unit, std::span<float* const> out) {
   }
 }
 
+const ParamMeta& ModelReader::saved_part(int unit, int param) const {
+  return part_param(sources_.at(static_cast<std::size_t>(unit)).at(static_cast<std::size_t>(param)));
+}
+
 const ParamMeta& ModelReader::part_param(const Source& s) const {
   return readers_[static_cast<std::size_t>(grid_.tensor * s.pipeline)]
       ->meta()

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -313,12 +314,134 @@ void export_safetensors(const std::string& path, const std::string& out_file, DT
   w.finish();
 }
 
+namespace {
+
+// The units of a part on a grid of `tensors` tensor ranks (every tensor rank's part has the same
+// shapes): `units` (whole or a saved stage's), each parameter cut from its whole tensor by its
+// saved split. Errors name the parameter.
+Layout part_layout(const ckpt::ModelReader& whole, const std::vector<ckpt::UnitMeta>& units, int tensors) {
+  Layout layout;
+  const auto& wu = whole.meta().units;
+  for (const auto& u : units) {
+    const auto at = static_cast<int>(
+        std::find_if(wu.begin(), wu.end(), [&](const ckpt::UnitMeta& w) { return w.name == u.name; }) - wu.begin());
+    std::vector<std::pair<std::string, Layout::Shape>> ps;
+    std::vector<const ckpt::ParamMeta*> saved;
+    for (const auto& q : u.params) {
+      const auto& wps = wu[static_cast<std::size_t>(at)].params;
+      const auto k = static_cast<int>(
+          std::find_if(wps.begin(), wps.end(), [&](const ckpt::ParamMeta& w) { return w.name == q.name; }) -
+          wps.begin());
+      const ckpt::ParamMeta& sp = whole.saved_part(at, k);
+      Layout::Shape shape = wps[static_cast<std::size_t>(k)].shape;
+      if (tensors > 1 && !sp.replicated) {
+        ZERO_CHECK(sp.split_axis >= 0,
+                   fmt::format("reshard: parameter '{}' of unit '{}' is neither split nor replicated, so it cannot "
+                               "be cut for TP {}",
+                               escape_bytes(q.name), escape_bytes(u.name), tensors));
+        auto& d = shape[static_cast<std::size_t>(sp.split_axis)];
+        ZERO_CHECK(d % (static_cast<std::int64_t>(tensors) * sp.split_blocks) == 0,
+                   fmt::format("reshard: parameter '{}' of unit '{}' ({}) cannot be cut for TP {}: its axis {} ({}) "
+                               "does not divide into {} block(s) of {} parts",
+                               escape_bytes(q.name), escape_bytes(u.name), shape_text(shape), tensors, sp.split_axis, d,
+                               sp.split_blocks, tensors));
+        d /= tensors;
+      }
+      ps.emplace_back(q.name, std::move(shape));
+      saved.push_back(&sp);
+    }
+    const int id = layout.add_unit(u.name, std::move(ps));
+    for (std::size_t k = 0; k < saved.size(); ++k) {
+      if (saved[k]->replicated) layout.set_replicated(id, u.params[k].name);
+      if (saved[k]->split_axis >= 0)
+        layout.set_split(id, u.params[k].name, saved[k]->split_axis, saved[k]->split_blocks);
+    }
+  }
+  return layout;
+}
+
+// reshard_checkpoint onto another tensor x pipeline grid: every position's shards cut from the
+// whole tensors (ModelReader::read_part), one unit's slice at a time.
+void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::string& tmp, ckpt::Metadata& nm,
+                  int tensors, int stages, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  ckpt::ModelReader whole(dir);
+  const int world = nm.world, moments = old.moments;
+  const ckpt::GridMeta grid{tensors, stages};
+  const std::string text = fmt::format("{} x DP {}", grid.describe(), world);
+  nm.grid = grid.split() ? grid : ckpt::GridMeta{};
+  nm.positions.clear();
+  nm.units.clear();
+  nm.shards.clear();
+  std::uint64_t total = 0, done = 0;
+  std::vector<Layout> layouts;
+  for (int p = 0; p < stages; ++p)
+    for (int t = 0; t < tensors; ++t) {
+      // The saved stage's units (the pipeline is kept), or the whole model's (cut to one stage).
+      const std::vector<ckpt::UnitMeta> units =
+          stages == old.grid.pipeline ? ckpt::Reader(dir, old, 0, p).meta().units : whole.meta().units;
+      layouts.push_back(part_layout(whole, units, tensors));
+      for (int i = 0; i < layouts.back().num_units(); ++i)
+        total += static_cast<std::uint64_t>(layouts.back().unit(i).numel) * static_cast<std::uint64_t>(1 + moments) *
+                 sizeof(float);
+    }
+  for (int p = 0; p < stages; ++p)
+    for (int t = 0; t < tensors; ++t) {
+      const Layout& layout = layouts[static_cast<std::size_t>(t + tensors * p)];
+      ckpt::PositionMeta pos{t, p, {}, {}};
+      for (int i = 0; i < layout.num_units(); ++i) {
+        const UnitInfo& ui = layout.unit(i);
+        ckpt::UnitMeta u{ui.name, ui.numel, layout.slice_numel(i, world), {}};
+        for (const auto& q : ui.params)
+          u.params.push_back({q.name, q.shape, q.numel, q.offset, q.replicated, q.split_axis, q.split_blocks});
+        pos.units.push_back(std::move(u));
+      }
+      std::vector<float> section;
+      std::vector<float*> out(static_cast<std::size_t>(1 + moments));
+      for (int k = 0; k < world; ++k) {
+        std::vector<ckpt::ShardWriter::Range> ranges;
+        for (const auto& u : pos.units) {
+          const std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
+          ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+        }
+        const std::string file = grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
+        ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges, t, p);
+        for (int i = 0; i < layout.num_units(); ++i) {
+          const auto len = ranges[static_cast<std::size_t>(i)].len;
+          section.resize(static_cast<std::size_t>(len) * out.size());
+          for (std::size_t a = 0; a < out.size(); ++a) out[a] = section.data() + a * static_cast<std::size_t>(len);
+          whole.read_part(layout.unit(i), t, tensors, ranges[static_cast<std::size_t>(i)].begin, len, out, text);
+          w.add_section(section.data());
+          done += section.size() * sizeof(float);
+        }
+        pos.shards.push_back(w.finish());
+        if (progress) progress(done, total);
+      }
+      if (grid.split()) {
+        nm.positions.push_back(std::move(pos));
+      } else {
+        nm.units = std::move(pos.units);
+        nm.shards = std::move(pos.shards);
+      }
+    }
+}
+
+}  // namespace
+
 void reshard_checkpoint(const std::string& path, const std::string& out_root, int world, int stage,
-                        const std::string& tag) {
+                        const std::string& tag, int tensor, int pipeline,
+                        const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   ZERO_CHECK(world >= 1 && world <= (1 << 20), fmt::format("reshard: --world {} must be in [1, 2^20]", world));
   ZERO_CHECK(stage >= -1 && stage <= 3, fmt::format("reshard: --stage {} must be 0, 1, 2 or 3", stage));
+  ZERO_CHECK(tensor == -1 || (tensor >= 1 && tensor < (1 << 16)),
+             fmt::format("reshard: --tp {} must be in [1, 65535]", tensor));
   const std::string dir = ckpt::resolve(path, tag);
   const ckpt::Metadata old = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
+  const int tensors = tensor < 0 ? old.grid.tensor : tensor, stages = pipeline < 0 ? old.grid.pipeline : pipeline;
+  ZERO_CHECK(stages == old.grid.pipeline || stages == 1,
+             fmt::format("reshard: --pp {}: '{}' was saved on the grid {}; the offline tool keeps the pipeline "
+                         "size or makes it 1 (how a model cuts its stages is the model's). Resume the job at PP {} "
+                         "directly: a load onto another grid cuts the stages itself",
+                         pipeline, dir, old.grid.describe(), pipeline));
   ckpt::Metadata nm = old;
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
@@ -330,6 +453,12 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   // An offline tool never rolls a root back: into a root with newer steps it refuses.
   std::string tmp = ckpt::prepare(out_root, old.step, "reshard", /*refuse_older=*/true);
   try {
+    if (tensors != old.grid.tensor || stages != old.grid.pipeline) {
+      reshard_grid(dir, old, tmp, nm, tensors, stages, progress);
+      ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, nm);
+      ckpt::commit(out_root, tmp, old.step, 0, [](const char*) {});
+      return;
+    }
     // Each grid position (or the one shard set without a grid) is cut anew for `world`
     // data-parallel ranks; the grid stays as it was.
     for (int p = 0; p < old.grid.pipeline; ++p)
