@@ -14,12 +14,14 @@
 #include <bit>
 #include <cstdint>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "gpt/data.hpp"
+#include "backend/backend.hpp"
 #include "engine/powersgd.hpp"
 #include "engine/unit_shape.hpp"
 #include "engine_model.hpp"
@@ -32,6 +34,7 @@
 #include "zero/engine.hpp"
 #include "zero/engine_state.hpp"
 #include "zero/error.hpp"
+#include "offload/pinned_pool.hpp"
 
 using namespace zero;
 using namespace zero::test;
@@ -333,6 +336,101 @@ double max_diff(const std::vector<std::vector<float>>& a, const std::vector<std:
 }
 
 }  // namespace
+
+namespace {
+
+// A backend whose memory the host cannot use directly, as a GPU's, to test the host staging of
+// PowerSgd::reduce(Backend&, ...) without a GPU: its "device" buffers are host arrays, but the
+// asynchronous copies run only at wait_copies() (the stream order a device would keep), so
+// host code that read the staging buffer before waiting would read stale values. It counts the
+// staging buffers handed out and the waits.
+class DeferredCopyBackend final : public Backend {
+ public:
+  explicit DeferredCopyBackend(Communicator& c) : comm_(c) {}
+  const char* name() const override { return "deferred-copy test backend"; }
+  bool host_accessible() const override { return false; }
+  Communicator& comm() override { return comm_; }
+
+  offload::PinnedBuffer staging_buffer(std::size_t bytes) override {
+    ++buffers;
+    return pool_.acquire(bytes);
+  }
+  void to_host_async(void* dst, const void* src, std::size_t bytes) override { pending_.push_back({dst, src, bytes}); }
+  void from_host_async(void* dst, const void* src, std::size_t bytes) override {
+    pending_.push_back({dst, src, bytes});
+  }
+  void wait_copies() override {
+    ++waits;
+    for (const Copy& c : pending_) std::memcpy(c.dst, c.src, c.bytes);
+    pending_.clear();
+  }
+  // The synchronous copies wait for everything before them, as a stream would.
+  void to_host(void* dst, const void* src, std::size_t bytes) override {
+    ++sync_copies;
+    wait_copies();
+    std::memcpy(dst, src, bytes);
+  }
+  void from_host(void* dst, const void* src, std::size_t bytes) override { to_host(dst, src, bytes); }
+
+  int buffers = 0, waits = 0, sync_copies = 0;
+
+  // What the staging does not use.
+  Buffer alloc(std::size_t) override { unused(); }
+  void release(void*, std::size_t) override { unused(); }
+  void zero(void*, std::size_t) override { unused(); }
+  void copy(void*, const void*, std::size_t) override { unused(); }
+  void convert(const void*, DType, void*, DType, std::size_t) override { unused(); }
+  void accumulate(void*, DType, const void*, DType, std::size_t) override { unused(); }
+  void stats_begin() override { unused(); }
+  void stats_add(const void*, DType, std::size_t) override { unused(); }
+  double stats_finish() override { unused(); }
+  void adam(float*, float*, float*, const void*, DType, void*, DType, std::size_t, const AdamHyper&) override {
+    unused();
+  }
+  void sgd(float*, float*, const void*, DType, void*, DType, std::size_t, const SgdHyper&) override { unused(); }
+  void quantize_int8(const void*, DType, std::size_t, std::size_t, void*) override { unused(); }
+  void dequantize_int8(const void*, std::size_t, std::size_t, void*, DType) override { unused(); }
+  void quantize_keep_error(float*, std::size_t, std::size_t, quant::Bits, void*) override { unused(); }
+  void dequantize_add(const void*, std::size_t, std::size_t, quant::Bits, float*) override { unused(); }
+
+ private:
+  struct Copy {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  [[noreturn]] static void unused() { ZERO_THROW("the staging test's backend does not implement this"); }
+  Communicator& comm_;
+  offload::PinnedPool pool_{false};
+  std::vector<Copy> pending_;
+};
+
+}  // namespace
+
+TEST_CASE("PowerSGD through a device backend: one pinned buffer and one wait per step", "[powersgd]") {
+  const int me = ctx().rank();
+  const std::int64_t rows = 16, cols = 12;
+  Bench host(rows, cols), device(rows, cols);
+  PowerSgd on_host(ctx().comm(), host.layout, host.shapes, psgd(2), DType::f32, 0, false);
+  PowerSgd staged(ctx().comm(), device.layout, device.shapes, psgd(2), DType::f32, 0, false);
+  DeferredCopyBackend backend(ctx().comm());
+  for (int t = 0; t < 3; ++t) {
+    INFO("step " << t);
+    host.fill(me, t);
+    device.fill(me, t);
+    REQUIRE(on_host.reduce(host.fulls(), t, 1.0));
+    const int waits = backend.waits;
+    REQUIRE(staged.reduce(backend, device.fulls(), t, 1.0));
+    REQUIRE(backend.waits == waits + 1);  // one wait per step, before the host reads the copies
+    backend.wait_copies();                // what the optimizer's kernels are ordered after
+    // The same arithmetic as on host memory, bit for bit, from the staged copies.
+    REQUIRE(device.full == host.full);
+    REQUIRE(staged.matrices()[0].error == on_host.matrices()[0].error);
+    REQUIRE(staged.matrices()[0].q == on_host.matrices()[0].q);
+  }
+  REQUIRE(backend.buffers == 1);  // one pinned buffer, kept from step to step
+  REQUIRE(backend.sync_copies == 0);
+}
 
 TEST_CASE("PowerSGD in the engine: start_step, stages 0 and 1, offload, accumulation", "[powersgd]") {
   Run plain;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/quantize.hpp"
+#include "offload/pinned_pool.hpp"
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
@@ -161,6 +162,15 @@ class Backend {
   // Copies between backend memory and host memory (identity copies on the host backend).
   virtual void to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Batched copies for a host round trip of many buffers: host memory from staging_buffer()
+  // (page-locked on a device backend, so the copies need no bounce buffer), copies enqueued in
+  // order without waiting, and wait_copies() once for all of them. After from_host_async the
+  // caller may leave the copies in flight: later backend work is ordered after them, but the host
+  // buffer must not be written until the next wait_copies(). The host backend copies at once.
+  virtual offload::PinnedBuffer staging_buffer(std::size_t bytes);
+  virtual void to_host_async(void* host_dst, const void* src, std::size_t bytes) { to_host(host_dst, src, bytes); }
+  virtual void from_host_async(void* dst, const void* host_src, std::size_t bytes) { from_host(dst, host_src, bytes); }
+  virtual void wait_copies() {}
 
   virtual Communicator& comm() = 0;
   // A communicator for this backend's memory over the ranks of `group`: a host (MPI)

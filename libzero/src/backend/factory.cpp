@@ -22,6 +22,13 @@ void Backend::set_compute_stream(void* stream) {
              " backend has no streams (its memory is host memory); streams belong to backend: cuda");
 }
 
+// Where backend memory is host memory nothing needs staging; a caller that stages anyway gets
+// memory from one pool of the process (page-locked where the memlock limit allows).
+offload::PinnedBuffer Backend::staging_buffer(std::size_t bytes) {
+  static offload::PinnedPool pool(false);
+  return pool.acquire(bytes);
+}
+
 namespace {
 
 #if ZERO_WITH_CUDA

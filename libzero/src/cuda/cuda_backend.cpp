@@ -237,6 +237,24 @@ class CudaBackend final : public Backend {
     ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
   }
 
+  // Batched round trips (PowerSGD's host compression): pinned memory from the backend's pool,
+  // copies on the compute stream, one stream wait for all of them.
+  offload::PinnedBuffer staging_buffer(std::size_t bytes) override { return pinned_.acquire(bytes); }
+  void to_host_async(void* dst, const void* src, std::size_t bytes) override {
+    use_device(device_);
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, streams_.compute));
+  }
+  void from_host_async(void* dst, const void* src, std::size_t bytes) override {
+    use_device(device_);
+    if (bytes == 0) return;
+    ZERO_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, streams_.compute));
+  }
+  void wait_copies() override {
+    use_device(device_);
+    ZERO_CUDA_CHECK(cudaStreamSynchronize(streams_.compute));
+  }
+
   Communicator& comm() override { return *comm_; }
   // Every rank of `group` calls this at the same point (the NCCL setup is collective over it).
   // The new communicator shares the backend's streams, so its collectives are ordered with the

@@ -272,20 +272,27 @@ bool PowerSgd::reduce(Backend& backend, const std::vector<void*>& fulls, std::in
   const std::size_t ges = dtype_size(gdt_);
   std::size_t total = 0;
   for (const auto& s : shapes_) total += static_cast<std::size_t>(s.padded) * ges;
-  host_grads_.resize(total);
+  // One pinned buffer, kept from step to step. The previous step's copies back from it are
+  // still ordered before this step's copies out (the same stream), and the host writes it only
+  // after the wait below.
+  if (host_grads_.size() < total) {
+    if (host_grads_) backend.wait_copies();  // the old buffer may still feed the last copies back
+    host_grads_ = backend.staging_buffer(total);
+  }
   std::vector<void*> staged;
   std::size_t at = 0;
   for (std::size_t i = 0; i < fulls.size(); ++i) {
     const std::size_t bytes = static_cast<std::size_t>(shapes_[i].padded) * ges;
-    backend.to_host(host_grads_.data() + at, fulls[i], bytes);  // waits for the accumulation
-    staged.push_back(host_grads_.data() + at);
+    backend.to_host_async(host_grads_.as<char>() + at, fulls[i], bytes);
+    staged.push_back(host_grads_.as<char>() + at);
     at += bytes;
   }
+  backend.wait_copies();  // the step's one wait: every unit's accumulated gradient is on the host
   const bool compressed = reduce(staged, step, loss_scale);
   at = 0;
   for (std::size_t i = 0; i < fulls.size(); ++i) {
     const std::size_t bytes = static_cast<std::size_t>(shapes_[i].padded) * ges;
-    backend.from_host(fulls[i], host_grads_.data() + at, bytes);
+    backend.from_host_async(fulls[i], host_grads_.as<char>() + at, bytes);  // ordered before the optimizer
     at += bytes;
   }
   return compressed;

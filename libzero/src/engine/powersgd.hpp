@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/unit_shape.hpp"
+#include "offload/pinned_pool.hpp"
 #include "zero/comm.hpp"
 #include "zero/config.hpp"
 #include "zero/dtype.hpp"
@@ -60,10 +61,11 @@ class PowerSgd {
   // step: the engine's step() count. Returns true when it compressed.
   bool reduce(const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
   // The same for gradients in `backend`'s memory. The compression runs on the host: where that
-  // memory is not host-accessible (CUDA), every unit's gradient is copied to one host staging
-  // buffer, reduced there and copied back. That costs two transfers of the whole gradient per
-  // step and a host copy of it, and the matrix products run on the CPU; the arithmetic is the
-  // host backend's, bit for bit.
+  // memory is not host-accessible (CUDA), every unit's gradient is copied to one pinned staging
+  // buffer (Backend::staging_buffer, kept between steps) with one wait for all the copies,
+  // reduced there and copied back without waiting (the optimizer's kernels are ordered after
+  // the copies). That costs two transfers of the whole gradient per step, one host wait, and the
+  // matrix products on the CPU; the arithmetic is the host backend's, bit for bit.
   bool reduce(Backend& backend, const std::vector<void*>& fulls, std::int64_t step, double loss_scale);
 
   const std::vector<Matrix>& matrices() const { return matrices_; }
@@ -101,11 +103,11 @@ class PowerSgd {
   std::vector<Matrix> matrices_;
   std::vector<Run> plain_;  // the parameters not compressed, in unit order
   std::int64_t p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
-  std::vector<float> p_, qsum_;   // every matrix's P, then Q, back to back (one all-reduce each)
-  std::vector<char> plain_buf_;   // the plain parameters' gradients, back to back
-  std::vector<float> row_;        // conversion scratch
-  std::vector<char> wire_;        // a 16-bit factor all-reduce's buffer
-  std::vector<char> host_grads_;  // the gradients' host copy where the backend's memory is not the host's
+  std::vector<float> p_, qsum_;       // every matrix's P, then Q, back to back (one all-reduce each)
+  std::vector<char> plain_buf_;       // the plain parameters' gradients, back to back
+  std::vector<float> row_;            // conversion scratch
+  std::vector<char> wire_;            // a 16-bit factor all-reduce's buffer
+  offload::PinnedBuffer host_grads_;  // the gradients' host copy where the backend's memory is not the host's
 };
 
 }  // namespace zero
