@@ -7,7 +7,8 @@
 //            norms and the weights after them equal, within 1e-6 relative, a run on the new grid
 //            whose state the test cut itself from the old checkpoint's whole tensors (its own
 //            index arithmetic, not the loader's). zero-ckpt reshard's rewrite for each grid holds
-//            the same state, and a plain resume from it trains as the direct resume did.
+//            the same state, and a plain resume from it trains as the direct resume did. zero-ckpt
+//            inspect lists the tensor sizes the checkpoint's splits allow.
 //   [refuse] models that do not match the checkpoint's whole model are refused on every rank
 //            with a message naming the parameter and both grids; zero-ckpt reshard refuses a
 //            grid it cannot write.
@@ -20,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -124,6 +126,11 @@ TEST_CASE("regrid: a TP 2 x PP 2 checkpoint resumed at four other grids, stages 
   REQUIRE(saved.size() == 6);                   // every parameter once, the tied copy too
   REQUIRE(saved.at("mlp.w").size() == 3);       // AdamW: master, m, v
   REQUIRE(saved.at("mlp.w")[0].size() == 120);  // whole: 12 x 10
+  if (ctx.rank() == 0) {                        // the split extents 8, 12 and 200 divide by 1, 2 and 4 only
+    std::ostringstream listing;
+    REQUIRE(inspect_checkpoint(from, listing));
+    CHECK_THAT(listing.str(), Catch::Contains("resumes at: TP 1, 2, 4 (every recorded split divides"));
+  }
   const ckpt::Metadata meta =
       ckpt::read_metadata_file(resolve_checkpoint(from, std::to_string(kSaved)) + "/" + ckpt::kMetadataFile);
 

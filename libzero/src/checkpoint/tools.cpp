@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/safetensors.hpp"
@@ -40,6 +41,28 @@ std::vector<std::int64_t> list_checkpoints(const std::string& root) {
 }
 
 namespace {
+
+// The grids a checkpoint resumes at, as far as the checkpoint can tell: the tensor sizes (up to
+// 64) that divide every recorded split, block by block. The model may ask more (its heads).
+std::string resumable_grids(const ckpt::ModelReader& whole) {
+  std::vector<std::int64_t> extents;  // each split parameter's per-block extent
+  const auto& units = whole.meta().units;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (std::size_t k = 0; k < units[u].params.size(); ++k) {
+      const ckpt::ParamMeta& sp = whole.saved_part(static_cast<int>(u), static_cast<int>(k));
+      if (sp.split_axis >= 0 && !sp.replicated)
+        extents.push_back(units[u].params[k].shape[static_cast<std::size_t>(sp.split_axis)] / sp.split_blocks);
+    }
+  std::vector<int> sizes;
+  for (int t = 1; t <= 64; ++t)
+    if (std::all_of(extents.begin(), extents.end(), [&](std::int64_t e) { return e % t == 0; })) sizes.push_back(t);
+  const std::string tensor =
+      extents.empty() ? std::string("TP 1, or any tensor size whose split the resuming model declares (none recorded)")
+                      : fmt::format("TP {} (every recorded split divides; the model may allow fewer, by its heads)",
+                                    fmt::join(sizes, ", "));
+  return fmt::format("resumes at: {}; any pipeline size the model's layers allow; any data-parallel size and stage",
+                     tensor);
+}
 
 // A client-state value: short text quoted, anything else by its size.
 std::string client_value_text(const std::string& v) {
@@ -170,6 +193,7 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
         for (const auto& u : whole.meta().units) n += u.numel;
         out << "  whole model (the grid's parts put together): " << whole.meta().units.size() << " units, " << n
             << " parameters\n";
+        out << "  " << resumable_grids(whole) << "\n";
       } catch (const std::exception& e) {
         out << "  whole model: " << e.what() << "\n";
       }
@@ -177,6 +201,7 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
   } else {
     out << "  ";
     ok = inspect_shards(*readers[0], out, "  ", total);
+    if (ok) out << "  " << resumable_grids(ckpt::ModelReader(dir)) << "\n";
   }
   out << "  " << ckpt::kMetadataFile << "  " << meta_bytes << " bytes  checksum ok\n";
   out << "  total " << total << " bytes: " << (ok ? "all checksums ok" : "VERIFICATION FAILED") << "\n";
