@@ -9,6 +9,9 @@
 //            index arithmetic, not the loader's). zero-ckpt reshard's rewrite for each grid holds
 //            the same state, and a plain resume from it trains as the direct resume did. zero-ckpt
 //            inspect lists the tensor sizes the checkpoint's splits allow.
+//   [memory] a load at TP 1 x DP 4 (stage 3) of a TP 2 x PP 2 checkpoint of 4 units of 2M
+//            elements grows each rank's resident memory by at most its own shard plus one
+//            unit plus 8 MiB, less than the whole model (the figures are printed).
 //   [refuse] models that do not match the checkpoint's whole model are refused on every rank
 //            with a message naming the parameter and both grids; zero-ckpt reshard refuses a
 //            grid it cannot write.
@@ -20,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -278,4 +282,78 @@ TEST_CASE("regrid: models that are not the checkpoint's are refused, naming both
          {"parameter 'w' of unit 'big' is neither split nor replicated over this job's 2 tensor ranks (TP 2 x PP 1 x "
           "DP 2)",
           "saved on the grid TP 2 x PP 2"});
+}
+
+namespace {
+
+// Resident memory of this process, from /proc/self/status: the peak (VmHWM) or now (VmRSS), bytes.
+std::int64_t status_bytes(const std::string& field) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(field + ":", 0) == 0) return std::stoll(line.substr(field.size() + 1)) * 1024;
+  return -1;
+}
+
+// A model of 4 units of 2M-element matrices (split by rows under TP) and a replicated vector.
+constexpr std::int64_t kRows = 2048, kCols = 1024;
+Layout big_layout(int T, int P, GridCoord c) {
+  Layout l;
+  for (int u = 0; u < 4; ++u) {
+    if (u * P / 4 != c.pipeline) continue;
+    const char* names[] = {"u0", "u1", "u2", "u3"};
+    const int id = l.add_unit(names[u], {{"w", {kRows / T, kCols}}, {"b", {16}}});
+    if (T > 1) l.set_split(id, "w", 0);
+    l.set_replicated(id, "b");
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("regrid: a load's peak memory is the rank's shard plus one unit", "[.][memory]") {
+  Context& ctx = *Context::current();
+  REQUIRE(ctx.world_size() == 4);
+  const std::string root = test_dir() + "/big";
+  if (ctx.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
+  ctx.comm().barrier();
+  auto engine_on = [&](ProcessGroups& g, int stage, Layout l) {
+    Config c = parse_config(config_text(stage, g.data_size()), "test_checkpoint_regrid");
+    c.resolve(g.data_size());
+    return Engine(ctx, c, std::move(l), g);
+  };
+  {
+    ProcessGroups g(ctx, {.tensor = 2, .pipeline = 2});
+    Engine e = engine_on(g, 1, big_layout(2, 2, g.coord()));
+    init_part(e, g.coord());
+    save_checkpoint(e, root, {}, {.keep_last = 0});
+  }
+  ProcessGroups g(ctx, {.tensor = 1, .pipeline = 1});
+  Engine e = engine_on(g, 3, big_layout(1, 1, g.coord()));
+  init_part(e, g.coord());
+  EngineState st(e);
+  const std::int64_t arrays = 1 + st.optimizer_moments();
+  std::int64_t shard = 0, unit = 0;
+  for (int i = 0; i < e.layout().num_units(); ++i) {
+    shard += st.owned_range(i).len * arrays * 4;
+    unit = std::max(unit, e.layout().unit(i).numel * arrays * 4);
+  }
+  {  // reset the peak to what is resident now (Linux: clear_refs 5)
+    std::ofstream("/proc/self/clear_refs") << "5";
+  }
+  const std::int64_t before = status_bytes("VmRSS");
+  load_checkpoint(e, root);
+  const std::int64_t peak = status_bytes("VmHWM") - before;
+  constexpr std::int64_t kAllowance = 8 << 20;
+  const std::int64_t whole = 4 * unit;
+  WARN("rank " << ctx.rank() << ": a load at TP 1 x DP 4 (stage 3) from TP 2 x PP 2 grew the resident memory by "
+               << peak / 1048576.0 << " MiB; its shard " << shard / 1048576.0 << " MiB, one unit " << unit / 1048576.0
+               << " MiB, allowance " << kAllowance / 1048576.0 << " MiB (the whole model " << whole / 1048576.0
+               << " MiB)");
+  REQUIRE(before > 0);
+  REQUIRE(peak <= shard + unit + kAllowance);
+  REQUIRE(shard + unit + kAllowance < whole);  // the bound would catch a whole-model assembly
 }
