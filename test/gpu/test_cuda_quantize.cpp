@@ -125,3 +125,76 @@ TEST_CASE("a block holding inf or NaN comes back NaN on the device as on the hos
     CHECK(std::isnan(host_back[i]) == std::isnan(back[i]));
   }
 }
+
+// The batched forms qwZ and qgZ use (one launch for every rank's message, slots through a skip
+// or a row table) against the host backend, which runs the single-message host quantizer
+// message by message: packed bytes, residuals, sums in slot order, and gathered rows.
+TEST_CASE("the batched quantization forms equal the host backend message by message", "[quantize]") {
+  auto owned_dev = backend("cuda"), owned_host = backend("host");
+  Backend& dev = *owned_dev;
+  Backend& host = *owned_host;
+  const std::size_t count = 3;
+  for (const Shape& sh : shapes()) {
+    if (sh.n > 5000) continue;  // the batched grid is covered by the single forms' large shape
+    for (quant::Bits bits : {quant::Bits::int8, quant::Bits::int4}) {
+      const bool int8 = bits == quant::Bits::int8;
+      const std::string what =
+          "n " + std::to_string(sh.n) + " block " + std::to_string(sh.block) + (int8 ? " int8" : " int4");
+      INFO(what);
+      const std::size_t packed = quant::packed_bytes(sh.n, sh.block, bits);
+      for (std::size_t skip : {std::size_t{0}, std::size_t{1}, count, ~std::size_t{0}}) {
+        INFO("skip " << skip);
+        const std::size_t slots = skip <= count ? count + 1 : count;
+        std::vector<float> v = random_floats(count * sh.n, 41 + sh.n + skip, 0.5f);
+        std::vector<char> want(slots * packed, 0x5a);
+        Buffer dv = upload(dev, v), dout = upload(dev, want);
+        host.quantize_keep_error(v.data(), count, sh.n, sh.block, bits, want.data(), skip);
+        dev.quantize_keep_error(dv.as<float>(), count, sh.n, sh.block, bits, dout.get(), skip);
+        const auto got = download<char>(dev, dout, want.size());
+        for (std::size_t s = 0; s < slots; ++s)
+          require_packed_same(std::vector<char>(got.begin() + s * packed, got.begin() + (s + 1) * packed),
+                              std::vector<char>(want.begin() + s * packed, want.begin() + (s + 1) * packed), sh.n,
+                              sh.block, what + " slot " + std::to_string(s));
+        const auto residual = download<float>(dev, dv, v.size());
+        require_same(residual.data(), v.data(), v.size(), DType::f32, what + " residuals");
+
+        // Slots [1, slots) added in order into an accumulator holding values.
+        std::vector<float> acc = random_floats(sh.n, 53 + sh.n, 1.0f, false);
+        Buffer dacc = upload(dev, acc);
+        host.dequantize_add(want.data(), 1, slots, sh.n, sh.block, bits, acc.data());
+        dev.dequantize_add(dout.get(), 1, slots, sh.n, sh.block, bits, dacc.as<float>());
+        const auto sum = download<float>(dev, dacc, sh.n);
+        require_same(sum.data(), acc.data(), sh.n, DType::f32, what + " dequantize-add of slots");
+      }
+      if (!int8) continue;
+      for (DType t : kTypes) {  // qwZ's gather: every rank's int8 message into one buffer
+        std::vector<char> in(count * packed);
+        for (std::size_t k = 0; k < count; ++k) {
+          const auto src = to_dtype(random_floats(sh.n, 61 + k, 2.0f), t);
+          quant::quantize_int8(src.data(), t, sh.n, sh.block, in.data() + k * packed);
+        }
+        std::vector<char> want(count * sh.n * dtype_size(t));
+        host.dequantize_int8(in.data(), count, sh.n, sh.block, want.data(), t);
+        Buffer din = upload(dev, in), dout = dev.alloc(want.size());
+        dev.dequantize_int8(din.get(), count, sh.n, sh.block, dout.get(), t);
+        const auto got = download<char>(dev, dout, want.size());
+        require_same(got.data(), want.data(), count * sh.n, t, what + " dequantized messages");
+      }
+    }
+  }
+  // Rows gathered through a table of row numbers, set and added, from each dtype.
+  const std::size_t row = 1001;
+  const std::vector<std::int32_t> rows = {2, 0, 3, 2};
+  Buffer drows = upload(dev, rows);
+  for (DType t : kTypes)
+    for (bool add : {false, true}) {
+      INFO(dtype_name(t) << (add ? " added" : " set"));
+      const auto src = to_dtype(random_floats(4 * row, 71, 3.0f), t);
+      std::vector<float> dst = random_floats(rows.size() * row, 73, 1.0f, false);
+      Buffer dsrc = upload(dev, src), ddst = upload(dev, dst);
+      host.gather_rows(dst.data(), src.data(), t, row, rows.data(), rows.size(), add);
+      dev.gather_rows(ddst.as<float>(), dsrc.get(), t, row, drows.as<std::int32_t>(), rows.size(), add);
+      const auto got = download<float>(dev, ddst, dst.size());
+      require_same(got.data(), dst.data(), dst.size(), DType::f32, "gathered rows");
+    }
+}

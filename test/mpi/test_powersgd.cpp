@@ -389,9 +389,16 @@ class DeferredCopyBackend final : public Backend {
   }
   void sgd(float*, float*, const void*, DType, void*, DType, std::size_t, const SgdHyper&) override { unused(); }
   void quantize_int8(const void*, DType, std::size_t, std::size_t, void*) override { unused(); }
-  void dequantize_int8(const void*, std::size_t, std::size_t, void*, DType) override { unused(); }
-  void quantize_keep_error(float*, std::size_t, std::size_t, quant::Bits, void*) override { unused(); }
-  void dequantize_add(const void*, std::size_t, std::size_t, quant::Bits, float*) override { unused(); }
+  void dequantize_int8(const void*, std::size_t, std::size_t, std::size_t, void*, DType) override { unused(); }
+  void quantize_keep_error(float*, std::size_t, std::size_t, std::size_t, quant::Bits, void*, std::size_t) override {
+    unused();
+  }
+  void dequantize_add(const void*, std::size_t, std::size_t, std::size_t, std::size_t, quant::Bits, float*) override {
+    unused();
+  }
+  void gather_rows(float*, const void*, DType, std::size_t, const std::int32_t*, std::size_t, bool) override {
+    unused();
+  }
 
  private:
   struct Copy {

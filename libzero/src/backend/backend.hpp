@@ -147,13 +147,37 @@ class Backend {
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
   // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host
   // backend, kernels with the same per-element arithmetic (comm/quantize_math.hpp) on the
-  // device, so both give the same bytes. `out` / `in` hold quant::packed_bytes(n, block, bits).
+  // device, so both give the same bytes. A packed message of n values takes
+  // quant::packed_bytes(n, block, bits); the forms that take several (one launch for all of them
+  // on a device) keep them back to back in numbered slots, that many bytes apart.
   virtual void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) = 0;
-  virtual void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) = 0;
-  // v (fp32) quantized into out; v keeps what the receiver will not get back (error feedback).
-  virtual void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) = 0;
-  // acc[i] += the dequantized value i (fp32).
-  virtual void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) = 0;
+  // The `count` messages of `in` (slots 0..count-1) into dst's elements [k n, (k + 1) n).
+  virtual void dequantize_int8(const void* in, std::size_t count, std::size_t n, std::size_t block, void* dst,
+                               DType t) = 0;
+  // The `count` fp32 vectors of v (n values each, back to back) quantized into out: vector k into
+  // slot k before `skip` and slot k + 1 from it on, slot `skip` zero-filled (skip > count: none).
+  // v keeps what the receivers will not get back (error feedback).
+  virtual void quantize_keep_error(float* v, std::size_t count, std::size_t n, std::size_t block, quant::Bits bits,
+                                   void* out, std::size_t skip) = 0;
+  // acc[i] += the dequantized value i of each message in slots [first, last) of `in`, slot by
+  // slot in order (the fp32 sums of one dequantize-add per message).
+  virtual void dequantize_add(const void* in, std::size_t first, std::size_t last, std::size_t n, std::size_t block,
+                              quant::Bits bits, float* acc) = 0;
+  // One message each.
+  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) {
+    dequantize_int8(in, 1, n, block, dst, t);
+  }
+  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) {
+    quantize_keep_error(v, 1, n, block, bits, out, ~std::size_t{0});
+  }
+  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) {
+    dequantize_add(in, 0, 1, n, block, bits, acc);
+  }
+  // Rows of `row` elements: dst's row r (fp32) = src's row rows[r] (dtype t, widened), or += it
+  // (add; as accumulate() adds), for r < count. `rows` is backend memory (a small index table
+  // made once): one launch gathers slices from wherever they lie.
+  virtual void gather_rows(float* dst, const void* src, DType t, std::size_t row, const std::int32_t* rows,
+                           std::size_t count, bool add) = 0;
 
   // True when backend memory is ordinary host memory (the host backend): the host optimizer
   // can then read gradients and write parameters in place, without staging copies.

@@ -108,14 +108,40 @@ class HostBackend final : public Backend {
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
     quant::quantize_int8(src, t, n, block, out);
   }
-  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) override {
-    quant::dequantize_int8(in, n, block, dst, t);
+  // The batched forms, message by message: the device's single launches must equal these.
+  using Backend::dequantize_add;
+  using Backend::dequantize_int8;
+  using Backend::quantize_keep_error;
+  void dequantize_int8(const void* in, std::size_t count, std::size_t n, std::size_t block, void* dst,
+                       DType t) override {
+    const std::size_t packed = quant::packed_bytes(n, block, quant::Bits::int8);
+    for (std::size_t k = 0; k < count; ++k)
+      quant::dequantize_int8(static_cast<const char*>(in) + k * packed, n, block,
+                             static_cast<char*>(dst) + k * n * dtype_size(t), t);
   }
-  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) override {
-    quant::quantize_keep_error(v, n, block, bits, out);
+  void quantize_keep_error(float* v, std::size_t count, std::size_t n, std::size_t block, quant::Bits bits, void* out,
+                           std::size_t skip) override {
+    const std::size_t packed = quant::packed_bytes(n, block, bits);
+    auto* o = static_cast<char*>(out);
+    if (skip <= count) std::memset(o + skip * packed, 0, packed);
+    for (std::size_t k = 0; k < count; ++k)
+      quant::quantize_keep_error(v + k * n, n, block, bits, o + (k < skip ? k : k + 1) * packed);
   }
-  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) override {
-    quant::dequantize_add(in, n, block, bits, acc);
+  void dequantize_add(const void* in, std::size_t first, std::size_t last, std::size_t n, std::size_t block,
+                      quant::Bits bits, float* acc) override {
+    const std::size_t packed = quant::packed_bytes(n, block, bits);
+    for (std::size_t s = first; s < last; ++s)
+      quant::dequantize_add(static_cast<const char*>(in) + s * packed, n, block, bits, acc);
+  }
+  void gather_rows(float* dst, const void* src, DType t, std::size_t row, const std::int32_t* rows, std::size_t count,
+                   bool add) override {
+    for (std::size_t r = 0; r < count; ++r) {
+      const void* from = static_cast<const char*>(src) + static_cast<std::size_t>(rows[r]) * row * dtype_size(t);
+      if (add)
+        accumulate(dst + r * row, DType::f32, from, t, row);
+      else
+        convert(from, t, dst + r * row, DType::f32, row);
+    }
   }
 
   bool host_accessible() const override { return true; }

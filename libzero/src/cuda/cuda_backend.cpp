@@ -207,17 +207,28 @@ class CudaBackend final : public Backend {
     use_device(device_);
     launch_quantize_int8(src, t, n, block, out, streams_.compute);
   }
-  void dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t) override {
+  using Backend::dequantize_add;
+  using Backend::dequantize_int8;
+  using Backend::quantize_keep_error;
+  void dequantize_int8(const void* in, std::size_t count, std::size_t n, std::size_t block, void* dst,
+                       DType t) override {
     use_device(device_);
-    launch_dequantize_int8(in, n, block, dst, t, streams_.compute);
+    launch_dequantize_int8(in, count, n, block, dst, t, streams_.compute);
   }
-  void quantize_keep_error(float* v, std::size_t n, std::size_t block, quant::Bits bits, void* out) override {
+  void quantize_keep_error(float* v, std::size_t count, std::size_t n, std::size_t block, quant::Bits bits, void* out,
+                           std::size_t skip) override {
     use_device(device_);
-    launch_quantize_keep_error(v, n, block, bits == quant::Bits::int8, out, streams_.compute);
+    launch_quantize_keep_error(v, count, n, block, bits == quant::Bits::int8, out, skip, streams_.compute);
   }
-  void dequantize_add(const void* in, std::size_t n, std::size_t block, quant::Bits bits, float* acc) override {
+  void dequantize_add(const void* in, std::size_t first, std::size_t last, std::size_t n, std::size_t block,
+                      quant::Bits bits, float* acc) override {
     use_device(device_);
-    launch_dequantize_add(in, n, block, bits == quant::Bits::int8, acc, streams_.compute);
+    launch_dequantize_add(in, first, last, n, block, bits == quant::Bits::int8, acc, streams_.compute);
+  }
+  void gather_rows(float* dst, const void* src, DType t, std::size_t row, const std::int32_t* rows, std::size_t count,
+                   bool add) override {
+    use_device(device_);
+    launch_gather_rows(dst, src, t, row, rows, count, add, streams_.compute);
   }
 
   bool host_accessible() const override { return false; }

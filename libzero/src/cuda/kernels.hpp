@@ -57,17 +57,27 @@ void launch_sumsq_finish(const double* partials, int blocks, double* out, cudaSt
 
 // Block quantization (ZeRO++ qwZ / qgZ) on device buffers: comm/quantize.hpp's packed layout,
 // rounding and NaN rule, element by element through comm/quantize_math.hpp, so the packed bytes
-// and the residuals equal the host quantizer's bit for bit. `out` holds
+// and the residuals equal the host quantizer's bit for bit. A message of n values takes
 // quant::packed_bytes(n, block, bits) bytes (4-byte aligned: the scales are fp32); block >= 1.
+// Several messages lie in slots that many bytes apart, and one launch serves all of them (the
+// Backend forms of backend/backend.hpp, which these implement).
 // int8 from values of dtype t; the padding after the values is zeroed.
 void launch_quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out, cudaStream_t stream);
-// dst[i] = the dequantized value, rounded once to t.
-void launch_dequantize_int8(const void* in, std::size_t n, std::size_t block, void* dst, DType t, cudaStream_t stream);
-// Error feedback (qgZ): quantizes v (int8, or int4 packed two per byte) into out and leaves in v
-// what the receiver will not get back, v - dequantize(out), as quant::quantize_keep_error does.
-void launch_quantize_keep_error(float* v, std::size_t n, std::size_t block, bool int8, void* out, cudaStream_t stream);
-// acc[i] += the dequantized value i, in fp32 (quant::dequantize_add).
-void launch_dequantize_add(const void* in, std::size_t n, std::size_t block, bool int8, float* acc,
-                           cudaStream_t stream);
+// dst's elements [k n, (k + 1) n) = message k dequantized, rounded once to t, for k < count.
+void launch_dequantize_int8(const void* in, std::size_t count, std::size_t n, std::size_t block, void* dst, DType t,
+                            cudaStream_t stream);
+// Error feedback (qgZ): quantizes count vectors of v (int8, or int4 packed two per byte) into
+// their slots of out (k, or k + 1 from `skip` on; slot skip zeroed) and leaves in v what the
+// receivers will not get back, v - dequantize(out), as quant::quantize_keep_error does.
+void launch_quantize_keep_error(float* v, std::size_t count, std::size_t n, std::size_t block, bool int8, void* out,
+                                std::size_t skip, cudaStream_t stream);
+// acc[i] += the dequantized value i of the messages in slots [first, last), in slot order, in
+// fp32 (quant::dequantize_add, once per message).
+void launch_dequantize_add(const void* in, std::size_t first, std::size_t last, std::size_t n, std::size_t block,
+                           bool int8, float* acc, cudaStream_t stream);
+// dst row r (fp32) = or += src row rows[r] (dtype t), rows of `row` elements, r < count; rows is
+// device memory.
+void launch_gather_rows(float* dst, const void* src, DType t, std::size_t row, const std::int32_t* rows,
+                        std::size_t count, bool add, cudaStream_t stream);
 
 }  // namespace zero::cuda

@@ -87,11 +87,8 @@ void ParamGatherer::finish(int unit) {
   if (u.q_recv) {  // qwZ: every rank's packed slice into the compute dtype
     const UnitShape& s = shape(unit);
     const std::size_t slice = static_cast<std::size_t>(s.slice);
-    const std::size_t packed = quant::packed_bytes(slice, qwz_block_);
-    for (int r = 0; r < comm_.size(); ++r)
-      backend_.dequantize_int8(u.q_recv.as<char>() + static_cast<std::size_t>(r) * packed, slice, qwz_block_,
-                               u.gathered.as<char>() + static_cast<std::size_t>(r) * slice * dtype_size(dtype_),
-                               dtype_);
+    backend_.dequantize_int8(u.q_recv.get(), static_cast<std::size_t>(comm_.size()), slice, qwz_block_,
+                             u.gathered.get(), dtype_);  // one launch for every rank's slice
     pool_.give_back(std::move(u.q_send));
     pool_.give_back(std::move(u.q_recv));
   }

@@ -75,6 +75,17 @@ QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t 
   cross_comm_ = dp.split(local_, node_);
   node_dev_ = backend_.group_comm(*node_comm_);
   cross_dev_ = backend_.group_comm(*cross_comm_);
+  std::vector<std::int32_t> rows;
+  for (int l = 0; l < per_node_; ++l)
+    for (int n = 0; n < nodes_ && l != local_; ++n) rows.push_back(owner_[static_cast<std::size_t>(n)][l]);
+  for (int n = 0; n < nodes_; ++n) rows.push_back(owner_[static_cast<std::size_t>(n)][local_]);
+  for (int n = 0; n < nodes_; ++n)
+    if (n != node_) rows.push_back(n);
+  rows_ = backend_.alloc(rows.size() * sizeof(std::int32_t));
+  backend_.from_host(rows_.get(), rows.data(), rows.size() * sizeof(std::int32_t));
+  intra_rows_ = rows_.as<std::int32_t>();
+  own_rows_ = intra_rows_ + static_cast<std::size_t>(per_node_ - 1) * static_cast<std::size_t>(nodes_);
+  inter_rows_ = own_rows_ + nodes_;
 }
 
 QuantizedReduceScatter::~QuantizedReduceScatter() {
@@ -126,32 +137,21 @@ Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice,
   op->site = comm_site();
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t chunk = M * slice;  // what one node peer gets: the slices of ranks R(*, l')
-  const std::size_t esize = dtype_size(t);
-  // Rank r's slice of the gradient, in backend memory.
-  auto slice_of = [&](int r) { return static_cast<const char*>(grad) + static_cast<std::size_t>(r) * slice * esize; };
   if (L == 1) {
     // No node peers: the partial sum is this rank's own gradient, exactly.
     op->partial = pool_.acquire(chunk * sizeof(float), false);
-    for (std::size_t n = 0; n < M; ++n)
-      backend_.convert(slice_of(owner_[n][0]), t, floats(op->partial) + n * slice, DType::f32, slice);
+    backend_.gather_rows(floats(op->partial), grad, t, slice, own_rows_, M, false);
     start_inter(*op);
     return Work(std::make_unique<OpWork>(this, std::move(op)));
   }
   const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
   op->send1 = pool_.acquire(L * packed, false);
   op->recv1 = pool_.acquire(L * packed, false);
-  for (std::size_t l = 0, k = 0; l < L; ++l) {
-    char* dst = op->send1.as<char>() + l * packed;
-    if (static_cast<int>(l) == local_) {
-      backend_.zero(dst, packed);  // the block to itself is not used
-      continue;
-    }
-    // The chunk for peer l plus the error kept from last time, quantized; the new error stays.
-    float* v = floats(fb.intra) + k++ * chunk;
-    for (std::size_t n = 0; n < M; ++n)
-      backend_.accumulate(v + n * slice, DType::f32, slice_of(owner_[n][l]), t, slice);
-    backend_.quantize_keep_error(v, chunk, block_, Bits::int8, dst);
-  }
+  // The chunk for each peer (its M slices) plus the error kept from last time, quantized into
+  // the peer's slot; the new error stays. The slot to itself is zeroed, not used.
+  backend_.gather_rows(floats(fb.intra), grad, t, slice, intra_rows_, (L - 1) * M, true);
+  backend_.quantize_keep_error(floats(fb.intra), L - 1, chunk, block_, Bits::int8, op->send1.get(),
+                               static_cast<std::size_t>(local_));
   op->work1 = node().all_to_all_async(op->send1.get(), op->recv1.get(), words(packed), DType::f32);
   in_phase1_.push_back(op);
   return Work(std::make_unique<OpWork>(this, std::move(op)));
@@ -163,21 +163,14 @@ void QuantizedReduceScatter::start_inter(Op& op) {
   const std::size_t slice = op.slice, chunk = M * slice;
   if (L > 1) {
     // The node's partial sum of the M slices this local rank serves, in local-rank order.
-    const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
-    const std::size_t esize = dtype_size(op.t);
+    // In local-rank order: the peers before this rank, its own slices exactly, the peers after.
+    const auto me = static_cast<std::size_t>(local_);
     op.partial = pool_.acquire(chunk * sizeof(float), false);
     float* partial = floats(op.partial);
     backend_.zero(partial, chunk * sizeof(float));
-    for (std::size_t l = 0; l < L; ++l) {
-      if (static_cast<int>(l) != local_) {
-        backend_.dequantize_add(op.recv1.as<const char>() + l * packed, chunk, block_, Bits::int8, partial);
-        continue;
-      }
-      for (std::size_t n = 0; n < M; ++n) {
-        const char* from = static_cast<const char*>(op.grad) + static_cast<std::size_t>(owner_[n][l]) * slice * esize;
-        backend_.accumulate(partial + n * slice, DType::f32, from, op.t, slice);
-      }
-    }
+    backend_.dequantize_add(op.recv1.get(), 0, me, chunk, block_, Bits::int8, partial);
+    backend_.gather_rows(partial, op.grad, op.t, slice, own_rows_, M, true);
+    backend_.dequantize_add(op.recv1.get(), me + 1, L, chunk, block_, Bits::int8, partial);
     pool_.give_back(std::move(op.send1));
     pool_.give_back(std::move(op.recv1));
   }
@@ -190,31 +183,23 @@ void QuantizedReduceScatter::start_inter(Op& op) {
   const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
   op.send2 = pool_.acquire(M * packed, false);
   op.recv2 = pool_.acquire(M * packed, false);
-  for (std::size_t n = 0, k = 0; n < M; ++n) {
-    char* dst = op.send2.as<char>() + n * packed;
-    if (static_cast<int>(n) == node_) {
-      backend_.zero(dst, packed);
-      continue;
-    }
-    float* v = floats(op.fb->inter) + k++ * slice;
-    backend_.accumulate(v, DType::f32, floats(op.partial) + n * slice, DType::f32, slice);
-    backend_.quantize_keep_error(v, slice, block_, Bits::int4, dst);
-  }
+  // To each other node its slice of the partial sum plus the error kept, as int4; slot node_
+  // (this node's) is zeroed.
+  backend_.gather_rows(floats(op.fb->inter), op.partial.get(), DType::f32, slice, inter_rows_, M - 1, true);
+  backend_.quantize_keep_error(floats(op.fb->inter), M - 1, slice, block_, Bits::int4, op.send2.get(),
+                               static_cast<std::size_t>(node_));
   op.work2 = cross().all_to_all_async(op.send2.get(), op.recv2.get(), words(packed), DType::f32);
   op.phase = 2;
 }
 
 void QuantizedReduceScatter::finish(Op& op) {
   const std::size_t M = static_cast<std::size_t>(nodes_), slice = op.slice;
-  const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
+  // In node order: the nodes before this one, its own partial sum, the nodes after.
+  const auto me = static_cast<std::size_t>(node_);
   backend_.zero(op.out, slice * sizeof(float));
-  for (std::size_t n = 0; n < M; ++n) {
-    if (static_cast<int>(n) == node_) {
-      backend_.accumulate(op.out, DType::f32, floats(op.partial) + n * slice, DType::f32, slice);
-      continue;
-    }
-    backend_.dequantize_add(op.recv2.as<const char>() + n * packed, slice, block_, Bits::int4, op.out);
-  }
+  backend_.dequantize_add(op.recv2.get(), 0, me, slice, block_, Bits::int4, op.out);
+  backend_.accumulate(op.out, DType::f32, floats(op.partial) + me * slice, DType::f32, slice);
+  backend_.dequantize_add(op.recv2.get(), me + 1, M, slice, block_, Bits::int4, op.out);
   pool_.give_back(std::move(op.partial));
   pool_.give_back(std::move(op.send2));
   pool_.give_back(std::move(op.recv2));

@@ -24,7 +24,10 @@
 // backend's (convert, accumulate, quantize_keep_error, dequantize_add): on the host backend the
 // host quantizer over MPI; on CUDA kernels with the same per-element arithmetic (the same bytes)
 // over device communicators of the two groups (Backend::group_comm), ordered on the backend's
-// streams. The host only sequences the phases.
+// streams. The host only sequences the phases, and each phase's element work is a fixed number of
+// backend calls (a gather through a small table of slice numbers, one batched quantization,
+// batched dequantize-adds), not one per peer or node: on a device a handful of launches
+// whatever L and M.
 #pragma once
 
 #include <cstddef>
@@ -104,6 +107,13 @@ class QuantizedReduceScatter {
   BufferPool pool_;                                      // scratch: the packed messages and the partial sums
   int nodes_ = 1, per_node_ = 1, node_ = 0, local_ = 0;  // M, L, and this rank's n and l
   std::vector<std::vector<int>> owner_;                  // owner_[n][l]: the data-parallel rank R(n, l)
+  // The row tables of Backend::gather_rows, in backend memory, made once: which slice feeds each
+  // row of the phase-1 messages (peer by peer, node by node: R(n, l) for l != local), of the
+  // rank's own part of the partial sum (R(n, local)), and of the phase-2 messages (node n != node).
+  Buffer rows_;
+  const std::int32_t* intra_rows_ = nullptr;
+  const std::int32_t* own_rows_ = nullptr;
+  const std::int32_t* inter_rows_ = nullptr;
   std::size_t block_;
   std::deque<std::shared_ptr<Op>> in_phase1_;  // ops whose phase 1 is in flight, in start order
 };
