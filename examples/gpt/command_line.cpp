@@ -26,6 +26,10 @@ std::optional<int> parse_cli(const zero::Context& ctx, int argc, char** argv, Cl
   app.add_option("--resume-from", cli.resume_from,
                  "continue from the checkpoint at this root or step directory, which is only read (a "
                  "read-only mount will do); saves go to --checkpoint or <run.out_dir>/checkpoints");
+  app.add_flag("--dry-run", cli.dry_run,
+               "with --resume or --resume-from: check the checkpoint against this run (model, grid, "
+               "optimizer) and say what the load would do (read as saved, or cut anew for another grid); "
+               "nothing is trained or written");
   app.add_flag("--sample", cli.sample_only,
                "load the latest checkpoint and print run.sample_tokens sampled tokens; no training");
   app.add_option("--checkpoint", cli.checkpoint_dir,

@@ -14,7 +14,7 @@ namespace zero::gpt {
 struct Cli {
   std::string config_path;
   std::vector<std::string> sets;
-  bool print_config = false, resume = false, sample_only = false;
+  bool print_config = false, resume = false, sample_only = false, dry_run = false;
   std::string checkpoint_dir, prompt, resume_from;
   zero::gpt::AutotuneRequest autotune;
 };

@@ -129,6 +129,17 @@ int run(zero::Context& ctx, int argc, char** argv) {
   facts.resume_command = resume_command(argc, argv);
   facts.checkpoint_dir =
       cli.checkpoint_dir.empty() ? (fs::path(settings.out_dir) / "checkpoints").string() : cli.checkpoint_dir;
+  if (cli.dry_run) {
+    ZERO_CHECK(cli.resume || !cli.resume_from.empty(),
+               "zero-gpt: --dry-run checks a resume: give --resume or --resume-from as well");
+    const std::string from = cli.resume_from.empty() ? facts.checkpoint_dir : cli.resume_from;
+    trainer.load_checkpoint(from, "latest", /*read_only=*/true, /*dry_run=*/true);
+    if (ctx.is_root())
+      std::fputs(
+          fmt::format("zero-gpt --dry-run: {} resumes in this run; nothing was trained or written\n", from).c_str(),
+          stdout);
+    return 0;
+  }
   if (cli.sample_only) {
     // Only reads: a sample may be taken beside the job that is writing the checkpoints.
     const std::int64_t at = trainer.load_checkpoint(facts.checkpoint_dir, "latest", /*read_only=*/true);

@@ -251,9 +251,11 @@ void GptTrainer::save_checkpoint(const std::string& root) {
   zero::save_checkpoint(*engine_, root, client, o);
 }
 
-std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag, bool read_only) {
+std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::string& tag, bool read_only,
+                                         bool dry_run) {
   zero::CheckpointLoadOptions o;
   o.lock_root = !read_only;
+  o.dry_run = dry_run;
   const zero::ClientState client = zero::load_checkpoint(*engine_, root, tag, o);
   const auto it = client.find(kSamplesKey);
   ZERO_CHECK(it != client.end(),
@@ -275,6 +277,7 @@ std::int64_t GptTrainer::load_checkpoint(const std::string& root, const std::str
                          "micro-batch and rank count whose product divides it",
                          samples, per));
   check_model_keys(client, root);
+  if (dry_run) return engine_->global_step();
   train_loader_->seek(samples / per);
   return engine_->global_step();
 }

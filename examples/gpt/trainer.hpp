@@ -127,7 +127,9 @@ class GptTrainer {
   // Collective: restores a checkpoint (tag "latest" or a step number) saved by any number of
   // ranks at any stage; the data stream continues where it stopped. Returns the optimizer
   // steps taken so far. read_only: the root is not locked (a sample beside a running job).
-  std::int64_t load_checkpoint(const std::string& root, const std::string& tag = "latest", bool read_only = false);
+  // dry_run: every check and the library's account of the load; the engine and data stay as they were.
+  std::int64_t load_checkpoint(const std::string& root, const std::string& tag = "latest", bool read_only = false,
+                               bool dry_run = false);
 
   // The token a sample starts from when there is no prompt (newline for bytes, GPT-2's
   // <|endoftext|> for its vocabulary, else 0).

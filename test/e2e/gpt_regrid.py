@@ -9,7 +9,9 @@ stages 1 and 3 (the trainer runs pipelines at stages 0-1 only, so PP 2 at stage 
   within 1e-6 relative, so every grid holds the same model;
 - steps 12-15 stay within 1e-4 of it (another grid sums in another order);
 - at stage 1, `zero-ckpt reshard --tp --pp` rewrites the checkpoint for the grid, and a plain
-  resume from the rewrite logs the direct resume's losses exactly.
+  resume from the rewrite logs the direct resume's losses exactly;
+- --dry-run says what the load would cut anew and writes nothing; with another n_embd it is
+  refused naming a parameter and both grids.
 
     gpt_regrid.py MPIEXEC "FLAGS;..." ZERO_GPT ZERO_CKPT CONFIG WORKDIR
 """
@@ -29,7 +31,7 @@ def fail(msg):
     sys.exit("gpt_regrid: FAIL: " + msg)
 
 
-def run(out_dir, tp, pp, stage, steps, *extra):
+def run(out_dir, tp, pp, stage, steps, *extra, expect_ok=True):
     cmd = [mpiexec, *flags, "-n", "4", exe, "--config", config,
            "--set", f"run.steps={steps}", "--set", "steps_per_print=1",
            "--set", "model.n_layer=2", "--set", "model.n_embd=32", "--set", "model.n_head=4",
@@ -42,7 +44,7 @@ def run(out_dir, tp, pp, stage, steps, *extra):
            "--set", "run.keep_checkpoints=0", "--set", f"run.save_interval={K}",
            "--set", f"run.out_dir={out_dir}", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    if out.returncode != 0:
+    if expect_ok and out.returncode != 0:
         fail(f"{' '.join(cmd[len(flags) + 3:])} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
     return out
 
@@ -60,6 +62,22 @@ if not os.path.isdir(step_k):
 full = os.path.join(work, "uninterrupted")
 run(full, 2, 2, 1, STEPS)
 ref = losses(full)
+
+# --dry-run: the library's account of the load, nothing written; another model is refused.
+dry = os.path.join(work, "dry")
+out = run(dry, 1, 1, 3, STEPS, "--resume-from", step_k, "--dry-run")
+text = out.stdout + out.stderr
+for want in ("(dry run, nothing is loaded)", "saved on the grid TP 2 x PP 2 x DP 1 at stage 1", "this job runs TP 1 x PP 1 x DP 4 at stage 3",
+             "parameters (", "are cut anew across the tensor group, with their AdamW state (2 moment(s))",
+             "nothing was trained or written"):
+    if want not in text:
+        fail(f"--dry-run did not say '{want}':\n{text}")
+if os.path.exists(dry):
+    fail(f"--dry-run created its run directory {dry}")
+out = run(dry, 1, 1, 3, STEPS, "--resume-from", step_k, "--dry-run", "--set", "model.n_embd=64", expect_ok=False)
+text = out.stdout + out.stderr
+if out.returncode == 0 or "as a whole tensor" not in text or "this job's model (TP 1 x PP 1 x DP 4)" not in text:
+    fail(f"--dry-run with model.n_embd=64 was not refused naming a parameter and the grid ({out.returncode}):\n{text}")
 
 rows = []
 for tp, pp in ((1, 1), (1, 2), (2, 1), (4, 1)):

@@ -2,13 +2,12 @@
 // last stage's tied copy of embed.w), on 4 ranks:
 //   [resume] trained at TP 2 x PP 2 x DP 1 for 10 steps and saved, resumed at TP 1 x PP 1 x DP 4,
 //            TP 1 x PP 2 x DP 2, TP 2 x PP 1 x DP 2 and TP 4 x PP 1 x DP 1, at stages 1 and 3.
-//            Saved again at once, the whole model and every optimizer moment put together from
-//            the new checkpoint equal those of the old one bit for bit. The next 5 steps' gradient
-//            norms and the weights after them equal, within 1e-6 relative, a run on the new grid
-//            whose state the test cut itself from the old checkpoint's whole tensors (its own
-//            index arithmetic, not the loader's). zero-ckpt reshard's rewrite for each grid holds
-//            the same state, and a plain resume from it trains as the direct resume did. zero-ckpt
-//            inspect lists the tensor sizes the checkpoint's splits allow.
+//            A dry run first leaves the engine as it was. Saved again at once, the whole model and every optimizer
+//            moment put together from the new checkpoint equal those of the old one bit for bit. The next 5 steps'
+//            gradient norms and the weights after them equal, within 1e-6 relative, a run on the new grid whose state
+//            the test cut itself from the old checkpoint's whole tensors (its own index arithmetic, not the loader's).
+//            zero-ckpt reshard's rewrite for each grid holds the same state, and a plain resume from it trains as the
+//            direct resume did. zero-ckpt inspect lists the tensor sizes the checkpoint's splits allow.
 //   [memory] a load at TP 1 x DP 4 (stage 3) of a TP 2 x PP 2 checkpoint of 4 units of 2M
 //            elements grows each rank's resident memory by at most its own shard plus one
 //            unit plus 8 MiB, less than the whole model (the figures are printed).
@@ -147,6 +146,13 @@ TEST_CASE("regrid: a TP 2 x PP 2 checkpoint resumed at four other grids, stages 
       std::vector<float> weights, ref_weights;
       {
         Job b(ctx, g, true);
+        // A dry run checks everything and changes nothing.
+        const std::vector<float> initial = b.master();
+        CheckpointLoadOptions dry;
+        dry.dry_run = true;
+        REQUIRE(load_checkpoint(b.engine, from, std::to_string(kSaved), dry).at("data.samples") == "80");
+        REQUIRE(b.engine.global_step() == 0);
+        REQUIRE(b.master() == initial);
         const ClientState client = load_checkpoint(b.engine, from, std::to_string(kSaved));
         REQUIRE(client.at("data.samples") == "80");
         REQUIRE(b.engine.global_step() == kSaved);

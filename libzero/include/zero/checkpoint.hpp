@@ -36,6 +36,10 @@ struct CheckpointLoadOptions {
   // start meanwhile. A job that only reads and may run beside the one writing the root
   // (sampling, evaluation) sets this false; a checkpoint pruned while it reads is then an error.
   bool lock_root = true;
+  // Every check of a load (the metadata, the model against the checkpoint's, on another grid
+  // each parameter's cut) and a log line of what it would do, without changing the engine:
+  // the client state is returned and the engine stays as it was.
+  bool dry_run = false;
 };
 
 // Collective over all ranks: writes <root>/step_<global_step>/ and points <root>/latest at it.

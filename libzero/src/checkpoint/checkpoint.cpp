@@ -362,17 +362,45 @@ void check_whole_model_held(EngineState& e, const ckpt::ModelReader& whole, cons
                     whole.dir(), whole.grid().describe(), lost.size(), grid, fmt::join(lost, ", ")));
 }
 
+// What a load does, in words (rank 0 logs it; a dry run stops there).
+std::string load_plan(const EngineState& e, const GridPlace& at, const ckpt::Metadata& m, const std::string& dir,
+                      const ckpt::ModelReader* whole) {
+  const std::string from = fmt::format(
+      "'{}' was saved on the grid {} x DP {} at stage {}, this job runs {} at stage {}", dir,
+      (whole ? whole->grid() : m.grid).describe(), m.world, m.stage, job_grid(at, e.world_size()), e.stage());
+  if (!whole) return from + ": each rank reads the saved slices that overlap its own";
+  std::int64_t params = 0, elements = 0, cut = 0, cut_elements = 0;
+  const auto& units = whole->meta().units;
+  for (std::size_t u = 0; u < units.size(); ++u)
+    for (std::size_t k = 0; k < units[u].params.size(); ++k) {
+      const ckpt::ParamMeta& sp = whole->saved_part(static_cast<int>(u), static_cast<int>(k));
+      const std::int64_t n = units[u].params[k].numel;
+      ++params;
+      elements += n;
+      if (sp.split_axis >= 0 && !sp.replicated && whole->grid().tensor != at.grid.tensor) {
+        ++cut;
+        cut_elements += n;
+      }
+    }
+  return fmt::format(
+      "{}: {} of {} parameters ({} of {} elements) are cut anew across the tensor group, with their {} "
+      "state ({} moment(s)) alike; the others are read whole; units go to this job's pipeline stages by name{} "
+      "(docs/checkpoints.md)",
+      from, cut, params, cut_elements, elements, m.optimizer, m.moments,
+      e.rank_state_kind().empty() ? "" : "; " + rank_state_what(e.rank_state_kind()) + " start again");
+}
+
 // The load onto another tensor or pipeline size: each rank's owned range of every unit is cut
 // from the saved whole tensors (ModelReader::read_part), master and every moment alike, reading
 // only the saved sections that overlap it. Per-rank state is dropped, as at another world size.
-void load_regridded(EngineState& e, const GridPlace& at, ckpt::ModelReader& whole) {
+// dry_run: every check, nothing read or changed.
+void load_regridded(EngineState& e, const GridPlace& at, ckpt::ModelReader& whole, bool dry_run) {
   const std::string grid = job_grid(at, e.world_size());
   check_whole_model_held(e, whole, grid);
-  if (e.rank() == 0 && e.world_comm().rank() == 0) {
-    log_info(
-        "load_checkpoint: '{}' was saved on the grid {} x DP {}, this job runs {}: every parameter and its "
-        "optimizer state is cut anew from the whole tensors (docs/checkpoints.md)",
-        whole.dir(), whole.grid().describe(), whole.meta().world, grid);
+  if (dry_run) {
+    for (int i = 0; i < e.layout().num_units(); ++i)  // the parameters' checks, no range
+      whole.read_part(e.layout().unit(i), at.tensor, at.grid.tensor, 0, 0, {}, grid);
+    return;
   }
   restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
     whole.read_part(e.layout().unit(i), at.tensor, at.grid.tensor, u.begin, u.len, out, grid);
@@ -531,10 +559,17 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
   });
   same_on_all_ranks(comm, dir, "the checkpoint directory that '" + tag + "' names (was it replaced during the load?)");
   const ckpt::Metadata& m = reader ? reader->meta() : whole->meta();
+  if (comm.rank() == 0 && (whole || opts.dry_run))
+    log_info("load_checkpoint{}: {}", opts.dry_run ? " (dry run, nothing is loaded)" : "",
+             load_plan(e, at, m, dir, whole.get()));
+  if (opts.dry_run) {
+    if (whole) agree(comm, [&] { load_regridded(e, at, *whole, true); });
+    return m.client;
+  }
   agree(comm, [&] {
     e.begin_restore();
     if (whole) {
-      load_regridded(e, at, *whole);
+      load_regridded(e, at, *whole, false);
       return;
     }
     restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
