@@ -272,6 +272,26 @@ TEST_CASE("regrid: models that are not the checkpoint's are refused, naming both
     REQUIRE(list_checkpoints(out).empty());
   }
   ctx.comm().barrier();
+  // Adafactor's factored statistics cannot be cut across tensor ranks.
+  {
+    ProcessGroups g(ctx, {.tensor = 1, .pipeline = 1});
+    Config c = parse_config(
+        "train_micro_batch_size_per_gpu: 2\noptimizer:\n  type: Adafactor\n  params:\n    lr: 0.01\n"
+        "zero_optimization:\n  stage: 1\n",
+        "test_checkpoint_regrid");
+    c.resolve(g.data_size());
+    Engine e(ctx, c, part_layout(1, 1, g.coord()), g);
+    init_part(e, g.coord());
+    const std::string root = test_dir() + "/adafactor";
+    if (ctx.rank() == 0) std::filesystem::remove_all(root);
+    ctx.comm().barrier();
+    save_checkpoint(e, root, {}, {.keep_last = 0});
+    if (ctx.rank() == 0)
+      REQUIRE_THROWS_WITH(reshard_checkpoint(root, test_dir() + "/adafactor_tp2", 1, -1, "0", 2, 1),
+                          Catch::Contains("holds Adafactor's state") &&
+                              Catch::Contains("cannot be cut from the grid TP 1 x PP 1 for TP 2"));
+    ctx.comm().barrier();
+  }
   // Under TP 2, a parameter neither split nor replicated cannot be cut.
   refuse(ctx, tp2,
          [](Layout& l, GridCoord) {

@@ -389,6 +389,12 @@ Layout part_layout(const ckpt::ModelReader& whole, const std::vector<ckpt::UnitM
 // whole tensors (ModelReader::read_part), one unit's slice at a time.
 void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::string& tmp, ckpt::Metadata& nm,
                   int tensors, int stages, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  // Adafactor keeps a matrix's row and column statistics in the first places of its own array:
+  // they describe the whole matrix and cannot be cut (it runs at TP 1 only).
+  ZERO_CHECK(old.optimizer != "Adafactor" || tensors == old.grid.tensor,
+             fmt::format("reshard: '{}' holds Adafactor's state, whose row and column statistics belong to whole "
+                         "matrices and cannot be cut from the grid {} for TP {} (Adafactor runs at TP 1 only)",
+                         dir, old.grid.describe(), tensors));
   ckpt::ModelReader whole(dir);
   const int world = nm.world, moments = old.moments;
   const ckpt::GridMeta grid{tensors, stages};
