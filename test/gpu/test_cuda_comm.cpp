@@ -4,7 +4,7 @@
 // sees the compute-stream kernel that wrote its input just before the call, and compute-stream
 // work enqueued after wait() sees its result, with no host synchronization in between; and
 // point-to-point send/recv between device buffers in a ring; all-to-all; groups spanning two
-// communicators, and a Work dropped inside its group.
+// communicators, and a Work dropped inside its group; communicators split for sub-groups.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -17,6 +17,7 @@
 #include "spin_kernel.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
+#include "zero/groups.hpp"
 
 using namespace zero;
 using namespace zero::gputest;
@@ -334,4 +335,31 @@ TEST_CASE("a collective on a compute stream under CUDA graph capture is refused,
   REQUIRE(got[n - 1] == static_cast<float>(c.size()));
   b->set_compute_stream(nullptr);
   cudaStreamDestroy(s);
+}
+
+TEST_CASE("split_comm: the groups of a partition of the backend's ranks, split from its communicator", "[comm]") {
+  auto b = backend("cuda", test_comm());
+  const int world = ctx().world_size(), rank = ctx().rank();
+  // Tensor groups of two consecutive ranks (of one where the world is odd) partition the ranks;
+  // the data-parallel groups across them too.
+  ProcessGroups groups(ctx(), GridSpec{.tensor = world % 2 == 0 ? 2 : 1});
+  Communicator& pairs = groups.tensor();
+  std::unique_ptr<Communicator> pair_dev = b->split_comm(pairs);
+  REQUIRE((pair_dev == nullptr) == (pairs.size() == 1));
+  if (pair_dev) {
+    REQUIRE(pair_dev->size() == pairs.size());
+    REQUIRE(pair_dev->rank() == pairs.rank());
+    const std::size_t n = 1000;
+    Buffer x = upload(*b, filled(rank, n, DType::bf16));
+    pair_dev->all_reduce_async(x.get(), n, DType::bf16, ReduceOp::sum).wait();
+    const auto got = download<char>(*b, x, n * 2);
+    const int first = rank / 2 * 2;
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO("element " << i);
+      REQUIRE(load_as_f32(got.data(), i, DType::bf16) == value(first, i) + value(first + 1, i));
+    }
+  }
+  // The other way across the same ranks: one group where the pairs make two of them, else none.
+  std::unique_ptr<Communicator> across = b->split_comm(groups.data());
+  REQUIRE((across == nullptr) == (groups.data().size() == 1));
 }

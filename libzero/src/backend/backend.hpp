@@ -198,7 +198,7 @@ class Backend {
 
   virtual Communicator& comm() = 0;
   // A communicator for this backend's memory over the ranks of `group`: a host (MPI)
-  // communicator over some of the job's ranks (hpZ's and MiCS's groups, made by
+  // communicator over some of the job's ranks (MiCS's groups, made by
   // MpiCommunicator::split, or a pipeline group, Engine::device_comm), each with a backend of
   // this kind; `group` must outlive the result and keeps counting its traffic and
   // checking its collectives. Device backends build one of their own kind over those ranks (NCCL
@@ -208,6 +208,12 @@ class Backend {
     (void)group;
     return nullptr;
   }
+  // The same for a group of one partition of this backend's ranks, called by every rank of the
+  // backend at the same point with its own group (hpZ's groups, qgZ's node and cross-node
+  // groups): where the backend's communicator can be split (NCCL), the new one is split from it
+  // and shares its resources. Null for a group of one rank (nothing to exchange) and on the host
+  // backend.
+  virtual std::unique_ptr<Communicator> split_comm(Communicator& group) { return group_comm(group); }
 
   // Device backends: the stream the backend's own work and the user's kernels are ordered on
   // (a cudaStream_t; the legacy default stream unless set). Setting it orders the new stream

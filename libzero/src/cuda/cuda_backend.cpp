@@ -276,6 +276,13 @@ class CudaBackend final : public Backend {
     return std::make_unique<MpiStagedCommunicator>(group, streams_, pinned_);
   }
 
+  std::unique_ptr<Communicator> split_comm(Communicator& group) override {
+    use_device(device_);
+    auto* parent = dynamic_cast<NcclCommunicator*>(comm_.get());
+    if (parent != nullptr) return NcclCommunicator::split(*parent, group);
+    return group.size() > 1 ? group_comm(group) : nullptr;
+  }
+
   void* compute_stream() const override { return static_cast<void*>(streams_.compute); }
   void set_compute_stream(void* stream) override {
     use_device(device_);

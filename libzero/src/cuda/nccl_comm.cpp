@@ -160,18 +160,63 @@ NcclCommunicator::NcclCommunicator(Communicator& host, StreamSet& streams, int d
   ncclUniqueId id{};
   if (rank_ == 0) ZERO_NCCL_CHECK(ncclGetUniqueId(&id));
   host_.broadcast(&id, sizeof id, 0);
-  // Non-blocking setup, polled against the collective timeout: a rank that never joins (dead,
-  // stuck before this point, on an unreachable node) ends the job with its name instead of a
-  // silent hang inside ncclCommInitRank.
   Arrivals arrivals(host_);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+  finish_setup(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), arrivals, nullptr);
+}
+
+NcclCommunicator::NcclCommunicator(NcclCommunicator& parent, Communicator& group, int color)
+    : host_(group), streams_(parent.streams_), rank_(group.rank()), size_(group.size()), device_(parent.device_) {
+  ready_ = Event::create();
+  timeout_s_ = Watchdog::timeout_from_env();
+  Arrivals arrivals(host_);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  config.splitShare = 1;
+  finish_setup(ncclCommSplit(parent.comm_, color, rank_, &comm_, &config), arrivals, parent.comm_);
+  int count = 0;
+  ZERO_NCCL_CHECK(ncclCommCount(comm_, &count));
+  ZERO_CHECK(count == size_, fmt::format("[rank {}] the NCCL communicator split for a group of {} ranks has {}: the "
+                                         "groups passed to the split do not partition its parent's ranks",
+                                         rank_, size_, count));
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::split(NcclCommunicator& parent, Communicator& group) {
+  use_device(parent.device_);
+  if (group.size() == 1) {  // no communicator, but the split is collective over the parent
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t none = nullptr;
+    ncclResult_t rc = ncclCommSplit(parent.comm_, NCCL_SPLIT_NOCOLOR, 0, &none, &config);
+    const auto deadline = deadline_after(parent.timeout_s_);
+    while (rc == ncclInProgress && (parent.timeout_s_ <= 0.0 || Clock::now() <= deadline)) {
+      if (ncclCommGetAsyncError(parent.comm_, &rc) != ncclSuccess) rc = ncclInternalError;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ZERO_CHECK(rc == ncclSuccess,
+               fmt::format("[rank {}] NCCL could not take part in a communicator split: {}", parent.rank_,
+                           rc == ncclInProgress ? std::string("not done within ZERO_NCCL_TIMEOUT_S")
+                                                : std::string(ncclGetErrorString(rc))));
+    return nullptr;
+  }
+  // One color per group: the largest parent rank in it (the groups are disjoint).
+  const int color = static_cast<int>(group.all_reduce_scalar(parent.rank_, ReduceOp::max));
+  return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(parent, group, color));
+}
+
+template <class Arrivals>
+void NcclCommunicator::finish_setup(ncclResult_t rc, Arrivals& arrivals, ncclComm_t parent) {
+  // Non-blocking setup, polled against the collective timeout: a rank that never joins (dead,
+  // stuck before this point, on an unreachable node) ends the job with its name instead of a
+  // silent hang inside NCCL. A split is done when the parent's part of it is done too.
   const auto deadline = deadline_after(timeout_s_);
   bool timed_out = false;
   while (rc == ncclInProgress) {
     ncclResult_t state = ncclInProgress;
     if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+    if (state == ncclSuccess && parent != nullptr && ncclCommGetAsyncError(parent, &state) != ncclSuccess)
+      state = ncclInternalError;
     rc = state;
     if (rc != ncclInProgress) break;
     if (timeout_s_ > 0.0 && Clock::now() > deadline) {

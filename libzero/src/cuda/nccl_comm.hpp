@@ -42,6 +42,12 @@ class NcclCommunicator final : public Communicator {
  public:
   // Collective over all ranks of `host`; this rank uses `device` (already current).
   NcclCommunicator(Communicator& host, StreamSet& streams, int device);
+  // A communicator over `group`'s ranks split from `parent` (ncclCommSplit with splitShare: it
+  // shares the parent's resources instead of a second set of buffers and a proxy thread).
+  // Collective over every rank of the parent, each passing its own group of one partition of
+  // the parent's ranks (the group's host communicator, whose rank order it keeps). Null for a
+  // group of one rank, which takes part in the split and gets no communicator.
+  static std::unique_ptr<NcclCommunicator> split(NcclCommunicator& parent, Communicator& group);
   ~NcclCommunicator() override;
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
@@ -88,6 +94,11 @@ class NcclCommunicator final : public Communicator {
   std::string async_error();
   // Aborts the communicator unless it is already closing or aborted; true when this call did.
   bool abort_once();
+  NcclCommunicator(NcclCommunicator& parent, Communicator& group, int color);  // split()
+  // The end of a setup (init or split) that returned rc: polled until done against the timeout,
+  // then the watchdog; an error names the ranks that never arrived. `parent`: a split's.
+  template <class Arrivals>
+  void finish_setup(ncclResult_t rc, Arrivals& arrivals, ncclComm_t parent);
 
   Communicator& host_;
   StreamSet& streams_;

@@ -40,10 +40,13 @@ std::unique_ptr<Backend> make_engine_backend(Context& ctx, const Config& cfg, Pr
   return make_backend(ctx, cfg, groups ? groups->data() : ctx.comm());
 }
 
-// A communicator for backend memory over a host sub-group (hpZ's, MiCS's replica group): the
-// backend's own kind over its ranks, or the host group itself (null) on the host backend.
-std::unique_ptr<Communicator> make_group_device_comm(Backend& backend, Communicator* group) {
-  return group != nullptr ? backend.group_comm(*group) : nullptr;
+// A communicator for backend memory over a host sub-group (MiCS's replica group, which reaches
+// outside the backend's ranks): the backend's own kind over its ranks, or the host group itself
+// (null) on the host backend. `split`: a group of a partition of the backend's ranks (hpZ's),
+// split from the backend's communicator.
+std::unique_ptr<Communicator> make_group_device_comm(Backend& backend, Communicator* group, bool split = false) {
+  if (group == nullptr) return nullptr;
+  return split ? backend.split_comm(*group) : backend.group_comm(*group);
 }
 
 // hpZ's group (zero_hpz_partition_size consecutive ranks of the data-parallel group), or null.
@@ -162,7 +165,7 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
       tensor_rank_(groups ? groups->coord().tensor : 0),
       groups_(groups),
       hpz_comm_(make_hpz_comm(cfg, host_comm_)),
-      hpz_device_(make_group_device_comm(*backend_, hpz_comm_.get())),
+      hpz_device_(make_group_device_comm(*backend_, hpz_comm_.get(), true)),
       replica_device_(make_group_device_comm(*backend_, mics_.replica.get())),
       qgz_(make_qgz(cfg, host_comm_, *backend_, model_comm_ != nullptr)),
       rank_(comm_.rank()),

@@ -73,8 +73,9 @@ QuantizedReduceScatter::QuantizedReduceScatter(MpiCommunicator& dp, std::size_t 
   local_ = static_cast<int>(std::find(mine.begin(), mine.end(), dp.rank()) - mine.begin());
   node_comm_ = dp.split(node_, local_);
   cross_comm_ = dp.split(local_, node_);
-  node_dev_ = backend_.group_comm(*node_comm_);
-  cross_dev_ = backend_.group_comm(*cross_comm_);
+  // Split from the backend's communicator (its ranks are dp's), none for a one-rank group.
+  node_dev_ = backend_.split_comm(*node_comm_);
+  cross_dev_ = backend_.split_comm(*cross_comm_);
   std::vector<std::int32_t> rows;
   for (int l = 0; l < per_node_; ++l)
     for (int n = 0; n < nodes_ && l != local_; ++n) rows.push_back(owner_[static_cast<std::size_t>(n)][l]);

@@ -49,6 +49,24 @@ std::string over_text(const char* what, double need, double have) {
   return fmt::format("{}: {} > {}", what, n, h);
 }
 
+}  // namespace
+
+NcclCommunicators nccl_communicators(const Settings& s, int D, int ranks_per_node) {
+  NcclCommunicators n;
+  n.own = 1;  // the backend's, over the data-parallel group or MiCS's shard group
+  const int N = s.shard_ranks(D);
+  if (D / N > 1 && s.stage >= 1) ++n.own;  // MiCS's replica group
+  if (s.pipeline_parallel > 1) ++n.own;    // the GPT trainer's pipeline group
+  if (s.stage == 3 && s.hpz_partition_size > 1) ++n.shared;
+  if (s.stage >= 2 && s.quantized_gradients) {
+    const int L = std::min(N, ranks_per_node), M = N / L;
+    n.shared += (L > 1 ? 1 : 0) + (M > 1 ? 1 : 0);
+  }
+  return n;
+}
+
+namespace {
+
 // The memory of one rank at pipeline stage part.stage: its part of the model (layout) sharded
 // over the D ranks of its data-parallel group (or MiCS's groups of them), with 1F1B's
 // micro-batches in flight.
@@ -113,7 +131,9 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   if (s.offload_optimizer != OffloadDevice::none) m.pinned += group * (ges + es);
   if (s.offload_optimizer == OffloadDevice::nvme) m.pinned += 3 * group * 4 * (1 + s.moments);
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
-  m.device_overhead = kDeviceOverheadBytes;
+  m.nccl = nccl_communicators(s, D, c.ranks_per_node());
+  m.nccl_bytes = m.nccl.bytes();
+  m.device_overhead = kDeviceOverheadBytes + m.nccl_bytes;
   m.host_overhead = kHostOverheadBytes;
   m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.activations + m.comm_buffers +
                 m.gathered + m.device_overhead;

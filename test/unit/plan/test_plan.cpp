@@ -775,7 +775,10 @@ TEST_CASE("memory: qgZ's scratch in comm_buffers, GPT-2 124M worked by hand", "[
   // an fp32 sum beside the slice in the compute dtype: 4 more bytes per element of a slice.
   const std::int64_t sums = 4 * (2463744 + 12 * 443008 + 128);
   CHECK(qgz.memory.comm_buffers - plain.memory.comm_buffers == held + sums);
-  CHECK(qgz.memory.gpu_bytes - plain.memory.gpu_bytes == held + sums + qgz.memory.states.error_feedback);
+  // And the node's and the cross-node group's communicators, split from the backend's.
+  CHECK(qgz.memory.nccl_bytes - plain.memory.nccl_bytes == 2 * kNcclSharedCommBytes);
+  CHECK(qgz.memory.gpu_bytes - plain.memory.gpu_bytes ==
+        held + sums + qgz.memory.states.error_feedback + 2 * kNcclSharedCommBytes);
   // Two micro-steps with overlap_comm: the first micro-step's bucket is still in flight (all its
   // phase-1 messages out) when the second one's starts; without overlap it is not.
   s.grad_accum = 2;
@@ -822,4 +825,48 @@ TEST_CASE("across nodes: qgZ, MiCS and PowerSGD lead their stages on a slow link
     for (const Plan& p : one_node)
       if (p.settings.stage == stage && !plain(p)) CHECK(p.tokens_per_s <= best(one_node, stage, true).tokens_per_s);
   }
+}
+
+// Every NCCL communicator a rank creates takes device memory the model states do not show:
+// the planner counts the ones a configuration creates on the CUDA backend (comm: nccl) and
+// adds an allowance for each to the device overhead, less for those split from the backend's.
+TEST_CASE("memory: an allowance for each NCCL communicator a configuration creates", "[plan]") {
+  auto count = [](const Settings& s, int D, int per_node) {
+    const NcclCommunicators n = nccl_communicators(s, D, per_node);
+    return std::pair{n.own, n.shared};
+  };
+  Settings s = bf16_stage(3);
+  CHECK(count(s, 8, 8) == std::pair{1, 0});  // the backend's
+  CHECK(count(s, 1, 8) == std::pair{1, 0});
+  s.hpz_partition_size = 8;
+  CHECK(count(s, 16, 8) == std::pair{1, 1});  // hpZ's group, split
+  s.hpz_partition_size = 1;
+  s.quantized_gradients = true;
+  CHECK(count(s, 16, 8) == std::pair{1, 2});  // qgZ's node and cross-node groups, split
+  CHECK(count(s, 8, 8) == std::pair{1, 1});   // one node: no cross-node group
+  CHECK(count(s, 4, 1) == std::pair{1, 1});   // a rank per node: no node group
+  s.quantized_gradients = false;
+  s.mics_shard_size = 8;
+  CHECK(count(s, 16, 8) == std::pair{2, 0});  // MiCS's replica group, its own
+  CHECK(count(s, 8, 8) == std::pair{1, 0});   // one group: no replicas
+  s.mics_shard_size = -1;
+  s.stage = 1;
+  s.pipeline_parallel = 2;
+  CHECK(count(s, 4, 8) == std::pair{2, 0});  // the trainer's pipeline group
+  s.tensor_parallel = 2;
+  CHECK(count(s, 4, 8) == std::pair{2, 0});  // tensor parallelism goes through the host
+  CHECK(nccl_communicators(s, 4, 8).bytes() == 2 * kNcclCommBytes);
+
+  // In the plan: the device overhead holds the allowance, and hpZ adds its group's.
+  const GptShape shape = gpt_preset("gpt2");
+  const Cluster c = cluster_of("A100-80GB", 16, 8, 1.25e9);
+  Settings z3;
+  z3.stage = 3;
+  const Plan plain = make_plan(shape, c, z3);
+  CHECK(plain.memory.nccl.own == 1);
+  CHECK(plain.memory.nccl_bytes == kNcclCommBytes);
+  CHECK(plain.memory.device_overhead == kDeviceOverheadBytes + kNcclCommBytes);
+  z3.hpz_partition_size = 8;
+  const Plan hpz = make_plan(shape, c, z3);
+  CHECK(hpz.memory.device_overhead - plain.memory.device_overhead == kNcclSharedCommBytes);
 }

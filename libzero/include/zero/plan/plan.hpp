@@ -241,14 +241,35 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
 std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int data_parallel);
 
 // Every figure per rank except nvme, which is per node (what must fit on the node's drives).
+// Device memory per NCCL communicator (its channels' buffers and its proxy), an allowance until
+// a GPU run measures it: public reports put a communicator of its own at 0.5 to 1.6 GB, and this
+// takes the low end. One split from the backend's with resource sharing (ncclCommSplit with
+// splitShare) reuses the parent's proxy and connections' buffers: a quarter of that, an estimate.
+inline constexpr std::int64_t kNcclCommBytes = 512LL << 20;
+inline constexpr std::int64_t kNcclSharedCommBytes = 128LL << 20;
+// The NCCL communicators one rank of a plan's grid creates on the CUDA backend (comm: nccl),
+// as the engine and the GPT trainer create them: the backend's over the data-parallel group (or
+// MiCS's shard group), MiCS's replica group and the pipeline's group each of their own; hpZ's
+// group and qgZ's node and cross-node groups split from the backend's (engine: Backend::split_comm).
+// One-rank groups get none. Tensor parallelism on CUDA goes through the host and adds none.
+struct NcclCommunicators {
+  int own = 0, shared = 0;
+  std::int64_t bytes() const { return own * kNcclCommBytes + shared * kNcclSharedCommBytes; }
+};
+NcclCommunicators nccl_communicators(const Settings& s, int data_parallel, int ranks_per_node);
+
 struct MemoryPlan {
   ModelStates states;
   std::int64_t activations = 0;
   std::int64_t comm_buffers = 0;
-  std::int64_t gathered = 0;  // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
-  std::int64_t pinned = 0;    // offload staging / swap buffers in host memory
-  std::int64_t device_overhead = 0;
+  std::int64_t gathered = 0;         // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
+  std::int64_t pinned = 0;           // offload staging / swap buffers in host memory
+  std::int64_t device_overhead = 0;  // kDeviceOverheadBytes + nccl_bytes
   std::int64_t host_overhead = 0;
+  // The NCCL communicators a rank creates (nccl_communicators) and their allowance, in
+  // device_overhead.
+  NcclCommunicators nccl;
+  std::int64_t nccl_bytes = 0;
   std::int64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
 };
 // Stated per-process overheads: CUDA context, cuBLAS workspaces and allocator slack on the
