@@ -6,6 +6,7 @@
 //   - bf16 parameters (widened to fp32 for the host model) follow the fp32 curve closely;
 //   - a run resumed from a checkpoint (at another stage and micro-batch split) continues the
 //     same curve, and the validation loss covers the same tokens at any rank count.
+// The gradient audit (debug.audit_interval: 1) checks every step's reduction.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
@@ -55,6 +56,8 @@ zero::Config make_config(const RunSpec& r) {
   y += "  reduce_bucket_size: 20000\n  allgather_bucket_size: 20000\n";
   y += "  stage3_param_persistence_threshold: 100\n  stage3_prefetch_bucket_size: 20000\n";
   if (r.bf16) y += "bf16:\n  enabled: true\n";
+  // Every step's reduction checked against a plain all-reduce of the local gradients.
+  y += "debug:\n  audit_interval: 1\n";
   if (r.sgd)
     y += "optimizer:\n  type: SGD\n  params:\n    lr: " + std::to_string(r.lr) +
          "\n    momentum: 0.9\n    weight_decay: 0.01\n";

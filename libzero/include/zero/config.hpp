@@ -259,6 +259,9 @@ struct Config {
   GradAccumDType grad_accum_dtype = GradAccumDType::automatic;
   // communication_data_type (communication_dtype_for).
   CommDataType communication_data_type = CommDataType::automatic;
+  // debug.audit_interval: every this many steps (0: never) step() checks each unit's reduced
+  // gradient against a plain all-reduce of the ranks' local gradients (docs/training-loop.md).
+  std::int64_t audit_interval = 0;
 
   // Sections owned by the application (for example the GPT trainer's model/data/run), kept as
   // their YAML text; the application validates them with its own schema (config_schema.hpp).

@@ -126,6 +126,22 @@ void ConfigLoader::cross_checks() {
     }
   });
   optimizer_checks();
+  // The gradient audit compares exact sums: a lossy reduction differs from it by design.
+  check([&] {
+    StrictSection* ds = section("debug");
+    if (!ds || cfg_.audit_interval == 0) return;
+    std::string why;
+    if (cfg_.gradient_compression.type != CompressionType::none)
+      why = "gradient_compression (PowerSGD) reduces low-rank factors";
+    else if (z.zero_quantized_gradients)
+      why = "zero_quantized_gradients (qgZ) reduces quantized gradients";
+    else if (cfg_.optimizer.type == OptimizerType::onebit_adam)
+      why = "OneBitAdam exchanges compressed momenta";
+    if (!why.empty())
+      ds->fail("audit_interval", fmt::format("= {} checks the reduced gradients against exact sums, but {}, which "
+                                             "differ from them by design: set audit_interval: 0",
+                                             cfg_.audit_interval, why));
+  });
   check([&] { adam_mode_note(); });
   check([&] { scheduler_checks(top); });
   // The host backend always communicates over MPI, so comm: nccl next to backend: host would

@@ -535,6 +535,12 @@ const std::vector<Spec>& config_keys() {
        .null_is_default = true},
 
       // ---- devices
+      {.path = "debug.audit_interval", .kind = Kind::integer,
+       .slot = [](Config& c) -> Slot { return &c.audit_interval; }, .range = ge(0),
+       .doc = "Every this many steps, check each unit's reduced gradient against a plain all-reduce of "
+              "the ranks' local gradients and stop, naming the unit, on a difference beyond rounding; "
+              "0: off. Costs a stage-0 all-reduce and a host copy of the local gradients on those steps. "
+              "Not with PowerSGD, qgZ or OneBitAdam, whose reductions are lossy by design."},
       {.path = "backend", .kind = Kind::choice,
        .slot = [](Config&) -> Slot {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.backend); },

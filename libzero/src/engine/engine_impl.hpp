@@ -121,6 +121,11 @@ class EngineImpl {
   bool local_gradients() const;
   void follow_optimizer();
   double local_grad_sumsq();
+  // The gradient audit (debug.audit_interval; engine/audit.cpp): the local gradients of an
+  // audited step kept at reduce(), then compared with the reduction at the step.
+  bool audit_step() const { return cfg_.audit_interval > 0 && (step_ + 1) % cfg_.audit_interval == 0; }
+  void audit_add(int unit);
+  void audit_check();
   void update_owned_slices(const StepHyper& h);
   void update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state,
                     OffloadStaging* async_stage);
@@ -178,12 +183,13 @@ class EngineImpl {
 
   bool initialized_ = false;
   bool eval_mode_ = false;
-  bool holding_model_ = false;     // a GatheredModel (gather_all) is alive, at any stage
-  int micro_ = 0;                  // completed micro-steps since the last step()
-  std::int64_t step_ = 0;          // step() calls
-  std::int64_t applied_ = 0;       // non-skipped updates (Adam's t, the scheduler's step)
-  std::optional<double> loop_lr_;  // the rate the loop set (set_lr), for this and later steps
-  std::optional<double> sumsq_;    // this step's global squared gradient norm, once computed
+  bool holding_model_ = false;             // a GatheredModel (gather_all) is alive, at any stage
+  int micro_ = 0;                          // completed micro-steps since the last step()
+  std::int64_t step_ = 0;                  // step() calls
+  std::int64_t applied_ = 0;               // non-skipped updates (Adam's t, the scheduler's step)
+  std::optional<double> loop_lr_;          // the rate the loop set (set_lr), for this and later steps
+  std::optional<double> sumsq_;            // this step's global squared gradient norm, once computed
+  std::vector<std::vector<float>> audit_;  // per unit: this rank's local gradient (audited steps)
 };
 
 }  // namespace zero

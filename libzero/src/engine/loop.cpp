@@ -97,6 +97,7 @@ void EngineImpl::reduce(int unit) {
                          "micro-step",
                          name, micro_ + 1));
   const bool boundary = micro_ == gas_ - 1;
+  if (audit_step()) audit_add(unit);
   if (!reducer_.ready(unit, boundary)) return;
   // Every unit is reduced: the micro-step is complete.
   if (stage_ == 3) gatherer_.finish_micro_step();

@@ -75,7 +75,10 @@ class GradReducer {
               const Options& opts);
   ~GradReducer();  // completes collectives still in flight: they reference our buffers
 
-  void* grads(int unit);              // where the backward adds this micro-step's gradient
+  void* grads(int unit);  // where the backward adds this micro-step's gradient
+  // grads() is the step's accumulating buffer (stages 0/1 in the compute dtype): it holds the
+  // sum of the micro-steps so far, not one micro-step's gradient.
+  bool grads_accumulate() const { return !buffers().pooled_micro(); }
   int times_reduced(int unit) const;  // ready() calls since the last clear()
   // unit's gradient of this micro-step is complete; boundary: the step's last micro-step.
   // Returns true when it completes the micro-step (every unit ready; the last bucket flushed).

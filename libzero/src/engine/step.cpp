@@ -53,6 +53,7 @@ GradNorm EngineImpl::pre_step_norm(const char* what) {
     if (powersgd_) reduce_powersgd();
     reducer_.wait_all();
     reducer_.all_reduce_replicas();  // MiCS: the groups' sums into the data-parallel sum
+    if (audit_step() && !local_gradients()) audit_check();
     sumsq_ = local_gradients() ? local_grad_sumsq() : global_grad_sumsq();
   }
   const bool overflow = !std::isfinite(*sumsq_);
