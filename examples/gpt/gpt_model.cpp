@@ -100,6 +100,7 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   dfch_ = OpsBuffer(ops, N * FC * es_);
   att_scratch_ = OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, nh_) * f4);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
+  tp_.reserve(ops, N * C);  // the largest all-reduce: [N, C] activations (the statistics are fp32)
 
   for (const OpsBuffer* b :
        {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_,

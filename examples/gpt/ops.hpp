@@ -62,6 +62,11 @@ class Ops {
   // Ops memory -> host; returns when the bytes are there.
   virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void fill_zero(void* p, std::size_t bytes) = 0;
+  // n elements of the dtype widened to fp32, and n fp32 values rounded to it once (to nearest,
+  // ties to even), in this Ops' memory: the tensor group's sums on a device communicator are
+  // kept in fp32 through them. The default converts in host memory (HostOps).
+  virtual void to_f32(float* dst, const Act* src, std::size_t n) { zero::convert(src, dtype(), dst, DType::f32, n); }
+  virtual void from_f32(Act* dst, const float* src, std::size_t n) { zero::convert(src, DType::f32, dst, dtype(), n); }
   // Waits for every call enqueued so far.
   virtual void synchronize() = 0;
   // Called once by the model when it is built, with its largest shapes: an Ops that needs

@@ -10,8 +10,29 @@
 
 namespace zero::gpt {
 
+void TensorParallel::reserve(Ops& ops, std::size_t n) {
+  if (!active() || device == nullptr || (scratch && scratch->n >= n)) return;
+  auto s = std::make_shared<Scratch>();
+  s->ops = &ops;
+  s->data = static_cast<float*>(ops.allocate(n * sizeof(float)));
+  s->n = n;
+  scratch = std::move(s);
+}
+
 void TensorParallel::all_reduce(Ops& ops, Act* data, std::size_t n) const {
   if (!active() || n == 0) return;
+  if (device != nullptr) {
+    // On the device, ordered after the kernels that wrote `data` and before the ones that read
+    // the sum (Work::wait orders the stream, the host does not wait).
+    ZERO_CHECK(scratch && scratch->n >= n,
+               fmt::format("TensorParallel: an all-reduce of {} elements, but the scratch holds {}; reserve() it "
+                           "while the model is built",
+                           n, scratch ? scratch->n : 0));
+    ops.to_f32(scratch->data, data, n);
+    device->all_reduce_async(scratch->data, n, zero::DType::f32, zero::ReduceOp::sum).wait();
+    ops.from_f32(data, scratch->data, n);
+    return;
+  }
   if (ops.host_memory() && ops.dtype() == zero::DType::f32) {
     comm->all_reduce(data, n, zero::DType::f32, zero::ReduceOp::sum);
     return;
@@ -27,6 +48,10 @@ void TensorParallel::all_reduce(Ops& ops, Act* data, std::size_t n) const {
 
 void TensorParallel::all_reduce(Ops& ops, float* data, std::size_t n, zero::ReduceOp op) const {
   if (!active() || n == 0) return;
+  if (device != nullptr) {
+    device->all_reduce_async(data, n, zero::DType::f32, op).wait();
+    return;
+  }
   if (ops.host_memory()) {
     comm->all_reduce(data, n, zero::DType::f32, op);
     return;

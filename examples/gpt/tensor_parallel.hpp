@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -40,13 +41,32 @@ struct TensorParallel {
   int size = 1;
   int rank = 0;
   zero::Communicator* comm = nullptr;
+  // backend: cuda: a communicator of the same group for the Ops' device memory
+  // (Engine::device_comm), whose collectives are ordered on the engine's stream, the model's.
+  // Null on the host, and then device memory goes through host memory.
+  zero::Communicator* device = nullptr;
 
   bool active() const { return size > 1; }
-  // Sums n elements of the Ops' dtype in place over the group (nothing when inactive). Device
-  // memory goes through host memory in fp32, the sum rounded once.
+  // Sums n elements of the Ops' dtype in place over the group (nothing when inactive), in fp32
+  // and rounded once: on `device` through an fp32 scratch in the Ops' memory (reserve()), else
+  // through host memory.
   void all_reduce(Ops& ops, Act* data, std::size_t n) const;
   // The same for fp32 statistics in the Ops' memory (the cross-entropy's max and sums).
   void all_reduce(Ops& ops, float* data, std::size_t n, zero::ReduceOp op) const;
+  // With `device`: the fp32 scratch for all-reduces of up to n elements, allocated now (the
+  // model is being built), not in a forward. Copies of this object share it.
+  void reserve(Ops& ops, std::size_t n);
+
+  // The scratch (shared by copies; set by reserve()).
+  struct Scratch {
+    Ops* ops = nullptr;
+    float* data = nullptr;
+    std::size_t n = 0;
+    ~Scratch() {
+      if (data) ops->deallocate(data);
+    }
+  };
+  std::shared_ptr<Scratch> scratch{};
   // This rank's ids of the padded vocabulary: [vocab_begin, vocab_begin + vocab_rows).
   int vocab_rows(const GptConfig& cfg) const { return cfg.padded_vocab_size() / size; }
   int vocab_begin(const GptConfig& cfg) const { return rank * vocab_rows(cfg); }

@@ -188,7 +188,15 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   if (!ops_) ops_ = make_host_ops();
   try {
     TensorParallel tp;
-    if (groups_ && T > 1) tp = {T, groups_->coord().tensor, &groups_->tensor()};
+    if (groups_ && T > 1) {
+      tp = {T, groups_->coord().tensor, &groups_->tensor()};
+      // On CUDA the activations' all-reduces stay on the device: a communicator of the tensor
+      // group for the Ops' memory (collective over the group, as every rank builds its trainer).
+      if (!ops_->host_memory()) {
+        if (!tensor_device_) tensor_device_ = engine_->device_comm(groups_->tensor());
+        tp.device = tensor_device_.get();
+      }
+    }
     model_ = std::make_unique<GptModel>(mc, micro_batch_, *ops_, tp, pipeline_part());
     if (pipe_) setup_pipeline_buffers();
   } catch (...) {

@@ -207,6 +207,9 @@ class GptTrainer {
   zero::ProcessGroups* groups_ = nullptr;  // owned_groups_, or the borrowed ones
   std::unique_ptr<zero::Engine> owned_engine_;
   zero::Engine* engine_ = nullptr;  // owned_engine_, or the borrowed one
+  // backend: cuda with T > 1: the tensor group's device communicator (after the engine, whose
+  // backend made it; before the model, which uses it).
+  std::unique_ptr<zero::Communicator> tensor_device_;
   std::unique_ptr<Ops> ops_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<PipelineState> pipe_;  // P > 1; after ops_, whose memory its buffers hold

@@ -187,14 +187,10 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
                   f.threads, f.threads == 1 ? "" : "s"));
   if (!f.thread_hint.empty()) rep.line(f.thread_hint);
   const PipelineReport pr = trainer.pipeline_report();
-  // Tensor parallelism on CUDA moves every activation all-reduce through host memory (a copy out,
-  // an fp32 MPI all-reduce, a copy back): right, and slow. The start-up line says so.
   const std::string tensor_note =
       trainer.tensor_parallel_size() > 1
           ? fmt::format("each layer split over {} ranks (tensor parallel{}), ", trainer.tensor_parallel_size(),
-                        cfg.backend == zero::BackendKind::cuda
-                            ? "; on backend: cuda for correctness only, its all-reduces go through the host"
-                            : "")
+                        cfg.backend == zero::BackendKind::cuda ? ", all-reduces on the device" : "")
           : std::string();
   if (pr.stages > 1)
     rep.line(

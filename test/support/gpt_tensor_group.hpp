@@ -213,9 +213,12 @@ struct PartStep {
 // One micro-step (forward and backward of `batch`, compare::kBatch sequences) of a tensor group
 // of T members on Ops made by make_ops, each from its part of `params`. The members' results in
 // rank order; the first member's error is rethrown.
+// `as_device`: the group's communicator also serves as TensorParallel::device, so the
+// all-reduces take the device path (an fp32 scratch, an asynchronous all-reduce) in host memory.
 inline std::vector<PartStep> tensor_group_step(const GptConfig& cfg, int T, const HostParams& params,
                                                const compare::Batch& batch,
-                                               const std::function<std::unique_ptr<Ops>()>& make_ops) {
+                                               const std::function<std::unique_ptr<Ops>()>& make_ops,
+                                               bool as_device = false) {
   const zero::Layout part = tensor_parallel_layout(cfg, T);
   Units whole;
   for (int u = 0; u < params.num_units(); ++u) whole.push_back(params.unit_data(u));
@@ -227,7 +230,7 @@ inline std::vector<PartStep> tensor_group_step(const GptConfig& cfg, int T, cons
     try {
       ThreadComm comm(group, t);
       const std::unique_ptr<Ops> ops = make_ops();
-      GptModel m(cfg, compare::kBatch, *ops, TensorParallel{T, t, &comm});
+      GptModel m(cfg, compare::kBatch, *ops, TensorParallel{T, t, &comm, as_device ? &comm : nullptr});
       OpsUnits p(*ops, part), g(*ops, part);
       p.upload(take_parts(cfg, whole, part, T, t));
       const int lnf = ln_f_unit(cfg), emb = embeddings_unit();

@@ -188,6 +188,8 @@ class CudaOps final : public Ops {
     cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, B, T, C, NH, stream_);
   }
 
+  void to_f32(float* dst, const Act* src, std::size_t n) override { cuda::widen_to_f32(dst, dev(src), n, stream_); }
+  void from_f32(Act* dst, const float* src, std::size_t n) override { cuda::round_to_bf16(dev(dst), src, n, stream_); }
   void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
     cuda::residual_forward(dev(out), dev(a), dev(b), n, stream_);
   }

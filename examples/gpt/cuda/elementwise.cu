@@ -116,6 +116,21 @@ __global__ void add_mean_kernel(double* total, const float* values, int n) {
   if (threadIdx.x == 0) *total += part[0] / n;
 }
 
+__global__ void widen_kernel(float* out, const bf16* in, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+__global__ void round_kernel(bf16* out, const float* in, std::size_t n) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+unsigned convert_grid(std::size_t n) {
+  const std::size_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < (1u << 16) ? blocks : (1u << 16));
+}
+
 void check_bias_shape(const char* op, int N, int OC) {
   ZERO_CHECK(N >= 1 && OC >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
                                     ", OC=" + std::to_string(OC) + " (N and OC must be at least 1)");
@@ -125,6 +140,18 @@ void check_bias_shape(const char* op, int N, int OC) {
 
 void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream) {
   launch_map("residual_forward", out, a, b, n, Add{}, stream);
+}
+
+void widen_to_f32(float* out, const bf16* in, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  widen_kernel<<<convert_grid(n), kThreads, 0, stream>>>(out, in, n);
+  GPT_LAUNCH_CHECK("widen_to_f32");
+}
+
+void round_to_bf16(bf16* out, const float* in, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  round_kernel<<<convert_grid(n), kThreads, 0, stream>>>(out, in, n);
+  GPT_LAUNCH_CHECK("round_to_bf16");
 }
 
 void add_mean(double* total, const float* values, int n, cudaStream_t stream) {

@@ -45,6 +45,9 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
 
 // --- element-wise (elementwise.cu) ---
 void residual_forward(bf16* out, const bf16* a, const bf16* b, std::size_t n, cudaStream_t stream);
+// out = in widened to fp32; and out = in rounded to bf16 (to nearest, ties to even).
+void widen_to_f32(float* out, const bf16* in, std::size_t n, cudaStream_t stream);
+void round_to_bf16(bf16* out, const float* in, std::size_t n, cudaStream_t stream);
 // GELU (tanh approximation), for the paths where the matmul epilogue does not apply.
 void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream);
 // dinp = dout * GELU'(inp) (overwrites; dinp may alias dout).

@@ -56,6 +56,7 @@ NcclCommunicators nccl_communicators(const Settings& s, int D, int ranks_per_nod
   n.own = 1;  // the backend's, over the data-parallel group or MiCS's shard group
   const int N = s.shard_ranks(D);
   if (D / N > 1 && s.stage >= 1) ++n.own;  // MiCS's replica group
+  if (s.tensor_parallel > 1) ++n.own;      // the GPT trainer's tensor group
   if (s.pipeline_parallel > 1) ++n.own;    // the GPT trainer's pipeline group
   if (s.stage == 3 && s.hpz_partition_size > 1) ++n.shared;
   if (s.stage >= 2 && s.quantized_gradients) {

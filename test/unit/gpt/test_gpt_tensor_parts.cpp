@@ -214,6 +214,27 @@ TEST_CASE("each parameter is cut as Megatron cuts it, and the parts make the who
   CHECK_THROWS_WITH(tensor_parallel_layout(c, 8), Catch::Contains("n_head = 4"));
 }
 
+TEST_CASE("the all-reduces through a device communicator give the host path's bits", "[gpt][tensor_parallel]") {
+  // TensorParallel::device (backend: cuda's path: the fp32 scratch reserved with the model, the
+  // Ops' conversions, an asynchronous all-reduce) on HostOps, against the host path.
+  namespace cmp = zero::gpt::compare;
+  const GptConfig cfg = cmp::config_of({2, 4, 64, 16, 130, true});
+  HostParams params(cfg);
+  params.init(7);
+  const cmp::Batch batch = cmp::random_batch(cfg, cmp::kBatch, 8);
+  const auto host = test::tensor_group_step(cfg, 2, params, batch, [] { return make_host_ops(); });
+  const auto device = test::tensor_group_step(
+      cfg, 2, params, batch, [] { return make_host_ops(); }, true);
+  for (int t = 0; t < 2; ++t) {
+    INFO("tensor rank " << t);
+    const auto& a = host[static_cast<std::size_t>(t)];
+    const auto& b = device[static_cast<std::size_t>(t)];
+    CHECK(b.loss == a.loss);
+    REQUIRE(b.grads.size() == a.grads.size());
+    for (std::size_t u = 0; u < a.grads.size(); ++u) CHECK(b.grads[u] == a.grads[u]);
+  }
+}
+
 TEST_CASE("an in-process tensor group of T models computes the whole model", "[gpt][tensor_parallel]") {
   // On HostOps (fp32) every member's loss is the whole model's and its gradients are its part of
   // the whole's, up to the order of fp32 sums (the partial products before each all-reduce):

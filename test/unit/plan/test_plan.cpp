@@ -854,8 +854,8 @@ TEST_CASE("memory: an allowance for each NCCL communicator a configuration creat
   s.pipeline_parallel = 2;
   CHECK(count(s, 4, 8) == std::pair{2, 0});  // the trainer's pipeline group
   s.tensor_parallel = 2;
-  CHECK(count(s, 4, 8) == std::pair{2, 0});  // tensor parallelism goes through the host
-  CHECK(nccl_communicators(s, 4, 8).bytes() == 2 * kNcclCommBytes);
+  CHECK(count(s, 4, 8) == std::pair{3, 0});  // and the trainer's tensor group
+  CHECK(nccl_communicators(s, 4, 8).bytes() == 3 * kNcclCommBytes);
 
   // In the plan: the device overhead holds the allowance, and hpZ adds its group's.
   const GptShape shape = gpt_preset("gpt2");

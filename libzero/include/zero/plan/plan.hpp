@@ -249,9 +249,9 @@ inline constexpr std::int64_t kNcclCommBytes = 512LL << 20;
 inline constexpr std::int64_t kNcclSharedCommBytes = 128LL << 20;
 // The NCCL communicators one rank of a plan's grid creates on the CUDA backend (comm: nccl),
 // as the engine and the GPT trainer create them: the backend's over the data-parallel group (or
-// MiCS's shard group), MiCS's replica group and the pipeline's group each of their own; hpZ's
-// group and qgZ's node and cross-node groups split from the backend's (engine: Backend::split_comm).
-// One-rank groups get none. Tensor parallelism on CUDA goes through the host and adds none.
+// MiCS's shard group), MiCS's replica group, the trainer's tensor group and its pipeline group
+// each of their own; hpZ's group and qgZ's node and cross-node groups split from the backend's
+// (engine: Backend::split_comm). One-rank groups get none.
 struct NcclCommunicators {
   int own = 0, shared = 0;
   std::int64_t bytes() const { return own * kNcclCommBytes + shared * kNcclSharedCommBytes; }
