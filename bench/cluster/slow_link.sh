@@ -6,7 +6,7 @@
 # two shaped links (the sender's and the receiver's), like two NICs and a switch.
 #
 #   slow_link.sh [--hosts K] [--ranks-per-host R] [--rate 1gbit] [--delay 0.1ms] [--stats FILE]
-#                -- PROGRAM ARGS...
+#                [--tcp-retries2 N] -- PROGRAM ARGS...
 #
 # Runs PROGRAM ARGS as K x R ranks (ranks 0..R-1 on host 0, and so on), with the environment of
 # this script. Node identity: each host also gets a UTS namespace of its own, with the hostname
@@ -14,6 +14,11 @@
 # connection between two hosts to the wrong process of a host (a crash in ob1 at 2 ranks per host).
 # With it, OpenMPI runs one daemon per host and MPI_COMM_TYPE_SHARED groups exactly the ranks of a
 # host, so libzero finds the K nodes itself: ZERO_RANKS_PER_NODE is not needed and not set.
+#
+# --tcp-retries2 N sets the hosts' net.ipv4.tcp_retries2 (each namespace has its own), the node
+# setting that bounds how long mpiexec waits for a lost host (docs/multi-node.md). When mpiexec
+# has ended by itself, processes still running in the hosts' namespaces after 5 s are named on
+# stderr ("slow_link: left running: ...") before they are removed.
 #
 # Needs root (namespaces, veth, tc). Exits 77 (skipped) where they cannot be made. Everything it
 # makes (namespaces with their links and qdiscs, a temporary directory) carries its process id and
@@ -27,7 +32,7 @@ usage() {
   exit 2
 }
 
-hosts=2 ranks=1 rate=1gbit delay=0.1ms delay_given=0 stats=
+hosts=2 ranks=1 rate=1gbit delay=0.1ms delay_given=0 stats= retries2=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts=${2:?}; shift 2 ;;
@@ -35,6 +40,7 @@ while [[ $# -gt 0 ]]; do
     --rate) rate=${2:?}; shift 2 ;;
     --delay) delay=${2:?}; delay_given=1; shift 2 ;;
     --stats) stats=${2:?}; shift 2 ;;
+    --tcp-retries2) retries2=${2:?}; shift 2 ;;
     --) shift; break ;;
     -h|--help) usage ;;
     *) echo "slow_link: unknown argument '$1'" >&2; usage ;;
@@ -42,6 +48,7 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -gt 0 ]] || { echo "slow_link: no program to run (put it after --)" >&2; usage; }
 [[ $hosts =~ ^[0-9]+$ && $hosts -ge 1 && $hosts -le 200 ]] || { echo "slow_link: --hosts $hosts: need 1..200" >&2; exit 2; }
+[[ -z $retries2 || $retries2 =~ ^[0-9]+$ ]] || { echo "slow_link: --tcp-retries2 $retries2: need a count" >&2; exit 2; }
 [[ $ranks =~ ^[0-9]+$ && $ranks -ge 1 ]] || { echo "slow_link: --ranks-per-host $ranks: need a positive number" >&2; exit 2; }
 
 # tbf needs a byte count for its bucket: the rate in bits/s, from tc's own units.
@@ -92,9 +99,28 @@ write_stats() {
 }
 
 mpi_pid=
+mpi_ended=0
+# What still runs in the hosts' namespaces (the switch runs nothing), as "pid:name" words.
+left_running() {
+  local h pid
+  for ((h = 0; h < hosts; ++h)); do
+    for pid in $(ip netns pids "$(host_ns "$h")" 2>/dev/null || true); do
+      echo "$pid:$(cat "/proc/$pid/comm" 2>/dev/null || echo gone)@slowlink-h$h"
+    done
+  done
+}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  if [[ $mpi_ended -eq 1 ]]; then
+    local left
+    for _ in $(seq 1 25); do
+      left=$(left_running)
+      [[ -z $left ]] && break
+      sleep 0.2
+    done
+    [[ -n $left ]] && echo "slow_link: left running: $(echo $left)" >&2
+  fi
   if [[ -n $mpi_pid ]] && kill -0 "$mpi_pid" 2>/dev/null; then
     kill -TERM "$mpi_pid" 2>/dev/null || true
     for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$mpi_pid" 2>/dev/null || break; sleep 0.2; done
@@ -156,6 +182,7 @@ for ((h = 0; h < hosts; ++h)); do
   ip -n "$ns" link set lo up
   ip -n "$ns" addr add "$(host_addr "$h")/24" dev slow0
   ip -n "$ns" link set slow0 up
+  [[ -n $retries2 ]] && ip netns exec "$ns" sysctl -q -w "net.ipv4.tcp_retries2=$retries2"
   shape "$ns" slow0        # what the host sends
   shape "$switch" "h$h"    # what it receives
 done
@@ -190,4 +217,7 @@ ip netns exec "$(host_ns 0)" unshare --uts /bin/sh -c 'hostname slowlink-h0 && e
   --mca btl tcp,self --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24" \
   --mca pml ob1 --mca orte_tmpdir_base "$tmp" ${SLOW_LINK_MPI_ARGS:-} "$@" &
 mpi_pid=$!
-wait "$mpi_pid"
+status=0
+wait "$mpi_pid" || status=$?
+mpi_ended=1
+exit "$status"
