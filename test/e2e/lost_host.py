@@ -9,7 +9,12 @@ at the host and the network, and no process may be left running in either host's
 (slow_link.sh names any it finds after mpiexec has ended). Exits 77 (skipped) where slow_link.sh
 cannot make namespaces.
 
-    lost_host.py SLOW_LINK ZERO_GPT CONFIG WORKDIR
+With FLAP_S, the link comes back after FLAP_S seconds (an outage shorter than the deadline, which
+TCP's backoff can still stretch past it): the job may end or ride it out, but every deadline report
+must blame only the other host's ranks, naming their node and host, and none may call the
+partition "different collectives".
+
+    lost_host.py SLOW_LINK ZERO_GPT CONFIG WORKDIR [FLAP_S]
 """
 import os
 import re
@@ -20,6 +25,7 @@ import threading
 import time
 
 slow_link, exe, config, work = sys.argv[1:5]
+FLAP_S = float(sys.argv[5]) if len(sys.argv) > 5 else 0  # experiment: link back up after this long
 TIMEOUT_S = 20
 shutil.rmtree(work, ignore_errors=True)
 os.makedirs(work)
@@ -64,6 +70,9 @@ if cut.returncode != 0:
     p.kill()
     fail(f"cannot cut {host1}'s link: {cut.stderr}")
 cut_at = time.monotonic()
+if FLAP_S > 0:
+    time.sleep(FLAP_S)
+    subprocess.run(["ip", "-n", host1, "link", "set", "slow0", "up"], check=True)
 rest = threading.Thread(target=lambda: out_lines.extend(p.stdout), daemon=True)
 rest.start()
 try:
@@ -77,6 +86,24 @@ rest.join(timeout=10)
 err = "".join(err_lines)
 print(f"lost_host: host 1 cut after {len([l for l in out_lines if l.startswith('step')])} logged steps; the "
       f"launch ended {took:.1f} s later with status {p.returncode} (ZERO_TIMEOUT_S={TIMEOUT_S})")
+if FLAP_S > 0:
+    # A partition, not a program error: every report blames only the ranks of the other host (ranks
+    # 0, 1 on slowlink-h0, ranks 2, 3 on slowlink-h1), by host, and none calls it different collectives.
+    reports = [l for l in err_lines if "did not complete within the collective deadline" in l]
+    print(f"lost_host: a {FLAP_S:.0f} s flap: the launch ended {took:.1f} s after the cut with status "
+          f"{p.returncode}, {len(reports)} deadline report(s)")
+    if p.returncode != 0 and not reports:
+        fail(f"the launch failed without a deadline report:\n{err[-3000:]}")
+    for line in reports:
+        m = re.match(r"\[rank (\d)/4\] error: .*?: (ranks? [\d, ]+) \(node (\d), host (\S+)\) did not arrive", line)
+        if not m:
+            fail(f"a report does not name the missing ranks' node and host:\n{line}")
+        me, node = int(m.group(1)), int(m.group(3))
+        if node == me // 2 or m.group(4) != f"slowlink-h{1 - me // 2}":
+            fail(f"rank {me} blames its own host or the wrong one:\n{line}")
+        if "different collectives" in line:
+            fail(f"a network partition was reported as different collectives:\n{line}")
+    sys.exit(0)
 if took > TIMEOUT_S + 60:
     fail(f"the launch took {took:.1f} s to end after the cut, more than ZERO_TIMEOUT_S + 60 s:\n{err[-3000:]}")
 if p.returncode == 0:
