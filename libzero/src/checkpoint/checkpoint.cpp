@@ -125,16 +125,7 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   m.scheduler = to_string(e.config().scheduler.type);
   m.scheduler_step = st.applied;  // the scheduler is stepped by applied updates
   m.loop_lr = st.lr;
-  for (int i = 0; i < e.layout().num_units(); ++i) {
-    const UnitInfo& ui = e.layout().unit(i);
-    ckpt::UnitMeta u;
-    u.name = ui.name;
-    u.numel = ui.numel;
-    u.slice = e.slice(i);
-    for (const auto& p : ui.params)
-      u.params.push_back({p.name, p.shape, p.numel, p.offset, p.replicated, p.split_axis, p.split_blocks});
-    m.units.push_back(std::move(u));
-  }
+  for (int i = 0; i < e.layout().num_units(); ++i) m.units.push_back(ckpt::unit_meta(e.layout().unit(i), e.slice(i)));
   m.shards = std::move(shards);
   m.client = client;
   m.config_yaml = e.config().to_yaml();

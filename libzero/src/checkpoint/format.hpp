@@ -168,6 +168,8 @@ struct UnitMeta {
   std::int64_t numel = 0, slice = 0;  // slice: elements per rank slice at the saving world size
   std::vector<ParamMeta> params;
 };
+// A layout's unit as the metadata records it, with its slice at the saving world size.
+UnitMeta unit_meta(const UnitInfo& u, std::int64_t slice);
 struct ShardMeta {
   std::string file;
   std::uint64_t bytes = 0;           // whole file

@@ -12,6 +12,13 @@
 
 namespace zero::ckpt {
 
+UnitMeta unit_meta(const UnitInfo& u, std::int64_t slice) {
+  UnitMeta m{u.name, u.numel, slice, {}};
+  for (const auto& p : u.params)
+    m.params.push_back({p.name, p.shape, p.numel, p.offset, p.replicated, p.split_axis, p.split_blocks});
+  return m;
+}
+
 using namespace detail;
 
 namespace {

@@ -11,19 +11,65 @@
 
 namespace zero::ckpt {
 
+namespace {
+
+// Where part t of `parts` lies in its whole tensor. Flat indices: the part is [outer, extent,
+// inner] around the split axis, its extent cut into `blocks` chunks of `chunk`; chunk b of part
+// t lies at (b x parts + t) x chunk along the whole axis. Unsplit (or one part): the identity.
+struct Cut {
+  std::int64_t numel = 0, extent = 1, inner = 1, chunk = 1;
+  std::int64_t parts = 1;
+  bool split = false;
+
+  Cut(const std::vector<std::int64_t>& part, int axis, int blocks, int n) : parts(n), split(n > 1 && axis >= 0) {
+    numel = 1;
+    for (auto d : part) numel *= d;
+    if (!split) return;
+    ZERO_CHECK(static_cast<std::size_t>(axis) < part.size() && blocks >= 1 &&
+                   part[static_cast<std::size_t>(axis)] % blocks == 0,
+               fmt::format("checkpoint: a part of shape {} cannot be cut along axis {} in {} blocks", shape_text(part),
+                           axis, blocks));
+    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
+    extent = part[static_cast<std::size_t>(axis)];
+    chunk = extent / blocks;
+  }
+  // The whole tensor's index of element x of part t; `run`: the elements from x on (x included)
+  // that stay contiguous in the whole tensor.
+  std::int64_t to_whole(std::int64_t x, std::int64_t t, std::int64_t& run) const {
+    if (!split) {
+      run = numel - x;
+      return x;
+    }
+    const std::int64_t o = x / (extent * inner), r = x % (extent * inner), j = r / inner, i = r % inner;
+    const std::int64_t b = j / chunk, jj = j % chunk;
+    run = (chunk - jj) * inner - i;
+    return (o * extent * parts + (b * parts + t) * chunk + jj) * inner + i;
+  }
+  // The part t and its element holding whole index w; `run` as above, in the part.
+  std::int64_t from_whole(std::int64_t w, std::int64_t& t, std::int64_t& run) const {
+    if (!split) {
+      t = 0;
+      run = numel - w;
+      return w;
+    }
+    const std::int64_t o = w / (extent * parts * inner), r = w % (extent * parts * inner), j = r / inner, i = r % inner;
+    const std::int64_t b = j / (parts * chunk), rem = j % (parts * chunk), jj = rem % chunk;
+    t = rem / chunk;
+    run = (chunk - jj) * inner - i;
+    return (o * extent + b * chunk + jj) * inner + i;
+  }
+};
+
+}  // namespace
+
 void concat_parts(const std::vector<const float*>& parts, const std::vector<std::int64_t>& part, int axis, int blocks,
                   float* whole) {
-  const auto T = static_cast<std::int64_t>(parts.size());
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < axis; ++d) outer *= part[static_cast<std::size_t>(d)];
-  for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
-  const std::int64_t extent = part[static_cast<std::size_t>(axis)];  // one part's, along axis
-  const std::int64_t chunk = extent / blocks * inner;                // one block of one part
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (std::int64_t b = 0; b < blocks; ++b)
-      for (std::int64_t t = 0; t < T; ++t)
-        std::copy_n(parts[static_cast<std::size_t>(t)] + o * extent * inner + b * chunk, chunk,
-                    whole + o * extent * inner * T + (b * T + t) * chunk);
+  const Cut cut(part, axis, blocks, static_cast<int>(parts.size()));
+  for (std::size_t t = 0; t < parts.size(); ++t)
+    for (std::int64_t x = 0, run = 0; x < cut.numel; x += run) {
+      const std::int64_t w = cut.to_whole(x, static_cast<std::int64_t>(t), run);
+      std::copy_n(parts[t] + x, run, whole + w);
+    }
 }
 
 ModelReader::~ModelReader() = default;
@@ -148,62 +194,9 @@ const ParamMeta& ModelReader::part_param(const Source& s) const {
       .params[static_cast<std::size_t>(s.param)];
 }
 
-namespace {
-
-// Where part t of `parts` lies in its whole tensor. Flat indices: the part is [outer, extent,
-// inner] around the split axis, its extent cut into `blocks` chunks of `chunk`; chunk b of part
-// t lies at (b x parts + t) x chunk along the whole axis. Unsplit (or one part): the identity.
-struct Cut {
-  std::int64_t numel = 0, extent = 1, inner = 1, chunk = 1;
-  std::int64_t parts = 1;
-  bool split = false;
-
-  Cut(const std::vector<std::int64_t>& part, int axis, int blocks, int n) : parts(n), split(n > 1 && axis >= 0) {
-    numel = 1;
-    for (auto d : part) numel *= d;
-    if (!split) return;
-    ZERO_CHECK(static_cast<std::size_t>(axis) < part.size() && blocks >= 1 &&
-                   part[static_cast<std::size_t>(axis)] % blocks == 0,
-               fmt::format("checkpoint: a part of shape {} cannot be cut along axis {} in {} blocks", shape_text(part),
-                           axis, blocks));
-    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
-    extent = part[static_cast<std::size_t>(axis)];
-    chunk = extent / blocks;
-  }
-  // The whole tensor's index of element x of part t; `run`: the elements from x on (x included)
-  // that stay contiguous in the whole tensor.
-  std::int64_t to_whole(std::int64_t x, std::int64_t t, std::int64_t& run) const {
-    if (!split) {
-      run = numel - x;
-      return x;
-    }
-    const std::int64_t o = x / (extent * inner), r = x % (extent * inner), j = r / inner, i = r % inner;
-    const std::int64_t b = j / chunk, jj = j % chunk;
-    run = (chunk - jj) * inner - i;
-    return (o * extent * parts + (b * parts + t) * chunk + jj) * inner + i;
-  }
-  // The part t and its element holding whole index w; `run` as above, in the part.
-  std::int64_t from_whole(std::int64_t w, std::int64_t& t, std::int64_t& run) const {
-    if (!split) {
-      t = 0;
-      run = numel - w;
-      return w;
-    }
-    const std::int64_t o = w / (extent * parts * inner), r = w % (extent * parts * inner), j = r / inner, i = r % inner;
-    const std::int64_t b = j / (parts * chunk), rem = j % (parts * chunk), jj = rem % chunk;
-    t = rem / chunk;
-    run = (chunk - jj) * inner - i;
-    return (o * extent + b * chunk + jj) * inner + i;
-  }
-};
-
-}  // namespace
-
 void ModelReader::read_part(const UnitInfo& part, int tensor, int tensors, std::int64_t begin, std::int64_t len,
                             std::span<float* const> out, const std::string& grid) {
-  ZERO_CHECK(out.size() <= static_cast<std::size_t>(1 + meta_.moments),
-             fmt::format("checkpoint '{}' holds {} optimizer moment(s), not {}", dir_, meta_.moments, out.size() - 1));
-  for (float* o : out)
+  for (float* o : out)  // (Reader::read_runs checks out against the moments held)
     if (o) std::fill(o, o + len, 0.0f);
   const std::string saved = fmt::format("checkpoint '{}' (saved on the grid {})", dir_, grid_.describe());
   const auto wu =

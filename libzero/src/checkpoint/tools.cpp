@@ -341,6 +341,51 @@ void export_safetensors(const std::string& path, const std::string& out_file, DT
 
 namespace {
 
+// Writes grid position (t, p)'s shards for `world` data-parallel ranks into tmp, one shard and
+// one unit at a time (memory: one new slice plus what `read` holds): read(unit, begin, len, out)
+// fills that slice of the unit's master (out[0]) and of each moment. Each shard written adds its
+// bytes to `done` and calls progress(done). Returns the shards' records.
+std::vector<ckpt::ShardMeta> write_position(
+    const std::string& tmp, const std::vector<ckpt::UnitMeta>& units, const ckpt::Metadata& nm, int moments, int t,
+    int p, const std::function<void(int, std::int64_t, std::int64_t, std::span<float* const>)>& read,
+    std::uint64_t& done, const std::function<void(std::uint64_t)>& progress) {
+  std::vector<ckpt::ShardMeta> shards;
+  std::vector<float> section;
+  std::vector<float*> out(static_cast<std::size_t>(1 + moments));
+  for (int k = 0; k < nm.world; ++k) {
+    std::vector<ckpt::ShardWriter::Range> ranges;
+    for (const auto& u : units) {
+      const std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
+      ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+    }
+    const std::string file = nm.grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
+    ckpt::ShardWriter w(tmp + "/" + file, k, nm.world, nm.stage, moments, nm.step, ranges, t, p);
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const auto len = ranges[i].len;
+      section.resize(static_cast<std::size_t>(len) * out.size());
+      for (std::size_t a = 0; a < out.size(); ++a) out[a] = section.data() + a * static_cast<std::size_t>(len);
+      read(static_cast<int>(i), ranges[i].begin, len, out);
+      w.add_section(section.data());
+      done += section.size() * sizeof(float);
+    }
+    shards.push_back(w.finish());
+    if (progress) progress(done);
+  }
+  return shards;
+}
+
+// Puts a written position into the new metadata: its place in the grid's list, or the units and
+// shards of a checkpoint without a grid.
+void place_position(ckpt::Metadata& nm, ckpt::PositionMeta pos) {
+  if (!nm.grid.split()) {
+    nm.units = std::move(pos.units);
+    nm.shards = std::move(pos.shards);
+    return;
+  }
+  nm.positions.resize(static_cast<std::size_t>(nm.grid.tensor * nm.grid.pipeline));
+  nm.positions[static_cast<std::size_t>(pos.tensor + nm.grid.tensor * pos.pipeline)] = std::move(pos);
+}
+
 // The units of a part on a grid of `tensors` tensor ranks (every tensor rank's part has the same
 // shapes): `units` (whole or a saved stage's), each parameter cut from its whole tensor by its
 // saved split. Errors name the parameter.
@@ -419,40 +464,18 @@ void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::
     for (int t = 0; t < tensors; ++t) {
       const Layout& layout = layouts[static_cast<std::size_t>(t + tensors * p)];
       ckpt::PositionMeta pos{t, p, {}, {}};
-      for (int i = 0; i < layout.num_units(); ++i) {
-        const UnitInfo& ui = layout.unit(i);
-        ckpt::UnitMeta u{ui.name, ui.numel, layout.slice_numel(i, world), {}};
-        for (const auto& q : ui.params)
-          u.params.push_back({q.name, q.shape, q.numel, q.offset, q.replicated, q.split_axis, q.split_blocks});
-        pos.units.push_back(std::move(u));
-      }
-      std::vector<float> section;
-      std::vector<float*> out(static_cast<std::size_t>(1 + moments));
-      for (int k = 0; k < world; ++k) {
-        std::vector<ckpt::ShardWriter::Range> ranges;
-        for (const auto& u : pos.units) {
-          const std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
-          ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
-        }
-        const std::string file = grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
-        ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges, t, p);
-        for (int i = 0; i < layout.num_units(); ++i) {
-          const auto len = ranges[static_cast<std::size_t>(i)].len;
-          section.resize(static_cast<std::size_t>(len) * out.size());
-          for (std::size_t a = 0; a < out.size(); ++a) out[a] = section.data() + a * static_cast<std::size_t>(len);
-          whole.read_part(layout.unit(i), t, tensors, ranges[static_cast<std::size_t>(i)].begin, len, out, text);
-          w.add_section(section.data());
-          done += section.size() * sizeof(float);
-        }
-        pos.shards.push_back(w.finish());
-        if (progress) progress(done, total);
-      }
-      if (grid.split()) {
-        nm.positions.push_back(std::move(pos));
-      } else {
-        nm.units = std::move(pos.units);
-        nm.shards = std::move(pos.shards);
-      }
+      for (int i = 0; i < layout.num_units(); ++i)
+        pos.units.push_back(ckpt::unit_meta(layout.unit(i), layout.slice_numel(i, world)));
+      pos.shards = write_position(
+          tmp, pos.units, nm, moments, t, p,
+          [&](int i, std::int64_t begin, std::int64_t len, std::span<float* const> out) {
+            whole.read_part(layout.unit(i), t, tensors, begin, len, out, text);
+          },
+          done,
+          [&](std::uint64_t d) {
+            if (progress) progress(d, total);
+          });
+      place_position(nm, std::move(pos));
     }
 }
 
@@ -486,54 +509,32 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   try {
     if (tensors != old.grid.tensor || stages != old.grid.pipeline) {
       reshard_grid(dir, old, tmp, nm, tensors, stages, progress);
-      ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, nm);
-      ckpt::commit(out_root, tmp, old.step, 0, [](const char*) {});
-      return;
-    }
-    // Each grid position (or the one shard set without a grid) is cut anew for `world`
-    // data-parallel ranks; the grid stays as it was.
-    for (int p = 0; p < old.grid.pipeline; ++p)
-      for (int t = 0; t < old.grid.tensor; ++t) {
-        ckpt::Reader r(dir, old, t, p);
-        ckpt::PositionMeta pos{t, p, r.meta().units, {}};
-        // The new slicing is the engine's: rebuild the layout and ask it.
-        Layout layout;
-        for (const auto& u : pos.units) {
-          std::vector<std::pair<std::string, Layout::Shape>> ps;
-          for (const auto& q : u.params) ps.emplace_back(q.name, q.shape);
-          layout.add_unit(u.name, std::move(ps));
-        }
-        for (std::size_t i = 0; i < pos.units.size(); ++i)
-          pos.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
-        // One new shard at a time, one unit at a time: memory is one new slice plus the old
-        // section being cut, never a whole unit.
-        std::vector<float> section;
-        const int moments = old.moments;
-        for (int k = 0; k < world; ++k) {
-          std::vector<ckpt::ShardWriter::Range> ranges;
+    } else {
+      // Each grid position (or the one shard set without a grid) is cut anew for `world`
+      // data-parallel ranks; the grid stays as it was.
+      for (int p = 0; p < old.grid.pipeline; ++p)
+        for (int t = 0; t < old.grid.tensor; ++t) {
+          ckpt::Reader r(dir, old, t, p);
+          ckpt::PositionMeta pos{t, p, r.meta().units, {}};
+          // The new slicing is the engine's: rebuild the layout and ask it.
+          Layout layout;
           for (const auto& u : pos.units) {
-            std::int64_t b = std::min(static_cast<std::int64_t>(k) * u.slice, u.numel);
-            ranges.push_back({b, std::min(b + u.slice, u.numel) - b});
+            std::vector<std::pair<std::string, Layout::Shape>> ps;
+            for (const auto& q : u.params) ps.emplace_back(q.name, q.shape);
+            layout.add_unit(u.name, std::move(ps));
           }
-          const std::string file = old.grid.split() ? ckpt::shard_file_name(k, t, p) : ckpt::shard_file_name(k);
-          ckpt::ShardWriter w(tmp + "/" + file, k, world, nm.stage, moments, old.step, ranges, t, p);
-          for (std::size_t i = 0; i < pos.units.size(); ++i) {
-            const auto len = ranges[i].len;
-            section.resize(static_cast<std::size_t>(len) * static_cast<std::size_t>(1 + moments));
-            std::vector<float*> out;
-            for (int a = 0; a <= moments; ++a) out.push_back(section.data() + a * len);
-            r.read_range(static_cast<int>(i), ranges[i].begin, len, out);
-            w.add_section(section.data());
-          }
-          pos.shards.push_back(w.finish());
+          for (std::size_t i = 0; i < pos.units.size(); ++i)
+            pos.units[i].slice = layout.slice_numel(static_cast<int>(i), world);
+          // Memory: one new slice plus the old section being cut, never a whole unit.
+          std::uint64_t done = 0;
+          pos.shards = write_position(tmp, pos.units, nm, old.moments, t, p,
+                                      [&](int i, std::int64_t begin, std::int64_t len, std::span<float* const> out) {
+                                        r.read_range(i, begin, len, out);
+                                      },
+                                      done, {});
+          place_position(nm, std::move(pos));
         }
-        if (old.grid.split()) {
-          nm.positions[static_cast<std::size_t>(t + old.grid.tensor * p)] = std::move(pos);
-        } else {
-          nm.units = std::move(pos.units);
-          nm.shards = std::move(pos.shards);
-        }
-      }
+    }
     ckpt::write_metadata_file(tmp + "/" + ckpt::kMetadataFile, nm);
     ckpt::commit(out_root, tmp, old.step, 0, [](const char*) {});
   } catch (...) {
