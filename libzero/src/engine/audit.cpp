@@ -19,18 +19,12 @@ namespace zero {
 
 namespace {
 
-// Unit `unit`'s values at `p` (backend memory, dtype t) as fp32 host values.
+// n values at `p` (backend memory, dtype t) as fp32 host values, as full_params() reads them.
 std::vector<float> host_values(Backend& b, const void* p, DType t, std::int64_t n) {
-  const std::size_t bytes = static_cast<std::size_t>(n) * dtype_size(t);
-  std::vector<char> raw;
-  const void* src = p;
-  if (!b.host_accessible()) {
-    raw.resize(bytes);
-    b.to_host(raw.data(), p, bytes);
-    src = raw.data();
-  }
+  std::vector<char> raw(static_cast<std::size_t>(n) * dtype_size(t));
+  b.to_host(raw.data(), p, raw.size());
   std::vector<float> out(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_f32(src, i, t);
+  convert(raw.data(), t, out.data(), DType::f32, out.size());
   return out;
 }
 
@@ -77,8 +71,9 @@ void EngineImpl::audit_check() {
     const std::int64_t own = std::max<std::int64_t>(0, std::min(s.own_len, s.numel - s.own_begin));
     if (corrupt && layout_.unit(i).name == corrupt && comm_.rank() == 0 && own > 0) {
       std::vector<float> v = host_values(*backend_, reducer_.owned(i), gt, own);
+      for (float& x : v) x *= 2.0f;
       std::vector<char> back(static_cast<std::size_t>(own) * dtype_size(gt));
-      for (std::size_t k = 0; k < v.size(); ++k) store_from_f32(back.data(), k, gt, 2.0f * v[k]);
+      convert(v.data(), DType::f32, back.data(), gt, v.size());
       backend_->from_host(reducer_.owned(i), back.data(), back.size());
     }
     double engine = own > 0 ? sum_squares(host_values(*backend_, reducer_.owned(i), gt, own)) : 0.0;
