@@ -64,16 +64,53 @@ std::string find_shakespeare() {
              "\nGive its path instead: data.train: /path/to/" + file);
 }
 
-void write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+namespace {
+
+void write_shard_file(const std::string& path, std::int32_t version, const void* tokens, std::size_t count,
+                      std::size_t bytes) {
   std::ofstream out(path, std::ios::binary);
   ZERO_CHECK(out, "write_shard: cannot create '" + path + "': " + std::strerror(errno));
   std::int32_t header[256] = {};
   header[0] = kShardMagic;
-  header[1] = kShardVersion;
-  header[2] = static_cast<std::int32_t>(tokens.size());
+  header[1] = version;
+  header[2] = static_cast<std::int32_t>(count);
   out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size_bytes()));
+  out.write(static_cast<const char*>(tokens), static_cast<std::streamsize>(bytes));
   ZERO_CHECK(out, "write_shard: writing '" + path + "' failed (disk full?)");
+}
+
+void check_shard_count(const std::string& path, std::size_t count) {
+  ZERO_CHECK(count <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()),
+             fmt::format("write_shard: '{}' would hold {} tokens, more than the int32 count in the header allows "
+                         "({}); split the tokens over several shards",
+                         path, count, std::numeric_limits<std::int32_t>::max()));
+}
+
+}  // namespace
+
+std::int32_t shard_version_for(std::int64_t vocab_size) {
+  return vocab_size <= 65536 ? kShardVersionU16 : kShardVersionU32;
+}
+
+void write_shard(const std::string& path, std::span<const std::uint16_t> tokens) {
+  check_shard_count(path, tokens.size());
+  write_shard_file(path, kShardVersionU16, tokens.data(), tokens.size(), tokens.size_bytes());
+}
+
+void write_shard(const std::string& path, std::span<const std::uint32_t> tokens, std::int64_t vocab_size) {
+  ZERO_CHECK(vocab_size >= 1 && vocab_size <= std::int64_t{1} << 32,
+             fmt::format("write_shard: vocab_size {} for '{}' is outside [1, 2^32]", vocab_size, path));
+  check_shard_count(path, tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    ZERO_CHECK(tokens[i] < vocab_size, fmt::format("write_shard: token {} at position {} of '{}' is outside the "
+                                                   "vocabulary (vocab_size {})",
+                                                   tokens[i], i, path, vocab_size));
+  if (shard_version_for(vocab_size) == kShardVersionU32) {
+    write_shard_file(path, kShardVersionU32, tokens.data(), tokens.size(), tokens.size_bytes());
+    return;
+  }
+  const std::vector<std::uint16_t> narrow(tokens.begin(), tokens.end());  // every token < 65536, checked above
+  write_shard_file(path, kShardVersionU16, narrow.data(), narrow.size(), narrow.size() * sizeof(std::uint16_t));
 }
 
 namespace {
@@ -135,8 +172,8 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
   for (const auto& f : files) {
     MappedFile m(f);
     const std::string hint =
-        "; an llm.c token shard is 256 int32 (magic 20240520, version 1, token count) then "
-        "uint16 tokens: regenerate the file or drop it from the glob";
+        "; an llm.c token shard is 256 int32 (magic 20240520, version, token count) then the tokens: uint16 for "
+        "version 1, uint32 for version 2; regenerate the file or drop it from the glob";
     ZERO_CHECK(m.size() >= kShardHeaderBytes,
                fmt::format("data: shard '{}' is {} bytes, shorter than the 1024-byte header (truncated?){}", f,
                            m.size(), hint));
@@ -144,18 +181,24 @@ TokenSet TokenSet::from_shards(const std::string& pattern) {
     std::memcpy(header, m.data(), sizeof header);
     ZERO_CHECK(header[0] == kShardMagic,
                fmt::format("data: shard '{}' has magic {}, expected {}{}", f, header[0], kShardMagic, hint));
-    ZERO_CHECK(header[1] == kShardVersion,
-               fmt::format("data: shard '{}' has version {}, expected {}{}", f, header[1], kShardVersion, hint));
+    ZERO_CHECK(header[1] == kShardVersionU16 || header[1] == kShardVersionU32,
+               fmt::format("data: shard '{}' has version {}; accepted are {} (uint16 tokens, llm.c's) and {} (uint32 "
+                           "tokens){}",
+                           f, header[1], kShardVersionU16, kShardVersionU32, hint));
     ZERO_CHECK(header[2] >= 0, fmt::format("data: shard '{}' has a negative token count {}{}", f, header[2], hint));
-    const std::size_t expect = kShardHeaderBytes + 2 * static_cast<std::size_t>(header[2]);
+    const int width = header[1] == kShardVersionU32 ? 4 : 2;
+    const std::size_t expect =
+        kShardHeaderBytes + static_cast<std::size_t>(width) * static_cast<std::size_t>(header[2]);
     ZERO_CHECK(m.size() == expect,
-               fmt::format("data: shard '{}' header says {} tokens, so the file should be {} bytes, but it is {} "
-                           "bytes (truncated or partly written){}",
-                           f, header[2], expect, m.size(), hint));
+               fmt::format("data: shard '{}' header says {} tokens of {} bytes (version {}), so the file should be {} "
+                           "bytes, but it is {} bytes (truncated or partly written){}",
+                           f, header[2], width, header[1], expect, m.size(), hint));
     Segment s;
     s.name = f;
-    s.tokens = reinterpret_cast<const std::uint16_t*>(m.data() + kShardHeaderBytes);
+    // The mapping is page-aligned and the header 1024 bytes, so uint32 tokens are aligned too.
+    s.tokens = m.data() + kShardHeaderBytes;
     s.count = header[2];
+    s.width = width;
     set.segments_.push_back(std::move(s));
     set.maps_.push_back(std::move(m));
   }
@@ -180,13 +223,25 @@ TokenSet TokenSet::from_text_file(const std::string& path, bool validation) {
 TokenSet TokenSet::from_tokens(std::vector<std::uint16_t> tokens, std::string name) {
   TokenSet set;
   set.owned_ = std::move(tokens);
+  set.set_owned_segment(std::move(name), set.owned_.data(), set.owned_.size(), 2);
+  return set;
+}
+
+TokenSet TokenSet::from_tokens(std::vector<std::uint32_t> tokens, std::string name) {
+  TokenSet set;
+  set.owned32_ = std::move(tokens);
+  set.set_owned_segment(std::move(name), set.owned32_.data(), set.owned32_.size(), 4);
+  return set;
+}
+
+void TokenSet::set_owned_segment(std::string name, const void* tokens, std::size_t count, int width) {
   Segment s;
   s.name = std::move(name);
-  s.tokens = set.owned_.data();
-  s.count = static_cast<std::int64_t>(set.owned_.size());
-  set.description_ = fmt::format("{}, {} tokens", s.name, s.count);
-  set.segments_.push_back(std::move(s));
-  return set;
+  s.tokens = tokens;
+  s.count = static_cast<std::int64_t>(count);
+  s.width = width;
+  description_ = fmt::format("{}, {} tokens", s.name, s.count);
+  segments_.push_back(std::move(s));
 }
 
 std::int64_t TokenSet::num_tokens() const {
@@ -267,21 +322,38 @@ void DataLoader::seek(std::int64_t micro_step) {
   micro_step_ = micro_step;
 }
 
-void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t* tg) const {
-  const int T = opt_.seq_len;
-  auto [seg, start] = locate(sample);
-  const std::uint16_t* tok = set_->segment(seg).data() + start;
+namespace {
+
+// Checks the window of T+1 tokens at `tok` against the vocabulary, then copies inputs and targets.
+template <class Token>
+void copy_window(const Token* tok, int T, int vocab_size, std::int64_t start, const std::string& name, std::int32_t* in,
+                 std::int32_t* tg) {
   for (int t = 0; t <= T; ++t) {
-    if (tok[t] >= opt_.vocab_size)
+    if (static_cast<std::int64_t>(tok[t]) >= vocab_size)
       ZERO_THROW(
           fmt::format("data: token {} at position {} of '{}' is outside the model's vocabulary (vocab_size "
                       "{}); set model.vocab_size to the tokenizer's (50257 for GPT-2)",
-                      tok[t], start + t, set_->segment_name(seg), opt_.vocab_size));
+                      tok[t], start + t, name, vocab_size));
   }
   for (int t = 0; t < T; ++t) {
-    in[t] = tok[t];
-    tg[t] = tok[t + 1];
+    in[t] = static_cast<std::int32_t>(tok[t]);
+    tg[t] = static_cast<std::int32_t>(tok[t + 1]);
   }
+}
+
+}  // namespace
+
+void DataLoader::copy_sample(std::int64_t sample, std::int32_t* in, std::int32_t* tg) const {
+  const int T = opt_.seq_len;
+  auto [seg, start] = locate(sample);
+  const TokenSpan span = set_->segment(seg);
+  const auto first = static_cast<std::size_t>(start);
+  if (span.width() == 4)
+    copy_window(static_cast<const std::uint32_t*>(span.data()) + first, T, opt_.vocab_size, start,
+                set_->segment_name(seg), in, tg);
+  else
+    copy_window(static_cast<const std::uint16_t*>(span.data()) + first, T, opt_.vocab_size, start,
+                set_->segment_name(seg), in, tg);
 }
 
 void DataLoader::next(std::int32_t* inputs, std::int32_t* targets) {

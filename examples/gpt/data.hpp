@@ -9,9 +9,12 @@
 // global micro-batch, so one rank with two micro-steps sees exactly the samples two ranks see in
 // one, and no rank reads a sample another rank reads in the same step.
 //
-// llm.c shard format: 256 little-endian int32 (magic 20240520, version 1, token count, rest
-// unused), then `count` uint16 tokens; the file is exactly 1024 + 2 * count bytes. Shards are
-// memory-mapped, so a 100 GB data set costs address space, not RAM.
+// llm.c shard format: 256 little-endian int32 (magic 20240520, version, token count, rest
+// unused), then `count` little-endian tokens. The version says how wide a token is: version 1
+// (llm.c's) holds uint16 tokens and the file is exactly 1024 + 2 * count bytes; version 2 holds
+// uint32 tokens, for vocabularies past 65536 ids (Llama 3's 128K, BLOOM's 250,880), and the file
+// is exactly 1024 + 4 * count bytes. Any other version is refused. Shards are memory-mapped and
+// read in place at either width, so a 100 GB data set costs address space, not RAM.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +27,8 @@
 namespace zero::gpt {
 
 inline constexpr std::int32_t kShardMagic = 20240520;
-inline constexpr std::int32_t kShardVersion = 1;
+inline constexpr std::int32_t kShardVersionU16 = 1;  // llm.c's: uint16 tokens
+inline constexpr std::int32_t kShardVersionU32 = 2;  // uint32 tokens
 inline constexpr std::size_t kShardHeaderBytes = 256 * sizeof(std::int32_t);
 
 // Byte-level tokenizer (vocabulary 256): a token is a byte.
@@ -36,8 +40,16 @@ std::string decode_bytes(std::span<const int> tokens);
 // tree the binary was built from. Throws zero::Error listing the places tried.
 std::string find_shakespeare();
 
-// Writes an llm.c shard (tests and tools).
+// The shard version a model of `vocab_size` token ids needs: version 1 (uint16) up to 65536 ids,
+// version 2 (uint32) past that.
+std::int32_t shard_version_for(std::int64_t vocab_size);
+
+// Writes an llm.c shard of uint16 tokens, version 1 (tests and tools).
 void write_shard(const std::string& path, std::span<const std::uint16_t> tokens);
+// Writes a shard for a model of `vocab_size` ids at the width shard_version_for(vocab_size)
+// picks, so a vocabulary that fits uint16 still gives a file llm.c reads. A token >= vocab_size
+// is a zero::Error, as is more than 2^31 - 1 tokens (the header's count is an int32).
+void write_shard(const std::string& path, std::span<const std::uint32_t> tokens, std::int64_t vocab_size);
 
 // A read-only memory map of a whole file (RAII, move-only).
 class MappedFile {
@@ -57,22 +69,40 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
+// One segment's tokens, read in place: `width` bytes each, 2 (uint16) or 4 (uint32).
+class TokenSpan {
+ public:
+  TokenSpan(const void* data, std::size_t size, int width) : data_(data), size_(size), width_(width) {}
+  std::size_t size() const { return size_; }
+  int width() const { return width_; }
+  const void* data() const { return data_; }
+  std::uint32_t operator[](std::size_t i) const {
+    return width_ == 2 ? static_cast<const std::uint16_t*>(data_)[i] : static_cast<const std::uint32_t*>(data_)[i];
+  }
+
+ private:
+  const void* data_;
+  std::size_t size_;
+  int width_;
+};
+
 class TokenSet {
  public:
   // Shards matching a glob pattern, in sorted name order. Each file is checked (header magic,
-  // version, size) and a bad one is a zero::Error naming it.
+  // version, size) and a bad one is a zero::Error naming it. Shards of both versions may mix.
   static TokenSet from_shards(const std::string& pattern);
   // A text file as bytes, split at 90%: the first part (validation = false) or the rest.
   static TokenSet from_text_file(const std::string& path, bool validation);
   // Tokens held in memory, one segment called `name`.
   static TokenSet from_tokens(std::vector<std::uint16_t> tokens, std::string name);
+  static TokenSet from_tokens(std::vector<std::uint32_t> tokens, std::string name);
 
   int num_segments() const { return static_cast<int>(segments_.size()); }
   std::int64_t num_tokens() const;
   const std::string& segment_name(int i) const { return segments_[static_cast<std::size_t>(i)].name; }
-  std::span<const std::uint16_t> segment(int i) const {
+  TokenSpan segment(int i) const {
     const auto& s = segments_[static_cast<std::size_t>(i)];
-    return {s.tokens, static_cast<std::size_t>(s.count)};
+    return {s.tokens, static_cast<std::size_t>(s.count), s.width};
   }
   // What it is, for the log: "2 shards, 200000000 tokens (data/fineweb_train_*.bin)".
   const std::string& description() const { return description_; }
@@ -80,13 +110,17 @@ class TokenSet {
  private:
   struct Segment {
     std::string name;
-    const std::uint16_t* tokens = nullptr;
+    const void* tokens = nullptr;
     std::int64_t count = 0;
+    int width = 2;  // bytes per token
   };
   std::vector<MappedFile> maps_;
   std::vector<std::uint16_t> owned_;
+  std::vector<std::uint32_t> owned32_;
   std::vector<Segment> segments_;
   std::string description_;
+  // The one segment of from_tokens, over owned_ or owned32_.
+  void set_owned_segment(std::string name, const void* tokens, std::size_t count, int width);
 };
 
 // A bijection of [0, n) chosen by `key`: a 4-round Feistel network on the smallest even bit
@@ -112,7 +146,7 @@ class DataLoader {
     int world = 1;
     std::uint64_t seed = 0;
     bool shuffle = true;     // false: samples in order (validation)
-    int vocab_size = 65536;  // a token >= this is a zero::Error naming where it was found
+    int vocab_size = 65536;  // a token >= this is a zero::Error naming where it was found (either width)
   };
   // Throws zero::Error when the set holds no complete sample.
   DataLoader(const TokenSet& set, const Options& opt);

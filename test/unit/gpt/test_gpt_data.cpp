@@ -1,4 +1,4 @@
-// The GPT data path: llm.c shards (format checks naming the file), sample windows that respect
+// The GPT data path: llm.c shards, uint16 and uint32 (format checks naming the file), sample windows that respect
 // shard boundaries, rank striping, the shuffle permutation, and the embedded corpus.
 #include <catch2/catch.hpp>
 
@@ -181,7 +181,7 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
   TempDir dir;
   SECTION("truncated: fewer tokens than the header says") {
     const std::string f = dir.file("cut.bin");
-    write_raw(f, {kShardMagic, kShardVersion, 100}, 150);
+    write_raw(f, {kShardMagic, kShardVersionU16, 100}, 150);
     CHECK_THROWS_WITH(TokenSet::from_shards(f),
                       Catch::Contains(f) && Catch::Contains("header says 100 tokens") && Catch::Contains("1174 bytes"));
   }
@@ -192,13 +192,15 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
   }
   SECTION("wrong magic") {
     const std::string f = dir.file("magic.bin");
-    write_raw(f, {20240521, kShardVersion, 10}, 20);
+    write_raw(f, {20240521, kShardVersionU16, 10}, 20);
     CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("magic 20240521"));
   }
-  SECTION("wrong version") {
+  SECTION("unknown version") {
     const std::string f = dir.file("version.bin");
-    write_raw(f, {kShardMagic, 2, 10}, 20);
-    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("version 2"));
+    write_raw(f, {kShardMagic, 3, 10}, 40);
+    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("has version 3") &&
+                                                    Catch::Contains("accepted are 1 (uint16 tokens") &&
+                                                    Catch::Contains("2 (uint32 tokens)"));
   }
   SECTION("one bad shard among good ones") {
     write_shard(dir.file("a_000.bin"), iota_tokens(10, 0));
@@ -222,6 +224,147 @@ TEST_CASE("bad shards are errors that name the file", "[gpt][data]") {
   }
 }
 
+namespace {
+
+std::int32_t header_int(const std::string& path, int i) {
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t v = -1;
+  in.seekg(static_cast<std::streamoff>(i) * 4);
+  in.read(reinterpret_cast<char*>(&v), sizeof v);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("uint32 shards (version 2) hold ids past 65535 and read back exactly", "[gpt][data]") {
+  TempDir dir;
+  // BLOOM's vocabulary: ids up to 250879, windows of T+1 = 5 at stride 4.
+  const std::int64_t vocab = 250880;
+  std::vector<std::uint32_t> tokens;
+  for (std::uint32_t i = 0; i < 21; ++i) tokens.push_back(i % 2 == 0 ? 65530 + i * 5001 : i);
+  tokens[20] = 250879;  // the largest id the vocabulary has
+  const std::string f = dir.file("wide_000.bin");
+  write_shard(f, tokens, vocab);
+  CHECK(header_int(f, 0) == 20240520);
+  CHECK(header_int(f, 1) == 2);
+  CHECK(header_int(f, 2) == 21);
+  CHECK(fs::file_size(f) == 1024 + 4 * 21);
+
+  TokenSet set = TokenSet::from_shards(f);
+  REQUIRE(set.num_segments() == 1);
+  REQUIRE(set.num_tokens() == 21);
+  const TokenSpan seg = set.segment(0);
+  CHECK(seg.width() == 4);
+  for (std::size_t i = 0; i < tokens.size(); ++i) REQUIRE(seg[i] == tokens[i]);
+  CHECK(seg[2] == 75532);  // does not fit uint16
+
+  DataLoader::Options o;
+  o.seq_len = 4;
+  o.shuffle = false;
+  o.vocab_size = static_cast<int>(vocab);
+  DataLoader loader(set, o);
+  REQUIRE(loader.num_samples() == 5);
+  std::vector<std::int32_t> in(4), tg(4);
+  for (int s = 0; s < 5; ++s) {
+    loader.next(in.data(), tg.data());
+    for (std::size_t t = 0; t < 4; ++t) {
+      REQUIRE(in[t] == static_cast<std::int32_t>(tokens[4 * static_cast<std::size_t>(s) + t]));
+      REQUIRE(tg[t] == static_cast<std::int32_t>(tokens[4 * static_cast<std::size_t>(s) + t + 1]));
+    }
+  }
+  CHECK(tg[3] == 250879);
+
+  SECTION("a token past the model's vocabulary is refused as for uint16") {
+    o.vocab_size = 128256;  // Llama 3's: 135544 (position 14, in sample 3) is the first outside it
+    DataLoader small(set, o);
+    std::vector<std::int32_t> in3(3 * 4), tg3(3 * 4);
+    CHECK_NOTHROW(small.read(0, 3, in3.data(), tg3.data()));
+    CHECK(tg3[11] == 125542);  // the largest id of samples 0-2
+    CHECK_THROWS_WITH(small.read(3, 1, in.data(), tg.data()), Catch::Contains(f) &&
+                                                                  Catch::Contains("token 135544 at position 14") &&
+                                                                  Catch::Contains("vocab_size 128256"));
+  }
+  SECTION("the writer refuses a token outside the vocabulary it is given") {
+    CHECK_THROWS_WITH(write_shard(dir.file("bad.bin"), tokens, 128256),
+                      Catch::Contains("token 135544 at position 14") && Catch::Contains("vocab_size 128256"));
+  }
+  SECTION("uint16 and uint32 shards mix in one glob") {
+    write_shard(dir.file("wide_001.bin"), iota_tokens(9, 60000));
+    TokenSet both = TokenSet::from_shards(dir.file("wide_*.bin"));
+    REQUIRE(both.num_segments() == 2);
+    CHECK(both.segment(1).width() == 2);
+    DataLoader mixed(both, o);
+    REQUIRE(mixed.num_samples() == 5 + 2);
+    std::vector<std::int32_t> in2(2 * 4), tg2(2 * 4);
+    mixed.read(5, 2, in2.data(), tg2.data());
+    for (std::size_t t = 0; t < 4; ++t) {
+      CHECK(in2[t] == 60000 + static_cast<std::int32_t>(t));
+      CHECK(tg2[4 + t] == 60005 + static_cast<std::int32_t>(t));
+    }
+  }
+}
+
+TEST_CASE("the writer keeps uint16 (version 1) for a vocabulary that fits", "[gpt][data]") {
+  CHECK(shard_version_for(256) == 1);
+  CHECK(shard_version_for(50257) == 1);
+  CHECK(shard_version_for(65536) == 1);
+  CHECK(shard_version_for(65537) == 2);
+  CHECK(shard_version_for(128256) == 2);
+  TempDir dir;
+  const std::vector<std::uint32_t> tokens = {0, 50256, 65535, 7, 42};
+  const std::string f = dir.file("gpt2.bin");
+  write_shard(f, tokens, 65536);
+  CHECK(header_int(f, 1) == 1);
+  CHECK(fs::file_size(f) == 1024 + 2 * 5);
+  // Byte for byte what the uint16 writer (and llm.c) writes.
+  const std::string g = dir.file("gpt2_u16.bin");
+  write_shard(g, std::vector<std::uint16_t>{0, 50256, 65535, 7, 42});
+  std::ifstream a(f, std::ios::binary), b(g, std::ios::binary);
+  const std::string fa((std::istreambuf_iterator<char>(a)), {}), fb((std::istreambuf_iterator<char>(b)), {});
+  CHECK(fa == fb);
+  TokenSet set = TokenSet::from_shards(f);
+  const TokenSpan seg = set.segment(0);
+  CHECK(seg.width() == 2);
+  REQUIRE(seg.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) CHECK(seg[i] == tokens[i]);
+}
+
+TEST_CASE("a truncated uint32 shard is refused", "[gpt][data]") {
+  TempDir dir;
+  SECTION("the size of a uint16 shard is not enough for version 2") {
+    const std::string f = dir.file("half.bin");
+    write_raw(f, {kShardMagic, kShardVersionU32, 100}, 200);  // 2 bytes a token: the uint16 size
+    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("header says 100 tokens") &&
+                                                    Catch::Contains("of 4 bytes (version 2)") &&
+                                                    Catch::Contains("should be 1424 bytes") &&
+                                                    Catch::Contains("it is 1224 bytes"));
+  }
+  SECTION("cut inside a token") {
+    const std::string f = dir.file("cut.bin");
+    write_raw(f, {kShardMagic, kShardVersionU32, 10}, 39);
+    CHECK_THROWS_WITH(TokenSet::from_shards(f), Catch::Contains(f) && Catch::Contains("should be 1064 bytes") &&
+                                                    Catch::Contains("it is 1063 bytes"));
+  }
+  SECTION("a whole file still reads") {
+    const std::string f = dir.file("whole.bin");
+    write_raw(f, {kShardMagic, kShardVersionU32, 10}, 40);
+    CHECK(TokenSet::from_shards(f).num_tokens() == 10);
+  }
+}
+
+TEST_CASE("tokens held in memory may be uint32", "[gpt][data]") {
+  TokenSet set = TokenSet::from_tokens(std::vector<std::uint32_t>{70000, 70001, 70002, 70003, 70004}, "wide");
+  CHECK(set.segment(0).width() == 4);
+  DataLoader::Options o;
+  o.seq_len = 4;
+  o.vocab_size = 70005;
+  DataLoader loader(set, o);
+  std::vector<std::int32_t> in(4), tg(4);
+  loader.read(0, 1, in.data(), tg.data());
+  CHECK(in == std::vector<std::int32_t>{70000, 70001, 70002, 70003});
+  CHECK(tg == std::vector<std::int32_t>{70001, 70002, 70003, 70004});
+}
+
 TEST_CASE("the embedded corpus splits 90/10 and tokenizes as bytes", "[gpt][data]") {
   const std::string path = find_shakespeare();
   REQUIRE(fs::is_regular_file(path));
@@ -231,8 +374,10 @@ TEST_CASE("the embedded corpus splits 90/10 and tokenizes as bytes", "[gpt][data
   CHECK(train.num_tokens() == total * 9 / 10);
   CHECK(train.num_tokens() + val.num_tokens() == total);
   const std::string head = "First Citizen";
-  auto seg = train.segment(0);
-  std::vector<int> ids(seg.begin(), seg.begin() + static_cast<std::ptrdiff_t>(head.size()));
+  const TokenSpan seg = train.segment(0);
+  CHECK(seg.width() == 2);
+  std::vector<int> ids;
+  for (std::size_t i = 0; i < head.size(); ++i) ids.push_back(static_cast<int>(seg[i]));
   CHECK(decode_bytes(ids) == head);
   CHECK(encode_bytes("Az\n") == std::vector<std::uint16_t>{65, 122, 10});
 }
