@@ -247,7 +247,7 @@ class BareLoop {
     Act* const* ge = g(emb);
     model_.backward_head(p(lnf), g(lnf), pe, ge, 1.0f);
     for (int l = c_.n_layer - 1; l >= 0; --l) model_.backward_block(l, p(block_unit(l)), g(block_unit(l)));
-    model_.backward_embeddings(ge);
+    model_.backward_embeddings(pe, ge);
     if (nccl_) ZERO_NCCL_CHECK(ncclAllReduce(grads_, grads_, total_, ncclBfloat16, ncclSum, nccl_, stream_));
 
     // The gradient norm (one host wait, as the engine's), clipping, then AdamW over each run.
@@ -339,7 +339,7 @@ void engine_micro_step(Engine& engine, GptModel& model, const GptConfig& c, Unit
     model.backward_block(l, slots[1].at(layout.unit(u), P.data(), es), slots[3].at(layout.unit(u), G.data(), es));
     engine.reduce(u);
   }
-  model.backward_embeddings(ge);
+  model.backward_embeddings(pe, ge);
   engine.reduce(emb);
 }
 

@@ -97,8 +97,8 @@ int main() {
   const int bloom_gpus[] = {32, 40, 48};
   const double bloom_days[] = {29, 23, 19};
   for (int i = 0; i < 3; ++i) {
-    Plan p = make_plan(gpt_preset("bloom-7b"), a100_nodes(bloom_gpus[i]), bloom);
-    row("bloom-7b stage 1, days per 100B tokens, " + std::to_string(bloom_gpus[i]) + " x A100-80GB" +
+    Plan p = make_plan(gpt_preset("bloom-7b1"), a100_nodes(bloom_gpus[i]), bloom);
+    row("bloom-7b1 stage 1, days per 100B tokens, " + std::to_string(bloom_gpus[i]) + " x A100-80GB" +
             (p.fits ? "" : " (no fit)"),
         p.days, bloom_days[i], "d");
   }

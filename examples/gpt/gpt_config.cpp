@@ -14,31 +14,24 @@ namespace zero::gpt {
 
 namespace {
 
-struct Preset {
-  const char* name;
-  GptConfig cfg;
-};
-
-GptConfig make(int n_layer, int n_head, int n_embd, int seq_len, int vocab) {
-  GptConfig c;
-  c.n_layer = n_layer;
-  c.n_head = n_head;
-  c.n_embd = n_embd;
-  c.seq_len = seq_len;
-  c.vocab_size = vocab;
-  return c;
-}
-
-// "tiny" is sized for the README's first command: two ranks on a 2-core machine must reach
-// a validation loss under 2.0 nats/char on tiny Shakespeare in a few minutes.
-const std::vector<Preset>& presets() {
-  static const std::vector<Preset> p = {
-      {"tiny", make(4, 4, 128, 64, 256)},
-      {"gpt2", make(12, 12, 768, 1024, 50257)},
-      {"gpt2-medium", make(24, 16, 1024, 1024, 50257)},
-      {"gpt2-large", make(36, 20, 1280, 1024, 50257)},
-      {"gpt2-xl", make(48, 25, 1600, 1024, 50257)},
-  };
+// The CPU demos: "tiny" is sized for the README's first command (two ranks on a 2-core machine
+// reach a validation loss under 2.0 nats/char on tiny Shakespeare in a few minutes); the llama
+// and bloom ones have about its parameter count (llama: 2 key/value heads, an untied head).
+const std::vector<GptConfig>& demo_presets() {
+  static const std::vector<GptConfig> p = [] {
+    GptConfig tiny;
+    tiny.name = "tiny";
+    GptConfig llama = tiny;
+    llama.name = "llama-tiny";
+    llama.arch = zero::plan::Arch::llama;
+    llama.n_kv_head = 2;
+    llama.ffn_hidden = 352;
+    llama.tied_head = false;
+    GptConfig bloom = tiny;
+    bloom.name = "bloom-tiny";
+    bloom.arch = zero::plan::Arch::bloom;
+    return std::vector<GptConfig>{tiny, llama, bloom};
+  }();
   return p;
 }
 
@@ -68,47 +61,37 @@ struct SplitMix64 {
 }  // namespace
 
 void GptConfig::validate() const {
-  auto need = [](bool ok, const std::string& what) {
-    if (!ok) ZERO_THROW("GPT model config: " + what);
-  };
-  need(n_layer >= 1, fmt::format("n_layer must be >= 1 (got {})", n_layer));
-  need(n_head >= 1, fmt::format("n_head must be >= 1 (got {})", n_head));
-  need(n_embd >= 1, fmt::format("n_embd must be >= 1 (got {})", n_embd));
-  need(n_embd % n_head == 0, fmt::format("n_embd ({}) must be divisible by n_head ({}); choose n_head among the "
-                                         "divisors of n_embd",
-                                         n_embd, n_head));
-  need(seq_len >= 1, fmt::format("seq_len must be >= 1 (got {})", seq_len));
-  need(vocab_size >= 2 && vocab_size <= 65536,
-       fmt::format("vocab_size must be in [2, 65536] (tokens are stored as uint16; got {})", vocab_size));
-}
-
-std::int64_t GptConfig::num_params() const {
-  std::int64_t n = 0;
-  for (const auto& u : gpt_units(*this))
-    for (const auto& t : u.tensors) n += t.numel();
-  return n;
+  zero::plan::GptShape::validate();
+  ZERO_CHECK(vocab_size >= 2 && vocab_size <= (1 << 24),
+             fmt::format("GPT model config: vocab_size must be in [2, 2^24] (got {})", vocab_size));
 }
 
 std::string GptConfig::describe() const {
-  return fmt::format("n_layer={} n_head={} n_embd={} seq_len={} vocab={} (padded {}) params={:.2f}M{}", n_layer, n_head,
-                     n_embd, seq_len, vocab_size, padded_vocab_size(), static_cast<double>(num_params()) / 1e6,
+  return fmt::format("{} n_layer={} n_head={}{} n_embd={}{} seq_len={} vocab={} (padded {}) params={:.2f}M{}",
+                     zero::plan::arch_name(arch), n_layer, n_head,
+                     kv_heads() != n_head ? fmt::format(" (kv {})", kv_heads()) : "", n_embd,
+                     mlp_hidden() != 4 * n_embd ? fmt::format(" ffn={}", mlp_hidden()) : "", seq_len, vocab_size,
+                     padded_vocab_size(), static_cast<double>(num_params()) / 1e6,
                      activation_checkpointing ? " activation_checkpointing" : "");
 }
 
 const std::vector<std::string>& gpt_preset_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
-    for (const auto& p : presets()) n.emplace_back(p.name);
+    for (const auto& p : demo_presets()) n.push_back(p.name);
+    for (const auto& p : zero::plan::gpt_presets()) n.push_back(p.name);
     return n;
   }();
   return names;
 }
 
 GptConfig gpt_preset(std::string_view name) {
-  for (const auto& p : presets())
-    if (name == p.name) return p.cfg;
+  for (const auto& p : demo_presets())
+    if (name == p.name) return p;
+  for (const auto& p : zero::plan::gpt_presets())
+    if (name == p.name) return GptConfig(p);
   ZERO_THROW(
-      fmt::format("unknown GPT preset '{}'{}; choose one of: {}, or give n_layer / n_head / n_embd / seq_len "
+      fmt::format("unknown model preset '{}'{}; choose one of: {}, or give n_layer / n_head / n_embd / seq_len "
                   "/ vocab_size explicitly",
                   name, did_you_mean(name, gpt_preset_names()), fmt::join(gpt_preset_names(), ", ")));
 }
@@ -119,23 +102,11 @@ std::int64_t TensorSpec::numel() const {
   return n;
 }
 
-// The shapes come from the library's GPT layout (zero/plan/plan.hpp), the one the planner counts,
-// so the trainer and zero-plan cannot disagree about what a GPT holds.
-zero::plan::GptShape GptConfig::plan_shape() const {
-  zero::plan::GptShape shape;
-  shape.n_layer = n_layer;
-  shape.n_head = n_head;
-  shape.n_embd = n_embd;
-  shape.seq_len = seq_len;
-  shape.vocab_size = vocab_size;
-  return shape;
-}
-
 zero::Layout build_layout(const GptConfig& cfg) {
   cfg.validate();
   zero::Layout layout = zero::plan::gpt_layout(cfg.plan_shape());
-  // As GPT-2, nanoGPT and llm.c: weight decay on the matrices and the embeddings (wte, wpe),
-  // not on biases or LayerNorm parameters.
+  // As GPT-2, nanoGPT, llm.c and the Llama recipes: weight decay on the matrices and the
+  // embeddings (wte, wpe, lm_head), not on biases or norm weights.
   layout.decay_matrices_only();
   return layout;
 }
@@ -151,12 +122,42 @@ std::vector<UnitSpec> gpt_units(const GptConfig& cfg) {
   return units;
 }
 
+TensorSlots tensor_slots(const GptConfig& cfg) {
+  const zero::Layout layout = build_layout(cfg);
+  TensorSlots slots;
+  slots.block.fill(-1);
+  slots.embeddings.fill(-1);
+  slots.ln_f.fill(-1);
+  // The name after the unit's prefix ("h.0.") for each role, in enum order.
+  static constexpr const char* kBlock[] = {
+      "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+      "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+  static constexpr const char* kEmb[] = {"wte.weight", "wpe.weight", "ln_e.weight", "ln_e.bias"};
+  static constexpr const char* kLnf[] = {"ln_f.weight", "ln_f.bias", "lm_head.weight"};
+  auto find = [](const zero::UnitInfo& u, std::string_view suffix) {
+    for (std::size_t i = 0; i < u.params.size(); ++i)
+      if (std::string_view(u.params[i].name).ends_with(suffix) &&
+          (u.params[i].name.size() == suffix.size() ||
+           u.params[i].name[u.params[i].name.size() - suffix.size() - 1] == '.'))
+        return static_cast<int>(i);
+    return -1;
+  };
+  for (int r = 0; r < kBlockTensors; ++r)
+    slots.block[static_cast<std::size_t>(r)] = find(layout.unit(block_unit(0)), kBlock[r]);
+  for (int r = 0; r < kEmbeddingTensors; ++r)
+    slots.embeddings[static_cast<std::size_t>(r)] = find(layout.unit(embeddings_unit()), kEmb[r]);
+  for (int r = 0; r < kLnfTensors; ++r)
+    slots.ln_f[static_cast<std::size_t>(r)] = find(layout.unit(ln_f_unit(cfg)), kLnf[r]);
+  return slots;
+}
+
 void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float> values, std::uint64_t seed) {
   if (name.ends_with(".bias")) {
     std::fill(values.begin(), values.end(), 0.0f);
     return;
   }
-  if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name == "ln_f.weight") {
+  if (name.ends_with("ln_1.weight") || name.ends_with("ln_2.weight") || name == "ln_f.weight" ||
+      name == "ln_e.weight") {
     std::fill(values.begin(), values.end(), 1.0f);
     return;
   }
@@ -166,7 +167,7 @@ void init_parameter(const GptConfig& cfg, std::string_view name, std::span<float
   if (name.ends_with("attn.c_proj.weight") || name.ends_with("mlp.c_proj.weight"))
     std_dev /= std::sqrt(2.0 * cfg.n_layer);
   std::size_t n = values.size();
-  if (name == "wte.weight") {
+  if (name == "wte.weight" || name == "lm_head.weight") {
     // Padded ids never occur and get no gradient; zero rows keep them inert in sampling too.
     std::size_t real = static_cast<std::size_t>(cfg.vocab_size) * cfg.n_embd;
     std::fill(values.begin() + static_cast<std::ptrdiff_t>(std::min(real, n)), values.end(), 0.0f);

@@ -30,20 +30,30 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
                          part_.slots));
   ca_ = cfg_.n_embd / tp_.size;
   nh_ = cfg_.n_head / tp_.size;
-  fc_ = 4 * cfg_.n_embd / tp_.size;
+  qkv_ = static_cast<int>(cfg_.qkv_width() / tp_.size);
+  fc_ = static_cast<int>(cfg_.mlp_hidden() / tp_.size);
+  fcin_ = cfg_.gated_mlp() ? 2 * fc_ : fc_;
   vl_ = tp_.vocab_rows(cfg_);
   v0_ = tp_.vocab_begin(cfg_);
+  slots_ = tensor_slots(cfg_);
+  att_ = AttentionShape{.B = max_batch,
+                        .T = cfg_.seq_len,
+                        .NH = nh_,
+                        .NKV = cfg_.kv_heads() / tp_.size,
+                        .hs = cfg_.head_size(),
+                        .alibi_heads = cfg_.alibi() ? cfg_.n_head : 0,
+                        .head0 = tp_.rank * nh_};
   const std::size_t B = static_cast<std::size_t>(max_batch), T = cfg_.seq_len, C = cfg_.n_embd,
                     L = static_cast<std::size_t>(part_.end_layer - part_.first_layer),
                     Vl = static_cast<std::size_t>(vl_), S = static_cast<std::size_t>(part_.slots);
-  const std::size_t CA = static_cast<std::size_t>(ca_), FC = static_cast<std::size_t>(fc_);
+  const std::size_t CA = static_cast<std::size_t>(ca_), FC = static_cast<std::size_t>(fc_),
+                    FCIN = static_cast<std::size_t>(fcin_), QKV = static_cast<std::size_t>(qkv_);
   const std::size_t N = B * T;
   nc_max_ = N * C;
   const std::size_t stats = ops.attention_stats_floats(max_batch, cfg_.seq_len, nh_);
-  // Per block: ln1, res2, ln2 of width C; this rank's qkv (3 CA), atty (CA), fch and fch_gelu
-  // (FC each) in the Ops' dtype; 4 LayerNorm statistics per row and the attention's statistics
-  // in fp32.
-  const std::size_t per_block = N * (3 * C + 4 * CA + 2 * FC);
+  // Per block: ln1, res2, ln2 of width C; this rank's qkv, atty (CA), fch (FCIN) and fch_gelu
+  // (FC) in the Ops' dtype; 4 norm statistics per row and the attention's statistics in fp32.
+  const std::size_t per_block = N * (3 * C + QKV + CA + FCIN + FC);
   const std::size_t per_block_stats = 4 * N + stats;
   const std::size_t stored_blocks = cfg_.activation_checkpointing ? 1 : L * S;
   const std::size_t f4 = sizeof(float), i4 = sizeof(std::int32_t);
@@ -66,11 +76,11 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   for (std::size_t l = 0; l < stored_blocks; ++l) {
     BlockActs a{};
     a.ln1 = take(N * C);
-    a.qkv = take(3 * N * CA);
+    a.qkv = take(N * QKV);
     a.atty = take(N * CA);
     a.res2 = take(N * C);
     a.ln2 = take(N * C);
-    a.fch = take(N * FC);
+    a.fch = take(N * FCIN);
     a.fch_gelu = take(N * FC);
     a.ln1_mean = take_stat(N);
     a.ln1_rstd = take_stat(N);
@@ -80,6 +90,10 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
     blocks_.push_back(a);
   }
   residual_ = OpsBuffer(ops, S * (L + 1) * N * C * es_);
+  if (part_.embeddings && cfg_.embedding_norm()) {
+    emb_raw_ = OpsBuffer(ops, S * N * C * es_);
+    emb_stats_ = OpsBuffer(ops, S * 2 * N * f4);
+  }
   if (part_.head) {
     lnf_ = OpsBuffer(ops, N * C * es_);
     lnf_mean_ = OpsBuffer(ops, N * f4);
@@ -96,15 +110,16 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   ops.fill_zero(loss_total_.as<void>(), sizeof(double));
   dres_ = OpsBuffer(ops, N * C * es_);
   dtmp_ = OpsBuffer(ops, N * C * es_);
-  dqkv_ = OpsBuffer(ops, 3 * N * CA * es_);
-  dfch_ = OpsBuffer(ops, N * FC * es_);
+  dqkv_ = OpsBuffer(ops, N * QKV * es_);
+  dfch_ = OpsBuffer(ops, N * FCIN * es_);
+  if (cfg_.gated_mlp()) dact_ = OpsBuffer(ops, N * FC * es_);
   att_scratch_ = OpsBuffer(ops, ops.attention_scratch_floats(max_batch, cfg_.seq_len, nh_) * f4);
   ops.reserve(static_cast<int>(N), cfg_.seq_len, cfg_.n_embd, cfg_.n_head);
   tp_.reserve(ops, N * C);  // the largest all-reduce: [N, C] activations (the statistics are fp32)
 
-  for (const OpsBuffer* b :
-       {&inputs_, &targets_, &block_store_, &block_stats_, &residual_, &lnf_, &lnf_mean_, &lnf_rstd_, &logits_,
-        &losses_, &dres_, &dtmp_, &dqkv_, &dfch_, &att_scratch_, &ce_max_, &ce_sums_})
+  for (const OpsBuffer* b : {&inputs_, &targets_,  &block_store_, &block_stats_, &residual_, &emb_raw_, &emb_stats_,
+                             &lnf_,    &lnf_mean_, &lnf_rstd_,    &logits_,      &losses_,   &dres_,    &dtmp_,
+                             &dqkv_,   &dfch_,     &dact_,        &att_scratch_, &ce_max_,   &ce_sums_})
     activation_bytes_ += b->bytes();
 }
 
@@ -144,44 +159,82 @@ void GptModel::check_layer(int layer, const char* what) const {
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 
+void GptModel::norm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w, const Act* b, int N) {
+  if (cfg_.rms_norm())
+    ops_->rmsnorm_forward(out, rstd, inp, w, N, cfg_.n_embd, static_cast<float>(cfg_.norm_eps));
+  else
+    ops_->layernorm_forward(out, mean, rstd, inp, w, b, N, cfg_.n_embd);
+}
+
+void GptModel::norm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp, const Act* w,
+                             const float* mean, const float* rstd, int N) {
+  if (cfg_.rms_norm())
+    ops_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, cfg_.n_embd);
+  else
+    ops_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, cfg_.n_embd);
+}
+
 void GptModel::forward_embeddings(const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_embeddings: call set_batch first");
   require_part(part_.embeddings, "forward_embeddings");
+  const auto& e = slots_.embeddings;
+  const Act* wpe = pick(emb, e, kWpe);
+  // bloom normalises the embedding (ln_e): the lookup goes to its own buffer first.
+  Act* out = cfg_.embedding_norm() ? embedding_raw() : residual(0);
+  const int N = b_ * t_;
   if (!tp_.active()) {
-    ops_->encoder_forward(residual(0), slot_ids(inputs_), emb[kWte], emb[kWpe], b_, t_, cfg_.n_embd);
-    return;
+    ops_->encoder_forward(out, slot_ids(inputs_), emb[kWte], wpe, b_, t_, cfg_.n_embd);
+  } else {
+    // Each rank looks up its own vocabulary rows (zeros for the others' ids), rank 0 adds the
+    // positions, and the sum over the group is the embedding.
+    ops_->encoder_forward_part(out, slot_ids(inputs_), emb[kWte], row_bias(wpe), b_, t_, cfg_.n_embd, v0_, vl_);
+    tp_.all_reduce(*ops_, out, static_cast<std::size_t>(N) * cfg_.n_embd);
   }
-  // Each rank looks up its own vocabulary rows (zeros for the others' ids), rank 0 adds the
-  // positions, and the sum over the group is the embedding.
-  ops_->encoder_forward_part(residual(0), slot_ids(inputs_), emb[kWte], row_bias(emb[kWpe]), b_, t_, cfg_.n_embd, v0_,
-                             vl_);
-  tp_.all_reduce(*ops_, residual(0), static_cast<std::size_t>(b_) * t_ * cfg_.n_embd);
+  if (cfg_.embedding_norm())
+    ops_->layernorm_forward(residual(0), embedding_stats(), embedding_stats() + N, out, pick(emb, e, kLneW),
+                            pick(emb, e, kLneB), N, cfg_.n_embd);
 }
 
 void GptModel::block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p) {
   const int N = b_ * t_, C = cfg_.n_embd;
   const std::size_t NC = static_cast<std::size_t>(N) * C;
-  ops_->layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p[kLn1W], p[kLn1B], N, C);
-  // Under tensor parallelism qkv holds this rank's heads (ca_ = C/T columns of each of q, k, v)
-  // and fch its fc_ = 4C/T hidden columns; the two output projections make partial sums.
-  ops_->matmul_forward(a.qkv, a.ln1, p[kAttnW], p[kAttnB], N, C, 3 * ca_);
-  ops_->attention_forward(a.atty, a.att_stats, a.qkv, b_, t_, ca_, nh_);
-  ops_->matmul_forward(a.res2, a.atty, p[kAttnProjW], row_bias(p[kAttnProjB]), N, ca_, C);
+  const auto& s = slots_.block;
+  AttentionShape att = att_;
+  att.B = b_;
+  att.T = t_;
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p[s[kLn1W]], pick(p, s, kLn1B), N);
+  // Under tensor parallelism qkv holds this rank's heads (qkv_ columns: its query groups with
+  // their key/value heads) and fch its hidden columns; the two output projections make partial
+  // sums.
+  ops_->matmul_forward(a.qkv, a.ln1, p[s[kAttnW]], pick(p, s, kAttnB), N, C, qkv_);
+  if (cfg_.rotary()) ops_->rotary_forward(a.qkv, att, static_cast<float>(cfg_.rope_theta));
+  ops_->attention_forward(a.atty, a.att_stats, a.qkv, att);
+  ops_->matmul_forward(a.res2, a.atty, p[s[kAttnProjW]], row_bias(pick(p, s, kAttnProjB)), N, ca_, C);
   tp_.all_reduce(*ops_, a.res2, NC);
-  ops_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, p[kLn2W], p[kLn2B], N, C);
-  ops_->matmul_forward(a.fch_gelu, a.ln2, p[kFcW], p[kFcB], N, C, fc_, a.fch);
+  if (cfg_.rms_norm()) {
+    ops_->residual_forward(a.res2, a.res2, in, NC);
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p[s[kLn2W]], nullptr, N);
+  } else {
+    ops_->residual_layernorm_forward(a.res2, a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, in, p[s[kLn2W]], p[s[kLn2B]], N, C);
+  }
+  if (cfg_.gated_mlp()) {
+    ops_->matmul_forward(a.fch, a.ln2, p[s[kFcW]], nullptr, N, C, fcin_);
+    ops_->swiglu_forward(a.fch_gelu, a.fch, N, fc_);
+  } else {
+    ops_->matmul_forward(a.fch_gelu, a.ln2, p[s[kFcW]], pick(p, s, kFcB), N, C, fc_, a.fch);
+  }
   // The recompute before a backward needs only the block's internals, not its output.
   if (!out) return;
-  ops_->matmul_forward(out, a.fch_gelu, p[kFcProjW], row_bias(p[kFcProjB]), N, fc_, C);
+  ops_->matmul_forward(out, a.fch_gelu, p[s[kFcProjW]], row_bias(pick(p, s, kFcProjB)), N, fc_, C);
   tp_.all_reduce(*ops_, out, NC);
   ops_->residual_forward(out, out, a.res2, NC);
 }
 
 double block_forward_flops_per_token(const GptConfig& cfg, bool recompute) {
-  const double C = cfg.n_embd, T = cfg.seq_len;
-  // The products of block_forward, in its order.
-  const double qkv = 2 * C * 3 * C, attention = 2 * T * C, proj = 2 * C * C, fc = 2 * C * 4 * C,
-               fc_proj = 2 * 4 * C * C;
+  const double C = cfg.n_embd, T = cfg.seq_len, F = static_cast<double>(cfg.mlp_hidden());
+  // The products of block_forward, in its order (SwiGLU's gate and up are one product of 2F).
+  const double qkv = 2 * C * static_cast<double>(cfg.qkv_width()), attention = 2 * T * C, proj = 2 * C * C,
+               fc = 2 * C * F * (cfg.gated_mlp() ? 2 : 1), fc_proj = 2 * F * C;
   const double up_to_fc = qkv + attention + proj + fc;
   return recompute ? up_to_fc : up_to_fc + fc_proj;
 }
@@ -189,7 +242,11 @@ double block_forward_flops_per_token(const GptConfig& cfg, bool recompute) {
 TokenFlops training_flops_per_token(const GptConfig& cfg) {
   const double L = cfg.n_layer, C = cfg.n_embd, T = cfg.seq_len;
   TokenFlops f;
-  f.model = 6.0 * static_cast<double>(cfg.num_params()) + 6.0 * L * T * C;
+  // 6 per parameter, as llm.c counts (wpe included), except an untied input embedding: a lookup,
+  // while its tied twin is the head's product.
+  double params = static_cast<double>(cfg.num_params());
+  if (!cfg.tied_head) params -= static_cast<double>(cfg.padded_vocab()) * C;
+  f.model = 6.0 * params + 6.0 * L * T * C;
   if (cfg.activation_checkpointing) f.recompute = L * block_forward_flops_per_token(cfg, true);
   return f;
 }
@@ -203,9 +260,11 @@ void GptModel::forward_head(const Act* const* ln_f, const Act* const* emb) {
   ZERO_CHECK(b_ > 0, "GptModel::forward_head: call set_batch first");
   require_part(part_.head, "forward_head");
   const int N = b_ * t_, C = cfg_.n_embd;
-  ops_->layernorm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(), residual(cfg_.n_layer),
-                          ln_f[kLnfW], ln_f[kLnfB], N, C);
-  ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), emb[kWte], N, C, vl_);
+  const auto& s = slots_.ln_f;
+  norm_forward(lnf_.as<Act>(), lnf_mean_.as<float>(), lnf_rstd_.as<float>(), residual(cfg_.n_layer), ln_f[s[kLnfW]],
+               pick(ln_f, s, kLnfB), N);
+  const Act* head = cfg_.tied_head ? emb[kWte] : ln_f[s[kLmHead]];
+  ops_->logits_forward(logits_.as<Act>(), lnf_.as<Act>(), head, N, C, vl_);
   if (!has_targets_) return;
   cross_entropy(nullptr, 0.0f, false);
   ops_->add_mean(loss_total_.as<double>(), losses_.as<float>(), N);
@@ -289,12 +348,15 @@ void GptModel::backward_head(const Act* const* ln_f, Act* const* d_ln_f, const A
   // Under tensor parallelism the forward's reduced statistics serve again: no all-reduce here.
   cross_entropy(logits, dloss / static_cast<float>(N), true);
   ops_->fill_zero(dtmp_.as<void>(), NC * es_);
-  ops_->logits_backward(dtmp_.as<Act>(), d_emb[kWte], logits, lnf_.as<Act>(), emb[kWte], N, C, vl_);
+  const auto& s = slots_.ln_f;
+  const Act* head = cfg_.tied_head ? emb[kWte] : ln_f[s[kLmHead]];
+  Act* d_head = cfg_.tied_head ? d_emb[kWte] : d_ln_f[s[kLmHead]];
+  ops_->logits_backward(dtmp_.as<Act>(), d_head, logits, lnf_.as<Act>(), head, N, C, vl_);
   // Each rank's ids give part of d(ln_f output).
   tp_.all_reduce(*ops_, dtmp_.as<Act>(), NC);
   ops_->fill_zero(dres_.as<void>(), NC * es_);
-  ops_->layernorm_backward(dres_.as<Act>(), d_ln_f[kLnfW], d_ln_f[kLnfB], dtmp_.as<Act>(), residual(cfg_.n_layer),
-                           ln_f[kLnfW], lnf_mean_.as<float>(), lnf_rstd_.as<float>(), N, C);
+  norm_backward(dres_.as<Act>(), d_ln_f[s[kLnfW]], pick(d_ln_f, s, kLnfB), dtmp_.as<Act>(), residual(cfg_.n_layer),
+                ln_f[s[kLnfW]], lnf_mean_.as<float>(), lnf_rstd_.as<float>(), N);
 }
 
 void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
@@ -309,40 +371,66 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
   Act* dqkv = dqkv_.as<Act>();
   Act* dfch = dfch_.as<Act>();
 
-  // MLP branch: out = res2 + fcproj(gelu(fc(ln2(res2)))). The GELU-fused product backward
-  // overwrites dfch with the gradient of the GELU's input.
+  const auto& s = slots_.block;
+  AttentionShape att = att_;
+  att.B = b_;
+  att.T = t_;
+
+  // MLP branch: out = res2 + fcproj(act(fc(ln2(res2)))). With GELU, the fused product backward
+  // overwrites dfch with the gradient of the GELU's input; SwiGLU's backward overwrites it with
+  // those of gate and up.
   // Under tensor parallelism the replicated biases of the row-parallel products get the same
   // gradient on every rank (dres is the group's), and each column-parallel product's input
   // gradient is this rank's part of a sum.
-  ops_->matmul_backward(dfch, g[kFcProjW], g[kFcProjB], dres, a.fch_gelu, p[kFcProjW], N, fc_, C, a.fch);
+  if (cfg_.gated_mlp()) {
+    Act* dact = dact_.as<Act>();
+    ops_->fill_zero(dact, static_cast<std::size_t>(N) * fc_ * es_);
+    ops_->matmul_backward(dact, g[s[kFcProjW]], nullptr, dres, a.fch_gelu, p[s[kFcProjW]], N, fc_, C);
+    ops_->swiglu_backward(dfch, dact, a.fch, N, fc_);
+  } else {
+    ops_->matmul_backward(dfch, g[s[kFcProjW]], pick(g, s, kFcProjB), dres, a.fch_gelu, p[s[kFcProjW]], N, fc_, C,
+                          a.fch);
+  }
   ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[kFcW], g[kFcB], dfch, a.ln2, p[kFcW], N, C, fc_);
+  ops_->matmul_backward(dtmp, g[s[kFcW]], pick(g, s, kFcB), dfch, a.ln2, p[s[kFcW]], N, C, fcin_);
   tp_.all_reduce(*ops_, dtmp, NC);
-  // The residual path passes dres through unchanged; the LayerNorm adds its branch to it.
-  ops_->layernorm_backward(dres, g[kLn2W], g[kLn2B], dtmp, a.res2, p[kLn2W], a.ln2_mean, a.ln2_rstd, N, C);
+  // The residual path passes dres through unchanged; the norm adds its branch to it.
+  norm_backward(dres, g[s[kLn2W]], pick(g, s, kLn2B), dtmp, a.res2, p[s[kLn2W]], a.ln2_mean, a.ln2_rstd, N);
 
   // Attention branch: res2 = in + proj(attention(qkv(ln1(in)))).
   const std::size_t NCA = static_cast<std::size_t>(N) * ca_;
   ops_->fill_zero(dtmp, NCA * es_);
-  ops_->matmul_backward(dtmp, g[kAttnProjW], g[kAttnProjB], dres, a.atty, p[kAttnProjW], N, ca_, C);
-  ops_->fill_zero(dqkv, 3 * NCA * es_);
-  ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, b_, t_, ca_, nh_);
+  ops_->matmul_backward(dtmp, g[s[kAttnProjW]], pick(g, s, kAttnProjB), dres, a.atty, p[s[kAttnProjW]], N, ca_, C);
+  ops_->fill_zero(dqkv, static_cast<std::size_t>(N) * qkv_ * es_);
+  ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, att);
+  if (cfg_.rotary()) ops_->rotary_backward(dqkv, att, static_cast<float>(cfg_.rope_theta));
   ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[kAttnW], g[kAttnB], dqkv, a.ln1, p[kAttnW], N, C, 3 * ca_);
+  ops_->matmul_backward(dtmp, g[s[kAttnW]], pick(g, s, kAttnB), dqkv, a.ln1, p[s[kAttnW]], N, C, qkv_);
   tp_.all_reduce(*ops_, dtmp, NC);
-  ops_->layernorm_backward(dres, g[kLn1W], g[kLn1B], dtmp, in, p[kLn1W], a.ln1_mean, a.ln1_rstd, N, C);
+  norm_backward(dres, g[s[kLn1W]], pick(g, s, kLn1B), dtmp, in, p[s[kLn1W]], a.ln1_mean, a.ln1_rstd, N);
 }
 
-void GptModel::backward_embeddings(Act* const* d_emb) {
+void GptModel::backward_embeddings(const Act* const* emb, Act* const* d_emb) {
   ZERO_CHECK(b_ > 0, "GptModel::backward_embeddings: call set_batch first");
   require_part(part_.embeddings, "backward_embeddings");
+  const auto& e = slots_.embeddings;
+  Act* dwpe = pick(d_emb, e, kWpe);
+  const Act* d = dres_.as<Act>();
+  if (cfg_.embedding_norm()) {
+    // Through ln_e (replicated: dres is the group's, so every rank gets the whole gradient).
+    const int N = b_ * t_;
+    ops_->fill_zero(dtmp_.as<void>(), static_cast<std::size_t>(N) * cfg_.n_embd * es_);
+    ops_->layernorm_backward(dtmp_.as<Act>(), pick(d_emb, e, kLneW), pick(d_emb, e, kLneB), d, embedding_raw(),
+                             pick(emb, e, kLneW), embedding_stats(), embedding_stats() + N, N, cfg_.n_embd);
+    d = dtmp_.as<Act>();
+  }
   if (!tp_.active()) {
-    ops_->encoder_backward(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_), b_, t_, cfg_.n_embd);
+    ops_->encoder_backward(d_emb[kWte], dwpe, d, slot_ids(inputs_), b_, t_, cfg_.n_embd);
     return;
   }
-  // dres is the group's: every rank adds the whole (replicated) wpe gradient and its own rows'.
-  ops_->encoder_backward_part(d_emb[kWte], d_emb[kWpe], dres_.as<Act>(), slot_ids(inputs_), b_, t_, cfg_.n_embd, v0_,
-                              vl_);
+  // The gradient is the group's: every rank adds the whole (replicated) wpe gradient and its own
+  // rows'.
+  ops_->encoder_backward_part(d_emb[kWte], dwpe, d, slot_ids(inputs_), b_, t_, cfg_.n_embd, v0_, vl_);
 }
 
 HostParams::HostParams(const GptConfig& cfg) : cfg_(cfg), specs_(gpt_units(cfg)) {
@@ -405,7 +493,7 @@ void backward_all(GptModel& model, const HostParams& p, HostParams& grads, float
   const int lnf = ln_f_unit(model.config());
   model.backward_head(p.acts(lnf), grads.acts(lnf), p.acts(embeddings_unit()), grads.acts(embeddings_unit()), dloss);
   for (int l = L - 1; l >= 0; --l) model.backward_block(l, p.acts(block_unit(l)), grads.acts(block_unit(l)));
-  model.backward_embeddings(grads.acts(embeddings_unit()));
+  model.backward_embeddings(p.acts(embeddings_unit()), grads.acts(embeddings_unit()));
 }
 
 int sample_token(std::span<const float> logits, float temperature, int top_k, double coin) {

@@ -1,4 +1,8 @@
-// GPT-2 forward and backward, one engine unit at a time.
+// The decoder's forward and backward (gpt2, bloom or llama: GptConfig::arch), one engine unit at
+// a time. The block is one pre-norm block whatever the architecture; the config's predicates
+// choose its norm (LayerNorm or RMSNorm), positions (learned, ALiBi in the attention, or rotary
+// on q and k), attention heads (grouped-query for llama), MLP (GELU or SwiGLU) and head (tied or
+// not), so there is one schedule to keep right.
 //
 // The model owns activations, never parameters: each call receives the pointers of one unit's
 // tensors (in gpt_units() order), so the training loop can hand it whatever the engine gathered
@@ -28,6 +32,7 @@
 // are shared (one backward runs at a time, and the last stage holds one micro-batch).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -122,6 +127,8 @@ class GptModel {
   void set_batch(const std::int32_t* inputs, const std::int32_t* targets, int B, int T);
 
   // Forward, in unit order. Each pointer array lists the unit's tensors in gpt_units() order.
+  // forward_head's and backward_head's emb is the unit holding the tied head (wte), unused (may
+  // be null) when the head is not tied: it is then ln_f's lm_head.weight.
   void forward_embeddings(const Act* const* emb);
   void forward_block(int layer, const Act* const* block);
   void forward_head(const Act* const* ln_f, const Act* const* emb);
@@ -142,16 +149,34 @@ class GptModel {
   // loss_scale / micro-steps under the engine.
   void backward_head(const Act* const* ln_f, Act* const* d_ln_f, const Act* const* emb, Act* const* d_emb, float dloss);
   void backward_block(int layer, const Act* const* block, Act* const* d_block);
-  void backward_embeddings(Act* const* d_emb);
+  // emb: the embeddings unit's parameters (bloom's ln_e needs its weight).
+  void backward_embeddings(const Act* const* emb, Act* const* d_emb);
 
  private:
   // One block's activations: Act buffers of the Ops' dtype, fp32 statistics. fch is the MLP's
-  // pre-GELU product, fch_gelu its GELU.
+  // input product (GELU's input, or SwiGLU's gate | up), fch_gelu its activation. RMSNorm keeps
+  // only the rstd statistics.
   struct BlockActs {
     Act *ln1, *qkv, *atty, *res2, *ln2, *fch, *fch_gelu;
     float *ln1_mean, *ln1_rstd, *att_stats, *ln2_mean, *ln2_rstd;
   };
   void block_forward(const BlockActs& a, const Act* in, Act* out, const Act* const* p);
+  // A unit's tensor of `role` (TensorSlots), null where the architecture has none.
+  template <class P, std::size_t R>
+  static P pick(P const* unit, const std::array<int, R>& slots, int role) {
+    const int i = slots[static_cast<std::size_t>(role)];
+    return i >= 0 ? unit[i] : nullptr;
+  }
+  // LayerNorm (with its bias) or RMSNorm (mean unused), forward and backward.
+  void norm_forward(Act* out, float* mean, float* rstd, const Act* inp, const Act* w, const Act* b, int N);
+  void norm_backward(Act* dinp, Act* dw, Act* db, const Act* dout, const Act* inp, const Act* w, const float* mean,
+                     const float* rstd, int N);
+  // The slot's embedding before ln_e (bloom) and its statistics.
+  Act* embedding_raw() const { return at(emb_raw_, static_cast<std::size_t>(slot_) * nc_max_); }
+  float* embedding_stats() const {
+    return emb_stats_.as<float>() +
+           static_cast<std::size_t>(slot_) * 2 * static_cast<std::size_t>(max_b_) * cfg_.seq_len;
+  }
   const BlockActs& acts(int layer) const {
     const std::size_t n = static_cast<std::size_t>(part_.end_layer - part_.first_layer);
     return blocks_[cfg_.activation_checkpointing
@@ -183,9 +208,12 @@ class GptModel {
   TensorParallel tp_;
   ModelPart part_;
   int slot_ = 0;
-  // This rank's widths: attention ca_ = C/T (nh_ heads), MLP hidden fc_ = 4C/T, vocabulary ids
-  // [v0_, v0_ + vl_) of the padded vocabulary.
-  int ca_ = 0, nh_ = 0, fc_ = 0, vl_ = 0, v0_ = 0;
+  // This rank's widths: attention ca_ = C/T (nh_ heads), qkv_ columns of the attention's input
+  // product, MLP hidden fc_ = F/T (its input product fcin_: fc_, or 2 fc_ gated), vocabulary ids
+  // [v0_, v0_ + vl_) of the padded vocabulary; att_ the attention's shape at the largest batch.
+  int ca_ = 0, nh_ = 0, qkv_ = 0, fc_ = 0, fcin_ = 0, vl_ = 0, v0_ = 0;
+  AttentionShape att_;
+  TensorSlots slots_;
   Ops* ops_;
   std::size_t es_;  // bytes per element of ops_->dtype()
   int max_b_;
@@ -201,9 +229,10 @@ class GptModel {
   std::vector<BlockActs> blocks_;
   OpsBuffer residual_;  // [slots][blocks+1][B,T,C]: the input of each block, then the last output
   OpsBuffer lnf_, lnf_mean_, lnf_rstd_, logits_, losses_, loss_total_;
-  OpsBuffer ce_max_, ce_sums_;  // vocabulary-parallel cross-entropy: [N] and [2N] fp32
-  // Gradient scratch, one block's worth, reused layer after layer.
-  OpsBuffer dres_, dtmp_, dqkv_, dfch_, att_scratch_;
+  OpsBuffer ce_max_, ce_sums_;     // vocabulary-parallel cross-entropy: [N] and [2N] fp32
+  OpsBuffer emb_raw_, emb_stats_;  // bloom: per slot [B,T,C] and 2 [B,T] fp32
+  // Gradient scratch, one block's worth, reused layer after layer (dact_: SwiGLU's output).
+  OpsBuffer dres_, dtmp_, dqkv_, dfch_, dact_, att_scratch_;
   mutable std::vector<float> host_losses_;
 };
 

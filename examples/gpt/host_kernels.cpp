@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace zero::gpt::host {
 
@@ -28,6 +29,14 @@ void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, 
 // per task: no two threads write the same gradient element, and the summation order (rows in
 // order) does not depend on the thread count, so results are reproducible run to run.
 constexpr int kColumnChunk = 64;
+
+// body(c0, c1) for each chunk of columns [c0, c1) of C, the chunks in parallel.
+template <class Body>
+void column_chunks(int C, Body&& body) {
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+#pragma omp parallel for
+  for (int k = 0; k < chunks; ++k) body(k * kColumnChunk, std::min(C, (k + 1) * kColumnChunk));
+}
 
 inline std::size_t idx(std::size_t row, std::size_t width) { return row * width; }
 
@@ -95,20 +104,17 @@ void encoder_forward(T* out, const std::int32_t* tokens, const T* wte, const T* 
 template <class T>
 void encoder_backward(T* dwte, T* dwpe, const T* dout, const std::int32_t* tokens, int B, int T_, int C, int row0,
                       int rows) {
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for
-  for (int k = 0; k < chunks; ++k) {
-    const int c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
+  column_chunks(C, [&](int c0, int c1) {
     for (int n = 0; n < B * T_; ++n) {
       const T* d = dout + idx(n, C);
       T* e = vocab_row(dwte, tokens[n], C, row0, rows);
-      T* p = dwpe + idx(n % T_, C);
+      T* p = dwpe ? dwpe + idx(n % T_, C) : nullptr;
       for (int c = c0; c < c1; ++c) {
         if (e) e[c] += d[c];
-        p[c] += d[c];
+        if (p) p[c] += d[c];
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -154,10 +160,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
     T* dx = dinp + idx(n, C);
     for (int c = 0; c < C; ++c) dx[c] += (dy[c] * w[c] - a - (x[c] - m) * s * bn) * s;
   }
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for
-  for (int k = 0; k < chunks; ++k) {
-    const int c0 = k * kColumnChunk, c1 = std::min(C, c0 + kColumnChunk);
+  column_chunks(C, [&](int c0, int c1) {
     for (int n = 0; n < N; ++n) {
       const T* x = inp + idx(n, C);
       const T* dy = dout + idx(n, C);
@@ -167,7 +170,7 @@ void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, cons
         db[c] += dy[c];
       }
     }
-  }
+  });
 }
 
 template <class T>
@@ -184,36 +187,39 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
   if (dinp) gemm(false, true, N, C, OC, T(1), dout, OC, w, OC, T(1), dinp, C);
   gemm(true, false, C, OC, N, T(1), inp, C, dout, OC, T(1), dw, OC);
   if (dbias) {
-    const int chunks = (OC + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for
-    for (int k = 0; k < chunks; ++k) {
-      const int c0 = k * kColumnChunk, c1 = std::min(OC, c0 + kColumnChunk);
+    column_chunks(OC, [&](int c0, int c1) {
       for (int n = 0; n < N; ++n) {
         const T* d = dout + idx(n, OC);
         for (int c = c0; c < c1; ++c) dbias[c] += d[c];
       }
-    }
+    });
   }
 }
 
+// Attention over this rank's heads (AttentionShape in attention_shape.hpp): qkv rows are q (NH heads), k and
+// v (NKV heads each); query head h reads key/value head h % NKV. With ALiBi the score of query t
+// and key t2 gets -slope (t - t2), slope that of the head's place in the model.
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH) {
-  const int hs = C / NH;
-  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+void attention_forward(T* out, T* att, const T* qkv, const AttentionShape& s) {
+  const int hs = s.hs, NH = s.NH, T_ = s.T;
+  const std::size_t W = static_cast<std::size_t>(s.qkv_width()), C = static_cast<std::size_t>(s.width());
+  const std::size_t k0 = C, v0 = C + static_cast<std::size_t>(s.NKV) * hs;
   const T scale = T(1) / std::sqrt(T(hs));
 #pragma omp parallel for collapse(2)
-  for (int b = 0; b < B; ++b) {
+  for (int b = 0; b < s.B; ++b) {
     for (int h = 0; h < NH; ++h) {
+      const std::size_t kv = static_cast<std::size_t>(h % s.NKV) * hs;
+      const T slope = s.alibi_heads ? static_cast<T>(alibi_slope(s.head0 + h, s.alibi_heads)) : T(0);
       for (int t = 0; t < T_; ++t) {
-        const T* q = qkv + idx(b * T_ + t, C3) + h * hs;
+        const T* q = qkv + idx(b * T_ + t, W) + h * hs;
         T* a = att + idx((b * NH + h) * T_ + t, T_);
         T mx = -std::numeric_limits<T>::infinity();
         for (int t2 = 0; t2 <= t; ++t2) {
-          const T* k = qkv + idx(b * T_ + t2, C3) + C + h * hs;
-          T s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int i = 0; i < hs; ++i) s += q[i] * k[i];
-          a[t2] = s * scale;
+          const T* k = qkv + idx(b * T_ + t2, W) + k0 + kv;
+          T d = 0;
+#pragma omp simd reduction(+ : d)
+          for (int i = 0; i < hs; ++i) d += q[i] * k[i];
+          a[t2] = d * scale - slope * T(t - t2);
           mx = std::max(mx, a[t2]);
         }
         T sum = 0;
@@ -227,7 +233,7 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int N
         T* o = out + idx(b * T_ + t, C) + h * hs;
         std::fill(o, o + hs, T(0));
         for (int t2 = 0; t2 <= t; ++t2) {
-          const T* v = qkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
+          const T* v = qkv + idx(b * T_ + t2, W) + v0 + kv;
           const T p = a[t2];
           for (int i = 0; i < hs; ++i) o[i] += p * v[i];
         }
@@ -237,43 +243,145 @@ void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int N
 }
 
 template <class T>
-void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_, int C, int NH) {
-  const int hs = C / NH;
-  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, const AttentionShape& s) {
+  const int hs = s.hs, NH = s.NH, NKV = s.NKV, T_ = s.T;
+  const std::size_t W = static_cast<std::size_t>(s.qkv_width()), C = static_cast<std::size_t>(s.width());
+  const std::size_t k0 = C, v0 = C + static_cast<std::size_t>(NKV) * hs;
   const T scale = T(1) / std::sqrt(T(hs));
-  // Each (b, h) task writes only head h's columns of batch b's rows of dqkv: no races.
+  // Each (b, g) task writes only the columns of key/value head g and of its query heads in batch
+  // b's rows of dqkv: no races, and the order of the additions is fixed.
 #pragma omp parallel for collapse(2)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      for (int t = 0; t < T_; ++t) {
-        const T* a = att + idx((b * NH + h) * T_ + t, T_);
-        T* da = datt + idx((b * NH + h) * T_ + t, T_);
-        const T* dy = dout + idx(b * T_ + t, C) + h * hs;
-        const T* q = qkv + idx(b * T_ + t, C3) + h * hs;
-        T* dq = dqkv + idx(b * T_ + t, C3) + h * hs;
-        // Through out = att v: gradients of the probabilities and of v.
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* v = qkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
-          T* dv = dqkv + idx(b * T_ + t2, C3) + 2 * C + h * hs;
-          T s = 0;
-#pragma omp simd reduction(+ : s)
-          for (int i = 0; i < hs; ++i) s += dy[i] * v[i];
-          da[t2] = s;
-          for (int i = 0; i < hs; ++i) dv[i] += a[t2] * dy[i];
-        }
-        // Through the softmax: dpre = a * (da - sum(a * da)); then through s = q.k * scale.
-        T ad = 0;
-        for (int t2 = 0; t2 <= t; ++t2) ad += a[t2] * da[t2];
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T dpre = a[t2] * (da[t2] - ad) * scale;
-          const T* k = qkv + idx(b * T_ + t2, C3) + C + h * hs;
-          T* dk = dqkv + idx(b * T_ + t2, C3) + C + h * hs;
-          for (int i = 0; i < hs; ++i) {
-            dq[i] += dpre * k[i];
-            dk[i] += dpre * q[i];
+  for (int b = 0; b < s.B; ++b) {
+    for (int g = 0; g < NKV; ++g) {
+      const std::size_t kv = static_cast<std::size_t>(g) * hs;
+      for (int h = g; h < NH; h += NKV) {
+        for (int t = 0; t < T_; ++t) {
+          const T* a = att + idx((b * NH + h) * T_ + t, T_);
+          T* da = datt + idx((b * NH + h) * T_ + t, T_);
+          const T* dy = dout + idx(b * T_ + t, C) + h * hs;
+          const T* q = qkv + idx(b * T_ + t, W) + h * hs;
+          T* dq = dqkv + idx(b * T_ + t, W) + h * hs;
+          // Through out = att v: gradients of the probabilities and of v.
+          for (int t2 = 0; t2 <= t; ++t2) {
+            const T* v = qkv + idx(b * T_ + t2, W) + v0 + kv;
+            T* dv = dqkv + idx(b * T_ + t2, W) + v0 + kv;
+            T d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int i = 0; i < hs; ++i) d += dy[i] * v[i];
+            da[t2] = d;
+            for (int i = 0; i < hs; ++i) dv[i] += a[t2] * dy[i];
+          }
+          // Through the softmax: dpre = a * (da - sum(a * da)); then through s = q.k * scale (the
+          // ALiBi term is constant).
+          T ad = 0;
+          for (int t2 = 0; t2 <= t; ++t2) ad += a[t2] * da[t2];
+          for (int t2 = 0; t2 <= t; ++t2) {
+            const T dpre = a[t2] * (da[t2] - ad) * scale;
+            const T* k = qkv + idx(b * T_ + t2, W) + k0 + kv;
+            T* dk = dqkv + idx(b * T_ + t2, W) + k0 + kv;
+            for (int i = 0; i < hs; ++i) {
+              dq[i] += dpre * k[i];
+              dk[i] += dpre * q[i];
+            }
           }
         }
       }
+    }
+  }
+}
+
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + idx(n, C);
+    T ss = 0;
+#pragma omp simd reduction(+ : ss)
+    for (int c = 0; c < C; ++c) ss += x[c] * x[c];
+    const T r = T(1) / std::sqrt(ss / T(C) + T(eps));
+    T* o = out + idx(n, C);
+    for (int c = 0; c < C; ++c) o[c] = x[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+template <class T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int N, int C) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* x = inp + idx(n, C);
+    const T* dy = dout + idx(n, C);
+    const T r = rstd[n];
+    // dx = r (dn - x r^2 mean(dn x)), dn = dy w
+    T m = 0;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; ++c) m += dy[c] * w[c] * x[c];
+    m = m / T(C) * r * r;
+    T* dx = dinp + idx(n, C);
+    for (int c = 0; c < C; ++c) dx[c] += r * (dy[c] * w[c] - x[c] * m);
+  }
+  column_chunks(C, [&](int c0, int c1) {
+    for (int n = 0; n < N; ++n) {
+      const T* x = inp + idx(n, C);
+      const T* dy = dout + idx(n, C);
+      for (int c = c0; c < c1; ++c) dw[c] += dy[c] * x[c] * rstd[n];
+    }
+  });
+}
+
+// Rotary positions on the q and k heads (the first NH + NKV heads of each qkv row): dimensions i
+// and i + hs/2 of a head at position t turn by t theta^(-2i/hs), as Hugging Face's rotate-half
+// does. sign -1 turns back (the backward: the rotation's transpose).
+template <class T>
+void rotary(T* qkv, const AttentionShape& s, double theta, int sign) {
+  const int half = s.hs / 2, heads = s.NH + s.NKV;
+  const std::size_t W = static_cast<std::size_t>(s.qkv_width());
+#pragma omp parallel for
+  for (int t = 0; t < s.T; ++t) {
+    std::vector<T> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
+    for (int i = 0; i < half; ++i) {
+      const double angle = t * std::pow(theta, -2.0 * i / s.hs);
+      cs[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(angle));
+      sn[static_cast<std::size_t>(i)] = static_cast<T>(sign * std::sin(angle));
+    }
+    for (int b = 0; b < s.B; ++b) {
+      T* row = qkv + idx(b * s.T + t, W);
+      for (int h = 0; h < heads; ++h) {
+        T* x = row + h * s.hs;
+        for (int i = 0; i < half; ++i) {
+          const T x1 = x[i], x2 = x[i + half], c = cs[static_cast<std::size_t>(i)], n = sn[static_cast<std::size_t>(i)];
+          x[i] = x1 * c - x2 * n;
+          x[i + half] = x2 * c + x1 * n;
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void swiglu_forward(T* out, const T* inp, int N, int F) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* g = inp + idx(n, 2 * static_cast<std::size_t>(F));
+    const T* u = g + F;
+    T* o = out + idx(n, F);
+    for (int i = 0; i < F; ++i) o[i] = g[i] / (T(1) + exp_fast(-g[i])) * u[i];
+  }
+}
+
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int N, int F) {
+#pragma omp parallel for
+  for (int n = 0; n < N; ++n) {
+    const T* g = inp + idx(n, 2 * static_cast<std::size_t>(F));
+    const T* u = g + F;
+    const T* dy = dout + idx(n, F);
+    T* dg = dinp + idx(n, 2 * static_cast<std::size_t>(F));
+    T* du = dg + F;
+    for (int i = 0; i < F; ++i) {
+      const T sg = T(1) / (T(1) + exp_fast(-g[i]));
+      du[i] = dy[i] * g[i] * sg;
+      dg[i] = dy[i] * u[i] * sg * (T(1) + g[i] * (T(1) - sg));
     }
   }
 }
@@ -407,8 +515,13 @@ void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);       \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);                                  \
   template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);                         \
-  template void attention_forward<T>(T*, T*, const T*, int, int, int, int);                                          \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, int, int, int, int);                     \
+  template void attention_forward<T>(T*, T*, const T*, const AttentionShape&);                                       \
+  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);                  \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, double);                                    \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);                       \
+  template void rotary<T>(T*, const AttentionShape&, double, int);                                                   \
+  template void swiglu_forward<T>(T*, const T*, int, int);                                                           \
+  template void swiglu_backward<T>(T*, const T*, const T*, int, int);                                                \
   template void gelu_forward<T>(T*, const T*, std::size_t);                                                          \
   template void gelu_backward<T>(T*, const T*, const T*, std::size_t);                                               \
   template void gelu_backward_inplace<T>(T*, const T*, std::size_t);                                                 \

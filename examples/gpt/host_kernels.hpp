@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpt/attention_shape.hpp"
+
 namespace zero::gpt::host {
 
 // With a vocabulary part (tensor parallelism): wte holds the rows [row0, row0 + rows) only, ids
@@ -33,9 +35,22 @@ template <class T>
 void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, const T* w, int N, int C, int OC);
 
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int B, int T_, int C, int NH);
+void attention_forward(T* out, T* att, const T* qkv, const AttentionShape& s);
 template <class T>
-void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, int B, int T_, int C, int NH);
+void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, const AttentionShape& s);
+
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps);
+template <class T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int N, int C);
+// In place on qkv (sign 1) or on its gradient (sign -1, the transpose).
+template <class T>
+void rotary(T* qkv, const AttentionShape& s, double theta, int sign);
+// out [N, F] = silu(gate) * up, inp [N, 2F] = gate | up; the backward overwrites dinp.
+template <class T>
+void swiglu_forward(T* out, const T* inp, int N, int F);
+template <class T>
+void swiglu_backward(T* dinp, const T* dout, const T* inp, int N, int F);
 
 template <class T>
 void gelu_forward(T* out, const T* inp, std::size_t n);

@@ -98,12 +98,27 @@ class HostOps final : public Ops {
   std::size_t attention_scratch_floats(int B, int T, int NH) const override {
     return static_cast<std::size_t>(B) * NH * T * T;  // their gradient
   }
-  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) override {
-    host::attention_forward(F(out), stats, F(qkv), B, T, C, NH);
+  void attention_forward(Act* out, float* stats, const Act* qkv, const AttentionShape& s) override {
+    host::attention_forward(F(out), stats, F(qkv), s);
   }
   void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv, const Act* /*out*/,
-                          const float* stats, int B, int T, int C, int NH) override {
-    host::attention_backward(F(dqkv), scratch, F(dout), F(qkv), stats, B, T, C, NH);
+                          const float* stats, const AttentionShape& s) override {
+    host::attention_backward(F(dqkv), scratch, F(dout), F(qkv), stats, s);
+  }
+  void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C, float eps) override {
+    host::rmsnorm_forward(F(out), rstd, F(inp), F(w), N, C, eps);
+  }
+  void rmsnorm_backward(Act* dinp, Act* dw, const Act* dout, const Act* inp, const Act* w, const float* rstd, int N,
+                        int C) override {
+    host::rmsnorm_backward(F(dinp), F(dw), F(dout), F(inp), F(w), rstd, N, C);
+  }
+  void rotary_forward(Act* qkv, const AttentionShape& s, float theta) override { host::rotary(F(qkv), s, theta, 1); }
+  void rotary_backward(Act* dqkv, const AttentionShape& s, float theta) override {
+    host::rotary(F(dqkv), s, theta, -1);
+  }
+  void swiglu_forward(Act* out, const Act* inp, int N, int F_) override { host::swiglu_forward(F(out), F(inp), N, F_); }
+  void swiglu_backward(Act* dinp, const Act* dout, const Act* inp, int N, int F_) override {
+    host::swiglu_backward(F(dinp), F(dout), F(inp), N, F_);
   }
   void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) override {
     host::residual_forward(F(out), F(a), F(b), n);

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "gpt/attention_shape.hpp"
 #include "zero/dtype.hpp"
 
 namespace zero::gpt {
@@ -77,7 +78,8 @@ class Ops {
   // the engine: Engine::set_stream(ops.stream()) orders its collectives after the model's work.
   virtual void* stream() const { return nullptr; }
 
-  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+  // out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]; wpe and dwpe are null for a model without
+  // learned positions (bloom, llama).
   virtual void encoder_forward(Act* out, const std::int32_t* tokens, const Act* wte, const Act* wpe, int B, int T,
                                int C) = 0;
   // dwte[tokens[b,t],:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Deterministic: the
@@ -115,19 +117,35 @@ class Ops {
   virtual void matmul_backward(Act* dinp, Act* dw, Act* dbias, const Act* dout, const Act* inp, const Act* w, int N,
                                int C, int OC, const Act* pre_gelu = nullptr) = 0;
 
-  // Causal self-attention. qkv [B,T,3C] holds q | k | v, head h in columns h*hs .. (h+1)*hs of
-  // each; out [B,T,C]. `stats` (attention_stats_floats) keeps what the backward needs besides
-  // qkv and out: the T x T probabilities for HostOps, one log-sum-exp per row for CudaOps.
+  // RMSNorm over the last dimension: out = inp w / sqrt(mean(inp^2) + eps); rstd [N] (the
+  // reciprocal root) is kept for the backward, which is deterministic as layernorm_backward's.
+  virtual void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C, float eps) = 0;
+  virtual void rmsnorm_backward(Act* dinp, Act* dw, const Act* dout, const Act* inp, const Act* w, const float* rstd,
+                                int N, int C) = 0;
+
+  // Causal self-attention of `s` (AttentionShape above); out [B,T,NH hs]. `stats`
+  // (attention_stats_floats) keeps what the backward needs besides qkv and out: the T x T
+  // probabilities for HostOps, one log-sum-exp per row for CudaOps.
   virtual std::size_t attention_stats_floats(int B, int T, int NH) const = 0;
   // Scratch the backward may overwrite (attention_scratch_floats fp32 elements).
   virtual std::size_t attention_scratch_floats(int B, int T, int NH) const = 0;
-  virtual void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) = 0;
+  virtual void attention_forward(Act* out, float* stats, const Act* qkv, const AttentionShape& s) = 0;
   virtual void attention_backward(Act* dqkv, float* scratch, const Act* dout, const Act* qkv, const Act* out,
-                                  const float* stats, int B, int T, int C, int NH) = 0;
+                                  const float* stats, const AttentionShape& s) = 0;
+  // Rotary positions (Llama), in place on the q and k heads of qkv [B,T,qkv_width]: dimensions i
+  // and i + hs/2 of every q and k head at position t turn by the angle t theta^(-2i/hs) (Hugging
+  // Face's rotate-half). The backward turns dqkv's q and k parts back (the transpose), in place.
+  virtual void rotary_forward(Act* qkv, const AttentionShape& s, float theta) = 0;
+  virtual void rotary_backward(Act* dqkv, const AttentionShape& s, float theta) = 0;
+
+  // SwiGLU (Llama's MLP): out [N,F] = silu(gate) * up from inp [N,2F] = gate | up. The backward
+  // OVERWRITES dinp [N,2F] with the gradients of gate and up.
+  virtual void swiglu_forward(Act* out, const Act* inp, int N, int F) = 0;
+  virtual void swiglu_backward(Act* dinp, const Act* dout, const Act* inp, int N, int F) = 0;
 
   virtual void residual_forward(Act* out, const Act* a, const Act* b, std::size_t n) = 0;
 
-  // LM head tied to the token embedding: logits[N,Vp] = x[N,C] wte[Vp,C]^T.
+  // The LM head, tied to the token embedding or not: logits[N,Vp] = x[N,C] wte[Vp,C]^T.
   virtual void logits_forward(Act* logits, const Act* x, const Act* wte, int N, int C, int Vp) = 0;
   virtual void logits_backward(Act* dx, Act* dwte, const Act* dlogits, const Act* x, const Act* wte, int N, int C,
                                int Vp) = 0;

@@ -230,7 +230,10 @@ void GptTrainer::stage_backward(bool last_micro) {
     commit_grads(u, G, unit_grads_);
     engine_->reduce(u);
   }
-  if (s.first()) model_->backward_embeddings(ge);
+  if (s.first()) {
+    zero::UnitParams E = engine_->gather(ps.emb);
+    model_->backward_embeddings(param_ptrs(E, emb_params_), ge);
+  }
   if (ps.emb >= 0) {
     if (last_micro) {
       // Committed by exchange_tied, after the step's last transfers: the last stage's input

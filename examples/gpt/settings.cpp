@@ -139,10 +139,25 @@ void check_backend(const zero::Config& cfg) {
 // The model section's rules over several keys, each failing on the key to change.
 void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Config& cfg) {
   const GptConfig& c = s.model;
+  if (cfg.backend == zero::BackendKind::cuda && c.arch != zero::plan::Arch::gpt2)
+    m.fail("arch", fmt::format("backend: cuda trains gpt2 only for now (the {} kernels are not all on CUDA yet); "
+                               "use backend: host",
+                               zero::plan::arch_name(c.arch)));
   if (c.n_embd % c.n_head != 0)
     m.fail(m.has("n_head") ? "n_head" : "n_embd",
            fmt::format("n_embd = {} is not divisible by n_head = {}; pick n_head among the divisors of n_embd",
                        c.n_embd, c.n_head));
+  try {
+    c.validate();
+  } catch (const zero::Error& e) {
+    // The shape's own rules (grouped-query heads, an untied head outside llama, ...): the key
+    // most likely given by hand.
+    const char* key = m.has("n_kv_head")             ? "n_kv_head"
+                      : m.has("tie_word_embeddings") ? "tie_word_embeddings"
+                      : m.has("arch")                ? "arch"
+                                                     : "preset";
+    m.fail(key, std::string("describes a model that cannot be built: ") + e.what());
+  }
   try {
     check_tensor_parallel(c, s.tensor_parallel);
   } catch (const zero::Error& e) {

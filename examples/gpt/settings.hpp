@@ -21,7 +21,8 @@ struct GptSettings {
 
   // model:
   std::string preset;
-  GptConfig model;  // the preset's shape, then explicit overrides
+  std::string arch;  // model.arch's name (the preset's unless given)
+  GptConfig model;   // the preset's shape, then explicit overrides
   std::uint64_t init_seed{};
   int tensor_parallel{};    // T: ranks that split each layer (tensor_parallel.hpp)
   int pipeline_parallel{};  // P: pipeline stages (pipeline.hpp)

@@ -69,6 +69,15 @@ void check_tensor_parallel(const GptConfig& cfg, int T) {
                          "n_head / tensor_parallel whole attention heads; choose tensor_parallel among the divisors "
                          "of n_head",
                          T, cfg.n_head));
+  ZERO_CHECK(cfg.kv_heads() % T == 0,
+             fmt::format("model.tensor_parallel = {} does not divide n_kv_head = {}: each tensor-parallel rank takes "
+                         "whole query groups with their key/value head; choose tensor_parallel among the divisors of "
+                         "n_kv_head",
+                         T, cfg.kv_heads()));
+  ZERO_CHECK(cfg.mlp_hidden() % T == 0,
+             fmt::format("model.tensor_parallel = {} does not divide the MLP's hidden width {} (ffn_hidden); choose "
+                         "tensor_parallel among its divisors",
+                         T, cfg.mlp_hidden()));
   ZERO_CHECK(cfg.padded_vocab_size() % T == 0,
              fmt::format("model.tensor_parallel = {} does not divide the padded vocabulary {} (vocab_size {} rounded "
                          "up to a multiple of 128): each rank holds an equal part of the embedding and of the "
@@ -76,15 +85,18 @@ void check_tensor_parallel(const GptConfig& cfg, int T) {
                          T, cfg.padded_vocab_size(), cfg.vocab_size));
 }
 
-TensorCut tensor_cut(std::string_view name) {
+TensorCut tensor_cut(const GptConfig& cfg, std::string_view name) {
   auto ends = [&](std::string_view s) { return name.ends_with(s); };
-  if (name == "wte.weight") return {false, 0, 1};        // vocabulary rows
-  if (ends("attn.c_attn.weight")) return {false, 1, 3};  // q | k | v columns per head
-  if (ends("attn.c_attn.bias")) return {false, 0, 3};
-  if (ends("mlp.c_fc.weight")) return {false, 1, 1};  // column-parallel
+  if (name == "wte.weight" || name == "lm_head.weight") return {false, 0, 1};  // vocabulary rows
+  // q | k | v columns: n_head / n_kv_head query blocks and a k and a v block, each cut T ways, so
+  // a rank holds whole query groups with their key/value heads (plan::GptShape::qkv_width).
+  if (ends("attn.c_attn.weight")) return {false, 1, cfg.qkv_blocks()};
+  if (ends("attn.c_attn.bias")) return {false, 0, cfg.qkv_blocks()};
+  // Column-parallel; SwiGLU's gate | up in two blocks, so a rank's gate and up columns match.
+  if (ends("mlp.c_fc.weight")) return {false, 1, cfg.gated_mlp() ? 2 : 1};
   if (ends("mlp.c_fc.bias")) return {false, 0, 1};
   if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return {false, 0, 1};  // row-parallel
-  return {true, -1, 1};  // LayerNorms, wpe, row-parallel biases
+  return {true, -1, 1};                                                               // norms, wpe, row-parallel biases
 }
 
 zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
@@ -95,14 +107,14 @@ zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
     std::vector<std::pair<std::string, zero::Layout::Shape>> params;
     for (const zero::ParamInfo& p : u.params) {
       zero::Layout::Shape shape = p.shape;
-      const TensorCut cut = tensor_cut(p.name);
+      const TensorCut cut = tensor_cut(cfg, p.name);
       if (!cut.replicated) shape[static_cast<std::size_t>(cut.axis)] /= T;
       params.emplace_back(p.name, std::move(shape));
     }
     const int id = part.add_unit(u.name, std::move(params));
     for (const zero::ParamInfo& p : u.params) {
       part.set_decay(id, p.name, p.decay);
-      const TensorCut cut = tensor_cut(p.name);
+      const TensorCut cut = tensor_cut(cfg, p.name);
       if (cut.replicated)
         part.set_replicated(id, p.name);
       else

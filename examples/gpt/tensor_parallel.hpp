@@ -72,18 +72,18 @@ struct TensorParallel {
   int vocab_begin(const GptConfig& cfg) const { return rank * vocab_rows(cfg); }
 };
 
-// Throws zero::Error when the model cannot be cut T ways: n_head and the padded vocabulary
-// must divide by T.
+// Throws zero::Error when the model cannot be cut T ways: n_head, n_kv_head, the MLP's hidden
+// width and the padded vocabulary must divide by T.
 void check_tensor_parallel(const GptConfig& cfg, int T);
 
 // How a parameter is cut: along `axis` in `blocks` equal blocks each split T ways, or
-// replicated. Every GPT-2 parameter is one or the other.
+// replicated. Every parameter of every architecture is one or the other.
 struct TensorCut {
   bool replicated = false;
   int axis = -1;
   int blocks = 1;
 };
-TensorCut tensor_cut(std::string_view name);
+TensorCut tensor_cut(const GptConfig& cfg, std::string_view name);
 
 // This rank's layout at tensor parallelism T: the units and names of build_layout(cfg), local
 // shapes, each parameter marked split or replicated. T = 1 gives build_layout(cfg) with the marks.

@@ -394,7 +394,7 @@ double GptTrainer::run_micro_batch(bool train) {
     commit_grads(u, G, unit_grads_);
     engine_->reduce(u);
   }
-  model_->backward_embeddings(ge);
+  model_->backward_embeddings(pe, ge);
   commit_grads(emb, GE, emb_grads_);
   engine_->reduce(emb);
   return 0.0;  // the training loss is read once per step (GptModel::take_mean_loss)

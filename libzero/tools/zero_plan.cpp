@@ -51,8 +51,11 @@ nlohmann::json plan_json(const Plan& p) {
           {"why", p.why},
           {"params", p.params},
           {"model",
-           {{"n_layer", p.shape.n_layer},
+           {{"arch", arch_name(p.shape.arch)},
+            {"n_layer", p.shape.n_layer},
             {"n_head", p.shape.n_head},
+            {"n_kv_head", p.shape.kv_heads()},
+            {"ffn_hidden", p.shape.mlp_hidden()},
             {"n_embd", p.shape.n_embd},
             {"seq_len", p.shape.seq_len},
             {"vocab_size", p.shape.vocab_size}}},
@@ -96,9 +99,9 @@ nlohmann::json plan_json(const Plan& p) {
 
 void print_plan(const Plan& p, const Cluster& c) {
   const auto& m = p.memory;
-  fmt::print("model: {} parameters (n_layer {}, n_head {}, n_embd {}, seq_len {}, vocab {})\n",
-             human_params(static_cast<double>(p.params)), p.shape.n_layer, p.shape.n_head, p.shape.n_embd,
-             p.shape.seq_len, p.shape.vocab_size);
+  fmt::print("model: {} parameters ({}, n_layer {}, n_head {}, n_embd {}, seq_len {}, vocab {})\n",
+             human_params(static_cast<double>(p.params)), arch_name(p.shape.arch), p.shape.n_layer, p.shape.n_head,
+             p.shape.n_embd, p.shape.seq_len, p.shape.vocab_size);
   fmt::print("cluster: {} x {}, {} per node, efficiency {:.0f}% of {:.0f} TFLOP/s\n", c.gpus, c.gpu.name,
              c.gpus_per_node, 100 * c.gpu.efficiency, c.gpu.peak_flops / 1e12);
   fmt::print("settings: {}, {}{}\n", p.settings.label(), dtype_name(p.settings.dtype),
@@ -170,9 +173,12 @@ int main(int argc, char** argv) {
   std::string model, gpu_kind = "H100-SXM", gpu_file, config_path;
   GptShape shape;
   double params = 0;
-  app.add_option("--model", model,
-                 "GPT preset (gpt2, gpt2-medium, gpt2-large, gpt2-xl, bloom-7b, gpt3-6.7b, "
-                 "gpt3-13b, gpt-52b, gpt3-175b)");
+  std::string preset_list, arch = "gpt2";
+  for (const auto& p : gpt_presets()) preset_list += (preset_list.empty() ? "" : ", ") + p.name;
+  app.add_option("--model", model, "model preset (" + preset_list + ")");
+  auto* o_arch = app.add_option("--arch", arch, "architecture of an explicit shape: gpt2, bloom or llama");
+  auto* o_kv = app.add_option("--n-kv-head", shape.n_kv_head, "llama: key/value heads (grouped-query attention)");
+  auto* o_ffn = app.add_option("--ffn-hidden", shape.ffn_hidden, "the MLP's hidden width (default 4 n_embd)");
   auto* o_layer = app.add_option("--n-layer", shape.n_layer, "transformer blocks");
   auto* o_head = app.add_option("--n-head", shape.n_head, "attention heads");
   auto* o_embd = app.add_option("--n-embd", shape.n_embd, "model width");
@@ -397,7 +403,11 @@ int main(int argc, char** argv) {
       ZERO_CHECK(o_layer->count() && o_head->count() && o_embd->count(),
                  "zero-plan: give a model: --model <preset>, --n-layer/--n-head/--n-embd, --params <count>, "
                  "or --max-model");
+      shape.arch = parse_arch(arch);
     }
+    ZERO_CHECK(!(o_arch->count() || o_kv->count() || o_ffn->count()) || (model.empty() && params <= 0 && !max_mode),
+               "zero-plan: --arch, --n-kv-head and --ffn-hidden describe an explicit shape (--n-layer/--n-head/"
+               "--n-embd); a preset or --params brings its own");
 
     if (max_mode) {
       MaxModel r = max_model(family, c, space, tokens);

@@ -74,6 +74,7 @@ struct Case {
   std::vector<float> dout;   // [B,T,C]
   std::vector<float> dqkv0;  // [B,T,3C], what the gradient is added to
   int hs() const { return C / NH; }
+  zero::gpt::AttentionShape shape() const { return {.B = B, .T = T, .NH = NH, .NKV = NH, .hs = hs()}; }
 };
 
 // q and k scaled by q_scale (larger: sharper softmax).
@@ -106,10 +107,10 @@ inline Expect expect(const Case& c) {
   Expect e;
   e.out.assign(static_cast<std::size_t>(B) * T * C, 0.0);
   std::vector<double> att(static_cast<std::size_t>(B) * NH * T * T, 0.0);
-  host::attention_forward<double>(e.out.data(), att.data(), qkv.data(), B, T, C, NH);
+  host::attention_forward<double>(e.out.data(), att.data(), qkv.data(), c.shape());
   e.dqkv.assign(c.dqkv0.begin(), c.dqkv0.end());
   std::vector<double> datt(att.size(), 0.0);
-  host::attention_backward<double>(e.dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH);
+  host::attention_backward<double>(e.dqkv.data(), datt.data(), dout.data(), qkv.data(), att.data(), c.shape());
 
   auto q = [&](int b, int t) { return &qkv[(static_cast<std::size_t>(b) * T + t) * C3]; };
   // The score bound e over the whole case.

@@ -59,12 +59,27 @@ class ForwardingOps : public Ops {
   std::size_t attention_scratch_floats(int B, int T, int NH) const override {
     return host_->attention_scratch_floats(B, T, NH);
   }
-  void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
-    host_->attention_forward(o, st, qkv, B, T, C, NH);
+  void attention_forward(Act* o, float* st, const Act* qkv, const AttentionShape& s) override {
+    host_->attention_forward(o, st, qkv, s);
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
-                          int T, int C, int NH) override {
-    host_->attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st,
+                          const AttentionShape& s) override {
+    host_->attention_backward(dqkv, sc, d, qkv, o, st, s);
+  }
+  void rmsnorm_forward(Act* o, float* r, const Act* i, const Act* w, int N, int C, float eps) override {
+    host_->rmsnorm_forward(o, r, i, w, N, C, eps);
+  }
+  void rmsnorm_backward(Act* di, Act* dw, const Act* d, const Act* i, const Act* w, const float* r, int N,
+                        int C) override {
+    host_->rmsnorm_backward(di, dw, d, i, w, r, N, C);
+  }
+  void rotary_forward(Act* qkv, const AttentionShape& s, float theta) override { host_->rotary_forward(qkv, s, theta); }
+  void rotary_backward(Act* dqkv, const AttentionShape& s, float theta) override {
+    host_->rotary_backward(dqkv, s, theta);
+  }
+  void swiglu_forward(Act* o, const Act* i, int N, int F) override { host_->swiglu_forward(o, i, N, F); }
+  void swiglu_backward(Act* di, const Act* d, const Act* i, int N, int F) override {
+    host_->swiglu_backward(di, d, i, N, F);
   }
   void residual_forward(Act* o, const Act* a, const Act* b, std::size_t n) override {
     host_->residual_forward(o, a, b, n);

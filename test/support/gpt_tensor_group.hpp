@@ -242,7 +242,7 @@ inline std::vector<PartStep> tensor_group_step(const GptConfig& cfg, int T, cons
       r.loss = m.loss();
       m.backward_head(p.acts(lnf), g.acts(lnf), p.acts(emb), g.acts(emb), 1.0f);
       for (int l = cfg.n_layer - 1; l >= 0; --l) m.backward_block(l, p.acts(block_unit(l)), g.acts(block_unit(l)));
-      m.backward_embeddings(g.acts(emb));
+      m.backward_embeddings(p.acts(emb), g.acts(emb));
       r.grads = g.values();
     } catch (...) {
       {

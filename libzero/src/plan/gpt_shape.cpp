@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
@@ -18,31 +19,76 @@ GptShape make(const char* name, int layers, int heads, int embd, int seq, int vo
   return GptShape{name, layers, heads, embd, seq, vocab};
 }
 
+// Llama-family shapes: grouped-query attention, a SwiGLU width, the head tied or not.
+GptShape llama(const char* name, int layers, int heads, int kv_heads, int embd, int ffn, int seq, int vocab, bool tied,
+               double theta) {
+  GptShape s = make(name, layers, heads, embd, seq, vocab);
+  s.arch = Arch::llama;
+  s.n_kv_head = kv_heads;
+  s.ffn_hidden = ffn;
+  s.tied_head = tied;
+  s.rope_theta = theta;
+  return s;
+}
+
+GptShape bloom(const char* name, int layers, int heads, int embd, int seq, int vocab) {
+  GptShape s = make(name, layers, heads, embd, seq, vocab);
+  s.arch = Arch::bloom;
+  return s;
+}
+
+constexpr const char* kArchNames[] = {"gpt2", "bloom", "llama"};
+
 }  // namespace
+
+std::string_view arch_name(Arch arch) { return kArchNames[static_cast<int>(arch)]; }
+
+Arch parse_arch(std::string_view name) {
+  for (int a = 0; a < 3; ++a)
+    if (name == kArchNames[a]) return static_cast<Arch>(a);
+  ZERO_THROW(fmt::format("unknown model architecture '{}'; choose gpt2, bloom or llama", name));
+}
 
 void GptShape::validate() const {
   // 2^24 bounds every field far above any real model and keeps products of two in int64 (a
   // shape read from a checkpoint or a config.json is not trusted).
-  auto positive = [this](int v, const char* field) {
-    ZERO_CHECK(v > 0 && v <= (1 << 24),
-               fmt::format("GPT shape{}: {} must be in [1, 2^24] (got {})",
-                           name.empty() ? std::string() : fmt::format(" '{}'", name), field, v));
+  const std::string what = name.empty() ? std::string("model shape") : fmt::format("model shape '{}'", name);
+  auto positive = [&](int v, const char* field) {
+    ZERO_CHECK(v > 0 && v <= (1 << 24), fmt::format("{}: {} must be in [1, 2^24] (got {})", what, field, v));
   };
   positive(n_layer, "n_layer");
   positive(n_head, "n_head");
   positive(n_embd, "n_embd");
   positive(seq_len, "seq_len");
   positive(vocab_size, "vocab_size");
-  ZERO_CHECK(
-      n_embd % n_head == 0,
-      fmt::format("GPT shape: n_embd {} is not a multiple of n_head {}; pick a head count that divides the width",
-                  n_embd, n_head));
+  ZERO_CHECK(n_embd % n_head == 0,
+             fmt::format("{}: n_embd {} is not a multiple of n_head {}; pick a head count that divides the width", what,
+                         n_embd, n_head));
+  ZERO_CHECK(n_kv_head >= 0 && ffn_hidden >= 0 && ffn_hidden <= (1 << 24),
+             fmt::format("{}: n_kv_head ({}) and ffn_hidden ({}) must be >= 0 (0: the architecture's default)", what,
+                         n_kv_head, ffn_hidden));
+  ZERO_CHECK(arch == Arch::llama || (kv_heads() == n_head && tied_head),
+             fmt::format("{}: grouped-query attention (n_kv_head {} of {} heads) and an untied head are llama's; "
+                         "{} has neither",
+                         what, kv_heads(), n_head, arch_name(arch)));
+  ZERO_CHECK(n_head % kv_heads() == 0,
+             fmt::format("{}: n_head {} is not a multiple of n_kv_head {} (each key/value head serves an equal "
+                         "group of query heads)",
+                         what, n_head, kv_heads()));
+  ZERO_CHECK(!rotary() || head_size() % 2 == 0,
+             fmt::format("{}: rotary positions rotate pairs of a head's dimensions; the head size {} is odd", what,
+                         head_size()));
+  ZERO_CHECK(norm_eps > 0 && norm_eps < 1 && rope_theta > 1,
+             fmt::format("{}: norm_eps must be in (0, 1) and rope_theta > 1 (got {}, {})", what, norm_eps, rope_theta));
 }
 
 std::int64_t GptShape::num_params() const {
-  const std::int64_t C = n_embd;
-  const std::int64_t block = 12 * C * C + 13 * C;  // qkv, proj, fc, fc proj + their biases + 2 LayerNorms
-  return padded_vocab() * C + static_cast<std::int64_t>(seq_len) * C + n_layer * block + 2 * C;
+  const std::int64_t C = n_embd, F = mlp_hidden(), b = biases() ? 1 : 0, norm = rms_norm() ? C : 2 * C;
+  const std::int64_t block = 2 * norm + C * qkv_width() + b * qkv_width() + C * C + b * C +
+                             C * F * (gated_mlp() ? 2 : 1) + b * F + F * C + b * C;
+  const std::int64_t embeddings =
+      padded_vocab() * C + (learned_positions() ? std::int64_t{seq_len} * C : 0) + (embedding_norm() ? 2 * C : 0);
+  return embeddings + n_layer * block + norm + (tied_head ? 0 : padded_vocab() * C);
 }
 
 const std::vector<GptShape>& gpt_presets() {
@@ -51,8 +97,12 @@ const std::vector<GptShape>& gpt_presets() {
       make("gpt2-medium", 24, 16, 1024, 1024, 50257),
       make("gpt2-large", 36, 20, 1280, 1024, 50257),
       make("gpt2-xl", 48, 25, 1600, 1024, 50257),
-      // BLOOM-7b1's sizes (its ALiBi has no position table; the difference is 4M parameters).
-      make("bloom-7b", 30, 32, 4096, 1024, 250880),
+      bloom("bloom-560m", 24, 16, 1024, 2048, 250880),
+      bloom("bloom-7b1", 30, 32, 4096, 1024, 250880),
+      llama("llama2-7b", 32, 32, 32, 4096, 11008, 4096, 32000, false, 1e4),
+      llama("llama3.2-1b", 16, 32, 8, 2048, 8192, 2048, 128256, true, 5e5),
+      llama("llama3.2-3b", 28, 24, 8, 3072, 8192, 2048, 128256, true, 5e5),
+      llama("llama3-8b", 32, 32, 8, 4096, 14336, 2048, 128256, false, 5e5),
       make("gpt3-6.7b", 32, 32, 4096, 2048, 50257),
       make("gpt3-13b", 40, 40, 5120, 2048, 50257),
       make("gpt-52b", 64, 64, 8192, 1024, 50257),
@@ -74,29 +124,10 @@ GptShape gpt_preset(std::string_view name) {
 }
 
 Layout gpt_layout(const GptShape& s) {
-  s.validate();
-  const std::int64_t C = s.n_embd;
-  Layout layout;
-  const int emb =
-      layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab(), C}}, {"wpe.weight", {s.seq_len, C}}});
-  layout.set_embedding(emb, "wte.weight");  // the tied LM head too
-  layout.set_embedding(emb, "wpe.weight");
-  for (int l = 0; l < s.n_layer; ++l) {
-    const std::string unit = fmt::format("h.{}", l), p = unit + ".";
-    layout.add_unit(unit, {{p + "ln_1.weight", {C}},
-                           {p + "ln_1.bias", {C}},
-                           {p + "attn.c_attn.weight", {C, 3 * C}},
-                           {p + "attn.c_attn.bias", {3 * C}},
-                           {p + "attn.c_proj.weight", {C, C}},
-                           {p + "attn.c_proj.bias", {C}},
-                           {p + "ln_2.weight", {C}},
-                           {p + "ln_2.bias", {C}},
-                           {p + "mlp.c_fc.weight", {C, 4 * C}},
-                           {p + "mlp.c_fc.bias", {4 * C}},
-                           {p + "mlp.c_proj.weight", {4 * C, C}},
-                           {p + "mlp.c_proj.bias", {C}}});
-  }
-  layout.add_unit("ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}});
+  Layout layout = gpt_stage_layout(s, StagePart{});
+  layout.set_embedding(0, "wte.weight");  // the tied LM head too
+  if (s.learned_positions()) layout.set_embedding(0, "wpe.weight");
+  if (!s.tied_head) layout.set_embedding(s.n_layer + 1, "lm_head.weight");
   return layout;
 }
 
@@ -139,6 +170,13 @@ void check_split(const GptShape& shape, int tp, int pp) {
              fmt::format("tensor parallelism {}: n_head {} is not a multiple of it (each rank takes n_head / T "
                          "heads); pick a tensor size that divides the head count",
                          tp, shape.n_head));
+  ZERO_CHECK(shape.kv_heads() % tp == 0,
+             fmt::format("tensor parallelism {}: the {} key/value heads are not a multiple of it (each rank takes "
+                         "whole query groups with their key/value head); pick a tensor size that divides n_kv_head",
+                         tp, shape.kv_heads()));
+  ZERO_CHECK(
+      shape.mlp_hidden() % tp == 0,
+      fmt::format("tensor parallelism {}: the MLP's hidden width {} is not a multiple of it", tp, shape.mlp_hidden()));
   ZERO_CHECK(shape.padded_vocab() % tp == 0,
              fmt::format("tensor parallelism {}: the padded vocabulary {} is not a multiple of it (the embedding "
                          "is split by rows); pick a tensor size that divides it",
@@ -152,32 +190,48 @@ Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
   check_split(s, part.tp, part.pp);
   ZERO_CHECK(part.stage >= 0 && part.stage < part.pp,
              fmt::format("gpt_stage_layout: stage {} is outside 0..{}", part.stage, part.pp - 1));
-  const std::int64_t C = s.n_embd, T = part.tp;
+  const std::int64_t C = s.n_embd, T = part.tp, F = s.mlp_hidden();
+  using Params = std::vector<std::pair<std::string, Layout::Shape>>;
+  // A norm's tensors: the weight, and the bias of a LayerNorm.
+  auto norm = [&](const std::string& p, Params& out) {
+    out.push_back({p + ".weight", {C}});
+    if (!s.rms_norm()) out.push_back({p + ".bias", {C}});
+  };
+  auto add = [](Layout& l, const std::string& unit, Params params) { l.add_unit(unit, std::move(params)); };
   Layout layout;
-  if (part.first())
-    layout.add_unit("embeddings", {{"wte.weight", {s.padded_vocab() / T, C}}, {"wpe.weight", {s.seq_len, C}}});
+  if (part.first()) {
+    Params emb{{"wte.weight", {s.padded_vocab() / T, C}}};
+    if (s.learned_positions()) emb.push_back({"wpe.weight", {s.seq_len, C}});
+    if (s.embedding_norm()) norm("ln_e", emb);
+    add(layout, "embeddings", emb);
+  }
   int first_block = 0;
   for (int k = 0; k < part.stage; ++k) first_block += StagePart{part.tp, part.pp, k}.blocks(s);
   for (int l = first_block; l < first_block + part.blocks(s); ++l) {
     const std::string unit = fmt::format("h.{}", l), p = unit + ".";
-    layout.add_unit(unit, {{p + "ln_1.weight", {C}},
-                           {p + "ln_1.bias", {C}},
-                           {p + "attn.c_attn.weight", {C, 3 * C / T}},
-                           {p + "attn.c_attn.bias", {3 * C / T}},
-                           {p + "attn.c_proj.weight", {C / T, C}},
-                           {p + "attn.c_proj.bias", {C}},
-                           {p + "ln_2.weight", {C}},
-                           {p + "ln_2.bias", {C}},
-                           {p + "mlp.c_fc.weight", {C, 4 * C / T}},
-                           {p + "mlp.c_fc.bias", {4 * C / T}},
-                           {p + "mlp.c_proj.weight", {4 * C / T, C}},
-                           {p + "mlp.c_proj.bias", {C}}});
+    const std::int64_t fc = F * (s.gated_mlp() ? 2 : 1);
+    Params b;
+    norm(p + "ln_1", b);
+    b.push_back({p + "attn.c_attn.weight", {C, s.qkv_width() / T}});
+    if (s.biases()) b.push_back({p + "attn.c_attn.bias", {s.qkv_width() / T}});
+    b.push_back({p + "attn.c_proj.weight", {C / T, C}});
+    if (s.biases()) b.push_back({p + "attn.c_proj.bias", {C}});
+    norm(p + "ln_2", b);
+    b.push_back({p + "mlp.c_fc.weight", {C, fc / T}});
+    if (s.biases()) b.push_back({p + "mlp.c_fc.bias", {fc / T}});
+    b.push_back({p + "mlp.c_proj.weight", {F / T, C}});
+    if (s.biases()) b.push_back({p + "mlp.c_proj.bias", {C}});
+    add(layout, unit, b);
   }
   if (part.last()) {
     // The tied head: the last stage keeps its own copy of the embedding's rows when it is not
-    // the first (its gradient is all-reduced with the first stage's).
-    if (!part.first()) layout.add_unit("lm_head", {{"wte.weight", {s.padded_vocab() / T, C}}});
-    layout.add_unit("ln_f", {{"ln_f.weight", {C}}, {"ln_f.bias", {C}}});
+    // the first (its gradient is all-reduced with the first stage's). An untied head is the
+    // last unit's.
+    if (!part.first() && s.tied_head) add(layout, "lm_head", {{"wte.weight", {s.padded_vocab() / T, C}}});
+    Params f;
+    norm("ln_f", f);
+    if (!s.tied_head) f.push_back({"lm_head.weight", {s.padded_vocab() / T, C}});
+    add(layout, "ln_f", f);
   }
   return layout;
 }
@@ -194,23 +248,29 @@ std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, in
   // What the attention keeps per block and the backward's scratch beside it, in floats; the
   // heads are split across the tensor group.
   const std::int64_t att = (attention == AttentionStore::probabilities ? B * NH * T * T : B * NH * T) / TP;
-  // A block's buffers in elements: ln1, res2, ln2 replicated (3 widths); qkv (3), attention
-  // output, fc (4) and gelu(fc) (4) split (12 widths / T). In fp32: 4 LayerNorm statistics per
-  // row and the attention's.
-  const std::int64_t block_elements = 3 * NC + 12 * NC / TP;
+  // A block's buffers in elements: ln1, res2, ln2 replicated (3 widths); split across the tensor
+  // group: qkv, the attention output (C), the MLP's input product (F, or gate and up: 2F) and its
+  // activation (F). In fp32: 4 norm statistics per row and the attention's.
+  const std::int64_t F = s.mlp_hidden(), fc_in = s.gated_mlp() ? 2 * F : F;
+  const std::int64_t block_elements = 3 * NC + N * (s.qkv_width() + C + fc_in + F) / TP;
   const std::int64_t block_floats = 4 * N + att;
   // Kept per micro-batch: every block's buffers (or none under checkpointing), the residual
-  // stream at each block boundary of the stage, on the last stage ln_f and the logits over
-  // the padded vocabulary / T with ln_f's statistics and the losses; token ids.
+  // stream at each block boundary of the stage, on the first stage the embedding before its
+  // norm (bloom) and its statistics, on the last stage ln_f and the logits over the padded
+  // vocabulary / T with ln_f's statistics and the losses; token ids.
   std::int64_t kept_elements = (checkpointing ? 0 : Lb * block_elements) + (Lb + 1) * NC;
   std::int64_t kept_floats = checkpointing ? 0 : Lb * block_floats;
+  if (part.first() && s.embedding_norm()) {
+    kept_elements += NC;
+    kept_floats += 2 * N;
+  }
   if (part.last()) {
     kept_elements += NC + N * s.padded_vocab() / TP;
     kept_floats += 3 * N;
   }
   // Once: the block being recomputed under checkpointing; the backward's dres, dtmp
-  // (replicated), dqkv (3) and dfc (4) split, and the attention backward's scratch.
-  const std::int64_t once_elements = (checkpointing ? block_elements : 0) + 2 * NC + 7 * NC / TP;
+  // (replicated), dqkv and dfc split, and the attention backward's scratch.
+  const std::int64_t once_elements = (checkpointing ? block_elements : 0) + 2 * NC + N * (s.qkv_width() + fc_in) / TP;
   const std::int64_t once_floats = (checkpointing ? block_floats : 0) + att;
   const std::int64_t ints = 2 * N;
   const std::int64_t f = static_cast<std::int64_t>(sizeof(float));

@@ -239,9 +239,10 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
   // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
   // (A 2-rank all-reduce moves the whole gradient through each rank's link once.)
-  const double tied = P > 1 ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
-                                  static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * D)
-                            : 0.0;
+  const double tied = P > 1 && shape.tied_head
+                          ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
+                                static_cast<double>(dtype_size(s.grad_dtype())) / c.group_bytes_per_s(P, T * D)
+                          : 0.0;
   t.pp_comm_s += tied;
   post_step += powersgd_comm;
   t.comm_s = s.grad_accum * (fwd_comm + bwd_comm) + boundary + post_step + t.tp_comm_s + t.pp_comm_s;
@@ -436,8 +437,9 @@ std::vector<Plan> rank_plans(const GptShape& shape, const Cluster& c, const Sett
   std::vector<Plan> out;
   for (const auto& s : space.expand(c.gpus)) {
     // A tensor or pipeline size this shape cannot be split into is not a candidate for it.
-    if (shape.n_head % s.tensor_parallel != 0 || shape.padded_vocab() % s.tensor_parallel != 0 ||
-        s.pipeline_parallel > shape.n_layer)
+    const int T = s.tensor_parallel;
+    if (shape.n_head % T != 0 || shape.kv_heads() % T != 0 || shape.mlp_hidden() % T != 0 ||
+        shape.padded_vocab() % T != 0 || s.pipeline_parallel > shape.n_layer)
       continue;
     Plan p = make_plan(shape, c, s, budget);
     if (p.fits) out.push_back(std::move(p));

@@ -75,14 +75,14 @@ class Bf16RoundingOps final : public test::ForwardingOps {
     round_all(dw, size(C) * OC);
     round_all(db, size(OC));
   }
-  void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
-    ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
-    round_all(o, size(B) * T * C);
+  void attention_forward(Act* o, float* st, const Act* qkv, const AttentionShape& s) override {
+    ForwardingOps::attention_forward(o, st, qkv, s);
+    round_all(o, size(s.B) * s.T * s.width());
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
-                          int T, int C, int NH) override {
-    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
-    round_all(dqkv, size(B) * T * 3 * C);
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st,
+                          const AttentionShape& s) override {
+    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, s);
+    round_all(dqkv, size(s.B) * s.T * s.qkv_width());
   }
   void residual_forward(Act* o, const Act* a, const Act* b, std::size_t n) override {
     ForwardingOps::residual_forward(o, a, b, n);

@@ -72,6 +72,11 @@ Vec minus(const Vec& a, const Vec& base) {
   return r;
 }
 
+// Multi-head attention of C / NH dimensions per head (GPT-2's): as many key/value heads as heads.
+zero::gpt::AttentionShape mha(int B, int T, int C, int NH) {
+  return {.B = B, .T = T, .NH = NH, .NKV = NH, .hs = C / NH};
+}
+
 }  // namespace
 
 TEST_CASE("layernorm backward matches finite differences", "[gpt][layers]") {
@@ -125,7 +130,7 @@ TEST_CASE("causal attention backward matches finite differences", "[gpt][layers]
   const Vec r = random_vec(B * T * C, rng);
   Vec out(B * T * C), att(B * NH * T * T), datt(B * NH * T * T);
   auto objective = [&] {
-    h::attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    h::attention_forward(out.data(), att.data(), qkv.data(), mha(B, T, C, NH));
     return dot(out, r);
   };
   objective();
@@ -142,7 +147,7 @@ TEST_CASE("causal attention backward matches finite differences", "[gpt][layers]
     }
   const Vec base = random_vec(qkv.size(), rng);
   Vec dqkv = base;
-  h::attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  h::attention_backward(dqkv.data(), datt.data(), r.data(), qkv.data(), att.data(), mha(B, T, C, NH));
   require_close(minus(dqkv, base), numeric_grad(qkv, objective), "d qkv");
 
   SECTION("a position never sees the future") {
@@ -272,7 +277,7 @@ TEST_CASE("HostOps (fp32) agrees with the double-precision kernels", "[gpt][laye
   Vec ln(N * C), mean(N), rstd(N), qkv(N * 3 * C), y(N * C), att(B * NH * T * T);
   h::layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), g.data(), beta.data(), N, C);
   h::matmul_forward(qkv.data(), ln.data(), w.data(), bias.data(), N, C, 3 * C);
-  h::attention_forward(y.data(), att.data(), qkv.data(), B, T, C, NH);
+  h::attention_forward(y.data(), att.data(), qkv.data(), mha(B, T, C, NH));
 
   auto xf = to_f(x), wf = to_f(w), bf = to_f(bias), gf = to_f(g), betaf = to_f(beta);
   std::vector<float> lnf(N * C), meanf(N), rstdf(N), qkvf(N * 3 * C), yf(N * C), attf(B * NH * T * T);
@@ -280,7 +285,7 @@ TEST_CASE("HostOps (fp32) agrees with the double-precision kernels", "[gpt][laye
   ops->layernorm_forward(A(lnf), meanf.data(), rstdf.data(), A(xf), A(gf), A(betaf), N, C);
   ops->matmul_forward(A(qkvf), A(lnf), A(wf), A(bf), N, C, 3 * C);
   REQUIRE(ops->attention_stats_floats(B, T, NH) == attf.size());
-  ops->attention_forward(A(yf), attf.data(), A(qkvf), B, T, C, NH);
+  ops->attention_forward(A(yf), attf.data(), A(qkvf), mha(B, T, C, NH));
   double worst = 0;
   for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::abs(y[i] - yf[i]) / (1.0 + std::abs(y[i])));
   // fp32 rounding through three layers of width 32: a few ulps of 1.

@@ -63,14 +63,14 @@ class CountingOps final : public zero::gpt::test::ForwardingOps {
     flops += (di ? 4.0 : 2.0) * N * C * OC;
     ForwardingOps::matmul_backward(di, dw, db, d, i, w, N, C, OC, pre_gelu);
   }
-  void attention_forward(Act* o, float* st, const Act* qkv, int B, int T, int C, int NH) override {
-    flops += 2.0 * B * T * T * C;
-    ForwardingOps::attention_forward(o, st, qkv, B, T, C, NH);
+  void attention_forward(Act* o, float* st, const Act* qkv, const AttentionShape& s) override {
+    flops += 2.0 * s.B * s.T * s.T * s.width();
+    ForwardingOps::attention_forward(o, st, qkv, s);
   }
-  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st, int B,
-                          int T, int C, int NH) override {
-    flops += 4.0 * B * T * T * C;
-    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, B, T, C, NH);
+  void attention_backward(Act* dqkv, float* sc, const Act* d, const Act* qkv, const Act* o, const float* st,
+                          const AttentionShape& s) override {
+    flops += 4.0 * s.B * s.T * s.T * s.width();
+    ForwardingOps::attention_backward(dqkv, sc, d, qkv, o, st, s);
   }
   void logits_forward(Act* l, const Act* x, const Act* w, int N, int C, int Vp) override {
     flops += 2.0 * N * C * Vp;
@@ -313,7 +313,7 @@ TEST_CASE("layout: units, names and sizes", "[gpt][model]") {
   CHECK_THROWS_WITH(gpt_preset("gtp2"), Catch::Contains("did you mean 'gpt2'"));
   GptConfig bad = gpt2;
   bad.n_head = 7;
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("divisible by n_head"));
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("not a multiple of n_head 7"));
 }
 
 TEST_CASE("initialisation is GPT-2's and depends only on seed and name", "[gpt][model]") {

@@ -98,7 +98,9 @@ TEST_CASE("one table gives the defaults, the reading and the documented table", 
   const std::string table = gpt_settings_reference_markdown();
   // Rows written by hand here (not by the code under test), one of each kind.
   for (const char* row :
-       {"| `model.preset` | `tiny` \\| `gpt2` \\| `gpt2-medium` \\| `gpt2-large` \\| `gpt2-xl` | `tiny` |",
+       {"| `model.preset` | `tiny` \\| `llama-tiny` \\| `bloom-tiny` \\| `gpt2` \\| `gpt2-medium` \\| `gpt2-large` \\| "
+        "`gpt2-xl` \\| `bloom-560m` \\| `bloom-7b1` \\| `llama2-7b`",
+        "| `model.arch` | `gpt2` \\| `bloom` \\| `llama` | the preset's |",
         "| `model.n_layer` | integer 1..4096 | the preset's |", "| `model.seed` | integer >= 0 | `42` |",
         "| `data.train` | string | `shakespeare` |", "| `run.temperature` | number >= 0 | `0.8` |",
         "| `run.token_budget` | number > 0 | `1e+11` |", "| `run.log_jsonl` | bool | `true` |",

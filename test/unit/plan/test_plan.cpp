@@ -234,7 +234,18 @@ TEST_CASE("GPT shapes: parameter count and the trainer's layout", "[plan]") {
   CHECK(g.num_params() == 124475904);
   CHECK(gpt_layout(g).num_params() == g.num_params());
   CHECK(gpt_layout(g).num_units() == 14);
-  CHECK(gpt_preset("bloom-7b").num_params() / 100000000 == 70);  // 7.07B
+  // The published parameter counts of the BLOOM and Llama checkpoints (their vocabularies need
+  // no padding to 128): the shapes describe those models exactly.
+  CHECK(gpt_preset("bloom-7b1").num_params() == 7069016064);
+  CHECK(gpt_preset("bloom-560m").num_params() == 559214592);
+  CHECK(gpt_preset("llama2-7b").num_params() == 6738415616);
+  CHECK(gpt_preset("llama3-8b").num_params() == 8030261248);
+  CHECK(gpt_preset("llama3.2-1b").num_params() == 1235814400);
+  for (const char* name : {"bloom-7b1", "llama2-7b", "llama3-8b", "llama3.2-1b"})
+    CHECK(gpt_layout(gpt_preset(name)).num_params() == gpt_preset(name).num_params());
+  // Tensor parallelism cuts grouped-query heads by their key/value heads.
+  CHECK_NOTHROW(check_split(gpt_preset("llama3-8b"), 8, 1));
+  CHECK_THROWS_WITH(check_split(gpt_preset("llama3-8b"), 16, 1), Catch::Contains("key/value heads"));
   CHECK_THROWS_WITH(gpt_preset("gtp2"), Catch::Contains("did you mean 'gpt2'"));
   GptFamily f;
   const GptShape s = f.shape(12288);

@@ -18,8 +18,21 @@ namespace zero::plan {
 
 // ---- Models --------------------------------------------------------------------------------
 
-// A GPT-2 style decoder: the unit structure of examples/gpt (embeddings with tied LM head,
-// one unit per block, ln_f), vocabulary padded to a multiple of 128 as the trainer does.
+// The decoder architectures the trainer builds (model.arch). Each is a set of choices on one
+// pre-norm decoder block; the predicates of GptShape below name them, and the units, tensor
+// names, shapes and the tensor-parallel cut all follow from them:
+//   gpt2:  LayerNorm with bias, learned positions (wpe), GELU MLP of 4C, biases, tied head.
+//   bloom: gpt2's block with ALiBi attention biases instead of wpe (Press et al.; slopes as
+//          BLOOM computes them for any head count) and a LayerNorm on the word embeddings.
+//   llama: RMSNorm (norm_eps), rotary positions (rope_theta, rotate-half), SwiGLU MLP of
+//          ffn_hidden, grouped-query attention (n_kv_head), no biases, head tied or not.
+enum class Arch { gpt2, bloom, llama };
+std::string_view arch_name(Arch arch);
+// "gpt2" | "bloom" | "llama"; anything else is a zero::Error listing them.
+Arch parse_arch(std::string_view name);
+
+// A decoder shape: the unit structure of examples/gpt (embeddings, one unit per block, ln_f
+// with the head when it is not tied), vocabulary padded to a multiple of 128 as the trainer does.
 struct GptShape {
   std::string name;  // preset name, or empty
   int n_layer = 12;
@@ -27,13 +40,38 @@ struct GptShape {
   int n_embd = 768;
   int seq_len = 1024;
   int vocab_size = 50257;
+  Arch arch = Arch::gpt2;
+  int n_kv_head = 0;        // key/value heads (llama's grouped-query attention); 0: n_head
+  int ffn_hidden = 0;       // the MLP's hidden width; 0: 4 n_embd
+  bool tied_head = true;    // the LM head is the token embedding (llama may untie it)
+  double norm_eps = 1e-5;   // llama's RMSNorm epsilon (the LayerNorms use 1e-5)
+  double rope_theta = 1e4;  // llama's rotary base
 
   std::int64_t padded_vocab() const { return (std::int64_t{vocab_size} + 127) / 128 * 128; }
   std::int64_t num_params() const;  // Ψ, as Layout::num_params() of gpt_layout()
   void validate() const;            // throws zero::Error naming the bad field
+
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_size() const { return n_embd / n_head; }
+  std::int64_t mlp_hidden() const { return ffn_hidden > 0 ? ffn_hidden : 4 * std::int64_t{n_embd}; }
+  // Columns of the fused attention input product: q for every head, k and v for every key/value
+  // head. Inside it q's heads are ordered replica-major (q head r * n_kv_head + g reads key/value
+  // head g), so that cutting each of its (n_head / n_kv_head + 2) equal blocks T ways gives every
+  // tensor rank whole query groups with their key/value heads (the Hugging Face order, g *
+  // (n_head / n_kv_head) + r, is restored on export).
+  std::int64_t qkv_width() const { return std::int64_t{n_head + 2 * kv_heads()} * head_size(); }
+  int qkv_blocks() const { return n_head / kv_heads() + 2; }
+  bool biases() const { return arch != Arch::llama; }
+  bool rms_norm() const { return arch == Arch::llama; }
+  bool learned_positions() const { return arch == Arch::gpt2; }
+  bool rotary() const { return arch == Arch::llama; }
+  bool alibi() const { return arch == Arch::bloom; }
+  bool embedding_norm() const { return arch == Arch::bloom; }
+  bool gated_mlp() const { return arch == Arch::llama; }
 };
 
-// Presets: the GPT-2 sizes, bloom-7b and a few GPT-3-like sizes used by the validation.
+// Presets: the GPT-2 sizes, BLOOM's and Llama's, and a few GPT-3-like sizes used by the
+// validation.
 const std::vector<GptShape>& gpt_presets();
 GptShape gpt_preset(std::string_view name);  // throws, listing the presets, when unknown
 Layout gpt_layout(const GptShape& shape);
