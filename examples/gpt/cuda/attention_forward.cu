@@ -1,7 +1,9 @@
 // Causal self-attention forward, flash style: no T x T matrix ever reaches memory. One CTA per
 // (query tile, batch*head); key tiles 0 .. diagonal, online softmax, the fp32 output accumulator
 // in shared memory (rescaled per row, then reloaded as the accumulator of the P.V product);
-// writes out (bf16) and lse (fp32, natural log). The tiling is attention_tiles.cuh's.
+// writes out (bf16) and lse (fp32, natural log). The tiling is attention_tiles.cuh's. Query head
+// h reads key/value head h % NKV (grouped-query attention) and adds its ALiBi bias (if any) to
+// the scores before the softmax.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
@@ -19,7 +21,7 @@ namespace {
 
 template <int HS>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
+    attention_forward_kernel(bf16* out, float* lse, const bf16* qkv, Heads g, float scale_log2) {
   using L = Smem<HS>;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
@@ -31,10 +33,16 @@ __global__ void __launch_bounds__(kThreads)
 
   // The last query tiles see the most keys: start them first.
   const int qt = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int T = g.T;
+  const int bh = blockIdx.y, b = bh / g.NH, h = bh % g.NH;
   const int q0 = qt * kRows;
-  const std::size_t C3 = 3 * static_cast<std::size_t>(C);
-  const bf16* q_src = qkv + static_cast<std::size_t>(b) * T * C3 + h * HS;
+  const std::size_t ld = g.qkv_ld(HS);
+  const int C = g.out_ld(HS);
+  const bf16* row_src = qkv + static_cast<std::size_t>(b) * T * ld;
+  const bf16* q_src = row_src + h * HS;
+  const bf16* k_src = row_src + g.k_col(HS) + g.kv_head(h) * HS;
+  const bf16* v_src = row_src + g.v_col(HS) + g.kv_head(h) * HS;
+  const float slope_log2 = g.slope_log2(h);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = warp * kF + lane / 2;  // the tile row this lane pair handles
@@ -42,7 +50,7 @@ __global__ void __launch_bounds__(kThreads)
   const int rot = lane_rotation(lane);
   const int i = q0 + row;
 
-  load_tile<HS>(sQ, q_src, C3, q0, T);
+  load_tile<HS>(sQ, q_src, ld, q0, T);
   for (int e = threadIdx.x; e < kRows * L::ld_o; e += kThreads) sO[e] = 0.0f;
 
   attn::OnlineSoftmax st = attn::online_init();
@@ -50,8 +58,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt < n_key_tiles; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // every warp is done with the previous K, V
-    load_tile<HS>(sK, q_src + C, C3, k0, T);
-    load_tile<HS>(sV, q_src + 2 * C, C3, k0, T);
+    load_tile<HS>(sK, k_src, ld, k0, T);
+    load_tile<HS>(sV, v_src, ld, k0, T);
     __syncthreads();
 
     float* s_w = sS + warp * kF * L::ld_s;
@@ -65,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int cc = 0; cc < 32; ++cc) {
       const int c = (cc + rot) % 32;
       const int j = k0 + half * 32 + c;
-      const float s2 = attn::attends(i, j, T) ? s_row[c] * scale_log2 : -INFINITY;
+      const float s2 = attn::attends(i, j, T) ? biased_score(s_row[c], scale_log2, slope_log2, i, j) : -INFINITY;
       s_row[c] = s2;
       tile_max = fmaxf(tile_max, s2);
     }
@@ -113,16 +121,16 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 template <int HS>
-void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, const Heads& g, cudaStream_t stream) {
   constexpr std::size_t bytes = Smem<HS>::fwd_bytes;
   use_shared_memory("attention_forward", reinterpret_cast<const void*>(attention_forward_kernel<HS>), bytes);
-  const dim3 grid(tile_count(T, kRows), B * NH);
-  attention_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, T, C, NH, scale_of(HS) * kLog2e);
+  const dim3 grid(tile_count(g.T, kRows), B * g.NH);
+  attention_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(out, lse, qkv, g, scale_of(HS) * kLog2e);
   GPT_CUDA_CHECK(cudaGetLastError());
 }
 
-template void launch_forward<32>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void launch_forward<64>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-template void launch_forward<128>(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
+template void launch_forward<32>(bf16*, float*, const bf16*, int, const Heads&, cudaStream_t);
+template void launch_forward<64>(bf16*, float*, const bf16*, int, const Heads&, cudaStream_t);
+template void launch_forward<128>(bf16*, float*, const bf16*, int, const Heads&, cudaStream_t);
 
 }  // namespace zero::gpt::cuda::attn

@@ -10,6 +10,11 @@
 //
 // Every gradient element is owned by one thread, which reads the bf16 value, adds its fp32
 // sum, and writes it back rounded once (add_fragments).
+//
+// Heads (below) carries what differs between the architectures: where a query head finds its
+// key/value head (grouped-query attention, llama) and the ALiBi slope (bloom) added to its
+// scores. For GPT-2 (NKV == NH, no ALiBi) the bias is an exact 0 and the kernels compute what
+// they computed before the two were added.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpt/attention_shape.hpp"
+#include "gpt/cuda/attention_math.cuh"
 #include "gpt/cuda/gpt_kernels.hpp"
 
 namespace zero::gpt::cuda::attn {
@@ -151,6 +158,30 @@ __device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T, co
   }
 }
 
+// The head geometry of one call (AttentionShape without B and hs, which the grid and the
+// template carry). qkv rows are [q (NH HS) | k (NKV HS) | v (NKV HS)], out rows NH HS.
+struct Heads {
+  int T, NH, NKV;
+  int alibi_heads, head0;
+  __host__ __device__ std::size_t qkv_ld(int hs) const { return static_cast<std::size_t>(NH + 2 * NKV) * hs; }
+  __host__ __device__ int out_ld(int hs) const { return NH * hs; }
+  __host__ __device__ int k_col(int hs) const { return NH * hs; }
+  __host__ __device__ int v_col(int hs) const { return (NH + NKV) * hs; }
+  // The key/value head query head h reads.
+  __host__ __device__ int kv_head(int h) const { return h % NKV; }
+  // Query head h's ALiBi slope in the log2 domain of the scores (0 without ALiBi): the score
+  // of query i and key j, s2 = q.k scale log2(e), gets - slope_log2 (i - j).
+  __device__ float slope_log2(int h) const {
+    return alibi_heads > 0 ? static_cast<float>(alibi_slope(head0 + h, alibi_heads)) * kLog2e : 0.0f;
+  }
+};
+
+// The biased log2-domain score of query i and key j (j <= i), from the raw product q.k; with
+// slope_log2 == 0 it is exactly raw * scale_log2.
+__device__ __forceinline__ float biased_score(float raw, float scale_log2, float slope_log2, int i, int j) {
+  return fmaf(-slope_log2, static_cast<float>(i - j), raw * scale_log2);
+}
+
 // --- the host side of a launch (attention.cu) ---
 
 // The softmax scale 1 / sqrt(head size).
@@ -163,9 +194,9 @@ void use_shared_memory(const char* op, const void* kernel, std::size_t bytes);
 
 // The launches for one head size, beside their kernels; instantiated for 32, 64 and 128.
 template <int HS>
-void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH, cudaStream_t stream);
+void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, const Heads& g, cudaStream_t stream);
 template <int HS>
 void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out, const float* lse,
-                     int B, int T, int C, int NH, cudaStream_t stream);
+                     int B, const Heads& g, cudaStream_t stream);
 
 }  // namespace zero::gpt::cuda::attn

@@ -3,8 +3,8 @@
 //
 // The class is glue: it casts the model's untyped Act pointers to bf16 and forwards each call
 // with its stream. What it owns besides the Matmul is one scratch buffer for the launchers
-// that need one (encoder, LayerNorm and bias backward, and attention when the model's buffer
-// is too small, see attention_scratch_floats). The buffer grows to the largest size asked for
+// that need one (encoder, LayerNorm, RMSNorm and bias backward, and attention when the model's
+// buffer is too small, see attention_scratch_floats). The buffer grows to the largest size asked for
 // and is then reused: all calls run in order on the one stream, so no two launchers ever use
 // it at once. The model reserves it at its largest shapes when it is built (Ops::reserve), so
 // no step allocates or frees it; a call at a larger shape would still grow it.
@@ -172,20 +172,41 @@ class CudaOps final : public Ops {
     return static_cast<std::size_t>(B) * static_cast<std::size_t>(NH) *
            static_cast<std::size_t>(T);  // one log-sum-exp per (b, h, t) row
   }
-  // ops.hpp asks without C, and cuda::attention_backward_scratch_floats needs it. What is
-  // promised here is one float per (b, h, t) row, the per-row dot(dout, out) the backward
+  // ops.hpp asks with (B, T, NH) only, and cuda::attention_backward_scratch_floats takes the
+  // whole shape. What is promised here is one float per (b, h, t) row, the per-row dot(dout, out) the backward
   // computes first; attention_backward checks the launcher's real need and, when the model's
   // buffer is smaller, runs in this object's scratch instead (grown once, on the first step).
   std::size_t attention_scratch_floats(int B, int T, int NH) const override { return attention_stats_floats(B, T, NH); }
-  void attention_forward(Act* out, float* stats, const Act* qkv, int B, int T, int C, int NH) override {
-    cuda::attention_forward(dev(out), stats, dev(qkv), B, T, C, NH, stream_);
+  void attention_forward(Act* out, float* stats, const Act* qkv, const AttentionShape& a) override {
+    cuda::attention_forward(dev(out), stats, dev(qkv), a, stream_);
   }
   void attention_backward(Act* dqkv, float* scratch_floats, const Act* dout, const Act* qkv, const Act* out,
-                          const float* stats, int B, int T, int C, int NH) override {
-    const std::size_t need = cuda::attention_backward_scratch_floats(B, T, C, NH);
+                          const float* stats, const AttentionShape& a) override {
+    const std::size_t need = cuda::attention_backward_scratch_floats(a);
     float* s = scratch_floats;
-    if (need > attention_scratch_floats(B, T, NH)) s = static_cast<float*>(scratch(need * sizeof(float)));
-    cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, B, T, C, NH, stream_);
+    if (need > attention_scratch_floats(a.B, a.T, a.NH)) s = static_cast<float*>(scratch(need * sizeof(float)));
+    cuda::attention_backward(dev(dqkv), s, dev(dout), dev(qkv), dev(out), stats, a, stream_);
+  }
+
+  void rmsnorm_forward(Act* out, float* rstd, const Act* inp, const Act* w, int N, int C, float eps) override {
+    cuda::rmsnorm_forward(dev(out), rstd, dev(inp), dev(w), N, C, eps, stream_);
+  }
+  void rmsnorm_backward(Act* dinp, Act* dw, const Act* dout, const Act* inp, const Act* w, const float* rstd, int N,
+                        int C) override {
+    void* s = scratch(cuda::rmsnorm_backward_scratch_bytes(N, C));
+    cuda::rmsnorm_backward(dev(dinp), dev(dw), dev(dout), dev(inp), dev(w), rstd, N, C, s, scratch_bytes_, stream_);
+  }
+  void rotary_forward(Act* qkv, const AttentionShape& a, float theta) override {
+    cuda::rotary(dev(qkv), a, theta, 1, stream_);
+  }
+  void rotary_backward(Act* dqkv, const AttentionShape& a, float theta) override {
+    cuda::rotary(dev(dqkv), a, theta, -1, stream_);
+  }
+  void swiglu_forward(Act* out, const Act* inp, int N, int F) override {
+    cuda::swiglu_forward(dev(out), dev(inp), N, F, stream_);
+  }
+  void swiglu_backward(Act* dinp, const Act* dout, const Act* inp, int N, int F) override {
+    cuda::swiglu_backward(dev(dinp), dev(dout), dev(inp), N, F, stream_);
   }
 
   void to_f32(float* dst, const Act* src, std::size_t n) override { cuda::widen_to_f32(dst, dev(src), n, stream_); }
@@ -223,12 +244,13 @@ class CudaOps final : public Ops {
 
  private:
   // The largest scratch any launcher asks for at these shapes: the encoder's sort over B*T
-  // positions, the LayerNorm and bias column sums over N rows (widths C, 3C and 4C), and the
-  // attention backward beyond what the model hands it.
+  // positions, the LayerNorm, RMSNorm and bias column sums over N rows (widths C, 3C and 4C),
+  // and the attention backward beyond what the model hands it.
   void reserve(int max_rows, int T, int C, int NH) override {
     const int B = std::max(1, max_rows / std::max(T, 1));
     std::size_t need = cuda::encoder_backward_scratch_bytes(B, T, C);
     need = std::max(need, cuda::layernorm_backward_scratch_bytes(max_rows, C));
+    need = std::max(need, cuda::rmsnorm_backward_scratch_bytes(max_rows, C));
     for (int oc : {C, 3 * C, 4 * C}) need = std::max(need, cuda::bias_backward_scratch_bytes(max_rows, oc));
     const std::size_t att = cuda::attention_backward_scratch_floats(B, T, C, NH);
     if (att > attention_scratch_floats(B, T, NH)) need = std::max(need, att * sizeof(float));

@@ -1,10 +1,17 @@
-// Element-wise kernels (residual add, GELU and its backward), the deterministic bias gradient,
-// and the loss means that stay on the device until the step ends.
+// Element-wise kernels (residual add, GELU and its backward, SwiGLU and its backward, rotary
+// positions), the deterministic bias gradient, and the loss means that stay on the device until
+// the step ends.
 //
 // The element-wise maps split the n elements into 8-wide chunks, one per thread in a
 // grid-stride loop: a whole chunk is one 16-byte access when every pointer is 16-byte aligned,
 // and the last partial chunk (or every chunk, for a misaligned pointer) goes element by element.
 // Each thread reads its elements before it writes them, so an output may alias an input.
+//
+// SwiGLU reads a row's gate and up halves at the same columns: one thread per 8-wide chunk of
+// the output row (one element when F is not a multiple of 8 or a pointer is misaligned), and the
+// backward's thread writes the gradients of exactly the gate and up elements it read, so dinp
+// may alias inp. Rotary positions: one thread per (row, rotation pair i) computes the angle once
+// in double (as the host does) and turns pair i of every q and k head of the row.
 //
 // The bias gradient is a column sum over N rows and must not depend on scheduling: fixed row
 // blocks (gpt_math.cuh's column_reduce_*) write fp32 partial column sums to scratch, then one
@@ -131,6 +138,76 @@ unsigned convert_grid(std::size_t n) {
   return static_cast<unsigned>(blocks < (1u << 16) ? blocks : (1u << 16));
 }
 
+// SwiGLU over [N, F] outputs; VEC-wide chunks of each row.
+template <int VEC>
+__global__ void swiglu_forward_kernel(bf16* out, const bf16* inp, int F, std::size_t chunks) {
+  const std::size_t per_row = static_cast<std::size_t>(F / VEC);
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t n = i / per_row, c = (i % per_row) * VEC;
+    const bf16* gate = inp + n * 2 * static_cast<std::size_t>(F) + c;
+    float g[VEC], u[VEC];
+    load_bf16<VEC>(gate, g);
+    load_bf16<VEC>(gate + F, u);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[k] = math::swiglu(g[k], u[k]);
+    store_bf16<VEC>(out + n * F + c, g);
+  }
+}
+
+template <int VEC>
+__global__ void swiglu_backward_kernel(bf16* dinp, const bf16* dout, const bf16* inp, int F, std::size_t chunks) {
+  const std::size_t per_row = static_cast<std::size_t>(F / VEC);
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < chunks;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t n = i / per_row, c = (i % per_row) * VEC;
+    const std::size_t off = n * 2 * static_cast<std::size_t>(F) + c;
+    float g[VEC], u[VEC], dy[VEC], dg[VEC], du[VEC];
+    load_bf16<VEC>(inp + off, g);
+    load_bf16<VEC>(inp + off + F, u);
+    load_bf16<VEC>(dout + n * F + c, dy);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) {
+      dg[k] = math::swiglu_dgate(g[k], u[k], dy[k]);
+      du[k] = math::swiglu_dup(g[k], dy[k]);
+    }
+    store_bf16<VEC>(dinp + off, dg);
+    store_bf16<VEC>(dinp + off + F, du);
+  }
+}
+
+// Thread (n, i): pair i of each of the row's `heads` q and k heads, at position n % T.
+__global__ void rotary_kernel(bf16* qkv, int T, int heads, int hs, std::size_t ld, std::size_t pairs, double theta,
+                              double sign) {
+  const int half = hs / 2;
+  for (std::size_t x = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; x < pairs;
+       x += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::size_t n = x / static_cast<std::size_t>(half);
+    const int i = static_cast<int>(x % static_cast<std::size_t>(half));
+    const int t = static_cast<int>(n % static_cast<std::size_t>(T));
+    double sd = 0.0, cd = 1.0;
+    sincos(t * pow(theta, -2.0 * i / hs), &sd, &cd);
+    const float c = static_cast<float>(cd), s = static_cast<float>(sign * sd);
+    bf16* row = qkv + n * ld + i;
+    for (int h = 0; h < heads; ++h) {
+      bf16* p = row + static_cast<std::size_t>(h) * hs;
+      const float x1 = __bfloat162float(p[0]), x2 = __bfloat162float(p[half]);
+      p[0] = __float2bfloat16_rn(x1 * c - x2 * s);
+      p[half] = __float2bfloat16_rn(x2 * c + x1 * s);
+    }
+  }
+}
+
+unsigned stride_grid(std::size_t items) {
+  const std::size_t blocks = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < (1u << 20) ? (blocks > 0 ? blocks : 1) : (1u << 20));
+}
+
+void check_swiglu_shape(const char* op, int N, int F) {
+  ZERO_CHECK(N >= 1 && F >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
+                                   ", F=" + std::to_string(F) + " (N and F must be at least 1)");
+}
+
 void check_bias_shape(const char* op, int N, int OC) {
   ZERO_CHECK(N >= 1 && OC >= 1, std::string(op) + ": unsupported shape N=" + std::to_string(N) +
                                     ", OC=" + std::to_string(OC) + " (N and OC must be at least 1)");
@@ -168,6 +245,42 @@ void gelu_forward(bf16* out, const bf16* inp, std::size_t n, cudaStream_t stream
 
 void gelu_backward_inplace(bf16* dinp, const bf16* inp, const bf16* dout, std::size_t n, cudaStream_t stream) {
   launch_map("gelu_backward_inplace", dinp, inp, dout, n, GeluBackward{}, stream);
+}
+
+void swiglu_forward(bf16* out, const bf16* inp, int N, int F, cudaStream_t stream) {
+  check_swiglu_shape("swiglu_forward", N, F);
+  const std::size_t NF = static_cast<std::size_t>(N) * F;
+  if (F % 8 == 0 && aligned16(out) && aligned16(inp)) {
+    swiglu_forward_kernel<8><<<stride_grid(NF / 8), kThreads, 0, stream>>>(out, inp, F, NF / 8);
+  } else {
+    swiglu_forward_kernel<1><<<stride_grid(NF), kThreads, 0, stream>>>(out, inp, F, NF);
+  }
+  GPT_LAUNCH_CHECK("swiglu_forward");
+}
+
+void swiglu_backward(bf16* dinp, const bf16* dout, const bf16* inp, int N, int F, cudaStream_t stream) {
+  check_swiglu_shape("swiglu_backward", N, F);
+  const std::size_t NF = static_cast<std::size_t>(N) * F;
+  if (F % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp)) {
+    swiglu_backward_kernel<8><<<stride_grid(NF / 8), kThreads, 0, stream>>>(dinp, dout, inp, F, NF / 8);
+  } else {
+    swiglu_backward_kernel<1><<<stride_grid(NF), kThreads, 0, stream>>>(dinp, dout, inp, F, NF);
+  }
+  GPT_LAUNCH_CHECK("swiglu_backward");
+}
+
+void rotary(bf16* qkv, const AttentionShape& s, float theta, int sign, cudaStream_t stream) {
+  ZERO_CHECK(s.B >= 1 && s.T >= 1 && s.NH >= 1 && s.NKV >= 1 && s.hs >= 2 && s.hs % 2 == 0 && theta > 0.0f &&
+                 (sign == 1 || sign == -1),
+             "rotary: unsupported shape B=" + std::to_string(s.B) + " T=" + std::to_string(s.T) +
+                 " NH=" + std::to_string(s.NH) + " NKV=" + std::to_string(s.NKV) + " hs=" + std::to_string(s.hs) +
+                 " theta=" + std::to_string(theta) + " (an even head size and a positive theta are needed)");
+  const std::size_t rows = static_cast<std::size_t>(s.B) * s.T;
+  const std::size_t pairs = rows * static_cast<std::size_t>(s.hs / 2);
+  rotary_kernel<<<stride_grid(pairs), kThreads, 0, stream>>>(qkv, s.T, s.NH + s.NKV, s.hs,
+                                                             static_cast<std::size_t>(s.qkv_width()), pairs,
+                                                             static_cast<double>(theta), static_cast<double>(sign));
+  GPT_LAUNCH_CHECK(sign > 0 ? "rotary_forward" : "rotary_backward");
 }
 
 std::size_t bias_backward_scratch_bytes(int N, int OC) {

@@ -9,8 +9,10 @@
 // ids sums that run's dout rows in position order in fp32, then adds the total to the bf16 dwte
 // row once. dwpe[t] is a plain column sum over b in b order. Under tensor parallelism wte is one
 // part of the vocabulary, rows [row0, row0 + rows): ids outside it read zeros in the forward and
-// their runs are skipped in the backward; the forward's wpe may then be null. All scratch (the sorted keys,
-// position values and CUB's temporary storage) lives in the caller's buffer.
+// their runs are skipped in the backward. A null wpe (a model without learned positions, or a
+// tensor rank that leaves the position term to another) adds no position term, and a null dwpe
+// takes no position gradient. All scratch (the sorted keys, position values and CUB's temporary
+// storage) lives in the caller's buffer.
 #include <cub/device/device_radix_sort.cuh>
 #include <string>
 
@@ -213,6 +215,7 @@ void encoder_backward(bf16* dwte, bf16* dwpe, const bf16* dout, const std::int32
         <<<static_cast<unsigned>(N), wte_threads, 0, stream>>>(dwte, dout, sorted_ids, sorted_pos, N, C, row0, rows);
   }
   GPT_LAUNCH_CHECK("encoder_backward (wte)");
+  if (dwpe == nullptr) return;  // no learned positions, or another rank's
   const std::size_t wpe_chunks = static_cast<std::size_t>(T) * row_chunks;
   if (vec) {
     encoder_backward_wpe_kernel<8><<<grid_for(wpe_chunks, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);

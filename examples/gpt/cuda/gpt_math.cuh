@@ -1,11 +1,10 @@
 // The per-element and per-row arithmetic of the GPT kernels, in fp32, callable from both sides.
 //
 // Each function is the whole formula one thread applies to one element (GELU and its
-// derivative, the LayerNorm input gradient, the softmax cross-entropy gradient) or one step of
-// a reduction (merging two online-softmax partial statistics). Kept free of CUDA headers so the
-// host unit tests (test/unit/gpt/test_gpt_math.cpp) compile it with the host compiler alone and
-// compare it with the fp64 reference in host_kernels.cpp; the kernels in this folder call the
-// very same functions.
+// derivative, SwiGLU and its gradients, the LayerNorm input gradient, the softmax cross-entropy gradient) or one step
+// of a reduction (merging two online-softmax partial statistics). Kept free of CUDA headers so the host unit tests
+// (test/unit/gpt/test_gpt_math.cpp) compile it with the host compiler alone and compare it with the fp64 reference in
+// host_kernels.cpp; the kernels in this folder call the very same functions.
 #pragma once
 
 #include <math.h>
@@ -50,6 +49,25 @@ ZERO_GPT_HD float layernorm_rstd(float variance) {
 ZERO_GPT_HD float layernorm_dinp(float dy, float w, float xhat, float mean_dn, float mean_dn_xhat, float rstd) {
   return (dy * w - mean_dn - xhat * mean_dn_xhat) * rstd;
 }
+
+// RMSNorm: 1 / sqrt(mean of squares + eps) (rsqrtf on the device, as layernorm_rstd).
+ZERO_GPT_HD float rmsnorm_rstd(float mean_square, float eps) {
+#ifdef __CUDA_ARCH__
+  return rsqrtf(mean_square + eps);
+#else
+  return 1.0f / sqrtf(mean_square + eps);
+#endif
+}
+
+// SwiGLU of one (gate, up) pair: silu(g) u = g sigmoid(g) u, and its two gradients for dy
+// (host_kernels.cpp's swiglu_backward, term for term).
+ZERO_GPT_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+ZERO_GPT_HD float swiglu(float g, float u) { return g * sigmoid(g) * u; }
+ZERO_GPT_HD float swiglu_dgate(float g, float u, float dy) {
+  const float sg = sigmoid(g);
+  return dy * u * sg * (1.0f + g * (1.0f - sg));
+}
+ZERO_GPT_HD float swiglu_dup(float g, float dy) { return dy * g * sigmoid(g); }
 
 // Running softmax statistics of a set of logits: max m and sum s of exp(l - m). The empty set is
 // (-inf, 0); merging is exact up to rounding whichever way the set is split, so threads may keep

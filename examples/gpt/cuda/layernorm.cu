@@ -1,4 +1,5 @@
-// LayerNorm forward (plain and fused with the residual add) and a deterministic backward.
+// LayerNorm forward (plain and fused with the residual add) and a deterministic backward; the
+// same for RMSNorm.
 //
 // Forward: one warp per row. Lane l owns the 8-wide chunks l, l+32, ... of the row (one element
 // each when C is not a multiple of 8 or a pointer is not 16-byte aligned), so its loads are
@@ -12,6 +13,9 @@
 // schedule, so rows are split into fixed blocks (gpt_math.cuh's column_reduce_*: a function of
 // N only), each block writes its fp32 column partials to scratch, and one more kernel sums the
 // partials in block order and adds the result to the bf16 gradients.
+//
+// RMSNorm (llama) is the same with no mean and no bias: the forward keeps rstd per row, the
+// backward's dinp is one warp per row and its dw the same fixed-order column reduction.
 #include <string>
 
 #include "gpt/cuda/bf16_io.cuh"
@@ -93,6 +97,23 @@ __global__ void layernorm_forward_kernel(bf16* residual, bf16* out, float* mean,
   }
 }
 
+// The second pass of a row's input gradient (LayerNorm, RMSNorm): lane's chunks of the row get
+// dinp += f(dy, w, x) per element.
+template <int VEC, class F>
+__device__ __forceinline__ void add_to_dinp_row(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* w, int C,
+                                                int lane, F f) {
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float dy[VEC], x[VEC], wv[VEC], g[VEC];
+    load_bf16<VEC>(dout + c, dy);
+    load_bf16<VEC>(inp + c, x);
+    load_bf16<VEC>(w + c, wv);
+    load_bf16<VEC>(dinp + c, g);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) g[k] += f(dy[k], wv[k], x[k]);
+    store_bf16<VEC>(dinp + c, g);
+  }
+}
+
 // dinp += rstd (dy w - mean(dy w) - xhat mean(dy w xhat)), one warp per row.
 template <int VEC>
 __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* w,
@@ -119,16 +140,9 @@ __global__ void layernorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, con
   const float mean_dn = warp_sum(sum_dn) / static_cast<float>(C);
   const float mean_dn_xhat = warp_sum(sum_dn_xhat) / static_cast<float>(C);
 
-  for (int c = lane * VEC; c < C; c += 32 * VEC) {
-    float dy[VEC], x[VEC], wv[VEC], g[VEC];
-    load_bf16<VEC>(dout + off + c, dy);
-    load_bf16<VEC>(inp + off + c, x);
-    load_bf16<VEC>(w + c, wv);
-    load_bf16<VEC>(dinp + off + c, g);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) g[k] += math::layernorm_dinp(dy[k], wv[k], (x[k] - m) * s, mean_dn, mean_dn_xhat, s);
-    store_bf16<VEC>(dinp + off + c, g);
-  }
+  add_to_dinp_row<VEC>(dinp + off, dout + off, inp + off, w, C, lane, [=](float dy, float wv, float x) {
+    return math::layernorm_dinp(dy, wv, (x - m) * s, mean_dn, mean_dn_xhat, s);
+  });
 }
 
 // Block (x, g): columns x*kColumnThreads + thread, rows of row block g in order. Writes the
@@ -151,6 +165,72 @@ __global__ void layernorm_backward_partials_kernel(float* part_dw, float* part_d
   }
   part_dw[static_cast<std::size_t>(g) * C + c] = acc_dw;
   part_db[static_cast<std::size_t>(g) * C + c] = acc_db;
+}
+
+// out = x w rstd, rstd = 1 / sqrt(mean(x^2) + eps); one warp per row.
+template <int VEC>
+__global__ void rmsnorm_forward_kernel(bf16* out, float* rstd, const bf16* inp, const bf16* w, int N, int C,
+                                       float eps) {
+  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (row >= N) return;
+  const std::size_t off = static_cast<std::size_t>(row) * C;
+  float sq = 0.0f;
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float v[VEC];
+    load_bf16<VEC>(inp + off + c, v);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) sq += v[k] * v[k];
+  }
+  const float s = math::rmsnorm_rstd(warp_sum(sq) / static_cast<float>(C), eps);
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float v[VEC], wv[VEC];
+    load_bf16<VEC>(inp + off + c, v);
+    load_bf16<VEC>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) v[k] = v[k] * s * wv[k];
+    store_bf16<VEC>(out + off + c, v);
+  }
+  if (lane == 0) rstd[row] = s;
+}
+
+// dinp += rstd (dy w - x rstd^2 mean(dy w x)), one warp per row.
+template <int VEC>
+__global__ void rmsnorm_backward_dinp_kernel(bf16* dinp, const bf16* dout, const bf16* inp, const bf16* w,
+                                             const float* rstd, int N, int C) {
+  const int row = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x / 32);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (row >= N) return;
+  const std::size_t off = static_cast<std::size_t>(row) * C;
+  const float s = rstd[row];
+  float dot = 0.0f;
+  for (int c = lane * VEC; c < C; c += 32 * VEC) {
+    float dy[VEC], x[VEC], wv[VEC];
+    load_bf16<VEC>(dout + off + c, dy);
+    load_bf16<VEC>(inp + off + c, x);
+    load_bf16<VEC>(w + c, wv);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) dot += dy[k] * wv[k] * x[k];
+  }
+  const float m = warp_sum(dot) / static_cast<float>(C) * s * s;
+  add_to_dinp_row<VEC>(dinp + off, dout + off, inp + off, w, C, lane,
+                       [=](float dy, float wv, float x) { return s * (dy * wv - x * m); });
+}
+
+// Block (x, g): the partial column sums of dy x rstd over row block g, into row g of part_dw.
+__global__ void rmsnorm_backward_partials_kernel(float* part_dw, const bf16* dout, const bf16* inp, const float* rstd,
+                                                 int N, int C, int rows_per_block) {
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (c >= C) return;
+  const int g = static_cast<int>(blockIdx.y);
+  const int r0 = g * rows_per_block;
+  const int r1 = r0 + rows_per_block < N ? r0 + rows_per_block : N;
+  float acc = 0.0f;
+  for (int r = r0; r < r1; ++r) {
+    const std::size_t i = static_cast<std::size_t>(r) * C + c;
+    acc += __bfloat162float(dout[i]) * __bfloat162float(inp[i]) * rstd[r];
+  }
+  part_dw[static_cast<std::size_t>(g) * C + c] = acc;
 }
 
 unsigned row_grid(int N) { return ceil_div(static_cast<std::size_t>(N), kWarpsPerBlock); }
@@ -219,6 +299,49 @@ void layernorm_backward(bf16* dinp, bf16* dw, bf16* db, const bf16* dout, const 
   GPT_LAUNCH_CHECK("layernorm_backward (dw)");
   detail::add_column_partials(db, part_db, blocks, C, stream);
   GPT_LAUNCH_CHECK("layernorm_backward (db)");
+}
+
+void rmsnorm_forward(bf16* out, float* rstd, const bf16* inp, const bf16* w, int N, int C, float eps,
+                     cudaStream_t stream) {
+  check_shape("rmsnorm_forward", N, C);
+  constexpr int threads = 32 * kWarpsPerBlock;
+  if (C % 8 == 0 && aligned16(out) && aligned16(inp) && aligned16(w)) {
+    rmsnorm_forward_kernel<8><<<row_grid(N), threads, 0, stream>>>(out, rstd, inp, w, N, C, eps);
+  } else {
+    rmsnorm_forward_kernel<1><<<row_grid(N), threads, 0, stream>>>(out, rstd, inp, w, N, C, eps);
+  }
+  GPT_LAUNCH_CHECK("rmsnorm_forward");
+}
+
+std::size_t rmsnorm_backward_scratch_bytes(int N, int C) {
+  check_shape("rmsnorm_backward_scratch_bytes", N, C);
+  return kScratchAlign + detail::column_partial_bytes(N, C);
+}
+
+void rmsnorm_backward(bf16* dinp, bf16* dw, const bf16* dout, const bf16* inp, const bf16* w, const float* rstd, int N,
+                      int C, void* scratch, std::size_t scratch_bytes, cudaStream_t stream) {
+  check_shape("rmsnorm_backward", N, C);
+  const std::size_t need = rmsnorm_backward_scratch_bytes(N, C);
+  detail::check_scratch("rmsnorm_backward", scratch, scratch_bytes, need,
+                        "N=" + std::to_string(N) + ", C=" + std::to_string(C));
+  auto* part_dw = reinterpret_cast<float*>(detail::scratch_base(scratch));
+
+  const bool vec = C % 8 == 0 && aligned16(dinp) && aligned16(dout) && aligned16(inp) && aligned16(w);
+  constexpr int threads = 32 * kWarpsPerBlock;
+  if (vec) {
+    rmsnorm_backward_dinp_kernel<8><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, rstd, N, C);
+  } else {
+    rmsnorm_backward_dinp_kernel<1><<<row_grid(N), threads, 0, stream>>>(dinp, dout, inp, w, rstd, N, C);
+  }
+  GPT_LAUNCH_CHECK("rmsnorm_backward (dinp)");
+
+  const int rows = math::column_reduce_rows_per_block(N);
+  const int blocks = math::column_reduce_blocks(N);
+  const dim3 grid(ceil_div(static_cast<std::size_t>(C), kColumnThreads), static_cast<unsigned>(blocks));
+  rmsnorm_backward_partials_kernel<<<grid, kColumnThreads, 0, stream>>>(part_dw, dout, inp, rstd, N, C, rows);
+  GPT_LAUNCH_CHECK("rmsnorm_backward (dw partials)");
+  detail::add_column_partials(dw, part_dw, blocks, C, stream);
+  GPT_LAUNCH_CHECK("rmsnorm_backward (dw)");
 }
 
 }  // namespace zero::gpt::cuda
