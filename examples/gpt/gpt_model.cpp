@@ -242,11 +242,7 @@ double block_forward_flops_per_token(const GptConfig& cfg, bool recompute) {
 TokenFlops training_flops_per_token(const GptConfig& cfg) {
   const double L = cfg.n_layer, C = cfg.n_embd, T = cfg.seq_len;
   TokenFlops f;
-  // 6 per parameter, as llm.c counts (wpe included), except an untied input embedding: a lookup,
-  // while its tied twin is the head's product.
-  double params = static_cast<double>(cfg.num_params());
-  if (!cfg.tied_head) params -= static_cast<double>(cfg.padded_vocab()) * C;
-  f.model = 6.0 * params + 6.0 * L * T * C;
+  f.model = 6.0 * static_cast<double>(cfg.flops_params()) + 6.0 * L * T * C;
   if (cfg.activation_checkpointing) f.recompute = L * block_forward_flops_per_token(cfg, true);
   return f;
 }

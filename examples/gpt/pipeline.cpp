@@ -80,7 +80,7 @@ zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_
   auto all = [](const zero::ParamInfo&) { return true; };
   if (s.first()) {
     copy(embeddings_unit(), all);
-  } else if (s.last()) {
+  } else if (s.last() && cfg.tied_head) {
     const std::string& wte = full.unit(embeddings_unit()).params[kWte].name;
     const int id = copy(embeddings_unit(), [&](const zero::ParamInfo& p) { return p.name == wte; });
     out.set_norm_counted_elsewhere(id, wte);
@@ -105,7 +105,7 @@ void check_pipeline_config(const zero::Config& cfg, int pipeline) {
 std::string PipelineReport::describe() const {
   std::string holds;
   if (stage == 0) holds += ", embeddings";
-  if (stage == stages - 1) holds += stages > 1 ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
+  if (stage == stages - 1) holds += stages > 1 && tied ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
   return fmt::format(
       "{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
       "activations of {} micro-batch{} held ({:.2f} MiB)",
@@ -134,12 +134,15 @@ void GptTrainer::setup_pipeline_buffers() {
   // The stage's units by their names in the whole model's layout.
   const std::vector<UnitSpec> units = gpt_units(settings_.model);
   auto id = [&](int whole_unit) { return layout.find_unit(units[static_cast<std::size_t>(whole_unit)].name); };
-  if (s.first() || s.last()) ps.emb = id(embeddings_unit());
+  // An untied head (llama) is ln_f's: then only the first stage holds the embeddings, and there
+  // is no wte gradient to exchange.
+  ps.tied = settings_.model.tied_head;
+  if (s.first() || (s.last() && ps.tied)) ps.emb = id(embeddings_unit());
   if (s.last()) ps.lnf = id(ln_f_unit(settings_.model));
   for (int l = s.first_layer; l < s.end_layer; ++l) ps.blocks.push_back(id(block_unit(l)));
-  if (s.first() || s.last()) {
+  if ((s.first() || s.last()) && ps.tied) {
     const std::size_t n = tied_elements() * ops_->elem_bytes();
-    ps.tied = OpsBuffer(*ops_, n);
+    ps.tied_grad = OpsBuffer(*ops_, n);
     ps.tied_peer = OpsBuffer(*ops_, n);
   }
   ps.act_sends.resize(static_cast<std::size_t>(model_->part().slots));
@@ -157,6 +160,7 @@ PipelineReport GptTrainer::pipeline_report() const {
   r.data = data_parallel_size();
   r.tensor = tensor_parallel_size();
   r.micro_batches = gas_;
+  r.tied = settings_.model.tied_head;
   r.end_layer = settings_.model.n_layer;
   r.slots = model_->part().slots;
   r.activation_bytes = model_->activation_bytes();
@@ -186,8 +190,9 @@ void GptTrainer::stage_forward() {
     model_->forward_block(l, param_ptrs(P, unit_params_));
   }
   if (s.last()) {
-    zero::UnitParams E = engine_->gather(ps.emb);
-    const Act* const* pe = param_ptrs(E, emb_params_);
+    std::optional<zero::UnitParams> E;
+    if (ps.emb >= 0) E.emplace(engine_->gather(ps.emb));
+    const Act* const* pe = E ? param_ptrs(*E, emb_params_) : nullptr;
     zero::UnitParams P = engine_->gather(ps.lnf);
     model_->forward_head(param_ptrs(P, unit_params_), pe);
   }
@@ -201,21 +206,24 @@ void GptTrainer::stage_backward(bool last_micro) {
   // Before the last stage the output's gradient is in output_grad(), received before
   // (pipe_exchange).
 
-  // wte's gradient goes to the step-long buffer on both stages that hold it; the engine's wte
-  // gradient receives the exchanged sum once, on the last micro-batch.
+  // A tied wte's gradient goes to the step-long buffer on both stages that hold it; the engine's
+  // wte gradient receives the exchanged sum once, on the last micro-batch.
   std::optional<zero::UnitGrads> GE;
   Act* const* ge = nullptr;
   Act* engine_wte = nullptr;
   if (ps.emb >= 0) {
     GE.emplace(engine_->grads(ps.emb));
     grad_ptrs(ps.emb, *GE, emb_grads_);
-    engine_wte = emb_grads_.ptrs[kWte];
-    emb_grads_.ptrs[kWte] = ps.tied.as<Act>();
+    if (ps.tied) {
+      engine_wte = emb_grads_.ptrs[kWte];
+      emb_grads_.ptrs[kWte] = ps.tied_grad.as<Act>();
+    }
     ge = emb_grads_.ptrs.data();
   }
   if (s.last()) {
-    zero::UnitParams E = engine_->gather(ps.emb);
-    const Act* const* pe = param_ptrs(E, emb_params_);
+    std::optional<zero::UnitParams> E;
+    if (ps.emb >= 0) E.emplace(engine_->gather(ps.emb));
+    const Act* const* pe = E ? param_ptrs(*E, emb_params_) : nullptr;
     zero::UnitParams P = engine_->gather(ps.lnf);
     zero::UnitGrads G = engine_->grads(ps.lnf);
     model_->backward_head(param_ptrs(P, unit_params_), grad_ptrs(ps.lnf, G, unit_grads_), pe, ge, dloss);
@@ -235,7 +243,7 @@ void GptTrainer::stage_backward(bool last_micro) {
     model_->backward_embeddings(param_ptrs(E, emb_params_), ge);
   }
   if (ps.emb >= 0) {
-    if (last_micro) {
+    if (last_micro && ps.tied) {
       // Committed by exchange_tied, after the step's last transfers: the last stage's input
       // gradient must be on its way first, or the first stage never reaches the exchange.
       ps.emb_grads = std::move(GE);
@@ -293,13 +301,13 @@ void GptTrainer::exchange_tied() {
     // One group: on NCCL a receive and a send with one peer, issued apart, wait for each other.
     zero::CommGroup group(pipe);
     zero::Work r = pipe.recv_async(ps.tied_peer.as<void>(), n, ops_->dtype(), peer);
-    zero::Work w = pipe.send_async(ps.tied.as<void>(), n, ops_->dtype(), peer);
+    zero::Work w = pipe.send_async(ps.tied_grad.as<void>(), n, ops_->dtype(), peer);
     group.end();
     r.wait();
     w.wait();
   }
-  ops_->residual_forward(ps.tied.as<Act>(), ps.tied.as<Act>(), ps.tied_peer.as<Act>(), n);
-  ops_->residual_forward(ps.engine_wte, ps.engine_wte, ps.tied.as<Act>(), n);
+  ops_->residual_forward(ps.tied_grad.as<Act>(), ps.tied_grad.as<Act>(), ps.tied_peer.as<Act>(), n);
+  ops_->residual_forward(ps.engine_wte, ps.engine_wte, ps.tied_grad.as<Act>(), n);
   commit_grads(ps.emb, *ps.emb_grads, emb_grads_);
   engine_->reduce(ps.emb);
   ps.emb_grads.reset();
@@ -310,7 +318,7 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
   const StageSplit& s = ps.split;
   const int T = settings_.model.seq_len;
   model_->reset_loss_total();
-  if (ps.tied.bytes() > 0) ops_->fill_zero(ps.tied.as<void>(), ps.tied.bytes());
+  if (ps.tied_grad.bytes() > 0) ops_->fill_zero(ps.tied_grad.as<void>(), ps.tied_grad.bytes());
   ps.in_flight = 0;
   const std::vector<PipeOp> ops = one_f_one_b(s.stages, s.stage, gas_);
   for (std::size_t i = 0; i <= ops.size(); ++i) {
@@ -332,7 +340,7 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
       --ps.in_flight;
     }
   }
-  if (ps.emb >= 0) exchange_tied();
+  if (ps.emb >= 0 && ps.tied) exchange_tied();
   for (auto& w : ps.act_sends) w.wait();
   ps.grad_send.wait();
   Step st;

@@ -2,7 +2,8 @@
 //
 // The n_layer blocks are cut into P contiguous stages, the first n_layer mod P stages taking one
 // block more than the others (8 blocks on 3 stages: 3, 3, 2). The first stage also holds the
-// embeddings, the last ln_f and the LM head. The head is tied to wte, so the last stage holds a
+// embeddings, the last ln_f and the LM head. An untied head (llama's lm_head.weight) is part of
+// the ln_f unit and needs nothing more. A tied head is wte, so the last stage holds a
 // copy of wte as a unit of its own with the first stage's names (unit "embeddings", parameter
 // "wte.weight"), initialised identically; over a step each of the two stages adds its part of
 // wte's gradient into a private buffer, the two exchange them point to point on the last
@@ -98,7 +99,7 @@ inline double bubble_fraction(int stages, int micro_batches) {
 
 // The stage's part of the model's layout at tensor parallelism T (build_layout(cfg), or
 // tensor_parallel_layout(cfg, T) with each parameter's cut): its blocks, the embeddings on the
-// first stage, ln_f on the last, and (P > 1) on the last the tied copy of wte first, as unit
+// first stage, ln_f on the last, and (P > 1, tied head) on the last the copy of wte first, as unit
 // "embeddings", cut by vocabulary like the first stage's.
 zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel = 1);
 
@@ -115,6 +116,7 @@ struct PipelineReport {
   double bubble = 0.0;
   std::size_t activation_bytes = 0;  // the model's (all slots)
   int tensor = 1;                    // T
+  bool tied = true;                  // the head is wte (the last stage holds a copy)
   // "TP 1 x DP 2 x PP 2: stage 0 (blocks 0-1, embeddings), 1F1B over 4 micro-batches, bubble 20.0%"
   std::string describe() const;
 };
@@ -122,9 +124,10 @@ struct PipelineReport {
 // The trainer's pipeline state (GptTrainer holds one when P > 1).
 struct PipelineState {
   StageSplit split;
-  int emb = -1, lnf = -1;     // engine unit ids (-1: not on this stage)
-  std::vector<int> blocks;    // engine unit of block first_layer + i
-  OpsBuffer tied, tied_peer;  // wte's gradient over the step, this stage's and the other's
+  int emb = -1, lnf = -1;          // engine unit ids (-1: not on this stage)
+  std::vector<int> blocks;         // engine unit of block first_layer + i
+  bool tied = true;                // the head is wte: the end stages exchange its gradient
+  OpsBuffer tied_grad, tied_peer;  // wte's gradient over the step, this stage's and the other's
   // The pipeline group's communicator for device memory (Engine::device_comm; null on the host
   // backend). Before the Works below, which are waited on as they go.
   std::unique_ptr<zero::Communicator> device_comm;

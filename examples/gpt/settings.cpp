@@ -139,10 +139,6 @@ void check_backend(const zero::Config& cfg) {
 // The model section's rules over several keys, each failing on the key to change.
 void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Config& cfg) {
   const GptConfig& c = s.model;
-  if (cfg.backend == zero::BackendKind::cuda && c.arch != zero::plan::Arch::gpt2)
-    m.fail("arch", fmt::format("backend: cuda trains gpt2 only for now (the {} kernels are not all on CUDA yet); "
-                               "use backend: host",
-                               zero::plan::arch_name(c.arch)));
   if (c.n_embd % c.n_head != 0)
     m.fail(m.has("n_head") ? "n_head" : "n_embd",
            fmt::format("n_embd = {} is not divisible by n_head = {}; pick n_head among the divisors of n_embd",
@@ -164,7 +160,7 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
     m.fail("tensor_parallel", e.what());
   }
   // backend: cuda multiplies bf16 rows through cuBLASLt, which needs every row 16-byte
-  // aligned: a tensor rank's widths (n_embd, and 3, 1 and 4 x n_embd / T) and its part of the
+  // aligned: a tensor rank's widths (n_embd / T, its q, k and v columns, its MLP width) and its part of the
   // padded vocabulary must be multiples of 8 elements. Said here, naming the keys, rather than
   // by the first product with a width the user never set.
   const int T = s.tensor_parallel;
@@ -181,6 +177,15 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
                          "be a multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
                          "dividing {}",
                          c.padded_vocab_size(), T, c.padded_vocab_size() / 8));
+    else if ((c.qkv_width() / T) % 8 != 0)
+      m.fail(m.has("n_kv_head") ? "n_kv_head" : "n_head",
+             fmt::format("backend: cuda needs each tensor rank's q, k and v columns ({} / {}) to be a multiple of 8 "
+                         "(16-byte bf16 rows); choose heads whose size is a multiple of 8",
+                         c.qkv_width(), T));
+    else if ((c.mlp_hidden() / T) % 8 != 0)
+      m.fail("ffn_hidden", fmt::format("backend: cuda needs each tensor rank's MLP width ({} / {}) to be a multiple "
+                                       "of 8 (16-byte bf16 rows); choose ffn_hidden a multiple of 8 x tensor_parallel",
+                                       c.mlp_hidden(), T));
   }
   if (s.pipeline_parallel > c.n_layer)
     m.fail("pipeline_parallel", fmt::format("{} stages for {} blocks (n_layer): every stage needs at least one "

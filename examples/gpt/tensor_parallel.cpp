@@ -95,8 +95,10 @@ TensorCut tensor_cut(const GptConfig& cfg, std::string_view name) {
   // Column-parallel; SwiGLU's gate | up in two blocks, so a rank's gate and up columns match.
   if (ends("mlp.c_fc.weight")) return {false, 1, cfg.gated_mlp() ? 2 : 1};
   if (ends("mlp.c_fc.bias")) return {false, 0, 1};
-  if (ends("attn.c_proj.weight") || ends("mlp.c_proj.weight")) return {false, 0, 1};  // row-parallel
-  return {true, -1, 1};                                                               // norms, wpe, row-parallel biases
+  // Row-parallel; the attention output's rows follow the query heads: n_head / n_kv_head blocks.
+  if (ends("attn.c_proj.weight")) return {false, 0, cfg.n_head / cfg.kv_heads()};
+  if (ends("mlp.c_proj.weight")) return {false, 0, 1};
+  return {true, -1, 1};  // norms, wpe, row-parallel biases
 }
 
 zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {

@@ -3,21 +3,24 @@
 // The T ranks of a tensor group (zero/groups.hpp) each hold one part of every block, cut so that
 // each pair of products needs one all-reduce (Shoeybi et al., Megatron-LM):
 //   - column-parallel: attn.c_attn (rank t holds the q, k and v columns of heads
-//     [t NH/T, (t+1) NH/T), weight [C, 3C/T], bias [3C/T]) and mlp.c_fc ([C, 4C/T], bias [4C/T]).
-//     They read the replicated activation and write a local one, so attention and GELU run on
-//     each rank's heads and columns alone; in the backward each rank's input gradient is a
-//     partial sum, all-reduced once.
-//   - row-parallel: attn.c_proj ([C/T, C]) and mlp.c_proj ([4C/T, C]) multiply the local columns
-//     into partial sums, all-reduced once in the forward; their bias is replicated and enters
-//     once (on tensor rank 0, before the sum).
-//   - vocabulary-parallel: wte is cut along the padded vocabulary ([Vp/T, C], ids
-//     [t Vp/T, (t+1) Vp/T)): the embedding looks up its own rows (zeros elsewhere) and sums
-//     over the group; the tied LM head gives each rank the logits of its ids only, and the
-//     cross-entropy all-reduces the softmax's max and sum and the target's logit per row
+//     [t NH/T, (t+1) NH/T), weight [C, 3C/T], bias [3C/T]; with grouped-query attention (llama)
+//     whole query groups with their key/value heads, plan::GptShape::qkv_width says how) and
+//     mlp.c_fc ([C, F/T]; SwiGLU's gate and up columns alike, [C, 2F/T]). They read the
+//     replicated activation and write a local one, so attention and the activation run on each
+//     rank's heads and columns alone; in the backward each rank's input gradient is a partial
+//     sum, all-reduced once.
+//   - row-parallel: attn.c_proj ([C/T, C], the rows of the rank's query heads) and mlp.c_proj
+//     ([F/T, C]) multiply the local columns into partial sums, all-reduced once in the forward;
+//     their bias is replicated and enters once (on tensor rank 0, before the sum).
+//   - vocabulary-parallel: wte (and an untied lm_head) is cut along the padded vocabulary
+//     ([Vp/T, C], ids [t Vp/T, (t+1) Vp/T)): the embedding looks up its own rows (zeros
+//     elsewhere) and sums over the group; the LM head gives each rank the logits of its ids only,
+//     and the cross-entropy all-reduces the softmax's max and sum and the target's logit per row
 //     (Ops::cross_entropy_part_*), so no rank holds a whole row of logits. The head's input
 //     gradient is all-reduced like a column-parallel product's.
-//   - replicated: the LayerNorms, wpe and the row-parallel biases (Layout::set_replicated, so
-//     the engine counts them once in the global gradient norm).
+//   - replicated: the norms, wpe and the row-parallel biases (Layout::set_replicated, so the
+//     engine counts them once in the global gradient norm). bloom's ALiBi slopes follow each
+//     rank's heads (AttentionShape::head0).
 // Parameters keep their names; their shapes are the rank's part, and the layout records how
 // each was cut (ParamInfo::split_axis / split_blocks) for checkpoint tools. Initial values are
 // the whole tensor's (init_parameter) cut the same way, so every T starts from the same model.

@@ -47,7 +47,8 @@ struct Variant {
 };
 const std::vector<Variant> kVariants = {{0, false}, {1, false}, {1, true}};
 
-std::string yaml(int stage, int pipeline, int micro, bool bf16_checkpointing = false, int tensor = 1) {
+std::string yaml(int stage, int pipeline, int micro, bool bf16_checkpointing = false, int tensor = 1,
+                 const std::string& arch = "") {
   const int data = std::max(1, ctx().world_size() / (tensor * pipeline));
   const int gas = kGlobalBatch / (micro * data);
   std::string y;
@@ -59,17 +60,19 @@ std::string yaml(int stage, int pipeline, int micro, bool bf16_checkpointing = f
   y += "model:\n  n_layer: 4\n  n_head: 2\n  n_embd: 32\n  seq_len: 16\n  vocab_size: 256\n  seed: 7\n";
   y += "  pipeline_parallel: " + std::to_string(pipeline) + "\n";
   y += "  tensor_parallel: " + std::to_string(tensor) + "\n";
+  y += arch;
   if (bf16_checkpointing) y += "  activation_checkpointing: true\nbf16:\n  enabled: true\n";
   y += "data:\n  train: shakespeare\n  seed: 11\n";
   y += "run:\n  eval_sequences: 24\n";
   return y;
 }
 
-zero::Config make_config(int stage, int pipeline, int micro, bool bf16_checkpointing = false, int tensor = 1) {
+zero::Config make_config(int stage, int pipeline, int micro, bool bf16_checkpointing = false, int tensor = 1,
+                         const std::string& arch = "") {
   zero::LoadOptions o;
   o.extra_sections = gpt_sections();
   zero::Config cfg =
-      zero::parse_config(yaml(stage, pipeline, micro, bf16_checkpointing, tensor), "test_gpt_pipeline", o);
+      zero::parse_config(yaml(stage, pipeline, micro, bf16_checkpointing, tensor, arch), "test_gpt_pipeline", o);
   cfg.resolve(gpt_data_parallel_size(read_gpt_settings(cfg), ctx().world_size()));
   return cfg;
 }
@@ -224,6 +227,40 @@ TEST_CASE(
                                                                mc.padded_vocab_size(), pr.end_layer - pr.first_layer,
                                                                pr.peak_in_flight, pr.stage == P - 1,
                                                                v.bf16_checkpointing, T));
+    }
+}
+
+TEST_CASE("bloom and llama pipelines train as data parallelism on the same ranks") {
+  // bloom: the tied wte copy on the last stage, ALiBi; llama: an untied head on the last stage
+  // only (no wte copy, nothing exchanged), grouped-query attention, SwiGLU.
+  const int world = ctx().world_size();
+  if (world == 1) return;
+  for (const char* arch :
+       {"  arch: bloom\n", "  arch: llama\n  n_kv_head: 1\n  ffn_hidden: 48\n  tie_word_embeddings: false\n"})
+    for (int stage : {0, 1}) {
+      const bool llama = arch[8] == 'l';
+      INFO((llama ? "llama" : "bloom") << ", ZeRO stage " << stage << ", PP 2 x DP " << world / 2 << " vs DP "
+                                       << world);
+      const zero::Config dp_cfg = make_config(stage, 1, 1, false, 1, arch);
+      GptTrainer dp(ctx(), dp_cfg, read_gpt_settings(dp_cfg));
+      const Curve want = train(dp);
+      const zero::Config pp_cfg = make_config(stage, 2, 1, false, 1, arch);
+      GptTrainer pp(ctx(), pp_cfg, read_gpt_settings(pp_cfg));
+      REQUIRE(pp.pipeline_report().tied == !llama);
+      const Curve got = train(pp);
+      double worst = 0;
+      for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1 << ": loss " << got.loss[s] << " vs " << want.loss[s] << ", norm " << got.norm[s]
+                     << " vs " << want.norm[s]);
+        REQUIRE(close(got.loss[s], want.loss[s]));
+        REQUIRE(close(got.norm[s], want.norm[s]));
+        worst = std::max(worst, std::abs(got.loss[s] - want.loss[s]) / want.loss[s]);
+      }
+      REQUIRE(want.loss.back() < want.loss.front() - 0.5);
+      REQUIRE(close(got.val, want.val));
+      if (ctx().is_root())
+        std::printf("  %s stage %d, PP 2 x DP %d vs DP %d: loss %.6f -> %.6f, largest deviation %.1e\n",
+                    llama ? "llama" : "bloom", stage, world / 2, world, want.loss.front(), want.loss.back(), worst);
     }
 }
 

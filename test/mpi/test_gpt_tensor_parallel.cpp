@@ -36,6 +36,7 @@ struct RunSpec {
   int n_head = 4;
   int n_embd = 32;
   int vocab = 256;
+  std::string arch;  // extra model keys: another architecture
 };
 
 std::string config_text(const RunSpec& r) {
@@ -54,6 +55,7 @@ std::string config_text(const RunSpec& r) {
        "\n  seq_len: 16\n  vocab_size: " + std::to_string(r.vocab) +
        "\n  seed: 7\n  tensor_parallel: " + std::to_string(r.tp) + "\n";
   if (r.checkpointing) y += "  activation_checkpointing: true\n";
+  y += r.arch;
   y += "data:\n  train: shakespeare\n  seed: 11\n";
   y += "run:\n  eval_sequences: 12\n";
   return y;
@@ -124,6 +126,32 @@ TEST_CASE("tensor parallel x data parallel gives the data-parallel curve at ever
       std::printf("  %s: loss %.6f -> %.6f, largest deviation %.1e (loss) %.1e (norm)\n", what.c_str(),
                   want.loss.front(), want.loss.back(), dl, dn);
   }
+}
+
+TEST_CASE("bloom and llama: tensor parallel x data parallel gives the data-parallel curve", "[gpt][tensor_parallel]") {
+  // bloom: each rank's heads take their own ALiBi slopes; llama: 2 key/value heads for 4 query
+  // heads, one group per rank, SwiGLU's gate and up cut alike, an untied vocabulary-parallel head.
+  const int world = ctx().world_size();
+  REQUIRE(world % 2 == 0);
+  for (const char* arch :
+       {"  arch: bloom\n", "  arch: llama\n  n_kv_head: 2\n  ffn_hidden: 48\n  tie_word_embeddings: false\n"})
+    for (int stage : {0, 3}) {
+      RunSpec dp;
+      dp.stage = stage;
+      dp.arch = arch;
+      RunSpec tp = dp;
+      tp.tp = 2;
+      const Curve want = train(dp, 12);
+      const Curve got = train(tp, 12);
+      const std::string what = std::string(arch[8] == 'b' ? "bloom" : "llama") + " stage " + std::to_string(stage) +
+                               ", TP 2 x DP " + std::to_string(world / 2) + " vs TP 1 x DP " + std::to_string(world);
+      const double dl = compare(got.loss, want.loss, 1e-4, what + ", loss");
+      const double dn = compare(got.norm, want.norm, 1e-4, what + ", gradient norm");
+      CHECK(want.loss.back() < want.loss.front() - 0.3);
+      if (ctx().is_root())
+        std::printf("  %s: loss %.6f -> %.6f, largest deviation %.1e (loss) %.1e (norm)\n", what.c_str(),
+                    want.loss.front(), want.loss.back(), dl, dn);
+    }
 }
 
 TEST_CASE("activation checkpointing, evaluation and sampling under tensor parallelism", "[gpt][tensor_parallel]") {

@@ -269,8 +269,10 @@ std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, in
     kept_floats += 3 * N;
   }
   // Once: the block being recomputed under checkpointing; the backward's dres, dtmp
-  // (replicated), dqkv and dfc split, and the attention backward's scratch.
-  const std::int64_t once_elements = (checkpointing ? block_elements : 0) + 2 * NC + N * (s.qkv_width() + fc_in) / TP;
+  // (replicated), dqkv, dfc and (SwiGLU) the activation's gradient split, and the attention
+  // backward's scratch.
+  const std::int64_t once_elements =
+      (checkpointing ? block_elements : 0) + 2 * NC + N * (s.qkv_width() + fc_in + (s.gated_mlp() ? F : 0)) / TP;
   const std::int64_t once_floats = (checkpointing ? block_floats : 0) + att;
   const std::int64_t ints = 2 * N;
   const std::int64_t f = static_cast<std::int64_t>(sizeof(float));

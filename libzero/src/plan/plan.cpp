@@ -144,8 +144,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
 }
 
 // Step time of the slowest rank: `layout` is its part of the model (all of it without model
-// parallelism), D its data-parallel group's size, N the ranks its states are sharded over (D, or
-// MiCS's group).
+// parallelism), `params` the model's GptShape::flops_params(), D its data-parallel group's size,
+// N the ranks its states are sharded over (D, or MiCS's group).
 StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& shape, int D, const Cluster& c,
                    const Settings& s) {
   const int T = s.tensor_parallel, P = s.pipeline_parallel, N = s.shard_ranks(D);
@@ -344,7 +344,7 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
     }
     if (last_layout.num_params() > first_layout.num_params()) slow = &last_layout;
   }
-  p.time = plan_time(*slow, p.params, shape, D, c, s);
+  p.time = plan_time(*slow, shape.flops_params(), shape, D, c, s);
 
   std::vector<std::string> over;
   if (static_cast<double>(p.memory.gpu_bytes) > c.gpu.memory_bytes)
@@ -359,7 +359,7 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
   const double F = s.activation_checkpointing ? 8.0 : 6.0;
   p.tokens_per_step = static_cast<double>(s.micro_batch) * s.grad_accum * shape.seq_len * D;
   p.tokens_per_s = p.tokens_per_step / p.time.step_s;
-  p.tflops_per_gpu = static_cast<double>(p.params) * F * p.tokens_per_s / (c.gpus * 1e12);
+  p.tflops_per_gpu = static_cast<double>(shape.flops_params()) * F * p.tokens_per_s / (c.gpus * 1e12);
   p.days = token_budget / p.tokens_per_s / 86400.0;
   return p;
 }

@@ -1,6 +1,6 @@
 // The planner's GPT against the GPT trainer itself: the same units and sizes as the trainer's
 // layout, and activation_bytes() equal to what GptModel allocates, with and without activation
-// checkpointing, for a few shapes and micro-batches.
+// checkpointing, for a few shapes and micro-batches, and for each architecture.
 #include <catch2/catch.hpp>
 
 #include "gpt/gpt_config.hpp"
@@ -37,6 +37,23 @@ TEST_CASE("the planner's GPT is the trainer's GPT", "[plan]") {
         zero::gpt::GptModel model(cfg, micro, *ops);
         CHECK(static_cast<std::int64_t>(model.activation_bytes()) ==
               zero::plan::activation_bytes(shape, micro, ckpt, 4, zero::plan::AttentionStore::probabilities));
+      }
+    }
+  }
+}
+
+TEST_CASE("the planner's bloom and llama hold what the trainer allocates", "[plan]") {
+  auto ops = zero::gpt::make_host_ops();
+  for (const char* preset : {"bloom-tiny", "llama-tiny"}) {
+    zero::gpt::GptConfig cfg = zero::gpt::gpt_preset(preset);
+    cfg.seq_len = 24;
+    for (bool ckpt : {false, true}) {
+      cfg.activation_checkpointing = ckpt;
+      for (int micro : {1, 3}) {
+        INFO(preset << ", micro-batch " << micro << (ckpt ? ", activation checkpointing" : ""));
+        zero::gpt::GptModel model(cfg, micro, *ops);
+        CHECK(static_cast<std::int64_t>(model.activation_bytes()) ==
+              zero::plan::activation_bytes(cfg, micro, ckpt, 4, zero::plan::AttentionStore::probabilities));
       }
     }
   }

@@ -49,7 +49,10 @@ struct GptShape {
 
   std::int64_t padded_vocab() const { return (std::int64_t{vocab_size} + 127) / 128 * 128; }
   std::int64_t num_params() const;  // Ψ, as Layout::num_params() of gpt_layout()
-  void validate() const;            // throws zero::Error naming the bad field
+  // The parameters the training FLOPs count, 6 per token each (llm.c's 6N): all but an untied
+  // input embedding, a lookup (a tied one is also the head's product).
+  std::int64_t flops_params() const { return num_params() - (tied_head ? 0 : padded_vocab() * n_embd); }
+  void validate() const;  // throws zero::Error naming the bad field
 
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int head_size() const { return n_embd / n_head; }
