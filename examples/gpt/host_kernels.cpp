@@ -1,85 +1,13 @@
 #include "gpt/host_kernels.hpp"
 
-#include <cblas.h>
+#include "gpt/host_math.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 namespace zero::gpt::host {
-
-namespace {
-
-// Matrix products go to OpenBLAS, which threads them itself; they are therefore never called
-// from inside an OpenMP parallel region (the pthread OpenBLAS would oversubscribe the cores).
-void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-          float beta, float* C, int ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
-}
-void gemm(bool ta, bool tb, int M, int N, int K, double alpha, const double* A, int lda, const double* B, int ldb,
-          double beta, double* C, int ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
-              ldb, beta, C, ldc);
-}
-
-// Column sums and other per-column reductions over N rows are split into column chunks, one
-// per task: no two threads write the same gradient element, and the summation order (rows in
-// order) does not depend on the thread count, so results are reproducible run to run.
-constexpr int kColumnChunk = 64;
-
-// body(c0, c1) for each chunk of columns [c0, c1) of C, the chunks in parallel.
-template <class Body>
-void column_chunks(int C, Body&& body) {
-  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-#pragma omp parallel for
-  for (int k = 0; k < chunks; ++k) body(k * kColumnChunk, std::min(C, (k + 1) * kColumnChunk));
-}
-
-inline std::size_t idx(std::size_t row, std::size_t width) { return row * width; }
-
-template <class T>
-constexpr T kGeluScale = static_cast<T>(0.7978845608028654);  // sqrt(2 / pi)
-
-// exp for the fp32 hot loops. The libm call is scalar (it cannot be vectorised without
-// -ffast-math) and tanh through it was a third of a training step's time. This one is plain
-// arithmetic the compiler vectorises: e^x = 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2,
-// and e^r by its degree-6 Taylor polynomial (truncation r^7/7! < 1.3e-7, about one ulp). The
-// double instantiation, which the gradient tests use, keeps std::exp.
-inline float exp_fast(float x) {
-  // NaN in, NaN out. The clamp alone would pass a NaN on to the float-to-int conversion below,
-  // which is undefined for NaN (diverged weights, a denormal loss scale); the select keeps the
-  // loop vectorisable.
-  const float in = x;
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  x = x == x ? x : 0.0f;
-  // Round to nearest by the 1.5 * 2^23 trick: pure float adds, no rounding-mode instruction.
-  const float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 split hi + lo
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) << 23;
-  return in == in ? p * std::bit_cast<float>(bits) : in;
-}
-inline double exp_fast(double x) { return std::exp(x); }
-
-// tanh(u) = sign(u) (1 - e^{-2|u|}) / (1 + e^{-2|u|}); absolute error ~1e-7, which is what
-// GELU needs (its value is 0.5 x (1 + tanh), so relative accuracy near 0 does not matter).
-template <class T>
-inline T tanh_fast(T u) {
-  const T e = exp_fast(T(-2) * std::abs(u));
-  const T t = (T(1) - e) / (T(1) + e);
-  return u < T(0) ? -t : t;
-}
-
-}  // namespace
 
 // A token's row in this rank's part of wte, or null when the id lies outside it.
 template <class T>
@@ -196,100 +124,6 @@ void matmul_backward(T* dinp, T* dw, T* dbias, const T* dout, const T* inp, cons
   }
 }
 
-// Attention over this rank's heads (AttentionShape in attention_shape.hpp): qkv rows are q (NH heads), k and
-// v (NKV heads each); query head h reads key/value head h % NKV. With ALiBi the score of query t
-// and key t2 gets -slope (t - t2), slope that of the head's place in the model.
-template <class T>
-void attention_forward(T* out, T* att, const T* qkv, const AttentionShape& s) {
-  const int hs = s.hs, NH = s.NH, T_ = s.T;
-  const std::size_t W = static_cast<std::size_t>(s.qkv_width()), C = static_cast<std::size_t>(s.width());
-  const std::size_t k0 = C, v0 = C + static_cast<std::size_t>(s.NKV) * hs;
-  const T scale = T(1) / std::sqrt(T(hs));
-#pragma omp parallel for collapse(2)
-  for (int b = 0; b < s.B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const std::size_t kv = static_cast<std::size_t>(h % s.NKV) * hs;
-      const T slope = s.alibi_heads ? static_cast<T>(alibi_slope(s.head0 + h, s.alibi_heads)) : T(0);
-      for (int t = 0; t < T_; ++t) {
-        const T* q = qkv + idx(b * T_ + t, W) + h * hs;
-        T* a = att + idx((b * NH + h) * T_ + t, T_);
-        T mx = -std::numeric_limits<T>::infinity();
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* k = qkv + idx(b * T_ + t2, W) + k0 + kv;
-          T d = 0;
-#pragma omp simd reduction(+ : d)
-          for (int i = 0; i < hs; ++i) d += q[i] * k[i];
-          a[t2] = d * scale - slope * T(t - t2);
-          mx = std::max(mx, a[t2]);
-        }
-        T sum = 0;
-        for (int t2 = 0; t2 <= t; ++t2) {
-          a[t2] = exp_fast(a[t2] - mx);
-          sum += a[t2];
-        }
-        const T inv = T(1) / sum;
-        for (int t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
-        for (int t2 = t + 1; t2 < T_; ++t2) a[t2] = 0;
-        T* o = out + idx(b * T_ + t, C) + h * hs;
-        std::fill(o, o + hs, T(0));
-        for (int t2 = 0; t2 <= t; ++t2) {
-          const T* v = qkv + idx(b * T_ + t2, W) + v0 + kv;
-          const T p = a[t2];
-          for (int i = 0; i < hs; ++i) o[i] += p * v[i];
-        }
-      }
-    }
-  }
-}
-
-template <class T>
-void attention_backward(T* dqkv, T* datt, const T* dout, const T* qkv, const T* att, const AttentionShape& s) {
-  const int hs = s.hs, NH = s.NH, NKV = s.NKV, T_ = s.T;
-  const std::size_t W = static_cast<std::size_t>(s.qkv_width()), C = static_cast<std::size_t>(s.width());
-  const std::size_t k0 = C, v0 = C + static_cast<std::size_t>(NKV) * hs;
-  const T scale = T(1) / std::sqrt(T(hs));
-  // Each (b, g) task writes only the columns of key/value head g and of its query heads in batch
-  // b's rows of dqkv: no races, and the order of the additions is fixed.
-#pragma omp parallel for collapse(2)
-  for (int b = 0; b < s.B; ++b) {
-    for (int g = 0; g < NKV; ++g) {
-      const std::size_t kv = static_cast<std::size_t>(g) * hs;
-      for (int h = g; h < NH; h += NKV) {
-        for (int t = 0; t < T_; ++t) {
-          const T* a = att + idx((b * NH + h) * T_ + t, T_);
-          T* da = datt + idx((b * NH + h) * T_ + t, T_);
-          const T* dy = dout + idx(b * T_ + t, C) + h * hs;
-          const T* q = qkv + idx(b * T_ + t, W) + h * hs;
-          T* dq = dqkv + idx(b * T_ + t, W) + h * hs;
-          // Through out = att v: gradients of the probabilities and of v.
-          for (int t2 = 0; t2 <= t; ++t2) {
-            const T* v = qkv + idx(b * T_ + t2, W) + v0 + kv;
-            T* dv = dqkv + idx(b * T_ + t2, W) + v0 + kv;
-            T d = 0;
-#pragma omp simd reduction(+ : d)
-            for (int i = 0; i < hs; ++i) d += dy[i] * v[i];
-            da[t2] = d;
-            for (int i = 0; i < hs; ++i) dv[i] += a[t2] * dy[i];
-          }
-          // Through the softmax: dpre = a * (da - sum(a * da)); then through s = q.k * scale (the
-          // ALiBi term is constant).
-          T ad = 0;
-          for (int t2 = 0; t2 <= t; ++t2) ad += a[t2] * da[t2];
-          for (int t2 = 0; t2 <= t; ++t2) {
-            const T dpre = a[t2] * (da[t2] - ad) * scale;
-            const T* k = qkv + idx(b * T_ + t2, W) + k0 + kv;
-            T* dk = dqkv + idx(b * T_ + t2, W) + k0 + kv;
-            for (int i = 0; i < hs; ++i) {
-              dq[i] += dpre * k[i];
-              dk[i] += dpre * q[i];
-            }
-          }
-        }
-      }
-    }
-  }
-}
-
 template <class T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int N, int C, double eps) {
 #pragma omp parallel for
@@ -327,35 +161,6 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
       for (int c = c0; c < c1; ++c) dw[c] += dy[c] * x[c] * rstd[n];
     }
   });
-}
-
-// Rotary positions on the q and k heads (the first NH + NKV heads of each qkv row): dimensions i
-// and i + hs/2 of a head at position t turn by t theta^(-2i/hs), as Hugging Face's rotate-half
-// does. sign -1 turns back (the backward: the rotation's transpose).
-template <class T>
-void rotary(T* qkv, const AttentionShape& s, double theta, int sign) {
-  const int half = s.hs / 2, heads = s.NH + s.NKV;
-  const std::size_t W = static_cast<std::size_t>(s.qkv_width());
-#pragma omp parallel for
-  for (int t = 0; t < s.T; ++t) {
-    std::vector<T> cs(static_cast<std::size_t>(half)), sn(static_cast<std::size_t>(half));
-    for (int i = 0; i < half; ++i) {
-      const double angle = t * std::pow(theta, -2.0 * i / s.hs);
-      cs[static_cast<std::size_t>(i)] = static_cast<T>(std::cos(angle));
-      sn[static_cast<std::size_t>(i)] = static_cast<T>(sign * std::sin(angle));
-    }
-    for (int b = 0; b < s.B; ++b) {
-      T* row = qkv + idx(b * s.T + t, W);
-      for (int h = 0; h < heads; ++h) {
-        T* x = row + h * s.hs;
-        for (int i = 0; i < half; ++i) {
-          const T x1 = x[i], x2 = x[i + half], c = cs[static_cast<std::size_t>(i)], n = sn[static_cast<std::size_t>(i)];
-          x[i] = x1 * c - x2 * n;
-          x[i + half] = x2 * c + x1 * n;
-        }
-      }
-    }
-  }
 }
 
 template <class T>
@@ -515,11 +320,8 @@ void cross_entropy_part_finish(float* losses, T* dlogits, const T* logits, const
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int, int);       \
   template void matmul_forward<T>(T*, const T*, const T*, const T*, int, int, int);                                  \
   template void matmul_backward<T>(T*, T*, T*, const T*, const T*, const T*, int, int, int);                         \
-  template void attention_forward<T>(T*, T*, const T*, const AttentionShape&);                                       \
-  template void attention_backward<T>(T*, T*, const T*, const T*, const T*, const AttentionShape&);                  \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int, int, double);                                    \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int, int);                       \
-  template void rotary<T>(T*, const AttentionShape&, double, int);                                                   \
   template void swiglu_forward<T>(T*, const T*, int, int);                                                           \
   template void swiglu_backward<T>(T*, const T*, const T*, int, int);                                                \
   template void gelu_forward<T>(T*, const T*, std::size_t);                                                          \
