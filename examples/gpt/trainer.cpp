@@ -17,7 +17,7 @@
 #include "zero/checkpoint.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
-#include "zero/formats/hf_gpt2.hpp"
+#include "zero/formats/hf.hpp"
 #include "zero/util/strings.hpp"
 #include "gpt/reporter.hpp"
 #include "gpt/tensor_parallel.hpp"
@@ -69,7 +69,7 @@ std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Co
   check_tensor_parallel(mc, T);
   check_pipeline_config(cfg, settings.pipeline_parallel);
   // Pretrained weights are checked against the model before any memory is committed.
-  std::optional<zero::hf::Gpt2Weights> weights;
+  std::optional<zero::hf::PretrainedWeights> weights;
   if (!settings.init_from.empty()) {
     weights.emplace(settings.init_from);
     weights->check(mc.plan_shape());

@@ -4,8 +4,9 @@
 //                                                checks every loader makes: docs/checkpoints.md,
 //                                                "What is checked"); exit status 2 on any failure
 //   zero-ckpt export ckpt/ --format safetensors [--dtype bf16] -o model.safetensors
-//   zero-ckpt export ckpt/ --format hf -o gpt2-dir/   model.safetensors + config.json for
-//                                                     transformers' GPT2LMHeadModel
+//   zero-ckpt export ckpt/ --format hf -o hf-dir/     config.json + model.safetensors (or
+//                                                     shards) for transformers: GPT2LMHeadModel,
+//                                                     BloomForCausalLM or LlamaForCausalLM
 //   zero-ckpt export ckpt/ --format llmc -o gpt2.bin  llm.c's GPT-2 checkpoint (version 3;
 //                                                     --dtype bf16: version 5)
 //   zero-ckpt reshard ckpt/ --world 8 [--stage 3] [--tp 2] [--pp 1] -o ckpt8/
@@ -22,7 +23,7 @@
 
 #include "zero/checkpoint.hpp"
 #include "zero/error.hpp"
-#include "zero/formats/hf_gpt2.hpp"
+#include "zero/formats/hf.hpp"
 #include "zero/formats/llmc_gpt2.hpp"
 #include "zero/util/log.hpp"
 
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   std::string dir, out, format = "safetensors", dtype = "fp32", tag = "latest";
   bool show_config = false;
   int world = 0, stage = -1, n_head = 0, vocab_size = 0, tp = -1, pp = -1;
+  std::uint64_t max_shard = zero::hf::ExportOptions{}.max_shard_bytes;
 
   auto* inspect = app.add_subcommand("inspect",
                                      "Print metadata and sizes; verify every file's checksums, where each shard lies "
@@ -43,9 +45,9 @@ int main(int argc, char** argv) {
   auto* exp = app.add_subcommand("export", "Write the consolidated fp32 master weights (or bf16) as one file");
   exp->add_option("dir", dir, "Checkpoint root or step directory")->required();
   exp->add_option("--format", format,
-                  "safetensors: every parameter as stored (any model); hf: a Hugging Face GPT-2 directory "
-                  "(model.safetensors without padding rows, config.json); llmc: llm.c's GPT-2 checkpoint "
-                  "(gpt2_124M.bin's format)")
+                  "safetensors: every parameter as stored (any model); hf: a Hugging Face directory of the "
+                  "checkpoint's architecture, gpt2, bloom or llama (config.json, model.safetensors without "
+                  "padding rows); llmc: llm.c's GPT-2 checkpoint (gpt2_124M.bin's format)")
       ->check(CLI::IsMember({"safetensors", "hf", "llmc"}));
   exp->add_option("--dtype", dtype, "Tensor type in the file")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   exp->add_option("-o,--output", out, "Output file (--format hf: output directory)")->required();
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   exp->add_option("--vocab-size", vocab_size, "hf, llmc: true vocabulary (default: the checkpoint's model.vocab_size)")
       ->check(CLI::Range(1, 1 << 30));
+  exp->add_option("--max-shard-size", max_shard,
+                  "hf: above this size the weights are split into model-0000i-of-0000n.safetensors with "
+                  "model.safetensors.index.json, as save_pretrained does (bytes, or 5GB, 200MB, ...)")
+      ->transform(CLI::AsSizeValue(true));
   exp->add_option("--tag", tag, "\"latest\" or a step number, when dir is a root");
 
   auto* resh = app.add_subcommand("reshard", "Rewrite a checkpoint for another number of ranks or grid");
@@ -73,11 +79,13 @@ int main(int argc, char** argv) {
     if (*exp) {
       zero::DType t = dtype == "bf16" ? zero::DType::bf16 : (dtype == "fp16" ? zero::DType::f16 : zero::DType::f32);
       if (format == "hf") {
-        const zero::plan::GptShape c = zero::hf::export_gpt2(dir, out, {t, tag, n_head, vocab_size});
+        const zero::plan::GptShape c = zero::hf::export_hf(dir, out, {t, tag, n_head, vocab_size, max_shard});
         std::printf(
-            "wrote %s/model.safetensors and config.json (%s; GPT-2 n_layer %d n_head %d n_embd %d "
-            "n_positions %d vocab_size %d)\n",
-            out.c_str(), dtype.c_str(), c.n_layer, c.n_head, c.n_embd, c.seq_len, c.vocab_size);
+            "wrote %s: config.json and the weights (%s; %s n_layer %d n_head %d n_kv_head %d n_embd %d "
+            "ffn %lld vocab_size %d%s)\n",
+            out.c_str(), dtype.c_str(), std::string(zero::plan::arch_name(c.arch)).c_str(), c.n_layer, c.n_head,
+            c.kv_heads(), c.n_embd, static_cast<long long>(c.mlp_hidden()), c.vocab_size,
+            c.tied_head ? "" : ", untied head");
         return 0;
       }
       if (format == "llmc") {

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/format.hpp"
-#include "checkpoint/gpt2_interop.hpp"
+#include "checkpoint/interop.hpp"
 #include "zero/error.hpp"
 
 namespace fs = std::filesystem;

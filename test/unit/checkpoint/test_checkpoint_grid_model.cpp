@@ -23,7 +23,7 @@
 #include "checkpoint/json.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/dtype.hpp"
-#include "zero/formats/hf_gpt2.hpp"
+#include "zero/formats/hf.hpp"
 #include "zero/plan/plan.hpp"
 #include "zero/error.hpp"
 
@@ -690,8 +690,8 @@ TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export
   hf::ExportOptions o;
   o.n_head = c.n_head;
   o.vocab_size = c.vocab_size;
-  hf::export_gpt2(root + "/whole", root + "/hf_whole", o);
-  hf::export_gpt2(root + "/grid", root + "/hf_grid", o);
+  hf::export_hf(root + "/whole", root + "/hf_whole", o);
+  hf::export_hf(root + "/grid", root + "/hf_grid", o);
   const std::string a = file_bytes(root + "/hf_whole/model.safetensors"),
                     b = file_bytes(root + "/hf_grid/model.safetensors");
   CHECK(a.size() > 4 * static_cast<std::size_t>(plan::gpt_layout(c).num_params() - 28 * 8));  // the tensors are there

@@ -1,6 +1,7 @@
-// Hugging Face GPT-2 interchange: export a GPT-2-shaped checkpoint as a directory that
-// transformers' GPT2LMHeadModel.from_pretrained() loads, and read such weights back to start a run.
-// What is converted and accepted: docs/architecture.md, note hf-gpt2.
+// Hugging Face interchange for the GPT trainer's architectures (GPT2LMHeadModel,
+// BloomForCausalLM, LlamaForCausalLM): export a checkpoint as a directory that transformers'
+// from_pretrained() loads, and read such a directory back to start a run. What is converted
+// and accepted: docs/architecture.md, note hf-interchange.
 #pragma once
 
 #include <cstdint>
@@ -23,44 +24,54 @@ struct ExportOptions {
   // as zero-gpt writes them).
   int n_head = 0;
   int vocab_size = 0;
+  // Above this many bytes of tensors the weights are split as save_pretrained splits them:
+  // model-0000i-of-0000n.safetensors and model.safetensors.index.json (5 GB, its default).
+  std::uint64_t max_shard_bytes = 5'000'000'000;
 };
 
-// Writes out_dir/model.safetensors and out_dir/config.json (out_dir is created). Throws
-// zero::Error when the checkpoint's layout is not GPT-2's (names and shapes are compared with
-// zero::plan::gpt_layout) or n_head / vocab_size are unknown. Returns the exported shape
-// (vocab_size the true vocabulary, without padding rows; no name).
-plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opts = {});
+// Writes out_dir/config.json and the weights (model.safetensors, or shards and their index);
+// out_dir is created. The architecture is told by the checkpoint's tensors (wpe: gpt2, ln_e:
+// bloom, LayerNorms without biases: llama), n_head and the vocabulary by `opts` or the saved
+// `model` section, llama's norm_eps and rope_theta by that section. Throws zero::Error when a
+// tensor is missing, extra or misshapen for that architecture (compared with
+// zero::plan::gpt_layout), or a key is unknown. Returns the exported shape (vocab_size the true
+// vocabulary, without padding rows; no name).
+plan::GptShape export_hf(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opts = {});
 
-// The config.json text export_gpt2 writes for `c` (GPT2Config fields).
+// The config.json text export_hf writes for `c`: GPT2Config, BloomConfig or LlamaConfig fields.
 std::string config_json(const plan::GptShape& c, DType dtype);
 
-// GPT-2 weights to initialise from: a directory holding model.safetensors (and config.json,
-// checked when present), a .safetensors file (Hugging Face's or zero-ckpt's raw export), or an
-// llm.c checkpoint (zero/formats/llmc_gpt2.hpp: told by its magic number; its header is checked like
-// config.json, its matrices transposed to the trainer's [in, out] as they are read).
-class Gpt2Weights {
+// Pretrained weights to initialise from:
+//  - a Hugging Face directory: config.json (its model_type, or architectures, says gpt2, bloom
+//    or llama) and model.safetensors, or shards listed by model.safetensors.index.json;
+//  - a .safetensors file in the trainer's names (GPT-2's Hugging Face files, zero-ckpt's raw
+//    export of any architecture), or such a directory without config.json;
+//  - an llm.c checkpoint (zero/formats/llmc_gpt2.hpp: told by its magic number; its header is
+//    checked like config.json, its matrices transposed to the trainer's [in, out] as read).
+// Each Hugging Face tensor is converted to the trainer's layout as it is read: [out, in]
+// matrices transposed, llama's q/k/v and gate/up fused with the stored query-head order,
+// BLOOM's per-head query_key_value de-interleaved. Only the tensors a parameter needs are read.
+class PretrainedWeights {
  public:
-  explicit Gpt2Weights(const std::string& path);
-  ~Gpt2Weights();
-  Gpt2Weights(Gpt2Weights&&) noexcept;
-  Gpt2Weights& operator=(Gpt2Weights&&) noexcept;
+  explicit PretrainedWeights(const std::string& path);
+  ~PretrainedWeights();
+  PretrainedWeights(PretrainedWeights&&) noexcept;
+  PretrainedWeights& operator=(PretrainedWeights&&) noexcept;
 
   const std::string& path() const { return path_; }
-  // Checks config.json (when present) or the llm.c header, and every tensor's name and shape
-  // against the model to be trained; throws zero::Error listing every difference, with what to
-  // change.
+  // Checks config.json (when present) or the llm.c header against the model to be trained, and
+  // every tensor's name and shape; throws zero::Error listing every difference with the model
+  // key to set.
   void check(const plan::GptShape& model) const;
-  // Fills `out` (the full parameter `name` of the layout, `shape`) as fp32; wte rows past the
-  // file's vocabulary are zero.
+  // Fills `out` (the full parameter `name` of the layout, `shape`) as fp32; rows of wte and
+  // lm_head past the file's vocabulary are zero.
   void read(const std::string& name, const std::vector<std::int64_t>& shape, std::span<float> out) const;
 
+  struct Source;  // the files, their tensors and how they map onto the trainer's parameters
+
  private:
-  struct File;
-  void open_llmc();
   std::string path_;
-  std::optional<plan::GptShape> config_;  // config.json's, when the directory has one; llm.c's header
-  bool llmc_ = false;                     // an llm.c checkpoint
-  std::unique_ptr<File> file_;
+  std::unique_ptr<Source> src_;
 };
 
 }  // namespace zero::hf

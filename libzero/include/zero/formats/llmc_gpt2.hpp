@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "zero/dtype.hpp"
-#include "zero/formats/hf_gpt2.hpp"
+#include "zero/formats/hf.hpp"
 #include "zero/plan/plan.hpp"
 
 namespace zero::llmc {
@@ -54,7 +54,7 @@ struct Placement {
 std::map<std::string, Placement> placements(const Header& h);
 
 // Writes out_file from a checkpoint of a GPT-2-shaped layout (the checks and options of
-// zero::hf::export_gpt2; dtype fp32 or bf16). Returns the exported shape.
+// zero::hf::export_hf, GPT-2 only; dtype fp32 or bf16). Returns the exported shape.
 plan::GptShape export_gpt2(const std::string& checkpoint, const std::string& out_file,
                            const hf::ExportOptions& opts = {});
 
