@@ -11,7 +11,8 @@ to --rate. Per row it measures:
     0's ring neighbour shares its host, so it reads 0 while its peers at the node boundary send
     the job's inter-node traffic.
 Rows for later features (MiCS, PowerSGD) are more entries in ROWS. The last lines compare plain
-stage 3 with ZeRO++ (hpZ+qwZ+qgZ), and stage 1 AdamW with 1-bit Adam, where both rows ran:
+stage 3 with ZeRO++ (hpZ+qwZ+qgZ), stage 1 AdamW with 1-bit Adam and stage 1 LAMB with 1-bit
+LAMB, where both rows ran:
     slow-link: plain <x> steps/s, zero++ <y> steps/s, speedup <r>x, inter-node bytes/step <a> -> <b>
 
     stage3_slow_link.py [--zero-gpt build/cpu/examples/gpt/zero-gpt] [--rate 50mbit] [--work DIR] [--rows A,B]
@@ -52,6 +53,10 @@ ROWS = [
     # run cancels the warm-up steps out of the bytes).
     ("stage 1", ["zero_optimization.stage=1"]),
     ("stage 1 1-bit Adam", ["zero_optimization.stage=1", "optimizer.type=OneBitAdam",
+                            "optimizer.params.freeze_step=2"]),
+    # 1-bit LAMB against LAMB (without bias correction, its warm-up) at stage 1, the same way.
+    ("stage 1 LAMB", ["zero_optimization.stage=1", "optimizer.type=Lamb", "optimizer.params.bias_correction=false"]),
+    ("stage 1 1-bit LAMB", ["zero_optimization.stage=1", "optimizer.type=OneBitLamb",
                             "optimizer.params.freeze_step=2"]),
 ]
 
@@ -146,7 +151,8 @@ def main():
         print(f"stage3_slow_link: SKIPPED: {e}")
         sys.exit(77)
     for base, better, labels in ((PLAIN, ZEROPP, ("plain", "zero++")),
-                                 ("stage 1", "stage 1 1-bit Adam", ("stage 1 AdamW", "1-bit Adam"))):
+                                 ("stage 1", "stage 1 1-bit Adam", ("stage 1 AdamW", "1-bit Adam")),
+                                 ("stage 1 LAMB", "stage 1 1-bit LAMB", ("stage 1 LAMB", "1-bit LAMB"))):
         if base in measured and better in measured:
             (b, b_bytes), (f, f_bytes) = measured[base], measured[better]
             print(f"slow-link: {labels[0]} {b:.2f} steps/s, {labels[1]} {f:.2f} steps/s, speedup {f / b:.2f}x, "

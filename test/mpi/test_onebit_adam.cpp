@@ -9,34 +9,18 @@
 //     communicators' counters.
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <string>
-#include <vector>
 
-#include "engine_model.hpp"
-#include "zero/context.hpp"
-#include "zero/engine.hpp"
+#include "onebit_run.hpp"
 
 using namespace zero;
 using namespace zero::test;
+using namespace zero::test::onebit;
 
 namespace {
 
-Context& ctx() { return *Context::current(); }
-
 constexpr int kFreeze = 5;
-
-// Units of a few hundred elements (a 1-bit scale per slice needs more than a handful of values).
-Layout onebit_layout() {
-  Layout l;
-  l.add_unit("a", {{"w", {29, 23}}, {"b", {29}}});
-  l.add_unit("b", {{"w", {31, 17}}, {"g", {17}}});
-  l.add_unit("c", {{"w", {400}}});
-  l.decay_matrices_only();
-  return l;
-}
 
 Config make_config(const std::string& optimizer, int stage) {
   const int micro = 4;
@@ -53,45 +37,8 @@ Config make_config(const std::string& optimizer, int stage) {
   return cfg;
 }
 
-struct Run {
-  std::vector<std::vector<std::vector<float>>> master;  // after each step: per unit
-  std::vector<TrafficBytes> sent;                       // per step
-};
-
 Run run(const std::string& optimizer, int stage, int steps) {
-  Engine e(ctx(), make_config(optimizer, stage), onebit_layout());
-  e.init_params(init_value);
-  Run r;
-  for (int s = 0; s < steps; ++s) {
-    const TrafficBytes before = e.traffic();
-    train(e, ctx().rank(), ctx().world_size(), s, 1);
-    r.sent.push_back(e.traffic() - before);
-    std::vector<std::vector<float>> m;
-    for (int u = 0; u < e.layout().num_units(); ++u) m.push_back(e.full_master(u));
-    r.master.push_back(std::move(m));
-  }
-  return r;
-}
-
-bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
-  for (std::size_t u = 0; u < a.size(); ++u)
-    if (a[u].size() != b[u].size() || std::memcmp(a[u].data(), b[u].data(), a[u].size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
-
-// The cosine between two runs' updates from step `from` to step `to` (indices into master).
-double update_cosine(const Run& x, const Run& y, int from, int to) {
-  double dot = 0, nx = 0, ny = 0;
-  for (std::size_t u = 0; u < x.master[0].size(); ++u)
-    for (std::size_t i = 0; i < x.master[0][u].size(); ++i) {
-      const double a = static_cast<double>(x.master[static_cast<std::size_t>(to)][u][i]) -
-                       x.master[static_cast<std::size_t>(from)][u][i];
-      const double b = static_cast<double>(y.master[static_cast<std::size_t>(to)][u][i]) -
-                       y.master[static_cast<std::size_t>(from)][u][i];
-      dot += a * b, nx += a * a, ny += b * b;
-    }
-  return dot / std::sqrt(nx * ny);
+  return onebit::run(make_config(optimizer, stage), steps);
 }
 
 }  // namespace
@@ -128,14 +75,6 @@ TEST_CASE("OneBitAdam: exact warm-up, compressed steps on course, 8x fewer inter
           "intra-node %lld (exact %lld)\n",
           world, stage, cosine, static_cast<long long>(b.inter_node), static_cast<long long>(a.inter_node),
           static_cast<long long>(b.intra_node), static_cast<long long>(a.intra_node));
-    if (a.inter_node > 0) {  // the ranks whose ring successor is on the other node
-      const Layout l = onebit_layout();
-      std::int64_t rs = 0;
-      for (int u = 0; u < l.num_units(); ++u) rs += static_cast<std::int64_t>(world - 1) * l.slice_numel(u, world) * 4;
-      const std::int64_t exchange = b.inter_node - (a.inter_node - rs);
-      INFO("exact reduce-scatter " << rs << " bytes across, the exchange " << exchange);
-      CHECK(exchange > 0);
-      CHECK(exchange * 8 <= rs);
-    }
+    check_exchange_bytes(a, b, world);
   }
 }

@@ -91,9 +91,11 @@ TEST_CASE("plan::step_traffic equals the GPT trainer's counted bytes", "[plan][m
   for (const char* type : {"Lamb", "Adafactor", "Muon"})
     for (const std::string& keys : {std::string("  stage: 1\n"), std::string("  stage: 3\n"), "  stage: 2\n" + mics})
       all.push_back({keys, "", std::string("  type: ") + type + "\n  params:\n    lr: 0.001\n"});
-  // OneBitAdam compressed from the first step (the plan is of its steady state).
-  for (const char* stage : {"  stage: 1\n", "  stage: 2\n"})
-    all.push_back({stage, "", "  type: OneBitAdam\n  params:\n    lr: 0.001\n    freeze_step: 0\n"});
+  // OneBitAdam and OneBitLamb compressed from the first step (the plan is of their steady state;
+  // OneBitLamb's first step also fixes its scaling coefficients).
+  for (const char* type : {"OneBitAdam", "OneBitLamb"})
+    for (const char* stage : {"  stage: 1\n", "  stage: 2\n"})
+      all.push_back({stage, "", std::string("  type: ") + type + "\n  params:\n    lr: 0.001\n    freeze_step: 0\n"});
   for (const char* stage : {"  stage: 0\n", "  stage: 1\n"}) {
     all.push_back({stage, powersgd(2, "fp32")});
     all.push_back({stage, powersgd(3, "bf16")});

@@ -18,7 +18,12 @@ class Node;
 namespace zero {
 
 enum class OffloadDevice { none, cpu, nvme };
-enum class OptimizerType { adamw, adam, sgd, lamb, lion, adafactor, muon, onebit_adam };
+enum class OptimizerType { adamw, adam, sgd, lamb, lion, adafactor, muon, onebit_adam, onebit_lamb };
+// The optimizers that replace the gradient reduction with a compressed momentum exchange
+// (DeepSpeed's OneBitAdam and OneBitLamb).
+constexpr bool compressed_momentum(OptimizerType t) {
+  return t == OptimizerType::onebit_adam || t == OptimizerType::onebit_lamb;
+}
 // Muon's update scale for a [rows, cols] matrix (PyTorch's adjust_lr_fn): original,
 // sqrt(max(1, rows/cols)); match_rms_adamw, 0.2 sqrt(max(rows, cols)) (Moonlight).
 enum class MuonScale { original, match_rms_adamw };
@@ -65,6 +70,7 @@ constexpr const char* to_string(OptimizerType t) {
     case OptimizerType::adafactor: return "Adafactor";
     case OptimizerType::muon: return "Muon";
     case OptimizerType::onebit_adam: return "OneBitAdam";
+    case OptimizerType::onebit_lamb: return "OneBitLamb";
   }
   return "?";
 }
@@ -218,8 +224,12 @@ struct OptimizerConfig {
   bool nesterov = true;
   int ns_steps = 5;
   MuonScale adjust_lr_fn = MuonScale::original;
-  // OneBitAdam: exact Adam steps before the compressed momentum exchange starts (DeepSpeed's).
+  // OneBitAdam, OneBitLamb: exact steps before the compressed momentum exchange starts (DeepSpeed's).
   std::int64_t freeze_step = 100000;
+  // OneBitLamb (DeepSpeed's): the warm-up's moving average of each tensor's trust ratio, and the
+  // bounds of the factor that modulates the frozen ratio afterwards (its range, and its change
+  // from one step to the next).
+  double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
   // True when the update decays decoupled from the gradient (AdamW, or Adam in adam_w_mode).
   bool decoupled_decay() const { return type == OptimizerType::adamw || (type == OptimizerType::adam && adam_w_mode); }
 };

@@ -241,11 +241,12 @@ void check_state(const EngineState& e, const ckpt::Metadata& m, const std::strin
         fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
                     "checkpoint was trained with",
                     file, m.moments, m.optimizer, e.optimizer_moments()));
-  // Adam, AdamW, Lamb and OneBitAdam keep the same m and v, SGD and Lion a momentum of the same meaning; the
-  // others' arrays mean something of their own (Adafactor's hold its row and column statistics).
-  // A change of optimizer within a family is a config change, across families never.
+  // Adam, AdamW, Lamb, OneBitAdam and OneBitLamb keep the same m and v, SGD and Lion a momentum of the same meaning;
+  // the others' arrays mean something of their own (Adafactor's hold its row and column statistics). A change of
+  // optimizer within a family is a config change, across families never.
   auto family = [](std::string_view name) -> std::string_view {
-    if (name == "Adam" || name == "AdamW" || name == "Lamb" || name == "OneBitAdam") return "Adam";
+    if (name == "Adam" || name == "AdamW" || name == "Lamb" || name == "OneBitAdam" || name == "OneBitLamb")
+      return "Adam";
     if (name == "SGD" || name == "Lion") return "SGD";
     return name;
   };
@@ -253,7 +254,7 @@ void check_state(const EngineState& e, const ckpt::Metadata& m, const std::strin
   if (family(m.optimizer) != family(mine))
     ZERO_THROW(file + "optimizer' = " + escape_bytes(m.optimizer) + ", the engine's optimizer is " + std::string(mine) +
                ", whose state means something else; resume with " + escape_bytes(m.optimizer) +
-               " (a change between Adam, AdamW, Lamb and OneBitAdam, or between SGD and Lion, needs "
+               " (a change between Adam, AdamW, Lamb, OneBitAdam and OneBitLamb, or between SGD and Lion, needs "
                "CheckpointLoadOptions::allow_config_change)");
   if (o.allow_config_change) return;
   if (m.compute_dtype != e.compute_dtype())

@@ -282,7 +282,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   std::string optimizers;
   for (OptimizerType t :
        {OptimizerType::adamw, OptimizerType::adam, OptimizerType::sgd, OptimizerType::lamb, OptimizerType::lion,
-        OptimizerType::adafactor, OptimizerType::muon, OptimizerType::onebit_adam}) {
+        OptimizerType::adafactor, OptimizerType::muon, OptimizerType::onebit_adam, OptimizerType::onebit_lamb}) {
     optimizers += fmt::format("{}{}", optimizers.empty() ? "" : ", ", to_string(t));
     if (m.optimizer != to_string(t)) continue;
     OptimizerConfig o;

@@ -121,8 +121,8 @@ void ConfigLoader::cross_checks() {
     StrictSection* o = top.has("optimizer") ? section("optimizer") : nullptr;
     if (o && !o->has("type")) {
       o->fail("type",
-              "is missing; the optimizer section needs type: AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon or "
-              "OneBitAdam");
+              "is missing; the optimizer section needs type: AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon, "
+              "OneBitAdam or OneBitLamb");
     }
   });
   optimizer_checks();
@@ -135,8 +135,8 @@ void ConfigLoader::cross_checks() {
       why = "gradient_compression (PowerSGD) reduces low-rank factors";
     else if (z.zero_quantized_gradients)
       why = "zero_quantized_gradients (qgZ) reduces quantized gradients";
-    else if (cfg_.optimizer.type == OptimizerType::onebit_adam)
-      why = "OneBitAdam exchanges compressed momenta";
+    else if (compressed_momentum(cfg_.optimizer.type))
+      why = std::string(to_string(cfg_.optimizer.type)) + " exchanges compressed momenta";
     if (!why.empty())
       ds->fail("audit_interval", fmt::format("= {} checks the reduced gradients against exact sums, but {}, which "
                                              "differ from them by design: set audit_interval: 0",
@@ -159,11 +159,11 @@ void ConfigLoader::cross_checks() {
 // The optimizer's hyper-parameters that constrain each other. Only keys read without error are
 // compared (a failed one already has its message).
 void ConfigLoader::optimizer_checks() {
-  // OneBitAdam replaces the gradient reduction with its compressed momentum exchange, from each
-  // rank's whole local gradient to the rank that owns the slice: stages 1 and 2, state in memory,
-  // no other change to the reduction.
+  // OneBitAdam and OneBitLamb replace the gradient reduction with their compressed momentum
+  // exchange, from each rank's whole local gradient to the rank that owns the slice: stages 1 and
+  // 2, state in memory, no other change to the reduction.
   if (StrictSection* opt = section("optimizer");
-      opt && !failed_.count("optimizer.type") && cfg_.optimizer.type == OptimizerType::onebit_adam) {
+      opt && !failed_.count("optimizer.type") && compressed_momentum(cfg_.optimizer.type)) {
     const auto& z = cfg_.zero_optimization;
     std::string why;
     if (z.stage == 0 || z.stage == 3)
@@ -180,7 +180,8 @@ void ConfigLoader::optimizer_checks() {
       why = "compresses the exchange itself: set zero_quantized_gradients: false";
     else if (z.mics_shard_size != -1)
       why = "exchanges over the whole data-parallel group: remove mics_shard_size";
-    if (!why.empty()) attempt("", [&] { opt->fail("type", "= OneBitAdam " + why); });
+    if (!why.empty())
+      attempt("", [&] { opt->fail("type", fmt::format("= {} {}", to_string(cfg_.optimizer.type), why)); });
   }
   StrictSection* p = section("optimizer.params");
   if (!p || failed_.count("optimizer.type")) return;
@@ -192,7 +193,7 @@ void ConfigLoader::optimizer_checks() {
   // DeepSpeed's FusedLamb clamps the trust ratio into [min_coeff, max_coeff]; crossed bounds
   // would make the clamp's result depend on its order of tests.
   check([&] {
-    if (o.type != OptimizerType::lamb || o.min_coeff <= o.max_coeff) return;
+    if ((o.type != OptimizerType::lamb && o.type != OptimizerType::onebit_lamb) || o.min_coeff <= o.max_coeff) return;
     if (given("min_coeff"))
       p->fail("min_coeff", fmt::format("= {} is more than max_coeff = {}; the trust ratio is clamped into "
                                        "[min_coeff, max_coeff]: lower min_coeff or raise max_coeff",
@@ -202,6 +203,23 @@ void ConfigLoader::optimizer_checks() {
                                        "[min_coeff, max_coeff]: raise max_coeff or lower min_coeff",
                                        shortest_text(o.max_coeff), shortest_text(o.min_coeff)));
   });
+  if (o.type == OptimizerType::onebit_lamb) {
+    // DeepSpeed's OneBitLamb takes bias_correction but never corrects: true would promise an
+    // update this optimizer does not make.
+    check([&] {
+      if (given("bias_correction") && o.bias_correction)
+        p->fail("bias_correction",
+                "= true, but OneBitLamb moves without bias correction, as DeepSpeed's (which "
+                "ignores the key): set false, or remove it");
+    });
+    check([&] {
+      if (o.factor_min > o.factor_max)
+        p->fail(given("factor_min") ? "factor_min" : "factor_max",
+                fmt::format("factor_min = {} is more than factor_max = {}; the factor is clamped into [factor_min, "
+                            "factor_max]: lower factor_min or raise factor_max",
+                            shortest_text(o.factor_min), shortest_text(o.factor_max)));
+    });
+  }
   if (o.type == OptimizerType::adafactor) {
     // Hugging Face's Adafactor: warmup_init changes the relative step size, so it needs one; and
     // a relative step replaces lr ("Cannot combine manual lr and relative_step=True options").

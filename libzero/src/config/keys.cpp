@@ -41,25 +41,28 @@ std::string for_optimizers(const Config& c, std::initializer_list<OptimizerType>
 using O = OptimizerType;
 
 std::string adam_family(const Config& c) {
-  return for_optimizers(c, {O::adam, O::adamw, O::lamb},
+  // OneBitLamb takes the key (DeepSpeed's example configs give it) but moves without bias
+  // correction whatever it says, as DeepSpeed's; cross_checks.cpp refuses true.
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::onebit_lamb},
                         c.optimizer.type == O::onebit_adam
                             ? "OneBitAdam uses its moments without bias correction, as DeepSpeed's"
                             : std::string());
 }
 std::string adafactor_only(const Config& c) { return for_optimizers(c, {O::adafactor}); }
 std::string muon_only(const Config& c) { return for_optimizers(c, {O::muon}); }
+std::string onebit_lamb_only(const Config& c) { return for_optimizers(c, {O::onebit_lamb}); }
 std::string betas_rule(const Config& c) {
   std::string hint;
   if (c.optimizer.type == O::sgd) hint = "use momentum";
   if (c.optimizer.type == O::adafactor)
     hint = "Adafactor's first-moment rate is beta1, its second-moment decay decay_rate";
-  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::lion, O::muon, O::onebit_adam}, hint);
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::lion, O::muon, O::onebit_adam, O::onebit_lamb}, hint);
 }
 std::string eps_rule(const Config& c) {
   std::string hint;
   if (c.optimizer.type == O::adafactor) hint = "Adafactor's are eps1 and eps2";
   if (c.optimizer.type == O::lion) hint = "Lion's update is a sign and has no denominator";
-  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::muon, O::onebit_adam}, hint);
+  return for_optimizers(c, {O::adam, O::adamw, O::lamb, O::muon, O::onebit_adam, O::onebit_lamb}, hint);
 }
 std::string momentum_rule(const Config& c) {
   const std::string type = to_string(c.optimizer.type);
@@ -394,16 +397,18 @@ const std::vector<Spec>& config_keys() {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.optimizer.type); },
                         [](Config& k, int v) { k.optimizer.type = OptimizerType(v); }};
        },
-       .choices = {"AdamW", "Adam", "SGD", "Lamb", "Lion", "Adafactor", "Muon", "OneBitAdam"}, .any_case = true,
+       .choices = {"AdamW", "Adam", "SGD", "Lamb", "Lion", "Adafactor", "Muon", "OneBitAdam", "OneBitLamb"},
+       .any_case = true,
        .doc = "The optimizer; required when the section is present. Lamb: Adam's update scaled per tensor by "
               "the trust ratio norm(p) / norm(update), clamped to [min_coeff, max_coeff]. Lion: the sign of interpolated momentum. "
               "Adafactor (Hugging Face's): factored second moment for matrices. Muon: momentum orthogonalized "
               "by Newton-Schulz iterations for matrices, AdamW (betas, eps) for the 1-D, embedding and head "
               "tensors. OneBitAdam (DeepSpeed's): Adam for freeze_step steps, then the variance frozen and the "
               "momentum exchanged at 1 bit per element with error feedback, in place of the gradient "
-              "reduction (stages 1 and 2).",
-       .refused_values = {{"ZeroOneAdam", "compressed-communication optimizers are not implemented yet"},
-                          {"OneBitLamb", "compressed-communication optimizers are not implemented yet"},
+              "reduction (stages 1 and 2). OneBitLamb (DeepSpeed's): Lamb for freeze_step steps, recording each "
+              "tensor's trust ratio, then the same compressed exchange, the variance frozen and each tensor's "
+              "recorded ratio modulated by a bounded factor (stages 1 and 2).",
+       .refused_values = {{"ZeroOneAdam", "0/1 Adam is not implemented"},
                           {"Adagrad", "is a DeepSpeed optimizer that libzero does not implement"}}},
       {.path = "optimizer.params.lr", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.lr; }, .range = ge(0),
@@ -417,7 +422,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "optimizer.params.betas", .kind = Kind::pair,
        .slot = [](Config& c) -> Slot { return PairRef{&c.optimizer.beta1, &c.optimizer.beta2}; },
        .range = Range::closed_open(0, 1), .auto_rule = Auto::fallback,
-       .doc = "Moment decay rates: Adam, AdamW, Lamb and OneBitAdam; Lion's interpolation and momentum rates; Muon's "
+       .doc = "Moment decay rates: Adam, AdamW, Lamb, OneBitAdam and OneBitLamb; Lion's interpolation and momentum rates; Muon's "
               "AdamW part (its non-matrix tensors).",
        .default_text = "Lion `[0.9, 0.99]`, others `[0.9, 0.999]`",
        // Lion's paper and DeepSpeed's FusedLion default to (0.9, 0.99); the rest to Adam's.
@@ -429,7 +434,7 @@ const std::vector<Spec>& config_keys() {
       {.path = "optimizer.params.eps", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.eps; }, .range = Range::above(0),
        .auto_rule = Auto::fallback,
-       .doc = "Denominator term: Adam, AdamW, Lamb, OneBitAdam, and Muon's AdamW part.", .inapplicable = eps_rule},
+       .doc = "Denominator term: Adam, AdamW, Lamb, OneBitAdam, OneBitLamb, and Muon's AdamW part.", .inapplicable = eps_rule},
       {.path = "optimizer.params.weight_decay", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.weight_decay; }, .range = ge(0),
        .auto_rule = Auto::fallback,
@@ -453,16 +458,17 @@ const std::vector<Spec>& config_keys() {
        .inapplicable = [](const Config& c) { return for_optimizers(c, {O::adam, O::adamw}); }},
       {.path = "optimizer.params.bias_correction", .kind = Kind::flag,
        .slot = [](Config& c) -> Slot { return &c.optimizer.bias_correction; },
-       .doc = "Adam, AdamW, Lamb: divide the moments by 1 - beta^t (DeepSpeed's BERT Lamb configs set false).",
+       .doc = "Adam, AdamW, Lamb: divide the moments by 1 - beta^t (DeepSpeed's BERT Lamb configs set false). "
+              "OneBitLamb takes false only (DeepSpeed's ignores the key and never corrects).",
        .inapplicable = adam_family},
       {.path = "optimizer.params.max_coeff", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.max_coeff; }, .range = Range::above(0),
-       .doc = "Lamb: upper bound of the trust ratio (DeepSpeed's FusedLamb).",
-       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::lamb}); }},
+       .doc = "Lamb, OneBitLamb: upper bound of the trust ratio (DeepSpeed's FusedLamb).",
+       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::lamb, O::onebit_lamb}); }},
       {.path = "optimizer.params.min_coeff", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.min_coeff; }, .range = ge(0),
-       .doc = "Lamb: lower bound of the trust ratio; at most max_coeff.",
-       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::lamb}); }},
+       .doc = "Lamb, OneBitLamb: lower bound of the trust ratio; at most max_coeff.",
+       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::lamb, O::onebit_lamb}); }},
       {.path = "optimizer.params.eps1", .kind = Kind::real,
        .slot = [](Config& c) -> Slot { return &c.optimizer.eps1; }, .range = Range::above(0),
        .doc = "Adafactor: added to the squared gradient (Hugging Face's eps[0]).", .inapplicable = adafactor_only},
@@ -515,9 +521,25 @@ const std::vector<Spec>& config_keys() {
        .omitted = [](const Config& c) { return c.optimizer.type != OptimizerType::muon; }},
       {.path = "optimizer.params.freeze_step", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.optimizer.freeze_step; }, .range = between(0, 1e15),
-       .doc = "OneBitAdam: exact Adam steps (full-precision gradient reduction) before the variance is "
-              "frozen and the momentum exchange is compressed to 1 bit.",
-       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::onebit_adam}); }},
+       .doc = "OneBitAdam, OneBitLamb: exact Adam (Lamb) steps (full-precision gradient reduction) before "
+              "the variance is frozen and the momentum exchange is compressed to 1 bit.",
+       .inapplicable = [](const Config& c) { return for_optimizers(c, {O::onebit_adam, O::onebit_lamb}); }},
+      {.path = "optimizer.params.coeff_beta", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.coeff_beta; }, .range = Range::closed_open(0, 1),
+       .doc = "OneBitLamb: rate of the warm-up's moving average of each tensor's trust ratio, the ratio "
+              "frozen for the compressed steps (1/(1 - coeff_beta) at most freeze_step, DeepSpeed advises).",
+       .inapplicable = onebit_lamb_only},
+      {.path = "optimizer.params.factor_max", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.factor_max; }, .range = Range::above(0),
+       .doc = "OneBitLamb: upper bound of the factor that scales the frozen trust ratio after freeze_step.",
+       .inapplicable = onebit_lamb_only},
+      {.path = "optimizer.params.factor_min", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.factor_min; }, .range = ge(0),
+       .doc = "OneBitLamb: lower bound of that factor; at most factor_max.", .inapplicable = onebit_lamb_only},
+      {.path = "optimizer.params.factor_threshold", .kind = Kind::real,
+       .slot = [](Config& c) -> Slot { return &c.optimizer.factor_threshold; }, .range = ge(0),
+       .doc = "OneBitLamb: the factor changes by at most this fraction of its last value per step.",
+       .inapplicable = onebit_lamb_only},
       {.path = "optimizer.params.ns_steps", .kind = Kind::integer,
        .slot = [](Config& c) -> Slot { return &c.optimizer.ns_steps; }, .range = between(1, 100),
        .doc = "Muon: Newton-Schulz iterations per step.", .inapplicable = muon_only},
@@ -540,7 +562,7 @@ const std::vector<Spec>& config_keys() {
        .doc = "Every this many steps, check each unit's reduced gradient against a plain all-reduce of "
               "the ranks' local gradients and stop, naming the unit, on a difference beyond rounding; "
               "0: off. Costs a stage-0 all-reduce and a host copy of the local gradients on those steps. "
-              "Not with PowerSGD, qgZ or OneBitAdam, whose reductions are lossy by design."},
+              "Not with PowerSGD, qgZ, OneBitAdam or OneBitLamb, whose reductions are lossy by design."},
       {.path = "backend", .kind = Kind::choice,
        .slot = [](Config&) -> Slot {
          return EnumRef{[](const Config& k) { return static_cast<int>(k.backend); },

@@ -193,8 +193,8 @@ EngineImpl::EngineImpl(Context& ctx, const Config& cfg, Layout layout, ProcessGr
                 .grad_dtype = cfg_.grad_dtype(),
                 .comm_dtype = cfg_.comm_dtype(),
                 // An optimizer that exchanges the local gradients itself keeps them whole at
-                // stage 2 too, as stage 1 does (OneBitAdam: docs/optimizers.md).
-                .stage = cfg_.optimizer.type == OptimizerType::onebit_adam ? std::min(stage_, 1) : stage_,
+                // stage 2 too, as stage 1 does (OneBitAdam, OneBitLamb: docs/optimizers.md).
+                .stage = compressed_momentum(cfg_.optimizer.type) ? std::min(stage_, 1) : stage_,
                 .deferred = cfg_.gradient_compression.type != CompressionType::none || optim_->local_gradients(1),
                 .replica = replica_device_ ? replica_device_.get() : mics_.replica.get(),
                 .qgz = qgz_.get()}),

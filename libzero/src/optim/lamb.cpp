@@ -2,6 +2,8 @@
 // its keys): Adam's direction plus decoupled decay, scaled per tensor by the trust ratio
 // ||p|| / ||u|| clamped to [min_coeff, max_coeff]. The norms are over the whole tensor, however
 // the partition cuts it (SliceStats), so the algorithm is the paper's at every stage.
+#include "optim/lamb.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -9,71 +11,75 @@
 #include <memory>
 #include <vector>
 
-#include "offload/host_optimizer.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
+
+LambStep::LambStep(const OptimizerConfig& o, const OptimizerEnv& env, bool bias_correction)
+    : cfg_(o), env_(env), bias_correction_(bias_correction), first_(tensor_offsets(*env.layout)) {}
+
+void LambStep::begin_step(const StepHyper& h) {
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2, t = static_cast<double>(h.step);
+  c_ = offload::LambConstants{h.grad_scale,
+                              static_cast<float>(b1),
+                              static_cast<float>(1.0 - b1),
+                              static_cast<float>(b2),
+                              static_cast<float>(1.0 - b2),
+                              static_cast<float>(cfg_.eps),
+                              static_cast<float>(cfg_.weight_decay),
+                              static_cast<float>(bias_correction_ ? 1.0 / (1.0 - std::pow(b1, t)) : 1.0),
+                              static_cast<float>(bias_correction_ ? 1.0 / (1.0 - std::pow(b2, t)) : 1.0)};
+  lr_ = h.lr;
+  const int tensors = first_.back();
+  stats_.reset(2 * tensors, env_.world, 2 * tensors);
+  step_.assign(static_cast<std::size_t>(tensors), 0.0f);
+  trust_.assign(static_cast<std::size_t>(tensors), 1.0);
+}
+
+void LambStep::run(int pass, const OptimRun& r) {
+  offload::LambConstants k = c_;
+  if (!r.decay) k.weight_decay = 0.0f;
+  const std::size_t n = static_cast<std::size_t>(r.n);
+  if (pass == 0)
+    offload::lamb_moments(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.at, n, k,
+                          stats_.lanes(2 * r.tensor, r.slice), stats_.lanes(2 * r.tensor + 1, r.slice));
+  else
+    offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k,
+                        step_[static_cast<std::size_t>(r.tensor)]);
+}
+
+void LambStep::end_pass() {
+  stats_.combine(env_.stage == 0 ? nullptr : env_.comm, env_.rank);
+  for (std::size_t t = 0; t < step_.size(); ++t) {
+    const double w = std::sqrt(stats_.total(static_cast<int>(2 * t)));
+    const double u = std::sqrt(stats_.total(static_cast<int>(2 * t + 1)));
+    double trust = w > 0.0 && u > 0.0 ? w / u : 1.0;
+    trust = std::clamp(trust, cfg_.min_coeff, cfg_.max_coeff);
+    trust_[t] = trust;
+    step_[t] = static_cast<float>(lr_ * trust);
+  }
+}
+
 namespace {
 
 class Lamb final : public Optimizer {
  public:
-  Lamb(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env), first_(tensor_offsets(*env.layout)) {}
+  Lamb(const OptimizerConfig& o, const OptimizerEnv& env) : step_(o, env, o.bias_correction) {}
   const char* name() const override { return "Lamb"; }
   int moments() const override { return 2; }
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
   std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("Lamb", layout); }
-
-  void begin_step(const StepHyper& h) override {
-    const double b1 = cfg_.beta1, b2 = cfg_.beta2, t = static_cast<double>(h.step);
-    c_ = offload::LambConstants{h.grad_scale,
-                                static_cast<float>(b1),
-                                static_cast<float>(1.0 - b1),
-                                static_cast<float>(b2),
-                                static_cast<float>(1.0 - b2),
-                                static_cast<float>(cfg_.eps),
-                                static_cast<float>(cfg_.weight_decay),
-                                static_cast<float>(cfg_.bias_correction ? 1.0 / (1.0 - std::pow(b1, t)) : 1.0),
-                                static_cast<float>(cfg_.bias_correction ? 1.0 / (1.0 - std::pow(b2, t)) : 1.0)};
-    lr_ = h.lr;
-    const int tensors = first_.back();
-    stats_.reset(2 * tensors, env_.world, 2 * tensors);
-    step_.assign(static_cast<std::size_t>(tensors), 0.0f);
-  }
-
+  void begin_step(const StepHyper& h) override { step_.begin_step(h); }
   void run(int pass, const OptimRun& r, Backend* device) override {
     ZERO_CHECK(device == nullptr, "Lamb steps host memory only");
-    offload::LambConstants k = c_;
-    if (!r.decay) k.weight_decay = 0.0f;
-    const std::size_t n = static_cast<std::size_t>(r.n);
-    if (pass == 0)
-      offload::lamb_moments(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.at, n, k,
-                            stats_.lanes(2 * r.tensor, r.slice), stats_.lanes(2 * r.tensor + 1, r.slice));
-    else
-      offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k,
-                          step_[static_cast<std::size_t>(r.tensor)]);
+    step_.run(pass, r);
   }
-
-  void end_pass(int) override {
-    stats_.combine(env_.stage == 0 ? nullptr : env_.comm, env_.rank);
-    for (std::size_t t = 0; t < step_.size(); ++t) {
-      const double w = std::sqrt(stats_.total(static_cast<int>(2 * t)));
-      const double u = std::sqrt(stats_.total(static_cast<int>(2 * t + 1)));
-      double trust = w > 0.0 && u > 0.0 ? w / u : 1.0;
-      trust = std::clamp(trust, cfg_.min_coeff, cfg_.max_coeff);
-      step_[t] = static_cast<float>(lr_ * trust);
-    }
-  }
+  void end_pass(int) override { step_.end_pass(); }
 
  private:
-  OptimizerConfig cfg_;
-  OptimizerEnv env_;
-  std::vector<int> first_;
-  offload::LambConstants c_{};
-  double lr_ = 0.0;
-  SliceStats stats_;
-  std::vector<float> step_;  // per tensor: lr x trust ratio
+  LambStep step_;
 };
 
 }  // namespace

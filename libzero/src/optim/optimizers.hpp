@@ -14,6 +14,7 @@ std::unique_ptr<Optimizer> make_lamb(const OptimizerConfig& o, const OptimizerEn
 std::unique_ptr<Optimizer> make_adafactor(const OptimizerConfig& o, const OptimizerEnv& env);
 std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env);
 std::unique_ptr<Optimizer> make_onebit_adam(const OptimizerConfig& o, const OptimizerEnv& env);
+std::unique_ptr<Optimizer> make_onebit_lamb(const OptimizerConfig& o, const OptimizerEnv& env);
 
 // Adafactor's first statistics exchange: its slots (optimizer_exchange, and the optimizer's own
 // layout of them).

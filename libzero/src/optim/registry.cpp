@@ -24,7 +24,8 @@ int optimizer_moments(const OptimizerConfig& o) {
     case OptimizerType::adafactor: return o.adafactor_beta1 > 0.0 ? 2 : 1;
     // The momentum of a matrix; AdamW's m and v of every other parameter.
     case OptimizerType::muon: return 2;
-    case OptimizerType::onebit_adam: return 2;  // m, v (frozen after freeze_step)
+    case OptimizerType::onebit_adam:
+    case OptimizerType::onebit_lamb: return 2;  // m, v (frozen after freeze_step)
   }
   ZERO_THROW("optimizer.type has an unknown value");
 }
@@ -39,6 +40,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
     case OptimizerType::adafactor: return make_adafactor(o, env);
     case OptimizerType::muon: return make_muon(o, env);
     case OptimizerType::onebit_adam: return make_onebit_adam(o, env);
+    case OptimizerType::onebit_lamb: return make_onebit_lamb(o, env);
   }
   ZERO_THROW("optimizer.type has an unknown value");
 }
@@ -47,7 +49,12 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
   OptimizerExchange x;
   const std::int64_t tensors = tensor_offsets(layout).back();
   switch (o.type) {
-    case OptimizerType::lamb: x.stat_doubles = {2 * tensors}; break;  // ||p||^2, ||u||^2
+    case OptimizerType::lamb:
+      x.stat_doubles = {2 * tensors};
+      break;  // ||p||^2, ||u||^2
+    // After the warm-up (the steady state a plan is for): ||u||^2, ||m / (sqrt(v) + eps)||^2 and
+    // the largest ratio of the denominators.
+    case OptimizerType::onebit_lamb: x.stat_doubles = {3 * tensors}; break;
     case OptimizerType::adafactor: x.stat_doubles = {adafactor_stat_slots(layout), tensors}; break;
     case OptimizerType::muon:
       for (int u = 0; u < layout.num_units(); ++u)

@@ -110,10 +110,10 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
     if (e.p > 0) part.all_reduce(t, e.p, fsize);
     if (e.q > 0) part.all_reduce(t, e.q, fsize);
   }
-  // OneBitAdam after its warm-up (the steady state a plan is for): per unit, each rank's sign bits
+  // OneBitAdam and OneBitLamb after their warm-up (the steady state a plan is for): per unit, each rank's sign bits
   // and scale to every slice's owner (an all-to-all: each block straight to its rank), then the
   // owners' bits and scales all-gathered, in place of the gradient reduction.
-  const bool onebit = s.optimizer.type == OptimizerType::onebit_adam;
+  const bool onebit = compressed_momentum(s.optimizer.type);
   auto all_to_all = [&](std::int64_t bytes_per_peer) {
     for (int j = 0; j < world; ++j)
       if (j != rank) (j / ranks_per_node == rank / ranks_per_node ? t.intra_node : t.inter_node) += bytes_per_peer;

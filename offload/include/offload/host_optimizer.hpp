@@ -139,4 +139,18 @@ float onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const f
 void onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out, DType param_type,
                        std::size_t n, float decay, float neg_lr, float eps, int threads = 0);
 
+// 1-bit LAMB (Li et al. 2021; DeepSpeed's OneBitLamb) after its warm-up, the first of its two
+// passes over a run of one tensor (the second is lamb_apply without bias correction, whose
+// direction is the u below): from the exchange's momentum m_new (scaled by the tensor's
+// scaling_coeff), m = m_new / scaling_coeff; the gradient it implies, r = (m - b1 m_last) /
+// (1 - b1), feeds the fresh variance v_fresh = b2 v_fresh + (1 - b2) r^2 while v stays frozen;
+// u = m / (sqrt(v) + eps) + wd p. Folds ||u||^2 and ||m / (sqrt(v) + eps)||^2 in lanes (as LAMB's)
+// and raises ratio_max to the largest (sqrt(v) + eps) / (sqrt(v_fresh) + eps).
+struct OneBitLambConstants {
+  float beta1, inv_one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, scaling_coeff;
+};
+void onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
+                         std::int64_t at, std::size_t n, const OneBitLambConstants& c, double* u_lanes,
+                         double* prelim_lanes, double& ratio_max);
+
 }  // namespace zero::offload

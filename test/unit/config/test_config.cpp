@@ -194,10 +194,9 @@ TEST_CASE("wrong types and ranges name the path, the value and what is expected"
   // test_config_deepspeed), else an error.
   REQUIRE_THROWS_WITH(parse("gradient_clipping:\n"),
                       Contains("gradient_clipping has no value") && Contains("remove the key for the default 0"));
-  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: OneBitLamb\n"),
-                      Contains("optimizer.type = OneBitLamb") &&
-                          Contains("compressed-communication optimizers are not implemented yet") &&
-                          Contains("one of AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon, OneBitAdam"));
+  REQUIRE_THROWS_WITH(parse("optimizer:\n  type: ZeroOneAdam\n"),
+                      Contains("optimizer.type = ZeroOneAdam") && Contains("0/1 Adam is not implemented") &&
+                          Contains("one of AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon, OneBitAdam, OneBitLamb"));
   REQUIRE_THROWS_WITH(parse("scheduler:\n  type: WarmupLr\n"),
                       Contains("scheduler.type = WarmupLr") && Contains("did you mean WarmupLR?"));
   REQUIRE_THROWS_WITH(
@@ -321,14 +320,16 @@ TEST_CASE("an optimizer key of another type is refused, naming the types it appl
   };
   const Case cases[] = {
       {"{type: Adafactor, params: {betas: [0.9, 0.999]}}", "optimizer.params.betas",
-       "applies to Adam, AdamW, Lamb, Lion, Muon and OneBitAdam, not Adafactor"},
+       "applies to Adam, AdamW, Lamb, Lion, Muon, OneBitAdam and OneBitLamb, not Adafactor"},
       {"{type: SGD, params: {eps: 1.0e-8}}", "optimizer.params.eps",
-       "applies to Adam, AdamW, Lamb, Muon and OneBitAdam, not SGD"},
+       "applies to Adam, AdamW, Lamb, Muon, OneBitAdam and OneBitLamb, not SGD"},
       {"{type: Lion, params: {eps: 1.0e-8}}", "optimizer.params.eps", "not Lion"},
       {"{type: Lion, params: {bias_correction: false}}", "optimizer.params.bias_correction",
-       "applies to Adam, AdamW and Lamb, not Lion"},
-      {"{type: AdamW, params: {max_coeff: 5}}", "optimizer.params.max_coeff", "applies to Lamb, not AdamW"},
-      {"{type: Adam, params: {min_coeff: 0.1}}", "optimizer.params.min_coeff", "applies to Lamb, not Adam"},
+       "applies to Adam, AdamW, Lamb and OneBitLamb, not Lion"},
+      {"{type: AdamW, params: {max_coeff: 5}}", "optimizer.params.max_coeff",
+       "applies to Lamb and OneBitLamb, not AdamW"},
+      {"{type: Adam, params: {min_coeff: 0.1}}", "optimizer.params.min_coeff",
+       "applies to Lamb and OneBitLamb, not Adam"},
       {"{type: AdamW, params: {eps1: 1.0e-30}}", "optimizer.params.eps1", "applies to Adafactor, not AdamW"},
       {"{type: Lamb, params: {eps2: 0.001}}", "optimizer.params.eps2", "applies to Adafactor, not Lamb"},
       {"{type: Muon, params: {clip_threshold: 1}}", "optimizer.params.clip_threshold",
@@ -396,9 +397,9 @@ TEST_CASE("optimizer hyper-parameters that constrain each other", "[config][opti
                       Contains("optimizer.params.nesterov = true") && Contains("not implemented for SGD"));
   CHECK(parse("optimizer: {type: SGD, params: {nesterov: false}}\n").optimizer.type == zero::OptimizerType::sgd);
   // A missing type names them all.
-  REQUIRE_THROWS_WITH(
-      parse("optimizer: {params: {lr: 0.1}}\n"),
-      Contains("optimizer.type is missing") && Contains("AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon or OneBitAdam"));
+  REQUIRE_THROWS_WITH(parse("optimizer: {params: {lr: 0.1}}\n"),
+                      Contains("optimizer.type is missing") &&
+                          Contains("AdamW, Adam, SGD, Lamb, Lion, Adafactor, Muon, OneBitAdam or OneBitLamb"));
 }
 
 TEST_CASE("to_yaml round-trips each optimizer's hyper-parameters", "[config][optimizer]") {

@@ -1,0 +1,218 @@
+// 1-bit LAMB (Li et al. 2021, "1-bit LAMB: Communication Efficient Large-Scale Large-Batch
+// Training with LAMB's Convergence Speed"; DeepSpeed's OneBitLamb and its keys), composed with
+// ZeRO stages 1 and 2.
+//
+// For freeze_step updates it is Lamb without bias correction (DeepSpeed's update, through Lamb's
+// own code: LambStep), over the exactly reduced gradients, and it records each tensor's trust
+// ratio as a moving average (coeff_beta; the steps whose ratio is exactly 1 leave it alone, as
+// DeepSpeed's). Its last warm-up step copies v into a fresh variance.
+//
+// Then the variance is frozen and the gradient reduction is replaced by the compressed momentum
+// exchange (onebit_exchange.hpp), with each tensor's momentum multiplied by a scaling
+// coefficient fixed at the first compressed step (the mean over tensors of the momenta's RMS,
+// over the tensor's own RMS) so that tensors of different magnitudes share a scale well. From
+// the exchanged momentum m each rank's owned elements take the gradient it implies,
+// (m - b1 m_last) / (1 - b1), into the fresh variance; the step is lr x coeff x u with
+// u = m / (sqrt(v) + eps) + wd p and coeff the frozen ratio times a factor: the largest
+// (sqrt(v) + eps) / (sqrt(v_fresh) + eps) over the tensor, pulled towards 1 by the share of the
+// decay in u, clamped to [factor_min, factor_max] and to within factor_threshold of the last
+// step's factor. Every per-tensor quantity is over the whole tensor (SliceStats), whatever the
+// partition.
+//
+// What is kept where: m and v are the engine's moments (checkpointed as Adam's). The fresh
+// variance (4 bytes per owned element) and the per-tensor frozen ratio, factor and scaling
+// coefficient are this optimizer's, as the errors of the exchange are; a resume during the
+// warm-up starts the ratio's average again (as DeepSpeed's load_state_dict does), a resume past
+// freeze_step is refused (the checkpoint format has no per-tensor records for them yet).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "offload/host_optimizer.hpp"
+#include "optim/lamb.hpp"
+#include "optim/onebit_exchange.hpp"
+#include "optim/optimizers.hpp"
+#include "runtime/log.hpp"
+#include "zero/error.hpp"
+
+namespace zero {
+namespace {
+
+class OneBitLamb final : public Optimizer {
+ public:
+  OneBitLamb(const OptimizerConfig& o, const OptimizerEnv& env)
+      : cfg_(o), env_(env), lamb_(o, env, false), exchange_(env), first_(tensor_offsets(*env.layout)) {
+    const std::size_t tensors = static_cast<std::size_t>(first_.back());
+    coeff_freeze_.assign(tensors, 0.0);
+    last_factor_.assign(tensors, 1.0);
+    step_.assign(tensors, 0.0f);
+    fresh_.resize(static_cast<std::size_t>(env.layout->num_units()));
+    for (int u = 0; u < env.layout->num_units(); ++u)
+      for (const ParamInfo& p : env.layout->unit(u).params) {
+        numel_.push_back(p.numel);
+        decay_.push_back(p.decay);
+      }
+  }
+  const char* name() const override { return "OneBitLamb"; }
+  int moments() const override { return 2; }
+  int passes() const override { return 2; }
+  bool per_tensor() const override { return true; }
+  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("OneBitLamb", layout); }
+  bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
+  bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
+  void restored() override {
+    exchange_.reset();
+    std::fill(coeff_freeze_.begin(), coeff_freeze_.end(), 0.0);
+    std::fill(last_factor_.begin(), last_factor_.end(), 1.0);
+    scaling_.clear();
+    restored_ = true;
+  }
+
+  void begin_step(const StepHyper& h) override {
+    const bool was = compressed_;
+    compressed_ = local_gradients(h.step);
+    step_number_ = h.step;
+    lr_ = h.lr;
+    grad_scale_ = h.grad_scale;
+    if (!compressed_) {
+      restored_ = false;  // the ratio's average starts again, as DeepSpeed's after a resume
+      lamb_.begin_step(h);
+      return;
+    }
+    if (restored_)
+      ZERO_THROW(fmt::format(
+          "OneBitLamb: resumed at update {}, past freeze_step {}: the frozen per-tensor trust ratios, factors and "
+          "the fresh variance are not in the checkpoint format yet; resume from a checkpoint saved during the "
+          "warm-up, or raise optimizer.params.freeze_step above the checkpoint's step",
+          h.step, cfg_.freeze_step));
+    if (!was && env_.rank == 0)
+      log_info(
+          "OneBitLamb: update {} on: the variance and trust ratios are frozen and the momentum exchange is "
+          "compressed to 1 bit (freeze_step {})",
+          h.step, cfg_.freeze_step);
+    const int tensors = first_.back();
+    if (scaling_.empty()) momentum_.reset(tensors, env_.world);
+    stats_.reset(3 * tensors, env_.world, 2 * tensors);
+  }
+
+  void run(int pass, const OptimRun& r, Backend* device) override {
+    ZERO_CHECK(device == nullptr, "OneBitLamb steps host memory only");
+    const std::size_t n = static_cast<std::size_t>(r.n), t = static_cast<std::size_t>(r.tensor);
+    if (pass < 0) {  // capture: the owned momentum, and its norm for the scaling coefficients
+      exchange_.capture(r);
+      if (scaling_.empty()) {
+        double& ss = momentum_.at(r.tensor, r.slice);
+        for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(r.state[0][i]) * r.state[0][i];
+      }
+      return;
+    }
+    if (!compressed_) {
+      lamb_.run(pass, r);
+      if (pass == 1 && step_number_ == cfg_.freeze_step)
+        std::copy(r.state[1], r.state[1] + n, fresh(r.unit) + r.own_at);
+      return;
+    }
+    const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+    if (pass == 0) {
+      const offload::OneBitLambConstants c{static_cast<float>(cfg_.beta1),
+                                           static_cast<float>(1.0 / (1.0 - cfg_.beta1)),
+                                           static_cast<float>(cfg_.beta2),
+                                           static_cast<float>(1.0 - cfg_.beta2),
+                                           static_cast<float>(cfg_.eps),
+                                           wd,
+                                           scaling_[t]};
+      offload::onebit_lamb_moments(r.master, r.state[0], r.state[1], fresh(r.unit) + r.own_at,
+                                   exchange_.new_m(r.unit) + r.own_at, r.at, n, c, stats_.lanes(2 * r.tensor, r.slice),
+                                   stats_.lanes(2 * r.tensor + 1, r.slice),
+                                   stats_.at(2 * first_.back() + r.tensor, r.slice));
+      return;
+    }
+    // The direction m / (sqrt(v) + eps) + wd p is Lamb's without bias correction.
+    const offload::LambConstants k{1.0f, 0.0f, 0.0f, 0.0f, 0.0f, static_cast<float>(cfg_.eps), wd, 1.0f, 1.0f};
+    offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k, step_[t]);
+  }
+
+  void end_pass(int) override {
+    if (!compressed_) {
+      lamb_.end_pass();
+      for (std::size_t t = 0; t < coeff_freeze_.size(); ++t) {
+        const double trust = lamb_.trust(static_cast<int>(t));
+        if (trust != 1.0) coeff_freeze_[t] = cfg_.coeff_beta * coeff_freeze_[t] + (1.0 - cfg_.coeff_beta) * trust;
+      }
+      return;
+    }
+    stats_.combine(env_.comm, env_.rank);
+    const int tensors = first_.back();
+    for (int t = 0; t < tensors; ++t) {
+      const std::size_t tz = static_cast<std::size_t>(t);
+      const double u = std::sqrt(stats_.total(2 * t)), prelim = std::sqrt(stats_.total(2 * t + 1));
+      double factor = 0.0;  // the largest ratio over the slices (each rank's own, all-gathered)
+      for (int s = 0; s < env_.world; ++s) factor = std::max(factor, stats_.at(2 * tensors + t, s));
+      if (cfg_.weight_decay > 0.0 && decay_[tz]) {
+        const double share = u > 0.0 ? std::min(1.0, prelim / u) : 1.0;
+        factor = factor * share + (1.0 - share);
+      }
+      factor = std::clamp(factor, cfg_.factor_min, cfg_.factor_max);
+      factor = std::min(factor, last_factor_[tz] * (1.0 + cfg_.factor_threshold));
+      factor = std::max(factor, last_factor_[tz] * (1.0 - cfg_.factor_threshold));
+      last_factor_[tz] = factor;
+      step_[tz] = static_cast<float>(lr_ * coeff_freeze_[tz] * factor);
+    }
+  }
+
+  void exchange(const std::vector<const void*>& full, DType type) override {
+    if (scaling_.empty()) scaling_coefficients();
+    exchange_.exchange(full, type, static_cast<float>(cfg_.beta1), grad_scale_, &scaling_);
+  }
+
+ private:
+  // DeepSpeed's scaling_coeff, once, from the momentum at the end of the warm-up (the capture's
+  // norms): the mean over tensors of ||m|| / sqrt(numel), over the tensor's own (1 for a tensor
+  // whose momentum is zero, where DeepSpeed's would divide by zero).
+  void scaling_coefficients() {
+    momentum_.combine(env_.comm, env_.rank);
+    const std::size_t tensors = numel_.size();
+    std::vector<double> rms(tensors);
+    double sum = 0.0;
+    for (std::size_t t = 0; t < tensors; ++t) {
+      rms[t] = std::sqrt(momentum_.total(static_cast<int>(t))) / std::sqrt(static_cast<double>(numel_[t]));
+      sum += rms[t];
+    }
+    const double united = sum / static_cast<double>(tensors);
+    scaling_.resize(tensors);
+    for (std::size_t t = 0; t < tensors; ++t) scaling_[t] = rms[t] > 0.0 ? static_cast<float>(united / rms[t]) : 1.0f;
+  }
+  float* fresh(int unit) {
+    std::vector<float>& f = fresh_[static_cast<std::size_t>(unit)];
+    if (f.empty()) f.assign(static_cast<std::size_t>(env_.own_len(unit)), 0.0f);
+    return f.data();
+  }
+
+  OptimizerConfig cfg_;
+  OptimizerEnv env_;
+  LambStep lamb_;
+  OneBitExchange exchange_;
+  std::vector<int> first_;
+  std::vector<std::int64_t> numel_;  // per tensor
+  std::vector<bool> decay_;          // per tensor
+  bool compressed_ = false, restored_ = false;
+  std::int64_t step_number_ = 0;
+  double lr_ = 0.0;
+  float grad_scale_ = 1.0f;
+  std::vector<double> coeff_freeze_, last_factor_;  // per tensor: the frozen ratio, the last factor
+  std::vector<float> scaling_;                      // per tensor: DeepSpeed's scaling_coeff
+  std::vector<float> step_;                         // per tensor: lr x coeff
+  std::vector<std::vector<float>> fresh_;           // per unit: the fresh variance, owned slice
+  SliceStats momentum_, stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_onebit_lamb(const OptimizerConfig& o, const OptimizerEnv& env) {
+  return std::make_unique<OneBitLamb>(o, env);
+}
+
+}  // namespace zero
