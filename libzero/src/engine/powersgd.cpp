@@ -59,7 +59,19 @@ void orthogonalize(float* p, std::int64_t rows, int r, std::vector<double>& cols
           static_cast<float>(cols[static_cast<std::size_t>(k) * n + i]);
 }
 
+// The 16-bit wire copy of P or Q, whichever is larger; fp32 factors go from P and Q themselves.
+std::size_t wire_elements(std::int64_t p, std::int64_t q, DType factor_dtype) {
+  return factor_dtype == DType::f32 ? 0 : static_cast<std::size_t>(std::max(p, q));
+}
+
 }  // namespace
+
+std::size_t PowerSgd::buffer_bytes_for(const Elements& e, DType grad_dtype, DType factor_dtype) {
+  // The error ([rows, cols]) and Q ([cols, r]) of every matrix, then P and the summed Q.
+  const auto floats = static_cast<std::size_t>(e.compressed + e.q + e.p + e.q);
+  return floats * sizeof(float) + static_cast<std::size_t>(e.plain) * dtype_size(grad_dtype) +
+         wire_elements(e.p, e.q, factor_dtype) * dtype_size(factor_dtype);
+}
 
 int powersgd_rank(const ParamInfo& p, const GradientCompressionConfig& cfg) {
   const std::int64_t rows = p.shape.size() >= 2 ? p.shape[0] : 0;
@@ -82,7 +94,6 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
              fmt::format("gradient_compression.factor_dtype = {}: the factors go as fp32 or bf16", dtype_name(fdt_)));
   ZERO_CHECK(cfg.rank >= 1,
              fmt::format("gradient_compression.rank = {}: PowerSGD needs a rank of at least 1", cfg.rank));
-  std::int64_t compressed_elems = 0;
   for (int u = 0; u < layout.num_units(); ++u) {
     for (const ParamInfo& p : layout.unit(u).params) {
       const int r = powersgd_rank(p, cfg);
@@ -105,27 +116,28 @@ PowerSgd::PowerSgd(Communicator& comm, const Layout& layout, const std::vector<U
       random_q(m, matrices_.size());
       p_elems_ += rows * r;
       q_elems_ += cols * r;
-      compressed_elems += rows * cols;
+      compressed_elems_ += rows * cols;
       matrices_.push_back(std::move(m));
     }
   }
+  // Sized as buffer_bytes_for counts them.
   p_.resize(static_cast<std::size_t>(p_elems_));
   qsum_.resize(static_cast<std::size_t>(q_elems_));
   plain_buf_.resize(static_cast<std::size_t>(plain_elems_) * dtype_size(gdt_));
-  if (fdt_ != DType::f32) wire_.resize(static_cast<std::size_t>(std::max(p_elems_, q_elems_)) * dtype_size(fdt_));
+  wire_.resize(wire_elements(p_elems_, q_elems_, fdt_) * dtype_size(fdt_));
   row_.resize(kChunk);
   if (log) {
     const double plain_bytes =
-        static_cast<double>(compressed_elems + plain_elems_) * static_cast<double>(dtype_size(gdt_));
+        static_cast<double>(compressed_elems_ + plain_elems_) * static_cast<double>(dtype_size(gdt_));
     const double sent = static_cast<double>(factor_elements()) * static_cast<double>(dtype_size(fdt_)) +
                         static_cast<double>(plain_elems_) * static_cast<double>(dtype_size(gdt_));
     log_info(
         "gradient_compression: PowerSGD rank {} from step {}: {} matrices compressed ({} elements) into {} "
         "{} factor elements, {} elements all-reduced plainly; {} all-reduced per step instead of {} ({:.1f}x "
         "fewer){}",
-        cfg.rank, cfg.start_step, matrices_.size(), compressed_elems, factor_elements(), dtype_name(fdt_), plain_elems_,
-        format_bytes(static_cast<std::uint64_t>(sent)), format_bytes(static_cast<std::uint64_t>(plain_bytes)),
-        sent > 0 ? plain_bytes / sent : 0.0,
+        cfg.rank, cfg.start_step, matrices_.size(), compressed_elems_, factor_elements(), dtype_name(fdt_),
+        plain_elems_, format_bytes(static_cast<std::uint64_t>(sent)),
+        format_bytes(static_cast<std::uint64_t>(plain_bytes)), sent > 0 ? plain_bytes / sent : 0.0,
         stage == 1 ? "; stage 1: the factors are all-reduced (no reduce-scatter), each rank keeps its slice" : "");
   }
 }

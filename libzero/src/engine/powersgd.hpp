@@ -80,10 +80,21 @@ class PowerSgd {
   std::vector<float> state() const;
   void set_state(const std::vector<float>& s);
   std::size_t state_size() const;
-  // Host memory it holds: the state, the factors and the plain batch's staging (not the host copy
-  // of the gradients a backend without host-accessible memory is staged through).
+  // What its buffers are sized by: the elements of the compressed matrices, of their P and Q
+  // factors, and of the parameters all-reduced plainly.
+  struct Elements {
+    std::int64_t compressed = 0, p = 0, q = 0, plain = 0;
+  };
+  // The host bytes those buffers take (zero-plan counts with it): every matrix's fp32 error and Q,
+  // kept between steps; the fp32 P and summed Q; the plain batch in grad_dtype; and with 16-bit
+  // factors their wire copy. Not the fixed conversion row, nor the host copy of the gradients a
+  // backend without host-accessible memory is staged through.
+  static std::size_t buffer_bytes_for(const Elements& e, DType grad_dtype, DType factor_dtype);
+  // Host memory it holds: buffer_bytes_for its matrices, plus the conversion row.
   std::size_t buffer_bytes() const {
-    return (state_size() + p_.size() + qsum_.size() + row_.size()) * sizeof(float) + plain_buf_.size() + wire_.size();
+    return buffer_bytes_for({.compressed = compressed_elems_, .p = p_elems_, .q = q_elems_, .plain = plain_elems_},
+                            gdt_, fdt_) +
+           row_.size() * sizeof(float);
   }
 
  private:
@@ -102,7 +113,7 @@ class PowerSgd {
   DType fdt_;  // the factors' dtype on the wire
   std::vector<Matrix> matrices_;
   std::vector<Run> plain_;  // the parameters not compressed, in unit order
-  std::int64_t p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
+  std::int64_t compressed_elems_ = 0, p_elems_ = 0, q_elems_ = 0, plain_elems_ = 0;
   std::vector<float> p_, qsum_;       // every matrix's P, then Q, back to back (one all-reduce each)
   std::vector<char> plain_buf_;       // the plain parameters' gradients, back to back
   std::vector<float> row_;            // conversion scratch

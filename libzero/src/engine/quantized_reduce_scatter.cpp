@@ -105,20 +105,38 @@ Communicator& QuantizedReduceScatter::cross() {
   return *cross_comm_;
 }
 
+QuantizedReduceScatter::Scratch QuantizedReduceScatter::scratch_for(std::size_t L, std::size_t M, std::size_t slice,
+                                                                    std::size_t block) {
+  Scratch s;
+  s.message1 = quant::packed_bytes(M * slice, block, Bits::int8);
+  s.phase1 = L > 1 ? L * s.message1 : 0;
+  s.partial = M * slice * sizeof(float);
+  s.message2 = quant::packed_bytes(slice, block, Bits::int4);
+  s.phase2 = M > 1 ? M * s.message2 : 0;
+  return s;
+}
+
 QuantizedReduceScatter::Feedback QuantizedReduceScatter::make_feedback(std::size_t slice) const {
+  const auto L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   Feedback f;
-  f.intra_n = static_cast<std::size_t>(per_node_ - 1) * static_cast<std::size_t>(nodes_) * slice;
-  f.inter_n = static_cast<std::size_t>(nodes_ - 1) * slice;
+  f.intra_n = intra_feedback_elements(L, M, slice);
+  f.inter_n = inter_feedback_elements(M, slice);
   f.intra = backend_.alloc(f.intra_n * sizeof(float));  // zero-filled
   f.inter = backend_.alloc(f.inter_n * sizeof(float));
   return f;
 }
 
 TrafficBytes QuantizedReduceScatter::bytes_per_reduction(std::size_t slice) const {
+  return bytes_per_reduction_for(static_cast<std::size_t>(per_node_), static_cast<std::size_t>(nodes_), slice, block_);
+}
+
+TrafficBytes QuantizedReduceScatter::bytes_per_reduction_for(std::size_t L, std::size_t M, std::size_t slice,
+                                                             std::size_t block) {
+  // One message to each node peer, then one to each other node.
+  const Scratch s = scratch_for(L, M, slice, block);
   TrafficBytes t;
-  t.intra_node = static_cast<std::int64_t>(
-      (per_node_ - 1) * quant::packed_bytes(static_cast<std::size_t>(nodes_) * slice, block_, Bits::int8));
-  t.inter_node = static_cast<std::int64_t>((nodes_ - 1) * quant::packed_bytes(slice, block_, Bits::int4));
+  t.intra_node = static_cast<std::int64_t>((L - 1) * s.message1);
+  t.inter_node = static_cast<std::int64_t>((M - 1) * s.message2);
   return t;
 }
 
@@ -138,22 +156,22 @@ Work QuantizedReduceScatter::start(const void* grad, DType t, std::size_t slice,
   op->site = comm_site();
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t chunk = M * slice;  // what one node peer gets: the slices of ranks R(*, l')
+  const Scratch sizes = scratch_for(L, M, slice, block_);
   if (L == 1) {
     // No node peers: the partial sum is this rank's own gradient, exactly.
-    op->partial = pool_.acquire(chunk * sizeof(float), false);
+    op->partial = pool_.acquire(sizes.partial, false);
     backend_.gather_rows(floats(op->partial), grad, t, slice, own_rows_, M, false);
     start_inter(*op);
     return Work(std::make_unique<OpWork>(this, std::move(op)));
   }
-  const std::size_t packed = quant::packed_bytes(chunk, block_, Bits::int8);
-  op->send1 = pool_.acquire(L * packed, false);
-  op->recv1 = pool_.acquire(L * packed, false);
+  op->send1 = pool_.acquire(sizes.phase1, false);
+  op->recv1 = pool_.acquire(sizes.phase1, false);
   // The chunk for each peer (its M slices) plus the error kept from last time, quantized into
   // the peer's slot; the new error stays. The slot to itself is zeroed, not used.
   backend_.gather_rows(floats(fb.intra), grad, t, slice, intra_rows_, (L - 1) * M, true);
   backend_.quantize_keep_error(floats(fb.intra), L - 1, chunk, block_, Bits::int8, op->send1.get(),
                                static_cast<std::size_t>(local_));
-  op->work1 = node().all_to_all_async(op->send1.get(), op->recv1.get(), words(packed), DType::f32);
+  op->work1 = node().all_to_all_async(op->send1.get(), op->recv1.get(), words(sizes.message1), DType::f32);
   in_phase1_.push_back(op);
   return Work(std::make_unique<OpWork>(this, std::move(op)));
 }
@@ -162,11 +180,12 @@ void QuantizedReduceScatter::start_inter(Op& op) {
   const CommSiteScope site(op.site);
   const std::size_t L = static_cast<std::size_t>(per_node_), M = static_cast<std::size_t>(nodes_);
   const std::size_t slice = op.slice, chunk = M * slice;
+  const Scratch sizes = scratch_for(L, M, slice, block_);
   if (L > 1) {
     // The node's partial sum of the M slices this local rank serves, in local-rank order.
     // In local-rank order: the peers before this rank, its own slices exactly, the peers after.
     const auto me = static_cast<std::size_t>(local_);
-    op.partial = pool_.acquire(chunk * sizeof(float), false);
+    op.partial = pool_.acquire(sizes.partial, false);
     float* partial = floats(op.partial);
     backend_.zero(partial, chunk * sizeof(float));
     backend_.dequantize_add(op.recv1.get(), 0, me, chunk, block_, Bits::int8, partial);
@@ -181,15 +200,14 @@ void QuantizedReduceScatter::start_inter(Op& op) {
     op.phase = 3;
     return;
   }
-  const std::size_t packed = quant::packed_bytes(slice, block_, Bits::int4);
-  op.send2 = pool_.acquire(M * packed, false);
-  op.recv2 = pool_.acquire(M * packed, false);
+  op.send2 = pool_.acquire(sizes.phase2, false);
+  op.recv2 = pool_.acquire(sizes.phase2, false);
   // To each other node its slice of the partial sum plus the error kept, as int4; slot node_
   // (this node's) is zeroed.
   backend_.gather_rows(floats(op.fb->inter), op.partial.get(), DType::f32, slice, inter_rows_, M - 1, true);
   backend_.quantize_keep_error(floats(op.fb->inter), M - 1, slice, block_, Bits::int4, op.send2.get(),
                                static_cast<std::size_t>(node_));
-  op.work2 = cross().all_to_all_async(op.send2.get(), op.recv2.get(), words(packed), DType::f32);
+  op.work2 = cross().all_to_all_async(op.send2.get(), op.recv2.get(), words(sizes.message2), DType::f32);
   op.phase = 2;
 }
 

@@ -66,11 +66,28 @@ class QuantizedReduceScatter {
   int nodes() const { return nodes_; }
   int ranks_per_node() const { return per_node_; }
   std::size_t block() const { return block_; }
+  // The buffers one reduction of a tensor of `slice` elements per rank takes from the pool, on M
+  // nodes of L ranks with quantization blocks of `block` elements, in bytes; zero-plan replays
+  // the pool with them (plan::qgz_buffer_bytes).
+  struct Scratch {
+    std::size_t message1 = 0;  // one phase-1 message: a node peer's M slices as int8 blocks
+    std::size_t phase1 = 0;    // send1, and recv1: L such messages (none when L = 1)
+    std::size_t partial = 0;   // the node's fp32 partial sum of the M slices this rank serves
+    std::size_t message2 = 0;  // one phase-2 message: one slice of the partial sum as int4 blocks
+    std::size_t phase2 = 0;    // send2, and recv2: M such messages (none when M = 1)
+  };
+  static Scratch scratch_for(std::size_t L, std::size_t M, std::size_t slice, std::size_t block);
+  // The elements of a Feedback for a tensor of `slice` elements per rank on M nodes of L ranks.
+  static std::size_t intra_feedback_elements(std::size_t L, std::size_t M, std::size_t slice) {
+    return (L - 1) * M * slice;
+  }
+  static std::size_t inter_feedback_elements(std::size_t M, std::size_t slice) { return (M - 1) * slice; }
   // A Feedback sized for a tensor of `slice` elements per rank, zeroed.
   Feedback make_feedback(std::size_t slice) const;
   // Bytes this rank sends for one reduction of a tensor of `slice` elements per rank (inside its
-  // node, across nodes).
+  // node, across nodes); the static form for M nodes of L ranks and blocks of `block`.
   TrafficBytes bytes_per_reduction(std::size_t slice) const;
+  static TrafficBytes bytes_per_reduction_for(std::size_t L, std::size_t M, std::size_t slice, std::size_t block);
 
   // Starts the reduction of `grad` (world x slice values of dtype t; rank r's slice at r x slice;
   // backend memory). When the Work completes, out (slice fp32 values, backend memory) holds the sum over ranks of this

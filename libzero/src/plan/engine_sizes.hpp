@@ -1,10 +1,14 @@
-// The engine's own size rules, as zero-plan asks them: the partition of every unit
-// (engine/unit_shape.hpp) and the gradient reducer's buffers (engine/reduce_buffers.hpp). The
-// planner calls these instead of restating them; the plan-vs-engine tests keep the results equal.
+// The engine's own size rules, as zero-plan asks them: the partition of every unit, the gradient
+// reducer's, PowerSGD's and qgZ's buffers. The planner calls these instead of restating them;
+// the plan-vs-engine tests keep the results equal.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
+#include "engine/powersgd.hpp"
+#include "engine/quantized_reduce_scatter.hpp"
 #include "engine/reduce_buffers.hpp"
 #include "engine/unit_shape.hpp"
 #include "zero/plan/plan.hpp"
@@ -27,6 +31,22 @@ inline ReduceBuffers reduce_buffers(const Settings& s) {
           .quantized = s.quantized_gradients,
           .deferred = s.powersgd() && s.stage <= 1,
           .comm_dtype = s.comm_dtype()};
+}
+
+// PowerSGD's buffers for these elements (PowerSgd::buffer_bytes, less its fixed conversion row).
+inline std::int64_t powersgd_buffer_bytes(const PowerSgdElements& e, const Settings& s) {
+  return static_cast<std::int64_t>(PowerSgd::buffer_bytes_for(
+      {.compressed = e.compressed, .p = e.p, .q = e.q, .plain = e.plain}, s.grad_dtype(), s.compression.factor_dtype));
+}
+
+// qgZ's error feedback for a unit of `slice` elements per rank over `ranks` ranks, in bytes
+// (QuantizedReduceScatter::make_feedback). Its total, (L - 1) M + (M - 1) = L M - 1 slices, does
+// not depend on how the ranks split into M nodes of L, so one node of them all gives it.
+inline std::int64_t qgz_feedback_bytes(std::int64_t slice, int ranks) {
+  const auto n = static_cast<std::size_t>(slice), L = static_cast<std::size_t>(ranks);
+  return static_cast<std::int64_t>((QuantizedReduceScatter::intra_feedback_elements(L, 1, n) +
+                                    QuantizedReduceScatter::inter_feedback_elements(1, n)) *
+                                   sizeof(float));
 }
 
 }  // namespace zero::plan

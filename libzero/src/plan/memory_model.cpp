@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "comm/quantize.hpp"
 #include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
@@ -36,7 +35,7 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
     m.grads += static_cast<std::int64_t>(reducer.stored_bytes(u));
     // hpZ: the rank's chunk of the gathered unit (padded for every rank), kept for the group.
     if (u.sharded_params && s.hpz_partition_size > 1) m.secondary += u.padded / s.hpz_partition_size * es;
-    if (s.quantized_gradients) m.error_feedback += (world - 1) * u.slice * static_cast<std::int64_t>(sizeof(float));
+    if (s.quantized_gradients) m.error_feedback += qgz_feedback_bytes(u.slice, world);
     // Stage 0 steps the whole (padded) unit on every rank; stages 1-3 step the owned slice.
     const std::int64_t own = u.own_len;
     switch (s.offload_optimizer) {
@@ -124,38 +123,29 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
                          "ranks by {} per node",
                          D, ranks_per_node));
   const std::int64_t M = D / L;
-  const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
-  auto packed = [&](std::int64_t n, quant::Bits bits) {
-    return quant::packed_bytes(static_cast<std::size_t>(n), block, bits);
-  };
-  // The buffers QuantizedReduceScatter takes from its pool for a unit of `slice` elements per
-  // rank, and when:
-  //   send1, recv1 (L > 1): L int8 messages of M slices each, L packed8(M slice) bytes apiece,
-  //     taken when the reduction starts, given back once phase 1 is summed;
-  //   partial: the node's fp32 sum of the M slices this rank serves, 4 M slice bytes, taken when
-  //     phase 1 is summed (send1 and recv1 still out), given back at the end;
-  //   send2, recv2 (M > 1): M int4 messages of one slice, M packed4(slice) bytes apiece, taken
-  //     after send1 and recv1 went back, given back at the end.
+  // The buffers QuantizedReduceScatter takes from its pool for a unit, sized by its own rule
+  // (QuantizedReduceScatter::scratch_for), and when:
+  //   send1, recv1 (L > 1): phase 1's messages, taken when the reduction starts, given back once
+  //     phase 1 is summed;
+  //   partial: taken when phase 1 is summed (send1 and recv1 still out), given back at the end;
+  //   send2, recv2 (M > 1): phase 2's messages, taken after send1 and recv1 went back, given
+  //     back at the end.
   // Without node peers (L = 1) start() sums and starts phase 2 at once; on one rank the partial
   // sum comes and goes inside start(). Only the waited reduction advances, phase 2 starting in
   // start order.
-  struct Unit {
-    std::size_t msg1 = 0, partial = 0, msg2 = 0;
-  };
+  using Unit = QuantizedReduceScatter::Scratch;
   const std::vector<UnitShape> shapes = unit_shapes(layout, s, data_parallel);
   std::vector<Unit> units;
-  for (const UnitShape& shape : shapes) {
-    const std::int64_t slice = shape.slice;
-    units.push_back({L > 1 ? static_cast<std::size_t>(L) * packed(M * slice, quant::Bits::int8) : 0,
-                     static_cast<std::size_t>(4 * M * slice),
-                     M > 1 ? static_cast<std::size_t>(M) * packed(slice, quant::Bits::int4) : 0});
-  }
+  for (const UnitShape& shape : shapes)
+    units.push_back(QuantizedReduceScatter::scratch_for(static_cast<std::size_t>(L), static_cast<std::size_t>(M),
+                                                        static_cast<std::size_t>(shape.slice),
+                                                        static_cast<std::size_t>(s.quantized_weights_block_size)));
   PoolReplay pool;
   auto start = [&](int unit) {
     const Unit& u = unit_at(units, unit);
     if (L > 1) {
-      pool.take(u.msg1);  // send1
-      pool.take(u.msg1);  // recv1
+      pool.take(u.phase1);  // send1
+      pool.take(u.phase1);  // recv1
       return;
     }
     pool.take(u.partial);
@@ -163,26 +153,26 @@ std::int64_t qgz_buffer_bytes(const Layout& layout, const Settings& s, int data_
       pool.give(u.partial);
       return;
     }
-    pool.take(u.msg2);  // send2
-    pool.take(u.msg2);  // recv2
+    pool.take(u.phase2);  // send2
+    pool.take(u.phase2);  // recv2
   };
   auto complete = [&](int unit) {
     const Unit& u = unit_at(units, unit);
     if (L == 1 && M == 1) return;  // done inside start()
     if (L > 1) {
       pool.take(u.partial);
-      pool.give(u.msg1);
-      pool.give(u.msg1);
+      pool.give(u.phase1);
+      pool.give(u.phase1);
       if (M == 1) {
         pool.give(u.partial);
         return;
       }
-      pool.take(u.msg2);
-      pool.take(u.msg2);
+      pool.take(u.phase2);
+      pool.take(u.phase2);
     }
     pool.give(u.partial);
-    pool.give(u.msg2);
-    pool.give(u.msg2);
+    pool.give(u.phase2);
+    pool.give(u.phase2);
   };
   replay_reductions(
       reduce_buckets(shapes, s), s.overlap_comm, s.grad_accum, [](int) {}, start, complete);

@@ -90,14 +90,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   // place and takes no buffer.
   const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   m.comm_buffers = reduce_buffer_bytes(layout, s, D);
-  // PowerSGD, as the engine counts its buffers (PowerSgd::buffer_bytes, less its conversion row):
-  // the fp32 error of every compressed matrix and its Q kept between steps, the P and summed Q
-  // factors, the plain rest's batch in the gradients' dtype, and with 16-bit factors their wire copy.
-  if (s.powersgd()) {
-    const PowerSgdElements e = powersgd_elements(layout, s.compression);
-    const auto fes = static_cast<std::int64_t>(dtype_size(s.compression.factor_dtype));
-    m.comm_buffers += 4 * (e.compressed + e.q + e.p + e.q) + e.plain * ges + (fes != 4 ? std::max(e.p, e.q) * fes : 0);
-  }
+  // PowerSGD's buffers, sized by the engine's own rule (PowerSgd::buffer_bytes_for).
+  if (s.powersgd()) m.comm_buffers += powersgd_buffer_bytes(powersgd_elements(layout, s.compression), s);
   // qgZ: its own pool of packed messages and partial sums (the engine's MemoryReport::qgz_buffers),
   // on nodes of L ranks as plan_time takes them; nodes that do not split the ranks evenly the
   // engine refuses, and nothing is added for them.
