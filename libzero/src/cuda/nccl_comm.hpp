@@ -114,6 +114,8 @@ class NcclCommunicator final : public Communicator {
   double timeout_s_ = 600.0;  // ZERO_NCCL_TIMEOUT_S: setup, collectives and teardown
   // This communicator's collectives in the thread's open NCCL group joined it (first one only).
   void join_group();
+  // Destroyed inside an open group: the thread's group forgets it.
+  void leave_thread_group();
   // The thread's outermost ncclGroupEnd returned `rc`: this member's collectives are enqueued
   // (or failed); settles them, runs their divisions and records the group's ticket.
   void close_group(ncclResult_t rc);
