@@ -127,8 +127,10 @@ const std::vector<Key>& gpt_keys() {
        .name = "init_from",
        .slot = [](GptSettings& s) -> Slot { return &s.init_from; },
        .def = "",
-       .doc = "GPT-2 weights to start from: a Hugging Face directory (model.safetensors, config.json), a "
-              ".safetensors file or an llm.c checkpoint (gpt2_124M.bin); shapes must match the model section",
+       .doc = "pretrained weights to start from: a Hugging Face directory of a GPT2LMHeadModel, "
+              "BloomForCausalLM or LlamaForCausalLM (config.json with model.safetensors or its shards), a "
+              ".safetensors file in the trainer's names, or an llm.c checkpoint (gpt2_124M.bin); config.json must "
+              "match the model section (each difference names the key to set)",
        .omitted = [](const GptSettings& s) { return s.init_from.empty(); }},
 
       // ---- data
