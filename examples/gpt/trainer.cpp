@@ -78,18 +78,23 @@ std::unique_ptr<zero::Engine> make_gpt_engine(zero::Context& ctx, const zero::Co
   auto engine = groups ? std::make_unique<zero::Engine>(ctx, cfg, layout, *groups)
                        : std::make_unique<zero::Engine>(ctx, cfg, layout);
   // Under tensor parallelism each rank computes the whole tensor and keeps its part, so the
-  // model is the same at every T.
+  // model is the same at every T; pretrained weights are read part by part (only the file
+  // stretches that hold this rank's part).
   const int t = groups ? groups->coord().tensor : 0;
   std::vector<float> whole;
   engine->init_params([&](const zero::ParamInfo& p, std::span<float> v) {
     const std::vector<std::int64_t> shape = whole_shape(p, T);
+    if (weights) {
+      weights->read_part(p.name, shape, {.axis = p.split_axis, .blocks = p.split_blocks, .parts = T, .part = t}, v);
+      return;
+    }
     whole.resize(static_cast<std::size_t>(p.numel) * (p.split_axis >= 0 ? T : 1));
-    if (weights)
-      weights->read(p.name, shape, whole);
-    else
-      init_parameter(mc, p.name, whole, settings.init_seed);
+    init_parameter(mc, p.name, whole, settings.init_seed);
     take_part(whole, p, T, t, v);
   });
+  if (weights && ctx.is_root())
+    fmt::print("init_from: read {:.2f} MiB of tensors from {} on rank 0 (tensor rank {} of {})\n",
+               static_cast<double>(weights->bytes_read()) / (1 << 20), settings.init_from, t, T);
   return engine;
 }
 

@@ -16,6 +16,10 @@ trained model's loss, and a run started from the export must give that loss to t
 With a sixth argument `errors`: configurations the trainer does not compute (rope_scaling,
 rotary scaling in rope_parameters, llama biases, BLOOM's post-LayerNorm residual) and a model
 section that does not fit the weights are refused, naming the field and the key to set.
+
+With `tp MPIEXEC "FLAGS;..."`: the same directories imported at model.tensor_parallel 2 on 2
+ranks give the numpy loss before any step, and each rank reads only its parts: rank 0's tensor
+bytes at most 60% of what one rank reads for the whole model (the norms are read by both).
 """
 import json
 import os
@@ -167,6 +171,41 @@ if mode == "errors":
              "set model.ffn_hidden: 48", "set model.rope_theta: 500"])
     refused("misfit_arch", "bloom", {}, {"arch": "gpt2"}, ["does not fit the model", "set model.arch: bloom"])
     print("gpt_hf_arch: ok (every unsupported configuration and misfit refused with its key)")
+elif mode == "tp":
+    mpiexec, flags = sys.argv[7], sys.argv[8].split(";")
+
+    def read_mib(out):
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("init_from: read ")), None)
+        if line is None:
+            fail(f"no 'init_from: read' line in:\n{out.stdout}")
+        return float(line.split()[2])
+
+    for arch, seed in (("llama", 1), ("bloom", 2)):
+        c, w, logits = tiny(arch, np.random.default_rng(seed))
+        src = os.path.join(work, f"{arch}_src")
+        stored = ref.write_hf_dir(src, c, w, dtype="F32", shards=2 if arch == "llama" else 1)
+        expect = ref.mean_loss(logits, c, stored, windows)
+        keys = ref.model_keys(arch, c, T) + [f"run.eval_sequences={N_EVAL}", f"model.init_from={src}", "run.steps=1"]
+        one = ref.zero_gpt(exe, config, os.path.join(work, f"{arch}_tp1"), keys)
+        if one.returncode != 0:
+            fail(f"{arch}: 1 rank failed:\n{one.stdout}\n{one.stderr}")
+        cmd = [mpiexec, *flags, "-n", "2", exe, "--config", config, "--set", "run.sample_tokens=0", "--set",
+               "train_micro_batch_size_per_gpu=2", "--set", "scheduler.params.warmup_num_steps=1", "--set",
+               f"run.out_dir={os.path.join(work, arch + '_tp2')}", "--set", "model.tensor_parallel=2"]
+        for k in keys:
+            cmd += ["--set", k]
+        two = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+        if two.returncode != 0:
+            fail(f"{arch}: tensor_parallel 2 failed:\n{two.stdout}\n{two.stderr}")
+        ev = ref.evals(os.path.join(work, arch + "_tp2"))
+        if 0 not in ev or abs(ev[0] - expect) > 1e-4:
+            fail(f"{arch}: tensor_parallel 2 imported loss {ev.get(0)} differs from the numpy forward's {expect}")
+        whole, part = read_mib(one), read_mib(two)
+        if not part <= 0.6 * whole:
+            fail(f"{arch}: tensor rank 0 read {part} MiB, one rank {whole} MiB: the parts are not read alone")
+        print(f"gpt_hf_arch: {arch} at tensor_parallel 2: loss {ev[0]:.7f}, numpy {expect:.7f} "
+              f"(|diff| {abs(ev[0] - expect):.2e}); rank 0 read {part:.3f} MiB of tensors, one rank alone {whole:.3f}")
+    print("gpt_hf_arch: ok (tensor-parallel import)")
 else:
     roundtrip("llama", 1)
     roundtrip("bloom", 2)

@@ -66,6 +66,19 @@ class PretrainedWeights {
   // Fills `out` (the full parameter `name` of the layout, `shape`) as fp32; rows of wte and
   // lm_head past the file's vocabulary are zero.
   void read(const std::string& name, const std::vector<std::int64_t>& shape, std::span<float> out) const;
+  // How a tensor rank's part of a parameter is cut from the whole (the layout's split_axis and
+  // split_blocks: each of `blocks` blocks along `axis` cut into `parts`, this rank taking run
+  // `part` of each). axis < 0 or parts 1: the whole.
+  struct PartCut {
+    int axis = -1, blocks = 1, parts = 1, part = 0;
+  };
+  // The same for one part (out holds the part's elements, in the part's row-major order), reading
+  // from the files only the stretches of each tensor that hold it: a column-parallel part is
+  // rows of Hugging Face's [out, in] matrices, a row-parallel part a column range of each row.
+  void read_part(const std::string& name, const std::vector<std::int64_t>& shape, const PartCut& cut,
+                 std::span<float> out) const;
+  // Tensor bytes read from the files so far (what init_from cost this rank).
+  std::uint64_t bytes_read() const;
 
   struct Source;  // the files, their tensors and how they map onto the trainer's parameters
 
