@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -76,6 +77,13 @@ struct Spec {
 };
 
 const std::vector<Spec>& config_keys();
+// config_keys()'s optimizer section, in reading order (keys_optimizer.cpp).
+std::vector<Spec> optimizer_keys();
+
+// Shorthands for the tables' ranges.
+inline Range ge(double lo) { return Range::at_least(lo); }
+inline Range between(double lo, double hi) { return Range::closed(lo, hi); }
+inline Range below(double hi) { return Range{-std::numeric_limits<double>::infinity(), hi, false, true}; }
 
 enum class Policy { silent, note, refused };
 
