@@ -112,7 +112,7 @@ std::string mib(double bytes) {
 // The planner's memory for one candidate, summed for the host backend: the engine's "device"
 // memory and the offloaded states are the same RAM, and the host model keeps fp32 activations
 // whatever the parameters' dtype. Under a tensor x pipeline grid it is the rank the planner
-// finds fullest (the first or the last stage): its part of the model, sharded over its
+// finds fullest (the first or the last pipeline part): its part of the model, sharded over its
 // data-parallel group, and the activations of its 1F1B micro-batches in flight, split by TP. The planner's stated
 // per-process overheads (a CUDA context, the process and MPI) are left out: the budget is measured with the processes
 // running.
@@ -138,15 +138,15 @@ FitsFn host_fits(const GptConfig& model, int world, int ranks_per_node, double b
     // Throws for a grid or stage the planner refuses: the candidate is refused with its reason.
     const plan::Plan p = plan::make_plan(shape, cluster, s);
     const plan::MemoryPlan& m = p.memory;
-    const plan::StagePart part{grid.tensor, grid.pipeline, p.memory_stage};
-    const int in_flight = std::min(grid.pipeline - part.stage, s.grad_accum);
-    const std::int64_t activations = plan::stage_activation_bytes(shape, part, s.micro_batch, in_flight, ckpt, 4,
-                                                                  plan::AttentionStore::probabilities);
+    const plan::PipelinePart part{grid.tensor, grid.pipeline, p.memory_part};
+    const int in_flight = std::min(grid.pipeline - part.index, s.grad_accum);
+    const std::int64_t activations = plan::part_activation_bytes(shape, part, s.micro_batch, in_flight, ckpt, 4,
+                                                                 plan::AttentionStore::probabilities);
     const std::int64_t states = m.states.device() + m.states.host;
     const std::int64_t buffers = m.comm_buffers + m.gathered + m.pinned;
     const double need = static_cast<double>(states + activations + buffers);
     // Said for the candidates that run too: the table then shows how close each came.
-    const std::string where = grid.pipeline > 1 ? fmt::format("pipeline stage {}: ", part.stage) : "";
+    const std::string where = grid.pipeline > 1 ? fmt::format("pipeline part {}: ", part.index) : "";
     why = "memory per rank: " + mib(need) + " (" + where + "model states " + mib(static_cast<double>(states)) +
           " + activations " + mib(static_cast<double>(activations)) + " + buffers " +
           mib(static_cast<double>(buffers)) + (need <= budget ? ") of " : ") > ") + mib(budget);

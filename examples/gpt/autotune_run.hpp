@@ -15,7 +15,7 @@
 // against one budget: the memory available on the node (MemAvailable, measured with the ranks
 // already running, so their baseline is not counted twice) shared by its ranks, or the budget
 // given with --autotune-memory; under TP x PP it is a rank's: its part of the model and its
-// stage's micro-batches in flight. Every candidate that fits is timed on a fresh engine, the
+// pipeline part's micro-batches in flight. Every candidate that fits is timed on a fresh engine, the
 // same initial parameters and the same data.
 //
 // The run directory receives autotune.yaml (the winner: a complete zero-gpt config file,

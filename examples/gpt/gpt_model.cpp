@@ -143,18 +143,18 @@ void GptModel::set_batch(const std::int32_t* inputs, const std::int32_t* targets
 }
 
 void GptModel::require_part(bool held, const char* what) const {
-  ZERO_CHECK(held, fmt::format("GptModel::{}: this pipeline stage's part (blocks {} to {}) does not hold {}", what,
+  ZERO_CHECK(held, fmt::format("GptModel::{}: this pipeline part (blocks {} to {}) does not hold {}", what,
                                part_.first_layer, part_.end_layer - 1,
                                std::string_view(what).find("head") != std::string_view::npos
-                                   ? "ln_f and the head (the last stage does)"
-                                   : "the embeddings (the first stage does)"));
+                                   ? "ln_f and the head (the last part does)"
+                                   : "the embeddings (the first part does)"));
 }
 
 void GptModel::check_layer(int layer, const char* what) const {
   ZERO_CHECK(
       layer >= part_.first_layer && layer < part_.end_layer,
       fmt::format("GptModel::{}: layer {} out of range [{}, {}){}", what, layer, part_.first_layer, part_.end_layer,
-                  part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline stage's blocks)" : ""));
+                  part_.end_layer - part_.first_layer < cfg_.n_layer ? " (this pipeline part's blocks)" : ""));
   ZERO_CHECK(b_ > 0, std::string("GptModel::") + what + ": call set_batch first");
 }
 

@@ -24,12 +24,12 @@
 // embedding, or the backward of a column-parallel one all-reduce over the tensor group, so every
 // rank of the group must make the same calls in the same order.
 //
-// Under pipeline parallelism a model holds one stage (ModelPart): a contiguous range of blocks,
-// the embeddings on the first stage, ln_f and the head on the last, and activations for `slots`
-// micro-batches at once (1F1B keeps up to P - stage of them in flight on a stage; set_slot()
+// Under pipeline parallelism a model holds one pipeline part (ModelPart): a contiguous range of
+// blocks, the embeddings on the first part, ln_f and the head on the last, and activations for
+// `slots` micro-batches at once (1F1B keeps up to P - p of them in flight on part p; set_slot()
 // picks the one the next calls use). Only the stored activations (block internals, the residual
 // stream, the token ids) are per slot; the backward's gradient scratch and the head's logits
-// are shared (one backward runs at a time, and the last stage holds one micro-batch).
+// are shared (one backward runs at a time, and the last part holds one micro-batch).
 #pragma once
 
 #include <array>
@@ -84,12 +84,12 @@ class OpsBuffer {
   std::size_t bytes_ = 0;
 };
 
-// The part of the model one pipeline stage runs (the whole model by default).
+// The part of the model one pipeline part runs (the whole model by default).
 struct ModelPart {
   int first_layer = 0;
   int end_layer = -1;      // one past the last block; -1: n_layer
-  bool embeddings = true;  // the first stage: the token and position embeddings
-  bool head = true;        // the last stage: ln_f, the tied LM head and the loss
+  bool embeddings = true;  // the first part: the token and position embeddings
+  bool head = true;        // the last part: ln_f, the tied LM head and the loss
   int slots = 1;           // micro-batches whose activations are held at once
 };
 
@@ -97,7 +97,7 @@ class GptModel {
  public:
   // Activations for micro-batches of up to `max_batch` sequences of up to cfg.seq_len tokens.
   // With tp active, this rank's part of the model (see above); cfg is the whole model's shape.
-  // part: the pipeline stage's blocks, ends and activation slots (the whole model by default).
+  // part: the pipeline part's blocks, ends and activation slots (the whole model by default).
   GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorParallel& tp = {}, ModelPart part = {});
 
   const GptConfig& config() const { return cfg_; }
@@ -109,16 +109,16 @@ class GptModel {
   std::size_t activation_bytes() const { return activation_bytes_; }
   const ModelPart& part() const { return part_; }
 
-  // Pipeline stages: the micro-batch slot the following calls use (set_batch included).
+  // Pipeline parts: the micro-batch slot the following calls use (set_batch included).
   void set_slot(int slot);
   int slot() const { return slot_; }
-  // The current slot's stage input (the residual stream entering the first block: where a
+  // The current slot's part input (the residual stream entering the first block: where a
   // received activation goes) and output (leaving the last block: what is sent on), and the
   // gradient of the output (received before backward_block of the last block; after the first
   // block's backward it holds the gradient of the input, to send back). Each is
   // boundary_elements() elements of the Ops' dtype.
-  Act* stage_input() const { return residual(part_.first_layer); }
-  Act* stage_output() const { return residual(part_.end_layer); }
+  Act* part_input() const { return residual(part_.first_layer); }
+  Act* part_output() const { return residual(part_.end_layer); }
   Act* output_grad() const { return dres_.as<Act>(); }
   std::size_t boundary_elements() const { return static_cast<std::size_t>(b_) * t_ * cfg_.n_embd; }
 

@@ -44,7 +44,7 @@ GptTrainer::Evaluation GptTrainer::evaluate_windows(std::int64_t world, std::int
     sums[0] += loss * count;
     sums[1] += count;
   }
-  // Over the world: ranks that do not count (pipeline stages without the head, tensor ranks
+  // Over the world: ranks that do not count (pipeline parts without the head, tensor ranks
   // other than 0, which evaluate the same windows as their rank 0) add zeros.
   const double loss_sum = ctx_.comm().all_reduce_scalar(sums[0], zero::ReduceOp::sum);
   const double counted = ctx_.comm().all_reduce_scalar(sums[1], zero::ReduceOp::sum);
@@ -62,8 +62,8 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
   // every forward pass, each gather being a collective). Under tensor parallelism rank 0's
   // tensor group runs the passes together (each forward all-reduces over it, and logits_at sums
   // the vocabulary parts). Under pipeline parallelism data-parallel rank 0's pipelines sample:
-  // each token's forward passes through their stages, the last stage draws the token and
-  // broadcasts it over its pipeline, and every stage appends it. World rank 0 returns the tokens.
+  // each token's forward passes through their pipeline parts, the last part draws the token and
+  // broadcasts it over its pipeline, and every part appends it. World rank 0 returns the tokens.
   const zero::GatheredModel held = engine_->gather_all();
   if (data_parallel_rank() != 0) return {};
   std::vector<int> tokens = prompt.empty() ? std::vector<int>{start_token()} : std::move(prompt);
@@ -89,7 +89,7 @@ std::vector<int> GptTrainer::sample(std::vector<int> prompt, int n, float temper
     }
     if (pipe_) {
       const zero::CommSiteScope site("pipeline sample");
-      groups_->pipeline().broadcast(&token, sizeof token, pipe_->split.stages - 1);
+      groups_->pipeline().broadcast(&token, sizeof token, pipe_->split.parts - 1);
     }
     tokens.push_back(token);
   }

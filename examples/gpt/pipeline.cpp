@@ -1,4 +1,4 @@
-// Pipeline parallelism for the GPT trainer: the split, the 1F1B schedule, the stage's layout,
+// Pipeline parallelism for the GPT trainer: the split, the 1F1B schedule, a part's layout,
 // and GptTrainer's pipelined training step, evaluation and sampling (see pipeline.hpp).
 #include "gpt/pipeline.hpp"
 
@@ -16,25 +16,25 @@
 
 namespace zero::gpt {
 
-StageSplit stage_split(int n_layer, int stages, int stage) {
-  ZERO_CHECK(stages >= 1 && stages <= n_layer,
-             fmt::format("model.pipeline_parallel: {} stages for {} blocks (n_layer); every stage needs at least one "
+PartSplit part_split(int n_layer, int parts, int part) {
+  ZERO_CHECK(parts >= 1 && parts <= n_layer,
+             fmt::format("model.pipeline_parallel: {} parts for {} blocks (n_layer); every part needs at least one "
                          "block: use pipeline_parallel <= {}",
-                         stages, n_layer, n_layer));
-  ZERO_CHECK(stage >= 0 && stage < stages, fmt::format("stage_split: stage {} of {}", stage, stages));
-  const int base = n_layer / stages, extra = n_layer % stages;
-  StageSplit s;
-  s.stage = stage;
-  s.stages = stages;
-  s.first_layer = stage * base + std::min(stage, extra);
-  s.end_layer = s.first_layer + base + (stage < extra ? 1 : 0);
+                         parts, n_layer, n_layer));
+  ZERO_CHECK(part >= 0 && part < parts, fmt::format("part_split: part {} of {}", part, parts));
+  const int base = n_layer / parts, extra = n_layer % parts;
+  PartSplit s;
+  s.part = part;
+  s.parts = parts;
+  s.first_layer = part * base + std::min(part, extra);
+  s.end_layer = s.first_layer + base + (part < extra ? 1 : 0);
   return s;
 }
 
-std::vector<PipeOp> one_f_one_b(int stages, int stage, int m) {
-  ZERO_CHECK(stages >= 1 && stage >= 0 && stage < stages && m >= 1,
-             fmt::format("one_f_one_b: stage {} of {} over {} micro-batches", stage, stages, m));
-  const int warmup = std::min(stages - 1 - stage, m);
+std::vector<PipeOp> one_f_one_b(int parts, int part, int m) {
+  ZERO_CHECK(parts >= 1 && part >= 0 && part < parts && m >= 1,
+             fmt::format("one_f_one_b: part {} of {} over {} micro-batches", part, parts, m));
+  const int warmup = std::min(parts - 1 - part, m);
   std::vector<PipeOp> ops;
   for (int k = 0; k < warmup; ++k) ops.push_back({true, k});
   for (int k = 0; k < m - warmup; ++k) {
@@ -45,12 +45,12 @@ std::vector<PipeOp> one_f_one_b(int stages, int stage, int m) {
   return ops;
 }
 
-std::vector<std::vector<PipeTransfer>> pipe_transfers(int stages, int stage, const PipeOp* done, const PipeOp* next) {
+std::vector<std::vector<PipeTransfer>> pipe_transfers(int parts, int part, const PipeOp* done, const PipeOp* next) {
   std::optional<PipeTransfer> send, recv;
-  if (done && done->forward && stage + 1 < stages) send = PipeTransfer{true, true, done->micro, stage + 1};
-  if (done && !done->forward && stage > 0) send = PipeTransfer{true, false, done->micro, stage - 1};
-  if (next && next->forward && stage > 0) recv = PipeTransfer{false, true, next->micro, stage - 1};
-  if (next && !next->forward && stage + 1 < stages) recv = PipeTransfer{false, false, next->micro, stage + 1};
+  if (done && done->forward && part + 1 < parts) send = PipeTransfer{true, true, done->micro, part + 1};
+  if (done && !done->forward && part > 0) send = PipeTransfer{true, false, done->micro, part - 1};
+  if (next && next->forward && part > 0) recv = PipeTransfer{false, true, next->micro, part - 1};
+  if (next && !next->forward && part + 1 < parts) recv = PipeTransfer{false, false, next->micro, part + 1};
   std::vector<std::vector<PipeTransfer>> groups;
   if (send && recv && send->peer == recv->peer) return {{*send, *recv}};
   if (send) groups.push_back({*send});
@@ -58,7 +58,7 @@ std::vector<std::vector<PipeTransfer>> pipe_transfers(int stages, int stage, con
   return groups;
 }
 
-zero::Layout stage_layout(const GptConfig& cfg, const StageSplit& s, int tensor_parallel) {
+zero::Layout part_layout(const GptConfig& cfg, const PartSplit& s, int tensor_parallel) {
   const zero::Layout full = tensor_parallel > 1 ? tensor_parallel_layout(cfg, tensor_parallel) : build_layout(cfg);
   zero::Layout out;
   // A unit of the full layout (the parameters `keep` selects), its weight decay flags and
@@ -94,7 +94,7 @@ void check_pipeline_config(const zero::Config& cfg, int pipeline) {
   if (pipeline <= 1) return;
   ZERO_CHECK(cfg.zero_optimization.stage <= 1,
              fmt::format("model.pipeline_parallel: {} with zero_optimization.stage {}: pipeline parallelism works with "
-                         "ZeRO stages 0 and 1 only (as in DeepSpeed). A pipeline stage accumulates its gradients over "
+                         "ZeRO stages 0 and 1 only (as in DeepSpeed). A pipeline part accumulates its gradients over "
                          "the step's micro-batches, which arrive interleaved with other micro-batches' forwards; stage "
                          "2 would reduce-scatter and free them after every micro-batch and stage 3 would gather every "
                          "unit again for each one, a data-parallel collective per unit per micro-batch inside the "
@@ -104,37 +104,37 @@ void check_pipeline_config(const zero::Config& cfg, int pipeline) {
 
 std::string PipelineReport::describe() const {
   std::string holds;
-  if (stage == 0) holds += ", embeddings";
-  if (stage == stages - 1) holds += stages > 1 && tied ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
+  if (part == 0) holds += ", embeddings";
+  if (part == parts - 1) holds += parts > 1 && tied ? ", ln_f, head and the tied wte copy" : ", ln_f and head";
   return fmt::format(
-      "{}: stage {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
+      "{}: part {} of {} (blocks {}-{}{}), 1F1B over {} micro-batches, bubble {:.1f}%, "
       "activations of {} micro-batch{} held ({:.2f} MiB)",
-      format_grid(tensor, data, stages), stage, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble, slots,
-      slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
+      format_grid(tensor, data, parts), part, parts, first_layer, end_layer - 1, holds, micro_batches, 100.0 * bubble,
+      slots, slots == 1 ? "" : "es", static_cast<double>(activation_bytes) / (1 << 20));
 }
 
 // ------------------------------------------------------------------------------ the trainer's part
 
 ModelPart GptTrainer::pipeline_part() const {
   if (!pipe_) return {};
-  const StageSplit& s = pipe_->split;
+  const PartSplit& s = pipe_->split;
   ModelPart part;
   part.first_layer = s.first_layer;
   part.end_layer = s.end_layer;
   part.embeddings = s.first();
   part.head = s.last();
-  part.slots = in_flight_bound(s.stages, s.stage, gas_);
+  part.slots = in_flight_bound(s.parts, s.part, gas_);
   return part;
 }
 
 void GptTrainer::setup_pipeline_buffers() {
   PipelineState& ps = *pipe_;
   const zero::Layout& layout = engine_->layout();
-  const StageSplit& s = ps.split;
-  // The stage's units by their names in the whole model's layout.
+  const PartSplit& s = ps.split;
+  // The pipeline part's units by their names in the whole model's layout.
   const std::vector<UnitSpec> units = gpt_units(settings_.model);
   auto id = [&](int whole_unit) { return layout.find_unit(units[static_cast<std::size_t>(whole_unit)].name); };
-  // An untied head (llama) is ln_f's: then only the first stage holds the embeddings, and there
+  // An untied head (llama) is ln_f's: then only the first part holds the embeddings, and there
   // is no wte gradient to exchange.
   ps.tied = settings_.model.tied_head;
   if (s.first() || (s.last() && ps.tied)) ps.emb = id(embeddings_unit());
@@ -146,7 +146,7 @@ void GptTrainer::setup_pipeline_buffers() {
     ps.tied_peer = OpsBuffer(*ops_, n);
   }
   ps.act_sends.resize(static_cast<std::size_t>(model_->part().slots));
-  // Collective over the pipeline group (every stage builds its trainer alike).
+  // Collective over the pipeline group (every part builds its trainer alike).
   ps.device_comm = engine_->device_comm(groups_->pipeline());
 }
 
@@ -165,22 +165,22 @@ PipelineReport GptTrainer::pipeline_report() const {
   r.slots = model_->part().slots;
   r.activation_bytes = model_->activation_bytes();
   if (!pipe_) return r;
-  r.stages = pipe_->split.stages;
-  r.stage = pipe_->split.stage;
+  r.parts = pipe_->split.parts;
+  r.part = pipe_->split.part;
   r.first_layer = pipe_->split.first_layer;
   r.end_layer = pipe_->split.end_layer;
   r.peak_in_flight = pipe_->peak_in_flight;
-  r.bubble = bubble_fraction(r.stages, gas_);
+  r.bubble = bubble_fraction(r.parts, gas_);
   return r;
 }
 
 zero::Communicator& GptTrainer::pipe_comm() { return pipe_->device_comm ? *pipe_->device_comm : groups_->pipeline(); }
 
-void GptTrainer::stage_forward() {
+void GptTrainer::part_forward() {
   PipelineState& ps = *pipe_;
-  const StageSplit& s = ps.split;
+  const PartSplit& s = ps.split;
   const zero::CommSiteScope site("pipeline forward");
-  // After the first stage the input is in stage_input(), received before (pipe_exchange).
+  // After the first part the input is in part_input(), received before (pipe_exchange).
   if (s.first()) {
     zero::UnitParams E = engine_->gather(ps.emb);
     model_->forward_embeddings(param_ptrs(E, emb_params_));
@@ -198,15 +198,15 @@ void GptTrainer::stage_forward() {
   }
 }
 
-void GptTrainer::stage_backward(bool last_micro) {
+void GptTrainer::part_backward(bool last_micro) {
   PipelineState& ps = *pipe_;
-  const StageSplit& s = ps.split;
+  const PartSplit& s = ps.split;
   const zero::CommSiteScope site("pipeline backward");
   const float dloss = engine_->loss_scale();
-  // Before the last stage the output's gradient is in output_grad(), received before
+  // Before the last part the output's gradient is in output_grad(), received before
   // (pipe_exchange).
 
-  // A tied wte's gradient goes to the step-long buffer on both stages that hold it; the engine's
+  // A tied wte's gradient goes to the step-long buffer on both parts that hold it; the engine's
   // wte gradient receives the exchanged sum once, on the last micro-batch.
   std::optional<zero::UnitGrads> GE;
   Act* const* ge = nullptr;
@@ -244,8 +244,8 @@ void GptTrainer::stage_backward(bool last_micro) {
   }
   if (ps.emb >= 0) {
     if (last_micro && ps.tied) {
-      // Committed by exchange_tied, after the step's last transfers: the last stage's input
-      // gradient must be on its way first, or the first stage never reaches the exchange.
+      // Committed by exchange_tied, after the step's last transfers: the last part's input
+      // gradient must be on its way first, or the first part never reaches the exchange.
       ps.emb_grads = std::move(GE);
       ps.engine_wte = engine_wte;
       return;
@@ -257,13 +257,13 @@ void GptTrainer::stage_backward(bool last_micro) {
 
 void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
   PipelineState& ps = *pipe_;
-  const StageSplit& s = ps.split;
+  const PartSplit& s = ps.split;
   zero::Communicator& pipe = pipe_comm();
   const int slots = model_->part().slots;
   // A training micro-batch's boundary (model_->boundary_elements() once set_batch has run: a
   // receive may come before the op's set_batch, the step's first before any).
   const std::size_t n = static_cast<std::size_t>(micro_batch_) * settings_.model.seq_len * settings_.model.n_embd;
-  for (const std::vector<PipeTransfer>& group : pipe_transfers(s.stages, s.stage, done, next)) {
+  for (const std::vector<PipeTransfer>& group : pipe_transfers(s.parts, s.part, done, next)) {
     // A gradient is sent from and received into the buffer the last one was sent from; waited
     // here, before the group opens (an activation's slot was waited before its forward).
     for (const PipeTransfer& t : group)
@@ -275,13 +275,12 @@ void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
       const int slot = t.micro % slots;
       model_->set_slot(slot);  // the activations' buffers are the micro-batch's slot's
       if (t.send && t.activation)
-        ps.act_sends[static_cast<std::size_t>(slot)] =
-            pipe.send_async(model_->stage_output(), n, ops_->dtype(), t.peer);
+        ps.act_sends[static_cast<std::size_t>(slot)] = pipe.send_async(model_->part_output(), n, ops_->dtype(), t.peer);
       else if (t.send)
         ps.grad_send = pipe.send_async(model_->output_grad(), n, ops_->dtype(), t.peer);
       else
         recvs.push_back(
-            pipe.recv_async(t.activation ? model_->stage_input() : model_->output_grad(), n, ops_->dtype(), t.peer));
+            pipe.recv_async(t.activation ? model_->part_input() : model_->output_grad(), n, ops_->dtype(), t.peer));
     }
     g.end();
     for (zero::Work& w : recvs) w.wait();
@@ -290,14 +289,14 @@ void GptTrainer::pipe_exchange(const PipeOp* done, const PipeOp* next) {
 
 void GptTrainer::exchange_tied() {
   PipelineState& ps = *pipe_;
-  const StageSplit& s = ps.split;
+  const PartSplit& s = ps.split;
   zero::Communicator& pipe = pipe_comm();
-  // Both stages end up with mine + theirs, the same sum in the same fp32 (or bf16) rounding
+  // Both parts end up with mine + theirs, the same sum in the same fp32 (or bf16) rounding
   // (addition commutes), so the two copies of wte get the same update.
   const std::size_t n = tied_elements();
   {
     const zero::CommSiteScope tied_site("pipeline tied wte gradient");
-    const int peer = s.first() ? s.stages - 1 : 0;
+    const int peer = s.first() ? s.parts - 1 : 0;
     // One group: on NCCL a receive and a send with one peer, issued apart, wait for each other.
     zero::CommGroup group(pipe);
     zero::Work r = pipe.recv_async(ps.tied_peer.as<void>(), n, ops_->dtype(), peer);
@@ -315,12 +314,12 @@ void GptTrainer::exchange_tied() {
 
 GptTrainer::Step GptTrainer::pipeline_train_step() {
   PipelineState& ps = *pipe_;
-  const StageSplit& s = ps.split;
+  const PartSplit& s = ps.split;
   const int T = settings_.model.seq_len;
   model_->reset_loss_total();
   if (ps.tied_grad.bytes() > 0) ops_->fill_zero(ps.tied_grad.as<void>(), ps.tied_grad.bytes());
   ps.in_flight = 0;
-  const std::vector<PipeOp> ops = one_f_one_b(s.stages, s.stage, gas_);
+  const std::vector<PipeOp> ops = one_f_one_b(s.parts, s.part, gas_);
   for (std::size_t i = 0; i <= ops.size(); ++i) {
     // The previous op's send and this op's receive.
     pipe_exchange(i > 0 ? &ops[i - 1] : nullptr, i < ops.size() ? &ops[i] : nullptr);
@@ -333,10 +332,10 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
       ps.act_sends[static_cast<std::size_t>(slot)].wait();
       train_loader_->next(inputs_.data(), targets_.data());
       model_->set_batch(inputs_.data(), targets_.data(), micro_batch_, T);
-      stage_forward();
+      part_forward();
       ps.peak_in_flight = std::max(ps.peak_in_flight, ++ps.in_flight);
     } else {
-      stage_backward(op.micro == gas_ - 1);
+      part_backward(op.micro == gas_ - 1);
       --ps.in_flight;
     }
   }
@@ -345,28 +344,28 @@ GptTrainer::Step GptTrainer::pipeline_train_step() {
   ps.grad_send.wait();
   Step st;
   st.result = engine_->step();
-  // The loss lives on the last stage; its ranks (one per data-parallel rank) hold their batch's
+  // The loss lives on the last part; its ranks (one per data-parallel rank) hold their batch's
   // mean, so the world's sum over them, divided by their count, is what every rank logs.
   const double mine = s.last() ? model_->take_mean_loss() : 0.0;
-  st.loss = ctx_.comm().all_reduce_scalar(mine, zero::ReduceOp::sum) / (ctx_.world_size() / s.stages);
+  st.loss = ctx_.comm().all_reduce_scalar(mine, zero::ReduceOp::sum) / (ctx_.world_size() / s.parts);
   return st;
 }
 
-// One forward of the micro-batch set on the current slot through every stage, the activation
-// passed on (blocking: the next stage is already waiting for it, or soon will be).
+// One forward of the micro-batch set on the current slot through every part, the activation
+// passed on (blocking: the next part is already waiting for it, or soon will be).
 void GptTrainer::pipeline_forward_only() {
-  const StageSplit& s = pipe_->split;
+  const PartSplit& s = pipe_->split;
   zero::Communicator& pipe = pipe_comm();
   const std::size_t n = model_->boundary_elements();
   const zero::CommSiteScope site("pipeline forward");
-  if (!s.first()) pipe.recv(model_->stage_input(), n, ops_->dtype(), s.stage - 1);
-  stage_forward();
-  if (!s.last()) pipe.send(model_->stage_output(), n, ops_->dtype(), s.stage + 1);
+  if (!s.first()) pipe.recv(model_->part_input(), n, ops_->dtype(), s.part - 1);
+  part_forward();
+  if (!s.last()) pipe.send(model_->part_output(), n, ops_->dtype(), s.part + 1);
 }
 
 GptTrainer::Evaluation GptTrainer::pipeline_evaluate() {
   // The windows shared out over the data-parallel ranks; each one's loss comes from the last
-  // stage (the caller holds the engine in eval mode).
+  // part (the caller holds the engine in eval mode).
   const bool last = pipe_->split.last();
   return evaluate_windows(data_parallel_size(), data_parallel_rank(), last && tensor_parallel_rank() == 0,
                           [this, last] {

@@ -188,7 +188,7 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
                                        c.mlp_hidden(), T));
   }
   if (s.pipeline_parallel > c.n_layer)
-    m.fail("pipeline_parallel", fmt::format("{} stages for {} blocks (n_layer): every stage needs at least one "
+    m.fail("pipeline_parallel", fmt::format("{} parts for {} blocks (n_layer): every part needs at least one "
                                             "block; use at most {}",
                                             s.pipeline_parallel, c.n_layer, c.n_layer));
 }

@@ -25,7 +25,7 @@ struct GptSettings {
   GptConfig model;   // the preset's shape, then explicit overrides
   std::uint64_t init_seed{};
   int tensor_parallel{};    // T: ranks that split each layer (tensor_parallel.hpp)
-  int pipeline_parallel{};  // P: pipeline stages (pipeline.hpp)
+  int pipeline_parallel{};  // P: pipeline parts (pipeline.hpp)
   std::string init_from;    // "": initialise from init_seed
   // data:
   std::string train, val;

@@ -115,7 +115,7 @@ const std::vector<Key>& gpt_keys() {
        .slot = [](GptSettings& s) -> Slot { return &s.pipeline_parallel; },
        .def = 1,
        .range = between(1, kLayers),
-       .doc = "P pipeline stages of contiguous blocks, 1F1B over the gradient_accumulation_steps "
+       .doc = "P pipeline parts of contiguous blocks, 1F1B over the gradient_accumulation_steps "
               "micro-batches; ranks = T x P x data-parallel ranks; ZeRO stages 0-1, host backend"},
       {.section = "model",
        .name = "seed",

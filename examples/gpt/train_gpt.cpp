@@ -164,7 +164,7 @@ int run(zero::Context& ctx, int argc, char** argv) {
   create_run_dir(ctx, rc);
 
   facts.nodes = zero::node_layout(ctx).describe();
-  // The whole model's (this rank's layout holds its tensor-parallel part of its stage).
+  // The whole model's (this rank's layout holds its tensor-parallel share of its pipeline part).
   facts.params = static_cast<double>(trainer.model_config().num_params());
   facts.samples_per_step = static_cast<double>(rc.cfg.train_batch_size);
   facts.tokens_per_step = static_cast<double>(trainer.tokens_per_step());

@@ -39,12 +39,12 @@ void return_engine_stream(zero::Engine* engine, const Ops* ops) noexcept {
   }
 }
 
-// This rank's part of the model: the whole of it, its tensor part, or its stage's tensor part.
+// This rank's part of the model: the whole of it, its tensor part, or its pipeline part's tensor part.
 zero::Layout rank_layout(const GptSettings& settings, const zero::ProcessGroups* groups) {
   const GptConfig& mc = settings.model;
   const int T = settings.tensor_parallel, P = settings.pipeline_parallel;
   if (!groups) return build_layout(mc);
-  if (P > 1) return stage_layout(mc, stage_split(mc.n_layer, P, groups->coord().pipeline), T);
+  if (P > 1) return part_layout(mc, part_split(mc.n_layer, P, groups->coord().pipeline), T);
   return tensor_parallel_layout(mc, T);
 }
 
@@ -116,7 +116,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   ZERO_CHECK(cfg.train_micro_batch_size_per_gpu >= 1 && cfg.train_micro_batch_size_per_gpu <= INT32_MAX &&
                  cfg.gradient_accumulation_steps >= 1 && cfg.gradient_accumulation_steps <= INT32_MAX,
              "GptTrainer: the micro batch and accumulation steps must fit an int; use a resolved Config");
-  // The grid: T tensor ranks x P pipeline stages, data parallel over the rest.
+  // The grid: T tensor ranks x P pipeline parts, data parallel over the rest.
   const int T = settings_.tensor_parallel, P = settings_.pipeline_parallel;
   check_tensor_parallel(mc, T);
   const int data_size = gpt_data_parallel_size(settings_, ctx.world_size());
@@ -140,7 +140,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
   if (P > 1) {
     check_pipeline_config(cfg, P);
     pipe_ = std::make_unique<PipelineState>();
-    pipe_->split = stage_split(mc.n_layer, P, groups_->coord().pipeline);
+    pipe_->split = part_split(mc.n_layer, P, groups_->coord().pipeline);
   }
 
   // Data first: a bad path should fail before any memory is committed.
@@ -219,7 +219,7 @@ GptTrainer::GptTrainer(zero::Context& ctx, const zero::Config& cfg, const GptSet
 GptTrainer::~GptTrainer() { return_engine_stream(engine_, ops_.get()); }
 
 std::string GptTrainer::grid() const {
-  return format_grid(tensor_parallel_size(), data_parallel_size(), pipeline_stages());
+  return format_grid(tensor_parallel_size(), data_parallel_size(), pipeline_parts());
 }
 
 zero::TrafficBytes GptTrainer::tensor_traffic() const {

@@ -8,8 +8,8 @@
 // over with engine.reduce(u) as soon as it is complete, so reduction overlaps the rest of the
 // backward. The embeddings are reduced last.
 //
-// With model.pipeline_parallel > 1 a rank holds one pipeline stage and a step is the 1F1B
-// schedule of pipeline.hpp over that stage's units.
+// With model.pipeline_parallel > 1 a rank holds one pipeline part and a step is the 1F1B
+// schedule of pipeline.hpp over that part's units.
 //
 // The host model computes in fp32. When the config asks for bf16 or fp16 parameters, each
 // gathered unit is widened into an fp32 scratch copy and its fp32 gradient is added into the
@@ -17,7 +17,7 @@
 //
 // With model.tensor_parallel: T > 1 or pipeline_parallel: P > 1 the trainer builds the process
 // groups ProcessGroups(ctx, {T, P}) (zero/groups.hpp): the model holds this rank's part
-// (tensor_parallel.hpp: its share of every layer of its stage), the engine shards, reduces and
+// (tensor_parallel.hpp: its share of every layer of its pipeline part), the engine shards, reduces and
 // steps over the data-parallel group, and the ranks of one tensor group and of one pipeline
 // read the same batches (the data loader's rank is the data-parallel coordinate, its world the
 // data-parallel size world / (T x P)).
@@ -43,7 +43,7 @@
 namespace zero::gpt {
 
 // This rank's engine for `settings` (cfg resolved as GptTrainer wants it): over groups->data()
-// with this rank's part of the model (its pipeline stage's units, each cut tensor_parallel ways)
+// with this rank's part of the model (its pipeline part's units, each cut tensor_parallel ways)
 // when `groups` is given, else the whole model over the world; the parameters from init_from
 // or init_seed, the same model at every grid. `groups` must have the settings' sizes. The
 // trainer builds its own engine so; the autotuner builds one per candidate grid.
@@ -149,13 +149,13 @@ class GptTrainer {
   int tensor_parallel_rank() const { return groups_ ? groups_->coord().tensor : 0; }
   int data_parallel_size() const { return groups_ ? groups_->data_size() : ctx_.world_size(); }
   int data_parallel_rank() const { return groups_ ? groups_->coord().data : ctx_.rank(); }
-  int pipeline_stages() const { return settings_.pipeline_parallel; }
+  int pipeline_parts() const { return settings_.pipeline_parallel; }
   std::string grid() const;  // "TP 2 x DP 1 x PP 2"
   // Bytes this rank sent: the engine's collectives, the model's tensor-parallel all-reduces and
   // the pipeline's point-to-point sends.
   zero::TrafficBytes traffic() const;
   zero::TrafficBytes tensor_traffic() const;  // the all-reduces over the tensor group alone
-  // This rank's stage, its schedule's figures and the activation peak seen so far.
+  // This rank's pipeline part, its schedule's figures and the activation peak seen so far.
   PipelineReport pipeline_report() const;
 
  private:
@@ -191,9 +191,9 @@ class GptTrainer {
   void setup_pipeline_buffers();
   std::size_t tied_elements() const;  // this rank's rows of wte, padded vocabulary included
   zero::Communicator& pipe_comm();    // the pipeline group's, for the Ops' memory
-  void stage_forward();               // this stage's forward of the current slot
-  void stage_backward(bool last_micro);
-  // The transfers between two ops of the stage's schedule (pipe_transfers), receives waited.
+  void part_forward();                // this part's forward of the current slot
+  void part_backward(bool last_micro);
+  // The transfers between two ops of the part's schedule (pipe_transfers), receives waited.
   void pipe_exchange(const PipeOp* done, const PipeOp* next);
   void exchange_tied();  // after the step's last transfers: the tied wte gradients, committed
   void pipeline_forward_only();

@@ -118,7 +118,7 @@ class TrainingLoop {
     r.inter_node_bytes_max = ctx_.comm().all_reduce_scalar(r.inter_node_bytes, zero::ReduceOp::max);
     const PipelineReport pr = trainer_.pipeline_report();
     r.tensor_parallel = pr.tensor;
-    r.pipeline_parallel = pr.stages;
+    r.pipeline_parallel = pr.parts;
     r.data_parallel = pr.data;
     r.pipeline_bubble = pr.bubble;
     rep_.train(r);
@@ -192,9 +192,9 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
           ? fmt::format("each layer split over {} ranks (tensor parallel{}), ", trainer.tensor_parallel_size(),
                         cfg.backend == zero::BackendKind::cuda ? ", all-reduces on the device" : "")
           : std::string();
-  if (pr.stages > 1)
+  if (pr.parts > 1)
     rep.line(
-        fmt::format("nodes: {}; grid {} (rank 0's stage; {}each stage's engine reduces over its {} data-parallel "
+        fmt::format("nodes: {}; grid {} (rank 0's part; {}each part's engine reduces over its {} data-parallel "
                     "ranks)",
                     f.nodes, pr.describe(), tensor_note, pr.data));
   else if (trainer.tensor_parallel_size() > 1)
@@ -232,7 +232,7 @@ void report_header(Reporter& rep, const RunConfig& rc, GptTrainer& trainer, cons
        {"world", f.world},
        {"grid", trainer.grid()},
        {"tensor_parallel", trainer.tensor_parallel_size()},
-       {"pipeline_parallel", pr.stages},
+       {"pipeline_parallel", pr.parts},
        {"data_parallel", trainer.data_parallel_size()},
        {"pipeline_bubble", pr.bubble},
        {"stage", cfg.zero_optimization.stage},

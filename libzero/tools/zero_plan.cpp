@@ -84,7 +84,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"hpz_secondary_bytes", m.states.secondary},
           {"qgz_error_feedback_bytes", m.states.error_feedback},
           {"activation_bytes", m.activations},
-          {"memory_stage", p.memory_stage},
+          {"memory_part", p.memory_part},
           {"step_s", p.time.step_s},
           {"compress_s", p.time.compress_s},
           {"tp_comm_s", p.time.tp_comm_s},
@@ -113,7 +113,7 @@ void print_plan(const Plan& p, const Cluster& c) {
     fmt::print(
         "grid: tensor {} x pipeline {} x data {}{}\n", st.tensor_parallel, st.pipeline_parallel, p.data_parallel,
         st.pipeline_parallel > 1
-            ? fmt::format("; memory below is pipeline stage {}'s (the larger of the first and last)", p.memory_stage)
+            ? fmt::format("; memory below is pipeline part {}'s (the larger of the first and last)", p.memory_part)
             : std::string());
   fmt::print("fits: {}{}{}\n", p.fits ? "yes" : "no", p.fits ? "" : " — ", p.why);
   fmt::print(

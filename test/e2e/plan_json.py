@@ -83,7 +83,7 @@ check(close(j["bubble"], 1 / 7), f"bubble {j['bubble']}")
 check(close(j["tokens_per_s"], 2 * 6 * 1024 * 2 / j["step_s"]), "tokens_per_s over the data-parallel replicas")
 check(close(j["tflops_per_gpu"], 6 * j["params"] * j["tokens_per_s"] / (8 * 1e12)), "tflops_per_gpu with a grid")
 check(j["tp_comm_s"] > 0 and j["pp_comm_s"] > 0 and j["bubble_s"] > 0, "model-parallel time terms")
-check(j["memory_stage"] in (0, 1), f"memory_stage {j['memory_stage']}")
+check(j["memory_part"] in (0, 1), f"memory_part {j['memory_part']}")
 # Without a grid the new terms are zero.
 j = run("--model", "gpt2", "--gpus", "2", "--stage", "1", "--micro-batch", "1", "--ckpt", "off")
 check(j["settings"]["data_parallel"] == 2 and j["bubble"] == 0 and j["tp_comm_s"] == 0, "no grid: plain DP")

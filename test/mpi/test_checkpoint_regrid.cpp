@@ -1,5 +1,5 @@
 // Checkpoints resumed on another tensor x pipeline grid (the model of split_model.hpp, with the
-// last stage's tied copy of embed.w), on 4 ranks:
+// last pipeline part's tied copy of embed.w), on 4 ranks:
 //   [resume] trained at TP 2 x PP 2 x DP 1 for 10 steps and saved, resumed at TP 1 x PP 1 x DP 4,
 //            TP 1 x PP 2 x DP 2, TP 2 x PP 1 x DP 2 and TP 4 x PP 1 x DP 1, at stages 1 and 3.
 //            A dry run first leaves the engine as it was. Saved again at once, the whole model and every optimizer

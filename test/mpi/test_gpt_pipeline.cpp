@@ -4,13 +4,13 @@
 //     at stage 1 with bf16 and activation checkpointing to gpt_pipeline_reference.txt in the
 //     test directory;
 //   - at 2 ranks PP 2, at 4 ranks PP 2 x DP 2, PP 4 and TP 2 x PP 2 (model.tensor_parallel with
-//     the pipeline: each stage cut over a tensor group) train on the same global batch and must
+//     the pipeline: each part cut over a tensor group) train on the same global batch and must
 //     match it within 1e-4 relative per step (1e-3 in bf16); evaluation and sampling through the
 //     pipeline give the same validation loss and tokens;
-//   - each stage held exactly the 1F1B bound of micro-batches, min(P - stage, m), and its
+//   - each pipeline part held exactly the 1F1B bound of micro-batches, min(P - part, m), and its
 //     activation memory is that many micro-batches' activations plus the shared scratch;
-//   - a pipelined run's checkpoint (each stage's shard set, grid checkpoints) resumes bit for bit;
-//   - ZeRO stages 2-3 with PP (with TP too), more stages than blocks, a world the grid does not
+//   - a pipelined run's checkpoint (each part's shard set, grid checkpoints) resumes bit for bit;
+//   - ZeRO stages 2-3 with PP (with TP too), more pipeline parts than blocks, a world the grid does not
 //     divide and a tensor size n_head does not divide are clear errors.
 #include <catch2/catch.hpp>
 
@@ -40,7 +40,7 @@ constexpr int kSteps = 20, kGlobalBatch = 8, kSampleTokens = 16;
 constexpr const char* kReferenceFile = "gpt_pipeline_reference.txt";
 
 // The variants compared: ZeRO stage 0, stage 1, and stage 1 with bf16 parameters (widened for
-// the host model) and activation checkpointing (the stage's blocks recomputed per micro-batch).
+// the host model) and activation checkpointing (the part's blocks recomputed per micro-batch).
 struct Variant {
   int stage;
   bool bf16_checkpointing;
@@ -126,14 +126,14 @@ std::vector<Curve> read_reference() {
 
 bool close(double a, double b, double rel = 1e-4) { return std::abs(a - b) <= rel * std::abs(b); }
 
-// What GptModel holds for a stage of `blocks` blocks with `slots` micro-batches of B x T on the
+// What GptModel holds for a pipeline part of `blocks` blocks with `slots` micro-batches of B x T on the
 // host (fp32) at tensor parallelism TP, from the model's description: per micro-batch the token
 // ids and targets, each block's internals (ln1, res2, ln2 of width C; qkv 3, atty 1, fch 4,
 // fch_gelu 4 widths of C / TP; 4 LayerNorm statistics per row and the attention's statistics
 // over NH / TP heads; with activation checkpointing one block's worth in all, recomputed before
 // each backward) and the residual stream at blocks + 1 boundaries; once, the head's buffers
 // (ln_f, its statistics, the logits of Vp / TP ids, losses, and under TP the cross-entropy's
-// row maxima and sums) on the last stage and the backward's scratch (dres, dtmp of width C;
+// row maxima and sums) on the last part and the backward's scratch (dres, dtmp of width C;
 // dqkv 3, dfch 4 widths of C / TP; the attention's scratch).
 std::size_t expected_activation_bytes(const Ops& ops, int B, int T, int C, int NH, int Vp, int blocks, int slots,
                                       bool head, bool checkpointing, int TP = 1) {
@@ -153,7 +153,7 @@ std::size_t expected_activation_bytes(const Ops& ops, int B, int T, int C, int N
 }  // namespace
 
 TEST_CASE(
-    "pipeline stages train as the 1-rank run: losses, norms, validation and sampling at ZeRO stages 0-1, "
+    "pipeline parts train as the 1-rank run: losses, norms, validation and sampling at ZeRO stages 0-1, "
     "bf16 and activation checkpointing") {
   const int world = ctx().world_size();
   if (world == 1) {
@@ -188,7 +188,7 @@ TEST_CASE(
       const Curve c = train(t);
       const Curve& r = ref[variant];
       // bf16: the 1-rank run rounds wte's gradient to bf16 at every micro-batch (its head's and
-      // its embedding's parts together), the pipeline sums the two stages' parts over the step
+      // its embedding's parts together), the pipeline sums the two end parts' shares over the step
       // and rounds once: a difference of bf16 roundings (2^-8 relative) in one tensor's gradient.
       const double rel = v.bf16_checkpointing ? 1e-3 : 1e-4;
       for (int s = 0; s < kSteps; ++s) {
@@ -213,11 +213,12 @@ TEST_CASE(
       // The 1F1B bound was reached and not exceeded, and the model holds exactly that much.
       const PipelineReport pr = t.pipeline_report();
       const int m = static_cast<int>(cfg.gradient_accumulation_steps);
-      REQUIRE(pr.stages == P);
+      REQUIRE(pr.parts == P);
       REQUIRE(pr.tensor == T);
-      REQUIRE(pr.describe().starts_with(t.grid() + ": stage " + std::to_string(pr.stage)));
+      REQUIRE(pr.describe().starts_with(t.grid() + ": part " + std::to_string(pr.part) + " of " + std::to_string(P) +
+                                        " (blocks "));
       REQUIRE(pr.micro_batches == m);
-      REQUIRE(pr.peak_in_flight == std::min(P - pr.stage, m));
+      REQUIRE(pr.peak_in_flight == std::min(P - pr.part, m));
       REQUIRE(pr.slots == pr.peak_in_flight);
       REQUIRE(pr.bubble == Approx(static_cast<double>(P - 1) / (m + P - 1)));
       const GptConfig& mc = t.model_config();
@@ -225,13 +226,13 @@ TEST_CASE(
       // The host model computes in fp32 whatever the engine's dtype.
       REQUIRE(pr.activation_bytes == expected_activation_bytes(*ops, micro, mc.seq_len, mc.n_embd, mc.n_head,
                                                                mc.padded_vocab_size(), pr.end_layer - pr.first_layer,
-                                                               pr.peak_in_flight, pr.stage == P - 1,
+                                                               pr.peak_in_flight, pr.part == P - 1,
                                                                v.bf16_checkpointing, T));
     }
 }
 
 TEST_CASE("bloom and llama pipelines train as data parallelism on the same ranks") {
-  // bloom: the tied wte copy on the last stage, ALiBi; llama: an untied head on the last stage
+  // bloom: the tied wte copy on the last part, ALiBi; llama: an untied head on the last part
   // only (no wte copy, nothing exchanged), grouped-query attention, SwiGLU.
   const int world = ctx().world_size();
   if (world == 1) return;
@@ -265,7 +266,7 @@ TEST_CASE("bloom and llama pipelines train as data parallelism on the same ranks
 }
 
 TEST_CASE(
-    "pipeline parallelism refuses ZeRO stages 2-3, more stages than blocks, and a grid the world or the "
+    "pipeline parallelism refuses ZeRO stages 2-3, more parts than blocks, and a grid the world or the "
     "model does not divide") {
   const int world = ctx().world_size();
   if (world == 1) return;
@@ -287,8 +288,8 @@ TEST_CASE(
   y.replace(y.find("n_layer: 4"), 10, "n_layer: 1");
   const zero::Config one_block = zero::parse_config(y, "test_gpt_pipeline", o);
   REQUIRE_THROWS_WITH(read_gpt_settings(one_block),
-                      Catch::Contains("pipeline_parallel") && Catch::Contains("every stage needs at least one block"));
-  REQUIRE_THROWS_WITH(stage_split(3, 4, 0), Catch::Contains("4 stages for 3 blocks"));
+                      Catch::Contains("pipeline_parallel") && Catch::Contains("every part needs at least one block"));
+  REQUIRE_THROWS_WITH(part_split(3, 4, 0), Catch::Contains("4 parts for 3 blocks"));
   // TP x PP must divide the world: PP world + 1, or TP 2 x PP world.
   GptSettings s;
   s.pipeline_parallel = world + 1;
@@ -308,7 +309,7 @@ TEST_CASE(
                       Catch::Contains("tensor_parallel") && Catch::Contains("n_head"));
 }
 
-TEST_CASE("a pipelined run saves every stage's part and resumes bit for bit") {
+TEST_CASE("a pipelined run saves every pipeline part and resumes bit for bit") {
   const int world = ctx().world_size();
   if (world == 1) return;
   const std::string dir = zero::test::process_scratch_dir("gpt_pipeline") + "/ckpt";

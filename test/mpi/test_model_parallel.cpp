@@ -51,7 +51,7 @@ Run train(Context& ctx, int T, int P, int stage, int steps, bool fp16 = false, i
 TEST_CASE("tensor and pipeline parts of a model train as the whole model does under data parallelism") {
   Context& ctx = *Context::current();
   const int world = ctx.world_size();
-  // Pipeline stages need a unit each: at most 3 (kModel's units).
+  // Pipeline parts need a unit each: at most 3 (kModel's units).
   std::vector<std::pair<int, int>> grids = {{world, 1}, {1, 2}};
   if (world == 4) grids.push_back({2, 2});
   for (int stage = 0; stage <= 3; ++stage) {
@@ -87,7 +87,7 @@ TEST_CASE("tensor and pipeline parts of a model train as the whole model does un
   }
 }
 
-TEST_CASE("a tied copy on the last pipeline stage counts once in the norm and trains as the original") {
+TEST_CASE("a tied copy in the last pipeline part counts once in the norm and trains as the original") {
   // The copy gets the same gradient as the original (as after GPT's tied-gradient all-reduce),
   // so counted twice the norm would be too large and clipping would change every update.
   Context& ctx = *Context::current();
@@ -105,7 +105,7 @@ TEST_CASE("a tied copy on the last pipeline stage counts once in the norm and tr
       }
       ProcessGroups g(ctx, {.tensor = T, .pipeline = P});
       if (g.coord().pipeline != P - 1) continue;
-      // The copy (the last unit of the last stage) equals the whole model's embed.w, part by part.
+      // The copy (the last unit of the last pipeline part) equals the whole model's embed.w, part by part.
       const Layout part = part_layout(T, P, g.coord(), true);
       const ParamInfo& pp = part.unit(part.num_units() - 1).params[0];
       REQUIRE(pp.norm_counted_elsewhere);

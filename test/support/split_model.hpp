@@ -1,6 +1,6 @@
 // A small model split over a tensor x pipeline grid, for the model-parallel tests: each rank
 // holds its part (matrices cut by rows over the tensor ranks, small vectors replicated; units
-// divided among pipeline stages) and the engine runs over the data-parallel group. The
+// divided among pipeline parts) and the engine runs over the data-parallel group. The
 // per-element gradients depend only on the element's value, its global index and the sample,
 // so the split model's gradients are exactly the unsplit model's, part by part, and a global
 // batch of 8 samples is the same whatever the data-parallel size.
@@ -39,18 +39,18 @@ inline const std::vector<USpec> kModel = {
 };
 inline constexpr int kGlobalBatch = 8;
 
-inline int stage_of(std::size_t unit, int P) {
+inline int pipeline_part_of(std::size_t unit, int P) {
   return static_cast<int>(unit * static_cast<std::size_t>(P) / kModel.size());
 }
 
-// This rank's part: its pipeline stage's units, its tensor rank's rows of the split parameters
+// This rank's part: its pipeline part's units, its tensor rank's rows of the split parameters
 // (declared split along axis 0, so checkpoint tools can put them back together).
-// tied: the last stage also holds a copy of embed.w (as GPT's last stage holds the tied wte),
-// the same unit and parameter name, its norm counted on the first stage only.
+// tied: the last pipeline part also holds a copy of embed.w (as GPT's last part holds the tied
+// wte), the same unit and parameter name, its norm counted in the first part only.
 inline Layout part_layout(int T, int P, GridCoord c, bool tied = false) {
   Layout l;
   for (std::size_t u = 0; u < kModel.size(); ++u) {
-    if (stage_of(u, P) != c.pipeline) continue;
+    if (pipeline_part_of(u, P) != c.pipeline) continue;
     std::vector<std::pair<std::string, Layout::Shape>> ps;
     for (const auto& p : kModel[u].params) ps.push_back({p.name, {p.replicated ? p.rows : p.rows / T, p.cols}});
     const int id = l.add_unit(kModel[u].name, ps);

@@ -24,7 +24,7 @@ NodeLayout node_layout(Context& ctx);
 
 struct GridSpec {
   int tensor = 1;    // T: ranks that split each layer
-  int pipeline = 1;  // P: pipeline stages
+  int pipeline = 1;  // P: pipeline parts
 };
 
 // A rank's place in the grid.

@@ -32,8 +32,8 @@ struct ParamInfo {
   int split_axis = -1;
   int split_blocks = 1;
   // Under pipeline parallelism, a copy of a parameter that another rank of the model group holds
-  // too and counts in the global gradient norm (GPT's tied wte: the last stage's copy of the first
-  // stage's embedding, the same name, values and summed gradient). This rank leaves it out of its
+  // too and counts in the global gradient norm (GPT's tied wte: the last pipeline part's copy of the
+  // first part's embedding, the same name, values and summed gradient). This rank leaves it out of its
   // part of the norm, so the parameter counts once. Updated like any other parameter.
   bool norm_counted_elsewhere = false;
   // An embedding table or output head: optimizers that treat matrices apart (Muon) step it with

@@ -376,7 +376,7 @@ std::string load_plan(const EngineState& e, const GridPlace& at, const ckpt::Met
     }
   return fmt::format(
       "{}: {} of {} parameters ({} of {} elements) are cut anew across the tensor group, with their {} "
-      "state ({} moment(s)) alike; the others are read whole; units go to this job's pipeline stages by name{} "
+      "state ({} moment(s)) alike; the others are read whole; units go to this job's pipeline parts by name{} "
       "(docs/checkpoints.md)",
       from, cut, params, cut_elements, elements, m.optimizer, m.moments,
       e.rank_state_kind().empty() ? "" : "; " + rank_state_what(e.rank_state_kind()) + " start again");

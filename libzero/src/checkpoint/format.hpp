@@ -70,7 +70,7 @@ enum class FileKind : std::uint32_t { metadata = 1, shard = 2, rank_state = 3 };
 inline const char* kMetadataFile = "metadata.ckpt";
 inline const char* kLatestFile = "latest";
 std::string shard_file_name(int rank);  // shard_00003.ckpt
-// A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline stage 0, rank 3).
+// A grid position's shard: shard_t01_p00_00003.ckpt (tensor rank 1, pipeline part 0, rank 3).
 std::string shard_file_name(int rank, int tensor, int pipeline);
 std::string rank_state_file_name(int rank);    // rank_state_00003.ckpt
 std::string step_dir_name(std::int64_t step);  // step_00000010
@@ -225,7 +225,7 @@ struct Metadata {
 };
 
 // The cross-position checks of a grid checkpoint, one line per disagreement (empty when none,
-// and always without a grid): every tensor rank of a pipeline stage holds the units and
+// and always without a grid): every tensor rank of a pipeline part holds the units and
 // parameters of tensor rank 0 there, in the same order, with the same names, shapes (each its
 // own part's) and split (replicated, axis, blocks). A checkpoint that breaks one cannot be put
 // back together (the export tools) nor resumed (each rank's part would describe another
@@ -320,9 +320,9 @@ class Reader {
 };
 
 // The whole model of a checkpoint, whatever grid saved it: what the export tools read. Without a
-// grid it is the checkpoint's own units. With one, the units of every pipeline stage in stage
-// order; a unit name at more than one stage (GPT's tied embedding, held by the first and the
-// last) is one unit, each parameter taken from the lowest stage that holds it. A parameter cut
+// grid it is the checkpoint's own units. With one, the units of every pipeline part in part
+// order; a unit name in more than one part (GPT's tied embedding, held by the first and the
+// last) is one unit, each parameter taken from the lowest part that holds it. A parameter cut
 // over the tensor group is its T parts concatenated along split_axis (with split_blocks > 1,
 // block by block: [q_0 q_1 | k_0 k_1 | v_0 v_1]); a replicated one is tensor rank 0's. A
 // parameter that is neither, under T > 1, cannot be put back together: an error names it.
@@ -356,7 +356,7 @@ class ModelReader {
                  std::span<float* const> out, const std::string& grid);
 
  private:
-  struct Source {  // where a whole parameter comes from: stage, and unit and parameter there
+  struct Source {  // where a whole parameter comes from: pipeline part, and unit and parameter there
     int pipeline = 0, unit = 0, param = 0;
   };
 

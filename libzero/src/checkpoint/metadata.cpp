@@ -341,7 +341,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     if (!bad.empty())
       ZERO_THROW(
           fmt::format("checkpoint file '{}': the positions of the grid {} disagree {}\n  every tensor rank of a "
-                      "pipeline stage must hold tensor rank 0's units and parameters (its own part of each); {}",
+                      "pipeline part must hold tensor rank 0's units and parameters (its own part of each); {}",
                       origin, m.grid.describe(), problem_lines(bad), kDamaged));
   } else {
     m.units = parse_units(d.at("units"), m.world);
@@ -423,7 +423,7 @@ void write_metadata_file(const std::string& path, const Metadata& m) {
   const std::vector<std::string> bad = position_disagreements(m);
   if (!bad.empty())
     ZERO_THROW(
-        fmt::format("checkpoint '{}': the tensor ranks of a pipeline stage hold different units or parameters "
+        fmt::format("checkpoint '{}': the tensor ranks of a pipeline part hold different units or parameters "
                     "{}\n  every tensor rank must build the same Layout, its own part of each parameter "
                     "(Layout::set_split, set_replicated)",
                     path, problem_lines(bad)));

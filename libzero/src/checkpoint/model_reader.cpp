@@ -97,7 +97,7 @@ ModelReader::ModelReader(const std::string& step_dir) : dir_(step_dir) {
   std::map<std::string, std::size_t> unit_at;  // whole unit by name
   for (int p = 0; p < P; ++p) {
     const std::vector<UnitMeta>& first = readers_[static_cast<std::size_t>(T * p)]->meta().units;
-    // Every tensor rank of a stage holds the same units and parameters, its own part of each:
+    // Every tensor rank of a pipeline part holds the same units and parameters, its own part of each:
     // Metadata::parse refused any other grid (ckpt::position_disagreements).
     for (std::size_t u = 0; u < first.size(); ++u) {
       const UnitMeta& part = first[u];
@@ -111,7 +111,7 @@ ModelReader::ModelReader(const std::string& step_dir) : dir_(step_dir) {
         const ParamMeta& pm = part.params[k];
         const bool held = std::any_of(whole.params.begin(), whole.params.end(),
                                       [&](const ParamMeta& q) { return q.name == pm.name; });
-        if (held) continue;  // a lower stage has it (a tied embedding)
+        if (held) continue;  // a lower pipeline part has it (a tied embedding)
         ZERO_CHECK(T == 1 || pm.replicated || pm.split_axis >= 0,
                    fmt::format("checkpoint '{}': parameter '{}' of unit '{}' is neither split nor replicated over "
                                "the {} tensor ranks, so its parts cannot be put together; declare it with "
@@ -148,7 +148,7 @@ void ModelReader::read_unit(int unit, std::span<float* const> out) {
   const int T = grid_.tensor;
   const std::size_t arrays = out.size();
   // Each source unit is read once per tensor rank: parameters of one unit share its sections.
-  // (stage, unit) -> per tensor rank, the part's arrays back to back.
+  // (pipeline part, unit) -> per tensor rank, the part's arrays back to back.
   std::map<std::pair<int, int>, std::vector<std::vector<float>>> parts;
   for (std::size_t k = 0; k < whole.params.size(); ++k) {
     auto& got = parts[{src[k].pipeline, src[k].unit}];

@@ -387,7 +387,7 @@ void place_position(ckpt::Metadata& nm, ckpt::PositionMeta pos) {
 }
 
 // The units of a part on a grid of `tensors` tensor ranks (every tensor rank's part has the same
-// shapes): `units` (whole or a saved stage's), each parameter cut from its whole tensor by its
+// shapes): `units` (whole or a saved pipeline part's), each parameter cut from its whole tensor by its
 // saved split. Errors name the parameter.
 Layout part_layout(const ckpt::ModelReader& whole, const std::vector<ckpt::UnitMeta>& units, int tensors) {
   Layout layout;
@@ -433,7 +433,7 @@ Layout part_layout(const ckpt::ModelReader& whole, const std::vector<ckpt::UnitM
 // reshard_checkpoint onto another tensor x pipeline grid: every position's shards cut from the
 // whole tensors (ModelReader::read_part), one unit's slice at a time.
 void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::string& tmp, ckpt::Metadata& nm,
-                  int tensors, int stages, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+                  int tensors, int parts, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   // Adafactor keeps a matrix's row and column statistics in the first places of its own array:
   // they describe the whole matrix and cannot be cut (it runs at TP 1 only).
   ZERO_CHECK(old.optimizer != "Adafactor" || tensors == old.grid.tensor,
@@ -442,7 +442,7 @@ void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::
                          dir, old.grid.describe(), tensors));
   ckpt::ModelReader whole(dir);
   const int world = nm.world, moments = old.moments;
-  const ckpt::GridMeta grid{tensors, stages};
+  const ckpt::GridMeta grid{tensors, parts};
   const std::string text = fmt::format("{} x DP {}", grid.describe(), world);
   nm.grid = grid.split() ? grid : ckpt::GridMeta{};
   nm.positions.clear();
@@ -450,17 +450,17 @@ void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::
   nm.shards.clear();
   std::uint64_t total = 0, done = 0;
   std::vector<Layout> layouts;
-  for (int p = 0; p < stages; ++p)
+  for (int p = 0; p < parts; ++p)
     for (int t = 0; t < tensors; ++t) {
-      // The saved stage's units (the pipeline is kept), or the whole model's (cut to one stage).
+      // The saved part's units (the pipeline is kept), or the whole model's (cut to one part).
       const std::vector<ckpt::UnitMeta> units =
-          stages == old.grid.pipeline ? ckpt::Reader(dir, old, 0, p).meta().units : whole.meta().units;
+          parts == old.grid.pipeline ? ckpt::Reader(dir, old, 0, p).meta().units : whole.meta().units;
       layouts.push_back(part_layout(whole, units, tensors));
       for (int i = 0; i < layouts.back().num_units(); ++i)
         total += static_cast<std::uint64_t>(layouts.back().unit(i).numel) * static_cast<std::uint64_t>(1 + moments) *
                  sizeof(float);
     }
-  for (int p = 0; p < stages; ++p)
+  for (int p = 0; p < parts; ++p)
     for (int t = 0; t < tensors; ++t) {
       const Layout& layout = layouts[static_cast<std::size_t>(t + tensors * p)];
       ckpt::PositionMeta pos{t, p, {}, {}};
@@ -490,12 +490,13 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
              fmt::format("reshard: --tp {} must be in [1, 65535]", tensor));
   const std::string dir = ckpt::resolve(path, tag);
   const ckpt::Metadata old = ckpt::read_metadata_file(dir + "/" + ckpt::kMetadataFile);
-  const int tensors = tensor < 0 ? old.grid.tensor : tensor, stages = pipeline < 0 ? old.grid.pipeline : pipeline;
-  ZERO_CHECK(stages == old.grid.pipeline || stages == 1,
-             fmt::format("reshard: --pp {}: '{}' was saved on the grid {}; the offline tool keeps the pipeline "
-                         "size or makes it 1 (how a model cuts its stages is the model's). Resume the job at PP {} "
-                         "directly: a load onto another grid cuts the stages itself",
-                         pipeline, dir, old.grid.describe(), pipeline));
+  const int tensors = tensor < 0 ? old.grid.tensor : tensor, parts = pipeline < 0 ? old.grid.pipeline : pipeline;
+  ZERO_CHECK(
+      parts == old.grid.pipeline || parts == 1,
+      fmt::format("reshard: --pp {}: '{}' was saved on the grid {}; the offline tool keeps the pipeline "
+                  "size or makes it 1 (how a model cuts its pipeline parts is the model's). Resume the job at PP {} "
+                  "directly: a load onto another grid cuts the pipeline parts itself",
+                  pipeline, dir, old.grid.describe(), pipeline));
   ckpt::Metadata nm = old;
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
@@ -507,8 +508,8 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   // An offline tool never rolls a root back: into a root with newer steps it refuses.
   std::string tmp = ckpt::prepare(out_root, old.step, "reshard", /*refuse_older=*/true);
   try {
-    if (tensors != old.grid.tensor || stages != old.grid.pipeline) {
-      reshard_grid(dir, old, tmp, nm, tensors, stages, progress);
+    if (tensors != old.grid.tensor || parts != old.grid.pipeline) {
+      reshard_grid(dir, old, tmp, nm, tensors, parts, progress);
     } else {
       // Each grid position (or the one shard set without a grid) is cut anew for `world`
       // data-parallel ranks; the grid stays as it was.

@@ -128,7 +128,7 @@ class EngineImpl {
   void audit_check();
   void update_owned_slices(const StepHyper& h);
   void update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master, float* const* state,
-                    OffloadStaging* async_stage);
+                    OffloadStaging* async_staging);
   void all_gather_updated();
   void refresh_params_from_master();  // collective: compute params = round(master)
 
@@ -179,7 +179,7 @@ class EngineImpl {
   // gradient_compression: powersgd, or null: reduces the stage-0/1 gradients at step().
   std::unique_ptr<PowerSgd> powersgd_;
   LossScaler scaler_;
-  std::vector<char> stage_buf_;  // host staging of offloaded sub-groups (non-host backends)
+  std::vector<char> staging_buf_;  // host staging of offloaded sub-groups (non-host backends)
 
   bool initialized_ = false;
   bool eval_mode_ = false;

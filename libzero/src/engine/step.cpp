@@ -169,7 +169,7 @@ void EngineImpl::check_step_ready(const char* what) const {
 // and the maximum over the replica group makes every group take the same norm (and the same
 // overflow decision) bit for bit, whatever the replica all-reduce's rounding. Under model parallelism the parts of the
 // model add up over the model group, a parameter replicated across the tensor group counted on its tensor rank 0 only,
-// a copy marked norm_counted_elsewhere (a tied weight on two pipeline stages) only where it is not marked. An inf/nan
+// a copy marked norm_counted_elsewhere (a tied weight in two pipeline parts) only where it is not marked. An inf/nan
 // on any rank makes the sum non-finite everywhere, so every rank agrees to skip.
 double EngineImpl::global_grad_sumsq() {
   backend_->stats_begin();
@@ -180,7 +180,7 @@ double EngineImpl::global_grad_sumsq() {
     const UnitShape& s = shape(i);
     const char* g = static_cast<const char*>(reducer_.owned(i));
     // The owned range, less the elements another rank of the model group counts: replicated
-    // parameters off tensor rank 0, and copies held on another pipeline stage too.
+    // parameters off tensor rank 0, and copies held in another pipeline part too.
     std::int64_t pos = s.own_begin;
     const std::int64_t end = s.own_begin + s.own_len;
     if (model_comm_ != nullptr)
@@ -219,12 +219,12 @@ double EngineImpl::clip_coefficient(double norm) const {
 // (sub-groups come in unit order) and written back when the optimizer moves on.
 void EngineImpl::update_owned_slices(const StepHyper& h) {
   const bool staged = opt_->on_host() && !backend_->host_accessible();
-  OffloadStaging* async_stage = staged ? backend_->offload_staging() : nullptr;
-  if (async_stage) {
-    async_stage->begin(dtype_size(reducer_.grad_dtype()), esize(),
-                       static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
+  OffloadStaging* async_staging = staged ? backend_->offload_staging() : nullptr;
+  if (async_staging) {
+    async_staging->begin(dtype_size(reducer_.grad_dtype()), esize(),
+                         static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
     for (int i = 0; i < layout_.num_units(); ++i)
-      async_stage->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
+      async_staging->add(reducer_.owned(i), params_.owned(i), static_cast<std::size_t>(shape(i).own_len));
   }
   const bool local = !powersgd_ && optim_->local_gradients(h.step);  // h.step: this update, counted
   optim_->begin_step(h);
@@ -237,7 +237,7 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
         params_.checkout(unit, true);
         checked_out = unit;
       }
-      update_range(pass, unit, begin, len, master, state, async_stage);
+      update_range(pass, unit, begin, len, master, state, async_staging);
     });
     if (checked_out >= 0) params_.checkin(checked_out, last);
   };
@@ -256,7 +256,7 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
       optim_->end_pass(pass);
     }
   }
-  if (async_stage) async_stage->finish();  // the all-gather and the next forward wait on it
+  if (async_staging) async_staging->finish();  // the all-gather and the next forward wait on it
 }
 
 // One sub-group [begin, begin + len) of unit's owned range in pass `pass`: on the backend, or on
@@ -265,7 +265,7 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
 // runs without it get weight_decay 0), or for per-tensor optimizers each parameter's part in
 // each partition slice, padding left out. The parameters are written in the last pass only.
 void EngineImpl::update_range(int pass, int unit, std::int64_t begin, std::int64_t len, float* master,
-                              float* const* state, OffloadStaging* async_stage) {
+                              float* const* state, OffloadStaging* async_staging) {
   const bool on_host = opt_->on_host();
   const bool last = pass + 1 == optim_->passes();
   // Gradients in the accumulation dtype, parameters in the compute dtype.
@@ -276,15 +276,15 @@ void EngineImpl::update_range(int pass, int unit, std::int64_t begin, std::int64
   const char* g = static_cast<const char*>(reducer_.owned(unit)) + b * ges;
   char* p = static_cast<char*>(params_.owned(unit)) + b * esize();
   // Where this path reads the gradient and writes the parameter.
-  const bool copied = on_host && !async_stage && !backend_->host_accessible();
-  if (on_host && async_stage) {
-    g = static_cast<const char*>(async_stage->host_grads(r, b, n));
-    p = static_cast<char*>(async_stage->host_params(r, b));
+  const bool copied = on_host && !async_staging && !backend_->host_accessible();
+  if (on_host && async_staging) {
+    g = static_cast<const char*>(async_staging->host_grads(r, b, n));
+    p = static_cast<char*>(async_staging->host_params(r, b));
   } else if (copied) {
-    if (stage_buf_.size() < grad_bytes + bytes) stage_buf_.resize(grad_bytes + bytes);
-    backend_->to_host(stage_buf_.data(), static_cast<const void*>(g), grad_bytes);
-    g = stage_buf_.data();
-    p = stage_buf_.data() + grad_bytes;
+    if (staging_buf_.size() < grad_bytes + bytes) staging_buf_.resize(grad_bytes + bytes);
+    backend_->to_host(staging_buf_.data(), static_cast<const void*>(g), grad_bytes);
+    g = staging_buf_.data();
+    p = staging_buf_.data() + grad_bytes;
   }
   char* const p_out = p;
   // Host memory (offloaded state, or the host backend's own) is stepped by the host kernels.
@@ -331,8 +331,8 @@ void EngineImpl::update_range(int pass, int unit, std::int64_t begin, std::int64
     }
   }
   if (!last) return;
-  if (on_host && async_stage)
-    async_stage->params_ready(r, b, n);
+  if (on_host && async_staging)
+    async_staging->params_ready(r, b, n);
   else if (copied)
     backend_->from_host(static_cast<char*>(params_.owned(unit)) + b * esize(), p_out, bytes);
 }

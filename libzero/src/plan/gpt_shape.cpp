@@ -124,7 +124,7 @@ GptShape gpt_preset(std::string_view name) {
 }
 
 Layout gpt_layout(const GptShape& s) {
-  Layout layout = gpt_stage_layout(s, StagePart{});
+  Layout layout = gpt_part_layout(s, PipelinePart{});
   layout.set_embedding(0, "wte.weight");  // the tied LM head too
   if (s.learned_positions()) layout.set_embedding(0, "wpe.weight");
   if (!s.tied_head) layout.set_embedding(s.n_layer + 1, "lm_head.weight");
@@ -157,10 +157,12 @@ GptShape GptFamily::closest(double params) const {
 
 std::int64_t activation_bytes(const GptShape& s, int micro, bool checkpointing, int element_bytes,
                               AttentionStore attention) {
-  return stage_activation_bytes(s, StagePart{}, micro, 1, checkpointing, element_bytes, attention);
+  return part_activation_bytes(s, PipelinePart{}, micro, 1, checkpointing, element_bytes, attention);
 }
 
-int StagePart::blocks(const GptShape& shape) const { return shape.n_layer / pp + (stage < shape.n_layer % pp ? 1 : 0); }
+int PipelinePart::blocks(const GptShape& shape) const {
+  return shape.n_layer / pp + (index < shape.n_layer % pp ? 1 : 0);
+}
 
 void check_split(const GptShape& shape, int tp, int pp) {
   shape.validate();
@@ -181,15 +183,15 @@ void check_split(const GptShape& shape, int tp, int pp) {
              fmt::format("tensor parallelism {}: the padded vocabulary {} is not a multiple of it (the embedding "
                          "is split by rows); pick a tensor size that divides it",
                          tp, shape.padded_vocab()));
-  ZERO_CHECK(pp <= shape.n_layer, fmt::format("pipeline parallelism {}: more stages than the {} blocks; use at most "
-                                              "n_layer stages",
+  ZERO_CHECK(pp <= shape.n_layer, fmt::format("pipeline parallelism {}: more pipeline parts than the {} blocks; use at "
+                                              "most n_layer parts",
                                               pp, shape.n_layer));
 }
 
-Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
+Layout gpt_part_layout(const GptShape& s, const PipelinePart& part) {
   check_split(s, part.tp, part.pp);
-  ZERO_CHECK(part.stage >= 0 && part.stage < part.pp,
-             fmt::format("gpt_stage_layout: stage {} is outside 0..{}", part.stage, part.pp - 1));
+  ZERO_CHECK(part.index >= 0 && part.index < part.pp,
+             fmt::format("gpt_part_layout: part {} is outside 0..{}", part.index, part.pp - 1));
   const std::int64_t C = s.n_embd, T = part.tp, F = s.mlp_hidden();
   using Params = std::vector<std::pair<std::string, Layout::Shape>>;
   // A norm's tensors: the weight, and the bias of a LayerNorm.
@@ -206,7 +208,7 @@ Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
     add(layout, "embeddings", emb);
   }
   int first_block = 0;
-  for (int k = 0; k < part.stage; ++k) first_block += StagePart{part.tp, part.pp, k}.blocks(s);
+  for (int k = 0; k < part.index; ++k) first_block += PipelinePart{part.tp, part.pp, k}.blocks(s);
   for (int l = first_block; l < first_block + part.blocks(s); ++l) {
     const std::string unit = fmt::format("h.{}", l), p = unit + ".";
     const std::int64_t fc = F * (s.gated_mlp() ? 2 : 1);
@@ -224,8 +226,8 @@ Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
     add(layout, unit, b);
   }
   if (part.last()) {
-    // The tied head: the last stage keeps its own copy of the embedding's rows when it is not
-    // the first (its gradient is all-reduced with the first stage's). An untied head is the
+    // The tied head: the last part keeps its own copy of the embedding's rows when it is not
+    // the first (its gradient is all-reduced with the first part's). An untied head is the
     // last unit's.
     if (!part.first() && s.tied_head) add(layout, "lm_head", {{"wte.weight", {s.padded_vocab() / T, C}}});
     Params f;
@@ -236,8 +238,8 @@ Layout gpt_stage_layout(const GptShape& s, const StagePart& part) {
   return layout;
 }
 
-std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, int micro, int in_flight,
-                                    bool checkpointing, int element_bytes, AttentionStore attention) {
+std::int64_t part_activation_bytes(const GptShape& s, const PipelinePart& part, int micro, int in_flight,
+                                   bool checkpointing, int element_bytes, AttentionStore attention) {
   check_split(s, part.tp, part.pp);
   ZERO_CHECK(micro >= 1 && in_flight >= 1,
              fmt::format("activation_bytes: the micro-batch and the micro-batches in flight must be >= 1 (got {}, {})",
@@ -255,8 +257,8 @@ std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, in
   const std::int64_t block_elements = 3 * NC + N * (s.qkv_width() + C + fc_in + F) / TP;
   const std::int64_t block_floats = 4 * N + att;
   // Kept per micro-batch: every block's buffers (or none under checkpointing), the residual
-  // stream at each block boundary of the stage, on the first stage the embedding before its
-  // norm (bloom) and its statistics, on the last stage ln_f and the logits over the padded
+  // stream at each block boundary of the part, in the first part the embedding before its
+  // norm (bloom) and its statistics, in the last part ln_f and the logits over the padded
   // vocabulary / T with ln_f's statistics and the losses; token ids.
   std::int64_t kept_elements = (checkpointing ? 0 : Lb * block_elements) + (Lb + 1) * NC;
   std::int64_t kept_floats = checkpointing ? 0 : Lb * block_floats;
@@ -283,7 +285,7 @@ std::int64_t stage_activation_bytes(const GptShape& s, const StagePart& part, in
 
 double pipeline_bubble(int pp, int micro_batches) {
   ZERO_CHECK(pp >= 1 && micro_batches >= 1,
-             fmt::format("pipeline_bubble: stages ({}) and micro-batches ({}) must be >= 1", pp, micro_batches));
+             fmt::format("pipeline_bubble: parts ({}) and micro-batches ({}) must be >= 1", pp, micro_batches));
   return (pp - 1.0) / (micro_batches + pp - 1.0);
 }
 

@@ -68,10 +68,10 @@ NcclCommunicators nccl_communicators(const Settings& s, int D, int ranks_per_nod
 
 namespace {
 
-// The memory of one rank at pipeline stage part.stage: its part of the model (layout) sharded
+// The memory of one rank in pipeline part part.index: its part of the model (layout) sharded
 // over the D ranks of its data-parallel group (or MiCS's groups of them), with 1F1B's
 // micro-batches in flight.
-MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StagePart& part, int D, const Cluster& c,
+MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const PipelinePart& part, int D, const Cluster& c,
                        const Settings& s) {
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(s.dtype));
   const int N = s.shard_ranks(D);
@@ -79,11 +79,11 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const StageP
   const UnitSizes u = unit_sizes(shapes);
   MemoryPlan m;
   m.states = model_states(layout, s, D);
-  // 1F1B: stage k holds the activations of min(P - k, m) micro-batches at its peak.
-  const int in_flight = std::min(part.pp - part.stage, s.grad_accum);
+  // 1F1B: part k holds the activations of min(P - k, m) micro-batches at its peak.
+  const int in_flight = std::min(part.pp - part.index, s.grad_accum);
   // A plan is for GPUs: the CUDA trainer's flash-style attention.
-  m.activations = stage_activation_bytes(shape, part, s.micro_batch, in_flight, s.activation_checkpointing,
-                                         static_cast<int>(es), AttentionStore::row_statistics);
+  m.activations = part_activation_bytes(shape, part, s.micro_batch, in_flight, s.activation_checkpointing,
+                                        static_cast<int>(es), AttentionStore::row_statistics);
   // The gradient reducer's staging, replayed as the engine's pools hold it (reduce_buffer_bytes):
   // micro-step gradients and reduced slices of the buckets in flight, one of each size kept. The
   // all-gather of updated slices after the step (stages 1/2) writes into the full parameters in
@@ -157,11 +157,11 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
   // in the forward (attention and MLP outputs), two in the backward, two more when the
   // checkpointed forward is recomputed; they sit between the matmuls, so nothing hides them.
   const double act = tokens * shape.n_embd * es;
-  const int blocks = StagePart{T, P, 0}.blocks(shape);
+  const int blocks = PipelinePart{T, P, 0}.blocks(shape);
   const double tp_ar = T > 1 ? 2.0 * (T - 1.0) / T * act / c.group_bytes_per_s(T, 1) : 0.0;
   const double tp_fwd = 2.0 * blocks * tp_ar;
   const double tp_bwd = (s.activation_checkpointing ? 4.0 : 2.0) * blocks * tp_ar;
-  // Pipeline: each micro-batch's activations go to the next stage, their gradient comes back.
+  // Pipeline: each micro-batch's activations go to the next part, their gradient comes back.
   const double p2p = P > 1 ? act / c.group_bytes_per_s(P, T * D) : 0.0;
   t.tp_comm_s = s.grad_accum * (tp_fwd + tp_bwd);
   t.pp_comm_s = s.grad_accum * 2 * p2p;
@@ -231,7 +231,7 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
     boundary += 2.0 * (R - 1.0) / R * (full / N) * static_cast<double>(dtype_size(s.grad_dtype())) / es /
                 c.group_bytes_per_s(R, T * N);
   // The tied embedding's gradient (vocabulary / T rows) is all-reduced between the first and the
-  // last stage after the pipeline drains, before the step: two ranks, nothing to hide it behind.
+  // last pipeline part after the pipeline drains, before the step: two ranks, nothing to hide it behind.
   // (A 2-rank all-reduce moves the whole gradient through each rank's link once.)
   const double tied = P > 1 && shape.tied_head
                           ? static_cast<double>(shape.padded_vocab()) / T * shape.n_embd *
@@ -304,7 +304,7 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
                          c.gpus, T, P));
   ZERO_CHECK(P == 1 || s.stage <= 1,
              fmt::format("zero-plan: ZeRO stage {} with pipeline parallelism {} is refused, as DeepSpeed refuses it: "
-                         "a stage's gradients are reduced once per micro-batch under 1F1B, which stages 2-3 "
+                         "a pipeline part's gradients are reduced once per micro-batch under 1F1B, which stages 2-3 "
                          "would have to partition and gather each time; use stage 0 or 1 with a pipeline",
                          s.stage, P));
   check_split(shape, T, P);
@@ -321,20 +321,20 @@ Plan make_plan(const GptShape& shape, const Cluster& c, const Settings& s, doubl
   p.settings = s;
   p.data_parallel = D;
   p.token_budget = token_budget;
-  // The first stage holds the embedding and P micro-batches in flight, the last the head and
+  // The first part holds the embedding and P micro-batches in flight, the last the head and
   // the logits: the rank that needs more memory is one of them, and the one with the larger
   // part of the model has the longest optimizer step and data-parallel collectives.
-  const StagePart first{T, P, 0}, last{T, P, P - 1};
-  const Layout first_layout = gpt_stage_layout(shape, first);
+  const PipelinePart first{T, P, 0}, last{T, P, P - 1};
+  const Layout first_layout = gpt_part_layout(shape, first);
   p.memory = plan_memory(shape, first_layout, first, D, c, s);
   const Layout* slow = &first_layout;
   Layout last_layout;
   if (P > 1) {
-    last_layout = gpt_stage_layout(shape, last);
+    last_layout = gpt_part_layout(shape, last);
     const MemoryPlan m = plan_memory(shape, last_layout, last, D, c, s);
     if (m.gpu_bytes > p.memory.gpu_bytes) {
       p.memory = m;
-      p.memory_stage = P - 1;
+      p.memory_part = P - 1;
     }
     if (last_layout.num_params() > first_layout.num_params()) slow = &last_layout;
   }

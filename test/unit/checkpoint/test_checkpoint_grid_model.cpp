@@ -4,7 +4,7 @@
 // Every whole tensor holds base + its flat index; each position's part is cut out of it by
 // columns or rows written out literally here (not by the code under test), so a wrong
 // concatenation order, block interleave or source shows as a wrong value. A tiny GPT-2 split as
-// Megatron splits it (TP 2 x PP 2, tied embedding on both end stages) exports to Hugging Face
+// Megatron splits it (TP 2 x PP 2, tied embedding in both end parts) exports to Hugging Face
 // files byte for byte equal to the unsplit model's.
 #include <catch2/catch.hpp>
 
@@ -83,8 +83,8 @@ std::vector<UnitParts> position(int t, int p) {
              {{"qkv", range(0, 2), qkv, 300, false, 1, 3},
               {"proj", range(2 * t, 2 * t + 2), range(0, 2), 400, false, 0},
               {"ln", range(0, 1), range(0, 3), 500 + rep, true}}}};
-  // The last stage: a block, the head, and the tied embedding again (other values: the first
-  // stage's copy is the one taken) with a parameter of its own.
+  // The last pipeline part: a block, the head, and the tied embedding again (other values: the first
+  // part's copy is the one taken) with a parameter of its own.
   return {{"h.1", {{"head", range(0, 3), range(2 * t, 2 * t + 2), 600, false, 1}}},
           {"embed",
            {{"wte", range(2 * t, 2 * t + 2), range(0, 3), 9100, false, 0},
@@ -214,7 +214,7 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
     order.push_back(t.unit + "." + t.name);
     got[t.name] = {t.unit, t.shape, {v.begin(), v.end()}};
   });
-  // Stage order; the tied embedding is one unit, its lnf (only on the last stage) appended.
+  // Pipeline part order; the tied embedding is one unit, its lnf (only in the last part) appended.
   CHECK(order ==
         std::vector<std::string>{"embed.wte", "embed.wpe", "embed.lnf", "h.0.qkv", "h.0.proj", "h.0.ln", "h.1.head"});
   const std::map<std::string, std::pair<std::vector<std::int64_t>, float>> want = {
@@ -227,7 +227,7 @@ TEST_CASE("a TP 2 x PP 2 checkpoint reads back as the whole model") {
     const auto n = static_cast<std::size_t>(w.first[0] * w.first[1]);
     REQUIRE(g.values.size() == n);
     // The whole tensor holds base + flat index: every part back in its place, rank 0's copy of
-    // the replicated ones, the first stage's copy of the tied embedding.
+    // the replicated ones, the first part's copy of the tied embedding.
     for (std::size_t i = 0; i < n; ++i) REQUIRE(g.values[i] == w.second + static_cast<float>(i));
   }
 
@@ -384,7 +384,7 @@ std::vector<float> whole_values(const std::string& root) {
 }  // namespace
 
 // Six ways the positions of a grid can disagree (position (tensor 1, pipeline 0) against tensor
-// rank 0 of its stage). The export tools and a resume always refused them; inspect said "all
+// rank 0 of its pipeline part). The export tools and a resume always refused them; inspect said "all
 // checksums ok". Now one check (ckpt::position_disagreements, run by Metadata::parse) refuses
 // them for all: inspect, export, reshard and the reader a resume opens, each disagreement named.
 TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, naming each disagreement") {
@@ -488,7 +488,7 @@ TEST_CASE("inspect, export and resume refuse a grid whose positions disagree, na
   m.positions[1].units[1].params[1].shape = {4, 1};
   REQUIRE(ckpt::position_disagreements(m).size() == 1);
   CHECK_THROWS_WITH(ckpt::write_metadata_file(root + "/m.ckpt", m),
-                    Contains("the tensor ranks of a pipeline stage hold different units or parameters (1 problem)") &&
+                    Contains("the tensor ranks of a pipeline part hold different units or parameters (1 problem)") &&
                         Contains("grid.positions[1].units[1].params[1].shape' = [4, 1]"));
   CHECK_FALSE(fs::exists(root + "/m.ckpt"));
   fs::remove_all(root);
@@ -507,7 +507,7 @@ TEST_CASE("a shard in another position's place is refused, naming the file and b
     CHECK(r.meta().format_version == ckpt::kFormatVersion);
   }
 
-  // Tensor ranks 0 and 1 of stage 0 (the same units and part shapes: before, this loaded the
+  // Tensor ranks 0 and 1 of pipeline part 0 (the same units and part shapes: before, this loaded the
   // other rank's part silently).
   swap_files(step, "shard_t00_p00_00000.ckpt", "shard_t01_p00_00000.ckpt");
   resign_shard_records(step);
@@ -535,7 +535,7 @@ TEST_CASE("a shard in another position's place is refused, naming the file and b
   resign_shard_records(step);
   CHECK(whole_values(root) == before);
 
-  // Across pipeline stages, and two data-parallel ranks of one position.
+  // Across pipeline parts, and two data-parallel ranks of one position.
   swap_files(step, "shard_t00_p00_00001.ckpt", "shard_t00_p01_00001.ckpt");
   resign_shard_records(step);
   CHECK_THROWS_WITH(ckpt::Reader(step, 0, 1),
@@ -626,8 +626,8 @@ std::vector<float> cut(const std::vector<float>& whole, const std::vector<std::i
 TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export of the unsplit model") {
   // A tiny GPT-2 split as Megatron splits it: QKV by output columns in 3 blocks, the MLP's
   // up-projection by columns, both down-projections by rows (their biases replicated),
-  // LayerNorms and wpe replicated, wte by vocabulary rows; blocks h.0 on the first stage, h.1
-  // and ln_f on the last, which also holds the tied wte (other values: the first stage's count).
+  // LayerNorms and wpe replicated, wte by vocabulary rows; blocks h.0 in the first part, h.1
+  // and ln_f on the last, which also holds the tied wte (other values: the first part's count).
   plan::GptShape c;
   c.n_layer = 2, c.n_head = 2, c.n_embd = 8, c.seq_len = 4, c.vocab_size = 100;
   const Layout whole = plan::gpt_layout(c);
@@ -646,7 +646,7 @@ TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export
       v[i] = 0.25f * static_cast<float>(unit) + 0.001f * static_cast<float>(p.offset + static_cast<std::int64_t>(i));
     return v;
   };
-  auto stage_of = [](const std::string& unit) { return unit == "embeddings" || unit == "h.0" ? 0 : 1; };
+  auto part_of = [](const std::string& unit) { return unit == "embeddings" || unit == "h.0" ? 0 : 1; };
 
   std::vector<TestUnit> unsplit;
   std::vector<std::vector<TestUnit>> grid(4);
@@ -670,15 +670,15 @@ TEST_CASE("zero-ckpt export --format hf of a TP 2 x PP 2 GPT-2 equals the export
         }
         part.params.push_back(std::move(tp));
       }
-      grid[static_cast<std::size_t>(t + 2 * stage_of(ui.name))].push_back(part);
-      if (ui.name == "embeddings") {  // the last stage's tied copy: wte only, other values
+      grid[static_cast<std::size_t>(t + 2 * part_of(ui.name))].push_back(part);
+      if (ui.name == "embeddings") {  // the last part's tied copy: wte only, other values
         TestUnit tied{ui.name, {part.params[0]}};
         for (auto& v : tied.params[0].values) v += 1000.0f;
         grid[static_cast<std::size_t>(t + 2)].push_back(tied);
       }
     }
   }
-  // The last stage holds the tied embedding after its own units, as a trainer appends it.
+  // The last part holds the tied embedding after its own units, as a trainer appends it.
   for (int t = 0; t < 2; ++t) {
     auto& last = grid[static_cast<std::size_t>(t + 2)];
     std::rotate(last.begin(), last.begin() + 1, last.end());

@@ -1,7 +1,7 @@
 // The GPT trainer's 1F1B schedule (examples/gpt/pipeline.hpp) on its own: the order of forwards
-// and backwards per stage, the activation bound, the layer split, and a simulation of the
-// stages' point-to-point transfers under the trainer's waiting rules showing that every receive
-// pairs with the matching send and that no combination of stages and micro-batches deadlocks,
+// and backwards per part, the activation bound, the layer split, and a simulation of the
+// parts' point-to-point transfers under the trainer's waiting rules showing that every receive
+// pairs with the matching send and that no combination of parts and micro-batches deadlocks,
 // and a second one under NCCL's rules (a send waits for its receive, calls run in the order
 // issued, a group's together) showing that the trainer's groups (pipe_transfers, the tied
 // exchange) complete where the same calls issued one by one deadlock.
@@ -30,21 +30,21 @@ std::string show(const std::vector<PipeOp>& ops) {
 }  // namespace
 
 TEST_CASE("1F1B: warm-up forwards, then one forward and one backward, then the remaining backwards") {
-  // P = 4 stages, m = 6 micro-batches, written out by hand.
+  // P = 4 parts, m = 6 micro-batches, written out by hand.
   REQUIRE(show(one_f_one_b(4, 0, 6)) == "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
   REQUIRE(show(one_f_one_b(4, 1, 6)) == "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
   REQUIRE(show(one_f_one_b(4, 2, 6)) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
   REQUIRE(show(one_f_one_b(4, 3, 6)) == "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
-  // Fewer micro-batches than stages: all forwards, then all backwards, on the early stages.
+  // Fewer micro-batches than parts: all forwards, then all backwards, on the early parts.
   REQUIRE(show(one_f_one_b(4, 0, 2)) == "F0 F1 B0 B1");
   REQUIRE(show(one_f_one_b(1, 0, 3)) == "F0 B0 F1 B1 F2 B2");
 }
 
-TEST_CASE("1F1B: every micro-batch once each way, in order, at most min(P - stage, m) in flight") {
+TEST_CASE("1F1B: every micro-batch once each way, in order, at most min(P - part, m) in flight") {
   for (int P = 1; P <= 6; ++P)
     for (int m = 1; m <= 9; ++m)
       for (int s = 0; s < P; ++s) {
-        INFO("P " << P << ", stage " << s << ", m " << m);
+        INFO("P " << P << ", part " << s << ", m " << m);
         const std::vector<PipeOp> ops = one_f_one_b(P, s, m);
         REQUIRE(ops.size() == static_cast<std::size_t>(2 * m));
         int next_f = 0, next_b = 0, in_flight = 0, peak = 0;
@@ -65,34 +65,34 @@ TEST_CASE("1F1B: every micro-batch once each way, in order, at most min(P - stag
   REQUIRE(bubble_fraction(1, 5) == 0.0);
 }
 
-TEST_CASE("the layer split: contiguous, the first n_layer mod P stages one block more") {
+TEST_CASE("the layer split: contiguous, the first n_layer mod P parts one block more") {
   const int L = 8, P = 3;
   std::vector<int> sizes;
   int next = 0;
   for (int s = 0; s < P; ++s) {
-    const StageSplit sp = stage_split(L, P, s);
+    const PartSplit sp = part_split(L, P, s);
     REQUIRE(sp.first_layer == next);
     sizes.push_back(sp.end_layer - sp.first_layer);
     next = sp.end_layer;
   }
   REQUIRE(next == L);
   REQUIRE(sizes == std::vector<int>{3, 3, 2});
-  REQUIRE_THROWS_WITH(stage_split(2, 3, 0), Catch::Contains("3 stages for 2 blocks"));
+  REQUIRE_THROWS_WITH(part_split(2, 3, 0), Catch::Contains("3 parts for 2 blocks"));
 }
 
-TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's waits") {
-  // Each stage runs its ops in order; an op is atomic here and may run when
-  //   - a forward's activation (stage > 0) was sent by the previous stage's forward of the same
-  //     micro-batch, and a backward's gradient (stage < P - 1) by the next stage's backward;
+TEST_CASE("the parts' transfers pair up and never deadlock under the trainer's waits") {
+  // Each part runs its ops in order; an op is atomic here and may run when
+  //   - a forward's activation (part > 0) was sent by the previous part's forward of the same
+  //     micro-batch, and a backward's gradient (part < P - 1) by the next part's backward;
   //   - the send its buffer last carried has been received (the trainer waits on it before the
   //     buffer is reused): a forward reuses slot micro % slots, whose previous activation
-  //     (micro - slots) the next stage must have taken; a backward reuses the output-gradient
-  //     buffer, whose previous gradient (micro - 1) the previous stage must have taken. A
-  //     receive is posted once the receiving op is the stage's next op.
-  //   - the last micro-batch's backward on the first and last stage exchanges wte's gradient: it
+  //     (micro - slots) the next part must have taken; a backward reuses the output-gradient
+  //     buffer, whose previous gradient (micro - 1) the previous part must have taken. A
+  //     receive is posted once the receiving op is the part's next op.
+  //   - the last micro-batch's backward on the first and last part exchanges wte's gradient: it
   //     needs the other one to have reached its own.
-  // Messages between two stages match in order, so the k-th send must meet the k-th receive of
-  // the same micro-batch: forwards and backwards each run in micro-batch order on every stage.
+  // Messages between two parts match in order, so the k-th send must meet the k-th receive of
+  // the same micro-batch: forwards and backwards each run in micro-batch order on every part.
   for (int P = 2; P <= 5; ++P)
     for (int m = 1; m <= 8; ++m) {
       INFO("P " << P << ", m " << m);
@@ -108,7 +108,7 @@ TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's 
           REQUIRE(a == b);
         }
       std::vector<std::size_t> pc(static_cast<std::size_t>(P), 0);
-      // Whether stage s has run, or is about to run, op {fwd, micro}.
+      // Whether part s has run, or is about to run, op {fwd, micro}.
       auto reached = [&](int s, bool fwd, int micro) {
         const auto& o = ops[static_cast<std::size_t>(s)];
         for (std::size_t i = 0; i < o.size() && i <= pc[static_cast<std::size_t>(s)]; ++i)
@@ -143,7 +143,7 @@ TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's 
           }
       }
       for (int s = 0; s < P; ++s) {
-        INFO("stage " << s << " stopped before op " << pc[static_cast<std::size_t>(s)]);
+        INFO("part " << s << " stopped before op " << pc[static_cast<std::size_t>(s)]);
         REQUIRE(pc[static_cast<std::size_t>(s)] == ops[static_cast<std::size_t>(s)].size());
       }
     }
@@ -151,8 +151,8 @@ TEST_CASE("the stages' transfers pair up and never deadlock under the trainer's 
 
 namespace {
 
-// One point-to-point call of a stage: kind 0 an activation, 1 its gradient, 2 the tied wte
-// gradient; n: how many calls of the same direction with the same peer the stage made before.
+// One point-to-point call of a part: kind 0 an activation, 1 its gradient, 2 the tied wte
+// gradient; n: how many calls of the same direction with the same peer the part made before.
 struct Call {
   bool send = false;
   int kind = 0, micro = 0, peer = 0;
@@ -160,10 +160,10 @@ struct Call {
 };
 using Groups = std::vector<std::vector<Call>>;
 
-// Stage s's calls over a step in the order it issues them, in its groups: the transfers between
-// its ops (pipe_transfers), then on the end stages the tied wte exchange (a receive and a send,
+// Part s's calls over a step in the order it issues them, in its groups: the transfers between
+// its ops (pipe_transfers), then on the end parts the tied wte exchange (a receive and a send,
 // one group). grouped = false: every call on its own, as the trainer issued them before.
-Groups stage_calls(int P, int s, int m, bool grouped) {
+Groups part_calls(int P, int s, int m, bool grouped) {
   const std::vector<PipeOp> ops = one_f_one_b(P, s, m);
   Groups out;
   auto add = [&](std::vector<Call> g) {
@@ -190,7 +190,7 @@ Groups stage_calls(int P, int s, int m, bool grouped) {
   return out;
 }
 
-// Runs the stages' calls as NCCL does: each rank issues its groups in order on one stream, and
+// Runs the parts' calls as NCCL does: each rank issues its groups in order on one stream, and
 // NCCL's send and receive each wait for the other side (for messages larger than its buffers):
 // a call completes when the matching call of its peer (the k-th send from a to b meets the k-th
 // receive at b from a) is in the peer's current group, a group when all its calls have. Returns
@@ -200,7 +200,7 @@ bool runs_as_nccl(const std::vector<Groups>& calls) {
   struct Pos {
     std::size_t group = 0, call = 0;
   };
-  // where[s][2 * peer + send]: stage s's calls with peer in that direction, in order.
+  // where[s][2 * peer + send]: part s's calls with peer in that direction, in order.
   std::vector<std::vector<std::vector<Pos>>> where(static_cast<std::size_t>(P),
                                                    std::vector<std::vector<Pos>>(static_cast<std::size_t>(2 * P)));
   std::vector<std::vector<std::vector<bool>>> done(static_cast<std::size_t>(P));
@@ -213,7 +213,7 @@ bool runs_as_nccl(const std::vector<Groups>& calls) {
             .push_back({g, c});
     }
   }
-  std::vector<std::size_t> at(static_cast<std::size_t>(P), 0);  // each stage's current group
+  std::vector<std::size_t> at(static_cast<std::size_t>(P), 0);  // each part's current group
   for (;;) {
     bool progress = false;
     for (int s = 0; s < P; ++s) {
@@ -225,9 +225,9 @@ bool runs_as_nccl(const std::vector<Groups>& calls) {
         const Call& mine = group[c];
         const auto& theirs =
             where[static_cast<std::size_t>(mine.peer)][static_cast<std::size_t>(2 * s + (mine.send ? 0 : 1))];
-        INFO("stage " << s << (mine.send ? " sends" : " receives") << " transfer " << mine.kind << " of micro-batch "
-                      << mine.micro << " with stage " << mine.peer);
-        REQUIRE(mine.n < theirs.size());  // a call no other stage matches
+        INFO("part " << s << (mine.send ? " sends" : " receives") << " transfer " << mine.kind << " of micro-batch "
+                     << mine.micro << " with part " << mine.peer);
+        REQUIRE(mine.n < theirs.size());  // a call no other part matches
         const Pos q = theirs[mine.n];
         const Call& other = calls[static_cast<std::size_t>(mine.peer)][q.group][q.call];
         REQUIRE((other.kind == mine.kind && other.micro == mine.micro));
@@ -255,26 +255,26 @@ bool runs_as_nccl(const std::vector<Groups>& calls) {
 
 std::vector<Groups> all_calls(int P, int m, bool grouped) {
   std::vector<Groups> calls;
-  for (int s = 0; s < P; ++s) calls.push_back(stage_calls(P, s, m, grouped));
+  for (int s = 0; s < P; ++s) calls.push_back(part_calls(P, s, m, grouped));
   return calls;
 }
 
 }  // namespace
 
-TEST_CASE("between two ops a stage sends what the first made and receives what the second needs") {
-  // P = 4, stage 1: forward 2 then backward 0 (the steady state): one group with stage 2.
+TEST_CASE("between two ops a part sends what the first made and receives what the second needs") {
+  // P = 4, part 1: forward 2 then backward 0 (the steady state): one group with part 2.
   const PipeOp f2{true, 2}, b0{false, 0}, b1{false, 1}, f3{true, 3};
   REQUIRE(pipe_transfers(4, 1, &f2, &b0) ==
           std::vector<std::vector<PipeTransfer>>{{{true, true, 2, 2}, {false, false, 0, 2}}});
-  // Backward 0 then forward 3: one group with stage 0.
+  // Backward 0 then forward 3: one group with part 0.
   REQUIRE(pipe_transfers(4, 1, &b0, &f3) ==
           std::vector<std::vector<PipeTransfer>>{{{true, false, 0, 0}, {false, true, 3, 0}}});
   // Two backwards (the cool-down): peers differ, and the output gradient's buffer is sent from
   // and then received into, so two groups, the send first.
   REQUIRE(pipe_transfers(4, 1, &b0, &b1) ==
           std::vector<std::vector<PipeTransfer>>{{{true, false, 0, 0}}, {{false, false, 1, 2}}});
-  // The first stage receives no activation, the last sends none; nothing before the first op
-  // of the first stage, only the last send after the last op.
+  // The first part receives no activation, the last sends none; nothing before the first op
+  // of the first part, only the last send after the last op.
   REQUIRE(pipe_transfers(4, 0, nullptr, &f2).empty());
   REQUIRE(pipe_transfers(4, 3, &f2, &b0).empty());
   REQUIRE(pipe_transfers(4, 2, &b1, nullptr) == std::vector<std::vector<PipeTransfer>>{{{true, false, 1, 1}}});
@@ -286,8 +286,8 @@ TEST_CASE("on NCCL the grouped transfers complete; issued one by one, the steady
       INFO("P " << P << ", m " << m);
       REQUIRE(runs_as_nccl(all_calls(P, m, true)));
     }
-  // The trainer's calls before they were grouped: two stages each sending (an activation on, a
-  // gradient back) wait for each other, as does the tied exchange's receive on both end stages.
+  // The trainer's calls before they were grouped: two parts each sending (an activation on, a
+  // gradient back) wait for each other, as does the tied exchange's receive on both end parts.
   CHECK(!runs_as_nccl(all_calls(2, 2, false)));
   CHECK(!runs_as_nccl(all_calls(4, 8, false)));
   CHECK(!runs_as_nccl(all_calls(3, 1, false)));  // no steady state; the tied receives wait for each other

@@ -421,25 +421,25 @@ TEST_CASE("grid: a rank's part of the model, split as Megatron splits it", "[pla
   const std::int64_t block = 256 * 384 + 384 + 128 * 256 + 256 + 256 * 512 + 512 + 512 * 256 + 256 + 4 * 256;
   REQUIRE(block == 395648);
   const std::int64_t wte = 64 * 256, wpe = 16 * 256, ln_f = 512;
-  // PP 2: blocks 0-1 and the embedding on stage 0; blocks 2-3, ln_f and the tied head's copy on 1.
-  const Layout first = gpt_stage_layout(s, StagePart{2, 2, 0});
-  const Layout last = gpt_stage_layout(s, StagePart{2, 2, 1});
+  // PP 2: blocks 0-1 and the embedding in part 0; blocks 2-3, ln_f and the tied head's copy in 1.
+  const Layout first = gpt_part_layout(s, PipelinePart{2, 2, 0});
+  const Layout last = gpt_part_layout(s, PipelinePart{2, 2, 1});
   CHECK(first.num_params() == wte + wpe + 2 * block);
   CHECK(last.num_params() == wte + 2 * block + ln_f);
   CHECK(first.num_units() == 3);
   CHECK(last.unit(last.num_units() - 2).name == "lm_head");
-  // Summed over the TP ranks of one stage: the whole model's blocks plus one more copy of what
+  // Summed over the TP ranks of one pipeline part: the whole model's blocks plus one more copy of what
   // is replicated (6 x C per block, wpe).
   const Layout whole = gpt_layout(s);
-  const Layout tp1 = gpt_stage_layout(s, StagePart{});
+  const Layout tp1 = gpt_part_layout(s, PipelinePart{});
   CHECK(tp1.num_params() == whole.num_params());
-  const Layout tp2 = gpt_stage_layout(s, StagePart{2, 1, 0});
+  const Layout tp2 = gpt_part_layout(s, PipelinePart{2, 1, 0});
   CHECK(2 * tp2.num_params() == whole.num_params() + 4 * 6 * 256 + wpe + ln_f);
-  // 5 blocks over 2 stages: 3 on the first, 2 on the last.
+  // 5 blocks in 2 parts: 3 in the first, 2 in the last.
   GptShape five = s;
   five.n_layer = 5;
-  CHECK(StagePart{1, 2, 0}.blocks(five) == 3);
-  CHECK(StagePart{1, 2, 1}.blocks(five) == 2);
+  CHECK(PipelinePart{1, 2, 0}.blocks(five) == 3);
+  CHECK(PipelinePart{1, 2, 1}.blocks(five) == 2);
 }
 
 TEST_CASE("grid: per-rank memory of TP 2 x PP 2 x DP 2, worked by hand", "[plan][grid]") {
@@ -454,16 +454,16 @@ TEST_CASE("grid: per-rank memory of TP 2 x PP 2 x DP 2, worked by hand", "[plan]
   st.grad_accum = 4;  // gradients accumulate in fp32
   const Plan p = make_plan(s, c, st);
   CHECK(p.data_parallel == 2);
-  // Stage 0's part: 811776 parameters; stage 1: 2 x bf16 params, 4 x fp32 grads, 12 / 2 sharded.
+  // Part 0: 811776 parameters; ZeRO stage 1: 2 x bf16 params, 4 x fp32 grads, 12 / 2 sharded.
   const std::int64_t part0 = 20480 + 2 * 395648;
-  CHECK(p.memory_stage == 0);
+  CHECK(p.memory_part == 0);
   CHECK(p.memory.states.params == 2 * part0);
   CHECK(p.memory.states.grads == 4 * part0);
   CHECK(p.memory.states.master + p.memory.states.optimizer == 12 * part0 / 2);
-  // Activations of stage 0, bf16, row statistics: N = 16 tokens, NC = 4096, per block 3 widths
+  // Activations of part 0, bf16, row statistics: N = 16 tokens, NC = 4096, per block 3 widths
   // replicated + 12 / 2 split = 9 x 4096 elements and 4 x 16 + 64 heads-rows / 2 fp32; kept per
   // micro-batch: 2 blocks, 3 residual boundaries, 16 token ids + 16 targets; 1F1B holds 2 micro-
-  // batches (P 2 < m 4) at stage 0. Once: dres, dtmp, dqkv / 2, dfc / 2 and 32 fp32 of scratch.
+  // batches (P 2 < m 4) in part 0. Once: dres, dtmp, dqkv / 2, dfc / 2 and 32 fp32 of scratch.
   const std::int64_t per_micro = (2 * 9 * 4096 + 3 * 4096) * 2 + 2 * (64 + 32) * 4 + 32 * 4;
   const std::int64_t once = (2 * 4096 + 3 * 4096 / 2 + 4 * 4096 / 2) * 2 + 32 * 4;
   CHECK(p.memory.activations == 2 * per_micro + once);
@@ -498,7 +498,7 @@ TEST_CASE("grid: the 1F1B bubble and the model-parallel traffic in the step time
   const double act = 1024.0 * 768 * 2;
   const double slot = 6 * psi / 2 * 1024 / (312e12 * 0.5) + 2 * act / 300e9;
   // After the drain the tied embedding's fp32 gradient (50304 x 768) is all-reduced between the
-  // two stages: each rank sends and receives it once.
+  // two parts: each rank sends and receives it once.
   const double tied = 50304.0 * 768 * 4 / 300e9;
   CHECK(p.time.bubble == Approx(1.0 / 7));
   CHECK(p.time.bubble_s == Approx(slot));
@@ -537,7 +537,7 @@ TEST_CASE("grid: invalid grids and stage combinations are clear errors", "[plan]
       {8, 1, 8, 1, "n_head 12 is not a multiple"},
       {8, 2, 1, 2, "stage 2 with pipeline parallelism 2 is refused"},
       {8, 3, 1, 2, "stage 3 with pipeline parallelism 2 is refused"},
-      {16, 1, 1, 16, "more stages than the 12 blocks"},
+      {16, 1, 1, 16, "more pipeline parts than the 12 blocks"},
   };
   for (const Bad& b : cases) {
     Cluster c = a100_at_half(b.gpus);

@@ -32,7 +32,7 @@ struct TuneCandidate {
   std::optional<bool> quantized_weights;    // ZeRO++ qwZ (stage 3)
   std::optional<bool> quantized_gradients;  // ZeRO++ qgZ (stages 2-3)
   std::optional<int> mics_shard_size;       // MiCS (stages 1-3)
-  // The grid (ProcessGroups): ranks splitting each layer, pipeline stages; the data-parallel
+  // The grid (ProcessGroups): ranks splitting each layer, pipeline parts; the data-parallel
   // size, which the config is resolved for, is world / (T x P). Unset: TuneOptions::grid's.
   std::optional<int> tensor_parallel;
   std::optional<int> pipeline_parallel;

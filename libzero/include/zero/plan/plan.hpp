@@ -111,27 +111,27 @@ std::int64_t activation_bytes(const GptShape& shape, int micro, bool checkpointi
 // One rank's part of the model under tensor parallelism T and pipeline parallelism P, Megatron's
 // split: column-parallel QKV and MLP up-projection (weights and biases / T), row-parallel
 // projections (weights / T, biases and LayerNorms replicated), attention heads / T, a
-// vocabulary-parallel embedding (wte / T; wpe replicated); blocks in P contiguous stages, the
-// first L % P stages one block more; the embedding on the first stage, ln_f and the tied head
-// (its own copy of wte / T when P > 1) on the last.
-struct StagePart {
-  int tp = 1, pp = 1, stage = 0;
-  int blocks(const GptShape& shape) const;  // blocks on this stage
-  bool first() const { return stage == 0; }
-  bool last() const { return stage == pp - 1; }
+// vocabulary-parallel embedding (wte / T; wpe replicated); blocks in P contiguous pipeline parts,
+// the first L % P parts one block more; the embedding in the first part, ln_f and the tied head
+// (its own copy of wte / T when P > 1) in the last. `index` is the part's place in 0..P-1.
+struct PipelinePart {
+  int tp = 1, pp = 1, index = 0;
+  int blocks(const GptShape& shape) const;  // blocks in this part
+  bool first() const { return index == 0; }
+  bool last() const { return index == pp - 1; }
 };
 // Throws zero::Error when the shape cannot be split so: n_head or the padded vocabulary not a
-// multiple of T, more stages than blocks.
+// multiple of T, more pipeline parts than blocks.
 void check_split(const GptShape& shape, int tp, int pp);
-Layout gpt_stage_layout(const GptShape& shape, const StagePart& part);
+Layout gpt_part_layout(const GptShape& shape, const PipelinePart& part);
 // Activation bytes of one rank of that part with `in_flight` micro-batches held for the backward
-// (1F1B: min(P - stage, m)): what each micro-batch keeps (block buffers, or only the residual
+// (1F1B: min(P - index, m)): what each micro-batch keeps (block buffers, or only the residual
 // stream at block boundaries under checkpointing; tensors split by TP as Megatron's are: qkv,
 // attention output, the MLP hidden layer and the logits / T, the rest replicated) times
 // in_flight, plus what exists once (the recomputed block, the backward's scratch).
-// StagePart{} with in_flight 1 is activation_bytes() above.
-std::int64_t stage_activation_bytes(const GptShape& shape, const StagePart& part, int micro, int in_flight,
-                                    bool checkpointing, int element_bytes, AttentionStore attention);
+// PipelinePart{} with in_flight 1 is activation_bytes() above.
+std::int64_t part_activation_bytes(const GptShape& shape, const PipelinePart& part, int micro, int in_flight,
+                                   bool checkpointing, int element_bytes, AttentionStore attention);
 // The pipeline bubble of a 1F1B schedule: (P - 1) / (m + P - 1).
 double pipeline_bubble(int pp, int micro_batches);
 
@@ -367,8 +367,8 @@ struct Plan {
   GptShape shape;
   std::int64_t params = 0;
   Settings settings;
-  MemoryPlan memory;     // of the rank that needs the most GPU memory (first or last stage)
-  int memory_stage = 0;  // that rank's pipeline stage
+  MemoryPlan memory;    // of the rank that needs the most GPU memory (first or last part)
+  int memory_part = 0;  // that rank's pipeline part
   int data_parallel = 1;
   StepTime time;
   bool fits = false;
