@@ -54,6 +54,25 @@ j = run("--model", "gpt2", "--gpu", "A100-80GB", "--gpus", "2", "--stage", "1", 
         "--ckpt", "on")
 check(close(j["tflops_per_gpu"], 8 * j["params"] * j["tokens_per_s"] / (2 * 1e12)), "tflops with ckpt")
 
+# Llama 3 8B and BLOOM-7b1: the architecture and the published parameter counts; Llama's untied
+# input embedding (128,256 x 4,096 rows) is a lookup, so the FLOPs count the rest (flops_params).
+j = run("--model", "llama3-8b", "--gpu", "H100-SXM", "--gpus", "8", "--stage", "3", "--micro-batch", "1",
+        "--ckpt", "on", "--offload", "cpu")
+check(j["model"]["arch"] == "llama" and j["model"]["n_kv_head"] == 8 and j["model"]["ffn_hidden"] == 14336,
+      f"llama3-8b model {j['model']}")
+check(j["params"] == 8030261248, f"llama3-8b params {j['params']}")
+check(close(j["tflops_per_gpu"], 8 * (8030261248 - 128256 * 4096) * j["tokens_per_s"] / (8 * 1e12)),
+      "llama3-8b tflops count the untied embedding")
+j = run("--model", "bloom-7b1", "--gpu", "A100-80GB", "--gpus", "32", "--stage", "1", "--micro-batch", "2",
+        "--accum", "256", "--ckpt", "off")
+check(j["model"]["arch"] == "bloom" and j["params"] == 7069016064, f"bloom-7b1 {j['model']} {j['params']}")
+# An explicit shape names its architecture; --n-kv-head with a preset is refused.
+j = run("--arch", "llama", "--n-layer", "4", "--n-head", "8", "--n-kv-head", "2", "--n-embd", "512",
+        "--ffn-hidden", "1376", "--gpus", "1", "--stage", "0", "--micro-batch", "1", "--ckpt", "off")
+check(j["model"]["arch"] == "llama" and j["model"]["n_kv_head"] == 2, f"explicit llama {j['model']}")
+p = subprocess.run([plan, "--model", "gpt2", "--n-kv-head", "4", "--gpus", "1"], capture_output=True, text=True)
+check(p.returncode != 0 and "--n-kv-head" in p.stderr, f"--n-kv-head with a preset: {p.returncode} {p.stderr}")
+
 # Does not fit: GPT-3 175B on one V100-16GB.
 j = run("--model", "gpt3-175b", "--gpu", "V100-16GB", "--gpus", "1", "--stage", "0", "--micro-batch", "1",
         "--ckpt", "on")
