@@ -116,6 +116,7 @@ zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
     const int id = part.add_unit(u.name, std::move(params));
     for (const zero::ParamInfo& p : u.params) {
       part.set_decay(id, p.name, p.decay);
+      if (p.embedding) part.set_embedding(id, p.name);  // Muon steps it with AdamW
       const TensorCut cut = tensor_cut(cfg, p.name);
       if (cut.replicated)
         part.set_replicated(id, p.name);

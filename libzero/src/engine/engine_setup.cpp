@@ -215,6 +215,8 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
   env.world = world_;
   env.stage = stage_;
   env.comm = world_ > 1 ? &host_comm_ : nullptr;
+  // Statistics of tensors split by tensor parallelism are summed over the tensor group too.
+  env.tensor = groups_ != nullptr && groups_->tensor_size() > 1 ? &groups_->tensor() : nullptr;
   std::unique_ptr<Optimizer> o = make_optimizer(cfg_.optimizer, env);
   const std::string why = o->unsupported(layout_);
   ZERO_CHECK(why.empty(), why);

@@ -12,6 +12,13 @@
 //
 // Three passes: (1) the row and column sums of g^2 + eps1 over the whole matrix, ||p||, and the
 // vectors' V and ||u||; (2) the matrices' ||u||; (3) the update. Sums are SliceStats folds.
+//
+// Under tensor parallelism a rank holds a part of a split tensor (ParamInfo::split_axis): its
+// ||p||^2 and ||u||^2 are summed over the tensor group, and so are a matrix's sums along the split
+// axis (the row sums of a matrix cut by columns, the column sums of one cut by rows), while the
+// sums across it are whole and local. Means divide by the whole tensor's extents. A rank keeps
+// the R and C of the rows and columns it holds (all of R when the columns are cut, all of C when
+// the rows are), and the mean of R over a matrix cut by rows is summed over the group.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,6 +28,7 @@
 
 #include "offload/host_optimizer.hpp"
 #include "optim/optimizers.hpp"
+#include "zero/comm.hpp"
 #include "zero/error.hpp"
 
 namespace zero {
@@ -34,8 +42,10 @@ bool factored(const ParamInfo& p) { return p.shape.size() == 2 && p.shape[0] >= 
 int matrix_slots(const ParamInfo& p) { return factored(p) ? static_cast<int>(2 * (p.shape[0] + p.shape[1])) : 0; }
 
 struct Tensor {
-  std::int64_t numel = 0, rows = 1, cols = 0;
+  std::int64_t numel = 0, rows = 1, cols = 0;  // the rank's part
+  double whole_numel = 0, whole_rows = 1, whole_cols = 0;
   bool factored = false;
+  int split = -1;  // the axis tensor parallelism cuts, with a tensor group
   int index = 0;   // in the layout's numbering: slots 2 index (p2) and 2 index + 1 (u2)
   int slot_m = 0;  // a matrix's first slot: row sums, col sums, old R, old C
   std::vector<float> row_factor, col_factor, new_r, new_c;
@@ -47,6 +57,7 @@ class Adafactor final : public Optimizer {
  public:
   Adafactor(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
     int slot = 2 * tensor_offsets(*env.layout).back();
+    const double T = env.tensor != nullptr ? env.tensor->size() : 1;
     for (const UnitInfo& u : env.layout->units())
       for (const ParamInfo& p : u.params) {
         Tensor t;
@@ -59,6 +70,20 @@ class Adafactor final : public Optimizer {
         }
         t.index = static_cast<int>(tensors_.size());
         t.slot_m = slot;
+        t.split = env.tensor != nullptr ? p.split_axis : -1;
+        t.whole_numel = static_cast<double>(t.numel) * (t.split >= 0 ? T : 1.0);
+        t.whole_rows = static_cast<double>(t.rows) * (t.factored && t.split == 0 ? T : 1.0);
+        t.whole_cols = static_cast<double>(t.cols) * (t.split == (t.factored ? 1 : 0) ? T : 1.0);
+        if (t.split >= 0) {
+          split_a_.insert(split_a_.end(), {2 * t.index, 2 * t.index + 1});
+          // The sums along the cut axis: row sums of a matrix cut by columns, column sums of one
+          // cut by rows.
+          const int at = t.split == 1 ? slot : slot + static_cast<int>(t.rows);
+          if (t.factored)
+            for (std::int64_t k = 0; k < (t.split == 1 ? t.rows : t.cols); ++k)
+              split_a_.push_back(at + static_cast<int>(k));
+          if (t.factored) split_b_.push_back(t.index);
+        }
         slot += matrix_slots(p);
         tensors_.push_back(std::move(t));
       }
@@ -74,7 +99,19 @@ class Adafactor final : public Optimizer {
         if (p.shape.size() > 2)
           return fmt::format("optimizer.type Adafactor factors 2-D tensors; '{}' of unit '{}' has {} dimensions",
                              p.name, u.name, p.shape.size());
-    return needs_whole_tensors("Adafactor", layout);
+    for (const UnitInfo& u : layout.units())
+      for (const ParamInfo& p : u.params) {
+        if (p.split_axis < 0 || p.shape.size() != 2) continue;
+        std::vector<std::int64_t> whole = p.shape;
+        whole[static_cast<std::size_t>(p.split_axis)] *= env_.tensor != nullptr ? env_.tensor->size() : 1;
+        if (whole[0] >= 2 && whole[1] >= 2 && !factored(p))
+          return fmt::format(
+              "optimizer.type Adafactor factors '{}' of unit '{}' ([{}, {}] whole), but tensor parallelism leaves "
+              "this rank a part of shape [{}, {}], too thin to hold its row and column statistics: use a smaller "
+              "tensor parallelism",
+              p.name, u.name, whole[0], whole[1], p.shape[0], p.shape[1]);
+      }
+    return needs_tensor_group("Adafactor", layout, env_);
   }
 
   void begin_step(const StepHyper& h) override {
@@ -136,12 +173,13 @@ class Adafactor final : public Optimizer {
     Communicator* comm = env_.stage == 0 ? nullptr : env_.comm;
     if (pass == 0) {
       a_.combine(comm, env_.rank);
+      if (!split_a_.empty()) a_.sum_over_tensor_group(*env_.tensor, split_a_);
+      r_sums_.clear();
       for (Tensor& t : tensors_) {
         // The step size: the relative step or the configured rate, times the parameter's RMS.
         double lr = lr_;
         if (cfg_.relative_step) lr = std::min(cfg_.warmup_init ? 1e-6 * step_ : 1e-2, 1.0 / std::sqrt(step_));
-        if (cfg_.scale_parameter)
-          lr *= std::max(cfg_.eps2, std::sqrt(a_.total(2 * t.index) / static_cast<double>(t.numel)));
+        if (cfg_.scale_parameter) lr *= std::max(cfg_.eps2, std::sqrt(a_.total(2 * t.index) / t.whole_numel));
         t.lr = lr;
         t.neg_decay = static_cast<float>(-cfg_.weight_decay * lr);
         if (!t.factored) {
@@ -154,27 +192,51 @@ class Adafactor final : public Optimizer {
         t.new_c.resize(static_cast<std::size_t>(t.cols));
         double r_sum = 0.0;
         for (std::int64_t i = 0; i < t.rows; ++i) {
-          const double mean = a_.total(rows_at + static_cast<int>(i)) / static_cast<double>(t.cols);
+          const double mean = a_.total(rows_at + static_cast<int>(i)) / t.whole_cols;
           const float r = static_cast<float>(beta2t_ * a_.total(old_r + static_cast<int>(i)) + (1.0 - beta2t_) * mean);
           t.new_r[static_cast<std::size_t>(i)] = r;
           r_sum += r;
         }
         for (std::int64_t j = 0; j < t.cols; ++j) {
-          const double mean = a_.total(cols_at + static_cast<int>(j)) / static_cast<double>(t.rows);
+          const double mean = a_.total(cols_at + static_cast<int>(j)) / t.whole_rows;
           t.new_c[static_cast<std::size_t>(j)] =
               static_cast<float>(beta2t_ * a_.total(old_c + static_cast<int>(j)) + (1.0 - beta2t_) * mean);
         }
-        // u = g / sqrt(R_i C_j / mean(R)) = g * rsqrt(R_i / mean(R)) * rsqrt(C_j).
-        const double r_mean = r_sum / static_cast<double>(t.rows);
-        t.row_factor.resize(t.new_r.size());
         t.col_factor.resize(t.new_c.size());
-        for (std::size_t i = 0; i < t.new_r.size(); ++i)
-          t.row_factor[i] = static_cast<float>(1.0 / std::sqrt(t.new_r[i] / r_mean));
         for (std::size_t j = 0; j < t.new_c.size(); ++j)
           t.col_factor[j] = static_cast<float>(1.0 / std::sqrt(static_cast<double>(t.new_c[j])));
+        r_sums_.push_back(r_sum);
+      }
+      // The sums of R of the matrices cut by rows are a part's: one exchange for all of them.
+      if (env_.tensor != nullptr) {
+        r_split_.clear();
+        std::size_t k = 0;
+        for (const Tensor& t : tensors_)
+          if (t.factored) {
+            if (t.split == 0) r_split_.push_back(r_sums_[k]);
+            ++k;
+          }
+        sum_over_tensor_group(*env_.tensor, r_split_);
+        k = 0;
+        std::size_t s = 0;
+        for (const Tensor& t : tensors_)
+          if (t.factored) {
+            if (t.split == 0) r_sums_[k] = r_split_[s++];
+            ++k;
+          }
+      }
+      // u = g / sqrt(R_i C_j / mean(R)) = g * rsqrt(R_i / mean(R)) * rsqrt(C_j).
+      std::size_t k = 0;
+      for (Tensor& t : tensors_) {
+        if (!t.factored) continue;
+        const double r_mean = r_sums_[k++] / t.whole_rows;
+        t.row_factor.resize(t.new_r.size());
+        for (std::size_t i = 0; i < t.new_r.size(); ++i)
+          t.row_factor[i] = static_cast<float>(1.0 / std::sqrt(t.new_r[i] / r_mean));
       }
     } else {
       b_.combine(comm, env_.rank);
+      if (!split_b_.empty()) b_.sum_over_tensor_group(*env_.tensor, split_b_);
       for (std::size_t k = 0; k < tensors_.size(); ++k)
         if (tensors_[k].factored) set_scale(tensors_[k], b_.total(static_cast<int>(k)));
     }
@@ -183,7 +245,7 @@ class Adafactor final : public Optimizer {
  private:
   // The update's RMS clip and the step size, folded into one factor.
   void set_scale(Tensor& t, double u_sumsq) const {
-    const double rms = std::sqrt(u_sumsq / static_cast<double>(t.numel));
+    const double rms = std::sqrt(u_sumsq / t.whole_numel);
     t.scale = static_cast<float>(t.lr / std::max(1.0, rms / cfg_.clip_threshold));
   }
 
@@ -194,6 +256,9 @@ class Adafactor final : public Optimizer {
   offload::AdafactorConstants c_{};
   double beta2t_ = 0.0, step_ = 1.0, lr_ = 0.0;
   SliceStats a_, b_;
+  // The statistics summed over the tensor group: a_'s and b_'s slots, and the matrices' sums of R.
+  std::vector<int> split_a_, split_b_;
+  std::vector<double> r_sums_, r_split_;
 };
 
 }  // namespace

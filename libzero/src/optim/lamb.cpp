@@ -1,7 +1,9 @@
 // LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning"; DeepSpeed's FusedLamb and
 // its keys): Adam's direction plus decoupled decay, scaled per tensor by the trust ratio
 // ||p|| / ||u|| clamped to [min_coeff, max_coeff]. The norms are over the whole tensor, however
-// the partition cuts it (SliceStats), so the algorithm is the paper's at every stage.
+// the partition cuts it (SliceStats) and, for a tensor split by tensor parallelism, summed over
+// the tensor group (a replicated one is whole on every rank), so the algorithm is the paper's at
+// every stage and tensor-parallel size.
 #include "optim/lamb.hpp"
 
 #include <fmt/format.h>
@@ -17,7 +19,15 @@
 namespace zero {
 
 LambStep::LambStep(const OptimizerConfig& o, const OptimizerEnv& env, bool bias_correction)
-    : cfg_(o), env_(env), bias_correction_(bias_correction), first_(tensor_offsets(*env.layout)) {}
+    : cfg_(o), env_(env), bias_correction_(bias_correction), first_(tensor_offsets(*env.layout)) {
+  if (env.tensor == nullptr) return;
+  int t = 0;
+  for (const UnitInfo& u : env.layout->units())
+    for (const ParamInfo& p : u.params) {
+      if (p.split_axis >= 0) split_slots_.insert(split_slots_.end(), {2 * t, 2 * t + 1});
+      ++t;
+    }
+}
 
 void LambStep::begin_step(const StepHyper& h) {
   const double b1 = cfg_.beta1, b2 = cfg_.beta2, t = static_cast<double>(h.step);
@@ -51,6 +61,8 @@ void LambStep::run(int pass, const OptimRun& r) {
 
 void LambStep::end_pass() {
   stats_.combine(env_.stage == 0 ? nullptr : env_.comm, env_.rank);
+  // A split tensor's sums are its part's: one all-gather over the tensor group for all of them.
+  if (!split_slots_.empty()) stats_.sum_over_tensor_group(*env_.tensor, split_slots_);
   for (std::size_t t = 0; t < step_.size(); ++t) {
     const double w = std::sqrt(stats_.total(static_cast<int>(2 * t)));
     const double u = std::sqrt(stats_.total(static_cast<int>(2 * t + 1)));
@@ -65,12 +77,12 @@ namespace {
 
 class Lamb final : public Optimizer {
  public:
-  Lamb(const OptimizerConfig& o, const OptimizerEnv& env) : step_(o, env, o.bias_correction) {}
+  Lamb(const OptimizerConfig& o, const OptimizerEnv& env) : env_(env), step_(o, env, o.bias_correction) {}
   const char* name() const override { return "Lamb"; }
   int moments() const override { return 2; }
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
-  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("Lamb", layout); }
+  std::string unsupported(const Layout& layout) const override { return needs_tensor_group("Lamb", layout, env_); }
   void begin_step(const StepHyper& h) override { step_.begin_step(h); }
   void run(int pass, const OptimRun& r, Backend* device) override {
     ZERO_CHECK(device == nullptr, "Lamb steps host memory only");
@@ -79,6 +91,7 @@ class Lamb final : public Optimizer {
   void end_pass(int) override { step_.end_pass(); }
 
  private:
+  OptimizerEnv env_;
   LambStep step_;
 };
 

@@ -1,6 +1,7 @@
 // LAMB's step (lamb.cpp), the one code path of Lamb and of OneBitLamb's warm-up (onebit_lamb.cpp):
-// two passes over the owned state, the norms of each tensor combined between them (SliceStats),
-// so the trust ratio is the whole tensor's at every stage.
+// two passes over the owned state, the norms of each tensor combined between them (SliceStats;
+// for a tensor split by tensor parallelism, then summed over the tensor group), so the trust
+// ratio is the whole tensor's at every stage and tensor-parallel size.
 #pragma once
 
 #include <vector>
@@ -17,7 +18,8 @@ class LambStep {
   void begin_step(const StepHyper& h);
   // Pass 0 updates m and v and folds ||p||^2 and ||u||^2; pass 1 applies lr x trust.
   void run(int pass, const OptimRun& r);
-  // Between the passes (a collective at stages 1-3): the trust ratio of every tensor.
+  // Between the passes (a collective at stages 1-3, and over the tensor group when a tensor is
+  // split): the trust ratio of every tensor.
   void end_pass();
   // Tensor t's trust ratio this step, clamped to [min_coeff, max_coeff] (after end_pass).
   double trust(int t) const { return trust_[static_cast<std::size_t>(t)]; }
@@ -28,6 +30,7 @@ class LambStep {
   OptimizerEnv env_;
   bool bias_correction_;
   std::vector<int> first_;
+  std::vector<int> split_slots_;  // ||p||^2 and ||u||^2 of the tensors split by tensor parallelism
   offload::LambConstants c_{};
   double lr_ = 0.0;
   SliceStats stats_;

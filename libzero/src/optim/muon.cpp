@@ -60,7 +60,20 @@ class Muon final : public Optimizer {
   int moments() const override { return 2; }
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
-  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("Muon", layout); }
+  // Newton-Schulz needs each whole matrix on its owner; a matrix cut by tensor parallelism would
+  // have to be gathered over the tensor group first (not done). Its AdamW parameters are
+  // element-wise and may be split.
+  std::string unsupported(const Layout& layout) const override {
+    for (const UnitInfo& u : layout.units())
+      for (const ParamInfo& p : u.params)
+        if (p.split_axis >= 0 && muon_matrix(p))
+          return fmt::format(
+              "optimizer.type Muon orthogonalises each whole matrix (Newton-Schulz), and '{}' of unit '{}' is split "
+              "by tensor parallelism; gathering its parts over the tensor group is not implemented: use tensor "
+              "parallelism 1, or an optimizer that runs under it (Lamb, Adafactor, AdamW, Adam, SGD, Lion)",
+              p.name, u.name);
+    return {};
+  }
 
   void begin_step(const StepHyper& h) override {
     h_ = h;

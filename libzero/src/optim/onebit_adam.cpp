@@ -26,7 +26,6 @@ class OneBitAdam final : public Optimizer {
   const char* name() const override { return "OneBitAdam"; }
   int moments() const override { return 2; }
   bool per_tensor() const override { return true; }  // runs leave the padding out
-  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("OneBitAdam", layout); }
   bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
   void restored() override { exchange_.reset(); }

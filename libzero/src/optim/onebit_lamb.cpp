@@ -60,7 +60,11 @@ class OneBitLamb final : public Optimizer {
   int moments() const override { return 2; }
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
-  std::string unsupported(const Layout& layout) const override { return needs_whole_tensors("OneBitLamb", layout); }
+  // Under tensor parallelism the engine refuses it (it exchanges the data-parallel gradients
+  // itself); its warm-up is Lamb's code, exact over a tensor group.
+  std::string unsupported(const Layout& layout) const override {
+    return needs_tensor_group("OneBitLamb", layout, env_);
+  }
   bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
   void restored() override {

@@ -39,6 +39,10 @@ struct OptimizerEnv {
   // Host-memory collectives over the partition group (null when world is 1). An optimizer's
   // end_pass may call them; every rank calls end_pass at the same point.
   Communicator* comm = nullptr;
+  // Host-memory collectives over the tensor group (the ranks holding the other parts of the
+  // tensors split by tensor parallelism; null when there is none): per-tensor statistics of a
+  // split tensor are summed over it too (sum_over_tensor_group), so they are the whole tensor's.
+  Communicator* tensor = nullptr;
   // The owned range of unit u: the whole padded unit at stage 0, else slice `rank`.
   std::int64_t own_begin(int unit) const {
     return stage == 0 ? 0 : static_cast<std::int64_t>(rank) * slice[static_cast<std::size_t>(unit)];
@@ -151,12 +155,19 @@ class SliceStats {
   // the others'. Then total(slot) is the fold of the slices in order.
   void combine(Communicator* comm, int own);
   double total(int slot) const { return total_[static_cast<std::size_t>(slot)]; }
+  // After combine(), collective over the tensor group: the totals of `slots` (those of tensors
+  // split by tensor parallelism, a rank's part each) summed over it (sum_over_tensor_group).
+  void sum_over_tensor_group(Communicator& tensor, const std::vector<int>& slots);
   int slots() const { return slots_; }
 
  private:
   int slots_ = 0, slices_ = 0, lane_slots_ = 0;
   std::vector<double> v_, total_, lanes_;
 };
+
+// Replaces each of v's values by its sum over the tensor group (an all-gather, then the parts added
+// in tensor-rank order, so every member gets the same bits). Collective over the group.
+void sum_over_tensor_group(Communicator& tensor, std::vector<double>& v);
 
 // The global index of each parameter (its order in the layout, unit by unit).
 std::vector<int> tensor_offsets(const Layout& layout);

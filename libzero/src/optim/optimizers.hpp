@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "optim/optimizer.hpp"
 
@@ -22,8 +23,8 @@ std::int64_t adafactor_stat_slots(const Layout& layout);
 // Muon's matrices: 2-D and not an embedding or head.
 bool muon_matrix(const ParamInfo& p);
 
-// Refuses a layout with parameters split by tensor parallelism, for optimizers whose statistics
-// span a whole tensor ("" when there is none).
-std::string needs_whole_tensors(const char* optimizer, const Layout& layout);
+// Refuses a layout with a parameter split by tensor parallelism when the engine has no tensor
+// group to sum its statistics over (an Engine built without ProcessGroups): "" when there is none.
+std::string needs_tensor_group(const char* optimizer, const Layout& layout, const OptimizerEnv& env);
 
 }  // namespace zero

@@ -69,16 +69,30 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
   return x;
 }
 
-std::string needs_whole_tensors(const char* optimizer, const Layout& layout) {
+std::string needs_tensor_group(const char* optimizer, const Layout& layout, const OptimizerEnv& env) {
+  if (env.tensor != nullptr) return {};
   for (const UnitInfo& u : layout.units())
     for (const ParamInfo& p : u.params)
       if (p.split_axis >= 0)
         return fmt::format(
-            "optimizer.type {} computes statistics over whole tensors, and '{}' of unit '{}' is split by "
-            "tensor parallelism; combining them over the tensor group is not implemented yet: use "
-            "tensor parallelism 1, or an element-wise optimizer (AdamW, Adam, SGD, Lion)",
+            "optimizer.type {} computes statistics over whole tensors, and '{}' of unit '{}' is split by tensor "
+            "parallelism, but the engine has no tensor group to combine its parts over: construct the Engine with "
+            "the ProcessGroups whose tensor group holds the other parts",
             optimizer, p.name, u.name);
   return {};
+}
+
+void sum_over_tensor_group(Communicator& tensor, std::vector<double>& v) {
+  const std::size_t n = v.size(), T = static_cast<std::size_t>(tensor.size());
+  if (n == 0 || T < 2) return;
+  std::vector<double> all(n * T);
+  // Doubles travel as pairs of floats: the bytes arrive unchanged.
+  tensor.all_gather(v.data(), all.data(), 2 * n, DType::f32);
+  for (std::size_t k = 0; k < n; ++k) {
+    double t = 0.0;
+    for (std::size_t r = 0; r < T; ++r) t += all[r * n + k];
+    v[k] = t;
+  }
 }
 
 void SliceStats::reset(int slots, int slices, int lane_slots) {
@@ -110,6 +124,15 @@ void SliceStats::combine(Communicator* comm, int own) {
     for (int s = 0; s < slices_; ++s) t += v_[static_cast<std::size_t>(s) * n + k];
     total_[k] = t;
   }
+}
+
+void SliceStats::sum_over_tensor_group(Communicator& tensor, const std::vector<int>& slots) {
+  if (slots.empty()) return;
+  std::vector<double> v;
+  v.reserve(slots.size());
+  for (const int k : slots) v.push_back(total(k));
+  zero::sum_over_tensor_group(tensor, v);
+  for (std::size_t i = 0; i < slots.size(); ++i) total_[static_cast<std::size_t>(slots[i])] = v[i];
 }
 
 std::vector<int> tensor_offsets(const Layout& layout) {
