@@ -72,6 +72,7 @@ zero::Layout part_layout(const GptConfig& cfg, const PartSplit& s, int tensor_pa
     for (const auto& p : u.params) {
       if (!keep(p)) continue;
       out.set_decay(id, p.name, p.decay);
+      if (p.embedding) out.set_embedding(id, p.name);  // Muon steps it with AdamW
       if (p.replicated) out.set_replicated(id, p.name);
       if (p.split_axis >= 0) out.set_split(id, p.name, p.split_axis, p.split_blocks);
     }

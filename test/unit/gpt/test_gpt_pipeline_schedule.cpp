@@ -292,3 +292,24 @@ TEST_CASE("on NCCL the grouped transfers complete; issued one by one, the steady
   CHECK(!runs_as_nccl(all_calls(4, 8, false)));
   CHECK(!runs_as_nccl(all_calls(3, 1, false)));  // no steady state; the tied receives wait for each other
 }
+
+TEST_CASE("a pipeline part's layout keeps the embedding marks (Muon steps those with AdamW)") {
+  GptConfig tied = gpt_preset("tiny");
+  GptConfig untied = gpt_preset("llama-tiny");
+  for (int part : {0, 1}) {
+    const zero::Layout t = part_layout(tied, part_split(tied.n_layer, 2, part));
+    // Both parts hold wte (the last its tied copy).
+    REQUIRE(t.unit(t.find_unit("embeddings")).params[0].name == "wte.weight");
+    CHECK(t.unit(t.find_unit("embeddings")).params[0].embedding);
+    const zero::Layout u = part_layout(untied, part_split(untied.n_layer, 2, part));
+    if (part == 0) {
+      CHECK(u.unit(u.find_unit("embeddings")).params[0].embedding);
+    } else {
+      // The untied head is ln_f's lm_head.weight, and there is no wte copy.
+      CHECK_THROWS(u.find_unit("embeddings"));
+      const zero::UnitInfo& lnf = u.unit(u.find_unit("ln_f"));
+      REQUIRE(lnf.params.back().name == "lm_head.weight");
+      CHECK(lnf.params.back().embedding);
+    }
+  }
+}
