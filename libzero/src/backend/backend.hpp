@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/quantize.hpp"
+#include "offload/host_optimizer.hpp"
 #include "offload/pinned_pool.hpp"
 #include "zero/comm.hpp"
 #include "zero/dtype.hpp"
@@ -143,6 +144,28 @@ class Backend {
                     std::size_t n, const AdamHyper& h) = 0;
   virtual void sgd(float* master, float* mom, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
                    const SgdHyper& h) = 0;
+  // Lion and LAMB (optim/lion.cpp, optim/lamb.cpp) with the host kernels' arithmetic
+  // (offload::lion_step, lamb_moments, lamb_apply). A backend without the kernels refuses (the
+  // host backend never gets these calls: its memory is stepped by the host kernels).
+  virtual void lion(float* master, float* m, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+                    const offload::LionConstants& c) {
+    (void)master, (void)m, (void)grad, (void)gt, (void)param_out, (void)pt, (void)n, (void)c;
+    no_kernel("Lion");
+  }
+  // LAMB's first pass over a run of one tensor: m and v, and the run's sums of p^2 and u^2 added
+  // to sums[0] and sums[1] (two doubles of backend memory) in a fixed order, so the same run
+  // gives the same bits (not the host's eight-lane fold: they differ in rounding only).
+  virtual void lamb_moments(const float* master, float* m, float* v, const void* grad, DType gt, std::size_t n,
+                            const offload::LambConstants& c, double* sums) {
+    (void)master, (void)m, (void)v, (void)grad, (void)gt, (void)n, (void)c, (void)sums;
+    no_kernel("Lamb");
+  }
+  // LAMB's second pass: p -= step * u (step: lr x the tensor's trust ratio).
+  virtual void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType pt, std::size_t n,
+                          const offload::LambConstants& c, float step) {
+    (void)master, (void)m, (void)v, (void)param_out, (void)pt, (void)n, (void)c, (void)step;
+    no_kernel("Lamb");
+  }
 
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
   // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host
@@ -242,6 +265,11 @@ class Backend {
     if (allocated_ > max_allocated_) max_allocated_ = allocated_;
   }
   void note_free(std::size_t b) { allocated_ -= static_cast<std::int64_t>(b); }
+  // The refusal of an optimizer kernel this backend does not have.
+  [[noreturn]] void no_kernel(const char* optimizer) const {
+    ZERO_THROW(std::string("the ") + name() + " backend has no " + optimizer +
+               " kernels: its state is stepped on the host (offload_optimizer, or backend: host)");
+  }
 
  private:
   std::int64_t allocated_ = 0, max_allocated_ = 0;

@@ -127,6 +127,7 @@ class CudaBackend final : public Backend {
     staging_.reset();
     comm_.reset();
     if (idle) alloc_.release(stats_, stats_bytes());
+    if (idle && lamb_scratch_ != nullptr) alloc_.release(lamb_scratch_, lamb_scratch_bytes());
   }
 
   const char* name() const override { return "cuda"; }
@@ -201,6 +202,31 @@ class CudaBackend final : public Backend {
     check(master, grad, gt, param_out, pt, "sgd");
     ZERO_CHECK(h.momentum == 0.0f || mom, "cuda sgd: momentum needs a momentum buffer");
     launch_sgd(master, mom, grad, gt, param_out, pt, n, h, streams_.compute);
+  }
+  void lion(float* master, float* m, const void* grad, DType gt, void* param_out, DType pt, std::size_t n,
+            const offload::LionConstants& c) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(master, grad, gt, param_out, pt, "lion");
+    ZERO_CHECK(m != nullptr, "cuda lion: the momentum buffer must not be null");
+    launch_lion(master, m, grad, gt, param_out, pt, n, c, streams_.compute);
+  }
+  void lamb_moments(const float* master, float* m, float* v, const void* grad, DType gt, std::size_t n,
+                    const offload::LambConstants& c, double* sums) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(master, grad, gt, nullptr, DType::f32, "lamb_moments");
+    ZERO_CHECK(m && v && sums, "cuda lamb_moments: the moments and the sums must not be null");
+    if (lamb_scratch_ == nullptr) lamb_scratch_ = static_cast<double*>(alloc_.allocate(lamb_scratch_bytes()));
+    launch_lamb_moments(master, m, v, grad, gt, n, c, sums, lamb_scratch_, streams_.compute);
+  }
+  void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType pt, std::size_t n,
+                  const offload::LambConstants& c, float step) override {
+    if (n == 0) return;
+    use_device(device_);
+    ZERO_CHECK(master && m && v, "cuda lamb_apply: null state");
+    ZERO_CHECK(!param_out || valid(pt), "cuda lamb_apply: parameters are fp32, bf16 or fp16");
+    launch_lamb_apply(master, m, v, param_out, pt, n, c, step, streams_.compute);
   }
 
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
@@ -300,6 +326,8 @@ class CudaBackend final : public Backend {
  private:
   // Scratch of the gradient statistics: per-block partials, then the total.
   std::size_t stats_bytes() const { return (static_cast<std::size_t>(sumsq_blocks_) + 1) * sizeof(double); }
+  // Scratch of LAMB's sums (the block partials of one run), made at the first Lamb step.
+  static std::size_t lamb_scratch_bytes() { return 2 * kLambSumBlocks * sizeof(double); }
   static void check(const float* master, const void* grad, DType gt, const void* out, DType pt, const char* who) {
     ZERO_CHECK(master && grad, std::string("cuda ") + who + ": master and grad must not be null");
     ZERO_CHECK(valid(gt) && (!out || valid(pt)),
@@ -318,6 +346,7 @@ class CudaBackend final : public Backend {
   offload::PinnedPool pinned_{false};
   int sumsq_blocks_ = 1;
   double* stats_ = nullptr;
+  double* lamb_scratch_ = nullptr;
   offload::PinnedBuffer stats_host_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CudaOffloadStaging> staging_;

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 
+#include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
 #include "zero/optim.hpp"
 
@@ -37,6 +38,18 @@ void launch_adam(float* master, float* m, float* v, const void* grad, DType grad
                  DType param_type, std::size_t n, const AdamConstants& c, cudaStream_t stream);
 void launch_sgd(float* master, float* momentum_buf, const void* grad, DType grad_type, void* param_out,
                 DType param_type, std::size_t n, const SgdHyper& h, cudaStream_t stream);
+// Lion and LAMB (optimizer_kernels.cu): offload::lion_step, lamb_moments and lamb_apply's
+// arithmetic, the element-wise results bit for bit. launch_lamb_moments adds the run's sums of
+// p^2 and u^2 to sums[0] and sums[1] (device doubles) in a fixed order: deterministic, but
+// rounded differently from the host's eight-lane fold. scratch holds 2 x kLambSumBlocks doubles,
+// free for the launch's use until the next launch on the stream.
+constexpr std::size_t kLambSumBlocks = 1024;
+void launch_lion(float* master, float* m, const void* grad, DType grad_type, void* param_out, DType param_type,
+                 std::size_t n, const offload::LionConstants& c, cudaStream_t stream);
+void launch_lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::size_t n,
+                         const offload::LambConstants& c, double* sums, double* scratch, cudaStream_t stream);
+void launch_lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
+                       const offload::LambConstants& c, float step, cudaStream_t stream);
 
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
 void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t stream);

@@ -228,8 +228,15 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
   // State in device memory needs device kernels; offloaded state is stepped on the host, where
   // a device backend stages one pass of the gradients.
   const bool offloaded = cfg_.zero_optimization.offload_optimizer.device != OffloadDevice::none;
-  if (!backend_->host_accessible())
-    ZERO_CHECK(offloaded ? o->passes() == 1 : o->device_kernels(),
+  if (!backend_->host_accessible() && offloaded)
+    ZERO_CHECK(
+        o->passes() == 1,
+        fmt::format("optimizer.type {} visits its offloaded state in {} passes, which the {} backend's "
+                    "staging does not serve yet: {}use the host backend",
+                    o->name(), o->passes(), backend_->name(),
+                    o->device_kernels() ? "keep the state on the device (offload_optimizer.device: none) or " : ""));
+  if (!backend_->host_accessible() && !offloaded)
+    ZERO_CHECK(o->device_kernels(),
                fmt::format("optimizer.type {} has no {} backend kernels yet: use the host backend{}", o->name(),
                            backend_->name(), o->passes() == 1 ? ", or offload_optimizer.device: cpu or nvme" : ""));
   return o;

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "offload/host_optimizer.hpp"
 #include "optim/optimizer.hpp"
 
@@ -16,8 +17,9 @@ class LambStep {
   // bias_correction: divide the moments by 1 - beta^t (OneBitLamb never does, as DeepSpeed's).
   LambStep(const OptimizerConfig& o, const OptimizerEnv& env, bool bias_correction);
   void begin_step(const StepHyper& h);
-  // Pass 0 updates m and v and folds ||p||^2 and ||u||^2; pass 1 applies lr x trust.
-  void run(int pass, const OptimRun& r);
+  // Pass 0 updates m and v and folds ||p||^2 and ||u||^2; pass 1 applies lr x trust. `device`:
+  // the backend whose memory holds the state (its kernels step it), null for host memory.
+  void run(int pass, const OptimRun& r, Backend* device = nullptr);
   // Between the passes (a collective at stages 1-3, and over the tensor group when a tensor is
   // split): the trust ratio of every tensor.
   void end_pass();
@@ -36,6 +38,11 @@ class LambStep {
   SliceStats stats_;
   std::vector<double> trust_;
   std::vector<float> step_;  // per tensor: lr x trust ratio
+  // State in device memory: the backend, and its ||p||^2 and ||u||^2 per tensor and owned slice
+  // (backend memory, added to by each run of pass 0; read once per step in end_pass).
+  Backend* device_ = nullptr;
+  Buffer sums_;
+  std::vector<double> sums_host_;
 };
 
 }  // namespace zero
