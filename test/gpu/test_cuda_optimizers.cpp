@@ -163,8 +163,8 @@ TEST_CASE("LAMB's passes equal the host element by element; its sums are determi
       INFO(what);
       CHECK(sums[0] == sums[2]);  // bit for bit: the same run reduces in the same order
       CHECK(sums[1] == sums[3]);
-      CHECK(std::abs(sums[0] - hp) <= 1e-12 * hp);
-      CHECK(std::abs(sums[1] - hu) <= 1e-12 * hu);
+      CHECK(std::abs(sums[0] - hp) <= 1e-10 * hp);
+      CHECK(std::abs(sums[1] - hu) <= 1e-10 * hu);
       // The apply pass with the same step: bit for bit.
       const float step = 1e-3f * static_cast<float>(trust_of(hp, hu));
       offload::lamb_apply(master.data(), m.data(), v.data(), out.data(), pt, n, c, step, 1);
@@ -209,30 +209,28 @@ TEST_CASE("LAMB on the device over several steps: per-tensor statistics from sli
         for (std::size_t s = 0; s < slices; ++s)
           w2 += per_slice[2 * (t * slices + s)], u2 += per_slice[2 * (t * slices + s) + 1];
         INFO("dtype " << dtype_name(gt) << " step " << step << " tensor " << t);
-        CHECK(std::abs(w2 - host[2 * t]) <= 1e-12 * host[2 * t]);
-        CHECK(std::abs(u2 - host[2 * t + 1]) <= 1e-12 * host[2 * t + 1]);
+        CHECK(std::abs(w2 - host[2 * t]) <= 1e-10 * host[2 * t]);
+        CHECK(std::abs(u2 - host[2 * t + 1]) <= 1e-10 * host[2 * t + 1]);
         const double host_trust = trust_of(host[2 * t], host[2 * t + 1]), dev_trust = trust_of(w2, u2);
-        CHECK(std::abs(dev_trust - host_trust) <= 1e-12 * host_trust);
-        // Pass 1, each side with its own step (lr x its trust ratio).
+        CHECK(std::abs(dev_trust - host_trust) <= 1e-10 * host_trust);
+        // Pass 1 with the host's step on both sides (the trust ratios agree to rounding, checked
+        // above), so the two runs stay bit for bit the same and the next step's sums compare the
+        // same values.
         const std::size_t n = model.sizes[t];
+        const float step_size = static_cast<float>(lr * host_trust);
         offload::lamb_apply(model.master[t].data(), model.m[t].data(), model.v[t].data(), nullptr, DType::f32, n, c,
-                            static_cast<float>(lr * host_trust), 1);
+                            step_size, 1);
         dev->lamb_apply(model.dmaster[t].as<float>(), model.dm[t].as<float>(), model.dv[t].as<float>(), nullptr,
-                        DType::f32, n, c, static_cast<float>(lr * dev_trust));
+                        DType::f32, n, c, step_size);
       }
-      // The moments never see the trust ratio; the masters only through a step that may differ
-      // in its last bit.
       for (std::size_t t = 0; t < tensors; ++t) {
         const std::size_t n = model.sizes[t];
-        const auto got = download<float>(*dev, model.dmaster[t], n);
-        double worst = 0.0;
-        for (std::size_t i = 0; i < n; ++i) {
-          const double want = model.master[t][i];
-          worst = std::max(worst, std::abs(got[i] - want) / std::max(std::abs(want), 1e-6));
-        }
-        INFO("dtype " << dtype_name(gt) << " step " << step << " tensor " << t);
-        CHECK(worst <= 1e-6);
-        require_same(download<float>(*dev, model.dm[t], n).data(), model.m[t].data(), n, DType::f32, "lamb m");
+        const std::string what = std::string("lamb ") + std::string(dtype_name(gt)) + " step " + std::to_string(step) +
+                                 " tensor " + std::to_string(t);
+        require_same(download<float>(*dev, model.dmaster[t], n).data(), model.master[t].data(), n, DType::f32,
+                     what + " master");
+        require_same(download<float>(*dev, model.dm[t], n).data(), model.m[t].data(), n, DType::f32, what + " m");
+        require_same(download<float>(*dev, model.dv[t], n).data(), model.v[t].data(), n, DType::f32, what + " v");
       }
     }
   }
