@@ -235,10 +235,13 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
                     "staging does not serve yet: {}use the host backend",
                     o->name(), o->passes(), backend_->name(),
                     o->device_kernels() ? "keep the state on the device (offload_optimizer.device: none) or " : ""));
+  // Offload is the other way out for a one-pass optimizer, except those exchanging their own
+  // gradients (OneBitAdam), which the configuration refuses with offload.
+  const bool can_offload = o->passes() == 1 && !o->local_gradients(INT64_MAX);
   if (!backend_->host_accessible() && !offloaded)
     ZERO_CHECK(o->device_kernels(),
                fmt::format("optimizer.type {} has no {} backend kernels yet: use the host backend{}", o->name(),
-                           backend_->name(), o->passes() == 1 ? ", or offload_optimizer.device: cpu or nvme" : ""));
+                           backend_->name(), can_offload ? ", or offload_optimizer.device: cpu or nvme" : ""));
   return o;
 }
 
