@@ -274,11 +274,11 @@ TEST_CASE("regrid: models that are not the checkpoint's are refused, naming both
   ctx.comm().barrier();
   // Adafactor's factored statistics cannot be cut across tensor ranks.
   {
-    ProcessGroups g(ctx, {.tensor = 1, .pipeline = 1});
-    Config c = parse_config(
+    const char* adafactor =
         "train_micro_batch_size_per_gpu: 2\noptimizer:\n  type: Adafactor\n  params:\n    lr: 0.01\n"
-        "zero_optimization:\n  stage: 1\n",
-        "test_checkpoint_regrid");
+        "zero_optimization:\n  stage: 1\n";
+    ProcessGroups g(ctx, {.tensor = 1, .pipeline = 1});
+    Config c = parse_config(adafactor, "test_checkpoint_regrid");
     c.resolve(g.data_size());
     Engine e(ctx, c, part_layout(1, 1, g.coord()), g);
     init_part(e, g.coord());
@@ -291,6 +291,16 @@ TEST_CASE("regrid: models that are not the checkpoint's are refused, naming both
                           Catch::Contains("holds Adafactor's state") &&
                               Catch::Contains("cannot be cut from the grid TP 1 x PP 1 for TP 2"));
     ctx.comm().barrier();
+    // Nor loaded at another tensor parallelism.
+    if (ctx.world_size() % 2 == 0) {
+      ProcessGroups g2(ctx, {.tensor = 2, .pipeline = 1});
+      Config c2 = parse_config(adafactor, "test_checkpoint_regrid");
+      c2.resolve(g2.data_size());
+      Engine e2(ctx, c2, part_layout(2, 1, g2.coord()), g2);
+      REQUIRE_THROWS_WITH(load_checkpoint(e2, root),
+                          Catch::Contains("holds Adafactor's state at tensor parallelism 1") &&
+                              Catch::Contains("resume at tensor parallelism 1"));
+    }
   }
   // Under TP 2, a parameter neither split nor replicated cannot be cut.
   refuse(ctx, tp2,

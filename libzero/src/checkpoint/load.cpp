@@ -285,6 +285,13 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
                                   : std::string("units"),
                   at.grid.tensor);
     } else {
+      // Adafactor keeps each matrix's row and column statistics for the part a tensor rank holds
+      // (reshard refuses the same): cut anew they would be another matrix's.
+      ZERO_CHECK(meta.optimizer != "Adafactor" || meta.grid.tensor == at.grid.tensor,
+                 fmt::format("checkpoint '{}' holds Adafactor's state at tensor parallelism {}, whose row and "
+                             "column statistics belong to each rank's part of a matrix and cannot be cut for "
+                             "tensor parallelism {}; resume at tensor parallelism {}",
+                             dir, meta.grid.tensor, at.grid.tensor, meta.grid.tensor));
       whole = std::make_unique<ckpt::ModelReader>(dir);
     }
   });

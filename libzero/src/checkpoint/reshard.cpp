@@ -116,10 +116,10 @@ Layout part_layout(const ckpt::ModelReader& whole, const std::vector<ckpt::UnitM
 void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::string& tmp, ckpt::Metadata& nm,
                   int tensors, int parts, const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   // Adafactor keeps a matrix's row and column statistics in the first places of its own array:
-  // they describe the whole matrix and cannot be cut (it runs at TP 1 only).
+  // they describe the part of the matrix a tensor rank holds and cannot be cut anew.
   ZERO_CHECK(old.optimizer != "Adafactor" || tensors == old.grid.tensor,
-             fmt::format("reshard: '{}' holds Adafactor's state, whose row and column statistics belong to whole "
-                         "matrices and cannot be cut from the grid {} for TP {} (Adafactor runs at TP 1 only)",
+             fmt::format("reshard: '{}' holds Adafactor's state, whose row and column statistics belong to each "
+                         "tensor rank's part of a matrix and cannot be cut from the grid {} for TP {}",
                          dir, old.grid.describe(), tensors));
   ckpt::ModelReader whole(dir);
   const int world = nm.world, moments = old.moments;
