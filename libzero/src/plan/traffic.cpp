@@ -8,6 +8,7 @@
 
 #include "comm/quantize.hpp"
 #include "engine/powersgd.hpp"
+#include "engine/quantized_reduce_scatter.hpp"
 #include "optim/optimizer.hpp"
 #include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
@@ -93,11 +94,9 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   ZERO_CHECK(!s.quantized_gradients || world % L == 0,
              fmt::format("step_traffic: qgZ needs the same ranks on every node; {} ranks by {} per node", world, L));
   auto qgz = [&](TrafficBytes& to, std::int64_t sl) {
-    const auto block = static_cast<std::size_t>(s.quantized_weights_block_size);
-    to.intra_node += (L - 1) * static_cast<std::int64_t>(
-                                   quant::packed_bytes(static_cast<std::size_t>(M * sl), block, quant::Bits::int8));
-    to.inter_node += (M - 1) * static_cast<std::int64_t>(
-                                   quant::packed_bytes(static_cast<std::size_t>(sl), block, quant::Bits::int4));
+    to += QuantizedReduceScatter::bytes_per_reduction_for(static_cast<std::size_t>(L), static_cast<std::size_t>(M),
+                                                          static_cast<std::size_t>(sl),
+                                                          static_cast<std::size_t>(s.quantized_weights_block_size));
   };
 
   // Gradients: stages 0 and 1 reduce the accumulated gradient at the boundary, stages 2 and 3
