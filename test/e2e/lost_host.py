@@ -94,16 +94,20 @@ if FLAP_S > 0:
           f"{p.returncode}, {len(reports)} deadline report(s)")
     if p.returncode != 0 and not reports:
         fail(f"the launch failed without a deadline report:\n{err[-3000:]}")
-    # The ranks a report names (as not arrived, or as still in an earlier collective once the
-    # link is back and they answer) come with their node and host.
+    # A report blames the ranks that did not arrive: those must be the other host's, named with
+    # their node and host. Ranks that answered are named too, as still in an earlier collective
+    # (the other host's, once the link is back; or one of its own, waiting for data lost on the
+    # cut link) or already in a later one: no blame, but the other host must be named somewhere.
     for line in reports:
         me = int(re.match(r"\[rank (\d)/4\]", line).group(1))
+        other = (str(1 - me // 2), f"slowlink-h{1 - me // 2}")
+        missing = [m for c in line.split("; ") if "did not arrive" in c
+                   for m in re.findall(r"\(node (\d), host ([^)\s]+)\)", c)]
         named = re.findall(r"\(node (\d), host ([^)\s]+)\)", line)
-        if not named:
-            fail(f"a report does not name the ranks it waits for by node and host:\n{line}")
-        for node, host in named:
-            if int(node) == me // 2 or host != f"slowlink-h{1 - me // 2}":
-                fail(f"rank {me} blames its own host or the wrong one:\n{line}")
+        if other not in named:
+            fail(f"rank {me}'s report does not name the other host's ranks by node and host:\n{line}")
+        if any(m != other for m in missing):
+            fail(f"rank {me} blames its own host or the wrong one:\n{line}")
         if "different collectives" in line:
             fail(f"a network partition was reported as different collectives:\n{line}")
     sys.exit(0)
