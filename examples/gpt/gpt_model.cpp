@@ -198,9 +198,7 @@ void GptModel::block_forward(const BlockActs& a, const Act* in, Act* out, const 
   const int N = b_ * t_, C = cfg_.n_embd;
   const std::size_t NC = static_cast<std::size_t>(N) * C;
   const auto& s = slots_.block;
-  AttentionShape att = att_;
-  att.B = b_;
-  att.T = t_;
+  const AttentionShape att = batch_attention();
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, in, p[s[kLn1W]], pick(p, s, kLn1B), N);
   // Under tensor parallelism qkv holds this rank's heads (qkv_ columns: its query groups with
   // their key/value heads) and fch its hidden columns; the two output projections make partial
@@ -367,9 +365,7 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
   Act* dfch = dfch_.as<Act>();
 
   const auto& s = slots_.block;
-  AttentionShape att = att_;
-  att.B = b_;
-  att.T = t_;
+  const AttentionShape att = batch_attention();
 
   // MLP branch: out = res2 + fcproj(act(fc(ln2(res2)))). With GELU, the fused product backward
   // overwrites dfch with the gradient of the GELU's input; SwiGLU's backward overwrites it with

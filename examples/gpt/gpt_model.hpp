@@ -213,6 +213,13 @@ class GptModel {
   // [v0_, v0_ + vl_) of the padded vocabulary; att_ the attention's shape at the largest batch.
   int ca_ = 0, nh_ = 0, qkv_ = 0, fc_ = 0, fcin_ = 0, vl_ = 0, v0_ = 0;
   AttentionShape att_;
+  // att_ at the current batch's B and T.
+  AttentionShape batch_attention() const {
+    AttentionShape a = att_;
+    a.B = b_;
+    a.T = t_;
+    return a;
+  }
   TensorSlots slots_;
   Ops* ops_;
   std::size_t es_;  // bytes per element of ops_->dtype()

@@ -98,17 +98,19 @@ void PretrainedWeights::read_part(const std::string& name, const Shape& shape, c
     const std::int64_t n = count(ts);
     need[s].width = ts.size() >= 2 ? n / ts[0] : n;
     const auto nrows = static_cast<std::size_t>(n / need[s].width);
-    need[s].lo.assign(nrows, need[s].width);
-    need[s].hi.assign(nrows, -1);
+    // The whole parameter needs every element of its tensors: no walk to find them.
+    need[s].lo.assign(nrows, split ? need[s].width : 0);
+    need[s].hi.assign(nrows, split ? -1 : need[s].width - 1);
   }
-  place(m, c, [&](std::int64_t ours, int s, std::int64_t theirs) {
-    if (part_index(ours) < 0) return;
-    Need& nd = need[static_cast<std::size_t>(s)];
-    const auto r = static_cast<std::size_t>(theirs / nd.width);
-    const std::int64_t col = theirs % nd.width;
-    nd.lo[r] = std::min(nd.lo[r], col);
-    nd.hi[r] = std::max(nd.hi[r], col);
-  });
+  if (split)
+    place(m, c, [&](std::int64_t ours, int s, std::int64_t theirs) {
+      if (part_index(ours) < 0) return;
+      Need& nd = need[static_cast<std::size_t>(s)];
+      const auto r = static_cast<std::size_t>(theirs / nd.width);
+      const std::int64_t col = theirs % nd.width;
+      nd.lo[r] = std::min(nd.lo[r], col);
+      nd.hi[r] = std::max(nd.hi[r], col);
+    });
 
   // Read those spans (consecutive whole rows in one read), widened to fp32 in place.
   std::vector<std::vector<float>> values(m.from.size());
