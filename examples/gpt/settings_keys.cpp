@@ -17,8 +17,8 @@ constexpr double kLayers = 4096, kWidth = 1 << 20, kCount = 1 << 20;
 
 }  // namespace
 
-const std::vector<Key>& gpt_keys() {
-  static const std::vector<Key> table = {
+const zero::SettingsTable<GptSettings>& gpt_keys() {
+  static const zero::SettingsTable<GptSettings> table(std::vector<Key>{
       // ---- model
       {.section = "model",
        .name = "preset",
@@ -257,7 +257,7 @@ const std::vector<Key>& gpt_keys() {
        .range = at_least(0),
        .doc = "peak TFLOPs per device that MFU divides by; 0: measure OpenBLAS sgemm at start (the host's "
               "practical peak), or on a GPU its preset's bf16 peak (none: MFU n/a)"},
-  };
+  });
   return table;
 }
 

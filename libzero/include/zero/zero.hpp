@@ -16,3 +16,4 @@
 #include "zero/loss_scaler.hpp"
 #include "zero/optim.hpp"
 #include "zero/preemption.hpp"
+#include "zero/settings_table.hpp"

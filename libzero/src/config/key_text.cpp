@@ -8,6 +8,7 @@
 
 #include "config/keys.hpp"
 #include "runtime/strings.hpp"
+#include "zero/settings_table.hpp"
 
 namespace zero::keys {
 
@@ -55,32 +56,24 @@ std::string value_text(const Spec& s, const Config& c) {
 }
 
 std::string type_text(const Spec& s) {
+  // The kinds an application's settings table has too are written by its code
+  // (zero/settings_table.hpp), so both tables read alike.
   std::string t;
-  switch (s.kind) {
-    case Kind::integer: {
-      Range r = integer_range(s);
-      t = "integer";
-      bool hi = r.hi < kI64;
-      if (hi) {
-        t += " " + shortest_text(r.lo) + ".." + shortest_text(r.hi);
-      } else {
-        t += " >= " + shortest_text(r.lo);
-      }
-      break;
-    }
-    case Kind::real:
-      t = "number" + (s.range.describe() == "any value" ? std::string() : " " + s.range.describe());
-      break;
-    case Kind::flag: t = "bool"; break;
-    case Kind::text: t = "string"; break;
-    case Kind::choice:
-      for (auto c : s.choices) {
-        if (c.empty()) continue;
-        t += (t.empty() ? "`" : " \\| `") + std::string(c) + "`";
-      }
-      if (s.any_case) t += " (any case)";
-      break;
-    case Kind::pair: t = "list of 2 numbers " + s.range.describe(); break;
+  if (s.kind == Kind::choice) {
+    const std::vector<std::string> names(s.choices.begin(), s.choices.end());
+    t = setting_text::type(static_cast<std::string*>(nullptr), s.range, names);
+    if (s.any_case) t += " (any case)";
+  } else if (s.kind == Kind::pair) {
+    t = "list of 2 numbers " + s.range.describe();
+  } else {
+    Config probe;
+    t = std::visit(
+        [&](auto p) -> std::string {
+          if constexpr (std::is_pointer_v<decltype(p)>)
+            return setting_text::type(p, s.range, {});  // integers clipped to the member
+          return "";                                    // enum and pair slots are the choice and pair kinds above
+        },
+        s.slot(probe));
   }
   if (s.auto_rule != Auto::none) t += ", or `auto`";
   return t;

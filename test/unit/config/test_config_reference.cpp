@@ -3,50 +3,13 @@
 // ZERO_UPDATE_CONFIG_DOC=1 (it rewrites the block between the markers) and review the diff.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
-
 #include "zero/config.hpp"
-
-namespace {
-
-const std::string kBegin = "<!-- config-reference: generated from libzero/src/config/keys.cpp -->\n";
-const std::string kEnd = "<!-- end of config-reference -->\n";
-
-std::filesystem::path config_doc_path() { return ZERO_CONFIG_DOC; }
-
-std::string read_all(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
+#include "generated_block.hpp"
 
 TEST_CASE("docs/configuration.md's key table is the one generated from the key table", "[config]") {
-  const auto path = config_doc_path();
-  std::string doc = read_all(path);
-  REQUIRE_FALSE(doc.empty());
-  const auto begin = doc.find(kBegin);
-  const auto end = doc.find(kEnd);
-  REQUIRE(begin != std::string::npos);
-  REQUIRE(end != std::string::npos);
-  REQUIRE(begin < end);
-  const std::string in_doc = doc.substr(begin + kBegin.size(), end - begin - kBegin.size());
-  const std::string generated = zero::config_reference_markdown();
-  if (in_doc != generated && std::getenv("ZERO_UPDATE_CONFIG_DOC")) {
-    doc.replace(begin + kBegin.size(), end - begin - kBegin.size(), generated);
-    std::ofstream(path, std::ios::binary) << doc;
-    SUCCEED("docs/configuration.md rewritten");
-    return;
-  }
-  INFO(
-      "docs/configuration.md's block differs from zero::config_reference_markdown(); rerun this "
-      "test with ZERO_UPDATE_CONFIG_DOC=1 to rewrite it");
-  CHECK(in_doc == generated);
+  zero::test::check_generated_block(ZERO_CONFIG_DOC,
+                                    "<!-- config-reference: generated from libzero/src/config/keys.cpp -->\n",
+                                    "<!-- end of config-reference -->\n", zero::config_reference_markdown());
 }
 
 TEST_CASE("the generated reference names every key, its type, default and the policy", "[config]") {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 
+#include "generated_block.hpp"
 #include "gpt/reporter.hpp"
 #include "gpt/settings.hpp"
 #include "zero/config.hpp"
@@ -110,6 +111,12 @@ TEST_CASE("one table gives the defaults, the reading and the documented table", 
   for (const auto& [section, body] : GptSettings().sections())
     for (std::size_t at = 0; at < body.size(); at = body.find('\n', at) + 1)
       CHECK_THAT(table, Catch::Contains("| `" + section + "." + body.substr(at, body.find(':', at) - at) + "` |"));
+}
+
+TEST_CASE("the GPT README's key table is the one generated from the key table", "[gpt][settings]") {
+  zero::test::check_generated_block(ZERO_GPT_README,
+                                    "<!-- gpt-settings: generated from examples/gpt/settings_keys.cpp -->\n",
+                                    "<!-- end of gpt-settings -->\n", gpt_settings_reference_markdown());
 }
 
 TEST_CASE("rates keep their significant digits in the log", "[gpt][report]") {
