@@ -7,21 +7,43 @@
 #include "host_kernel_util.hpp"
 
 namespace zero::offload {
+namespace {
+
+// The lane fold of x^2 over a run (the ||p||^2 of the Adafactor passes).
+void square_fold(const float* x, std::int64_t at, std::size_t n, double* lanes) {
+  const bool simd = avx512_kernels();
+  auto vector = [&](std::size_t i) { return simd ? detail::square_fold_avx512(x, i, n, lanes) : i; };
+  for_each_lane_simd(at, n, lanes, vector, [&](std::size_t i, double& s) {
+    const double p = x[i];
+    s += p * p;
+  });
+}
+
+}  // namespace
 
 void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
                       const AdafactorConstants& c, double* p_lanes, double* u_lanes) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_vector");
-  with_grad_type(grad_type, [&]<int G>() {
-    for_each_lane2(at, n, p_lanes, u_lanes, [&](std::size_t i, double& ps, double& us) {
-      const float g = load_grad<G>(grad, i) * c.grad_scale;
-      const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
-      v[i] = vi;
-      const double p = master[i], u = g / std::sqrt(vi);
-      ps += p * p;
-      us += u * u;
+  const bool simd = avx512_kernels();
+  const int gc = elem_code(grad_type);
+  // The two folds share nothing but the run: ||p||^2 on one thread, V and ||u||^2 on another.
+  auto p_fold = [&] { square_fold(master, at, n, p_lanes); };
+  auto u_fold = [&] {
+    auto vector = [&](std::size_t i) {
+      return simd ? detail::adafactor_vector_avx512(v, grad, gc, i, n, c, u_lanes) : i;
+    };
+    with_grad_type(grad_type, [&]<int G>() {
+      for_each_lane_simd(at, n, u_lanes, vector, [&](std::size_t i, double& us) {
+        const float g = load_grad<G>(grad, i) * c.grad_scale;
+        const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
+        v[i] = vi;
+        const double u = g / std::sqrt(vi);
+        us += u * u;
+      });
     });
-  });
+  };
+  run_both(n, p_fold, u_fold);
 }
 
 void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
@@ -29,13 +51,10 @@ void adafactor_matrix_sums(const float* master, const void* grad, DType grad_typ
                            double* p_lanes) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_matrix_sums");
-  for_each_lane(at, n, p_lanes, [&](std::size_t i, double& ps) {
-    const double p = master[i];
-    ps += p * p;
-  });
-  with_grad_type(grad_type, [&]<int G>() {
-    std::int64_t row = at / cols, col = at % cols;
-    for (std::size_t i = 0; i < n; ++i) {
+  // The row and column folds of s, element by element over [i, end), row and col stepped along.
+  std::int64_t row = at / cols, col = at % cols;
+  auto sums = [&]<int G>(std::size_t i, std::size_t end) {
+    for (; i < end; ++i) {
       const float g = load_grad<G>(grad, i) * c.grad_scale;
       const double s = static_cast<double>(g) * g + c.eps1;
       row_sums[row] += s;
@@ -45,21 +64,50 @@ void adafactor_matrix_sums(const float* master, const void* grad, DType grad_typ
         ++row;
       }
     }
-  });
+  };
+  // The part of the run before its first whole row, its whole rows eight at a time (AVX-512),
+  // then what is left; ||p||^2 on another thread meanwhile.
+  auto g_sums = [&] {
+    with_grad_type(grad_type, [&]<int G>() {
+      std::size_t i = std::min(n, static_cast<std::size_t>((cols - col) % cols));
+      sums.template operator()<G>(0, i);
+      if (avx512_kernels()) {
+        const auto blocks = static_cast<std::int64_t>((n - i) / static_cast<std::size_t>(cols)) / 8 * 8;
+        detail::matrix_sums_avx512(grad, elem_code(grad_type), i, blocks, cols, c.grad_scale, c.eps1, row_sums + row,
+                                   col_sums);
+        i += static_cast<std::size_t>(blocks * cols);
+        row += blocks;
+      }
+      sums.template operator()<G>(i, n);
+    });
+  };
+  run_both(
+      n, [&] { square_fold(master, at, n, p_lanes); }, g_sums);
 }
 
 void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
                           float grad_scale, const float* row_factor, const float* col_factor, double* u_lanes) {
   if (n == 0) return;
+  const bool simd = avx512_kernels();
+  const int gc = elem_code(grad_type);
   with_grad_type(grad_type, [&]<int G>() {
-    // The row and column of element i, stepped along (for_each_lane visits i in order).
+    // Row segment by row segment: the lanes continue across segments as over the whole run.
     std::int64_t row = at / cols, col = at % cols;
-    for_each_lane(at, n, u_lanes, [&](std::size_t i, double& us) {
-      const float g = load_grad<G>(grad, i) * grad_scale;
-      const double u = g * row_factor[row] * col_factor[col];
-      us += u * u;
-      if (++col == cols) col = 0, ++row;
-    });
+    for (std::size_t b = 0; b < n; ++row, col = 0) {
+      const std::size_t len = std::min(n - b, static_cast<std::size_t>(cols - col));
+      const float rf = row_factor[row];
+      const float* cf = col_factor + col;  // cf[i]: the factor of element b + i
+      const void* g = static_cast<const char*>(grad) + b * (G == detail::kF32 ? 4 : 2);
+      auto vector = [&](std::size_t i) {
+        return simd ? detail::matrix_rms_avx512(g, gc, i, len, grad_scale, rf, cf + i, u_lanes) : i;
+      };
+      for_each_lane_simd(at + static_cast<std::int64_t>(b), len, u_lanes, vector, [&](std::size_t i, double& us) {
+        const float gi = load_grad<G>(g, i) * grad_scale;
+        const double u = gi * rf * cf[i];
+        us += u * u;
+      });
+      b += len;
+    }
   });
 }
 
@@ -69,6 +117,9 @@ void adafactor_apply(float* master, const float* v, float* m1, const void* grad,
   if (n == 0) return;
   check_common(master, grad, grad_type, param_out, param_type, "adafactor_apply");
   const bool factored = row_factor != nullptr;
+  const int gc = elem_code(grad_type), oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
+  const bool simd = avx512_kernels() && simd_out(oc);
+  float* outf = f32_out(param_out, oc);
   // Branch-free inner loops: one instance per gradient and parameter dtype, factored or not, with
   // or without the first moment; a matrix run goes row segment by row segment.
   auto body = [&]<int G, int O, bool F, bool M>(std::size_t b, std::size_t e) {
@@ -78,6 +129,7 @@ void adafactor_apply(float* master, const float* v, float* m1, const void* grad,
       const float rf = F ? row_factor[row] : 0.0f;
       const float* cf = F ? col_factor + col : nullptr;  // cf[i - seg]: the column of element i
       const std::size_t seg = i;
+      if (simd) i = detail::adafactor_apply_avx512(master, v, m1, grad, gc, outf, i, end, rf, cf, a);
       for (; i < end; ++i) {
         const float g = load_grad<G>(grad, i) * a.grad_scale;
         float u = F ? g * rf * cf[i - seg] : g / std::sqrt(v[i]);

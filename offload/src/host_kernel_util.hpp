@@ -1,6 +1,6 @@
 // What the portable host optimizer kernels share: dtype checks, gradient loads and parameter
 // stores in each dtype, and the OpenMP tiling. Included by portable translation units only (the
-// ISA-specific Adam kernels have their own: host_adam_kernels.hpp says why).
+// ISA-specific kernels have their own: host_adam_kernels.hpp says why).
 #pragma once
 
 #include <fmt/format.h>
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "host_adam_kernels.hpp"
+#include "host_simd_kernels.hpp"
 #include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
@@ -121,6 +122,62 @@ template <class Body>
 void for_each_lane(std::int64_t at, std::size_t n, double* lanes, Body&& body) {
   double unused[kStatLanes] = {};
   for_each_lane2(at, n, lanes, unused, [&](std::size_t i, double& a, double&) { body(i, a); });
+}
+
+// for_each_lane2 with a vector middle: after the elements before the first of lane 0,
+// simd(i) folds from element i on (host_simd_kernels.hpp) and returns where it stopped; body
+// does the rest. The lanes see the same elements in the same order as for_each_lane2's.
+template <class Simd, class Body>
+void for_each_lane2_simd(std::int64_t at, std::size_t n, double* lanes_a, double* lanes_b, Simd&& simd, Body&& body) {
+  std::size_t i = 0;
+  for (; i < n && (at + static_cast<std::int64_t>(i)) % kStatLanes != 0; ++i) {
+    const auto k = static_cast<int>((at + static_cast<std::int64_t>(i)) % kStatLanes);
+    body(i, lanes_a[k], lanes_b[k]);
+  }
+  if (i < n) i = simd(i);
+  const std::size_t from = i;
+  for_each_lane2(at + static_cast<std::int64_t>(from), n - from, lanes_a, lanes_b,
+                 [&](std::size_t k, double& a, double& b) { body(from + k, a, b); });
+}
+
+template <class Simd, class Body>
+void for_each_lane_simd(std::int64_t at, std::size_t n, double* lanes, Simd&& simd, Body&& body) {
+  double unused[kStatLanes] = {};
+  for_each_lane2_simd(at, n, lanes, unused, simd, [&](std::size_t i, double& a, double&) { body(i, a); });
+}
+
+// True where the AVX-512 kernels of host_simd_kernels.hpp may run: an x86-64 build on a CPU
+// with what the AVX-512 Adam path needs.
+inline bool avx512_kernels() {
+#if ZERO_OFFLOAD_X86
+  static const bool yes = best_simd_path() == SimdPath::avx512;
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// The fp32 parameter output for the AVX-512 kernels: null when there is none; the 16-bit
+// outputs stay on the portable loops (simd_out says whether a kernel may take the run).
+inline float* f32_out(void* out, int out_code) { return out_code == detail::kF32 ? static_cast<float*>(out) : nullptr; }
+inline bool simd_out(int out_code) { return out_code == detail::kNone || out_code == detail::kF32; }
+
+// Runs a() and b() at once on two threads when the OpenMP default allows two and the run is
+// long enough to pay for it, else one after the other. They must not share anything they write.
+template <class A, class B>
+void run_both(std::size_t n, A&& a, B&& b) {
+  if (n < kTile || omp_get_max_threads() < 2 || omp_in_parallel()) {
+    a();
+    b();
+    return;
+  }
+#pragma omp parallel sections num_threads(2)
+  {
+#pragma omp section
+    a();
+#pragma omp section
+    b();
+  }
 }
 
 }  // namespace

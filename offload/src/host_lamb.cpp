@@ -21,8 +21,13 @@ void lamb_moments(const float* master, float* m, float* v, const void* grad, DTy
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "lamb_moments");
   ZERO_CHECK(m != nullptr && v != nullptr, "lamb_moments: the moment buffers must not be null");
+  const bool simd = avx512_kernels();
+  const int gc = elem_code(grad_type);
+  auto vector = [&](std::size_t i) {
+    return simd ? detail::lamb_moments_avx512(master, m, v, grad, gc, i, n, c, p_lanes, u_lanes) : i;
+  };
   with_grad_type(grad_type, [&]<int G>() {
-    for_each_lane2(at, n, p_lanes, u_lanes, [&](std::size_t i, double& ps, double& us) {
+    for_each_lane2_simd(at, n, p_lanes, u_lanes, vector, [&](std::size_t i, double& ps, double& us) {
       const float g = load_grad<G>(grad, i) * c.grad_scale;
       const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
       const float vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
@@ -39,8 +44,11 @@ void lamb_apply(float* master, const float* m, const float* v, void* param_out, 
                 const LambConstants& c, float step, int threads) {
   if (n == 0) return;
   ZERO_CHECK(master != nullptr && m != nullptr && v != nullptr, "lamb_apply: null state");
+  const int oc = param_out != nullptr ? elem_code(param_type) : detail::kNone;
+  const bool simd = avx512_kernels() && simd_out(oc);
   with_param_type(param_out, param_type, [&]<int O>() {
     for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+      if (simd) b = detail::lamb_apply_avx512(master, m, v, f32_out(param_out, oc), b, e, c, step);
       for (std::size_t i = b; i < e; ++i) {
         const float p = master[i] - step * lamb_direction(m[i], v[i], master[i], c);
         master[i] = p;

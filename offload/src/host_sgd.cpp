@@ -72,8 +72,19 @@ void sgd_step(float* master, float* momentum_buf, const void* grad, DType grad_t
   auto range = grad_type == DType::f32    ? sgd_range_out<detail::kF32>
                : grad_type == DType::bf16 ? sgd_range_out<detail::kBF16>
                                           : sgd_range_out<detail::kF16>;
-  for_each_tile(n, threads,
-                [&](std::size_t b, std::size_t e) { range(master, momentum_buf, grad, param_out, oc, b, e, c); });
+  // The AVX-512 kernel takes each tile's groups of sixteen, the portable loop what is left.
+  const bool simd = avx512_kernels() && simd_out(oc);
+  const detail::SgdKernel k{h.lr,
+                            h.momentum,
+                            h.weight_decay,
+                            h.grad_scale,
+                            h.momentum == 0.0f ? 0 : h.first_step ? 1 : 2,
+                            h.weight_decay != 0.0f};
+  const int gc = elem_code(grad_type);
+  for_each_tile(n, threads, [&](std::size_t b, std::size_t e) {
+    if (simd) b = detail::sgd_avx512(master, momentum_buf, grad, gc, f32_out(param_out, oc), b, e, k);
+    range(master, momentum_buf, grad, param_out, oc, b, e, c);
+  });
 }
 
 }  // namespace zero::offload
