@@ -67,17 +67,17 @@ inline void transpose8(__m512d x[8]) {
   }
 }
 
-// Eight whole rows from `first`: s = g^2 + eps1 in double; each column adds the eight rows in
-// row order, each row its columns in column order (a transposed block of eight columns per
-// step, so the eight row chains advance together).
+// Eight whole rows from `first`, columns [c0, c1): s = g^2 + eps1 in double; each column adds
+// the eight rows in row order, each row its columns in column order (a transposed block of
+// eight columns per step, so the eight row chains advance together).
 template <int G>
-void eight_rows(const void* grad, std::size_t first, std::size_t cols, float grad_scale, float eps1, double* rows,
-                double* col_sums) {
+void eight_rows(const void* grad, std::size_t first, std::size_t c0, std::size_t c1, std::size_t cols, float grad_scale,
+                float eps1, double* rows, double* col_sums) {
   const __m256 gs = _mm256_set1_ps(grad_scale);
   const __m512d eps = _mm512_set1_pd(static_cast<double>(eps1));
   __m512d row_acc = _mm512_loadu_pd(rows);
-  std::size_t c = 0;
-  for (; c + 8 <= cols; c += 8) {
+  std::size_t c = c0;
+  for (; c + 8 <= c1; c += 8) {
     __m512d s[8];
     __m512d col = _mm512_loadu_pd(col_sums + c);
     for (int k = 0; k < 8; ++k) {
@@ -101,8 +101,8 @@ void eight_rows(const void* grad, std::size_t first, std::size_t cols, float gra
   }
   _mm512_storeu_pd(rows, row_acc);
   // Columns past the last group of eight: row by row, each row's in column order.
-  for (int k = 0; k < 8 && c < cols; ++k)
-    for (std::size_t j = c; j < cols; ++j) {
+  for (int k = 0; k < 8 && c < c1; ++k)
+    for (std::size_t j = c; j < c1; ++j) {
       const std::size_t at = first + static_cast<std::size_t>(k) * cols + j;
       float x;
       if constexpr (G == kF32) {
@@ -175,12 +175,13 @@ std::size_t matrix_rms_avx512(const void* grad, int grad_code, std::size_t begin
 }
 
 void matrix_sums_avx512(const void* grad, int grad_code, std::size_t begin, std::int64_t rows, std::int64_t cols,
-                        float grad_scale, float eps1, double* row_sums, double* col_sums) {
+                        std::int64_t c0, std::int64_t c1, float grad_scale, float eps1, double* row_sums,
+                        double* col_sums) {
   const auto c = static_cast<std::size_t>(cols);
   by_grad(grad_code, [&]<int G>() {
-    std::int64_t r = 0;
-    for (; r + 8 <= rows; r += 8)
-      eight_rows<G>(grad, begin + static_cast<std::size_t>(r) * c, c, grad_scale, eps1, row_sums + r, col_sums);
+    for (std::int64_t r = 0; r + 8 <= rows; r += 8)
+      eight_rows<G>(grad, begin + static_cast<std::size_t>(r) * c, static_cast<std::size_t>(c0),
+                    static_cast<std::size_t>(c1), c, grad_scale, eps1, row_sums + r, col_sums);
     return std::size_t{0};
   });
 }

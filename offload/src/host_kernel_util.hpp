@@ -164,9 +164,11 @@ inline bool simd_out(int out_code) { return out_code == detail::kNone || out_cod
 
 // Runs a() and b() at once on two threads when the OpenMP default allows two and the run is
 // long enough to pay for it, else one after the other. They must not share anything they write.
+inline bool run_both_threads(std::size_t n) { return n >= kTile && omp_get_max_threads() >= 2 && !omp_in_parallel(); }
+
 template <class A, class B>
 void run_both(std::size_t n, A&& a, B&& b) {
-  if (n < kTile || omp_get_max_threads() < 2 || omp_in_parallel()) {
+  if (!run_both_threads(n)) {
     a();
     b();
     return;

@@ -48,9 +48,10 @@ std::size_t square_fold_avx512(const float* x, std::size_t begin, std::size_t en
 std::size_t matrix_rms_avx512(const void* grad, int grad_code, std::size_t begin, std::size_t end, float grad_scale,
                               float rf, const float* cf, double* u_lanes);
 // Row and column sums of s = g^2 + eps1 over `rows` whole rows (a multiple of eight) of `cols`
-// elements from element `begin`, the first of row_sums[0]'s row: every row and every column
-// still folds in element order.
+// elements from element `begin`, the first of row_sums[0]'s row, columns [c0, c1) (c0 a
+// multiple of eight): every row and every column continues its fold in element order.
 void matrix_sums_avx512(const void* grad, int grad_code, std::size_t begin, std::int64_t rows, std::int64_t cols,
-                        float grad_scale, float eps1, double* row_sums, double* col_sums);
+                        std::int64_t c0, std::int64_t c1, float grad_scale, float eps1, double* row_sums,
+                        double* col_sums);
 
 }  // namespace zero::offload::detail
