@@ -7,6 +7,7 @@
 
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
+#include "zero/plan/plan.hpp"
 
 namespace zero::gpt {
 
@@ -85,45 +86,10 @@ void check_tensor_parallel(const GptConfig& cfg, int T) {
                          T, cfg.padded_vocab_size(), cfg.vocab_size));
 }
 
-TensorCut tensor_cut(const GptConfig& cfg, std::string_view name) {
-  auto ends = [&](std::string_view s) { return name.ends_with(s); };
-  if (name == "wte.weight" || name == "lm_head.weight") return {false, 0, 1};  // vocabulary rows
-  // q | k | v columns: n_head / n_kv_head query blocks and a k and a v block, each cut T ways, so
-  // a rank holds whole query groups with their key/value heads (plan::GptShape::qkv_width).
-  if (ends("attn.c_attn.weight")) return {false, 1, cfg.qkv_blocks()};
-  if (ends("attn.c_attn.bias")) return {false, 0, cfg.qkv_blocks()};
-  // Column-parallel; SwiGLU's gate | up in two blocks, so a rank's gate and up columns match.
-  if (ends("mlp.c_fc.weight")) return {false, 1, cfg.gated_mlp() ? 2 : 1};
-  if (ends("mlp.c_fc.bias")) return {false, 0, 1};
-  // Row-parallel; the attention output's rows follow the query heads: n_head / n_kv_head blocks.
-  if (ends("attn.c_proj.weight")) return {false, 0, cfg.n_head / cfg.kv_heads()};
-  if (ends("mlp.c_proj.weight")) return {false, 0, 1};
-  return {true, -1, 1};  // norms, wpe, row-parallel biases
-}
-
 zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T) {
   check_tensor_parallel(cfg, T);
-  const zero::Layout whole = build_layout(cfg);
-  zero::Layout part;
-  for (const zero::UnitInfo& u : whole.units()) {
-    std::vector<std::pair<std::string, zero::Layout::Shape>> params;
-    for (const zero::ParamInfo& p : u.params) {
-      zero::Layout::Shape shape = p.shape;
-      const TensorCut cut = tensor_cut(cfg, p.name);
-      if (!cut.replicated) shape[static_cast<std::size_t>(cut.axis)] /= T;
-      params.emplace_back(p.name, std::move(shape));
-    }
-    const int id = part.add_unit(u.name, std::move(params));
-    for (const zero::ParamInfo& p : u.params) {
-      part.set_decay(id, p.name, p.decay);
-      if (p.embedding) part.set_embedding(id, p.name);  // Muon steps it with AdamW
-      const TensorCut cut = tensor_cut(cfg, p.name);
-      if (cut.replicated)
-        part.set_replicated(id, p.name);
-      else
-        part.set_split(id, p.name, cut.axis, cut.blocks);
-    }
-  }
+  zero::Layout part = zero::plan::gpt_part_layout(cfg.plan_shape(), zero::plan::PipelinePart{T, 1, 0});
+  part.decay_matrices_only();  // as build_layout
   return part;
 }
 

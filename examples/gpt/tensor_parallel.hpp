@@ -29,7 +29,6 @@
 #include <cstdint>
 #include <memory>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "gpt/gpt_config.hpp"
@@ -79,17 +78,8 @@ struct TensorParallel {
 // width and the padded vocabulary must divide by T.
 void check_tensor_parallel(const GptConfig& cfg, int T);
 
-// How a parameter is cut: along `axis` in `blocks` equal blocks each split T ways, or
-// replicated. Every parameter of every architecture is one or the other.
-struct TensorCut {
-  bool replicated = false;
-  int axis = -1;
-  int blocks = 1;
-};
-TensorCut tensor_cut(const GptConfig& cfg, std::string_view name);
-
 // This rank's layout at tensor parallelism T: the units and names of build_layout(cfg), local
-// shapes, each parameter marked split or replicated. T = 1 gives build_layout(cfg) with the marks.
+// shapes, each parameter marked split or replicated as plan::gpt_tensor_cut cuts it (T > 1).
 zero::Layout tensor_parallel_layout(const GptConfig& cfg, int T);
 
 // The whole tensor's shape of a part described by the layout (shape[split_axis] x T).

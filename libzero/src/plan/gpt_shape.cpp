@@ -123,13 +123,7 @@ GptShape gpt_preset(std::string_view name) {
   ZERO_THROW(msg + "; choose one of: " + list + ", or give --n-layer/--n-head/--n-embd, or --params");
 }
 
-Layout gpt_layout(const GptShape& s) {
-  Layout layout = gpt_part_layout(s, PipelinePart{});
-  layout.set_embedding(0, "wte.weight");  // the tied LM head too
-  if (s.learned_positions()) layout.set_embedding(0, "wpe.weight");
-  if (!s.tied_head) layout.set_embedding(s.n_layer + 1, "lm_head.weight");
-  return layout;
-}
+Layout gpt_layout(const GptShape& s) { return gpt_part_layout(s, PipelinePart{}); }
 
 GptShape GptFamily::shape(int n_embd) const {
   GptShape s;
@@ -188,24 +182,56 @@ void check_split(const GptShape& shape, int tp, int pp) {
                                               pp, shape.n_layer));
 }
 
+TensorCut gpt_tensor_cut(const GptShape& s, std::string_view name) {
+  auto ends = [&](std::string_view suffix) { return name.ends_with(suffix); };
+  if (name == "wte.weight" || name == "lm_head.weight") return {false, 0, 1};  // vocabulary rows
+  // q | k | v columns: n_head / n_kv_head query blocks and a k and a v block, each cut T ways, so
+  // a rank holds whole query groups with their key/value heads (qkv_width).
+  if (ends("attn.c_attn.weight")) return {false, 1, s.qkv_blocks()};
+  if (ends("attn.c_attn.bias")) return {false, 0, s.qkv_blocks()};
+  // Column-parallel; SwiGLU's gate | up in two blocks, so a rank's gate and up columns match.
+  if (ends("mlp.c_fc.weight")) return {false, 1, s.gated_mlp() ? 2 : 1};
+  if (ends("mlp.c_fc.bias")) return {false, 0, 1};
+  // Row-parallel; the attention output's rows follow the query heads: n_head / n_kv_head blocks.
+  if (ends("attn.c_proj.weight")) return {false, 0, s.n_head / s.kv_heads()};
+  if (ends("mlp.c_proj.weight")) return {false, 0, 1};
+  return {true, -1, 1};  // norms, wpe, row-parallel biases
+}
+
 Layout gpt_part_layout(const GptShape& s, const PipelinePart& part) {
   check_split(s, part.tp, part.pp);
   ZERO_CHECK(part.index >= 0 && part.index < part.pp,
              fmt::format("gpt_part_layout: part {} is outside 0..{}", part.index, part.pp - 1));
-  const std::int64_t C = s.n_embd, T = part.tp, F = s.mlp_hidden();
+  const std::int64_t C = s.n_embd, F = s.mlp_hidden();
   using Params = std::vector<std::pair<std::string, Layout::Shape>>;
   // A norm's tensors: the weight, and the bias of a LayerNorm.
   auto norm = [&](const std::string& p, Params& out) {
     out.push_back({p + ".weight", {C}});
     if (!s.rms_norm()) out.push_back({p + ".bias", {C}});
   };
-  auto add = [](Layout& l, const std::string& unit, Params params) { l.add_unit(unit, std::move(params)); };
+  // The whole shapes, cut here (the one place a part's shape follows from the cut) and marked.
   Layout layout;
+  auto add = [&](const std::string& unit, Params params) {
+    std::vector<TensorCut> cuts;
+    for (auto& [name, shape] : params) {
+      cuts.push_back(gpt_tensor_cut(s, name));
+      if (!cuts.back().replicated) shape[static_cast<std::size_t>(cuts.back().axis)] /= part.tp;
+    }
+    const int id = layout.add_unit(unit, params);
+    for (const auto& [name, shape] : params)  // the tied LM head's copy too
+      if (name == "wte.weight" || name == "wpe.weight" || name == "lm_head.weight") layout.set_embedding(id, name);
+    for (std::size_t i = 0; i < params.size() && part.tp > 1; ++i) {
+      if (cuts[i].replicated)
+        layout.set_replicated(id, params[i].first);
+      else
+        layout.set_split(id, params[i].first, cuts[i].axis, cuts[i].blocks);
+    }
+  };
   if (part.first()) {
-    Params emb{{"wte.weight", {s.padded_vocab() / T, C}}};
+    Params emb{{"wte.weight", {s.padded_vocab(), C}}};
     if (s.learned_positions()) emb.push_back({"wpe.weight", {s.seq_len, C}});
     if (s.embedding_norm()) norm("ln_e", emb);
-    add(layout, "embeddings", emb);
+    add("embeddings", emb);
   }
   int first_block = 0;
   for (int k = 0; k < part.index; ++k) first_block += PipelinePart{part.tp, part.pp, k}.blocks(s);
@@ -214,26 +240,26 @@ Layout gpt_part_layout(const GptShape& s, const PipelinePart& part) {
     const std::int64_t fc = F * (s.gated_mlp() ? 2 : 1);
     Params b;
     norm(p + "ln_1", b);
-    b.push_back({p + "attn.c_attn.weight", {C, s.qkv_width() / T}});
-    if (s.biases()) b.push_back({p + "attn.c_attn.bias", {s.qkv_width() / T}});
-    b.push_back({p + "attn.c_proj.weight", {C / T, C}});
+    b.push_back({p + "attn.c_attn.weight", {C, s.qkv_width()}});
+    if (s.biases()) b.push_back({p + "attn.c_attn.bias", {s.qkv_width()}});
+    b.push_back({p + "attn.c_proj.weight", {C, C}});
     if (s.biases()) b.push_back({p + "attn.c_proj.bias", {C}});
     norm(p + "ln_2", b);
-    b.push_back({p + "mlp.c_fc.weight", {C, fc / T}});
-    if (s.biases()) b.push_back({p + "mlp.c_fc.bias", {fc / T}});
-    b.push_back({p + "mlp.c_proj.weight", {F / T, C}});
+    b.push_back({p + "mlp.c_fc.weight", {C, fc}});
+    if (s.biases()) b.push_back({p + "mlp.c_fc.bias", {fc}});
+    b.push_back({p + "mlp.c_proj.weight", {F, C}});
     if (s.biases()) b.push_back({p + "mlp.c_proj.bias", {C}});
-    add(layout, unit, b);
+    add(unit, b);
   }
   if (part.last()) {
     // The tied head: the last part keeps its own copy of the embedding's rows when it is not
     // the first (its gradient is all-reduced with the first part's). An untied head is the
     // last unit's.
-    if (!part.first() && s.tied_head) add(layout, "lm_head", {{"wte.weight", {s.padded_vocab() / T, C}}});
+    if (!part.first() && s.tied_head) add("lm_head", {{"wte.weight", {s.padded_vocab(), C}}});
     Params f;
     norm("ln_f", f);
-    if (!s.tied_head) f.push_back({"lm_head.weight", {s.padded_vocab() / T, C}});
-    add(layout, "ln_f", f);
+    if (!s.tied_head) f.push_back({"lm_head.weight", {s.padded_vocab(), C}});
+    add("ln_f", f);
   }
   return layout;
 }

@@ -123,6 +123,19 @@ struct PipelinePart {
 // Throws zero::Error when the shape cannot be split so: n_head or the padded vocabulary not a
 // multiple of T, more pipeline parts than blocks.
 void check_split(const GptShape& shape, int tp, int pp);
+// How tensor parallelism cuts parameter `name` (a name of gpt_layout's): along `axis` in `blocks`
+// equal blocks, each cut T ways (q | k | v in qkv_blocks(), SwiGLU's gate | up in 2, the
+// attention output's rows in n_head / n_kv_head), or replicated (norms, wpe, row-parallel biases).
+struct TensorCut {
+  bool replicated = false;
+  int axis = -1;
+  int blocks = 1;
+};
+TensorCut gpt_tensor_cut(const GptShape& shape, std::string_view name);
+// The part's shapes are the whole ones cut by gpt_tensor_cut; with T > 1 each parameter is also
+// marked split or replicated (Layout::set_split / set_replicated), as checkpoints record it.
+// wte (and the tied head's copy), wpe and lm_head are marked as embeddings (Muon steps them with
+// AdamW).
 Layout gpt_part_layout(const GptShape& shape, const PipelinePart& part);
 // Activation bytes of one rank of that part with `in_flight` micro-batches held for the backward
 // (1F1B: min(P - index, m)): what each micro-batch keeps (block buffers, or only the residual
