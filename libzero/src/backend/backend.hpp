@@ -166,6 +166,41 @@ class Backend {
     (void)master, (void)m, (void)v, (void)param_out, (void)pt, (void)n, (void)c, (void)step;
     no_kernel("Lamb");
   }
+  // Adafactor (optim/adafactor.cpp) with offload::adafactor_*'s arithmetic, element-wise results
+  // bit for bit. A run is n elements of a [rows, cols] tensor from flat element `at`; sums are
+  // backend doubles. Vectors, pass 1: V, and the run's sums of p^2 and u^2 added to sums[0] and
+  // sums[1] in a fixed order (as lamb_moments').
+  virtual void adafactor_vector(const float* master, float* v, const void* grad, DType gt, std::size_t n,
+                                const offload::AdafactorConstants& c, double* sums) {
+    (void)master, (void)v, (void)grad, (void)gt, (void)n, (void)c, (void)sums;
+    no_kernel("Adafactor");
+  }
+  // Matrices, pass 1: row_sums[r] and col_sums[c] (by the tensor's row and column) continue their
+  // folds of g^2 + eps1 in element order, the host's folds exactly; the run's sum of p^2 is added
+  // to p_sum[0] in a fixed order.
+  virtual void adafactor_matrix_sums(const float* master, const void* grad, DType gt, std::int64_t at, std::size_t n,
+                                     std::int64_t cols, const offload::AdafactorConstants& c, double* row_sums,
+                                     double* col_sums, double* p_sum) {
+    (void)master, (void)grad, (void)gt, (void)at, (void)n, (void)cols, (void)c, (void)row_sums, (void)col_sums,
+        (void)p_sum;
+    no_kernel("Adafactor");
+  }
+  // Matrices, pass 2: the run's sum of u^2, u = g * row_factor[r] * col_factor[c] (backend
+  // floats), added to u_sum[0] in a fixed order.
+  virtual void adafactor_matrix_rms(const void* grad, DType gt, std::int64_t at, std::size_t n, std::int64_t cols,
+                                    float grad_scale, const float* row_factor, const float* col_factor, double* u_sum) {
+    (void)grad, (void)gt, (void)at, (void)n, (void)cols, (void)grad_scale, (void)row_factor, (void)col_factor,
+        (void)u_sum;
+    no_kernel("Adafactor");
+  }
+  // The update (offload::adafactor_apply): from V (row_factor null) or the factors.
+  virtual void adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType gt, void* param_out,
+                               DType pt, std::int64_t at, std::size_t n, std::int64_t cols, const float* row_factor,
+                               const float* col_factor, const offload::AdafactorApply& a) {
+    (void)master, (void)v, (void)m1, (void)grad, (void)gt, (void)param_out, (void)pt, (void)at, (void)n, (void)cols,
+        (void)row_factor, (void)col_factor, (void)a;
+    no_kernel("Adafactor");
+  }
 
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
   // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host

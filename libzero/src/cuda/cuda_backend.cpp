@@ -127,7 +127,7 @@ class CudaBackend final : public Backend {
     staging_.reset();
     comm_.reset();
     if (idle) alloc_.release(stats_, stats_bytes());
-    if (idle && lamb_scratch_ != nullptr) alloc_.release(lamb_scratch_, lamb_scratch_bytes());
+    if (idle && sum_scratch_ != nullptr) alloc_.release(sum_scratch_, sum_scratch_bytes());
   }
 
   const char* name() const override { return "cuda"; }
@@ -217,8 +217,7 @@ class CudaBackend final : public Backend {
     use_device(device_);
     check(master, grad, gt, nullptr, DType::f32, "lamb_moments");
     ZERO_CHECK(m && v && sums, "cuda lamb_moments: the moments and the sums must not be null");
-    if (lamb_scratch_ == nullptr) lamb_scratch_ = static_cast<double*>(alloc_.allocate(lamb_scratch_bytes()));
-    launch_lamb_moments(master, m, v, grad, gt, n, c, sums, lamb_scratch_, streams_.compute);
+    launch_lamb_moments(master, m, v, grad, gt, n, c, sums, sum_scratch(), streams_.compute);
   }
   void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType pt, std::size_t n,
                   const offload::LambConstants& c, float step) override {
@@ -227,6 +226,47 @@ class CudaBackend final : public Backend {
     ZERO_CHECK(master && m && v, "cuda lamb_apply: null state");
     ZERO_CHECK(!param_out || valid(pt), "cuda lamb_apply: parameters are fp32, bf16 or fp16");
     launch_lamb_apply(master, m, v, param_out, pt, n, c, step, streams_.compute);
+  }
+  void adafactor_vector(const float* master, float* v, const void* grad, DType gt, std::size_t n,
+                        const offload::AdafactorConstants& c, double* sums) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(master, grad, gt, nullptr, DType::f32, "adafactor_vector");
+    ZERO_CHECK(v && sums, "cuda adafactor_vector: V and the sums must not be null");
+    launch_adafactor_vector(master, v, grad, gt, n, c, sums, sum_scratch(), streams_.compute);
+  }
+  void adafactor_matrix_sums(const float* master, const void* grad, DType gt, std::int64_t at, std::size_t n,
+                             std::int64_t cols, const offload::AdafactorConstants& c, double* row_sums,
+                             double* col_sums, double* p_sum) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(master, grad, gt, nullptr, DType::f32, "adafactor_matrix_sums");
+    ZERO_CHECK(row_sums && col_sums && p_sum && cols > 0 && at >= 0,
+               "cuda adafactor_matrix_sums: null sums, or a run outside its matrix");
+    launch_adafactor_matrix_sums(master, grad, gt, at, n, cols, c, row_sums, col_sums, p_sum, sum_scratch(),
+                                 streams_.compute);
+  }
+  void adafactor_matrix_rms(const void* grad, DType gt, std::int64_t at, std::size_t n, std::int64_t cols,
+                            float grad_scale, const float* row_factor, const float* col_factor,
+                            double* u_sum) override {
+    if (n == 0) return;
+    use_device(device_);
+    ZERO_CHECK(grad && valid(gt), "cuda adafactor_matrix_rms: a null gradient, or not fp32, bf16 or fp16");
+    ZERO_CHECK(row_factor && col_factor && u_sum && cols > 0 && at >= 0,
+               "cuda adafactor_matrix_rms: null factors or sum, or a run outside its matrix");
+    launch_adafactor_matrix_rms(grad, gt, at, n, cols, grad_scale, row_factor, col_factor, u_sum, sum_scratch(),
+                                streams_.compute);
+  }
+  void adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType gt, void* param_out, DType pt,
+                       std::int64_t at, std::size_t n, std::int64_t cols, const float* row_factor,
+                       const float* col_factor, const offload::AdafactorApply& a) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(master, grad, gt, param_out, pt, "adafactor_apply");
+    ZERO_CHECK((row_factor ? col_factor != nullptr && cols > 0 && at >= 0 : v != nullptr) && (!a.first_moment || m1),
+               "cuda adafactor_apply: V (vectors), the factors (matrices) or the first moment is null");
+    launch_adafactor_apply(master, v, m1, grad, gt, param_out, pt, at, n, cols, row_factor, col_factor, a,
+                           streams_.compute);
   }
 
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
@@ -326,8 +366,13 @@ class CudaBackend final : public Backend {
  private:
   // Scratch of the gradient statistics: per-block partials, then the total.
   std::size_t stats_bytes() const { return (static_cast<std::size_t>(sumsq_blocks_) + 1) * sizeof(double); }
-  // Scratch of LAMB's sums (the block partials of one run), made at the first Lamb step.
-  static std::size_t lamb_scratch_bytes() { return 2 * kLambSumBlocks * sizeof(double); }
+  // Scratch of the fixed-order sums (LAMB's and Adafactor's: the block partials of one run), made
+  // at the first use.
+  static std::size_t sum_scratch_bytes() { return 2 * kSumBlocks * sizeof(double); }
+  double* sum_scratch() {
+    if (sum_scratch_ == nullptr) sum_scratch_ = static_cast<double*>(alloc_.allocate(sum_scratch_bytes()));
+    return sum_scratch_;
+  }
   static void check(const float* master, const void* grad, DType gt, const void* out, DType pt, const char* who) {
     ZERO_CHECK(master && grad, std::string("cuda ") + who + ": master and grad must not be null");
     ZERO_CHECK(valid(gt) && (!out || valid(pt)),
@@ -346,7 +391,7 @@ class CudaBackend final : public Backend {
   offload::PinnedPool pinned_{false};
   int sumsq_blocks_ = 1;
   double* stats_ = nullptr;
-  double* lamb_scratch_ = nullptr;
+  double* sum_scratch_ = nullptr;
   offload::PinnedBuffer stats_host_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CudaOffloadStaging> staging_;

@@ -156,4 +156,39 @@ inline unsigned blocks_for(std::size_t n) {
 // Blocks for a kernel that moves four elements per thread when `vec`.
 inline unsigned blocks_for(std::size_t n, bool vec) { return blocks_for(vec ? (n + 3) / 4 : n); }
 
+// Deterministic sums (LAMB's and Adafactor's statistics): a grid fixed by n alone (at most `most`
+// blocks), each thread a grid-stride sequential sum, then block_sum2's tree, so the same run
+// always reduces in the same order whatever the launch timing.
+inline unsigned sum_blocks(std::size_t n, std::size_t most) {
+  return static_cast<unsigned>(std::max<std::size_t>(std::min<std::size_t>((n + kThreads - 1) / kThreads, most), 1));
+}
+
+// A fixed-order sum of two values over a block's kThreads threads (a shared-memory tree); every
+// thread returns the totals.
+__device__ __forceinline__ void block_sum2(double& a, double& b) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      sa[threadIdx.x] = __dadd_rn(sa[threadIdx.x], sa[threadIdx.x + half]);
+      sb[threadIdx.x] = __dadd_rn(sb[threadIdx.x], sb[threadIdx.x + half]);
+    }
+    __syncthreads();
+  }
+  a = sa[0];
+  b = sb[0];
+}
+
+// The block's pair of partial sums (block_sum2 of every thread's a and b) into
+// partials[2 blockIdx.x] and partials[2 blockIdx.x + 1].
+__device__ __forceinline__ void block_partials2(double a, double b, double* partials) {
+  block_sum2(a, b);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = a;
+    partials[2 * blockIdx.x + 1] = b;
+  }
+}
+
 }  // namespace zero::cuda::dev

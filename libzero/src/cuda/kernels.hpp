@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
@@ -41,15 +42,40 @@ void launch_sgd(float* master, float* momentum_buf, const void* grad, DType grad
 // Lion and LAMB (optimizer_kernels.cu): offload::lion_step, lamb_moments and lamb_apply's
 // arithmetic, the element-wise results bit for bit. launch_lamb_moments adds the run's sums of
 // p^2 and u^2 to sums[0] and sums[1] (device doubles) in a fixed order: deterministic, but
-// rounded differently from the host's eight-lane fold. scratch holds 2 x kLambSumBlocks doubles,
-// free for the launch's use until the next launch on the stream.
-constexpr std::size_t kLambSumBlocks = 1024;
+// rounded differently from the host's eight-lane fold. scratch holds 2 x kSumBlocks doubles,
+// free for the launch's use until the next launch on the stream (the same for every fixed-order
+// sum below).
+constexpr std::size_t kSumBlocks = 1024;
 void launch_lion(float* master, float* m, const void* grad, DType grad_type, void* param_out, DType param_type,
                  std::size_t n, const offload::LionConstants& c, cudaStream_t stream);
 void launch_lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::size_t n,
                          const offload::LambConstants& c, double* sums, double* scratch, cudaStream_t stream);
 void launch_lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
                        const offload::LambConstants& c, float step, cudaStream_t stream);
+// One block adds the `blocks` pairs of partials (scratch of a fixed-order sum) to sums[0] and,
+// when `two`, sums[1], in a fixed order.
+void launch_add_partials(const double* partials, unsigned blocks, bool two, double* sums, cudaStream_t stream);
+// *sum += the sum of x^2 over n fp32 values, in a fixed order (scratch as above).
+void launch_add_sumsq(const float* x, std::size_t n, double* sum, double* scratch, cudaStream_t stream);
+
+// Adafactor (adafactor_kernels.cu): offload::adafactor_vector, adafactor_matrix_sums,
+// adafactor_matrix_rms and adafactor_apply's arithmetic, element-wise results bit for bit; the
+// row and column sums are the host's sequential folds (one thread per row or column, in element
+// order), so they equal the host's bit for bit too; the sums of p^2 and u^2 are fixed-order sums
+// as LAMB's. Runs as Backend::adafactor_* describes; scratch as above.
+void launch_adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::size_t n,
+                             const offload::AdafactorConstants& c, double* sums, double* scratch, cudaStream_t stream);
+void launch_adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at,
+                                  std::size_t n, std::int64_t cols, const offload::AdafactorConstants& c,
+                                  double* row_sums, double* col_sums, double* p_sum, double* scratch,
+                                  cudaStream_t stream);
+void launch_adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
+                                 float grad_scale, const float* row_factor, const float* col_factor, double* u_sum,
+                                 double* scratch, cudaStream_t stream);
+void launch_adafactor_apply(float* master, const float* v, float* m1, const void* grad, DType grad_type,
+                            void* param_out, DType param_type, std::int64_t at, std::size_t n, std::int64_t cols,
+                            const float* row_factor, const float* col_factor, const offload::AdafactorApply& a,
+                            cudaStream_t stream);
 
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
 void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t stream);

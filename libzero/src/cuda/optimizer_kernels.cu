@@ -208,24 +208,6 @@ __device__ __forceinline__ float lamb_direction(float m, float v, float p, const
   return __fadd_rn(__fdiv_rn(__fmul_rn(m, c.inv_bias_c1), denom), __fmul_rn(c.weight_decay, p));
 }
 
-// A fixed-order sum of two values over a block's threads (a shared-memory tree); thread 0
-// returns the totals.
-__device__ __forceinline__ void block_sum2(double& a, double& b) {
-  __shared__ double sa[kThreads], sb[kThreads];
-  sa[threadIdx.x] = a;
-  sb[threadIdx.x] = b;
-  __syncthreads();
-  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) {
-      sa[threadIdx.x] = __dadd_rn(sa[threadIdx.x], sa[threadIdx.x + half]);
-      sb[threadIdx.x] = __dadd_rn(sb[threadIdx.x], sb[threadIdx.x + half]);
-    }
-    __syncthreads();
-  }
-  a = sa[0];
-  b = sb[0];
-}
-
 // LAMB's first pass (host lamb_moments): m and v, and per block the partial sums of p^2 and
 // u^2 into partials[2 block], partials[2 block + 1].
 template <int G>
@@ -243,15 +225,23 @@ __global__ void lamb_moments_kernel(const float* __restrict__ master, float* __r
     ps = __dadd_rn(ps, __dmul_rn(p, p));
     us = __dadd_rn(us, __dmul_rn(u, u));
   }
-  block_sum2(ps, us);
-  if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = ps;
-    partials[2 * blockIdx.x + 1] = us;
-  }
+  block_partials2(ps, us, partials);
 }
 
-// One block: sums[0] += the p^2 partials, sums[1] += the u^2 partials, each in a fixed order.
-__global__ void lamb_sums_kernel(const double* __restrict__ partials, unsigned blocks, double* __restrict__ sums) {
+// Per block the partial sum of x^2 (the pair's second value 0).
+__global__ void sumsq_partials_kernel(const float* __restrict__ x, std::size_t n, double* __restrict__ partials) {
+  double s = 0.0;
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    const double v = x[i];
+    s = __dadd_rn(s, __dmul_rn(v, v));
+  }
+  block_partials2(s, 0.0, partials);
+}
+
+// One block: sums[0] += the first values of the partial pairs, sums[1] += the second (when
+// `two`), each in a fixed order.
+__global__ void add_partials_kernel(const double* __restrict__ partials, unsigned blocks, bool two,
+                                    double* __restrict__ sums) {
   double ps = 0.0, us = 0.0;
   for (unsigned b = threadIdx.x; b < blocks; b += blockDim.x) {
     ps = __dadd_rn(ps, partials[2 * b]);
@@ -260,7 +250,7 @@ __global__ void lamb_sums_kernel(const double* __restrict__ partials, unsigned b
   block_sum2(ps, us);
   if (threadIdx.x == 0) {
     sums[0] = __dadd_rn(sums[0], ps);
-    sums[1] = __dadd_rn(sums[1], us);
+    if (two) sums[1] = __dadd_rn(sums[1], us);
   }
 }
 
@@ -291,11 +281,6 @@ void lion_out(float* master, float* m, const void* grad, void* out, int oc, std:
   }
 }
 
-// The grid of a LAMB sum: fixed by n alone, so the same run always reduces in the same order.
-unsigned lamb_blocks(std::size_t n) {
-  return static_cast<unsigned>(std::min<std::size_t>((n + kThreads - 1) / kThreads, kLambSumBlocks));
-}
-
 }  // namespace
 
 void launch_lion(float* master, float* m, const void* grad, DType gt, void* out, DType pt, std::size_t n,
@@ -313,15 +298,27 @@ void launch_lion(float* master, float* m, const void* grad, DType gt, void* out,
 void launch_lamb_moments(const float* master, float* m, float* v, const void* grad, DType gt, std::size_t n,
                          const offload::LambConstants& c, double* sums, double* scratch, cudaStream_t s) {
   if (n == 0) return;
-  const unsigned b = lamb_blocks(n);
+  const unsigned b = sum_blocks(n, kSumBlocks);
   switch (gt) {
     case DType::f32: lamb_moments_kernel<kF32><<<b, kThreads, 0, s>>>(master, m, v, grad, n, c, scratch); break;
     case DType::bf16: lamb_moments_kernel<kBF16><<<b, kThreads, 0, s>>>(master, m, v, grad, n, c, scratch); break;
     case DType::f16: lamb_moments_kernel<kF16><<<b, kThreads, 0, s>>>(master, m, v, grad, n, c, scratch); break;
   }
   ZERO_CUDA_CHECK(cudaGetLastError());
-  lamb_sums_kernel<<<1, kThreads, 0, s>>>(scratch, b, sums);
+  launch_add_partials(scratch, b, true, sums, s);
+}
+
+void launch_add_partials(const double* partials, unsigned blocks, bool two, double* sums, cudaStream_t s) {
+  add_partials_kernel<<<1, kThreads, 0, s>>>(partials, blocks, two, sums);
   ZERO_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_sumsq(const float* x, std::size_t n, double* sum, double* scratch, cudaStream_t s) {
+  if (n == 0) return;
+  const unsigned b = sum_blocks(n, kSumBlocks);
+  sumsq_partials_kernel<<<b, kThreads, 0, s>>>(x, n, scratch);
+  ZERO_CUDA_CHECK(cudaGetLastError());
+  launch_add_partials(scratch, b, false, sum, s);
 }
 
 void launch_lamb_apply(float* master, const float* m, const float* v, void* out, DType pt, std::size_t n,

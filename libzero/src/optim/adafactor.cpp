@@ -19,6 +19,14 @@
 // sums across it are whole and local. Means divide by the whole tensor's extents. A rank keeps
 // the R and C of the rows and columns it holds (all of R when the columns are cut, all of C when
 // the rows are), and the mean of R over a matrix cut by rows is summed over the group.
+//
+// State in device memory is stepped by the backend's kernels (Backend::adafactor_*, the host
+// kernels' arithmetic), the passes and statistics unchanged: the device folds the row and column
+// sums exactly as the host does and the sums of p^2 and u^2 in a fixed order, into device doubles
+// laid out as the exchange's slots per held slice; end_pass copies them out (the pass's one wait
+// for the device) and adds them to the slots, so the exchange and what follows run on the host
+// as before. The stored R and C travel through pinned staging, and the factors go back to the
+// device once per step for the second and third passes.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -26,6 +34,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "offload/host_optimizer.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/comm.hpp"
@@ -45,9 +54,10 @@ struct Tensor {
   std::int64_t numel = 0, rows = 1, cols = 0;  // the rank's part
   double whole_numel = 0, whole_rows = 1, whole_cols = 0;
   bool factored = false;
-  int split = -1;  // the axis tensor parallelism cuts, with a tensor group
-  int index = 0;   // in the layout's numbering: slots 2 index (p2) and 2 index + 1 (u2)
-  int slot_m = 0;  // a matrix's first slot: row sums, col sums, old R, old C
+  int split = -1;          // the axis tensor parallelism cuts, with a tensor group
+  int index = 0;           // in the layout's numbering: slots 2 index (p2) and 2 index + 1 (u2)
+  int slot_m = 0;          // a matrix's first slot: row sums, col sums, old R, old C
+  std::int64_t rc_at = 0;  // a matrix's place in the device path's packed R, C and factors
   std::vector<float> row_factor, col_factor, new_r, new_c;
   float scale = 0.0f, neg_decay = 0.0f;
   double lr = 0.0;
@@ -85,6 +95,10 @@ class Adafactor final : public Optimizer {
           if (t.factored) split_b_.push_back(t.index);
         }
         slot += matrix_slots(p);
+        if (t.factored) {
+          t.rc_at = rc_total_;
+          rc_total_ += t.rows + t.cols;
+        }
         tensors_.push_back(std::move(t));
       }
     slots_a_ = slot;
@@ -93,6 +107,7 @@ class Adafactor final : public Optimizer {
   int moments() const override { return cfg_.adafactor_beta1 > 0.0 ? 2 : 1; }
   int passes() const override { return 3; }
   bool per_tensor() const override { return true; }
+  bool device_kernels() const override { return true; }
   std::string unsupported(const Layout& layout) const override {
     for (const UnitInfo& u : layout.units())
       for (const ParamInfo& p : u.params)
@@ -125,10 +140,11 @@ class Adafactor final : public Optimizer {
     const int n = static_cast<int>(tensors_.size());
     a_.reset(slots_a_, env_.world, 2 * n);
     b_.reset(n, env_.world, n);
+    device_ = nullptr;
   }
 
   void run(int pass, const OptimRun& r, Backend* device) override {
-    ZERO_CHECK(device == nullptr, "Adafactor steps host memory only");
+    if (device != nullptr) return run_device(pass, r, *device);
     Tensor& t = tensors_[static_cast<std::size_t>(r.tensor)];
     const std::size_t n = static_cast<std::size_t>(r.n);
     float* v = r.state[0];
@@ -156,21 +172,16 @@ class Adafactor final : public Optimizer {
       for (std::int64_t k = r.at; k < std::min(r.at + r.n, stored); ++k)
         v[k - r.at] = k < t.rows ? t.new_r[static_cast<std::size_t>(k)] : t.new_c[static_cast<std::size_t>(k - t.rows)];
     } else {
-      const bool m = cfg_.adafactor_beta1 > 0.0;
-      const offload::AdafactorApply ap{c_.grad_scale,
-                                       t.scale,
-                                       r.decay ? t.neg_decay : 0.0f,
-                                       static_cast<float>(cfg_.adafactor_beta1),
-                                       static_cast<float>(1.0 - cfg_.adafactor_beta1),
-                                       m};
-      offload::adafactor_apply(r.master, v, m ? r.state[1] : nullptr, r.grad, r.grad_type, r.param_out, r.param_type,
-                               r.at, n, t.cols, t.factored ? t.row_factor.data() : nullptr,
+      const offload::AdafactorApply ap = apply_constants(t, r);
+      offload::adafactor_apply(r.master, v, ap.first_moment ? r.state[1] : nullptr, r.grad, r.grad_type, r.param_out,
+                               r.param_type, r.at, n, t.cols, t.factored ? t.row_factor.data() : nullptr,
                                t.factored ? t.col_factor.data() : nullptr, ap);
     }
   }
 
   void end_pass(int pass) override {
     Communicator* comm = env_.stage == 0 ? nullptr : env_.comm;
+    if (device_ != nullptr) device_sums_out(pass);
     if (pass == 0) {
       a_.combine(comm, env_.rank);
       if (!split_a_.empty()) a_.sum_over_tensor_group(*env_.tensor, split_a_);
@@ -234,6 +245,7 @@ class Adafactor final : public Optimizer {
         for (std::size_t i = 0; i < t.new_r.size(); ++i)
           t.row_factor[i] = static_cast<float>(1.0 / std::sqrt(t.new_r[i] / r_mean));
       }
+      if (device_ != nullptr) factors_in();
     } else {
       b_.combine(comm, env_.rank);
       if (!split_b_.empty()) b_.sum_over_tensor_group(*env_.tensor, split_b_);
@@ -249,10 +261,127 @@ class Adafactor final : public Optimizer {
     t.scale = static_cast<float>(t.lr / std::max(1.0, rms / cfg_.clip_threshold));
   }
 
+  // The last pass's constants for run r of tensor t.
+  offload::AdafactorApply apply_constants(const Tensor& t, const OptimRun& r) const {
+    return {c_.grad_scale,
+            t.scale,
+            r.decay ? t.neg_decay : 0.0f,
+            static_cast<float>(cfg_.adafactor_beta1),
+            static_cast<float>(1.0 - cfg_.adafactor_beta1),
+            cfg_.adafactor_beta1 > 0.0};
+  }
+
+  // The device path (see the top of this file). Slice `slice`'s sums: held index `held(slice)`.
+  std::size_t held() const { return env_.stage == 0 ? static_cast<std::size_t>(env_.world) : 1; }
+  std::size_t held(int slice) const { return env_.stage == 0 ? static_cast<std::size_t>(slice) : 0; }
+  int slice_of(std::size_t h) const { return env_.stage == 0 ? static_cast<int>(h) : env_.rank; }
+  // rc_host_'s three regions: the stored R and C read in the first pass, the new R and C, the factors.
+  float* rc_region(int k) const { return rc_host_.as<float>() + k * rc_total_; }
+
+  void run_device(int pass, const OptimRun& r, Backend& dev) {
+    Tensor& t = tensors_[static_cast<std::size_t>(r.tensor)];
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    float* v = r.state[0];
+    // The places [r.at, stored_end) of the stored R and C this run holds.
+    const std::int64_t stored_end = t.factored ? std::min(r.at + r.n, t.rows + t.cols) : r.at;
+    const std::size_t stored_bytes = static_cast<std::size_t>(std::max<std::int64_t>(stored_end - r.at, 0)) * 4;
+    if (pass == 0) {
+      if (device_ == nullptr) start_device(dev);
+      double* a = dev_a_.as<double>() + held(r.slice) * static_cast<std::size_t>(slots_a_);
+      if (!t.factored) return dev.adafactor_vector(r.master, v, r.grad, r.grad_type, n, c_, a + 2 * t.index);
+      const int rows_at = t.slot_m, cols_at = rows_at + static_cast<int>(t.rows);
+      dev.adafactor_matrix_sums(r.master, r.grad, r.grad_type, r.at, n, t.cols, c_, a + rows_at, a + cols_at,
+                                a + 2 * t.index);
+      if (stored_bytes > 0) {
+        dev.to_host_async(rc_region(0) + t.rc_at + r.at, v, stored_bytes);
+        stored_.push_back({r.tensor, r.slice, r.at, stored_end});
+      }
+      return;
+    }
+    const float* rf = t.factored ? factors_.as<float>() + t.rc_at : nullptr;
+    const float* cf = t.factored ? rf + t.rows : nullptr;
+    if (pass == 1) {
+      if (!t.factored) return;
+      dev.adafactor_matrix_rms(
+          r.grad, r.grad_type, r.at, n, t.cols, c_.grad_scale, rf, cf,
+          dev_b_.as<double>() + held(r.slice) * tensors_.size() + static_cast<std::size_t>(t.index));
+      if (stored_bytes > 0) dev.from_host_async(v, rc_region(1) + t.rc_at + r.at, stored_bytes);
+      return;
+    }
+    const offload::AdafactorApply ap = apply_constants(t, r);
+    dev.adafactor_apply(r.master, v, ap.first_moment ? r.state[1] : nullptr, r.grad, r.grad_type, r.param_out,
+                        r.param_type, r.at, n, t.cols, rf, cf, ap);
+  }
+
+  // The step's first device run: the device sums start at zero.
+  void start_device(Backend& dev) {
+    device_ = &dev;
+    const std::size_t a_bytes = held() * static_cast<std::size_t>(slots_a_) * sizeof(double);
+    const std::size_t b_bytes = held() * tensors_.size() * sizeof(double);
+    if (!dev_a_) {
+      dev_a_ = dev.alloc(a_bytes);
+      dev_b_ = dev.alloc(b_bytes);
+      sums_host_ = dev.staging_buffer(std::max(a_bytes, b_bytes));
+      if (rc_total_ > 0) {
+        factors_ = dev.alloc(static_cast<std::size_t>(rc_total_) * sizeof(float));
+        rc_host_ = dev.staging_buffer(3 * static_cast<std::size_t>(rc_total_) * sizeof(float));
+      }
+    }
+    dev.zero(dev_a_.get(), a_bytes);
+    dev.zero(dev_b_.get(), b_bytes);
+    stored_.clear();
+  }
+
+  // After pass `pass` on the device: its sums (and in pass 0 the stored R and C) join the slots.
+  void device_sums_out(int pass) {
+    const bool first = pass == 0;
+    const std::size_t per = first ? static_cast<std::size_t>(slots_a_) : tensors_.size();
+    device_->to_host_async(sums_host_.data(), first ? dev_a_.get() : dev_b_.get(), held() * per * sizeof(double));
+    device_->wait_copies();
+    SliceStats& s = first ? a_ : b_;
+    const double* got = sums_host_.as<double>();
+    for (std::size_t h = 0; h < held(); ++h)
+      for (std::size_t k = 0; k < per; ++k) s.at(static_cast<int>(k), slice_of(h)) += got[h * per + k];
+    if (!first) return;
+    for (const Stored& p : stored_) {
+      const Tensor& t = tensors_[static_cast<std::size_t>(p.tensor)];
+      const int old_at = t.slot_m + static_cast<int>(t.rows + t.cols);
+      for (std::int64_t k = p.begin; k < p.end; ++k)
+        a_.at(old_at + static_cast<int>(k), p.slice) += rc_region(0)[t.rc_at + k];
+    }
+    stored_.clear();
+  }
+
+  // The new R and C, and the factors, for the device's second and third passes (the host has
+  // waited for the device since their last use, in device_sums_out).
+  void factors_in() {
+    if (rc_total_ == 0) return;
+    for (const Tensor& t : tensors_) {
+      if (!t.factored) continue;
+      float* fresh = rc_region(1) + t.rc_at;
+      float* factor = rc_region(2) + t.rc_at;
+      std::copy(t.new_r.begin(), t.new_r.end(), fresh);
+      std::copy(t.new_c.begin(), t.new_c.end(), fresh + t.rows);
+      std::copy(t.row_factor.begin(), t.row_factor.end(), factor);
+      std::copy(t.col_factor.begin(), t.col_factor.end(), factor + t.rows);
+    }
+    device_->from_host_async(factors_.get(), rc_region(2), static_cast<std::size_t>(rc_total_) * sizeof(float));
+  }
+
   OptimizerConfig cfg_;
   OptimizerEnv env_;
   std::vector<Tensor> tensors_;
   int slots_a_ = 0;
+  std::int64_t rc_total_ = 0;  // the matrices' rows + cols
+  // The device path: this step's backend (null: host memory), its sums and factors.
+  struct Stored {  // a run's places of the stored R and C, read in the first pass
+    int tensor = 0, slice = 0;
+    std::int64_t begin = 0, end = 0;
+  };
+  Backend* device_ = nullptr;
+  Buffer dev_a_, dev_b_, factors_;
+  offload::PinnedBuffer sums_host_, rc_host_;
+  std::vector<Stored> stored_;
   offload::AdafactorConstants c_{};
   double beta2t_ = 0.0, step_ = 1.0, lr_ = 0.0;
   SliceStats a_, b_;
