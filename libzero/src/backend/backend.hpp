@@ -201,6 +201,24 @@ class Backend {
         (void)row_factor, (void)col_factor, (void)a;
     no_kernel("Adafactor");
   }
+  // Muon (optim/muon.cpp): offload::muon_momentum and muon_apply's arithmetic bit for bit, and
+  // offload::newton_schulz's iteration (coefficients, normalisation, orientation) in place on a
+  // [rows, cols] row-major matrix, its products in bf16 with fp32 accumulation: close to the
+  // host's fp32 result, not equal to it.
+  virtual void muon_momentum(float* buf, const void* grad, DType gt, std::size_t n, float grad_scale, float momentum,
+                             bool nesterov, float* x_out) {
+    (void)buf, (void)grad, (void)gt, (void)n, (void)grad_scale, (void)momentum, (void)nesterov, (void)x_out;
+    no_kernel("Muon");
+  }
+  virtual void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps) {
+    (void)x, (void)rows, (void)cols, (void)steps;
+    no_kernel("Muon");
+  }
+  virtual void muon_apply(float* master, const float* o, void* param_out, DType pt, std::size_t n, float decay,
+                          float step) {
+    (void)master, (void)o, (void)param_out, (void)pt, (void)n, (void)decay, (void)step;
+    no_kernel("Muon");
+  }
 
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with
   // comm/quantize.hpp's packed layout, rounding and error bounds: the host quantizer on the host

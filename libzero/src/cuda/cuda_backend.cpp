@@ -13,6 +13,7 @@
 #include "cuda/kernels.hpp"
 #include "cuda/mpi_staged_comm.hpp"
 #include "cuda/nccl_comm.hpp"
+#include "cuda/newton_schulz.hpp"
 #include "cuda/offload_staging.hpp"
 #include "cuda/streams.hpp"
 #include "cuda/watchdog.hpp"
@@ -128,6 +129,7 @@ class CudaBackend final : public Backend {
     comm_.reset();
     if (idle) alloc_.release(stats_, stats_bytes());
     if (idle && sum_scratch_ != nullptr) alloc_.release(sum_scratch_, sum_scratch_bytes());
+    if (idle && newton_schulz_) newton_schulz_->release();
   }
 
   const char* name() const override { return "cuda"; }
@@ -268,6 +270,28 @@ class CudaBackend final : public Backend {
     launch_adafactor_apply(master, v, m1, grad, gt, param_out, pt, at, n, cols, row_factor, col_factor, a,
                            streams_.compute);
   }
+  void muon_momentum(float* buf, const void* grad, DType gt, std::size_t n, float grad_scale, float momentum,
+                     bool nesterov, float* x_out) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(buf, grad, gt, nullptr, DType::f32, "muon_momentum");
+    ZERO_CHECK(x_out != nullptr, "cuda muon_momentum: the output must not be null");
+    launch_muon_momentum(buf, grad, gt, n, grad_scale, momentum, nesterov, x_out, streams_.compute);
+  }
+  void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps) override {
+    use_device(device_);
+    ZERO_CHECK(x != nullptr, "cuda newton_schulz: null matrix");
+    if (!newton_schulz_) newton_schulz_ = std::make_unique<NewtonSchulz>(alloc_);
+    newton_schulz_->run(x, rows, cols, steps, sum_scratch(), streams_.compute);
+  }
+  void muon_apply(float* master, const float* o, void* param_out, DType pt, std::size_t n, float decay,
+                  float step) override {
+    if (n == 0) return;
+    use_device(device_);
+    ZERO_CHECK(master && o, "cuda muon_apply: null state");
+    ZERO_CHECK(!param_out || valid(pt), "cuda muon_apply: parameters are fp32, bf16 or fp16");
+    launch_muon_apply(master, o, param_out, pt, n, decay, step, streams_.compute);
+  }
 
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
     use_device(device_);
@@ -366,9 +390,9 @@ class CudaBackend final : public Backend {
  private:
   // Scratch of the gradient statistics: per-block partials, then the total.
   std::size_t stats_bytes() const { return (static_cast<std::size_t>(sumsq_blocks_) + 1) * sizeof(double); }
-  // Scratch of the fixed-order sums (LAMB's and Adafactor's: the block partials of one run), made
-  // at the first use.
-  static std::size_t sum_scratch_bytes() { return 2 * kSumBlocks * sizeof(double); }
+  // Scratch of the fixed-order sums (LAMB's, Adafactor's, the Newton-Schulz norm: the block
+  // partials of one run), made at the first use.
+  static std::size_t sum_scratch_bytes() { return (2 * kSumBlocks + 1) * sizeof(double); }
   double* sum_scratch() {
     if (sum_scratch_ == nullptr) sum_scratch_ = static_cast<double*>(alloc_.allocate(sum_scratch_bytes()));
     return sum_scratch_;
@@ -392,6 +416,7 @@ class CudaBackend final : public Backend {
   int sumsq_blocks_ = 1;
   double* stats_ = nullptr;
   double* sum_scratch_ = nullptr;
+  std::unique_ptr<NewtonSchulz> newton_schulz_;  // Muon's products, made at the first use
   offload::PinnedBuffer stats_host_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<CudaOffloadStaging> staging_;

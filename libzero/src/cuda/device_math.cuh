@@ -156,9 +156,9 @@ inline unsigned blocks_for(std::size_t n) {
 // Blocks for a kernel that moves four elements per thread when `vec`.
 inline unsigned blocks_for(std::size_t n, bool vec) { return blocks_for(vec ? (n + 3) / 4 : n); }
 
-// Deterministic sums (LAMB's and Adafactor's statistics): a grid fixed by n alone (at most `most`
-// blocks), each thread a grid-stride sequential sum, then block_sum2's tree, so the same run
-// always reduces in the same order whatever the launch timing.
+// Deterministic sums (LAMB's and Adafactor's statistics, the Newton-Schulz norm): a grid fixed by
+// n alone (at most `most` blocks), each thread a grid-stride sequential sum, then block_sum2's
+// tree, so the same run always reduces in the same order whatever the launch timing.
 inline unsigned sum_blocks(std::size_t n, std::size_t most) {
   return static_cast<unsigned>(std::max<std::size_t>(std::min<std::size_t>((n + kThreads - 1) / kThreads, most), 1));
 }

@@ -77,6 +77,20 @@ void launch_adafactor_apply(float* master, const float* v, float* m1, const void
                             const float* row_factor, const float* col_factor, const offload::AdafactorApply& a,
                             cudaStream_t stream);
 
+// Muon's element-wise parts (muon_kernels.cu): offload::muon_momentum and muon_apply, bit for bit.
+void launch_muon_momentum(float* buf, const void* grad, DType grad_type, std::size_t n, float grad_scale,
+                          float momentum, bool nesterov, float* x_out, cudaStream_t stream);
+void launch_muon_apply(float* master, const float* o, void* param_out, DType param_type, std::size_t n, float decay,
+                       float step, cudaStream_t stream);
+// Newton-Schulz's conversions (cuda/newton_schulz.cpp runs the products): `inv` (one device
+// float) = 1 / max(||x||_F, 1e-7) of the [rows, cols] fp32 matrix x, its sum of squares a
+// fixed-order sum (scratch as above, plus one double: 2 x kSumBlocks + 1); X (bf16 bits) =
+// x * inv, transposed when rows > cols so that X is [min, max]. ns_store writes X back into x,
+// transposed back.
+void launch_ns_load(const float* x, std::int64_t rows, std::int64_t cols, std::uint16_t* X, float* inv, double* scratch,
+                    cudaStream_t stream);
+void launch_ns_store(const std::uint16_t* X, std::int64_t rows, std::int64_t cols, float* x, cudaStream_t stream);
+
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
 void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t stream);
 // dst[i] += src[i], added in fp32 and rounded once to dst_type (equal dtypes, or an fp32 dst).

@@ -8,6 +8,13 @@
 // each owner orthogonalises its matrices, and a reduce-scatter (every element written by exactly
 // one rank, so the sum is exact) brings each rank its slice of the result. At stage 0 every rank
 // holds every matrix and does the work itself, as it does the rest of the step.
+//
+// State in device memory is stepped by the backend's kernels with the same organisation: the
+// momentum and the update bit for bit as the host's (Backend::muon_momentum, muon_apply; AdamW
+// through Backend::adam), the update inputs in device buffers, gathered and scattered by the
+// backend's communicator over the partition group, and each owner's Newton-Schulz products in
+// bf16 with fp32 accumulation (Backend::newton_schulz): close to the host's fp32 iteration, not
+// equal to it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -15,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "offload/host_optimizer.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/comm.hpp"
@@ -60,6 +68,7 @@ class Muon final : public Optimizer {
   int moments() const override { return 2; }
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
+  bool device_kernels() const override { return true; }
   // Newton-Schulz needs each whole matrix on its owner; a matrix cut by tensor parallelism would
   // have to be gathered over the tensor group first (not done). Its AdamW parameters are
   // element-wise and may be split.
@@ -86,10 +95,11 @@ class Muon final : public Optimizer {
                       true,
                       h.step,
                       h.grad_scale};
+    device_ = nullptr;
   }
 
   void run(int pass, const OptimRun& r, Backend* device) override {
-    ZERO_CHECK(device == nullptr, "Muon steps host memory only");
+    if (device != nullptr) return run_device(pass, r, *device);
     const int mi = index_[static_cast<std::size_t>(r.tensor)];
     const std::size_t n = static_cast<std::size_t>(r.n);
     if (mi < 0) {  // AdamW, in the pass that writes the parameters
@@ -111,6 +121,7 @@ class Muon final : public Optimizer {
   }
 
   void end_pass(int) override {
+    if (device_ != nullptr) return end_pass_device();
     const bool local = env_.stage == 0 || env_.comm == nullptr || env_.world == 1;
     for (std::size_t u = 0; u < x_.size(); ++u) {
       auto& x = x_[u];
@@ -137,6 +148,82 @@ class Muon final : public Optimizer {
   }
 
  private:
+  bool local() const { return env_.stage == 0 || env_.comm == nullptr || env_.world == 1; }
+
+  void run_device(int pass, const OptimRun& r, Backend& dev) {
+    if (device_ == nullptr) start_device(dev);
+    const int mi = index_[static_cast<std::size_t>(r.tensor)];
+    const std::size_t n = static_cast<std::size_t>(r.n);
+    if (mi < 0) {
+      if (pass == 0) return;
+      AdamHyper a = adam_;
+      if (!r.decay) a.weight_decay = 0.0f;
+      dev.adam(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+      return;
+    }
+    float* x = x_dev_[static_cast<std::size_t>(r.unit)].as<float>() + r.own_at;
+    if (pass == 0) {
+      dev.muon_momentum(r.state[0], r.grad, r.grad_type, n, h_.grad_scale, static_cast<float>(cfg_.momentum),
+                        cfg_.nesterov, x);
+      return;
+    }
+    const Matrix& m = matrices_[static_cast<std::size_t>(mi)];
+    const float decay = r.decay ? static_cast<float>(1.0 - h_.lr * cfg_.weight_decay) : 1.0f;
+    dev.muon_apply(r.master, x, r.param_out, r.param_type, n, decay, static_cast<float>(h_.lr * m.scale));
+  }
+
+  // The step's first device run. The device buffers are made once, for every unit with matrices
+  // (every rank takes part in every unit's exchange).
+  void start_device(Backend& dev) {
+    device_ = &dev;
+    if (!x_dev_.empty()) return;
+    x_dev_.resize(x_.size());
+    std::size_t widest = 0;
+    for (std::size_t u = 0; u < x_.size(); ++u) {
+      if (x_[u].empty()) continue;
+      x_dev_[u] = dev.alloc(x_[u].size() * sizeof(float));
+      widest = std::max(widest, x_[u].size());
+    }
+    if (!local()) {
+      const std::size_t bytes = widest * static_cast<std::size_t>(env_.world) * sizeof(float);
+      full_dev_ = dev.alloc(bytes);
+      result_dev_ = dev.alloc(bytes);
+    }
+  }
+
+  // end_pass on device memory: the host path's exchange over the backend's communicator (the
+  // partition group's, whose ranks are numbered as env_.comm's).
+  void end_pass_device() {
+    Backend& dev = *device_;
+    Communicator* comm = local() ? nullptr : &dev.comm();
+    if (comm != nullptr)
+      ZERO_CHECK(comm->size() == env_.world && comm->rank() == env_.rank,
+                 fmt::format("Muon on the {} backend: its communicator has {} ranks (this one {}), the partition "
+                             "group {} (this one {})",
+                             dev.name(), comm->size(), comm->rank(), env_.world, env_.rank));
+    for (std::size_t u = 0; u < x_dev_.size(); ++u) {
+      if (!x_dev_[u]) continue;
+      float* x = x_dev_[u].as<float>();
+      const int unit = static_cast<int>(u);
+      if (comm == nullptr) {
+        for (const Matrix& m : matrices_)
+          if (m.unit == unit) dev.newton_schulz(x + m.offset, m.rows, m.cols, cfg_.ns_steps);
+        continue;
+      }
+      const std::size_t slice = x_[u].size();
+      float* full = full_dev_.as<float>();
+      float* result = result_dev_.as<float>();
+      comm->all_gather(x, full, slice, DType::f32);
+      dev.zero(result, slice * static_cast<std::size_t>(env_.world) * sizeof(float));
+      for (const Matrix& m : matrices_) {
+        if (m.unit != unit || m.owner != env_.rank) continue;
+        dev.newton_schulz(full + m.offset, m.rows, m.cols, cfg_.ns_steps);
+        dev.copy(result + m.offset, full + m.offset, static_cast<std::size_t>(m.rows * m.cols) * sizeof(float));
+      }
+      comm->reduce_scatter(result, x, slice, DType::f32, ReduceOp::sum);
+    }
+  }
+
   OptimizerConfig cfg_;
   OptimizerEnv env_;
   std::vector<Matrix> matrices_;
@@ -145,6 +232,10 @@ class Muon final : public Optimizer {
   std::vector<float> full_, result_, work_;
   StepHyper h_;
   AdamHyper adam_;
+  // The device path: this step's backend (null: host memory), x_'s device twins, the exchange's.
+  Backend* device_ = nullptr;
+  std::vector<Buffer> x_dev_;
+  Buffer full_dev_, result_dev_;
 };
 
 }  // namespace
