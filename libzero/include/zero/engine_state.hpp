@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,12 +73,14 @@ class EngineState {
   void write_owned(int unit, int which, const float* owned);
   // State of this rank's own that no other rank holds, saved one file per rank beside the
   // shards (the checkpoint metadata's `rank_state`): PowerSGD's (gradient_compression: every
-  // matrix's Q, then its error buffer, engine/powersgd.hpp) or qgZ's error-feedback buffers
-  // (zero_quantized_gradients: every unit's intra-node then inter-node errors). At most one kind
-  // per engine (PowerSGD runs at stages 0-1, qgZ at 2-3). rank_state_kind(): "powersgd", "qgz",
-  // or "" (none; rank_state() is then empty). rank_state_layout(): what the state belongs to
-  // besides the world size, which a resume must match ("" for PowerSGD, whose sizes say it;
-  // qgZ: "2 nodes x 2 ranks, block 256", a rank's place among the nodes).
+  // matrix's Q, then its error buffer, engine/powersgd.hpp), qgZ's error-feedback buffers
+  // (zero_quantized_gradients: every unit's intra-node then inter-node errors) or the 1-bit
+  // exchange's (OneBitAdam, OneBitLamb: errors and shared momentum, optim/onebit_exchange.hpp).
+  // At most one kind per engine (PowerSGD runs at stages 0-1, qgZ at 2-3, and the 1-bit
+  // optimizers with neither). rank_state_kind(): "powersgd", "qgz", "onebit", or "" (none;
+  // rank_state() is then empty). rank_state_layout(): what the state belongs to besides the
+  // world size, which a resume must match ("" for PowerSGD, whose sizes say it; qgZ: "2 nodes x
+  // 2 ranks, block 256", a rank's place among the nodes; 1-bit: the optimizer's name).
   // set_rank_state({}) puts back the start's state (zero errors, PowerSGD's seeded Q).
   // rank_state_size(): rank_state().size() without copying the state (device memory with qgZ).
   std::string rank_state_kind() const;
@@ -85,6 +88,11 @@ class EngineState {
   std::vector<float> rank_state() const;
   std::size_t rank_state_size() const;
   void set_rank_state(const std::vector<float>& s);
+  // The optimizer's per-tensor values, the same on every rank and partition (OneBitLamb's trust
+  // ratios: Optimizer::tensor_records), saved once in the metadata; empty when it keeps none.
+  // set_tensor_records({}): the checkpoint holds none for it.
+  std::map<std::string, std::vector<double>> tensor_records() const;
+  void set_tensor_records(const std::map<std::string, std::vector<double>>& r);
   void begin_restore();
   // Collective: recomputes the parameters from the master and sets the counters (and the loss
   // scaler's state when restore_scaler). The loop's rate is restored where the config lets the

@@ -55,7 +55,8 @@ AdamHyper adam_hyper(const OptimizerConfig& o, double lr, std::int64_t step, flo
 SgdHyper sgd_hyper(const OptimizerConfig& o, double lr, std::int64_t step, float grad_scale);
 
 // fp32 state arrays kept per owned element besides the master (libzero/src/optim/registry.cpp
-// says each optimizer's): Adam(W), Lamb and Muon 2, SGD and Lion 1, Adafactor 1 (2 with beta1).
+// says each optimizer's): Adam(W), Lamb, Muon and OneBitAdam 2, SGD and Lion 1, Adafactor 1 (2
+// with beta1), OneBitLamb 3.
 int optimizer_moments(const OptimizerConfig& o);
 
 // The learning rate of the config's scheduler (DeepSpeed's WarmupLR, WarmupDecayLR,

@@ -132,6 +132,7 @@ ckpt::Metadata make_metadata(EngineState& e, const TrainingState& st, const Clie
   m.loop_lr = st.lr;
   for (int i = 0; i < e.layout().num_units(); ++i) m.units.push_back(ckpt::unit_meta(e.layout().unit(i), e.slice(i)));
   m.shards = std::move(shards);
+  m.tensor_records = e.tensor_records();
   m.client = client;
   m.config_yaml = e.config().to_yaml();
   return m;
@@ -227,7 +228,7 @@ void save_checkpoint(Engine& engine, const std::string& root, const ClientState&
       if (rank_state) states.push_back({ckpt::rank_state_file_name(r), v[2], v[3]});
     }
     ckpt::Metadata meta = make_metadata(e, st, client, std::move(shards));
-    if (rank_state) {  // (PowerSGD and qgZ run without tensor or pipeline parallelism)
+    if (rank_state) {  // (PowerSGD, qgZ and the 1-bit optimizers run without tensor or pipeline parallelism)
       meta.rank_state_kind = state_kind;
       meta.rank_state_layout = e.rank_state_layout();
       meta.rank_state = std::move(states);

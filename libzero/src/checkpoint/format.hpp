@@ -3,8 +3,9 @@
 // A checkpoint is one directory per step, <root>/step_00000010/, holding
 //   metadata.ckpt        JSON: layout, counters, loss scaler, scheduler, client state, config
 //   shard_00000.ckpt ... one per saving rank: fp32 master and optimizer moments
-//   rank_state_00000.ckpt ... with PowerSGD or qgZ, one per rank: its own state (PowerSGD's
-//                        error buffers and Q, qgZ's error-feedback buffers), which differs
+//   rank_state_00000.ckpt ... with PowerSGD, qgZ or a 1-bit optimizer, one per rank: its own
+//                        state (PowerSGD's error buffers and Q, qgZ's error-feedback buffers,
+//                        the 1-bit exchange's errors and shared momentum), which differs
 //                        between ranks and cannot be resliced
 // and <root>/latest names the newest complete one ("step_00000010\n").
 //
@@ -194,8 +195,8 @@ struct Metadata {
   std::int64_t step = 0, applied = 0;
   int world = 1, stage = 0;  // world: the data-parallel ranks that saved (each position's, with a grid)
   DType compute_dtype = DType::f32;
-  std::string optimizer;  // to_string(OptimizerType): AdamW | Adam | SGD
-  int moments = 2;        // fp32 arrays besides the master: Adam 2 (m, v), SGD 1 (momentum)
+  std::string optimizer;  // to_string(OptimizerType): AdamW | Adam | SGD ...
+  int moments = 2;        // fp32 arrays besides the master: Adam 2 (m, v), SGD 1 (momentum), OneBitLamb 3
   bool scaler_dynamic = false;
   LossScaler::State scaler{1.0, 0, 0, -1};
   std::string scheduler;
@@ -208,11 +209,17 @@ struct Metadata {
   GridMeta grid;
   std::vector<PositionMeta> positions;  // with a grid: tensor fastest, index t + T x p
   // Per-rank state beside the shards (EngineState::rank_state), one file per rank of `world`;
-  // empty when the engine kept none. Kind: "powersgd" or "qgz"; layout: what else it belongs to
+  // empty when the engine kept none. Kind: "powersgd", "qgz" or "onebit"; layout: what else it belongs to
   // (EngineState::rank_state_layout; "" when nothing, and absent from the JSON then).
   std::string rank_state_kind;
   std::string rank_state_layout;
   std::vector<ShardMeta> rank_state;
+  // The optimizer's per-tensor values (EngineState::tensor_records: OneBitLamb's trust ratios,
+  // last factors and scaling coefficients), named arrays of one value per parameter in the
+  // units' order (or empty: not set yet); the same at every world size and stage, so a reshard
+  // keeps them. Written only when the optimizer keeps some (JSON "optimizer_tensors"), never with
+  // a grid (the 1-bit optimizers run without tensor or pipeline parallelism).
+  std::map<std::string, std::vector<double>> tensor_records;
   ClientState client;
   std::string config_yaml;
 

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -39,9 +41,11 @@ std::string split_text(bool replicated, int axis, int blocks) {
 std::string rank_state_what(const std::string& kind) {
   if (kind == "powersgd") return "PowerSGD's error buffers and Q";
   if (kind == "qgz") return "qgZ's error-feedback buffers";
+  if (kind == "onebit") return "the 1-bit exchange's error buffers and shared momentum";
   return "per-rank state of kind '" + kind + "'";
 }
 std::string rank_state_start(const std::string& kind) {
+  if (kind == "onebit") return "zero errors and the momentum restored in fp32";
   return kind == "powersgd" ? "zero error buffers and the seeded Q" : "zero (under one step's quantization error)";
 }
 
@@ -132,11 +136,6 @@ void check_units(const EngineState& e, const ckpt::Metadata& m, const std::strin
 void check_state(const EngineState& e, const ckpt::Metadata& m, const std::string& dir,
                  const CheckpointLoadOptions& o) {
   const std::string file = "checkpoint file '" + dir + "/" + ckpt::kMetadataFile + "': field '";
-  if (m.moments != e.optimizer_moments())
-    ZERO_THROW(
-        fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
-                    "checkpoint was trained with",
-                    file, m.moments, m.optimizer, e.optimizer_moments()));
   // Adam, AdamW, Lamb, OneBitAdam and OneBitLamb keep the same m and v, SGD and Lion a momentum of the same meaning;
   // the others' arrays mean something of their own (Adafactor's hold its row and column statistics). A change of
   // optimizer within a family is a config change, across families never.
@@ -147,6 +146,14 @@ void check_state(const EngineState& e, const ckpt::Metadata& m, const std::strin
     return name;
   };
   const std::string_view mine = to_string(e.config().optimizer.type);
+  // In the Adam family m and v come first; OneBitLamb's fresh variance after them is read where
+  // saved, else starts at zero (common_moments), and OneBitLamb refuses to go past freeze_step
+  // without it (set_tensor_records).
+  if (m.moments != e.optimizer_moments() && (family(m.optimizer) != "Adam" || family(mine) != "Adam"))
+    ZERO_THROW(
+        fmt::format("{}optimizer_moments' = {} ({}), the engine's optimizer keeps {}; use the optimizer the "
+                    "checkpoint was trained with",
+                    file, m.moments, m.optimizer, e.optimizer_moments()));
   if (family(m.optimizer) != family(mine))
     ZERO_THROW(file + "optimizer' = " + escape_bytes(m.optimizer) + ", the engine's optimizer is " + std::string(mine) +
                ", whose state means something else; resume with " + escape_bytes(m.optimizer) +
@@ -164,17 +171,20 @@ void check_state(const EngineState& e, const ckpt::Metadata& m, const std::strin
 }
 
 // Restores every unit's owned range, one unit at a time: read(unit, range, out) fills out[0]
-// (the master) and out[k] (moment k) for the range.
-void restore_owned(EngineState& e, const std::function<void(int, const OwnedRange&, std::span<float* const>)>& read) {
+// (the master) and out[k] (moment k) for the range, for the `saved` moments the checkpoint
+// holds; the engine's moments past them start at zero.
+void restore_owned(EngineState& e, int saved,
+                   const std::function<void(int, const OwnedRange&, std::span<float* const>)>& read) {
   std::vector<std::vector<float>> buf(static_cast<std::size_t>(1 + e.optimizer_moments()));
   std::vector<float*> out(buf.size());
+  const std::size_t common = std::min(buf.size(), static_cast<std::size_t>(1 + saved));
   for (int i = 0; i < e.layout().num_units(); ++i) {
     const OwnedRange u = e.owned_range(i);
     for (std::size_t k = 0; k < buf.size(); ++k) {
-      buf[k].resize(static_cast<std::size_t>(u.len));
+      buf[k].assign(static_cast<std::size_t>(u.len), 0.0f);
       out[k] = buf[k].data();
     }
-    read(i, u, out);
+    read(i, u, std::span<float* const>(out.data(), common));
     // Master first: a store may reset the moments when the master is written.
     for (std::size_t k = 0; k < buf.size(); ++k) e.write_owned(i, static_cast<int>(k), buf[k].data());
   }
@@ -250,9 +260,10 @@ void load_regridded(EngineState& e, const GridPlace& at, ckpt::ModelReader& whol
       whole.read_part(e.layout().unit(i), at.tensor, at.grid.tensor, 0, 0, {}, grid);
     return;
   }
-  restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
+  restore_owned(e, whole.meta().moments, [&](int i, const OwnedRange& u, std::span<float* const> out) {
     whole.read_part(e.layout().unit(i), at.tensor, at.grid.tensor, u.begin, u.len, out, grid);
   });
+  e.set_tensor_records({});  // (no optimizer that keeps them runs on a grid)
   if (!e.rank_state_kind().empty()) {
     if (e.world_comm().rank() == 0)
       log_warning("load_checkpoint: {} start again from {}: the checkpoint was saved on another grid",
@@ -310,10 +321,13 @@ ClientState load_checkpoint(Engine& engine, const std::string& root, const std::
       load_regridded(e, at, *whole, false);
       return;
     }
-    restore_owned(e, [&](int i, const OwnedRange& u, std::span<float* const> out) {
+    restore_owned(e, m.moments, [&](int i, const OwnedRange& u, std::span<float* const> out) {
       reader->read_range(i, u.begin, u.len, out);
     });
     restore_rank_state(e, *reader);
+    // The optimizer's per-tensor values are its own: another optimizer's (or none) are not used.
+    const bool records = m.optimizer == to_string(e.config().optimizer.type) && m.moments == e.optimizer_moments();
+    e.set_tensor_records(records ? m.tensor_records : std::map<std::string, std::vector<double>>{});
   });
   TrainingState st{m.step, m.applied, m.scaler, m.loop_lr};
   e.finish_restore(st, m.scaler_dynamic && e.loss_scale_dynamic());

@@ -245,6 +245,15 @@ std::string Metadata::to_json() const {
     if (!rank_state_layout.empty()) rs["layout"] = rank_state_layout;
     d["rank_state"] = std::move(rs);
   }
+  if (!tensor_records.empty()) {
+    Json tr = Json::object();
+    for (const auto& [name, values] : tensor_records) {
+      for (double v : values)
+        ZERO_CHECK(std::isfinite(v), fmt::format("checkpoint: the optimizer's '{}' holds {}, not finite", name, v));
+      tr[name] = values;
+    }
+    d["optimizer_tensors"] = std::move(tr);
+  }
   // Values are opaque bytes (RNG states, data positions): hex keeps them intact in JSON text.
   Json& cs = d["client_state"] = Json::object();
   for (const auto& [k, v] : client) cs[k] = json::to_hex(v);
@@ -259,7 +268,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
   d.expect_keys(
       {"format", "format_version", "step", "applied_steps", "world_size", "stage", "compute_dtype", "master_dtype",
        "optimizer", "optimizer_moments", "compute_params", "loss_scaler", "scheduler", "client_state", "config_yaml"},
-      {"units", "shards", "grid", "rank_state"});
+      {"units", "shards", "grid", "rank_state", "optimizer_tensors"});
   Metadata m;
   if (d.at("format").str() != "libzero-checkpoint") d.at("format").fail("is not \"libzero-checkpoint\"");
   m.format_version = static_cast<std::uint32_t>(d.at("format_version").i64());
@@ -289,6 +298,7 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     o.type = t;
     lo = hi = optimizer_moments(o);
     if (t == OptimizerType::adafactor) lo = 1, hi = 2;
+    if (t == OptimizerType::onebit_lamb) lo = 2;  // saved before it kept its fresh variance
   }
   if (hi == 0) d.at("optimizer").fail(fmt::format("= \"{}\" is not one of {}", m.optimizer, optimizers));
   m.moments = static_cast<int>(d.at("optimizer_moments").i64(lo, hi));
@@ -351,10 +361,24 @@ Metadata Metadata::parse(const std::string& text, const std::string& origin) {
     json::Field rs = d.at("rank_state");
     rs.expect_keys({"kind", "files"}, {"layout"});
     m.rank_state_kind = rs.at("kind").str();
-    if (m.rank_state_kind != "powersgd" && m.rank_state_kind != "qgz")
-      rs.at("kind").fail("is not \"powersgd\" or \"qgz\"");
+    if (m.rank_state_kind != "powersgd" && m.rank_state_kind != "qgz" && m.rank_state_kind != "onebit")
+      rs.at("kind").fail("is not \"powersgd\", \"qgz\" or \"onebit\"");
     if (rs.has("layout")) m.rank_state_layout = rs.at("layout").str();
     m.rank_state = parse_file_list(rs.at("files"), m.world, "files", rank_state_file_name);
+  }
+
+  if (d.has("optimizer_tensors")) {
+    json::Field tr = d.at("optimizer_tensors");
+    if (m.grid.split()) tr.fail("is set with a grid; no optimizer with per-tensor records runs on one");
+    std::size_t tensors = 0;
+    for (const UnitMeta& u : m.units) tensors += u.params.size();
+    for (const std::string& name : tr.keys()) {
+      json::Field a = tr.at(name);
+      if (a.size() != 0 && a.size() != tensors)
+        a.fail(fmt::format("lists {} values, the units hold {} parameters", a.size(), tensors));
+      std::vector<double>& v = m.tensor_records[name];
+      for (std::size_t i = 0; i < a.size(); ++i) v.push_back(a[i].f64());
+    }
   }
 
   json::Field cs = d.at("client_state");

@@ -121,6 +121,10 @@ void reshard_grid(const std::string& dir, const ckpt::Metadata& old, const std::
              fmt::format("reshard: '{}' holds Adafactor's state, whose row and column statistics belong to each "
                          "tensor rank's part of a matrix and cannot be cut from the grid {} for TP {}",
                          dir, old.grid.describe(), tensors));
+  ZERO_CHECK(old.tensor_records.empty() || tensors * parts == 1,
+             fmt::format("reshard: '{}' holds {}'s values per parameter, and {} runs without tensor or pipeline "
+                         "parallelism: reshard it for another data-parallel size or stage only (--world, --stage)",
+                         dir, old.optimizer, old.optimizer));
   ckpt::ModelReader whole(dir);
   const int world = nm.world, moments = old.moments;
   const ckpt::GridMeta grid{tensors, parts};
@@ -181,7 +185,8 @@ void reshard_checkpoint(const std::string& path, const std::string& out_root, in
   ckpt::Metadata nm = old;
   nm.world = world;
   nm.stage = stage < 0 ? old.stage : stage;
-  // Per-rank state (PowerSGD's error buffers and Q) has no meaning at another slicing: dropped.
+  // Per-rank state (PowerSGD's error buffers and Q, qgZ's and the 1-bit exchange's errors) has
+  // no meaning at another slicing: dropped. The optimizer's per-tensor values stay as they are.
   nm.rank_state_kind.clear();
   nm.rank_state_layout.clear();
   nm.rank_state.clear();

@@ -163,6 +163,12 @@ bool inspect_one(const std::string& dir, std::ostream& out, bool show_config) {
       << m.scaler.last_overflow_iter << "; scheduler " << escape_bytes(m.scheduler) << " at step " << m.scheduler_step
       << "\n";
   out << "  learning rate: " << lr_source(m) << "\n";
+  if (!m.tensor_records.empty()) {  // OneBitLamb's: the same at every world size and stage
+    out << "  optimizer values per parameter:";
+    for (const auto& [name, values] : m.tensor_records)
+      out << " " << escape_bytes(name) << (values.empty() ? " (not set yet)" : "");
+    out << "\n";
+  }
   out << "  client state:";
   if (m.client.empty()) out << " (empty)";
   for (const auto& [k, v] : m.client) out << "\n    " << escape_bytes(k) << " = " << client_value_text(v);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/unit_shape.hpp"
+#include "optim/optimizer.hpp"
 #include "zero/error.hpp"
 #include "offload/nvme_swapper.hpp"
 #include "offload/pinned_pool.hpp"
@@ -76,7 +77,8 @@ class ResidentStore final : public OptimizerStore {
   void for_each(const Visit& fn) override {
     for (const auto& g : groups_) {
       auto& s = unit_at(state_, g.unit);
-      float* state[2] = {moments_ >= 1 ? s.ptr[1] + g.begin : nullptr, moments_ >= 2 ? s.ptr[2] + g.begin : nullptr};
+      float* state[kMaxMoments] = {};
+      for (int k = 0; k < moments_; ++k) state[k] = s.ptr[k + 1] + g.begin;
       fn(g.unit, g.begin, g.len, s.ptr[0] + g.begin, state);
     }
   }
@@ -93,9 +95,9 @@ class ResidentStore final : public OptimizerStore {
 
  private:
   struct State {
-    float* ptr[3] = {nullptr, nullptr, nullptr};  // master, m1, m2
-    Buffer dev[3];
-    offload::PinnedBuffer host[3];
+    float* ptr[1 + kMaxMoments] = {};  // master, then each moment
+    Buffer dev[1 + kMaxMoments];
+    offload::PinnedBuffer host[1 + kMaxMoments];
     std::size_t bytes = 0;
   };
   float* slot(int unit, int k) {
@@ -168,7 +170,8 @@ class NvmeStore final : public OptimizerStore {
   void for_each(const Visit& fn) override {
     pipe_->run(offload::SwapPipeline::Mode::read_write, [&](std::size_t g, offload::SwapGroupView& v) {
       const SubGroup& sg = groups_[g];
-      float* state[2] = {moments_ >= 1 ? v.as<float>(1) : nullptr, moments_ >= 2 ? v.as<float>(2) : nullptr};
+      float* state[kMaxMoments] = {};
+      for (int k = 0; k < moments_; ++k) state[k] = v.as<float>(k + 1);
       fn(sg.unit, sg.begin, sg.len, v.as<float>(0), state);
     });
   }
@@ -182,7 +185,7 @@ class NvmeStore final : public OptimizerStore {
   // Keys carry an instance number: two engines of one process (a resumed copy beside the
   // original, say) share the rank directory but must never share files.
   std::string key(std::size_t group, int k) const {
-    static const char* names[] = {"master", "m", "v"};
+    static const char* names[1 + kMaxMoments] = {"master", "m", "v", "s"};
     char buf[64];  // (snprintf: GCC 12 at -O3 misreports string concatenation here as -Wrestrict)
     std::snprintf(buf, sizeof buf, "e%d_sg%zu_%s", instance_, group, names[k]);
     return buf;
@@ -216,7 +219,8 @@ class NvmeStore final : public OptimizerStore {
 
 std::unique_ptr<OptimizerStore> make_optimizer_store(Backend& backend, const Config& cfg, int rank, int moments,
                                                      const std::vector<std::int64_t>& owned_len) {
-  ZERO_CHECK(moments >= 0 && moments <= 2, fmt::format("an optimizer store keeps 0 to 2 moments, not {}", moments));
+  ZERO_CHECK(moments >= 0 && moments <= kMaxMoments,
+             fmt::format("an optimizer store keeps 0 to {} moments, not {}", kMaxMoments, moments));
   switch (cfg.zero_optimization.offload_optimizer.device) {
     case OffloadDevice::none: return std::make_unique<ResidentStore>(backend, cfg, moments, owned_len, false);
     case OffloadDevice::cpu: return std::make_unique<ResidentStore>(backend, cfg, moments, owned_len, true);

@@ -87,34 +87,48 @@ void EngineState::write_owned(int unit, int which, const float* owned) {
 
 std::string EngineState::rank_state_kind() const {
   if (impl_->powersgd_) return "powersgd";
-  return impl_->qgz_ ? "qgz" : "";
+  return impl_->qgz_ ? "qgz" : impl_->optim_->rank_state_kind();
 }
 
 std::string EngineState::rank_state_layout() const {
   const QuantizedReduceScatter* q = impl_->qgz_.get();
-  if (!q) return {};
+  if (!q) return *impl_->optim_->rank_state_kind() ? impl_->optim_->name() : "";
   return fmt::format("{} nodes x {} ranks, block {}", q->nodes(), q->ranks_per_node(), q->block());
 }
 
 std::vector<float> EngineState::rank_state() const {
   if (impl_->powersgd_) return impl_->powersgd_->state();
+  if (!impl_->qgz_) return impl_->optim_->rank_state();
   return impl_->reducer_.error_feedback();
 }
 
 std::size_t EngineState::rank_state_size() const {
   if (impl_->powersgd_) return impl_->powersgd_->state_size();
+  if (!impl_->qgz_) return impl_->optim_->rank_state_size();
   return impl_->reducer_.error_feedback_size();
 }
 
 void EngineState::set_rank_state(const std::vector<float>& s) {
-  ZERO_CHECK(
-      !rank_state_kind().empty() || s.empty(),
-      "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no zero_quantized_gradients)");
+  ZERO_CHECK(!rank_state_kind().empty() || s.empty(),
+             "set_rank_state: the engine keeps no per-rank state (no gradient_compression, no "
+             "zero_quantized_gradients, no 1-bit optimizer)");
   if (impl_->powersgd_) {
     impl_->powersgd_->set_state(s);  // empty: reset
     return;
   }
+  if (!impl_->qgz_) {
+    impl_->optim_->set_rank_state(s);
+    return;
+  }
   impl_->reducer_.set_error_feedback(s);
+}
+
+std::map<std::string, std::vector<double>> EngineState::tensor_records() const {
+  return impl_->optim_->tensor_records();
+}
+
+void EngineState::set_tensor_records(const std::map<std::string, std::vector<double>>& r) {
+  impl_->optim_->restore_tensor_records(r);
 }
 
 void EngineState::begin_restore() {

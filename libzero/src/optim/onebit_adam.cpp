@@ -28,7 +28,12 @@ class OneBitAdam final : public Optimizer {
   bool per_tensor() const override { return true; }  // runs leave the padding out
   bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
-  void restored() override { exchange_.reset(); }
+  // The exchange's errors and shared momentum: kept by a resume at the same world size, started
+  // again at another (set_rank_state({})).
+  const char* rank_state_kind() const override { return "onebit"; }
+  std::size_t rank_state_size() const override { return exchange_.state_size(); }
+  std::vector<float> rank_state() const override { return exchange_.state(); }
+  void set_rank_state(const std::vector<float>& s) override { exchange_.set_state(s); }
 
   void begin_step(const StepHyper& h) override {
     const bool was = compressed_;

@@ -1,6 +1,8 @@
 // The 1-bit momentum exchange of OneBitAdam and OneBitLamb (onebit_exchange.hpp).
 #include "optim/onebit_exchange.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -33,6 +35,56 @@ void OneBitExchange::reset() {
     std::fill(u.worker_error.begin(), u.worker_error.end(), 0.0f);
     std::fill(u.server_error.begin(), u.server_error.end(), 0.0f);
   }
+}
+
+std::size_t OneBitExchange::state_size() const {
+  const std::size_t W = static_cast<std::size_t>(env_.world);
+  if (W == 1) return 0;
+  std::size_t n = 1;
+  for (std::size_t k = 0; k < units_.size(); ++k) n += slice(k) * W + slice(k) * W / 32 + slice(k) + W;
+  return n;
+}
+
+// Per unit: worker error (P), server error (S), scales (W), bits (P / 8 bytes, a multiple of 4).
+std::vector<float> OneBitExchange::state() const {
+  std::vector<float> s(state_size(), 0.0f);
+  if (s.empty() || !shared_valid_) return s;  // nothing exchanged yet: all zero
+  const std::size_t W = static_cast<std::size_t>(env_.world);
+  float* at = s.data();
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = units_[k];
+    const std::size_t S = slice(k), P = S * W;
+    at = std::copy(u.worker_error.begin(), u.worker_error.end(), at);
+    at = std::copy(u.server_error.begin(), u.server_error.end(), at);
+    at = std::copy(u.scales.begin(), u.scales.end(), at);
+    std::memcpy(at, u.bits.data(), P / 8);
+    at += P / 32;
+  }
+  *at = 1.0f;
+  return s;
+}
+
+void OneBitExchange::set_state(const std::vector<float>& s) {
+  if (s.empty() || s.back() == 0.0f) {
+    reset();
+    return;
+  }
+  ZERO_CHECK(s.size() == state_size(),
+             fmt::format("OneBitExchange: a per-rank state of {} values, this rank keeps {}", s.size(), state_size()));
+  const std::size_t W = static_cast<std::size_t>(env_.world);
+  const float* at = s.data();
+  for (std::size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = units_[k];
+    const std::size_t S = slice(k), P = S * W;
+    u.worker_error.assign(at, at + P);
+    u.server_error.assign(at + P, at + P + S);
+    u.scales.assign(at + P + S, at + P + S + W);
+    at += P + S + W;
+    u.bits.resize(P / 8);
+    std::memcpy(u.bits.data(), at, P / 8);
+    at += P / 32;
+  }
+  shared_valid_ = true;
 }
 
 std::vector<OneBitExchange::Span> OneBitExchange::spans(std::size_t k, const std::vector<float>* coeff) const {

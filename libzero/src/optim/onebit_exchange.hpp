@@ -34,8 +34,16 @@ class OneBitExchange {
   bool shared_valid() const { return shared_valid_; }
   // A capture visit's run: its owned momentum (r.state[0], unscaled).
   void capture(const OptimRun& r);
-  // A checkpoint was restored: the errors are this rank's own and start again from zero.
+  // The errors start again from zero and the next exchange from a capture (a resume without
+  // this rank's state: another world size, an older checkpoint).
   void reset();
+  // This rank's own state, for the checkpoint's per-rank record: per unit the worker error, the
+  // server error, and the last exchange's scales and bits (the bits 4 to a float), then 1 when
+  // an exchange has run (else every value is 0). Empty at world size 1, which keeps none.
+  // set_state() takes what state() gave at the same world size and slicing ({}: reset()).
+  std::size_t state_size() const;
+  std::vector<float> state() const;
+  void set_state(const std::vector<float>& s);
   // One step's exchange of every unit's padded local gradient `full` (the accumulation dtype),
   // scaled by grad_scale; `coeff`, when not null, holds one multiplier per tensor (global index).
   // Four collectives a step whatever the units: one all-to-all of the bits (and one of their

@@ -19,11 +19,14 @@
 // step's factor. Every per-tensor quantity is over the whole tensor (SliceStats), whatever the
 // partition.
 //
-// What is kept where: m and v are the engine's moments (checkpointed as Adam's). The fresh
-// variance (4 bytes per owned element) and the per-tensor frozen ratio, factor and scaling
-// coefficient are this optimizer's, as the errors of the exchange are; a resume during the
-// warm-up starts the ratio's average again (as DeepSpeed's load_state_dict does), a resume past
-// freeze_step is refused (the checkpoint format has no per-tensor records for them yet).
+// What is kept where: m, v and the fresh variance are the engine's moments (per owned element,
+// checkpointed and re-cut for any world size and stage); the per-tensor ratio (its average
+// during the warm-up, frozen after it), last factor and scaling coefficient, the same on every
+// rank, are the checkpoint's tensor records; the exchange's errors and shared momentum are this
+// rank's per-rank state (kept at the same world size, started again at another). A checkpoint
+// without the records (an older release's, another optimizer's) resumes during the warm-up with
+// the ratio's average started again (as DeepSpeed's load_state_dict does), and is refused past
+// freeze_step, where its fresh variance and ratios would be missing.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,7 +52,6 @@ class OneBitLamb final : public Optimizer {
     coeff_freeze_.assign(tensors, 0.0);
     last_factor_.assign(tensors, 1.0);
     step_.assign(tensors, 0.0f);
-    fresh_.resize(static_cast<std::size_t>(env.layout->num_units()));
     for (int u = 0; u < env.layout->num_units(); ++u)
       for (const ParamInfo& p : env.layout->unit(u).params) {
         numel_.push_back(p.numel);
@@ -57,7 +59,7 @@ class OneBitLamb final : public Optimizer {
       }
   }
   const char* name() const override { return "OneBitLamb"; }
-  int moments() const override { return 2; }
+  int moments() const override { return 3; }  // m, v, the fresh variance
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
   // Under tensor parallelism the engine refuses it (it exchanges the data-parallel gradients
@@ -67,13 +69,35 @@ class OneBitLamb final : public Optimizer {
   }
   bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
-  void restored() override {
-    exchange_.reset();
+  TensorRecords tensor_records() const override {
+    return {{"coeff_freeze", coeff_freeze_},
+            {"last_factor", last_factor_},
+            {"scaling_coeff", std::vector<double>(scaling_.begin(), scaling_.end())}};
+  }
+  void restore_tensor_records(const TensorRecords& r) override {
+    const std::size_t tensors = coeff_freeze_.size();
+    missing_ = r.empty();
     std::fill(coeff_freeze_.begin(), coeff_freeze_.end(), 0.0);
     std::fill(last_factor_.begin(), last_factor_.end(), 1.0);
     scaling_.clear();
-    restored_ = true;
+    if (missing_) return;
+    auto field = [&](const char* name, bool may_be_empty) -> const std::vector<double>& {
+      const auto it = r.find(name);
+      ZERO_CHECK(it != r.end() && (it->second.size() == tensors || (may_be_empty && it->second.empty())),
+                 fmt::format("OneBitLamb: the checkpoint's tensor records lack '{}' for the model's {} tensors; it "
+                             "was saved for another model",
+                             name, tensors));
+      return it->second;
+    };
+    coeff_freeze_ = field("coeff_freeze", false);
+    last_factor_ = field("last_factor", false);
+    const std::vector<double>& scaling = field("scaling_coeff", true);  // empty: not fixed yet
+    scaling_.assign(scaling.begin(), scaling.end());
   }
+  const char* rank_state_kind() const override { return "onebit"; }
+  std::size_t rank_state_size() const override { return exchange_.state_size(); }
+  std::vector<float> rank_state() const override { return exchange_.state(); }
+  void set_rank_state(const std::vector<float>& s) override { exchange_.set_state(s); }
 
   void begin_step(const StepHyper& h) override {
     const bool was = compressed_;
@@ -82,15 +106,16 @@ class OneBitLamb final : public Optimizer {
     lr_ = h.lr;
     grad_scale_ = h.grad_scale;
     if (!compressed_) {
-      restored_ = false;  // the ratio's average starts again, as DeepSpeed's after a resume
+      missing_ = false;  // the ratio's average starts again, as DeepSpeed's after a resume
       lamb_.begin_step(h);
       return;
     }
-    if (restored_)
+    if (missing_)
       ZERO_THROW(fmt::format(
-          "OneBitLamb: resumed at update {}, past freeze_step {}: the frozen per-tensor trust ratios, factors and "
-          "the fresh variance are not in the checkpoint format yet; resume from a checkpoint saved during the "
-          "warm-up, or raise optimizer.params.freeze_step above the checkpoint's step",
+          "OneBitLamb: resumed at update {}, past freeze_step {}, from a checkpoint without OneBitLamb's fresh "
+          "variance and per-tensor trust ratios (saved by another optimizer, or by a release before they were "
+          "kept); resume from a checkpoint saved during the warm-up, or raise optimizer.params.freeze_step above "
+          "the checkpoint's step",
           h.step, cfg_.freeze_step));
     if (!was && env_.rank == 0)
       log_info(
@@ -115,8 +140,7 @@ class OneBitLamb final : public Optimizer {
     }
     if (!compressed_) {
       lamb_.run(pass, r);
-      if (pass == 1 && step_number_ == cfg_.freeze_step)
-        std::copy(r.state[1], r.state[1] + n, fresh(r.unit) + r.own_at);
+      if (pass == 1 && step_number_ == cfg_.freeze_step) std::copy(r.state[1], r.state[1] + n, r.state[2]);
       return;
     }
     const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
@@ -128,8 +152,8 @@ class OneBitLamb final : public Optimizer {
                                            static_cast<float>(cfg_.eps),
                                            wd,
                                            scaling_[t]};
-      offload::onebit_lamb_moments(r.master, r.state[0], r.state[1], fresh(r.unit) + r.own_at,
-                                   exchange_.new_m(r.unit) + r.own_at, r.at, n, c, stats_.lanes(2 * r.tensor, r.slice),
+      offload::onebit_lamb_moments(r.master, r.state[0], r.state[1], r.state[2], exchange_.new_m(r.unit) + r.own_at,
+                                   r.at, n, c, stats_.lanes(2 * r.tensor, r.slice),
                                    stats_.lanes(2 * r.tensor + 1, r.slice),
                                    stats_.at(2 * first_.back() + r.tensor, r.slice));
       return;
@@ -189,11 +213,6 @@ class OneBitLamb final : public Optimizer {
     scaling_.resize(tensors);
     for (std::size_t t = 0; t < tensors; ++t) scaling_[t] = rms[t] > 0.0 ? static_cast<float>(united / rms[t]) : 1.0f;
   }
-  float* fresh(int unit) {
-    std::vector<float>& f = fresh_[static_cast<std::size_t>(unit)];
-    if (f.empty()) f.assign(static_cast<std::size_t>(env_.own_len(unit)), 0.0f);
-    return f.data();
-  }
 
   OptimizerConfig cfg_;
   OptimizerEnv env_;
@@ -202,14 +221,14 @@ class OneBitLamb final : public Optimizer {
   std::vector<int> first_;
   std::vector<std::int64_t> numel_;  // per tensor
   std::vector<bool> decay_;          // per tensor
-  bool compressed_ = false, restored_ = false;
+  bool compressed_ = false;
+  bool missing_ = false;  // restored from a checkpoint without the tensor records
   std::int64_t step_number_ = 0;
   double lr_ = 0.0;
   float grad_scale_ = 1.0f;
   std::vector<double> coeff_freeze_, last_factor_;  // per tensor: the frozen ratio, the last factor
   std::vector<float> scaling_;                      // per tensor: DeepSpeed's scaling_coeff
   std::vector<float> step_;                         // per tensor: lr x coeff
-  std::vector<std::vector<float>> fresh_;           // per unit: the fresh variance, owned slice
   SliceStats momentum_, stats_;
 };
 

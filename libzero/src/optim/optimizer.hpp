@@ -11,7 +11,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "zero/config.hpp"
@@ -23,6 +25,9 @@ namespace zero {
 
 class Backend;
 class Communicator;
+
+// Named arrays of per-tensor values (Optimizer::tensor_records).
+using TensorRecords = std::map<std::string, std::vector<double>>;
 
 // The per-step values every optimizer receives.
 struct StepHyper {
@@ -53,7 +58,8 @@ struct OptimizerEnv {
   }
 };
 
-constexpr int kMaxMoments = 2;
+// Adam's m and v, and OneBitLamb's fresh variance beside them.
+constexpr int kMaxMoments = 3;
 
 // A run of owned elements with their state resident. For per-tensor optimizers it lies inside
 // one parameter and one partition slice; for element-wise ones it is a run of parameters that
@@ -68,7 +74,7 @@ struct OptimRun {
   int slice = 0;      // the partition slice holding the run
   bool decay = true;  // weight decay applies
   float* master = nullptr;
-  float* state[kMaxMoments] = {nullptr, nullptr};
+  float* state[kMaxMoments] = {};
   const void* grad = nullptr;  // the accumulation dtype
   DType grad_type = DType::f32;
   void* param_out = nullptr;  // the compute dtype; null: not written this pass
@@ -115,8 +121,23 @@ class Optimizer {
   // Before exchange(), a visit of the owned state (run() with pass -1, param_out null) when this
   // says the optimizer needs one.
   virtual bool wants_capture() const { return false; }
-  // The engine restored the state from a checkpoint: this rank's own caches are stale.
+  // The engine restored the state from a checkpoint: this rank's own caches are stale. Called
+  // after restore_tensor_records and set_rank_state.
   virtual void restored() {}
+
+  // What a checkpoint keeps besides the per-element arrays (docs/checkpoints.md):
+  // Values per tensor (global index, tensor_offsets) the optimizer keeps, the same on every rank
+  // and at any partition (OneBitLamb's frozen trust ratios): named arrays, saved once in the
+  // metadata. A restore hands back the checkpoint's, or {} where it holds none (an older
+  // release's, another optimizer's, another grid's).
+  virtual TensorRecords tensor_records() const { return {}; }
+  virtual void restore_tensor_records(const TensorRecords& r) { (void)r; }
+  // State of this rank's own (the 1-bit exchange's errors and shared momentum), saved per rank
+  // as kind rank_state_kind() ("" when none); set_rank_state({}) starts it again.
+  virtual const char* rank_state_kind() const { return ""; }
+  virtual std::size_t rank_state_size() const { return 0; }
+  virtual std::vector<float> rank_state() const { return {}; }
+  virtual void set_rank_state(const std::vector<float>& s) { (void)s; }
 };
 
 // The optimizer optimizer.type names.

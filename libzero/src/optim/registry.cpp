@@ -24,8 +24,8 @@ int optimizer_moments(const OptimizerConfig& o) {
     case OptimizerType::adafactor: return o.adafactor_beta1 > 0.0 ? 2 : 1;
     // The momentum of a matrix; AdamW's m and v of every other parameter.
     case OptimizerType::muon: return 2;
-    case OptimizerType::onebit_adam:
-    case OptimizerType::onebit_lamb: return 2;  // m, v (frozen after freeze_step)
+    case OptimizerType::onebit_adam: return 2;  // m, v (frozen after freeze_step)
+    case OptimizerType::onebit_lamb: return 3;  // m, v, and the fresh variance after freeze_step
   }
   ZERO_THROW("optimizer.type has an unknown value");
 }

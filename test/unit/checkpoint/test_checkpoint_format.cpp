@@ -211,15 +211,16 @@ TEST_CASE("metadata: round trip and strict validation naming the field") {
                 {"m", "duplicate member name 'step'"});
 }
 
-// Per-rank state (PowerSGD's, qgZ's): kind and files, and the layout when there is one.
+// Per-rank state (PowerSGD's, qgZ's, the 1-bit exchange's): kind and files, and the layout when
+// there is one.
 TEST_CASE("metadata: the per-rank state record round-trips for each kind and refuses others") {
-  for (const std::string kind : {"powersgd", "qgz"}) {
+  for (const std::string kind : {"powersgd", "qgz", "onebit"}) {
     ckpt::Metadata m = sample_metadata();
     m.rank_state_kind = kind;
-    m.rank_state_layout = kind == "qgz" ? "2 nodes x 1 ranks, block 256" : "";
+    m.rank_state_layout = kind == "qgz" ? "2 nodes x 1 ranks, block 256" : kind == "onebit" ? "OneBitLamb" : "";
     for (int r = 0; r < m.world; ++r) m.rank_state.push_back({ckpt::rank_state_file_name(r), 64 + 4u * r, 0x42u + r});
     const std::string text = m.to_json();
-    CHECK((text.find("\"layout\"") != std::string::npos) == (kind == "qgz"));
+    CHECK((text.find("\"layout\"") != std::string::npos) == (kind != "powersgd"));
     const ckpt::Metadata b = ckpt::Metadata::parse(text, "meta");
     CHECK(b.rank_state_kind == kind);
     CHECK(b.rank_state_layout == m.rank_state_layout);
@@ -229,7 +230,8 @@ TEST_CASE("metadata: the per-rank state record round-trips for each kind and ref
     CHECK(b.rank_state[1].index_checksum == 0x43);
     json::Json d = json::parse(text, "t");
     d["rank_state"]["kind"] = "topk";
-    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"rank_state.kind", "is not \"powersgd\" or \"qgz\""});
+    require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); },
+                  {"rank_state.kind", "is not \"powersgd\", \"qgz\" or \"onebit\""});
     d = json::parse(text, "t");
     d["rank_state"]["files"][0]["file"] = "feedback_00000.ckpt";
     require_error([&] { ckpt::Metadata::parse(d.dump(), "m"); }, {"rank_state.files[0].file"});
