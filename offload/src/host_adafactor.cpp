@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cmath>
-#include <thread>
 
 #include "host_kernel_util.hpp"
 
@@ -49,7 +48,7 @@ void whole_rows(const void* grad, int gc, std::size_t begin, std::int64_t rows, 
         published.store(r + 8, std::memory_order_release);
       }
       if (t == 1 || threads == 1) {
-        while (published.load(std::memory_order_acquire) <= r) std::this_thread::yield();
+        wait_until(published, r + 8);
         detail::matrix_sums_avx512(grad, gc, first, 8, cols, cut, cols, c.grad_scale, c.eps1, row_sums + r, col_sums);
       }
     }

@@ -7,9 +7,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 #include "host_adam_kernels.hpp"
 #include "host_simd_kernels.hpp"
@@ -164,6 +166,13 @@ inline bool simd_out(int out_code) { return out_code == detail::kNone || out_cod
 
 // Runs a() and b() at once on two threads when the OpenMP default allows two and the run is
 // long enough to pay for it, else one after the other. They must not share anything they write.
+// Waits until `progress` (another thread's, published with release) reaches `target`.
+template <class T>
+void wait_until(const std::atomic<T>& progress, T target) {
+  for (int spins = 0; progress.load(std::memory_order_acquire) < target; ++spins)
+    if (spins >= 64) std::this_thread::yield();
+}
+
 inline bool run_both_threads(std::size_t n) { return n >= kTile && omp_get_max_threads() >= 2 && !omp_in_parallel(); }
 
 template <class A, class B>

@@ -2,6 +2,7 @@
 // needs the norms over the whole tensor first).
 #include "offload/host_optimizer.hpp"
 
+#include <atomic>
 #include <cmath>
 
 #include "host_kernel_util.hpp"
@@ -14,29 +15,85 @@ inline float lamb_direction(float m, float v, float p, const LambConstants& c) {
   return (m * c.inv_bias_c1) / (std::sqrt(v * c.inv_bias_c2) + c.eps) + c.weight_decay * p;
 }
 
+// LAMB's moments of element i from the stored ones.
+template <int G>
+inline void new_moments(const float* m, const float* v, const void* grad, std::size_t i, const LambConstants& c,
+                        float& mi, float& vi) {
+  const float g = load_grad<G>(grad, i) * c.grad_scale;
+  mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
+  vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
+}
+
+// The folds over elements [b, e) of the run, continuing the lanes, storing the new moments,
+// or, when `stored`, taking them from m and v.
+template <int G>
+void fold(const float* master, float* m, float* v, const void* grad, std::int64_t at, std::size_t b, std::size_t e,
+          const LambConstants& c, double* p_lanes, double* u_lanes, bool stored) {
+  const bool simd = avx512_kernels();
+  auto vector = [&](std::size_t i) {
+    return simd ? detail::lamb_moments_avx512(master, m, v, grad, G, b + i, e, c, p_lanes, u_lanes, stored) - b : i;
+  };
+  for_each_lane2_simd(at + static_cast<std::int64_t>(b), e - b, p_lanes, u_lanes, vector,
+                      [&](std::size_t k, double& ps, double& us) {
+                        const std::size_t i = b + k;
+                        float mi = m[i], vi = v[i];
+                        if (!stored) {
+                          new_moments<G>(m, v, grad, i, c, mi, vi);
+                          m[i] = mi;
+                          v[i] = vi;
+                        }
+                        const double p = master[i], u = lamb_direction(mi, vi, master[i], c);
+                        ps += p * p;
+                        us += u * u;
+                      });
+}
+
+template <int G>
+void update(float* m, float* v, const void* grad, std::size_t b, std::size_t e, const LambConstants& c) {
+  if (avx512_kernels()) b = detail::lamb_update_avx512(m, v, grad, G, b, e, c);
+  for (std::size_t i = b; i < e; ++i) {
+    float mi, vi;
+    new_moments<G>(m, v, grad, i, c, mi, vi);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
 }  // namespace
 
+// The folds are one thread's walk through the run in element order. On two threads (the
+// OpenMP default allowing) the second takes the last 30% of the run's moments (g, m and v in,
+// m and v out) while the first does the rest of the run; the first then folds that last part
+// from the stored moments (m, v and p in), tile by tile as they are published. The first
+// thread moves 24 bytes per element of its part and 12 of the other, the second 20: four more
+// bytes per element of that part in all, against a second core's bandwidth. The cut: measured
+// on a 2-core AMD guest, one core's 43 GB/s and two cores' 55 GB/s balance near 29%. The bits
+// are those of one thread.
 void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::int64_t at,
                   std::size_t n, const LambConstants& c, double* p_lanes, double* u_lanes) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "lamb_moments");
   ZERO_CHECK(m != nullptr && v != nullptr, "lamb_moments: the moment buffers must not be null");
-  const bool simd = avx512_kernels();
-  const int gc = elem_code(grad_type);
-  auto vector = [&](std::size_t i) {
-    return simd ? detail::lamb_moments_avx512(master, m, v, grad, gc, i, n, c, p_lanes, u_lanes) : i;
-  };
   with_grad_type(grad_type, [&]<int G>() {
-    for_each_lane2_simd(at, n, p_lanes, u_lanes, vector, [&](std::size_t i, double& ps, double& us) {
-      const float g = load_grad<G>(grad, i) * c.grad_scale;
-      const float mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
-      const float vi = c.beta2 * v[i] + (c.one_minus_beta2 * g) * g;
-      m[i] = mi;
-      v[i] = vi;
-      const double p = master[i], u = lamb_direction(mi, vi, master[i], c);
-      ps += p * p;
-      us += u * u;
-    });
+    if (!run_both_threads(n)) return fold<G>(master, m, v, grad, at, 0, n, c, p_lanes, u_lanes, false);
+    const std::size_t cut = n - n / 10 * 3;
+    std::atomic<std::size_t> stored{cut};  // the second thread's moments are stored up to here
+#pragma omp parallel num_threads(2)
+    {
+      const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+      if (t == 0) fold<G>(master, m, v, grad, at, 0, cut, c, p_lanes, u_lanes, false);
+      for (std::size_t b = cut; b < n; b += kTile) {
+        const std::size_t e = std::min(n, b + kTile);
+        if (t == 1 || threads == 1) {
+          update<G>(m, v, grad, b, e, c);
+          stored.store(e, std::memory_order_release);
+        }
+        if (t == 0) {
+          wait_until(stored, e);
+          fold<G>(master, m, v, grad, at, b, e, c, p_lanes, u_lanes, true);
+        }
+      }
+    }
   });
 }
 

@@ -49,6 +49,23 @@ struct LambVec {
   }
 };
 
+// LAMB's moments of sixteen elements from the stored ones, as lamb_moments computes them.
+template <int G>
+struct Moments {
+  __m512 scale, b1, nb1, b2, nb2;
+  explicit Moments(const LambConstants& c)
+      : scale(_mm512_set1_ps(c.grad_scale)),
+        b1(_mm512_set1_ps(c.beta1)),
+        nb1(_mm512_set1_ps(c.one_minus_beta1)),
+        b2(_mm512_set1_ps(c.beta2)),
+        nb2(_mm512_set1_ps(c.one_minus_beta2)) {}
+  void next(const float* m, const float* v, const void* grad, std::size_t i, __m512& mi, __m512& vi) const {
+    const __m512 g = _mm512_mul_ps(grad16<G>(grad, i), scale);
+    mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(nb1, g));
+    vi = _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(nb2, g), g));
+  }
+};
+
 template <bool Out>
 std::size_t lamb_apply_loop(float* master, const float* m, const float* v, float* out, std::size_t i, std::size_t end,
                             const LambConstants& c, float step) {
@@ -85,27 +102,43 @@ std::size_t lamb_apply_avx512(float* master, const float* m, const float* v, flo
 
 std::size_t lamb_moments_avx512(const float* master, float* m, float* v, const void* grad, int grad_code,
                                 std::size_t begin, std::size_t end, const LambConstants& c, double* p_lanes,
-                                double* u_lanes) {
+                                double* u_lanes, bool stored) {
   return by_grad(grad_code, [&]<int G>() {
     const LambVec d(c);
-    const __m512 scale = _mm512_set1_ps(c.grad_scale), b1 = _mm512_set1_ps(c.beta1),
-                 nb1 = _mm512_set1_ps(c.one_minus_beta1), b2 = _mm512_set1_ps(c.beta2),
-                 nb2 = _mm512_set1_ps(c.one_minus_beta2);
+    const Moments<G> k(c);
     __m512d ps = _mm512_loadu_pd(p_lanes), us = _mm512_loadu_pd(u_lanes);
     std::size_t i = begin;
     for (; i + 16 <= end; i += 16) {
-      const __m512 g = _mm512_mul_ps(grad16<G>(grad, i), scale);
-      const __m512 mi = _mm512_add_ps(_mm512_mul_ps(b1, _mm512_loadu_ps(m + i)), _mm512_mul_ps(nb1, g));
-      const __m512 vi =
-          _mm512_add_ps(_mm512_mul_ps(b2, _mm512_loadu_ps(v + i)), _mm512_mul_ps(_mm512_mul_ps(nb2, g), g));
-      _mm512_storeu_ps(m + i, mi);
-      _mm512_storeu_ps(v + i, vi);
+      __m512 mi, vi;
+      if (stored) {
+        mi = _mm512_loadu_ps(m + i);
+        vi = _mm512_loadu_ps(v + i);
+      } else {
+        k.next(m, v, grad, i, mi, vi);
+        _mm512_storeu_ps(m + i, mi);
+        _mm512_storeu_ps(v + i, vi);
+      }
       const __m512 p = _mm512_loadu_ps(master + i);
       ps = fold_squares(ps, p);
       us = fold_squares(us, d.direction(mi, vi, p));
     }
     _mm512_storeu_pd(p_lanes, ps);
     _mm512_storeu_pd(u_lanes, us);
+    return i;
+  });
+}
+
+std::size_t lamb_update_avx512(float* m, float* v, const void* grad, int grad_code, std::size_t begin, std::size_t end,
+                               const LambConstants& c) {
+  return by_grad(grad_code, [&]<int G>() {
+    const Moments<G> k(c);
+    std::size_t i = begin;
+    for (; i + 16 <= end; i += 16) {
+      __m512 mi, vi;
+      k.next(m, v, grad, i, mi, vi);
+      _mm512_storeu_ps(m + i, mi);
+      _mm512_storeu_ps(v + i, vi);
+    }
     return i;
   });
 }
