@@ -6,70 +6,15 @@
 #include <map>
 
 #include "checkpoint/format.hpp"
+#include "runtime/part_cut.hpp"
 #include "runtime/strings.hpp"
 #include "zero/error.hpp"
 
 namespace zero::ckpt {
 
-namespace {
-
-// Where part t of `parts` lies in its whole tensor. Flat indices: the part is [outer, extent,
-// inner] around the split axis, its extent cut into `blocks` chunks of `chunk`; chunk b of part
-// t lies at (b x parts + t) x chunk along the whole axis. Unsplit (or one part): the identity.
-struct Cut {
-  std::int64_t numel = 0, extent = 1, inner = 1, chunk = 1;
-  std::int64_t parts = 1;
-  bool split = false;
-
-  Cut(const std::vector<std::int64_t>& part, int axis, int blocks, int n) : parts(n), split(n > 1 && axis >= 0) {
-    numel = 1;
-    for (auto d : part) numel *= d;
-    if (!split) return;
-    ZERO_CHECK(static_cast<std::size_t>(axis) < part.size() && blocks >= 1 &&
-                   part[static_cast<std::size_t>(axis)] % blocks == 0,
-               fmt::format("checkpoint: a part of shape {} cannot be cut along axis {} in {} blocks", shape_text(part),
-                           axis, blocks));
-    for (std::size_t d = static_cast<std::size_t>(axis) + 1; d < part.size(); ++d) inner *= part[d];
-    extent = part[static_cast<std::size_t>(axis)];
-    chunk = extent / blocks;
-  }
-  // The whole tensor's index of element x of part t; `run`: the elements from x on (x included)
-  // that stay contiguous in the whole tensor.
-  std::int64_t to_whole(std::int64_t x, std::int64_t t, std::int64_t& run) const {
-    if (!split) {
-      run = numel - x;
-      return x;
-    }
-    const std::int64_t o = x / (extent * inner), r = x % (extent * inner), j = r / inner, i = r % inner;
-    const std::int64_t b = j / chunk, jj = j % chunk;
-    run = (chunk - jj) * inner - i;
-    return (o * extent * parts + (b * parts + t) * chunk + jj) * inner + i;
-  }
-  // The part t and its element holding whole index w; `run` as above, in the part.
-  std::int64_t from_whole(std::int64_t w, std::int64_t& t, std::int64_t& run) const {
-    if (!split) {
-      t = 0;
-      run = numel - w;
-      return w;
-    }
-    const std::int64_t o = w / (extent * parts * inner), r = w % (extent * parts * inner), j = r / inner, i = r % inner;
-    const std::int64_t b = j / (parts * chunk), rem = j % (parts * chunk), jj = rem % chunk;
-    t = rem / chunk;
-    run = (chunk - jj) * inner - i;
-    return (o * extent + b * chunk + jj) * inner + i;
-  }
-};
-
-}  // namespace
-
 void concat_parts(const std::vector<const float*>& parts, const std::vector<std::int64_t>& part, int axis, int blocks,
                   float* whole) {
-  const Cut cut(part, axis, blocks, static_cast<int>(parts.size()));
-  for (std::size_t t = 0; t < parts.size(); ++t)
-    for (std::int64_t x = 0, run = 0; x < cut.numel; x += run) {
-      const std::int64_t w = cut.to_whole(x, static_cast<std::int64_t>(t), run);
-      std::copy_n(parts[t] + x, run, whole + w);
-    }
+  zero::concat_parts(parts, part, axis, blocks, whole);
 }
 
 ModelReader::~ModelReader() = default;
@@ -235,8 +180,8 @@ void ModelReader::read_part(const UnitInfo& part, int tensor, int tensors, std::
     // same errors.
     const std::int64_t lo = std::max(begin, q.offset), hi = std::min(begin + len, q.offset + q.numel);
     if (lo >= hi) continue;
-    const Cut mine(q.shape, q.split_axis, q.split_blocks, q.replicated ? 1 : tensors);
-    const Cut theirs(pm.shape, pm.split_axis, pm.split_blocks, pm.replicated ? 1 : T);
+    const PartCut mine(q.shape, q.split_axis, q.split_blocks, q.replicated ? 1 : tensors);
+    const PartCut theirs(pm.shape, pm.split_axis, pm.split_blocks, pm.replicated ? 1 : T);
     for (std::int64_t x = lo - q.offset; x < hi - q.offset;) {
       std::int64_t run_mine = 0, run_theirs = 0, t = 0;
       const std::int64_t w = mine.to_whole(x, tensor, run_mine);

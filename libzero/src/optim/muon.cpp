@@ -7,7 +7,10 @@
 // its products): after the momentum pass the momentum updates of every unit are all-gathered,
 // each owner orthogonalises its matrices, and a reduce-scatter (every element written by exactly
 // one rank, so the sum is exact) brings each rank its slice of the result. At stage 0 every rank
-// holds every matrix and does the work itself, as it does the rest of the step.
+// holds every matrix and does the work itself, as it does the rest of the step. A matrix cut by
+// tensor parallelism is orthogonalised whole: its owners (the same partition rank in each tensor
+// rank's group) put its parts together over the tensor group, and one of them computes it
+// (muon_split.hpp), so the update is the one tensor parallelism 1 makes.
 //
 // State in device memory is stepped by the backend's kernels with the same organisation: the
 // momentum and the update bit for bit as the host's (Backend::muon_momentum, muon_apply; AdamW
@@ -24,6 +27,7 @@
 
 #include "backend/backend.hpp"
 #include "offload/host_optimizer.hpp"
+#include "optim/muon_split.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/comm.hpp"
 #include "zero/error.hpp"
@@ -33,9 +37,10 @@ namespace {
 
 struct Matrix {
   int unit = 0;
-  std::int64_t offset = 0, rows = 0, cols = 0;
+  std::int64_t offset = 0, rows = 0, cols = 0;  // this rank's part's
   int owner = 0;
-  float scale = 1.0f;
+  float scale = 1.0f;  // from the whole matrix's shape
+  int split = -1;      // its entry in splits_ when tensor parallelism cuts it
 };
 
 class Muon final : public Optimizer {
@@ -48,8 +53,17 @@ class Muon final : public Optimizer {
         const bool matrix = muon_matrix(p);
         index_.push_back(matrix ? static_cast<int>(matrices_.size()) : -1);
         if (!matrix) continue;
-        Matrix m{u, p.offset, p.shape[0], p.shape[1], 0, 1.0f};
-        const double r = static_cast<double>(m.rows), c = static_cast<double>(m.cols);
+        Matrix m{u, p.offset, p.shape[0], p.shape[1], 0, 1.0f, -1};
+        double r = static_cast<double>(m.rows), c = static_cast<double>(m.cols);
+        if (p.split_axis >= 0 && env.tensor != nullptr && env.tensor->size() > 1) {
+          const int T = env.tensor->size();
+          SplitMatrix sm{p.shape, p.split_axis, p.split_blocks, m.rows * (p.split_axis == 0 ? T : 1),
+                         m.cols * (p.split_axis == 1 ? T : 1)};
+          r = static_cast<double>(sm.rows);
+          c = static_cast<double>(sm.cols);
+          m.split = static_cast<int>(splits_.size());
+          splits_.push_back(std::move(sm));
+        }
         m.scale = static_cast<float>(cfg_.adjust_lr_fn == MuonScale::original ? std::sqrt(std::max(1.0, r / c))
                                                                               : 0.2 * std::sqrt(std::max(r, c)));
         // The least-loaded rank takes the next matrix (its products cost about min(r,c)^2 max(r,c)).
@@ -69,17 +83,18 @@ class Muon final : public Optimizer {
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
   bool device_kernels() const override { return true; }
-  // Newton-Schulz needs each whole matrix on its owner; a matrix cut by tensor parallelism would
-  // have to be gathered over the tensor group first (not done). Its AdamW parameters are
+  // Newton-Schulz needs each whole matrix: a matrix cut by tensor parallelism is put together
+  // over the tensor group, so an engine without one cannot step it. Its AdamW parameters are
   // element-wise and may be split.
   std::string unsupported(const Layout& layout) const override {
+    if (env_.tensor != nullptr) return {};
     for (const UnitInfo& u : layout.units())
       for (const ParamInfo& p : u.params)
         if (p.split_axis >= 0 && muon_matrix(p))
           return fmt::format(
               "optimizer.type Muon orthogonalises each whole matrix (Newton-Schulz), and '{}' of unit '{}' is split "
-              "by tensor parallelism; gathering its parts over the tensor group is not implemented: use tensor "
-              "parallelism 1, or an optimizer that runs under it (Lamb, Adafactor, AdamW, Adam, SGD, Lion)",
+              "by tensor parallelism, but the engine has no tensor group to put its parts together over: construct "
+              "the Engine with the ProcessGroups whose tensor group holds the other parts",
               p.name, u.name);
     return {};
   }
@@ -129,7 +144,8 @@ class Muon final : public Optimizer {
       const int unit = static_cast<int>(u);
       if (local) {
         for (const Matrix& m : matrices_)
-          if (m.unit == unit) offload::newton_schulz(x.data() + m.offset, m.rows, m.cols, cfg_.ns_steps, work_);
+          if (m.unit == unit) orthogonalise(m, x.data() + m.offset);
+        orthogonalise_splits();
         continue;
       }
       const std::size_t slice = x.size();
@@ -137,17 +153,33 @@ class Muon final : public Optimizer {
       env_.comm->all_gather(x.data(), full_.data(), slice, DType::f32);
       // Keep only what this rank computes: its matrices, orthogonalised.
       result_.assign(full_.size(), 0.0f);
-      for (const Matrix& m : matrices_) {
-        if (m.unit != unit || m.owner != env_.rank) continue;
-        float* at = full_.data() + m.offset;
-        offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
-        std::copy(at, at + m.rows * m.cols, result_.data() + m.offset);
-      }
+      for (const Matrix& m : matrices_)
+        if (m.unit == unit && m.owner == env_.rank) orthogonalise(m, full_.data() + m.offset);
+      orthogonalise_splits();
+      for (const Matrix& m : matrices_)
+        if (m.unit == unit && m.owner == env_.rank) {
+          const float* at = full_.data() + m.offset;
+          std::copy(at, at + m.rows * m.cols, result_.data() + m.offset);
+        }
       env_.comm->reduce_scatter(result_.data(), x.data(), slice, DType::f32, ReduceOp::sum);
     }
   }
 
  private:
+  // A whole matrix now; a part is queued for orthogonalise_splits.
+  void orthogonalise(const Matrix& m, float* at) {
+    if (m.split < 0) return offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
+    queued_.push_back(&splits_[static_cast<std::size_t>(m.split)]);
+    queued_at_.push_back(at);
+  }
+  // The queued parts, in the same order on every member of the tensor group (the same unit, the
+  // same owners: their shapes are the same).
+  void orthogonalise_splits() {
+    if (!queued_.empty()) orthogonalise_split(*env_.tensor, queued_, queued_at_, cfg_.ns_steps, work_);
+    queued_.clear();
+    queued_at_.clear();
+  }
+
   bool local() const { return env_.stage == 0 || env_.comm == nullptr || env_.world == 1; }
 
   void run_device(int pass, const OptimRun& r, Backend& dev) {
@@ -175,6 +207,11 @@ class Muon final : public Optimizer {
   // The step's first device run. The device buffers are made once, for every unit with matrices
   // (every rank takes part in every unit's exchange).
   void start_device(Backend& dev) {
+    ZERO_CHECK(splits_.empty(),
+               fmt::format("optimizer.type Muon with tensor parallelism steps host memory only: its matrices are put "
+                           "together over the tensor group's host communicator, and the {} backend keeps the state in "
+                           "device memory; use tensor parallelism 1 with Muon on this backend, or the host backend",
+                           dev.name()));
     device_ = &dev;
     if (!x_dev_.empty()) return;
     x_dev_.resize(x_.size());
@@ -230,6 +267,9 @@ class Muon final : public Optimizer {
   std::vector<int> index_;             // per tensor: its matrix, or -1 (AdamW)
   std::vector<std::vector<float>> x_;  // per unit with matrices: the owned range's update input / result
   std::vector<float> full_, result_, work_;
+  std::vector<SplitMatrix> splits_;  // the matrices tensor parallelism cuts
+  std::vector<const SplitMatrix*> queued_;
+  std::vector<float*> queued_at_;
   StepHyper h_;
   AdamHyper adam_;
   // The device path: this step's backend (null: host memory), x_'s device twins, the exchange's.
