@@ -22,11 +22,12 @@ void square_fold(const float* x, std::int64_t at, std::size_t n, double* lanes) 
 
 // The whole rows [begin, begin + rows * cols) of a matrix run (rows a multiple of eight), and
 // p_fold. On two threads the columns are cut in two strips: the first thread sums the left
-// strip of each block of eight rows, publishes it, and at the end runs p_fold; the second sums
-// the right strip of a block once it is published, continuing the rows' sums where the left
-// strip left them. Every row and every column still adds in element order, on any number of
-// threads. The cut gives the first thread about a fifth of the columns: the fold of p^2, one
-// float read per element, costs it about what the other four fifths of the sums cost the other.
+// strip of each block of eight rows, publishes it, and then runs p_fold; the second sums the
+// right strip of a block once it is published, continuing the rows' sums where the left strip
+// left them, and leaves the blocks it has not taken by then to the first. Every row and every
+// column still adds in element order, on any number of threads. The cut gives the first
+// thread about a fifth of the columns: the fold of p^2, one float read per element, costs it
+// about what the other four fifths of the sums cost the other.
 template <class PFold>
 void whole_rows(const void* grad, int gc, std::size_t begin, std::int64_t rows, std::int64_t cols,
                 const AdafactorConstants& c, double* row_sums, double* col_sums, bool two, PFold&& p_fold) {
@@ -37,22 +38,32 @@ void whole_rows(const void* grad, int gc, std::size_t begin, std::int64_t rows, 
     return;
   }
   const std::int64_t cut = cols / 5 / 8 * 8;
-  std::atomic<std::int64_t> published{0};  // blocks of eight rows whose left strip is summed
+  auto strip = [&](std::int64_t r, std::int64_t c0, std::int64_t c1) {
+    detail::matrix_sums_avx512(grad, gc, begin + static_cast<std::size_t>(r * cols), 8, cols, c0, c1, c.grad_scale,
+                               c.eps1, row_sums + r, col_sums);
+  };
+  std::atomic<std::int64_t> published{0};  // rows whose left strip is summed
+  std::atomic<std::int64_t> next{0};       // the first row of the right strip no thread has taken
+  std::atomic<std::int64_t> right{0};      // rows whose right strip the second thread has summed
 #pragma omp parallel num_threads(2)
   {
-    const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-    for (std::int64_t r = 0; r < rows && (t == 0 || threads == 2); r += 8) {
-      const std::size_t first = begin + static_cast<std::size_t>(r * cols);
-      if (t == 0) {
-        detail::matrix_sums_avx512(grad, gc, first, 8, cols, 0, cut, c.grad_scale, c.eps1, row_sums + r, col_sums);
+    if (omp_get_thread_num() == 1) {
+      for (std::int64_t r; (r = next.fetch_add(8)) < rows; right.store(r + 8, std::memory_order_release)) {
+        wait_until(published, r + 8);
+        strip(r, cut, cols);
+      }
+    } else {
+      for (std::int64_t r = 0; r < rows; r += 8) {
+        strip(r, 0, cut);
         published.store(r + 8, std::memory_order_release);
       }
-      if (t == 1 || threads == 1) {
-        wait_until(published, r + 8);
-        detail::matrix_sums_avx512(grad, gc, first, 8, cols, cut, cols, c.grad_scale, c.eps1, row_sums + r, col_sums);
-      }
+      p_fold();
+      // The right strips the second thread has not taken (all when it has not started) are the
+      // first's, after those it has (each column adds its rows in order).
+      const std::int64_t taken = std::min(rows, next.exchange(rows));
+      wait_until(right, taken);
+      for (std::int64_t r = taken; r < rows; r += 8) strip(r, cut, cols);
     }
-    if (t == 0) p_fold();
   }
 }
 

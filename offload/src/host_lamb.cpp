@@ -63,12 +63,12 @@ void update(float* m, float* v, const void* grad, std::size_t b, std::size_t e, 
 
 // The folds are one thread's walk through the run in element order. On two threads (the
 // OpenMP default allowing) the second takes the last 30% of the run's moments (g, m and v in,
-// m and v out) while the first does the rest of the run; the first then folds that last part
-// from the stored moments (m, v and p in), tile by tile as they are published. The first
-// thread moves 24 bytes per element of its part and 12 of the other, the second 20: four more
-// bytes per element of that part in all, against a second core's bandwidth. The cut: measured
-// on a 2-core AMD guest, one core's 43 GB/s and two cores' 55 GB/s balance near 29%. The bits
-// are those of one thread.
+// m and v out) tile by tile while the first does the rest of the run; the first then folds
+// the tiles the second has stored from the stored moments (m, v and p in), and does the
+// tiles it has not taken itself. The first thread moves 24 bytes per element of its part and
+// 12 of the other, the second 20: four more bytes per element of that part in all, against a
+// second core's bandwidth. The cut: measured on a 2-core AMD guest, one core's 43 GB/s and
+// two cores' 55 GB/s balance near 29%. The bits are those of one thread.
 void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::int64_t at,
                   std::size_t n, const LambConstants& c, double* p_lanes, double* u_lanes) {
   if (n == 0) return;
@@ -76,21 +76,25 @@ void lamb_moments(const float* master, float* m, float* v, const void* grad, DTy
   ZERO_CHECK(m != nullptr && v != nullptr, "lamb_moments: the moment buffers must not be null");
   with_grad_type(grad_type, [&]<int G>() {
     if (!run_both_threads(n)) return fold<G>(master, m, v, grad, at, 0, n, c, p_lanes, u_lanes, false);
-    const std::size_t cut = n - n / 10 * 3;
-    std::atomic<std::size_t> stored{cut};  // the second thread's moments are stored up to here
+    const std::size_t cut = n - n / 10 * 3, tiles = (n - cut + kTile - 1) / kTile;
+    auto tile = [&](std::size_t k, bool stored) {
+      fold<G>(master, m, v, grad, at, cut + k * kTile, std::min(n, cut + (k + 1) * kTile), c, p_lanes, u_lanes, stored);
+    };
+    std::atomic<std::size_t> next{0};    // the first tile of the last part no thread has taken
+    std::atomic<std::size_t> stored{0};  // the tiles whose moments the second thread has stored
 #pragma omp parallel num_threads(2)
     {
-      const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-      if (t == 0) fold<G>(master, m, v, grad, at, 0, cut, c, p_lanes, u_lanes, false);
-      for (std::size_t b = cut; b < n; b += kTile) {
-        const std::size_t e = std::min(n, b + kTile);
-        if (t == 1 || threads == 1) {
-          update<G>(m, v, grad, b, e, c);
-          stored.store(e, std::memory_order_release);
-        }
-        if (t == 0) {
-          wait_until(stored, e);
-          fold<G>(master, m, v, grad, at, b, e, c, p_lanes, u_lanes, true);
+      if (omp_get_thread_num() == 1) {
+        for (std::size_t k; (k = next.fetch_add(1)) < tiles; stored.store(k + 1, std::memory_order_release))
+          update<G>(m, v, grad, cut + k * kTile, std::min(n, cut + (k + 1) * kTile), c);
+      } else {
+        fold<G>(master, m, v, grad, at, 0, cut, c, p_lanes, u_lanes, false);
+        // The tiles the second thread has not taken (all of them when it has not started: a
+        // busy core costs the wait for one tile at most) are the first thread's to do whole.
+        const std::size_t taken = std::min(tiles, next.exchange(tiles));
+        for (std::size_t k = 0; k < tiles; ++k) {
+          if (k < taken) wait_until(stored, k + 1);
+          tile(k, k < taken);
         }
       }
     }
