@@ -375,12 +375,6 @@ class ModelReader {
   std::vector<std::unique_ptr<Reader>> readers_;       // per position, t + T x p
 };
 
-// Concatenates T equal parts (each of shape `part`) along `axis`, each part's extent there cut
-// into `blocks` equal blocks that are interleaved: whole block b is [part_0 block b | part_1
-// block b | ...]. The result has part[axis] x T along axis.
-void concat_parts(const std::vector<const float*>& parts, const std::vector<std::int64_t>& part, int axis, int blocks,
-                  float* whole);
-
 // The step directory for `tag` under `root`: "latest" follows the latest file; digits name a
 // step. `root` may also be a step directory itself (then tag must be "latest").
 std::string resolve(const std::string& root, const std::string& tag);

@@ -12,11 +12,6 @@
 
 namespace zero::ckpt {
 
-void concat_parts(const std::vector<const float*>& parts, const std::vector<std::int64_t>& part, int axis, int blocks,
-                  float* whole) {
-  zero::concat_parts(parts, part, axis, blocks, whole);
-}
-
 ModelReader::~ModelReader() = default;
 
 ModelReader::ModelReader(const std::string& step_dir) : dir_(step_dir) {

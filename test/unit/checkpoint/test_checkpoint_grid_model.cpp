@@ -21,6 +21,7 @@
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/json.hpp"
+#include "runtime/part_cut.hpp"
 #include "zero/checkpoint.hpp"
 #include "zero/dtype.hpp"
 #include "zero/formats/hf.hpp"
@@ -584,15 +585,19 @@ TEST_CASE("format 2 checkpoints, whose shards record no position, still load") {
   fs::remove_all(flat);
 }
 
-TEST_CASE("concat_parts interleaves blocks") {
+TEST_CASE("concat_parts interleaves blocks, and take_part takes them back") {
   // Two parts [1, 6] with 3 blocks: whole [a0 a1 b0 b1 | a2 a3 b2 b3 | a4 a5 b4 b5].
   const std::vector<float> a = {0, 1, 2, 3, 4, 5}, b = {10, 11, 12, 13, 14, 15};
-  std::vector<float> whole(12);
-  ckpt::concat_parts({a.data(), b.data()}, {1, 6}, 1, 3, whole.data());
+  std::vector<float> whole(12), part(6);
+  zero::concat_parts({a.data(), b.data()}, {1, 6}, 1, 3, whole.data());
   CHECK(whole == std::vector<float>{0, 1, 10, 11, 2, 3, 12, 13, 4, 5, 14, 15});
+  zero::take_part(whole.data(), {1, 6}, 1, 3, 2, 1, part.data());
+  CHECK(part == b);
   // Along rows, one block: the parts one after the other.
-  ckpt::concat_parts({a.data(), b.data()}, {3, 2}, 0, 1, whole.data());
+  zero::concat_parts({a.data(), b.data()}, {3, 2}, 0, 1, whole.data());
   CHECK(whole == std::vector<float>{0, 1, 2, 3, 4, 5, 10, 11, 12, 13, 14, 15});
+  zero::take_part(whole.data(), {3, 2}, 0, 1, 2, 0, part.data());
+  CHECK(part == a);
 }
 
 TEST_CASE("a grid checkpoint with a parameter neither split nor replicated cannot be put together") {
