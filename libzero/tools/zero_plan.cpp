@@ -83,6 +83,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"model_state_bytes", m.states.device()},
           {"hpz_secondary_bytes", m.states.secondary},
           {"qgz_error_feedback_bytes", m.states.error_feedback},
+          {"optimizer_buffer_bytes", m.states.optimizer_buffers},
           {"activation_bytes", m.activations},
           {"memory_part", p.memory_part},
           {"step_s", p.time.step_s},
@@ -125,6 +126,8 @@ void print_plan(const Plan& p, const Cluster& c) {
   if (m.states.secondary > 0) fmt::print("                 + hpZ secondary shards {}\n", bytes(m.states.secondary));
   if (m.states.error_feedback > 0)
     fmt::print("                 + qgZ error feedback {}\n", bytes(m.states.error_feedback));
+  if (m.states.optimizer_buffers > 0)
+    fmt::print("                 + 1-bit exchange buffers {}\n", bytes(m.states.optimizer_buffers));
   fmt::print("host {:>10} per GPU = offloaded states {} + pinned buffers {} + overhead {}   (of {})\n",
              bytes(m.host_bytes), bytes(m.states.host), bytes(m.pinned), bytes(m.host_overhead),
              bytes(c.host_bytes_per_gpu));

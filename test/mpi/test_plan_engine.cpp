@@ -6,7 +6,8 @@
 // error-feedback buffers (zero_quantized_gradients) at stages 2 and 3; and qgZ's scratch (MemoryReport::qgz_buffers,
 // part of comm_buffers) against plan::qgz_buffer_bytes, also on simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2,
 // both phases; 2 ranks as 2 x 1); and the plan's comm_buffers (equal) and stage-3 gathered (equal at the default max
-// live, else a bound) against the reducer's and the gatherer's pools.
+// live, else a bound) against the reducer's and the gatherer's pools; and the 1-bit optimizers' own buffers and
+// OneBitLamb's fresh variance.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -151,6 +152,45 @@ TEST_CASE("plan model states equal engine.memory() with qgZ's error feedback", "
       CHECK(m.error_feedback == r.error_feedback);
       if (world > 1) CHECK(r.error_feedback > 0);
     }
+}
+
+// OneBitAdam's and OneBitLamb's own buffers (the exchange's errors, shared momentum and messages;
+// OneBitLamb's values per tensor) and OneBitLamb's fresh variance (a third moment) as the engine
+// holds them after its compressed steps, against the plan and against the sizes worked out here.
+TEST_CASE("plan model states equal engine.memory() with the 1-bit optimizers", "[plan][mpi]") {
+  Context& ctx = *Context::current();
+  const std::int64_t W = ctx.world_size();
+  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  const Layout layout = plan::gpt_layout(shape);
+  for (const std::string type : {"OneBitAdam", "OneBitLamb"})
+    for (int stage : {1, 2}) DYNAMIC_SECTION(type << " stage " << stage << ", " << W << " ranks") {
+        const std::string y =
+            "train_micro_batch_size_per_gpu: 1\nzero_optimization:\n  stage: " + std::to_string(stage) +
+            "\noptimizer:\n  type: " + type + "\n  params:\n    lr: 0.001\n    freeze_step: 1\n";
+        const Config cfg = resolved_config(y, static_cast<int>(W));
+        const MemoryReport r = memory_after_steps(ctx, cfg, layout, 3);
+        const plan::ModelStates m = plan::model_states(layout, plan::settings_from(cfg), static_cast<int>(W));
+        CHECK(m.device() == r.model_state());
+        CHECK(m.optimizer == r.optimizer);
+        CHECK(m.optimizer_buffers == r.optimizer_buffers);
+        // By hand: per unit of slice S (P = S W over the ranks) this step's owned momentum (4S),
+        // and with W > 1 the worker and server errors (4P + 4S), the shared momentum's bits and
+        // scales (P/8 + 4W); the largest unit decoded (4P); the messages (a slice of bits of every
+        // unit and a scale per unit to each rank), sent and, with W > 1, received; OneBitLamb's
+        // 24 bytes per tensor. Its fresh variance: 4 more bytes per owned element.
+        std::int64_t hand = 0, largest = 0, bits = 0, owned = 0, tensors = 0;
+        for (int u = 0; u < layout.num_units(); ++u) {
+          const std::int64_t S = layout.slice_numel(u, static_cast<int>(W)), P = S * W;
+          hand += 4 * S + (W > 1 ? 4 * (P + S) + P / 8 + 4 * W : 0);
+          largest = std::max(largest, P), bits += S / 8, owned += S;
+          tensors += static_cast<std::int64_t>(layout.unit(u).params.size());
+        }
+        hand += 4 * largest + (W > 1 ? 2 : 1) * W * (bits + 4 * layout.num_units());
+        if (type == "OneBitLamb") hand += 24 * tensors;
+        CHECK(r.optimizer_buffers == hand);
+        CHECK(r.optimizer == owned * 4 * (type == "OneBitLamb" ? 3 : 2));
+        CHECK(r.to_string().find("optimizer buffers") != std::string::npos);
+      }
 }
 
 // qgZ's scratch, as the engine's pool holds it and as the plan models it, over the bucket

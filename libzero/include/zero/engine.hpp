@@ -164,6 +164,9 @@ struct MemoryReport {
   std::int64_t gathered = 0;        // full units gathered at stage 3
   std::int64_t secondary = 0;       // hpZ's secondary shards (zero_hpz_partition_size > 1)
   std::int64_t error_feedback = 0;  // qgZ's fp32 error-feedback buffers (zero_quantized_gradients)
+  // The optimizer's own buffers beside its per-element state: OneBitAdam's and OneBitLamb's
+  // exchange (errors, shared momentum, messages) and OneBitLamb's values per tensor.
+  std::int64_t optimizer_buffers = 0;
   std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine
   std::int64_t offloaded_nvme = 0;  // bytes kept on NVMe
   std::int64_t model_state() const { return params + grads + master + optimizer; }

@@ -95,6 +95,7 @@ MemoryReport EngineImpl::memory() const {
   // PowerSGD's error buffers, Q and factor staging: buffers of the gradients' communication.
   if (powersgd_) r.comm_buffers += static_cast<std::int64_t>(powersgd_->buffer_bytes());
   opt_->report(r);
+  r.optimizer_buffers = optim_->buffer_bytes();
   r.gathered = gatherer_.peak_bytes();
   r.secondary = gatherer_.secondary_bytes();
   return r;
@@ -155,6 +156,7 @@ std::string MemoryReport::to_string() const {
                   b(model_state()), b(params), b(grads), b(master), b(optimizer), b(comm_buffers), qgz, b(gathered));
   if (secondary) s += fmt::format(", hpZ secondary {}", b(secondary));
   if (error_feedback) s += fmt::format(", qgZ error feedback {}", b(error_feedback));
+  if (optimizer_buffers) s += fmt::format(", optimizer buffers {}", b(optimizer_buffers));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
   if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
   return s;

@@ -30,6 +30,7 @@ class OneBitAdam final : public Optimizer {
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
   // The exchange's errors and shared momentum: kept by a resume at the same world size, started
   // again at another (set_rank_state({})).
+  std::int64_t buffer_bytes() const override { return exchange_.bytes(); }
   const char* rank_state_kind() const override { return "onebit"; }
   std::size_t rank_state_size() const override { return exchange_.state_size(); }
   std::vector<float> rank_state() const override { return exchange_.state(); }

@@ -45,6 +45,30 @@ std::size_t OneBitExchange::state_size() const {
   return n;
 }
 
+std::int64_t OneBitExchange::bytes_for(const std::vector<std::int64_t>& slices, int world) {
+  const std::int64_t W = world, U = static_cast<std::int64_t>(slices.size()), f = sizeof(float);
+  std::int64_t b = 0, largest = 0, per_rank = 0;  // per_rank: one slice of every unit's bits
+  for (std::int64_t S : slices) {
+    const std::int64_t P = S * W;
+    b += S * f;  // new_m
+    if (W > 1) b += (P + S) * f + P / 8 + W * f;
+    largest = std::max(largest, P);
+    per_rank += S / 8;
+  }
+  const std::int64_t messages = W * per_rank + W * U * f;  // bits and scales to every rank
+  return b + largest * f + (W > 1 ? 2 : 1) * messages;
+}
+
+std::int64_t OneBitExchange::bytes() const {
+  auto f = [](const std::vector<float>& v) { return static_cast<std::int64_t>(v.size() * sizeof(float)); };
+  std::int64_t b = f(shared_) + f(send_scales_) + f(recv_scales_);
+  b += static_cast<std::int64_t>(send_bits_.size() + recv_bits_.size());
+  for (const Unit& u : units_)
+    b += f(u.worker_error) + f(u.server_error) + f(u.scales) + f(u.owned_m) + f(u.new_m) +
+         static_cast<std::int64_t>(u.bits.size());
+  return b;
+}
+
 // Per unit: worker error (P), server error (S), scales (W), bits (P / 8 bytes, a multiple of 4).
 std::vector<float> OneBitExchange::state() const {
   std::vector<float> s(state_size(), 0.0f);
@@ -119,8 +143,9 @@ void OneBitExchange::exchange(const std::vector<const void*>& full, DType type, 
     Unit& u = units_[k];
     const std::size_t S = slice(k), P = S * Wz;
     const std::vector<Span> runs = spans(k, coeff);
-    // The shared momentum before this step, on every rank.
-    shared_.assign(P, 0.0f);
+    // The shared momentum before this step, on every rank (kept at the largest unit's size).
+    if (shared_.size() < P) shared_.resize(P);
+    std::fill_n(shared_.begin(), P, 0.0f);
     if (shared_valid_) {
       for (std::size_t c = 0; c < Wz; ++c)
         offload::onebit_decode(u.bits.data() + c * S / 8, u.scales[c], real(k, c), shared_.data() + c * S);
@@ -133,6 +158,7 @@ void OneBitExchange::exchange(const std::vector<const void*>& full, DType type, 
       if (coeff != nullptr)
         for (const Span& s : runs)
           for (std::size_t i = s.begin; i < s.end; ++i) shared_[i] *= s.coeff;
+      std::vector<float>().swap(u.owned_m);  // captured for this exchange only
     }
     u.new_m.assign(S, 0.0f);
     // Worker: this rank's momentum (plus its error when there is an exchange).

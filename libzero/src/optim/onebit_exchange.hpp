@@ -44,6 +44,13 @@ class OneBitExchange {
   std::size_t state_size() const;
   std::vector<float> state() const;
   void set_state(const std::vector<float>& s);
+  // Host bytes it keeps from its first exchange on, for units of `slices` elements per rank
+  // slice over `world` ranks: the worker and server errors, the shared momentum's bits and
+  // scales, this step's owned momentum, the decoded shared momentum of the largest unit, and the
+  // messages' send and receive buffers (zero-plan counts them: optimizer_buffer_bytes). bytes():
+  // what it holds now, the same after an exchange.
+  static std::int64_t bytes_for(const std::vector<std::int64_t>& slices, int world);
+  std::int64_t bytes() const;
   // One step's exchange of every unit's padded local gradient `full` (the accumulation dtype),
   // scaled by grad_scale; `coeff`, when not null, holds one multiplier per tensor (global index).
   // Four collectives a step whatever the units: one all-to-all of the bits (and one of their

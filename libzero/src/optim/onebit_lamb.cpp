@@ -94,6 +94,10 @@ class OneBitLamb final : public Optimizer {
     const std::vector<double>& scaling = field("scaling_coeff", true);  // empty: not fixed yet
     scaling_.assign(scaling.begin(), scaling.end());
   }
+  std::int64_t buffer_bytes() const override {
+    const auto doubles = coeff_freeze_.size() + last_factor_.size(), floats = scaling_.size() + step_.size();
+    return exchange_.bytes() + static_cast<std::int64_t>(doubles * sizeof(double) + floats * sizeof(float));
+  }
   const char* rank_state_kind() const override { return "onebit"; }
   std::size_t rank_state_size() const override { return exchange_.state_size(); }
   std::vector<float> rank_state() const override { return exchange_.state(); }

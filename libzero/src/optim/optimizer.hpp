@@ -121,6 +121,10 @@ class Optimizer {
   // Before exchange(), a visit of the owned state (run() with pass -1, param_out null) when this
   // says the optimizer needs one.
   virtual bool wants_capture() const { return false; }
+  // Host bytes the optimizer keeps besides the store's per-element arrays (the 1-bit exchange's
+  // buffers, OneBitLamb's values per tensor): MemoryReport::optimizer_buffers; zero-plan
+  // counts the same through optimizer_buffer_bytes.
+  virtual std::int64_t buffer_bytes() const { return 0; }
   // The engine restored the state from a checkpoint: this rank's own caches are stale. Called
   // after restore_tensor_records and set_rank_state.
   virtual void restored() {}
@@ -151,6 +155,12 @@ struct OptimizerExchange {
   std::vector<int> matrix_units;
 };
 OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout);
+
+// Optimizer::buffer_bytes once its buffers are all taken (after a 1-bit optimizer's first
+// compressed step), for `layout` cut into `slices` elements per rank slice of each unit over
+// `world` ranks: what zero-plan counts.
+std::int64_t optimizer_buffer_bytes(const OptimizerConfig& o, const Layout& layout,
+                                    const std::vector<std::int64_t>& slices, int world);
 
 // Per-tensor statistics that are the same whatever the partition, sub-group size or stage: each
 // (slot, slice) is a sequential fold in element order (a run continues it), and end-of-pass

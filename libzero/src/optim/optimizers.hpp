@@ -20,6 +20,9 @@ std::unique_ptr<Optimizer> make_onebit_lamb(const OptimizerConfig& o, const Opti
 // Adafactor's first statistics exchange: its slots (optimizer_exchange, and the optimizer's own
 // layout of them).
 std::int64_t adafactor_stat_slots(const Layout& layout);
+// OneBitLamb's values per tensor (frozen ratio and last factor in double, scaling coefficient and
+// step in float): bytes for `tensors` tensors.
+constexpr std::int64_t onebit_lamb_tensor_bytes(std::int64_t tensors) { return tensors * (8 + 8 + 4 + 4); }
 // Muon's matrices: 2-D and not an embedding or head.
 bool muon_matrix(const ParamInfo& p);
 

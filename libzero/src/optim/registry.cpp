@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "optim/onebit_exchange.hpp"
 #include "optim/optimizer.hpp"
 #include "optim/optimizers.hpp"
 #include "zero/comm.hpp"
@@ -67,6 +68,16 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
     default: break;
   }
   return x;
+}
+
+std::int64_t optimizer_buffer_bytes(const OptimizerConfig& o, const Layout& layout,
+                                    const std::vector<std::int64_t>& slices, int world) {
+  switch (o.type) {
+    case OptimizerType::onebit_adam: return OneBitExchange::bytes_for(slices, world);
+    case OptimizerType::onebit_lamb:
+      return OneBitExchange::bytes_for(slices, world) + onebit_lamb_tensor_bytes(tensor_offsets(layout).back());
+    default: return 0;
+  }
 }
 
 std::string needs_tensor_group(const char* optimizer, const Layout& layout, const OptimizerEnv& env) {

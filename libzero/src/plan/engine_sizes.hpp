@@ -3,6 +3,7 @@
 // the plan-vs-engine tests keep the results equal.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -22,14 +23,17 @@ inline std::vector<UnitShape> unit_shapes(const Layout& layout, const Settings& 
 }
 
 // The reducer's rules for these settings, as the engine derives them from its Config
-// (GradReducer::buffers): PowerSGD defers the stage-0/1 reduction to the step.
+// (GradReducer::buffers): PowerSGD defers the stage-0/1 reduction to the step; the 1-bit
+// optimizers keep the gradients whole at stage 2 as at stage 1, and defer the reduction when
+// they exchange from the first update on (freeze_step 0).
 inline ReduceBuffers reduce_buffers(const Settings& s) {
-  return {.stage = s.stage,
+  const bool onebit = compressed_momentum(s.optimizer.type);
+  return {.stage = onebit ? std::min(s.stage, 1) : s.stage,
           .dtype = s.dtype,
           .grad_dtype = s.grad_dtype(),
           .reduce_scatter = s.reduce_scatter,
           .quantized = s.quantized_gradients,
-          .deferred = s.powersgd() && s.stage <= 1,
+          .deferred = (s.powersgd() && s.stage <= 1) || (onebit && s.optimizer.freeze_step < 1),
           .comm_dtype = s.comm_dtype()};
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "optim/optimizer.hpp"
 #include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/optim.hpp"
@@ -23,7 +24,9 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
   const std::int64_t state_per_elem = static_cast<std::int64_t>(sizeof(float)) * (1 + s.moments);
   const ReduceBuffers reducer = reduce_buffers(s);
   ModelStates m;
+  std::vector<std::int64_t> slices;
   for (const UnitShape& u : unit_shapes(layout, s, data_parallel)) {
+    slices.push_back(u.slice);
     // Stage 3 shards a unit's parameters unless it is below the persistence threshold.
     const std::int64_t pbytes = u.param_elements() * es;
     if (u.sharded_params && s.offload_param == OffloadDevice::nvme)
@@ -47,6 +50,7 @@ ModelStates model_states(const Layout& layout, const Settings& s, int data_paral
       case OffloadDevice::nvme: m.nvme += own * state_per_elem; break;
     }
   }
+  m.optimizer_buffers = optimizer_buffer_bytes(s.optimizer, layout, slices, world);
   return m;
 }
 

@@ -130,8 +130,8 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Pipeli
   m.nccl_bytes = m.nccl.bytes();
   m.device_overhead = kDeviceOverheadBytes + m.nccl_bytes;
   m.host_overhead = kHostOverheadBytes;
-  m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.activations + m.comm_buffers +
-                m.gathered + m.device_overhead;
+  m.gpu_bytes = m.states.device() + m.states.secondary + m.states.error_feedback + m.states.optimizer_buffers +
+                m.activations + m.comm_buffers + m.gathered + m.device_overhead;
   m.host_bytes = m.states.host + m.pinned + m.host_overhead;
   m.nvme_bytes = m.states.nvme * c.ranks_per_node();
   return m;

@@ -262,13 +262,17 @@ struct ModelStates {
   std::int64_t host = 0, nvme = 0;
   std::int64_t secondary = 0;
   std::int64_t error_feedback = 0;  // qgZ's fp32 buffers: MemoryReport::error_feedback
+  // The 1-bit optimizers' exchange buffers and OneBitLamb's values per tensor, where the state
+  // is stepped (the host backend's memory): MemoryReport::optimizer_buffers.
+  std::int64_t optimizer_buffers = 0;
   std::int64_t device() const { return params + grads + master + optimizer; }
 };
 // `world`: the data-parallel ranks. With MiCS the states are sharded over its groups
 // (Settings::shard_ranks): the stage formulas with mics_shard_size in place of the world. hpZ
 // adds one chunk of every sharded unit: 1/hpz_partition_size of it in the compute dtype. qgZ
 // keeps in fp32 all that a rank sends of every unit's gradient, (L-1) M + (M-1) = world - 1
-// slices for M nodes of L ranks, whatever the node layout.
+// slices for M nodes of L ranks, whatever the node layout. The 1-bit optimizers' buffers are
+// the engine's own size rule (optimizer_buffer_bytes).
 ModelStates model_states(const Layout& layout, const Settings& s, int world);
 // Throws zero::Error unless the engine accepts the MiCS setting at this stage and data-parallel
 // size (stages 1-3, a divisor, not with hpZ; named after the config key), and qgZ's (stages
