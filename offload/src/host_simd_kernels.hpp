@@ -25,6 +25,7 @@ struct SgdKernel {
   bool decay;
 };
 
+#if ZERO_OFFLOAD_X86
 // Element-wise passes over [begin, end); out_code is kNone or kF32 (the drivers keep the 16-bit
 // outputs on the portable loops).
 std::size_t sgd_avx512(float* master, float* buf, const void* grad, int grad_code, float* out, std::size_t begin,
@@ -56,5 +57,40 @@ std::size_t matrix_rms_avx512(const void* grad, int grad_code, std::size_t begin
 void matrix_sums_avx512(const void* grad, int grad_code, std::size_t begin, std::int64_t rows, std::int64_t cols,
                         std::int64_t c0, std::int64_t c1, float grad_scale, float eps1, double* row_sums,
                         double* col_sums);
+
+#else
+// Other architectures build no AVX-512 translation unit: avx512_kernels() is false there and
+// these stand-ins, which take nothing, are never called (unoptimised builds still link them).
+inline std::size_t sgd_avx512(float*, float*, const void*, int, float*, std::size_t b, std::size_t, const SgdKernel&) {
+  return b;
+}
+inline std::size_t lamb_apply_avx512(float*, const float*, const float*, float*, std::size_t b, std::size_t,
+                                     const LambConstants&, float) {
+  return b;
+}
+inline std::size_t adafactor_apply_avx512(float*, const float*, float*, const void*, int, float*, std::size_t b,
+                                          std::size_t, float, const float*, const AdafactorApply&) {
+  return b;
+}
+inline std::size_t lamb_moments_avx512(const float*, float*, float*, const void*, int, std::size_t b, std::size_t,
+                                       const LambConstants&, double*, double*, bool) {
+  return b;
+}
+inline std::size_t lamb_update_avx512(float*, float*, const void*, int, std::size_t b, std::size_t,
+                                      const LambConstants&) {
+  return b;
+}
+inline std::size_t adafactor_vector_avx512(float*, const void*, int, std::size_t b, std::size_t,
+                                           const AdafactorConstants&, double*) {
+  return b;
+}
+inline std::size_t square_fold_avx512(const float*, std::size_t b, std::size_t, double*) { return b; }
+inline std::size_t matrix_rms_avx512(const void*, int, std::size_t b, std::size_t, float, float, const float*,
+                                     double*) {
+  return b;
+}
+inline void matrix_sums_avx512(const void*, int, std::size_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                               float, float, double*, double*) {}
+#endif
 
 }  // namespace zero::offload::detail
