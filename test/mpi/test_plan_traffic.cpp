@@ -2,7 +2,9 @@
 // trainer's engine counts (Engine::traffic()) over a training step, for every stage, dtype,
 // the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ, qwZ and
 // MiCS, qgZ (stages 2 and 3, with and without hpZ and qwZ) and PowerSGD (stages 0 and 1, fp32
-// and bf16 factors, the steps after start_step).
+// and bf16 factors, the steps after start_step); and what Lamb and Adafactor sum over the tensor
+// group for the tensors split by tensor parallelism (plan::tensor_group_traffic) against the tensor
+// group's own counters.
 // ctest runs it at 2 ranks on one node and at 4 ranks on two simulated nodes of two.
 #include <catch2/catch.hpp>
 
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "gpt/trainer.hpp"
+#include "zero/engine.hpp"
 #include "zero/config.hpp"
 #include "zero/context.hpp"
 #include "zero/groups.hpp"
@@ -154,4 +157,56 @@ TEST_CASE("plan::step_traffic: hpZ and qwZ send fewer bytes across nodes than pl
   // Rank 0's successor is on its own node: with 2 ranks per node only ranks 1 and 3 send across.
   CHECK(zero::plan::step_traffic(layout, s, 4, 2, 0).inter_node == 0);
   REQUIRE_THROWS_WITH(zero::plan::step_traffic(layout, s, 4, 2, 4), Catch::Matchers::Contains("not a rank"));
+}
+
+// A tensor-parallel part: a matrix cut by rows, one cut by columns, a vector cut, and replicated
+// tensors (no sum). Lamb sums ||p||^2 and ||u||^2 of each split tensor over the tensor group once
+// a step; Adafactor its first pass's sums of the split tensors and, for a split matrix, its sums
+// along the cut axis, then the sums of R of the matrices cut by rows, then its second pass's
+// sums of the split matrices. The engine's tensor group counts what it sends; the plan must say
+// the same, and the sizes worked out here.
+TEST_CASE("plan::tensor_group_traffic equals the tensor group's counted bytes", "[plan][mpi]") {
+  zero::ProcessGroups groups(ctx(), {.tensor = 2, .pipeline = 1});
+  zero::Layout part;
+  const int a = part.add_unit("a", {{"w", {12, 8}}, {"v", {8, 10}}, {"g", {8}}});
+  const int b = part.add_unit("b", {{"x", {6}}, {"y", {4, 4}}});
+  part.set_split(a, "w", 0);
+  part.set_split(a, "v", 1);
+  part.set_replicated(a, "g");
+  part.set_split(b, "x", 0);
+  part.set_replicated(b, "y");
+  const int per_node = zero::node_layout(ctx()).ranks_per_node;
+  // Doubles per rank of each all-gather, as worked out from the shapes.
+  const std::vector<std::int64_t> lamb{2 * 3};
+  // Adafactor: w (cut by rows) its 8 column sums, v (cut by columns) its 8 row sums; w's R sum;
+  // the second pass's w and v.
+  const std::vector<std::int64_t> adafactor{2 * 3 + 8 + 8, 1, 2};
+  for (const std::string type : {"Lamb", "Adafactor"})
+    for (int stage : {0, 1, 2, 3})
+      DYNAMIC_SECTION(type << " stage " << stage << ", " << ctx().world_size() << " ranks") {
+        std::string y = "train_micro_batch_size_per_gpu: 1\nzero_optimization:\n  stage: " + std::to_string(stage);
+        y += "\noptimizer:\n  type: " + type + "\n  params:\n    lr: 0.001\n";
+        zero::Config cfg = zero::parse_config(y, "test_plan_traffic");
+        cfg.resolve(groups.data_size());
+        zero::Engine e(ctx(), cfg, part, groups);
+        e.init_params([](const zero::ParamInfo&, std::span<float> w) { std::fill(w.begin(), w.end(), 0.5f); });
+        const zero::TrafficBytes before = groups.tensor().traffic();
+        for (int u = part.num_units() - 1; u >= 0; --u) {
+          auto p = e.gather(u);
+          const zero::UnitGrads g = e.grads(u);
+          for (int k = 0; k < static_cast<int>(part.unit(u).params.size()); ++k)
+            for (std::int64_t i = 0; i < g[k].numel; ++i) g[k].set(i, 0.25f);
+          e.reduce(u);
+        }
+        (void)e.step();
+        const zero::TrafficBytes sent = groups.tensor().traffic() - before;
+        zero::plan::Settings s = zero::plan::settings_from(cfg);
+        s.tensor_parallel = 2;
+        const zero::TrafficBytes planned = zero::plan::tensor_group_traffic(part, s, per_node, ctx().rank());
+        std::int64_t hand = 0;
+        for (std::int64_t d : type == "Lamb" ? lamb : adafactor) hand += 8 * d;  // one peer, 8 bytes a double
+        CHECK(planned.intra_node == sent.intra_node);
+        CHECK(planned.inter_node == sent.inter_node);
+        CHECK(planned.intra_node + planned.inter_node == hand);
+      }
 }

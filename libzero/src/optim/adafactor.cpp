@@ -84,16 +84,6 @@ class Adafactor final : public Optimizer {
         t.whole_numel = static_cast<double>(t.numel) * (t.split >= 0 ? T : 1.0);
         t.whole_rows = static_cast<double>(t.rows) * (t.factored && t.split == 0 ? T : 1.0);
         t.whole_cols = static_cast<double>(t.cols) * (t.split == (t.factored ? 1 : 0) ? T : 1.0);
-        if (t.split >= 0) {
-          split_a_.insert(split_a_.end(), {2 * t.index, 2 * t.index + 1});
-          // The sums along the cut axis: row sums of a matrix cut by columns, column sums of one
-          // cut by rows.
-          const int at = t.split == 1 ? slot : slot + static_cast<int>(t.rows);
-          if (t.factored)
-            for (std::int64_t k = 0; k < (t.split == 1 ? t.rows : t.cols); ++k)
-              split_a_.push_back(at + static_cast<int>(k));
-          if (t.factored) split_b_.push_back(t.index);
-        }
         slot += matrix_slots(p);
         if (t.factored) {
           t.rc_at = rc_total_;
@@ -102,6 +92,11 @@ class Adafactor final : public Optimizer {
         tensors_.push_back(std::move(t));
       }
     slots_a_ = slot;
+    if (env.tensor != nullptr) {
+      AdafactorSplit split = adafactor_split(*env.layout);
+      split_a_ = std::move(split.first);
+      split_b_ = std::move(split.second);
+    }
   }
   const char* name() const override { return "Adafactor"; }
   int moments() const override { return cfg_.adafactor_beta1 > 0.0 ? 2 : 1; }
@@ -391,6 +386,30 @@ class Adafactor final : public Optimizer {
 };
 
 }  // namespace
+
+AdafactorSplit adafactor_split(const Layout& layout) {
+  AdafactorSplit s;
+  int slot = 2 * tensor_offsets(layout).back(), index = 0;
+  for (const UnitInfo& u : layout.units())
+    for (const ParamInfo& p : u.params) {
+      if (p.split_axis >= 0) {
+        s.first.insert(s.first.end(), {2 * index, 2 * index + 1});
+        if (factored(p)) {
+          // The sums along the cut axis: row sums of a matrix cut by columns, column sums of one
+          // cut by rows.
+          const std::int64_t rows = p.shape[0], cols = p.shape[1];
+          const int at = p.split_axis == 1 ? slot : slot + static_cast<int>(rows);
+          for (std::int64_t k = 0; k < (p.split_axis == 1 ? rows : cols); ++k)
+            s.first.push_back(at + static_cast<int>(k));
+          s.second.push_back(index);
+          if (p.split_axis == 0) ++s.row_cut;
+        }
+      }
+      slot += matrix_slots(p);
+      ++index;
+    }
+  return s;
+}
 
 std::int64_t adafactor_stat_slots(const Layout& layout) {
   std::int64_t n = 2 * tensor_offsets(layout).back();

@@ -18,15 +18,20 @@
 
 namespace zero {
 
-LambStep::LambStep(const OptimizerConfig& o, const OptimizerEnv& env, bool bias_correction)
-    : cfg_(o), env_(env), bias_correction_(bias_correction), first_(tensor_offsets(*env.layout)) {
-  if (env.tensor == nullptr) return;
+std::vector<int> lamb_split_slots(const Layout& layout) {
+  std::vector<int> slots;
   int t = 0;
-  for (const UnitInfo& u : env.layout->units())
+  for (const UnitInfo& u : layout.units())
     for (const ParamInfo& p : u.params) {
-      if (p.split_axis >= 0) split_slots_.insert(split_slots_.end(), {2 * t, 2 * t + 1});
+      if (p.split_axis >= 0) slots.insert(slots.end(), {2 * t, 2 * t + 1});
       ++t;
     }
+  return slots;
+}
+
+LambStep::LambStep(const OptimizerConfig& o, const OptimizerEnv& env, bool bias_correction)
+    : cfg_(o), env_(env), bias_correction_(bias_correction), first_(tensor_offsets(*env.layout)) {
+  if (env.tensor != nullptr) split_slots_ = lamb_split_slots(*env.layout);
 }
 
 void LambStep::begin_step(const StepHyper& h) {

@@ -150,9 +150,13 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
 // The collectives an optimizer adds to a step at stages 1-3, over the partition group (zero-plan
 // counts them): all-gathers of per-slice statistics (`stat_doubles` per rank each), and for Muon
 // one fp32 all-gather and one reduce-scatter of the slice of each unit in `matrix_units`.
+// Under tensor parallelism, `tensor_doubles`: all-gathers over the tensor group of the split
+// tensors' statistics, that many doubles per rank each (Lamb's and Adafactor's; empty when no
+// tensor is split).
 struct OptimizerExchange {
   std::vector<std::int64_t> stat_doubles;
   std::vector<int> matrix_units;
+  std::vector<std::int64_t> tensor_doubles;
 };
 OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout);
 

@@ -20,6 +20,18 @@ std::unique_ptr<Optimizer> make_onebit_lamb(const OptimizerConfig& o, const Opti
 // Adafactor's first statistics exchange: its slots (optimizer_exchange, and the optimizer's own
 // layout of them).
 std::int64_t adafactor_stat_slots(const Layout& layout);
+// What Lamb and Adafactor sum over the tensor group each step for the tensors split by tensor
+// parallelism (the optimizers' own lists, and optimizer_exchange's tensor_doubles). Lamb: the
+// slots of ||p||^2 and ||u||^2 of each split tensor. Adafactor: the first pass's slots (the two
+// sums of each split tensor, and a split matrix's sums along its cut axis), the second pass's
+// (the factored split matrices' index), and how many factored matrices are cut by rows (the sums
+// of their R, exchanged between the two).
+std::vector<int> lamb_split_slots(const Layout& layout);
+struct AdafactorSplit {
+  std::vector<int> first, second;
+  std::int64_t row_cut = 0;
+};
+AdafactorSplit adafactor_split(const Layout& layout);
 // OneBitLamb's values per tensor (frozen ratio and last factor in double, scaling coefficient and
 // step in float): bytes for `tensors` tensors.
 constexpr std::int64_t onebit_lamb_tensor_bytes(std::int64_t tensors) { return tensors * (8 + 8 + 4 + 4); }

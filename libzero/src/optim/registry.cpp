@@ -51,12 +51,20 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
   const std::int64_t tensors = tensor_offsets(layout).back();
   switch (o.type) {
     case OptimizerType::lamb:
-      x.stat_doubles = {2 * tensors};
-      break;  // ||p||^2, ||u||^2
+      x.stat_doubles = {2 * tensors};  // ||p||^2, ||u||^2
+      if (const auto split = static_cast<std::int64_t>(lamb_split_slots(layout).size())) x.tensor_doubles = {split};
+      break;
     // After the warm-up (the steady state a plan is for): ||u||^2, ||m / (sqrt(v) + eps)||^2 and
     // the largest ratio of the denominators.
     case OptimizerType::onebit_lamb: x.stat_doubles = {3 * tensors}; break;
-    case OptimizerType::adafactor: x.stat_doubles = {adafactor_stat_slots(layout), tensors}; break;
+    case OptimizerType::adafactor: {
+      x.stat_doubles = {adafactor_stat_slots(layout), tensors};
+      const AdafactorSplit s = adafactor_split(layout);  // in the order the passes exchange them
+      for (const std::int64_t n :
+           {static_cast<std::int64_t>(s.first.size()), s.row_cut, static_cast<std::int64_t>(s.second.size())})
+        if (n > 0) x.tensor_doubles.push_back(n);
+      break;
+    }
     case OptimizerType::muon:
       for (int u = 0; u < layout.num_units(); ++u)
         for (const ParamInfo& p : layout.unit(u).params)

@@ -62,6 +62,15 @@ PowerSgdElements powersgd_elements(const Layout& layout, const GradientCompressi
   return e;
 }
 
+TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int ranks_per_node, int rank) {
+  TrafficBytes t;
+  if (s.tensor_parallel < 2) return t;
+  const Ring tensor = ring_of(rank, s.tensor_parallel, ranks_per_node);
+  for (const std::int64_t doubles : optimizer_exchange(s.optimizer, layout).tensor_doubles)
+    tensor.all_gather(t, 2 * doubles, 4);
+  return t;
+}
+
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank) {
   ZERO_CHECK(world >= 1 && rank >= 0 && rank < world && ranks_per_node >= 1,
              fmt::format("step_traffic: rank {} of {} ranks with {} per node is not a rank of the job", rank, world,

@@ -352,6 +352,12 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // rank's group, plus the replicas' all-reduce of each gradient slice and of the norm. A steady-state step: the run's
 // first micro-step records the gather order and keeps nothing, so the first step gathers more. Equals Engine::traffic()
 // over such a step (tested against the GPT trainer). Data-parallel only: a grid with T or P > 1 is not modelled here.
+// The bytes rank `rank` sends over its tensor group (s.tensor_parallel consecutive ranks, nodes
+// of `ranks_per_node`) in one optimizer step for the optimizer's statistics of the tensors split
+// by tensor parallelism (Lamb, Adafactor: optimizer_exchange's tensor_doubles, all-gathered as
+// fp32 pairs), as the group's communicator counts them; `layout` is the rank's part of the model.
+// The trainer's activation all-reduces over the same group are not in it (step time: tp_comm_s).
+TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int ranks_per_node, int rank);
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
 
 // PowerSGD's all-reduces in a compressed step (engine/powersgd.hpp, powersgd_rank): the P factors
