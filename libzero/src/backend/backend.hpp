@@ -54,7 +54,9 @@ struct OffloadTimeline {
 // back, asynchronously on a copy stream, so the host AdamW steps one sub-group while the next
 // one's gradients are still arriving and the next forward waits only on an event.
 // One step: begin(), add() once per range (range r = the r-th add), then any number of
-// host_grads / host_params / params_ready over sub-ranges, then finish().
+// host_grads / host_params / params_ready over sub-ranges, then finish(). The host copies of the
+// gradients stay valid until finish(): an optimizer with several passes asks for each sub-range
+// once per pass. Each parameter element is handed back by params_ready at most once a step.
 class OffloadStaging {
  public:
   virtual ~OffloadStaging() = default;
@@ -296,7 +298,8 @@ class Backend {
   // after everything already enqueued on the old one. Host backend: null, and setting is an error.
   virtual void* compute_stream() const { return nullptr; }
   virtual void set_compute_stream(void* stream);
-  // Staging for offloaded optimizer steps; null where host_accessible() (nothing to stage).
+  // Staging for offloaded optimizer steps; null where host_accessible() (nothing to stage),
+  // except the host backend's imitation of a device's, a test hook (backend/host_staging.hpp).
   virtual OffloadStaging* offload_staging() { return nullptr; }
 
   // Bytes requested and not yet released, and the peak of that.

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/host_staging.hpp"
 #include "zero/error.hpp"
 #include "offload/host_optimizer.hpp"
 
@@ -45,7 +47,11 @@ namespace {
 
 class HostBackend final : public Backend {
  public:
-  explicit HostBackend(Communicator& c) : comm_(c) {}
+  explicit HostBackend(Communicator& c) : comm_(c) {
+    // Test hook: stage offloaded steps as a device backend does (backend/host_staging.hpp).
+    const char* env = std::getenv("ZERO_HOST_STAGING");
+    if (env != nullptr && std::string(env) == "1") staging_ = std::make_unique<HostOffloadStaging>();
+  }
   const char* name() const override { return "host"; }
 
   Buffer alloc(std::size_t bytes) override {
@@ -148,9 +154,11 @@ class HostBackend final : public Backend {
   void to_host(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
   void from_host(void* dst, const void* src, std::size_t bytes) override { copy(dst, src, bytes); }
   Communicator& comm() override { return comm_; }
+  OffloadStaging* offload_staging() override { return staging_.get(); }
 
  private:
   Communicator& comm_;
+  std::unique_ptr<HostOffloadStaging> staging_;
   double sumsq_ = 0.0;
 };
 

@@ -226,18 +226,11 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
                                                    "runs without tensor or pipeline parallelism",
                                                    o->name()));
   // State in device memory needs device kernels; offloaded state is stepped on the host, where
-  // a device backend stages one pass of the gradients.
+  // a device backend stages the gradients once for every pass (engine/step.cpp).
   const bool offloaded = cfg_.zero_optimization.offload_optimizer.device != OffloadDevice::none;
-  if (!backend_->host_accessible() && offloaded)
-    ZERO_CHECK(
-        o->passes() == 1,
-        fmt::format("optimizer.type {} visits its offloaded state in {} passes, which the {} backend's "
-                    "staging does not serve yet: {}use the host backend",
-                    o->name(), o->passes(), backend_->name(),
-                    o->device_kernels() ? "keep the state on the device (offload_optimizer.device: none) or " : ""));
-  // Offload is the other way out for a one-pass optimizer, except those exchanging their own
-  // gradients (OneBitAdam), which the configuration refuses with offload.
-  const bool can_offload = o->passes() == 1 && !o->local_gradients(INT64_MAX);
+  // Offload is the other way out, except for optimizers exchanging their own gradients
+  // (OneBitAdam, OneBitLamb), which the configuration refuses with offload.
+  const bool can_offload = !o->local_gradients(INT64_MAX);
   if (!backend_->host_accessible() && !offloaded)
     ZERO_CHECK(o->device_kernels(),
                fmt::format("optimizer.type {} has no {} backend kernels yet: use the host backend{}", o->name(),

@@ -212,14 +212,18 @@ double EngineImpl::clip_coefficient(double norm) const {
 
 // Every owned range, sub-group by sub-group as the optimizer store visits them, once per pass of
 // the optimizer (its statistics combined between passes). Offloaded state is stepped by the host
-// kernels; device backends then stage asynchronously (OffloadStaging, single-pass optimizers):
-// every owned gradient range starts its copy to pinned host memory now, sub-group-sized chunks
-// in visiting order, so the host steps sub-group k while k+1 is still arriving; updated
-// parameters go back the same way. Parameter slices on NVMe are checked out one unit at a time
-// (sub-groups come in unit order) and written back when the optimizer moves on.
+// kernels; device backends then stage asynchronously (OffloadStaging): every owned gradient range
+// starts its copy to pinned host memory now, sub-group-sized chunks in visiting order, so the
+// host steps sub-group k while k+1 is still arriving. The staging buffers hold the whole owned
+// range, so every pass of a multi-pass optimizer (Lamb, Adafactor, Muon) reads the gradients
+// copied once; the last pass writes the parameters, which go back sub-group by sub-group.
+// Parameter slices on NVMe are checked out one unit at a time (sub-groups come in unit order)
+// and written back when the optimizer moves on; staging, whose ranges are declared up front,
+// does not serve them (the CUDA backend refuses offload_param; the host backend imitating a
+// device, ZERO_HOST_STAGING, steps them in place).
 void EngineImpl::update_owned_slices(const StepHyper& h) {
-  const bool staged = opt_->on_host() && !backend_->host_accessible();
-  OffloadStaging* async_staging = staged ? backend_->offload_staging() : nullptr;
+  const bool params_on_nvme = cfg_.zero_optimization.offload_param.device != OffloadDevice::none;
+  OffloadStaging* async_staging = opt_->on_host() && !params_on_nvme ? backend_->offload_staging() : nullptr;
   if (async_staging) {
     async_staging->begin(dtype_size(reducer_.grad_dtype()), esize(),
                          static_cast<std::size_t>(std::max<std::int64_t>(1, cfg_.zero_optimization.sub_group_size)));
