@@ -88,6 +88,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"memory_part", p.memory_part},
           {"step_s", p.time.step_s},
           {"compress_s", p.time.compress_s},
+          {"newton_schulz_s", p.time.newton_schulz_s},
           {"tp_comm_s", p.time.tp_comm_s},
           {"pp_comm_s", p.time.pp_comm_s},
           {"bubble", p.time.bubble},

@@ -47,7 +47,8 @@ class Muon final : public Optimizer {
  public:
   Muon(const OptimizerConfig& o, const OptimizerEnv& env) : cfg_(o), env_(env) {
     const Layout& layout = *env.layout;
-    std::vector<double> load(static_cast<std::size_t>(env.world), 0.0);
+    const std::vector<MuonOwner> owners =
+        muon_owners(layout, env.world, env.tensor != nullptr ? env.tensor->size() : 1);
     for (int u = 0; u < layout.num_units(); ++u)
       for (const ParamInfo& p : layout.unit(u).params) {
         const bool matrix = muon_matrix(p);
@@ -66,10 +67,7 @@ class Muon final : public Optimizer {
         }
         m.scale = static_cast<float>(cfg_.adjust_lr_fn == MuonScale::original ? std::sqrt(std::max(1.0, r / c))
                                                                               : 0.2 * std::sqrt(std::max(r, c)));
-        // The least-loaded rank takes the next matrix (its products cost about min(r,c)^2 max(r,c)).
-        const auto least = std::min_element(load.begin(), load.end());
-        m.owner = static_cast<int>(least - load.begin());
-        *least += std::min(r, c) * std::min(r, c) * std::max(r, c);
+        m.owner = owners[matrices_.size()].owner;
         matrices_.push_back(m);
       }
     x_.resize(static_cast<std::size_t>(layout.num_units()));
@@ -281,6 +279,29 @@ class Muon final : public Optimizer {
 }  // namespace
 
 bool muon_matrix(const ParamInfo& p) { return p.shape.size() == 2 && !p.embedding; }
+
+std::vector<MuonOwner> muon_owners(const Layout& layout, int world, int tensors) {
+  std::vector<MuonOwner> out;
+  std::vector<double> load(static_cast<std::size_t>(std::max(world, 1)), 0.0);
+  for (const UnitInfo& u : layout.units())
+    for (const ParamInfo& p : u.params) {
+      if (!muon_matrix(p)) continue;
+      MuonOwner m{p.shape[0], p.shape[1], p.split_axis >= 0 && tensors > 1, 0};
+      if (m.split) (p.split_axis == 0 ? m.rows : m.cols) *= tensors;
+      const double r = static_cast<double>(m.rows), c = static_cast<double>(m.cols);
+      // The least-loaded rank takes the next matrix (its products cost about min(r,c)^2 max(r,c)).
+      const auto least = std::min_element(load.begin(), load.end());
+      m.owner = static_cast<int>(least - load.begin());
+      *least += std::min(r, c) * std::min(r, c) * std::max(r, c);
+      out.push_back(m);
+    }
+  return out;
+}
+
+double newton_schulz_flops(std::int64_t rows, std::int64_t cols, int steps) {
+  const double r = static_cast<double>(std::min(rows, cols)), k = static_cast<double>(std::max(rows, cols));
+  return steps * (2 * r * r * k + 2 * r * r * r + 2 * r * r * k);
+}
 
 std::unique_ptr<Optimizer> make_muon(const OptimizerConfig& o, const OptimizerEnv& env) {
   return std::make_unique<Muon>(o, env);

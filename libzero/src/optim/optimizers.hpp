@@ -37,6 +37,19 @@ AdafactorSplit adafactor_split(const Layout& layout);
 constexpr std::int64_t onebit_lamb_tensor_bytes(std::int64_t tensors) { return tensors * (8 + 8 + 4 + 4); }
 // Muon's matrices: 2-D and not an embedding or head.
 bool muon_matrix(const ParamInfo& p);
+// Muon's matrices in layout order: the whole matrix's rows and columns (a part cut by tensor
+// parallelism is `tensors` times larger along its cut axis) and the partition rank of `world`
+// that orthogonalises it, the least loaded so far by min(r,c)^2 max(r,c) (the optimizer's own
+// dealing out; zero-plan's step time follows it).
+struct MuonOwner {
+  std::int64_t rows = 0, cols = 0;
+  bool split = false;
+  int owner = 0;
+};
+std::vector<MuonOwner> muon_owners(const Layout& layout, int world, int tensors);
+// FLOPs of `steps` quintic Newton-Schulz iterations on a rows x cols matrix: with r <= k its
+// sides, X X^T (2 r^2 k), its square (2 r^3) and B X (2 r^2 k) each.
+double newton_schulz_flops(std::int64_t rows, std::int64_t cols, int steps);
 
 // Refuses a layout with a parameter split by tensor parallelism when the engine has no tensor
 // group to sum its statistics over (an Engine built without ProcessGroups): "" when there is none.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "optim/optimizers.hpp"
 #include "plan/engine_sizes.hpp"
 #include "zero/error.hpp"
 #include "zero/plan/plan.hpp"
@@ -279,6 +280,21 @@ StepTime plan_time(const Layout& layout, std::int64_t params, const GptShape& sh
       swap = 2 * own * 4 * (1 + s.moments) * c.ranks_per_node() / c.nvme_bytes_per_s;
     // The swap pipeline overlaps reading and writing with the host AdamW: only the excess shows.
     opt_offload = pcie + std::max(0.0, swap - t.optimizer_s);
+  }
+  // Muon: each matrix's owner runs Newton-Schulz on the whole matrix (the optimizer's own dealing
+  // out over the N partition ranks; at stage 0 every rank runs them all), at the training
+  // compute's rate; a matrix cut by tensor parallelism is computed by one of the T tensor ranks,
+  // counted here as 1/T on each. The slowest rank's share.
+  if (s.optimizer.type == OptimizerType::muon) {
+    std::vector<double> flops(static_cast<std::size_t>(N), 0.0);
+    double all = 0.0;
+    for (const MuonOwner& m : muon_owners(layout, N, T)) {
+      const double f = newton_schulz_flops(m.rows, m.cols, s.optimizer.ns_steps) / (m.split ? T : 1);
+      flops[static_cast<std::size_t>(m.owner)] += f;
+      all += f;
+    }
+    t.newton_schulz_s = (s.stage == 0 ? all : *std::max_element(flops.begin(), flops.end())) / rate;
+    t.optimizer_s += t.newton_schulz_s;
   }
   t.offload_s = opt_offload + param_write + s.grad_accum * 2 * param_io;
   t.step_s = micro_steps + post_step + t.compress_s + param_write + t.optimizer_s + opt_offload;

@@ -378,11 +378,12 @@ struct StepTime {
   double exposed_comm_s = 0;
   double offload_s = 0;  // PCIe, NVMe and host AdamW time
   double optimizer_s = 0;
-  double compress_s = 0;  // PowerSGD's compression compute, after the last backward
-  double tp_comm_s = 0;   // tensor-parallel all-reduces (on the critical path)
-  double pp_comm_s = 0;   // pipeline sends of activations and their gradients
-  double bubble_s = 0;    // pipeline fill and drain: (P - 1) micro-batch slots
-  double bubble = 0;      // its fraction of the pipeline: (P - 1) / (m + P - 1)
+  double compress_s = 0;       // PowerSGD's compression compute, after the last backward
+  double newton_schulz_s = 0;  // Muon's orthogonalisation (part of optimizer_s)
+  double tp_comm_s = 0;        // tensor-parallel all-reduces (on the critical path)
+  double pp_comm_s = 0;        // pipeline sends of activations and their gradients
+  double bubble_s = 0;         // pipeline fill and drain: (P - 1) micro-batch slots
+  double bubble = 0;           // its fraction of the pipeline: (P - 1) / (m + P - 1)
   double step_s = 0;
 };
 
