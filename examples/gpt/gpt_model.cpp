@@ -29,7 +29,8 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
                          part_.slots));
   ca_ = cfg_.n_embd / tp_.size;
   nh_ = cfg_.n_head / tp_.size;
-  qkv_ = static_cast<int>(cfg_.qkv_width() / tp_.size);
+  qkv_ = static_cast<int>(cfg_.qkv_part_width(tp_.size));
+  if (tp_.active() && cfg_.kv_replicated(tp_.size)) rep_ = std::make_unique<ReplicatedAttention>(cfg_, tp_, ops);
   fc_ = static_cast<int>(cfg_.mlp_hidden() / tp_.size);
   fcin_ = cfg_.gated_mlp() ? 2 * fc_ : fc_;
   vl_ = tp_.vocab_rows(cfg_);
@@ -38,7 +39,7 @@ GptModel::GptModel(const GptConfig& cfg, int max_batch, Ops& ops, const TensorPa
   att_ = AttentionShape{.B = max_batch,
                         .T = cfg_.seq_len,
                         .NH = nh_,
-                        .NKV = cfg_.kv_heads() / tp_.size,
+                        .NKV = rep_ ? 1 : cfg_.kv_heads() / tp_.size,
                         .hs = cfg_.head_size(),
                         .alibi_heads = cfg_.alibi() ? cfg_.n_head : 0,
                         .head0 = tp_.rank * nh_};
@@ -203,10 +204,10 @@ void GptModel::block_forward(const BlockActs& a, const Act* in, Act* out, const 
   // Under tensor parallelism qkv holds this rank's heads (qkv_ columns: its query groups with
   // their key/value heads) and fch its hidden columns; the two output projections make partial
   // sums.
-  ops_->matmul_forward(a.qkv, a.ln1, p[s[kAttnW]], pick(p, s, kAttnB), N, C, qkv_);
+  ops_->matmul_forward(a.qkv, a.ln1, attn_weight(p), pick(p, s, kAttnB), N, C, qkv_);
   if (cfg_.rotary()) ops_->rotary_forward(a.qkv, att, static_cast<float>(cfg_.rope_theta));
   ops_->attention_forward(a.atty, a.att_stats, a.qkv, att);
-  ops_->matmul_forward(a.res2, a.atty, p[s[kAttnProjW]], row_bias(pick(p, s, kAttnProjB)), N, ca_, C);
+  ops_->matmul_forward(a.res2, a.atty, attn_proj_weight(p), row_bias(pick(p, s, kAttnProjB)), N, ca_, C);
   tp_.all_reduce(*ops_, a.res2, NC);
   if (cfg_.rms_norm()) {
     ops_->residual_forward(a.res2, a.res2, in, NC);
@@ -391,13 +392,16 @@ void GptModel::backward_block(int layer, const Act* const* p, Act* const* g) {
   // Attention branch: res2 = in + proj(attention(qkv(ln1(in)))).
   const std::size_t NCA = static_cast<std::size_t>(N) * ca_;
   ops_->fill_zero(dtmp, NCA * es_);
-  ops_->matmul_backward(dtmp, g[s[kAttnProjW]], pick(g, s, kAttnProjB), dres, a.atty, p[s[kAttnProjW]], N, ca_, C);
+  Act* d_proj = rep_ ? rep_->proj_grad() : g[s[kAttnProjW]];
+  ops_->matmul_backward(dtmp, d_proj, pick(g, s, kAttnProjB), dres, a.atty, attn_proj_weight(p), N, ca_, C);
   ops_->fill_zero(dqkv, static_cast<std::size_t>(N) * qkv_ * es_);
   ops_->attention_backward(dqkv, att_scratch_.as<float>(), dtmp, a.qkv, a.atty, a.att_stats, att);
   if (cfg_.rotary()) ops_->rotary_backward(dqkv, att, static_cast<float>(cfg_.rope_theta));
   ops_->fill_zero(dtmp, NC * es_);
-  ops_->matmul_backward(dtmp, g[s[kAttnW]], pick(g, s, kAttnB), dqkv, a.ln1, p[s[kAttnW]], N, C, qkv_);
+  Act* d_qkv = rep_ ? rep_->qkv_grad() : g[s[kAttnW]];
+  ops_->matmul_backward(dtmp, d_qkv, pick(g, s, kAttnB), dqkv, a.ln1, attn_weight(p), N, C, qkv_);
   tp_.all_reduce(*ops_, dtmp, NC);
+  if (rep_) rep_->add_grads(g[s[kAttnW]], g[s[kAttnProjW]]);
   norm_backward(dres, g[s[kLn1W]], pick(g, s, kLn1B), dtmp, in, p[s[kLn1W]], a.ln1_mean, a.ln1_rstd, N);
 }
 

@@ -35,6 +35,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -42,6 +43,7 @@
 
 #include "gpt/gpt_config.hpp"
 #include "gpt/ops.hpp"
+#include "gpt/replicated_attention.hpp"
 #include "gpt/tensor_parallel.hpp"
 
 namespace zero::gpt {
@@ -201,6 +203,14 @@ class GptModel {
   // whole-row softmax cross-entropy, or its vocabulary-parallel passes under tensor parallelism.
   // stats_ready: the row maxima and sums of these logits are already reduced (by the forward).
   void cross_entropy(Act* dlogits, float dloss, bool stats_ready);
+  // The attention's qkv and output weights this rank multiplies by: its parameters, or with the
+  // key/value heads replicated its heads' columns and rows of the whole ones.
+  const Act* attn_weight(const Act* const* p) {
+    return rep_ ? rep_->qkv_weight(p[slots_.block[kAttnW]]) : p[slots_.block[kAttnW]];
+  }
+  const Act* attn_proj_weight(const Act* const* p) {
+    return rep_ ? rep_->proj_weight(p[slots_.block[kAttnProjW]]) : p[slots_.block[kAttnProjW]];
+  }
   // A row-parallel product's bias enters on tensor rank 0 only: the all-reduce then adds it once.
   const Act* row_bias(const Act* b) const { return tp_.rank == 0 ? b : nullptr; }
 
@@ -213,6 +223,7 @@ class GptModel {
   // [v0_, v0_ + vl_) of the padded vocabulary; att_ the attention's shape at the largest batch.
   int ca_ = 0, nh_ = 0, qkv_ = 0, fc_ = 0, fcin_ = 0, vl_ = 0, v0_ = 0;
   AttentionShape att_;
+  std::unique_ptr<ReplicatedAttention> rep_;  // set when the key/value heads are replicated
   // att_ at the current batch's B and T.
   AttentionShape batch_attention() const {
     AttentionShape a = att_;

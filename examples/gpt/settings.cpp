@@ -69,6 +69,12 @@ void check_model(zero::StrictSection& m, const GptSettings& s, const zero::Confi
                          "be a multiple of 8: its logits rows must be 16-byte aligned; choose tensor_parallel "
                          "dividing {}",
                          c.padded_vocab_size(), T, c.padded_vocab_size() / 8));
+    else if (T > 1 && c.kv_replicated(T))
+      m.fail("tensor_parallel",
+             fmt::format("= {} is a multiple of n_kv_head = {}, which replicates each key/value head over {} ranks; "
+                         "the CUDA model does not do that yet (the host backend does): choose tensor_parallel among "
+                         "the divisors of n_kv_head",
+                         T, c.kv_heads(), T / c.kv_heads()));
     else if ((c.qkv_width() / T) % 8 != 0)
       m.fail(m.has("n_kv_head") ? "n_kv_head" : "n_head",
              fmt::format("backend: cuda needs each tensor rank's q, k and v columns ({} / {}) to be a multiple of 8 "

@@ -108,8 +108,8 @@ const zero::SettingsTable<GptSettings>& gpt_keys() {
        .def = 1,
        .range = between(1, kLayers),
        .doc = "ranks that split each layer (Megatron-style: heads, MLP columns and vocabulary); must divide "
-              "n_head, n_kv_head, the MLP width, the padded vocabulary and the number of ranks (the rest is data "
-              "parallel)"},
+              "n_head, the MLP width, the padded vocabulary and the number of ranks (the rest is data parallel), and "
+              "divide n_kv_head or be a multiple of it (the key/value heads then replicated)"},
       {.section = "model",
        .name = "pipeline_parallel",
        .slot = [](GptSettings& s) -> Slot { return &s.pipeline_parallel; },

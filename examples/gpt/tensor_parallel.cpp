@@ -70,10 +70,11 @@ void check_tensor_parallel(const GptConfig& cfg, int T) {
                          "n_head / tensor_parallel whole attention heads; choose tensor_parallel among the divisors "
                          "of n_head",
                          T, cfg.n_head));
-  ZERO_CHECK(cfg.kv_heads() % T == 0,
-             fmt::format("model.tensor_parallel = {} does not divide n_kv_head = {}: each tensor-parallel rank takes "
-                         "whole query groups with their key/value head; choose tensor_parallel among the divisors of "
-                         "n_kv_head",
+  ZERO_CHECK(cfg.kv_heads() % T == 0 || T % cfg.kv_heads() == 0,
+             fmt::format("model.tensor_parallel = {} and n_kv_head = {} divide neither way: each tensor-parallel rank "
+                         "takes whole query groups with their key/value heads, or (tensor_parallel a multiple of "
+                         "n_kv_head) part of one group with its key/value head replicated; choose tensor_parallel "
+                         "among the divisors or the multiples of n_kv_head",
                          T, cfg.kv_heads()));
   ZERO_CHECK(cfg.mlp_hidden() % T == 0,
              fmt::format("model.tensor_parallel = {} does not divide the MLP's hidden width {} (ffn_hidden); choose "

@@ -74,8 +74,8 @@ struct TensorParallel {
   int vocab_begin(const GptConfig& cfg) const { return rank * vocab_rows(cfg); }
 };
 
-// Throws zero::Error when the model cannot be cut T ways: n_head, n_kv_head, the MLP's hidden
-// width and the padded vocabulary must divide by T.
+// Throws zero::Error when the model cannot be cut T ways: n_head, the MLP's hidden width and the
+// padded vocabulary must divide by T, and n_kv_head divide by T or T by it.
 void check_tensor_parallel(const GptConfig& cfg, int T);
 
 // This rank's layout at tensor parallelism T: the units and names of build_layout(cfg), local

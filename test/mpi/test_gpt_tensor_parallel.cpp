@@ -168,6 +168,37 @@ TEST_CASE("bloom and llama: tensor parallel x data parallel gives the data-paral
     }
 }
 
+TEST_CASE("llama: key/value heads replicated when the tensor size is a multiple of them", "[gpt][tensor_parallel]") {
+  // One key/value head for 4 query heads at TP 2: both ranks hold it (the attention's projections
+  // whole on each, their gradients summed over the group), each with 2 of the query heads. At
+  // stage 3 with activation checkpointing too (the recompute takes the same columns).
+  REQUIRE(ctx().world_size() % 2 == 0);
+  const std::string llama = "  arch: llama\n  ffn_hidden: 48\n  tie_word_embeddings: false\n";
+  for (int stage : {0, 1, 3}) {
+    RunSpec dp;
+    dp.stage = stage;
+    dp.checkpointing = stage == 3;
+    dp.arch = llama + "  n_kv_head: 1\n";
+    check_twin(dp, 12, 1e-4, 0.3, "llama, 1 key/value head");
+  }
+  if (ctx().world_size() != 4) return;
+  // TP 4 over 8 query heads and 2 key/value heads: ranks 0-1 share head 0, ranks 2-3 head 1.
+  RunSpec dp;
+  dp.stage = 1;
+  dp.n_head = 8;
+  dp.arch = llama + "  n_kv_head: 2\n";
+  RunSpec tp = dp;
+  tp.tp = 4;
+  const Curve want = train(dp, 12);
+  const Curve got = train(tp, 12);
+  const double dl = compare(got.loss, want.loss, 1e-4, "llama TP 4, 2 key/value heads, loss");
+  const double dn = compare(got.norm, want.norm, 1e-4, "llama TP 4, 2 key/value heads, gradient norm");
+  CHECK(want.loss.back() < want.loss.front() - 0.3);
+  if (ctx().is_root())
+    std::printf("  llama TP 4 x DP 1 vs TP 1 x DP 4, 2 key/value heads: largest deviation %.1e (loss) %.1e (norm)\n",
+                dl, dn);
+}
+
 TEST_CASE("activation checkpointing, evaluation and sampling under tensor parallelism", "[gpt][tensor_parallel]") {
   RunSpec dp;
   dp.stage = 3;

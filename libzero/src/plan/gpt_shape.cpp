@@ -166,9 +166,10 @@ void check_split(const GptShape& shape, int tp, int pp) {
              fmt::format("tensor parallelism {}: n_head {} is not a multiple of it (each rank takes n_head / T "
                          "heads); pick a tensor size that divides the head count",
                          tp, shape.n_head));
-  ZERO_CHECK(shape.kv_heads() % tp == 0,
-             fmt::format("tensor parallelism {}: the {} key/value heads are not a multiple of it (each rank takes "
-                         "whole query groups with their key/value head); pick a tensor size that divides n_kv_head",
+  ZERO_CHECK(shape.kv_heads() % tp == 0 || tp % shape.kv_heads() == 0,
+             fmt::format("tensor parallelism {}: it and the {} key/value heads divide neither way (each rank takes "
+                         "whole query groups with their key/value heads, or part of one group with its key/value "
+                         "head replicated); pick a tensor size that divides n_kv_head or is a multiple of it",
                          tp, shape.kv_heads()));
   ZERO_CHECK(
       shape.mlp_hidden() % tp == 0,
@@ -182,8 +183,10 @@ void check_split(const GptShape& shape, int tp, int pp) {
                                               pp, shape.n_layer));
 }
 
-TensorCut gpt_tensor_cut(const GptShape& s, std::string_view name) {
+TensorCut gpt_tensor_cut(const GptShape& s, std::string_view name, int tp) {
   auto ends = [&](std::string_view suffix) { return name.ends_with(suffix); };
+  if (s.kv_replicated(tp) && (ends("attn.c_attn.weight") || ends("attn.c_attn.bias") || ends("attn.c_proj.weight")))
+    return {true, -1, 1};
   if (name == "wte.weight" || name == "lm_head.weight") return {false, 0, 1};  // vocabulary rows
   // q | k | v columns: n_head / n_kv_head query blocks and a k and a v block, each cut T ways, so
   // a rank holds whole query groups with their key/value heads (qkv_width).
@@ -214,7 +217,7 @@ Layout gpt_part_layout(const GptShape& s, const PipelinePart& part) {
   auto add = [&](const std::string& unit, Params params) {
     std::vector<TensorCut> cuts;
     for (auto& [name, shape] : params) {
-      cuts.push_back(gpt_tensor_cut(s, name));
+      cuts.push_back(gpt_tensor_cut(s, name, part.tp));
       if (!cuts.back().replicated) shape[static_cast<std::size_t>(cuts.back().axis)] /= part.tp;
     }
     const int id = layout.add_unit(unit, params);
@@ -280,7 +283,7 @@ std::int64_t part_activation_bytes(const GptShape& s, const PipelinePart& part, 
   // group: qkv, the attention output (C), the MLP's input product (F, or gate and up: 2F) and its
   // activation (F). In fp32: 4 norm statistics per row and the attention's.
   const std::int64_t F = s.mlp_hidden(), fc_in = s.gated_mlp() ? 2 * F : F;
-  const std::int64_t block_elements = 3 * NC + N * (s.qkv_width() + C + fc_in + F) / TP;
+  const std::int64_t block_elements = 3 * NC + N * s.qkv_part_width(part.tp) + N * (C + fc_in + F) / TP;
   const std::int64_t block_floats = 4 * N + att;
   // Kept per micro-batch: every block's buffers (or none under checkpointing), the residual
   // stream at each block boundary of the part, in the first part the embedding before its
@@ -299,8 +302,8 @@ std::int64_t part_activation_bytes(const GptShape& s, const PipelinePart& part, 
   // Once: the block being recomputed under checkpointing; the backward's dres, dtmp
   // (replicated), dqkv, dfc and (SwiGLU) the activation's gradient split, and the attention
   // backward's scratch.
-  const std::int64_t once_elements =
-      (checkpointing ? block_elements : 0) + 2 * NC + N * (s.qkv_width() + fc_in + (s.gated_mlp() ? F : 0)) / TP;
+  const std::int64_t once_elements = (checkpointing ? block_elements : 0) + 2 * NC + N * s.qkv_part_width(part.tp) +
+                                     N * (fc_in + (s.gated_mlp() ? F : 0)) / TP;
   const std::int64_t once_floats = (checkpointing ? block_floats : 0) + att;
   const std::int64_t ints = 2 * N;
   const std::int64_t f = static_cast<std::int64_t>(sizeof(float));

@@ -186,6 +186,11 @@ TEST_CASE("backend: cuda trains in bf16 and says so otherwise", "[gpt][settings]
   CHECK_THROWS_WITH(read(cuda + "model:\n  preset: gpt2\n  n_head: 32\n  tensor_parallel: 32\n"),
                     Contains("50304 / 32 ids") && Contains("dividing 6288"));
   CHECK(read(cuda + "model:\n  preset: gpt2\n  n_head: 16\n  tensor_parallel: 16\n").tensor_parallel == 16);
+  // Key/value heads replicated over the tensor group: the host model only, said by key.
+  CHECK_THROWS_WITH(
+      read(cuda + "model:\n  preset: llama3.2-1b\n  tensor_parallel: 16\n"),
+      Contains("model.tensor_parallel") && Contains("multiple of n_kv_head = 8") && Contains("over 2 ranks"));
+  CHECK(read("model:\n  preset: llama3.2-1b\n  tensor_parallel: 16\n").tensor_parallel == 16);
   // The host backend has no such rule.
   CHECK(read("model:\n  n_embd: 100\n  n_head: 4\n").model.n_embd == 100);
 #else

@@ -243,9 +243,28 @@ TEST_CASE("GPT shapes: parameter count and the trainer's layout", "[plan]") {
   CHECK(gpt_preset("llama3.2-1b").num_params() == 1235814400);
   for (const char* name : {"bloom-7b1", "llama2-7b", "llama3-8b", "llama3.2-1b"})
     CHECK(gpt_layout(gpt_preset(name)).num_params() == gpt_preset(name).num_params());
-  // Tensor parallelism cuts grouped-query heads by their key/value heads.
+  // Tensor parallelism cuts grouped-query heads by their key/value heads, or replicates those when
+  // the tensor size is a multiple of them: then the attention's projections are whole on each
+  // rank, and its qkv activation holds 32 / 16 query heads and one key and value head.
   CHECK_NOTHROW(check_split(gpt_preset("llama3-8b"), 8, 1));
-  CHECK_THROWS_WITH(check_split(gpt_preset("llama3-8b"), 16, 1), Catch::Contains("key/value heads"));
+  CHECK_FALSE(gpt_preset("llama3-8b").kv_replicated(8));
+  CHECK(gpt_preset("llama3-8b").qkv_part_width(8) == (32 + 2 * 8) * 128 / 8);
+  CHECK_NOTHROW(check_split(gpt_preset("llama3-8b"), 16, 1));
+  CHECK(gpt_preset("llama3-8b").qkv_part_width(16) == (2 + 2) * 128);
+  const Layout kv16 = gpt_part_layout(gpt_preset("llama3-8b"), PipelinePart{16, 1, 0});
+  const UnitInfo& h0 = kv16.unit(kv16.find_unit("h.0"));
+  for (const char* name : {"h.0.attn.c_attn.weight", "h.0.attn.c_proj.weight"}) {
+    const ParamInfo& p = h0.params[static_cast<std::size_t>(h0.find_param(name))];
+    CHECK(p.replicated);
+    CHECK(p.numel == (std::string(name).find("c_attn") != std::string::npos ? 4096 * 6144 : 4096 * 4096));
+  }
+  const ParamInfo& fc = h0.params[static_cast<std::size_t>(h0.find_param("h.0.mlp.c_fc.weight"))];
+  CHECK(fc.numel == 4096 * 2 * 14336 / 16);
+  GptShape six = gpt_preset("llama3.2-1b");  // 32 query heads over 8 key/value heads
+  six.n_head = 12;
+  six.n_kv_head = 4;
+  six.n_embd = 768;
+  CHECK_THROWS_WITH(check_split(six, 6, 1), Catch::Contains("key/value heads divide neither way"));
   CHECK_THROWS_WITH(gpt_preset("gtp2"), Catch::Contains("did you mean 'gpt2'"));
   GptFamily f;
   const GptShape s = f.shape(12288);

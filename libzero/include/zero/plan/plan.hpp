@@ -64,6 +64,14 @@ struct GptShape {
   // (n_head / n_kv_head) + r, is restored on export).
   std::int64_t qkv_width() const { return std::int64_t{n_head + 2 * kv_heads()} * head_size(); }
   int qkv_blocks() const { return n_head / kv_heads() + 2; }
+  // Under tensor parallelism T each rank computes n_head / T query heads. When T divides the
+  // key/value heads it holds whole query groups with theirs (qkv_width() / T columns); when the
+  // key/value heads divide T instead, each is replicated on T / n_kv_head ranks, and a rank's
+  // heads are n_head / T queries of one group with its key and value head.
+  bool kv_replicated(int tp) const { return kv_heads() % tp != 0; }
+  std::int64_t qkv_part_width(int tp) const {
+    return kv_replicated(tp) ? std::int64_t{n_head / tp + 2} * head_size() : qkv_width() / tp;
+  }
   bool biases() const { return arch != Arch::llama; }
   bool rms_norm() const { return arch == Arch::llama; }
   bool learned_positions() const { return arch == Arch::gpt2; }
@@ -121,17 +129,20 @@ struct PipelinePart {
   bool last() const { return index == pp - 1; }
 };
 // Throws zero::Error when the shape cannot be split so: n_head or the padded vocabulary not a
-// multiple of T, more pipeline parts than blocks.
+// multiple of T, n_kv_head and T dividing neither way, more pipeline parts than blocks.
 void check_split(const GptShape& shape, int tp, int pp);
-// How tensor parallelism cuts parameter `name` (a name of gpt_layout's): along `axis` in `blocks`
-// equal blocks, each cut T ways (q | k | v in qkv_blocks(), SwiGLU's gate | up in 2, the
-// attention output's rows in n_head / n_kv_head), or replicated (norms, wpe, row-parallel biases).
+// How tensor parallelism T cuts parameter `name` (a name of gpt_layout's): along `axis` in
+// `blocks` equal blocks, each cut T ways (q | k | v in qkv_blocks(), SwiGLU's gate | up in 2, the
+// attention output's rows in n_head / n_kv_head), or replicated (norms, wpe, row-parallel biases;
+// and the attention's two projections when the key/value heads are replicated, kv_replicated(T):
+// each rank then uses the columns and rows of its own heads, and the model sums their gradients
+// over the tensor group).
 struct TensorCut {
   bool replicated = false;
   int axis = -1;
   int blocks = 1;
 };
-TensorCut gpt_tensor_cut(const GptShape& shape, std::string_view name);
+TensorCut gpt_tensor_cut(const GptShape& shape, std::string_view name, int tp);
 // The part's shapes are the whole ones cut by gpt_tensor_cut; with T > 1 each parameter is also
 // marked split or replicated (Layout::set_split / set_replicated), as checkpoints record it.
 // wte (and the tied head's copy), wpe and lm_head are marked as embeddings (Muon steps them with
