@@ -13,7 +13,9 @@ stages 1 and 3 (the trainer runs pipelines at stages 0-1 only, so PP 2 at stage 
   logs the direct resume's losses exactly (the optimizer state's equality bit for bit at every
   grid and stage: test_checkpoint_regrid);
 - --dry-run says what the load would cut anew and writes nothing; with another n_embd it is
-  refused naming a parameter and both grids.
+  refused naming a parameter and both grids;
+- a llama with one key/value head saved at TP 2 (its attention projections replicated) resumes at
+  TP 1 and TP 4 within the same bounds.
 
     gpt_regrid.py MPIEXEC "FLAGS;..." ZERO_GPT ZERO_CKPT CONFIG WORKDIR
 """
@@ -130,3 +132,24 @@ for tp, pp in ((1, 1), (1, 2), (2, 1), (4, 1)):
         rows.append(row)
 
 print("TP 2 x PP 2 checkpoint resumed, relative loss differences from the uninterrupted run: " + "; ".join(rows))
+
+# A llama with one key/value head saved at TP 2 x PP 1 x DP 2, where its attention projections are
+# replicated on the tensor group (the key/value head on both ranks), resumed at TP 1, where they
+# are whole, and at TP 4, where they are replicated over 4.
+LLAMA = ("--set", "model.preset=llama-tiny", "--set", "model.n_kv_head=1", "--set", "model.ffn_hidden=48")
+kv_saved = os.path.join(work, "llama_kv1_tp2")
+run(kv_saved, 2, 1, 1, K, *LLAMA)
+kv_full = os.path.join(work, "llama_kv1_uninterrupted")
+run(kv_full, 2, 1, 1, STEPS, *LLAMA)
+kv_ref = losses(kv_full)
+kv_rows = []
+for tp in (1, 4):
+    out_dir = os.path.join(work, f"llama_kv1_tp{tp}")
+    run(out_dir, tp, 1, 1, STEPS, "--resume-from", os.path.join(kv_saved, "checkpoints", f"step_{K:08d}"), *LLAMA)
+    got = losses(out_dir)
+    first = abs(got[K + 1] - kv_ref[K + 1]) / abs(kv_ref[K + 1])
+    later = max(abs(got[s] - kv_ref[s]) / abs(kv_ref[s]) for s in got)
+    if sorted(got) != list(range(K + 1, STEPS + 1)) or first > 1e-6 or later > 1e-4:
+        fail(f"llama, 1 key/value head, TP 2 resumed at TP {tp}: {got} against the uninterrupted {kv_ref}")
+    kv_rows.append(f"TP {tp}: step {K + 1} {first:.1e}, later {later:.1e}")
+print("llama with one key/value head, saved at TP 2 (replicated attention): " + "; ".join(kv_rows))
