@@ -98,6 +98,8 @@ if FLAP_S > 0:
     # their node and host. Ranks that answered are named too, as still in an earlier collective
     # (the other host's, once the link is back; or one of its own, waiting for data lost on the
     # cut link) or already in a later one: no blame, but the other host must be named somewhere.
+    # When every rank answered from the same collective, all are named by node and host, and the
+    # advice is the network's.
     for line in reports:
         me = int(re.match(r"\[rank (\d)/4\]", line).group(1))
         other = (str(1 - me // 2), f"slowlink-h{1 - me // 2}")
@@ -110,6 +112,10 @@ if FLAP_S > 0:
             fail(f"rank {me} blames its own host or the wrong one:\n{line}")
         if "different collectives" in line:
             fail(f"a network partition was reported as different collectives:\n{line}")
+        # Every rank in the collective (the link is back, its data still late): the network.
+        if "every rank answered" in line and "waiting in it: ranks 0, 1 (node 0" in line and \
+                "check the network between the nodes first" not in line:
+            fail(f"rank {me}'s report finds every rank in the collective but does not point at the network:\n{line}")
     sys.exit(0)
 if took > TIMEOUT_S + 60:
     fail(f"the launch took {took:.1f} s to end after the cut, more than ZERO_TIMEOUT_S + 60 s:\n{err[-3000:]}")

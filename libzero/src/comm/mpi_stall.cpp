@@ -162,6 +162,18 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
         "ZERO_TIMEOUT_S (0 disables the deadline)",
         lost_nodes.size() > 1 ? "s" : "", which);
   }
+  // Every rank in this very collective: nothing is missing, its data is late. Across nodes that is
+  // the network between them (a slow or broken link, or TCP's backoff after an outage); the
+  // waiting ranks are then named by node and host.
+  const bool all_here = static_cast<int>(with_me.size()) == size_;
+  const bool nodes = *std::max_element(node_of_.begin(), node_of_.end()) > 0;
+  if (all_here)
+    advice = nodes ? "Every rank is in it, so its data is what is late: check the network between the nodes first (a "
+                     "slow or broken link; after an outage TCP's retransmission backoff can outlast the deadline), or "
+                     "raise ZERO_TIMEOUT_S (0 disables the deadline)"
+                   : "Every rank is in it, so its data is what is late: a transport that stopped moving (shared "
+                     "memory, a NIC), or a wait longer than the deadline; raise ZERO_TIMEOUT_S if such a wait is "
+                     "expected (0 disables the deadline)";
   std::vector<int> everyone;
   for (int r = 0; r < size_; ++r) everyone.push_back(r);
   const std::string where =
@@ -171,7 +183,8 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
   // CUDA watchdog's report.
   write_last_words(log_line_text(LogLevel::error,
                                  fmt::format("{}{} {}: {}; waiting in it: {}{}. {}. This rank's last collectives: {}",
-                                             describe(call), where, limit, arrivals, ranks_text(with_me), elsewhere,
+                                             describe(call), where, limit, arrivals,
+                                             all_here && nodes ? located(with_me) : ranks_text(with_me), elsewhere,
                                              advice, check_->recent())) +
                    '\n');
   // A peer that this rank's query woke started its own grace a moment later: linger as long,
