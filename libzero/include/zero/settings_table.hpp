@@ -118,10 +118,11 @@ class SettingsTable {
   std::string help() const {
     std::string out;
     std::string_view section;
+    S probe;
     for (const SettingKey<S>& k : keys_) {
       if (!k.retired.empty()) continue;
       if (k.section != section) out += std::string(section = k.section) + ":\n";
-      out += setting_text::help_line(k.name, default_text(k), k.doc);
+      out += setting_text::help_line(k.name, default_text(k, probe), k.doc);
     }
     return out;
   }
@@ -136,7 +137,7 @@ class SettingsTable {
         retired += "- `" + key + "` " + std::string(k.retired) + "\n";
         continue;
       }
-      std::string def = default_text(k);
+      std::string def = default_text(k, probe);
       if (k.default_text.empty()) def = "`" + def + "`";
       out += "| `" + key + "` | " + setting_text::type(k.slot(probe), k.range, k.choices) + " | " + def + " | " +
              k.doc + " |\n";
@@ -145,8 +146,8 @@ class SettingsTable {
   }
 
  private:
-  std::string default_text(const SettingKey<S>& k) const {
-    S probe;
+  // `probe`: default-constructed settings, whose members hold the defaults.
+  static std::string default_text(const SettingKey<S>& k, S& probe) {
     return setting_text::default_value(k.slot(probe), !k.choices.empty(), k.default_text);
   }
 

@@ -161,8 +161,10 @@ std::string MpiCommunicator::ranks_text(const std::vector<int>& ranks) const {
   return "world " + rank_list(w);
 }
 
+bool MpiCommunicator::spans_nodes() const { return *std::max_element(node_of_.begin(), node_of_.end()) > 0; }
+
 std::string MpiCommunicator::located(const std::vector<int>& ranks) const {
-  const bool nodes = *std::max_element(node_of_.begin(), node_of_.end()) > 0;
+  const bool nodes = spans_nodes();
   std::string out;
   std::vector<bool> done(ranks.size(), false);
   for (std::size_t i = 0; i < ranks.size(); ++i) {

@@ -96,6 +96,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::string> host_;  // host name of each rank (for the deadline's report)
   // "ranks 2, 3 (node 1, host b)": ranks grouped by node, each group with where it runs.
   std::string located(const std::vector<int>& ranks) const;
+  // True when the ranks are on more than one node (node_of_).
+  bool spans_nodes() const;
   TrafficBytes traffic_;
   // Adds what this rank sends in one collective to traffic_ (the ring model of zero/comm.hpp).
   void count_traffic(int kind, std::size_t count, DType t, int root);

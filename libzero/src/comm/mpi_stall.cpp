@@ -166,7 +166,7 @@ void MpiCommunicator::report_stall(const Call& call, double waited_s) {
   // the network between them (a slow or broken link, or TCP's backoff after an outage); the
   // waiting ranks are then named by node and host.
   const bool all_here = static_cast<int>(with_me.size()) == size_;
-  const bool nodes = *std::max_element(node_of_.begin(), node_of_.end()) > 0;
+  const bool nodes = spans_nodes();
   if (all_here)
     advice = nodes ? "Every rank is in it, so its data is what is late: check the network between the nodes first (a "
                      "slow or broken link; after an outage TCP's retransmission backoff can outlast the deadline), or "

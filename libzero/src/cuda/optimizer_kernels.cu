@@ -269,9 +269,7 @@ __global__ void lamb_apply_kernel(float* __restrict__ master, const float* __res
 template <int G>
 void lion_out(float* master, float* m, const void* grad, void* out, int oc, std::size_t n,
               const offload::LionConstants& c, cudaStream_t s) {
-  const bool go = G == kF32 ? aligned4<kF32>(grad) : aligned4<kBF16>(grad);
-  const bool oo = oc == kF32 ? aligned4<kF32>(out) : aligned4<kBF16>(out);
-  const bool vec = aligned4<kF32>(master) && aligned4<kF32>(m) && go && oo;
+  const bool vec = all_aligned4(master, m, nullptr, grad, G, out, oc);
   const unsigned b = blocks_for(n, vec);
   switch (oc) {
     case kF32: lion_kernel<G, kF32><<<b, kThreads, 0, s>>>(master, m, grad, out, n, c, vec); break;
