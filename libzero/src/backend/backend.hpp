@@ -117,6 +117,14 @@ class Buffer {
   std::size_t bytes_ = 0;
 };
 
+// Chunks of a 1-bit compression (Backend::onebit_compress, onebit_decode): `count` chunks of
+// `chunk` values back to back, of which the first `numel` in all are real (the rest padding);
+// chunk c's bits ((chunk + 7) / 8 bytes, bit i of byte i / 8) at bits + c bits_stride, its scale
+// at scales[c scale_stride].
+struct OneBitChunks {
+  std::size_t chunk = 0, numel = 0, count = 0, bits_stride = 0, scale_stride = 1;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -220,6 +228,53 @@ class Backend {
                           float step) {
     (void)master, (void)o, (void)param_out, (void)pt, (void)n, (void)decay, (void)step;
     no_kernel("Muon");
+  }
+
+  // 1-bit Adam and 1-bit LAMB (optim/onebit_exchange.cpp, onebit_adam.cpp, onebit_lamb.cpp)
+  // with offload::onebit_*'s arithmetic, element-wise results bit for bit; a compression's scale
+  // is the host's RMS with its sum of squares in a fixed order (a rounding of that sum apart), and
+  // the bits and errors follow from it as the host's. Chunked forms: OneBitChunks.
+  virtual void onebit_worker(float* x, const float* shared, const void* grad, DType gt, std::size_t n, float b1,
+                             float one_minus_b1, float grad_scale, bool add_error) {
+    (void)x, (void)shared, (void)grad, (void)gt, (void)n, (void)b1, (void)one_minus_b1, (void)grad_scale,
+        (void)add_error;
+    no_kernel("OneBitAdam / OneBitLamb");
+  }
+  virtual void onebit_compress(float* x, const OneBitChunks& c, std::uint8_t* bits, float* scales) {
+    (void)x, (void)c, (void)bits, (void)scales;
+    no_kernel("OneBitAdam / OneBitLamb");
+  }
+  // out's chunk c = its scale x its signs over the real values, 0 over the padding.
+  virtual void onebit_decode(const std::uint8_t* bits, const float* scales, const OneBitChunks& c, float* out) {
+    (void)bits, (void)scales, (void)c, (void)out;
+    no_kernel("OneBitAdam / OneBitLamb");
+  }
+  // offload::onebit_server for one chunk of `chunk` values, n real: worker w's bits at
+  // worker_bits + w stride, its scale at worker_scales[w scale_stride]; the scale into *scale.
+  virtual void onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales,
+                             std::size_t scale_stride, int workers, float* error, std::size_t n, std::size_t chunk,
+                             std::uint8_t* bits, float* scale) {
+    (void)worker_bits, (void)stride, (void)worker_scales, (void)scale_stride, (void)workers, (void)error, (void)n,
+        (void)chunk, (void)bits, (void)scale;
+    no_kernel("OneBitAdam / OneBitLamb");
+  }
+  // x[i] *= c, one fp32 product each.
+  virtual void onebit_scale(float* x, std::size_t n, float c) {
+    (void)x, (void)n, (void)c;
+    no_kernel("OneBitLamb");
+  }
+  virtual void onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out, DType pt,
+                                 std::size_t n, float decay, float neg_lr, float eps) {
+    (void)master, (void)m, (void)v, (void)m_new, (void)param_out, (void)pt, (void)n, (void)decay, (void)neg_lr,
+        (void)eps;
+    no_kernel("OneBitAdam");
+  }
+  // sums (three backend doubles): [0] += the run's sum of u^2, [1] += of prelim^2 (fixed-order
+  // sums, as lamb_moments'), [2] = the largest of itself and the run's ratios.
+  virtual void onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
+                                   std::size_t n, const offload::OneBitLambConstants& c, double* sums) {
+    (void)master, (void)m, (void)v, (void)v_fresh, (void)m_new, (void)n, (void)c, (void)sums;
+    no_kernel("OneBitLamb");
   }
 
   // Block quantization of backend memory for the quantized collectives (qwZ, qgZ), with

@@ -292,6 +292,45 @@ class CudaBackend final : public Backend {
     ZERO_CHECK(!param_out || valid(pt), "cuda muon_apply: parameters are fp32, bf16 or fp16");
     launch_muon_apply(master, o, param_out, pt, n, decay, step, streams_.compute);
   }
+  void onebit_worker(float* x, const float* shared, const void* grad, DType gt, std::size_t n, float b1,
+                     float one_minus_b1, float grad_scale, bool add_error) override {
+    if (n == 0) return;
+    use_device(device_);
+    check(x, grad, gt, nullptr, DType::f32, "onebit_worker");
+    launch_onebit_worker(x, shared, grad, gt, n, b1, one_minus_b1, grad_scale, add_error, streams_.compute);
+  }
+  void onebit_compress(float* x, const OneBitChunks& c, std::uint8_t* bits, float* scales) override {
+    use_device(device_);
+    launch_onebit_compress(x, c.chunk, c.numel, c.count, bits, c.bits_stride, scales, c.scale_stride, streams_.compute);
+  }
+  void onebit_decode(const std::uint8_t* bits, const float* scales, const OneBitChunks& c, float* out) override {
+    use_device(device_);
+    launch_onebit_decode(bits, c.bits_stride, scales, c.scale_stride, c.chunk, c.numel, c.count, out, streams_.compute);
+  }
+  void onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales,
+                     std::size_t scale_stride, int workers, float* error, std::size_t n, std::size_t chunk,
+                     std::uint8_t* bits, float* scale) override {
+    use_device(device_);
+    launch_onebit_server(worker_bits, stride, worker_scales, scale_stride, workers, error, n, chunk, bits, scale,
+                         streams_.compute);
+  }
+  void onebit_scale(float* x, std::size_t n, float c) override {
+    use_device(device_);
+    launch_onebit_scale(x, n, c, streams_.compute);
+  }
+  void onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out, DType pt,
+                         std::size_t n, float decay, float neg_lr, float eps) override {
+    if (n == 0) return;
+    use_device(device_);
+    ZERO_CHECK(!param_out || valid(pt), "cuda onebit_adam_apply: parameters are fp32, bf16 or fp16");
+    launch_onebit_adam_apply(master, m, v, m_new, param_out, pt, n, decay, neg_lr, eps, streams_.compute);
+  }
+  void onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
+                           std::size_t n, const offload::OneBitLambConstants& c, double* sums) override {
+    if (n == 0) return;
+    use_device(device_);
+    launch_onebit_lamb_moments(master, m, v, v_fresh, m_new, n, c, sums, sum_scratch(), streams_.compute);
+  }
 
   void quantize_int8(const void* src, DType t, std::size_t n, std::size_t block, void* out) override {
     use_device(device_);

@@ -91,6 +91,36 @@ void launch_ns_load(const float* x, std::int64_t rows, std::int64_t cols, std::u
                     cudaStream_t stream);
 void launch_ns_store(const std::uint16_t* X, std::int64_t rows, std::int64_t cols, float* x, cudaStream_t stream);
 
+// 1-bit Adam / LAMB (onebit_kernels.cu): offload::onebit_worker, onebit_decode,
+// onebit_adam_apply and onebit_lamb_moments' element-wise arithmetic bit for bit; the
+// compressions take one block per chunk, the RMS's sum of squares a fixed-order sum (so a
+// scale may differ from the host's by the rounding of that sum), and from the scale the bits
+// and errors as the host's. Chunked forms (Backend::onebit_compress): `count` chunks of `chunk`
+// values of x, of which the first `numel` in all are real; chunk c's bits ((chunk + 7) / 8 bytes)
+// at bits + c bits_stride, its scale at scales[c scale_stride].
+void launch_onebit_worker(float* x, const float* shared, const void* grad, DType grad_type, std::size_t n, float b1,
+                          float one_minus_b1, float grad_scale, bool add_error, cudaStream_t stream);
+void launch_onebit_compress(float* x, std::size_t chunk, std::size_t numel, std::size_t count, std::uint8_t* bits,
+                            std::size_t bits_stride, float* scales, std::size_t scale_stride, cudaStream_t stream);
+// The server's chunk of `chunk` values, n real; worker w's scale at worker_scales[w scale_stride].
+void launch_onebit_server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales,
+                          std::size_t scale_stride, int workers, float* error, std::size_t n, std::size_t chunk,
+                          std::uint8_t* bits, float* scale, cudaStream_t stream);
+// out[c chunk + i] = scale_c x sign_i for the real values, 0 for the padding.
+void launch_onebit_decode(const std::uint8_t* bits, std::size_t bits_stride, const float* scales,
+                          std::size_t scale_stride, std::size_t chunk, std::size_t numel, std::size_t count, float* out,
+                          cudaStream_t stream);
+// x[i] *= c (OneBitLamb's scaling coefficient on the captured momentum).
+void launch_onebit_scale(float* x, std::size_t n, float c, cudaStream_t stream);
+void launch_onebit_adam_apply(float* master, float* m, const float* v, const float* m_new, void* param_out,
+                              DType param_type, std::size_t n, float decay, float neg_lr, float eps,
+                              cudaStream_t stream);
+// sums[0] += the run's sum of u^2, sums[1] += of prelim^2 (fixed-order sums; scratch as above),
+// sums[2] = the largest of itself and the run's ratios (non-negative, so exact in any order).
+void launch_onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
+                                std::size_t n, const offload::OneBitLambConstants& c, double* sums, double* scratch,
+                                cudaStream_t stream);
+
 // dst[i] = src[i] converted (dtypes may be equal: a copy).
 void launch_convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t stream);
 // dst[i] += src[i], added in fp32 and rounded once to dst_type (equal dtypes, or an fp32 dst).

@@ -250,7 +250,9 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
     std::vector<const void*> fulls;
     for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
     const CommSiteScope site("step() optimizer exchange");
-    optim_->exchange(fulls, reducer_.grad_dtype());
+    // Backend memory, as update_range hands the runs (the 1-bit optimizers refuse offload).
+    Backend* device = opt_->on_host() || backend_->host_accessible() ? nullptr : backend_.get();
+    optim_->exchange(fulls, reducer_.grad_dtype(), device);
   }
   for (int pass = 0; pass < passes; ++pass) {
     const bool last = pass + 1 == passes;

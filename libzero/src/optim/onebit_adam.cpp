@@ -5,7 +5,8 @@
 // For freeze_step updates it is Adam without bias correction (DeepSpeed's update), over the
 // exactly reduced gradients. Then the variance is frozen and the gradient reduction is replaced by
 // the compressed momentum exchange (onebit_exchange.hpp); the owner's decoded slice is its new m,
-// and p moves by -lr m / (sqrt(v) + eps).
+// and p moves by -lr m / (sqrt(v) + eps). State in device memory takes the backend's kernels
+// (Backend::adam during the warm-up, onebit_adam_apply after it) and a device exchange.
 #include <fmt/format.h>
 
 #include <memory>
@@ -26,6 +27,7 @@ class OneBitAdam final : public Optimizer {
   const char* name() const override { return "OneBitAdam"; }
   int moments() const override { return 2; }
   bool per_tensor() const override { return true; }  // runs leave the padding out
+  bool device_kernels() const override { return true; }
   bool local_gradients(std::int64_t step) const override { return step > cfg_.freeze_step; }
   bool wants_capture() const override { return compressed_ && !exchange_.shared_valid(); }
   // The exchange's errors and shared momentum: kept by a resume at the same world size, started
@@ -56,25 +58,32 @@ class OneBitAdam final : public Optimizer {
   }
 
   void run(int pass, const OptimRun& r, Backend* device) override {
-    ZERO_CHECK(device == nullptr, "OneBitAdam steps host memory only");
     const std::size_t n = static_cast<std::size_t>(r.n);
     if (pass < 0) {  // capture: the owned momentum, for the first compressed exchange
-      exchange_.capture(r);
+      exchange_.capture(r, device);
       return;
     }
     AdamHyper a = hyper_;
     if (!r.decay) a.weight_decay = 0.0f;
     if (!compressed_) {
-      offload::adam_step(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+      if (device != nullptr)
+        device->adam(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
+      else
+        offload::adam_step(r.master, r.state[0], r.state[1], r.grad, r.grad_type, r.param_out, r.param_type, n, a);
       return;
     }
     const AdamConstants c = adam_constants(a);
-    offload::onebit_adam_apply(r.master, r.state[0], r.state[1], exchange_.new_m(r.unit) + r.own_at, r.param_out,
-                               r.param_type, n, c.decay, c.neg_step_size, c.eps);
+    const float* m_new = exchange_.new_m(r.unit) + r.own_at;
+    if (device != nullptr)
+      device->onebit_adam_apply(r.master, r.state[0], r.state[1], m_new, r.param_out, r.param_type, n, c.decay,
+                                c.neg_step_size, c.eps);
+    else
+      offload::onebit_adam_apply(r.master, r.state[0], r.state[1], m_new, r.param_out, r.param_type, n, c.decay,
+                                 c.neg_step_size, c.eps);
   }
 
-  void exchange(const std::vector<const void*>& full, DType type) override {
-    exchange_.exchange(full, type, hyper_.beta1, hyper_.grad_scale, nullptr);
+  void exchange(const std::vector<const void*>& full, DType type, Backend* device) override {
+    exchange_.exchange(full, type, hyper_.beta1, hyper_.grad_scale, nullptr, device);
   }
 
  private:

@@ -23,18 +23,87 @@ std::size_t OneBitExchange::real(std::size_t k, std::size_t c) const {
   return b >= n ? 0 : std::min(slice(k), n - b);
 }
 
-void OneBitExchange::capture(const OptimRun& r) {
+void OneBitExchange::capture(const OptimRun& r, Backend* device) {
+  bind(device);
   Unit& u = units_[static_cast<std::size_t>(r.unit)];
-  u.owned_m.resize(static_cast<std::size_t>(env_.own_len(r.unit)));
-  std::memcpy(u.owned_m.data() + r.own_at, r.state[0], static_cast<std::size_t>(r.n) * sizeof(float));
+  u.owned_m.grow(static_cast<std::size_t>(env_.own_len(r.unit)), device_);
+  copy(u.owned_m.data() + r.own_at, r.state[0], static_cast<std::size_t>(r.n) * sizeof(float));
 }
 
 void OneBitExchange::reset() {
   shared_valid_ = false;
   for (Unit& u : units_) {
-    std::fill(u.worker_error.begin(), u.worker_error.end(), 0.0f);
-    std::fill(u.server_error.begin(), u.server_error.end(), 0.0f);
+    if (!u.worker_error.empty()) u.worker_error.zeros(u.worker_error.size(), device_);
+    if (!u.server_error.empty()) u.server_error.zeros(u.server_error.size(), device_);
   }
+}
+
+void OneBitExchange::bind(Backend* device) {
+  if (device == device_ || device == nullptr) return;
+  ZERO_CHECK(device_ == nullptr, "OneBitExchange: its state is in one backend's memory; another was given");
+  device_ = device;
+  for (Unit& u : units_)
+    for (OneBitStore<float>* f : {&u.worker_error, &u.server_error, &u.scales, &u.owned_m, &u.new_m}) f->bind(device);
+  for (Unit& u : units_) u.bits.bind(device);
+}
+
+Communicator& OneBitExchange::comm() const {
+  if (device_ == nullptr) return *env_.comm;
+  Communicator& c = device_->comm();
+  ZERO_CHECK(c.size() == env_.world && c.rank() == env_.rank,
+             fmt::format("the 1-bit exchange on the {} backend: its communicator has {} ranks (this one {}), the "
+                         "partition group {} (this rank {}); use the host backend",
+                         device_->name(), c.size(), c.rank(), env_.world, env_.rank));
+  return c;
+}
+
+void OneBitExchange::copy(void* dst, const void* src, std::size_t bytes) const {
+  if (bytes == 0) return;
+  if (device_ != nullptr)
+    device_->copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+
+namespace {
+// The real values of chunk c of c.
+std::size_t chunk_len(const OneBitChunks& c, std::size_t k) {
+  const std::size_t b = k * c.chunk;
+  return b >= c.numel ? 0 : std::min(c.chunk, c.numel - b);
+}
+}  // namespace
+
+void OneBitExchange::worker(float* x, const float* shared, const void* g, DType type, std::size_t n, float b1,
+                            float one_minus_b1, float grad_scale, bool add_error) const {
+  if (device_ != nullptr)
+    device_->onebit_worker(x, shared, g, type, n, b1, one_minus_b1, grad_scale, add_error);
+  else
+    offload::onebit_worker(x, shared, g, type, n, b1, one_minus_b1, grad_scale, add_error);
+}
+
+void OneBitExchange::compress(float* x, const OneBitChunks& c, std::uint8_t* bits, float* scales) const {
+  if (device_ != nullptr) return device_->onebit_compress(x, c, bits, scales);
+  for (std::size_t k = 0; k < c.count; ++k)
+    scales[k * c.scale_stride] = offload::onebit_compress(x + k * c.chunk, chunk_len(c, k), bits + k * c.bits_stride);
+}
+
+void OneBitExchange::decode(const std::uint8_t* bits, const float* scales, const OneBitChunks& c, float* out) const {
+  if (device_ != nullptr) return device_->onebit_decode(bits, scales, c, out);
+  for (std::size_t k = 0; k < c.count; ++k) {
+    const std::size_t n = chunk_len(c, k);
+    offload::onebit_decode(bits + k * c.bits_stride, scales[k * c.scale_stride], n, out + k * c.chunk);
+    std::fill(out + k * c.chunk + n, out + (k + 1) * c.chunk, 0.0f);
+  }
+}
+
+void OneBitExchange::server(const std::uint8_t* worker_bits, std::size_t stride, const float* worker_scales,
+                            float* error, std::size_t n, std::size_t chunk, std::uint8_t* bits, float* scale) const {
+  const std::size_t U = units_.size();
+  if (device_ != nullptr)
+    return device_->onebit_server(worker_bits, stride, worker_scales, U, env_.world, error, n, chunk, bits, scale);
+  std::vector<float> scales(static_cast<std::size_t>(env_.world));
+  for (std::size_t w = 0; w < scales.size(); ++w) scales[w] = worker_scales[w * U];
+  *scale = offload::onebit_server(worker_bits, stride, scales.data(), env_.world, error, n, bits);
 }
 
 std::size_t OneBitExchange::state_size() const {
@@ -60,7 +129,7 @@ std::int64_t OneBitExchange::bytes_for(const std::vector<std::int64_t>& slices, 
 }
 
 std::int64_t OneBitExchange::bytes() const {
-  auto f = [](const std::vector<float>& v) { return static_cast<std::int64_t>(v.size() * sizeof(float)); };
+  auto f = [](const OneBitStore<float>& v) { return static_cast<std::int64_t>(v.size() * sizeof(float)); };
   std::int64_t b = f(shared_) + f(send_scales_) + f(recv_scales_);
   b += static_cast<std::int64_t>(send_bits_.size() + recv_bits_.size());
   for (const Unit& u : units_)
@@ -78,10 +147,12 @@ std::vector<float> OneBitExchange::state() const {
   for (std::size_t k = 0; k < units_.size(); ++k) {
     const Unit& u = units_[k];
     const std::size_t S = slice(k), P = S * W;
-    at = std::copy(u.worker_error.begin(), u.worker_error.end(), at);
-    at = std::copy(u.server_error.begin(), u.server_error.end(), at);
-    at = std::copy(u.scales.begin(), u.scales.end(), at);
-    std::memcpy(at, u.bits.data(), P / 8);
+    for (const OneBitStore<float>* f : {&u.worker_error, &u.server_error, &u.scales}) {
+      const std::vector<float> v = f->to_host(device_);
+      at = std::copy(v.begin(), v.end(), at);
+    }
+    const std::vector<std::uint8_t> bits = u.bits.to_host(device_);
+    std::memcpy(at, bits.data(), P / 8);
     at += P / 32;
   }
   *at = 1.0f;
@@ -100,12 +171,11 @@ void OneBitExchange::set_state(const std::vector<float>& s) {
   for (std::size_t k = 0; k < units_.size(); ++k) {
     Unit& u = units_[k];
     const std::size_t S = slice(k), P = S * W;
-    u.worker_error.assign(at, at + P);
-    u.server_error.assign(at + P, at + P + S);
-    u.scales.assign(at + P + S, at + P + S + W);
+    u.worker_error.from_host(at, P, device_);
+    u.server_error.from_host(at + P, S, device_);
+    u.scales.from_host(at + P + S, W, device_);
     at += P + S + W;
-    u.bits.resize(P / 8);
-    std::memcpy(u.bits.data(), at, P / 8);
+    u.bits.from_host(reinterpret_cast<const std::uint8_t*>(at), P / 8, device_);
     at += P / 32;
   }
   shared_valid_ = true;
@@ -130,81 +200,86 @@ std::vector<OneBitExchange::Span> OneBitExchange::spans(std::size_t k, const std
 // The bits of unit k for slice c travel at c * B + offset(k), B the bytes of one slice of every
 // unit (each slice is a multiple of 64 elements: 8 bytes of bits, so bits travel as fp32 words).
 void OneBitExchange::exchange(const std::vector<const void*>& full, DType type, float b1, float grad_scale,
-                              const std::vector<float>* coeff) {
+                              const std::vector<float>* coeff, Backend* device) {
+  bind(device);
+  Backend* d = device_;
   const int W = env_.world;
   const std::size_t U = units_.size(), Wz = static_cast<std::size_t>(W), esize = dtype_size(type);
   const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(b1));
   std::vector<std::size_t> offset(U + 1, 0);  // bytes of the units' bits before unit k, in one slice
   for (std::size_t k = 0; k < U; ++k) offset[k + 1] = offset[k] + slice(k) / 8;
   const std::size_t B = offset[U];
-  send_bits_.assign(Wz * B, 0);
-  send_scales_.assign(Wz * U, 0.0f);
+  send_bits_.zeros(Wz * B, d);
+  send_scales_.zeros(Wz * U, d);
   for (std::size_t k = 0; k < U; ++k) {
     Unit& u = units_[k];
-    const std::size_t S = slice(k), P = S * Wz;
+    const std::size_t S = slice(k), P = S * Wz, N = static_cast<std::size_t>(u.numel);
     const std::vector<Span> runs = spans(k, coeff);
-    // The shared momentum before this step, on every rank (kept at the largest unit's size).
-    if (shared_.size() < P) shared_.resize(P);
-    std::fill_n(shared_.begin(), P, 0.0f);
+    // The shared momentum before this step, on every rank (kept at the largest unit's size),
+    // zero over the padding.
+    shared_.grow(P, d);
     if (shared_valid_) {
-      for (std::size_t c = 0; c < Wz; ++c)
-        offload::onebit_decode(u.bits.data() + c * S / 8, u.scales[c], real(k, c), shared_.data() + c * S);
+      decode(u.bits.data(), u.scales.data(), OneBitChunks{S, N, Wz, S / 8, 1}, shared_.data());
     } else {
-      u.owned_m.resize(S);  // a slice of padding only has no runs to capture it
+      u.owned_m.grow(S, d);  // a slice of padding only has no runs to capture it
       if (W > 1)
-        env_.comm->all_gather(u.owned_m.data(), shared_.data(), S, DType::f32);
+        comm().all_gather(u.owned_m.data(), shared_.data(), S, DType::f32);
       else
-        std::copy(u.owned_m.begin(), u.owned_m.end(), shared_.begin());
+        copy(shared_.data(), u.owned_m.data(), S * sizeof(float));
       if (coeff != nullptr)
-        for (const Span& s : runs)
-          for (std::size_t i = s.begin; i < s.end; ++i) shared_[i] *= s.coeff;
-      std::vector<float>().swap(u.owned_m);  // captured for this exchange only
+        for (const Span& s : runs) {
+          if (d != nullptr)
+            d->onebit_scale(shared_.data() + s.begin, s.end - s.begin, s.coeff);
+          else
+            for (std::size_t i = s.begin; i < s.end; ++i) shared_.data()[i] *= s.coeff;
+        }
+      u.owned_m.clear();  // captured for this exchange only
     }
-    u.new_m.assign(S, 0.0f);
+    u.new_m.zeros(S, d);
     // Worker: this rank's momentum (plus its error when there is an exchange).
     const bool exchanged = W > 1;
-    if (exchanged && u.worker_error.empty()) u.worker_error.assign(P, 0.0f), u.server_error.assign(S, 0.0f);
+    if (exchanged && u.worker_error.empty()) u.worker_error.zeros(P, d), u.server_error.zeros(S, d);
     float* x = exchanged ? u.worker_error.data() : u.new_m.data();
     const auto* g = static_cast<const std::uint8_t*>(full[k]);
     for (const Span& s : runs)
-      offload::onebit_worker(x + s.begin, shared_.data() + s.begin, g + s.begin * esize, type, s.end - s.begin, b1,
-                             one_minus_b1, grad_scale * s.coeff, exchanged);
+      worker(x + s.begin, shared_.data() + s.begin, g + s.begin * esize, type, s.end - s.begin, b1, one_minus_b1,
+             grad_scale * s.coeff, exchanged);
     if (!exchanged) continue;  // the momentum of the one rank's gradient, exactly
     // Compressed per destination slice.
-    for (std::size_t c = 0; c < Wz; ++c)
-      send_scales_[c * U + k] = offload::onebit_compress(x + c * S, real(k, c), send_bits_.data() + c * B + offset[k]);
+    compress(x, OneBitChunks{S, N, Wz, B, U}, send_bits_.data() + offset[k], send_scales_.data() + k);
   }
   if (W == 1) {
     shared_valid_ = false;  // the next step reads this step's momentum back through the capture
     return;
   }
-  recv_bits_.assign(Wz * B, 0);
-  recv_scales_.assign(Wz * U, 0.0f);
-  env_.comm->all_to_all(send_bits_.data(), recv_bits_.data(), B / 4, DType::f32);
-  env_.comm->all_to_all(send_scales_.data(), recv_scales_.data(), U, DType::f32);
+  recv_bits_.zeros(Wz * B, d);
+  recv_scales_.zeros(Wz * U, d);
+  Communicator& c = comm();
+  c.all_to_all(send_bits_.data(), recv_bits_.data(), B / 4, DType::f32);
+  c.all_to_all(send_scales_.data(), recv_scales_.data(), U, DType::f32);
   // Server: the owned slice of every worker's message, averaged, compressed again.
-  std::vector<std::uint8_t> mine(B, 0);
-  std::vector<float> mine_scales(U, 0.0f), worker_scales(Wz);
+  OneBitStore<std::uint8_t> mine, all_bits;
+  OneBitStore<float> mine_scales, all_scales;
+  mine.zeros(B, d);
+  mine_scales.zeros(U, d);
   const std::size_t r = static_cast<std::size_t>(env_.rank);
-  for (std::size_t k = 0; k < U; ++k) {
-    for (std::size_t w = 0; w < Wz; ++w) worker_scales[w] = recv_scales_[w * U + k];
-    mine_scales[k] = offload::onebit_server(recv_bits_.data() + offset[k], B, worker_scales.data(), W,
-                                            units_[k].server_error.data(), real(k, r), mine.data() + offset[k]);
-  }
-  std::vector<std::uint8_t> all_bits(Wz * B);
-  std::vector<float> all_scales(Wz * U);
-  env_.comm->all_gather(mine.data(), all_bits.data(), B / 4, DType::f32);
-  env_.comm->all_gather(mine_scales.data(), all_scales.data(), U, DType::f32);
+  for (std::size_t k = 0; k < U; ++k)
+    server(recv_bits_.data() + offset[k], B, recv_scales_.data() + k, units_[k].server_error.data(), real(k, r),
+           slice(k), mine.data() + offset[k], mine_scales.data() + k);
+  all_bits.zeros(Wz * B, d);
+  all_scales.zeros(Wz * U, d);
+  c.all_gather(mine.data(), all_bits.data(), B / 4, DType::f32);
+  c.all_gather(mine_scales.data(), all_scales.data(), U, DType::f32);
   for (std::size_t k = 0; k < U; ++k) {
     Unit& u = units_[k];
     const std::size_t S = slice(k);
-    u.bits.assign(S / 8 * Wz, 0);
-    u.scales.assign(Wz, 0.0f);
-    for (std::size_t c = 0; c < Wz; ++c) {
-      std::memcpy(u.bits.data() + c * S / 8, all_bits.data() + c * B + offset[k], S / 8);
-      u.scales[c] = all_scales[c * U + k];
+    u.bits.zeros(S / 8 * Wz, d);
+    u.scales.zeros(Wz, d);
+    for (std::size_t w = 0; w < Wz; ++w) {
+      copy(u.bits.data() + w * S / 8, all_bits.data() + w * B + offset[k], S / 8);
+      copy(u.scales.data() + w, all_scales.data() + w * U + k, sizeof(float));
     }
-    offload::onebit_decode(u.bits.data() + r * S / 8, u.scales[r], real(k, r), u.new_m.data());
+    decode(u.bits.data() + r * S / 8, u.scales.data() + r, OneBitChunks{S, real(k, r), 1, S / 8, 1}, u.new_m.data());
   }
   shared_valid_ = true;
 }

@@ -27,6 +27,10 @@
 // without the records (an older release's, another optimizer's) resumes during the warm-up with
 // the ratio's average started again (as DeepSpeed's load_state_dict does), and is refused past
 // freeze_step, where its fresh variance and ratios would be missing.
+//
+// State in device memory takes the backend's kernels: Lamb's during the warm-up (LambStep), then
+// onebit_lamb_moments, whose per-run sums and largest ratio join the statistics in end_pass as
+// LambStep's device sums do, and lamb_apply; the exchange runs on the device (onebit_exchange.hpp).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -62,6 +66,7 @@ class OneBitLamb final : public Optimizer {
   int moments() const override { return 3; }  // m, v, the fresh variance
   int passes() const override { return 2; }
   bool per_tensor() const override { return true; }
+  bool device_kernels() const override { return true; }
   // Under tensor parallelism the engine refuses it (it exchanges the data-parallel gradients
   // itself); its warm-up is Lamb's code, exact over a tensor group.
   std::string unsupported(const Layout& layout) const override {
@@ -129,22 +134,35 @@ class OneBitLamb final : public Optimizer {
     const int tensors = first_.back();
     if (scaling_.empty()) momentum_.reset(tensors, env_.world);
     stats_.reset(3 * tensors, env_.world, 2 * tensors);
+    device_ = nullptr;
   }
 
   void run(int pass, const OptimRun& r, Backend* device) override {
-    ZERO_CHECK(device == nullptr, "OneBitLamb steps host memory only");
     const std::size_t n = static_cast<std::size_t>(r.n), t = static_cast<std::size_t>(r.tensor);
     if (pass < 0) {  // capture: the owned momentum, and its norm for the scaling coefficients
-      exchange_.capture(r);
+      exchange_.capture(r, device);
       if (scaling_.empty()) {
+        // Once per run of training: device momenta are folded on the host, as the host's are.
+        std::vector<float> copied;
+        const float* m = r.state[0];
+        if (device != nullptr) {
+          copied.resize(n);
+          device->to_host(copied.data(), m, n * sizeof(float));
+          m = copied.data();
+        }
         double& ss = momentum_.at(r.tensor, r.slice);
-        for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(r.state[0][i]) * r.state[0][i];
+        for (std::size_t i = 0; i < n; ++i) ss += static_cast<double>(m[i]) * m[i];
       }
       return;
     }
     if (!compressed_) {
-      lamb_.run(pass, r);
-      if (pass == 1 && step_number_ == cfg_.freeze_step) std::copy(r.state[1], r.state[1] + n, r.state[2]);
+      lamb_.run(pass, r, device);
+      if (pass == 1 && step_number_ == cfg_.freeze_step) {
+        if (device != nullptr)
+          device->copy(r.state[2], r.state[1], n * sizeof(float));
+        else
+          std::copy(r.state[1], r.state[1] + n, r.state[2]);
+      }
       return;
     }
     const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
@@ -156,6 +174,9 @@ class OneBitLamb final : public Optimizer {
                                            static_cast<float>(cfg_.eps),
                                            wd,
                                            scaling_[t]};
+      if (device != nullptr)
+        return device->onebit_lamb_moments(r.master, r.state[0], r.state[1], r.state[2],
+                                           exchange_.new_m(r.unit) + r.own_at, n, c, device_sums(*device, r));
       offload::onebit_lamb_moments(r.master, r.state[0], r.state[1], r.state[2], exchange_.new_m(r.unit) + r.own_at,
                                    r.at, n, c, stats_.lanes(2 * r.tensor, r.slice),
                                    stats_.lanes(2 * r.tensor + 1, r.slice),
@@ -164,6 +185,8 @@ class OneBitLamb final : public Optimizer {
     }
     // The direction m / (sqrt(v) + eps) + wd p is Lamb's without bias correction.
     const offload::LambConstants k{1.0f, 0.0f, 0.0f, 0.0f, 0.0f, static_cast<float>(cfg_.eps), wd, 1.0f, 1.0f};
+    if (device != nullptr)
+      return device->lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k, step_[t]);
     offload::lamb_apply(r.master, r.state[0], r.state[1], r.param_out, r.param_type, n, k, step_[t]);
   }
 
@@ -176,6 +199,7 @@ class OneBitLamb final : public Optimizer {
       }
       return;
     }
+    if (device_ != nullptr) add_device_sums();
     stats_.combine(env_.comm, env_.rank);
     const int tensors = first_.back();
     for (int t = 0; t < tensors; ++t) {
@@ -195,12 +219,45 @@ class OneBitLamb final : public Optimizer {
     }
   }
 
-  void exchange(const std::vector<const void*>& full, DType type) override {
+  void exchange(const std::vector<const void*>& full, DType type, Backend* device) override {
     if (scaling_.empty()) scaling_coefficients();
-    exchange_.exchange(full, type, static_cast<float>(cfg_.beta1), grad_scale_, &scaling_);
+    exchange_.exchange(full, type, static_cast<float>(cfg_.beta1), grad_scale_, &scaling_, device);
   }
 
  private:
+  // Slices of each tensor whose sums this rank holds: every one at stage 0, else its own.
+  std::size_t held() const { return env_.stage == 0 ? static_cast<std::size_t>(env_.world) : 1; }
+  // The three device doubles of run r's tensor and slice (||u||^2, ||prelim||^2, the largest
+  // ratio), zeroed by the step's first device run.
+  double* device_sums(Backend& device, const OptimRun& r) {
+    const std::size_t bytes = 3 * step_.size() * held() * sizeof(double);
+    if (device_ == nullptr) {
+      device_ = &device;
+      if (!sums_) sums_ = device.alloc(bytes);
+      device.zero(sums_.get(), bytes);
+    }
+    const std::size_t at =
+        static_cast<std::size_t>(r.tensor) * held() + static_cast<std::size_t>(env_.stage == 0 ? r.slice : 0);
+    return sums_.as<double>() + 3 * at;
+  }
+  // The step's one wait for the device: its sums join the statistics as the host's lanes would
+  // (LambStep::end_pass does the same), its largest ratios as the host's maximum.
+  void add_device_sums() {
+    const int tensors = first_.back();
+    const std::size_t h = held();
+    sums_host_.resize(3 * step_.size() * h);
+    device_->to_host(sums_host_.data(), sums_.get(), sums_host_.size() * sizeof(double));
+    for (int t = 0; t < tensors; ++t)
+      for (std::size_t k = 0; k < h; ++k) {
+        const int slice = env_.stage == 0 ? static_cast<int>(k) : env_.rank;
+        const double* v = sums_host_.data() + 3 * (static_cast<std::size_t>(t) * h + k);
+        stats_.at(2 * t, slice) += v[0];
+        stats_.at(2 * t + 1, slice) += v[1];
+        double& worst = stats_.at(2 * tensors + t, slice);
+        worst = std::max(worst, v[2]);
+      }
+  }
+
   // DeepSpeed's scaling_coeff, once, from the momentum at the end of the warm-up (the capture's
   // norms): the mean over tensors of ||m|| / sqrt(numel), over the tensor's own (1 for a tensor
   // whose momentum is zero, where DeepSpeed's would divide by zero).
@@ -234,6 +291,10 @@ class OneBitLamb final : public Optimizer {
   std::vector<float> scaling_;                      // per tensor: DeepSpeed's scaling_coeff
   std::vector<float> step_;                         // per tensor: lr x coeff
   SliceStats momentum_, stats_;
+  // State in device memory: this step's backend (null: host memory) and its sums per tensor.
+  Backend* device_ = nullptr;
+  Buffer sums_;
+  std::vector<double> sums_host_;
 };
 
 }  // namespace

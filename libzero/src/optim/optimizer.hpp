@@ -109,14 +109,16 @@ class Optimizer {
   // Optimizers that reduce the gradients themselves (OneBitAdam's compressed momentum exchange):
   // for update number `step` the engine leaves each rank's whole local gradient unreduced, scales
   // it without the average over ranks, and calls exchange() with every unit's padded gradient
-  // (host memory, the accumulation dtype) after begin_step and before the passes.
+  // (the accumulation dtype) after begin_step and before the passes. `device`: the backend whose
+  // memory holds the gradients and the state (as run()'s), null when they are host memory.
   virtual bool local_gradients(std::int64_t step) const {
     (void)step;
     return false;
   }
-  virtual void exchange(const std::vector<const void*>& full, DType type) {
+  virtual void exchange(const std::vector<const void*>& full, DType type, Backend* device) {
     (void)full;
     (void)type;
+    (void)device;
   }
   // Before exchange(), a visit of the owned state (run() with pass -1, param_out null) when this
   // says the optimizer needs one.
