@@ -44,9 +44,29 @@ const char* device_name(OffloadDevice d) {
   return d == OffloadDevice::cpu ? "cpu" : d == OffloadDevice::nvme ? "nvme" : "none";
 }
 
-nlohmann::json plan_json(const Plan& p) {
+// Under tensor parallelism, what the optimizer sends over the tensor group in a step
+// (tensor_group_traffic: Lamb's and Adafactor's statistics, Muon's split matrices), seen from the
+// first tensor group's last rank on the first node (whose ring successor is on the next node when
+// the group spans nodes), in the first pipeline part.
+struct TensorGroupTraffic {
+  int rank = 0;
+  TrafficBytes bytes;
+};
+TensorGroupTraffic tensor_traffic(const Plan& p, int gpus_per_node) {
+  const auto& st = p.settings;
+  const int r = std::min(st.tensor_parallel, gpus_per_node) - 1;
+  const Layout part = gpt_part_layout(p.shape, PipelinePart{st.tensor_parallel, st.pipeline_parallel, 0});
+  return {r, tensor_group_traffic(part, st, p.data_parallel, gpus_per_node, r)};
+}
+
+nlohmann::json plan_json(const Plan& p, const Cluster& c) {
   const auto& m = p.memory;
   const auto& s = p.settings;
+  nlohmann::json tensor_group;  // null without tensor parallelism
+  if (s.tensor_parallel > 1) {
+    const TensorGroupTraffic t = tensor_traffic(p, c.gpus_per_node);
+    tensor_group = {{"rank", t.rank}, {"intra_node", t.bytes.intra_node}, {"inter_node", t.bytes.inter_node}};
+  }
   return {{"fits", p.fits},
           {"why", p.why},
           {"params", p.params},
@@ -91,6 +111,7 @@ nlohmann::json plan_json(const Plan& p) {
           {"newton_schulz_s", p.time.newton_schulz_s},
           {"tp_comm_s", p.time.tp_comm_s},
           {"pp_comm_s", p.time.pp_comm_s},
+          {"tensor_group_optimizer_bytes", tensor_group},
           {"bubble", p.time.bubble},
           {"bubble_s", p.time.bubble_s},
           {"tokens_per_s", p.tokens_per_s},
@@ -152,6 +173,11 @@ void print_plan(const Plan& p, const Cluster& c) {
     const TrafficBytes t = step_traffic(gpt_layout(p.shape), st, c.gpus, c.gpus_per_node, r);
     fmt::print("     bytes per step (rank {}): {} inside its node, {} to other nodes\n", r, bytes(t.intra_node),
                bytes(t.inter_node));
+  }
+  if (st.tensor_parallel > 1) {
+    const TensorGroupTraffic t = tensor_traffic(p, c.gpus_per_node);
+    fmt::print("     optimizer bytes per step over the tensor group (rank {}): {} inside its node, {} to other nodes\n",
+               t.rank, bytes(t.bytes.intra_node), bytes(t.bytes.inter_node));
   }
   fmt::print("{:.0f} tokens/s, {:.1f} TFLOP/s per GPU, {:.1f} days for {:.3g} tokens\n", p.tokens_per_s,
              p.tflops_per_gpu, p.days, p.token_budget);
@@ -416,7 +442,7 @@ int main(int argc, char** argv) {
     if (max_mode) {
       MaxModel r = max_model(family, c, space, tokens);
       if (json) {
-        nlohmann::json j = r.found ? plan_json(r.best) : nlohmann::json{{"fits", false}};
+        nlohmann::json j = r.found ? plan_json(r.best, c) : nlohmann::json{{"fits", false}};
         j["max_params"] = r.found ? r.best.params : 0;
         fmt::print("{}\n", j.dump(2));
       } else if (!r.found) {
@@ -446,14 +472,14 @@ int main(int argc, char** argv) {
     if (candidates.size() == 1) {
       Plan p = make_plan(shape, c, candidates.front(), tokens);
       if (json)
-        fmt::print("{}\n", plan_json(p).dump(2));
+        fmt::print("{}\n", plan_json(p, c).dump(2));
       else
         print_plan(p, c);
       return 0;
     }
     auto ranked = rank_plans(shape, c, space, tokens);
     if (json) {
-      nlohmann::json j = ranked.empty() ? nlohmann::json{{"fits", false}} : plan_json(ranked.front());
+      nlohmann::json j = ranked.empty() ? nlohmann::json{{"fits", false}} : plan_json(ranked.front(), c);
       j["candidates"] = candidates.size();
       j["fitting"] = ranked.size();
       fmt::print("{}\n", j.dump(2));

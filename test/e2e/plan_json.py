@@ -2,8 +2,10 @@
 """zero-plan --json: the fields the issue names, consistent with each other and with
 values worked out by hand. Usage: plan_json.py <zero-plan binary>"""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 plan = sys.argv[1]
 failures = []
@@ -106,6 +108,31 @@ check(j["memory_part"] in (0, 1), f"memory_part {j['memory_part']}")
 # Without a grid the new terms are zero.
 j = run("--model", "gpt2", "--gpus", "2", "--stage", "1", "--micro-batch", "1", "--ckpt", "off")
 check(j["settings"]["data_parallel"] == 2 and j["bubble"] == 0 and j["tp_comm_s"] == 0, "no grid: plain DP")
+check(j["tensor_group_optimizer_bytes"] is None, "no grid: no tensor group traffic")
+
+# The optimizer's traffic over the tensor group (GPT-2 small, tensor 2 on one node; rank 1, the
+# last of the group). AdamW sends nothing there. Lamb all-gathers ||p||^2 and ||u||^2 of each
+# tensor cut by tensor parallelism, two doubles (as four floats) per tensor to its one peer:
+# wte's vocabulary rows, and in each of the 12 blocks c_attn's weight and bias, attn.c_proj's
+# weight, c_fc's weight and bias and mlp.c_proj's weight: 1 + 12 x 6 = 73 tensors, 73 x 16 bytes.
+tp = ["--model", "gpt2", "--gpus", "2", "--tp", "2", "--stage", "1", "--micro-batch", "1", "--ckpt", "off"]
+j = run(*tp)
+check(j["tensor_group_optimizer_bytes"] == {"rank": 1, "intra_node": 0, "inter_node": 0},
+      f"AdamW over the tensor group: {j['tensor_group_optimizer_bytes']}")
+with tempfile.TemporaryDirectory() as d:
+    lamb = os.path.join(d, "lamb.yaml")
+    with open(lamb, "w") as f:
+        f.write("optimizer:\n  type: Lamb\n  params:\n    lr: 0.001\n")
+    j = run(*tp, "--config", lamb)
+    check(j["tensor_group_optimizer_bytes"] == {"rank": 1, "intra_node": 73 * 16, "inter_node": 0},
+          f"Lamb over the tensor group: {j['tensor_group_optimizer_bytes']}")
+    # Two nodes of one GPU each: rank 0's successor in the tensor ring is on the other node.
+    j = run(*tp, "--config", lamb, "--gpus-per-node", "1")
+    check(j["tensor_group_optimizer_bytes"] == {"rank": 0, "intra_node": 0, "inter_node": 73 * 16},
+          f"Lamb over a tensor group across nodes: {j['tensor_group_optimizer_bytes']}")
+    text = subprocess.run([plan, *tp, "--config", lamb], capture_output=True, text=True).stdout
+    check("optimizer bytes per step over the tensor group (rank 1): 1.1 KiB inside its node" in text,
+          f"the printed tensor group traffic: {text}")
 
 # Across two nodes of 8 at 10 Gbit/s: qgZ, MiCS and PowerSGD are candidates (--qgz any,
 # --mics-shard-size any, --powersgd-rank), named in the settings; one of them ranks first.

@@ -7,10 +7,12 @@
 // part of comm_buffers) against plan::qgz_buffer_bytes, also on simulated nodes (ZERO_RANKS_PER_NODE: 4 ranks as 2 x 2,
 // both phases; 2 ranks as 2 x 1); and the plan's comm_buffers (equal) and stage-3 gathered (equal at the default max
 // live, else a bound) against the reducer's and the gatherer's pools; and the 1-bit optimizers' own buffers and
-// OneBitLamb's fresh variance.
+// OneBitLamb's fresh variance; and the offload staging (MemoryReport::offload_staging) against
+// plan::offload_staging_bytes under ZERO_HOST_STAGING=1 for AdamW, Lamb and Muon.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <span>
 #include <string>
@@ -270,6 +272,17 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
   CHECK(with.to_string().find("(qgZ ") != std::string::npos);
 }
 
+// The small GPT the buffer tests plan for, on `world` A100s.
+struct SmallGpt {
+  plan::GptShape shape{"", 2, 3, 72, 40, 300};
+  Layout layout = plan::gpt_layout(shape);
+  plan::Cluster cluster;
+  explicit SmallGpt(int world) {
+    cluster.gpu = plan::gpu_preset("A100-80GB");
+    cluster.gpus = world;
+  }
+};
+
 // zero-plan's comm_buffers (the reducer's pools, plan::reduce_buffer_bytes) and gathered (the
 // stage 3 gatherer's pool) against what the engine's pools hold after two steps, over the
 // settings that change them: every unit a bucket of its own, [ln_f h.1] [h.0] [embeddings], one
@@ -281,11 +294,10 @@ TEST_CASE("engine.memory().comm_buffers counts qgZ's scratch", "[plan][mpi][qgz]
 TEST_CASE("plan's comm buffers equal, and its gathered bounds, engine.memory()", "[plan][mpi][buffers]") {
   Context& ctx = *Context::current();
   const int world = ctx.world_size();
-  const plan::GptShape shape{"", 2, 3, 72, 40, 300};
-  const Layout layout = plan::gpt_layout(shape);
-  plan::Cluster cluster;
-  cluster.gpu = plan::gpu_preset("A100-80GB");
-  cluster.gpus = world;
+  const SmallGpt gpt(world);
+  const plan::GptShape& shape = gpt.shape;
+  const Layout& layout = gpt.layout;
+  const plan::Cluster& cluster = gpt.cluster;
   for (int stage = 0; stage <= 3; ++stage)
     for (std::string dtype : {"fp32", "bf16", "bf16 fp32-accum"})
       for (std::int64_t bucket : {1, 60000, 500000000})
@@ -326,4 +338,52 @@ TEST_CASE("plan's comm buffers equal, and its gathered bounds, engine.memory()",
                   if (stage >= 1 || dtype == "bf16 fp32-accum") CHECK(r.comm_buffers > 0);
                 }
               }
+}
+
+// Sets an environment variable for its lifetime.
+struct ScopedEnv {
+  const char* name;
+  ScopedEnv(const char* n, const char* value) : name(n) { setenv(n, value, 1); }
+  ~ScopedEnv() { unsetenv(name); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+};
+
+// The offload staging (MemoryReport::offload_staging, the bytes its buffers hold after a step)
+// against plan::offload_staging_bytes and the plan's pinned host memory. With ZERO_HOST_STAGING=1
+// the host backend stages offloaded steps as a device backend does: every owned gradient and
+// parameter at once, for AdamW as for the multi-pass Lamb and Muon, so more than one sub-group's
+// (sub_group_size 5000 is less than the owned range at up to 4 ranks). Without it the host
+// backend steps in place and holds none.
+TEST_CASE("plan's offload staging equals engine.memory()", "[plan][mpi][staging]") {
+  Context& ctx = *Context::current();
+  const int world = ctx.world_size();
+  const SmallGpt gpt(world);
+  for (std::string type : {"AdamW", "Lamb", "Muon"})
+    for (int stage : {1, 2, 3})
+      for (std::string dtype : {"fp32", "bf16 fp32-accum", "bf16"})
+        DYNAMIC_SECTION(type << " stage " << stage << " " << dtype << ", " << world << " ranks") {
+          std::string y = "train_micro_batch_size_per_gpu: 1\ngradient_accumulation_steps: 1\n";
+          if (dtype != "fp32") y += "bf16:\n  enabled: true\n";
+          if (dtype == "bf16 fp32-accum") y += "data_types:\n  grad_accum_dtype: fp32\n";
+          y += "zero_optimization:\n  stage: " + std::to_string(stage) + "\n  sub_group_size: 5000\n";
+          y += "  offload_optimizer:\n    device: cpu\n";
+          y += "optimizer:\n  type: " + type + "\n  params:\n    lr: 0.001\n";
+          const Config cfg = resolved_config(y, world);
+          MemoryReport staged;
+          {
+            const ScopedEnv env("ZERO_HOST_STAGING", "1");
+            staged = memory_after_steps(ctx, cfg, gpt.layout, 1);
+          }
+          const MemoryReport in_place = memory_after_steps(ctx, cfg, gpt.layout, 1);
+          const plan::Settings s = plan::settings_from(cfg);
+          const std::int64_t planned = plan::offload_staging_bytes(gpt.layout, s, world);
+          CHECK(staged.offload_staging == planned);
+          CHECK(plan::make_plan(gpt.shape, gpt.cluster, s).memory.pinned == planned);
+          const std::int64_t element = dtype == "fp32" ? 4 + 4 : dtype == "bf16" ? 2 + 2 : 4 + 2;
+          CHECK(staged.offload_staging > 5000 * element);
+          CHECK(staged.offload_staging % element == 0);
+          CHECK(staged.to_string().find("offload staging") != std::string::npos);
+          CHECK(in_place.offload_staging == 0);
+        }
 }

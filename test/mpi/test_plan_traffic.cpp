@@ -3,8 +3,8 @@
 // the reduce_scatter switch, stage 3's re-gathers (stage3_max_reuse_distance), hpZ, qwZ and
 // MiCS, qgZ (stages 2 and 3, with and without hpZ and qwZ) and PowerSGD (stages 0 and 1, fp32
 // and bf16 factors, the steps after start_step); and what Lamb and Adafactor sum over the tensor
-// group for the tensors split by tensor parallelism (plan::tensor_group_traffic) against the tensor
-// group's own counters.
+// group for the tensors split by tensor parallelism, and what Muon sends over it to put its split
+// matrices together (plan::tensor_group_traffic), against the tensor group's own counters.
 // ctest runs it at 2 ranks on one node and at 4 ranks on two simulated nodes of two.
 #include <catch2/catch.hpp>
 
@@ -163,7 +163,8 @@ TEST_CASE("plan::step_traffic: hpZ and qwZ send fewer bytes across nodes than pl
 // tensors (no sum). Lamb sums ||p||^2 and ||u||^2 of each split tensor over the tensor group once
 // a step; Adafactor its first pass's sums of the split tensors and, for a split matrix, its sums
 // along the cut axis, then the sums of R of the matrices cut by rows, then its second pass's
-// sums of the split matrices. The engine's tensor group counts what it sends; the plan must say
+// sums of the split matrices; Muon puts its split matrices together over the group and gives the
+// parts of the results back. The engine's tensor group counts what it sends; the plan must say
 // the same, and the sizes worked out here.
 TEST_CASE("plan::tensor_group_traffic equals the tensor group's counted bytes", "[plan][mpi]") {
   zero::ProcessGroups groups(ctx(), {.tensor = 2, .pipeline = 1});
@@ -181,7 +182,17 @@ TEST_CASE("plan::tensor_group_traffic equals the tensor group's counted bytes", 
   // Adafactor: w (cut by rows) its 8 column sums, v (cut by columns) its 8 row sums; w's R sum;
   // the second pass's w and v.
   const std::vector<std::int64_t> adafactor{2 * 3 + 8 + 8, 1, 2};
-  for (const std::string type : {"Lamb", "Adafactor"})
+  // Muon: w (24 x 8 whole, cost 8^2 x 24) goes to data rank 0, v (8 x 20, 8^2 x 20) to rank 1,
+  // y (replicated, never exchanged) to rank 1. Unit a's parts put together in one exchange: an
+  // all-gather of the rank's parts (w 96 floats, v 80) to its one peer, then an all-reduce of
+  // both ranks' worth (2 x (T-1)/T of it): 4 x parts + 4 x 2 x parts bytes. Every rank puts
+  // both together at stage 0 or with one data rank, else the owner of each.
+  auto muon = [&](int stage) -> std::int64_t {
+    const int d = ctx().rank() / 2 % groups.data_size();
+    const std::int64_t parts = stage == 0 || groups.data_size() == 1 ? 96 + 80 : d == 0 ? 96 : 80;
+    return 4 * parts + 4 * 2 * parts;
+  };
+  for (const std::string type : {"Lamb", "Adafactor", "Muon"})
     for (int stage : {0, 1, 2, 3})
       DYNAMIC_SECTION(type << " stage " << stage << ", " << ctx().world_size() << " ranks") {
         std::string y = "train_micro_batch_size_per_gpu: 1\nzero_optimization:\n  stage: " + std::to_string(stage);
@@ -202,9 +213,11 @@ TEST_CASE("plan::tensor_group_traffic equals the tensor group's counted bytes", 
         const zero::TrafficBytes sent = groups.tensor().traffic() - before;
         zero::plan::Settings s = zero::plan::settings_from(cfg);
         s.tensor_parallel = 2;
-        const zero::TrafficBytes planned = zero::plan::tensor_group_traffic(part, s, per_node, ctx().rank());
-        std::int64_t hand = 0;
-        for (std::int64_t d : type == "Lamb" ? lamb : adafactor) hand += 8 * d;  // one peer, 8 bytes a double
+        const zero::TrafficBytes planned =
+            zero::plan::tensor_group_traffic(part, s, groups.data_size(), per_node, ctx().rank());
+        std::int64_t hand = type == "Muon" ? muon(stage) : 0;
+        if (type != "Muon")
+          for (std::int64_t d : type == "Lamb" ? lamb : adafactor) hand += 8 * d;  // one peer, 8 bytes a double
         CHECK(planned.intra_node == sent.intra_node);
         CHECK(planned.inter_node == sent.inter_node);
         CHECK(planned.intra_node + planned.inter_node == hand);

@@ -169,6 +169,11 @@ struct MemoryReport {
   std::int64_t optimizer_buffers = 0;
   std::int64_t offloaded_host = 0;  // optimizer state held in host memory by the offload engine
   std::int64_t offloaded_nvme = 0;  // bytes kept on NVMe
+  // Host memory that stages offloaded optimizer steps on a device backend (pinned): each owned
+  // range's gradients and updated parameters, all of them at once, so that every pass of a
+  // multi-pass optimizer reads the gradients copied once; or, where that staging cannot serve
+  // (parameters offloaded), one sub-group's copy. Taken by the first step.
+  std::int64_t offload_staging = 0;
   std::int64_t model_state() const { return params + grads + master + optimizer; }
   std::string to_string() const;
 };

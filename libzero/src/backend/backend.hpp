@@ -81,6 +81,9 @@ class OffloadStaging {
   // finish() returns; the step then loses its overlap with the next forward, which a benchmark
   // times separately. Without a sink nothing is recorded and nothing waits.
   virtual void set_timeline(OffloadTimeline* sink) { (void)sink; }
+  // Host bytes its gradient and parameter buffers hold (pinned on a device; the bytes asked for,
+  // before the pool's size classes): MemoryReport::offload_staging.
+  virtual std::int64_t host_bytes() const { return 0; }
 };
 
 // Move-only storage owned by a backend (device memory for CUDA, host memory for the host).

@@ -90,4 +90,10 @@ void HostOffloadStaging::finish() {
   ++counts_.steps;
 }
 
+std::int64_t HostOffloadStaging::host_bytes() const {
+  std::size_t bytes = 0;
+  for (const Range& r : ranges_) bytes += r.grads.size() + r.params.size();
+  return static_cast<std::int64_t>(bytes);
+}
+
 }  // namespace zero

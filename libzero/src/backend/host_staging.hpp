@@ -37,6 +37,9 @@ class HostOffloadStaging final : public OffloadStaging {
   void* host_params(std::size_t r, std::size_t begin) override;
   void params_ready(std::size_t r, std::size_t begin, std::size_t n) override;
   void finish() override;
+  // The host buffers a device's staging would pin: each range's gradients and parameters (not
+  // the snapshot that stands in for the device's gradients).
+  std::int64_t host_bytes() const override;
 
   const Counts& counts() const { return counts_; }
 

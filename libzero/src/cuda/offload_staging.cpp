@@ -233,4 +233,11 @@ void CudaOffloadStaging::finish() {
 
 void CudaOffloadStaging::set_timeline(OffloadTimeline* sink) { sink_ = sink; }
 
+// Every range's buffers, kept across steps (their sizes change only if the model does).
+std::int64_t CudaOffloadStaging::host_bytes() const {
+  std::size_t bytes = 0;
+  for (const Range& r : ranges_) bytes += r.grads.size() + r.params.size();
+  return static_cast<std::int64_t>(bytes);
+}
+
 }  // namespace zero::cuda

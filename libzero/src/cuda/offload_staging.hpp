@@ -40,6 +40,7 @@ class CudaOffloadStaging final : public OffloadStaging {
   void params_ready(std::size_t r, std::size_t begin, std::size_t n) override;
   void finish() override;
   void set_timeline(OffloadTimeline* sink) override;
+  std::int64_t host_bytes() const override;
 
  private:
   struct Trace;

@@ -98,6 +98,8 @@ MemoryReport EngineImpl::memory() const {
   r.optimizer_buffers = optim_->buffer_bytes();
   r.gathered = gatherer_.peak_bytes();
   r.secondary = gatherer_.secondary_bytes();
+  if (const OffloadStaging* staging = backend_->offload_staging()) r.offload_staging = staging->host_bytes();
+  r.offload_staging += static_cast<std::int64_t>(staging_buf_.size());
   return r;
 }
 
@@ -159,6 +161,7 @@ std::string MemoryReport::to_string() const {
   if (optimizer_buffers) s += fmt::format(", optimizer buffers {}", b(optimizer_buffers));
   if (offloaded_host) s += fmt::format("; offloaded to host {}", b(offloaded_host));
   if (offloaded_nvme) s += fmt::format("; on nvme {}", b(offloaded_nvme));
+  if (offload_staging) s += fmt::format("; offload staging {}", b(offload_staging));
   return s;
 }
 

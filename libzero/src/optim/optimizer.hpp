@@ -154,13 +154,22 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
 // one fp32 all-gather and one reduce-scatter of the slice of each unit in `matrix_units`.
 // Under tensor parallelism, `tensor_doubles`: all-gathers over the tensor group of the split
 // tensors' statistics, that many doubles per rank each (Lamb's and Adafactor's; empty when no
-// tensor is split).
+// tensor is split); and Muon's matrices cut by tensor parallelism (muon_split.hpp), per unit in
+// which this rank puts some together (all of them at stage 0 or on one partition rank, else those
+// it owns), `tensor_matrix_floats`: one fp32 all-gather of that many floats per rank (its parts),
+// then one fp32 all-reduce of `tensors` times as many (the whole matrices).
 struct OptimizerExchange {
   std::vector<std::int64_t> stat_doubles;
   std::vector<int> matrix_units;
   std::vector<std::int64_t> tensor_doubles;
+  std::vector<std::int64_t> tensor_matrix_floats;
 };
-OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout);
+// Where the rank sits: `world` ranks in its partition group, `rank` its place there, the ZeRO
+// stage, and `tensors` ranks in its tensor group.
+struct ExchangeRank {
+  int world = 1, rank = 0, stage = 0, tensors = 1;
+};
+OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout, const ExchangeRank& at = {});
 
 // Optimizer::buffer_bytes once its buffers are all taken (after a 1-bit optimizer's first
 // compressed step), for `layout` cut into `slices` elements per rank slice of each unit over

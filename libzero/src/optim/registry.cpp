@@ -46,7 +46,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const Optimi
   ZERO_THROW("optimizer.type has an unknown value");
 }
 
-OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout) {
+OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& layout, const ExchangeRank& at) {
   OptimizerExchange x;
   const std::int64_t tensors = tensor_offsets(layout).back();
   switch (o.type) {
@@ -65,14 +65,27 @@ OptimizerExchange optimizer_exchange(const OptimizerConfig& o, const Layout& lay
         if (n > 0) x.tensor_doubles.push_back(n);
       break;
     }
-    case OptimizerType::muon:
-      for (int u = 0; u < layout.num_units(); ++u)
-        for (const ParamInfo& p : layout.unit(u).params)
-          if (muon_matrix(p)) {
-            x.matrix_units.push_back(u);
-            break;
-          }
+    case OptimizerType::muon: {
+      // Muon::end_pass, unit by unit: every matrix is orthogonalised on each rank when each steps
+      // all of them (Muon::local), else by its owner; the parts of those cut by tensor
+      // parallelism are put together in one exchange per unit (orthogonalise_split).
+      const bool local = at.stage == 0 || at.world == 1;
+      const std::vector<MuonOwner> owners = muon_owners(layout, at.world, at.tensors);
+      std::size_t k = 0;
+      for (int u = 0; u < layout.num_units(); ++u) {
+        bool matrices = false;
+        std::int64_t parts = 0;
+        for (const ParamInfo& p : layout.unit(u).params) {
+          if (!muon_matrix(p)) continue;
+          matrices = true;
+          const MuonOwner& m = owners[k++];
+          if (m.split && (local || m.owner == at.rank)) parts += p.numel;
+        }
+        if (matrices) x.matrix_units.push_back(u);
+        if (parts > 0) x.tensor_matrix_floats.push_back(parts);
+      }
       break;
+    }
     default: break;
   }
   return x;

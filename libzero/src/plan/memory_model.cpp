@@ -216,6 +216,22 @@ std::int64_t reduce_buffer_bytes(const Layout& layout, const Settings& s, int da
   return grad_pool.held() + scratch_pool.held();
 }
 
+std::int64_t offload_staging_bytes(const Layout& layout, const Settings& s, int data_parallel) {
+  if (s.offload_optimizer == OffloadDevice::none) return 0;
+  const auto bytes = static_cast<std::int64_t>(dtype_size(s.grad_dtype()) + dtype_size(s.dtype));
+  std::int64_t own = 0, largest = 0;
+  for (const UnitShape& u : unit_shapes(layout, s, data_parallel)) {
+    own += u.own_len;
+    largest = std::max(largest, u.own_len);
+  }
+  // EngineImpl::update_owned_slices: the staging takes every unit's owned range at once, for
+  // every optimizer (a multi-pass one reads the gradients copied once in each pass). Parameters
+  // offloaded, it cannot serve, and the engine copies one sub-group (a unit's owned range cut
+  // into sub_group_size pieces) at a time through one buffer.
+  if (s.offload_param == OffloadDevice::none) return own * bytes;
+  return std::min(std::max<std::int64_t>(1, s.sub_group_size), largest) * bytes;
+}
+
 void check_groups(const Settings& s, int data_parallel) {
   if (s.mics_shard_size != -1) {
     const std::string key = fmt::format("zero-plan: mics_shard_size {}", s.mics_shard_size);

@@ -89,7 +89,6 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Pipeli
   // micro-step gradients and reduced slices of the buckets in flight, one of each size kept. The
   // all-gather of updated slices after the step (stages 1/2) writes into the full parameters in
   // place and takes no buffer.
-  const std::int64_t ges = static_cast<std::int64_t>(dtype_size(s.grad_dtype()));
   m.comm_buffers = reduce_buffer_bytes(layout, s, D);
   // PowerSGD's buffers, sized by the engine's own rule (PowerSgd::buffer_bytes_for).
   if (s.powersgd()) m.comm_buffers += powersgd_buffer_bytes(powersgd_elements(layout, s.compression), s);
@@ -120,11 +119,12 @@ MemoryPlan plan_memory(const GptShape& shape, const Layout& layout, const Pipeli
     const std::int64_t live = std::min(total, s.max_live_parameters + 2 * largest);
     for (const auto& [p, n] : sharded) m.gathered += p * std::min(n, live / p) * es;
   }
-  // Offload staging in pinned host memory: gradients down and parameters up one sub-group at a
-  // time; NVMe streams the state through three sub-group buffers (read, step, write).
+  // Offload staging in pinned host memory (the engine's MemoryReport::offload_staging): the
+  // owned gradients down and parameters up; NVMe streams the state through three sub-group
+  // buffers (read, step, write).
   const std::int64_t own = s.stage == 0 ? u.total_padded : u.total_padded / N;
   const std::int64_t group = std::min(s.sub_group_size, own);
-  if (s.offload_optimizer != OffloadDevice::none) m.pinned += group * (ges + es);
+  m.pinned += offload_staging_bytes(layout, s, D);
   if (s.offload_optimizer == OffloadDevice::nvme) m.pinned += 3 * group * 4 * (1 + s.moments);
   if (s.offload_param == OffloadDevice::nvme) m.pinned += 2 * u.largest_slice * es;
   m.nccl = nccl_communicators(s, D, c.ranks_per_node());

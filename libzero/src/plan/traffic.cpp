@@ -62,12 +62,24 @@ PowerSgdElements powersgd_elements(const Layout& layout, const GradientCompressi
   return e;
 }
 
-TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int ranks_per_node, int rank) {
+TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node,
+                                  int rank) {
   TrafficBytes t;
-  if (s.tensor_parallel < 2) return t;
-  const Ring tensor = ring_of(rank, s.tensor_parallel, ranks_per_node);
-  for (const std::int64_t doubles : optimizer_exchange(s.optimizer, layout).tensor_doubles)
-    tensor.all_gather(t, 2 * doubles, 4);
+  const int T = s.tensor_parallel, D = data_parallel;
+  if (T < 2) return t;
+  ZERO_CHECK(
+      D >= 1 && rank >= 0 && ranks_per_node >= 1,
+      fmt::format("tensor_group_traffic: rank {} of {} data-parallel ranks with {} per node", rank, D, ranks_per_node));
+  const Ring tensor = ring_of(rank, T, ranks_per_node);
+  // The grid's order (tensor fastest, then data): the rank's place in its data-parallel group,
+  // and with MiCS in its partition group (data rank mod N).
+  const int N = s.shard_ranks(D), d = rank / T % D;
+  const OptimizerExchange x = optimizer_exchange(s.optimizer, layout, {N, d % N, s.stage, T});
+  for (const std::int64_t doubles : x.tensor_doubles) tensor.all_gather(t, 2 * doubles, 4);
+  for (const std::int64_t parts : x.tensor_matrix_floats) {
+    tensor.all_gather(t, parts, 4);
+    tensor.all_reduce(t, parts * T, 4);
+  }
   return t;
 }
 

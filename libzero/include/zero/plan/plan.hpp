@@ -327,12 +327,18 @@ struct NcclCommunicators {
 };
 NcclCommunicators nccl_communicators(const Settings& s, int data_parallel, int ranks_per_node);
 
+// Host bytes that stage offloaded optimizer steps (MemoryReport::offload_staging), for a data-
+// parallel group of `data_parallel`: with optimizer offload, every owned element's gradient and
+// parameter (grad_dtype and dtype), whatever the optimizer, as the device backend's staging holds
+// them; with parameters offloaded too, one sub-group's (the engine then copies through one buffer).
+std::int64_t offload_staging_bytes(const Layout& layout, const Settings& s, int data_parallel);
+
 struct MemoryPlan {
   ModelStates states;
   std::int64_t activations = 0;
   std::int64_t comm_buffers = 0;
   std::int64_t gathered = 0;         // stage 3: an upper bound on the gatherer's pool (kept + prefetched)
-  std::int64_t pinned = 0;           // offload staging / swap buffers in host memory
+  std::int64_t pinned = 0;           // offload staging (offload_staging_bytes) / swap buffers in host memory
   std::int64_t device_overhead = 0;  // kDeviceOverheadBytes + nccl_bytes
   std::int64_t host_overhead = 0;
   // The NCCL communicators a rank creates (nccl_communicators) and their allowance, in
@@ -366,9 +372,14 @@ inline constexpr std::int64_t kHostOverheadBytes = 4LL << 30;
 // The bytes rank `rank` sends over its tensor group (s.tensor_parallel consecutive ranks, nodes
 // of `ranks_per_node`) in one optimizer step for the optimizer's statistics of the tensors split
 // by tensor parallelism (Lamb, Adafactor: optimizer_exchange's tensor_doubles, all-gathered as
-// fp32 pairs), as the group's communicator counts them; `layout` is the rank's part of the model.
-// The trainer's activation all-reduces over the same group are not in it (step time: tp_comm_s).
-TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int ranks_per_node, int rank);
+// fp32 pairs) and for Muon's matrices cut by it (per unit, the parts of those this rank
+// orthogonalises all-gathered and the whole results all-reduced, in fp32: tensor_matrix_floats),
+// as the group's communicator counts them; `layout` is the rank's part of the model, and
+// `data_parallel` the size of its data-parallel group (Muon's owners depend on the rank's place
+// in it: the grid orders tensor fastest, then data). The trainer's activation all-reduces over
+// the same group are not in it (step time: tp_comm_s).
+TrafficBytes tensor_group_traffic(const Layout& layout, const Settings& s, int data_parallel, int ranks_per_node,
+                                  int rank);
 TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, int ranks_per_node, int rank);
 
 // PowerSGD's all-reduces in a compressed step (engine/powersgd.hpp, powersgd_rank): the P factors
