@@ -10,12 +10,13 @@
 namespace zero::offload {
 namespace {
 
-// The lane fold of x^2 over a run (the ||p||^2 of the Adafactor passes).
-void square_fold(const float* x, std::int64_t at, std::size_t n, double* lanes) {
+// The lanes of x^2 over elements [b, e) of a run from tensor element `at`.
+void square_lanes(const float* x, std::int64_t at, std::size_t b, std::size_t e, double* lanes) {
   const bool simd = avx512_kernels();
-  auto vector = [&](std::size_t i) { return simd ? detail::square_fold_avx512(x, i, n, lanes) : i; };
-  for_each_lane_simd(at, n, lanes, vector, [&](std::size_t i, double& s) {
-    const double p = x[i];
+  const float* xb = x + b;
+  auto vector = [&](std::size_t i) { return simd ? detail::square_fold_avx512(xb, i, e - b, lanes) : i; };
+  for_each_lane_simd(at + static_cast<std::int64_t>(b), e - b, lanes, vector, [&](std::size_t i, double& s) {
+    const double p = xb[i];
     s += p * p;
   });
 }
@@ -70,19 +71,19 @@ void whole_rows(const void* grad, int gc, std::size_t begin, std::int64_t rows, 
 }  // namespace
 
 void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
-                      const AdafactorConstants& c, double* p_lanes, double* u_lanes) {
+                      const AdafactorConstants& c, double* p_fold, double* u_fold) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_vector");
   const bool simd = avx512_kernels();
   const int gc = elem_code(grad_type);
-  // The two folds share nothing but the run: ||p||^2 on one thread, V and ||u||^2 on another.
-  auto p_fold = [&] { square_fold(master, at, n, p_lanes); };
-  auto u_fold = [&] {
-    auto vector = [&](std::size_t i) {
-      return simd ? detail::adafactor_vector_avx512(v, grad, gc, i, n, c, u_lanes) : i;
-    };
-    with_grad_type(grad_type, [&]<int G>() {
-      for_each_lane_simd(at, n, u_lanes, vector, [&](std::size_t i, double& us) {
+  with_grad_type(grad_type, [&]<int G>() {
+    fold_blocks<2>(at, n, {p_fold, u_fold}, [&](std::size_t b, std::size_t e, const std::array<double*, 2>& f) {
+      square_lanes(master, at, b, e, f[0]);
+      auto vector = [&](std::size_t i) {
+        return simd ? detail::adafactor_vector_avx512(v, grad, gc, b + i, e, c, f[1]) - b : i;
+      };
+      for_each_lane_simd(at + static_cast<std::int64_t>(b), e - b, f[1], vector, [&](std::size_t k, double& us) {
+        const std::size_t i = b + k;
         const float g = load_grad<G>(grad, i) * c.grad_scale;
         const float vi = c.beta2t * v[i] + c.one_minus_beta2t * (g * g + c.eps1);
         v[i] = vi;
@@ -90,13 +91,12 @@ void adafactor_vector(const float* master, float* v, const void* grad, DType gra
         us += u * u;
       });
     });
-  };
-  run_both(n, p_fold, u_fold);
+  });
 }
 
 void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
                            std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
-                           double* p_lanes) {
+                           double* p_fold) {
   if (n == 0) return;
   check_common(master, grad, grad_type, nullptr, DType::f32, "adafactor_matrix_sums");
   // The row and column folds of s, element by element over [i, end), row and col stepped along.
@@ -120,8 +120,11 @@ void adafactor_matrix_sums(const float* master, const void* grad, DType grad_typ
     sums.template operator()<G>(0, i);
     const std::int64_t rows =
         avx512_kernels() ? static_cast<std::int64_t>((n - i) / static_cast<std::size_t>(cols)) / 8 * 8 : 0;
-    whole_rows(grad, elem_code(grad_type), i, rows, cols, c, row_sums + row, col_sums, run_both_threads(n),
-               [&] { square_fold(master, at, n, p_lanes); });
+    whole_rows(grad, elem_code(grad_type), i, rows, cols, c, row_sums + row, col_sums, run_both_threads(n), [&] {
+      fold_blocks<1>(at, n, {p_fold}, [&](std::size_t b, std::size_t e, const std::array<double*, 1>& f) {
+        square_lanes(master, at, b, e, f[0]);
+      });
+    });
     i += static_cast<std::size_t>(rows * cols);
     row += rows;
     sums.template operator()<G>(i, n);
@@ -129,28 +132,30 @@ void adafactor_matrix_sums(const float* master, const void* grad, DType grad_typ
 }
 
 void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
-                          float grad_scale, const float* row_factor, const float* col_factor, double* u_lanes) {
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_fold) {
   if (n == 0) return;
   const bool simd = avx512_kernels();
   const int gc = elem_code(grad_type);
   with_grad_type(grad_type, [&]<int G>() {
-    // Row segment by row segment: the lanes continue across segments as over the whole run.
-    std::int64_t row = at / cols, col = at % cols;
-    for (std::size_t b = 0; b < n; ++row, col = 0) {
-      const std::size_t len = std::min(n - b, static_cast<std::size_t>(cols - col));
-      const float rf = row_factor[row];
-      const float* cf = col_factor + col;  // cf[i]: the factor of element b + i
-      const void* g = static_cast<const char*>(grad) + b * (G == detail::kF32 ? 4 : 2);
-      auto vector = [&](std::size_t i) {
-        return simd ? detail::matrix_rms_avx512(g, gc, i, len, grad_scale, rf, cf + i, u_lanes) : i;
-      };
-      for_each_lane_simd(at + static_cast<std::int64_t>(b), len, u_lanes, vector, [&](std::size_t i, double& us) {
-        const float gi = load_grad<G>(g, i) * grad_scale;
-        const double u = gi * rf * cf[i];
-        us += u * u;
-      });
-      b += len;
-    }
+    fold_blocks<1>(at, n, {u_fold}, [&](std::size_t b, std::size_t e, const std::array<double*, 1>& f) {
+      // Row segment by row segment: the lanes continue across segments as over the whole piece.
+      std::int64_t row = (at + static_cast<std::int64_t>(b)) / cols, col = (at + static_cast<std::int64_t>(b)) % cols;
+      for (; b < e; ++row, col = 0) {
+        const std::size_t len = std::min(e - b, static_cast<std::size_t>(cols - col));
+        const float rf = row_factor[row];
+        const float* cf = col_factor + col;  // cf[i]: the factor of element b + i
+        const void* g = static_cast<const char*>(grad) + b * (G == detail::kF32 ? 4 : 2);
+        auto vector = [&](std::size_t i) {
+          return simd ? detail::matrix_rms_avx512(g, gc, i, len, grad_scale, rf, cf + i, f[0]) : i;
+        };
+        for_each_lane_simd(at + static_cast<std::int64_t>(b), len, f[0], vector, [&](std::size_t i, double& us) {
+          const float gi = load_grad<G>(g, i) * grad_scale;
+          const double u = gi * rf * cf[i];
+          us += u * u;
+        });
+        b += len;
+      }
+    });
   });
 }
 

@@ -7,11 +7,14 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "host_adam_kernels.hpp"
 #include "host_simd_kernels.hpp"
@@ -148,6 +151,52 @@ void for_each_lane_simd(std::int64_t at, std::size_t n, double* lanes, Simd&& si
   for_each_lane2_simd(at, n, lanes, unused, simd, [&](std::size_t i, double& a, double&) { body(i, a); });
 }
 
+// Runs seg(b, e, f) over the pieces of the run [0, n) of a tensor from element `at`, cut where
+// the fold blocks begin (host_optimizer.hpp): each piece lies in one block, and seg folds its
+// elements into f[0..F) (kStatLanes lanes each, continuing them). The pieces fold on all threads
+// (one when nested, or for a run of one piece), each into lanes of its own, the first from the
+// block the states left open; then they close into the states in block order. The states are
+// those of host_optimizer.hpp (kStatFold doubles each).
+template <std::size_t F, class Seg>
+void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& states, Seg&& seg) {
+  if (n == 0) return;
+  constexpr std::size_t L = kStatLanes, B = kFoldBlock;
+  static_assert(B % L == 0);
+  const std::size_t head = std::min(n, (B - static_cast<std::size_t>(at) % B) % B);
+  const std::size_t pieces = (head > 0 ? 1 : 0) + (n - head + B - 1) / B;
+  auto bounds = [&](std::size_t k) -> std::pair<std::size_t, std::size_t> {
+    if (head > 0 && k == 0) return {0, head};
+    const std::size_t b = head + (k - (head > 0 ? 1 : 0)) * B;
+    return {b, std::min(n, b + B)};
+  };
+  // A run that begins a block first closes the block its slice left open.
+  for (double* s : states)
+    for (std::size_t l = 0; l < L && head == 0; ++l) s[l] += s[L + l], s[L + l] = 0.0;
+  std::vector<double> part(pieces * F * L, 0.0);
+  for (std::size_t j = 0; j < F; ++j)
+    for (std::size_t l = 0; l < L; ++l) part[j * L + l] = states[j][L + l];
+  const int nt = pieces > 1 && !omp_in_parallel() ? omp_get_max_threads() : 1;
+  const auto count = static_cast<std::int64_t>(pieces);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+  for (std::int64_t k = 0; k < count; ++k) {
+    const auto [b, e] = bounds(static_cast<std::size_t>(k));
+    std::array<double*, F> f;
+    for (std::size_t j = 0; j < F; ++j) f[j] = part.data() + (static_cast<std::size_t>(k) * F + j) * L;
+    seg(b, e, f);
+  }
+  for (std::size_t k = 0; k < pieces; ++k) {
+    const bool closes = (static_cast<std::size_t>(at) + bounds(k).second) % B == 0;
+    for (std::size_t j = 0; j < F; ++j)
+      for (std::size_t l = 0; l < L; ++l) {
+        const double x = part[(k * F + j) * L + l];
+        if (closes)
+          states[j][l] += x, states[j][L + l] = 0.0;
+        else
+          states[j][L + l] = x;
+      }
+  }
+}
+
 // True where the AVX-512 kernels of host_simd_kernels.hpp may run: an x86-64 build on a CPU
 // with what the AVX-512 Adam path needs.
 inline bool avx512_kernels() {
@@ -164,8 +213,6 @@ inline bool avx512_kernels() {
 inline float* f32_out(void* out, int out_code) { return out_code == detail::kF32 ? static_cast<float*>(out) : nullptr; }
 inline bool simd_out(int out_code) { return out_code == detail::kNone || out_code == detail::kF32; }
 
-// Runs a() and b() at once on two threads when the OpenMP default allows two and the run is
-// long enough to pay for it, else one after the other. They must not share anything they write.
 // Waits until `progress` (another thread's, published with release) reaches `target`.
 template <class T>
 void wait_until(const std::atomic<T>& progress, T target) {
@@ -173,23 +220,8 @@ void wait_until(const std::atomic<T>& progress, T target) {
     if (spins >= 64) std::this_thread::yield();
 }
 
+// True when the OpenMP default allows two threads and a run of n is long enough to pay for them.
 inline bool run_both_threads(std::size_t n) { return n >= kTile && omp_get_max_threads() >= 2 && !omp_in_parallel(); }
-
-template <class A, class B>
-void run_both(std::size_t n, A&& a, B&& b) {
-  if (!run_both_threads(n)) {
-    a();
-    b();
-    return;
-  }
-#pragma omp parallel sections num_threads(2)
-  {
-#pragma omp section
-    a();
-#pragma omp section
-    b();
-  }
-}
 
 }  // namespace
 }  // namespace zero::offload

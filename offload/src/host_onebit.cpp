@@ -1,6 +1,7 @@
 // Host 1-bit Adam and 1-bit LAMB: sign compression with error feedback, the server's average,
 // the updates.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -73,27 +74,33 @@ void onebit_adam_apply(float* master, float* m, const float* v, const float* m_n
 }
 
 void onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
-                         std::int64_t at, std::size_t n, const OneBitLambConstants& c, double* u_lanes,
-                         double* prelim_lanes, double& ratio_max) {
+                         std::int64_t at, std::size_t n, const OneBitLambConstants& c, double* u_fold,
+                         double* prelim_fold, double& ratio_max) {
   if (n == 0) return;
   ZERO_CHECK(master != nullptr && m != nullptr && v != nullptr && v_fresh != nullptr && m_new != nullptr,
              "onebit_lamb_moments: null state");
-  double worst = ratio_max;
-  for_each_lane2(at, n, u_lanes, prelim_lanes, [&](std::size_t i, double& us, double& ps) {
-    const float mi = m_new[i] / c.scaling_coeff;
-    const float r = (mi - m[i] * c.beta1) * c.inv_one_minus_beta1;
-    const float vf = c.beta2 * v_fresh[i] + (c.one_minus_beta2 * r) * r;
-    const float denom = std::sqrt(v[i]) + c.eps;
-    // The expression lamb_apply's direction evaluates (inv_bias 1): the same float operations.
-    const float prelim = mi / denom;
-    const float u = prelim + c.weight_decay * master[i];
-    m[i] = mi;
-    v_fresh[i] = vf;
-    us += static_cast<double>(u) * u;
-    ps += static_cast<double>(prelim) * prelim;
-    worst = std::max(worst, static_cast<double>(denom) / (static_cast<double>(std::sqrt(vf)) + c.eps));
+  std::atomic<double> worst{ratio_max};  // a maximum: the same whatever order the pieces end in
+  fold_blocks<2>(at, n, {u_fold, prelim_fold}, [&](std::size_t b, std::size_t e, const std::array<double*, 2>& f) {
+    double piece = worst.load();
+    for_each_lane2(at + static_cast<std::int64_t>(b), e - b, f[0], f[1], [&](std::size_t k, double& us, double& ps) {
+      const std::size_t i = b + k;
+      const float mi = m_new[i] / c.scaling_coeff;
+      const float r = (mi - m[i] * c.beta1) * c.inv_one_minus_beta1;
+      const float vf = c.beta2 * v_fresh[i] + (c.one_minus_beta2 * r) * r;
+      const float denom = std::sqrt(v[i]) + c.eps;
+      // The expression lamb_apply's direction evaluates (inv_bias 1): the same float operations.
+      const float prelim = mi / denom;
+      const float u = prelim + c.weight_decay * master[i];
+      m[i] = mi;
+      v_fresh[i] = vf;
+      us += static_cast<double>(u) * u;
+      ps += static_cast<double>(prelim) * prelim;
+      piece = std::max(piece, static_cast<double>(denom) / (static_cast<double>(std::sqrt(vf)) + c.eps));
+    });
+    for (double w = worst.load(); piece > w && !worst.compare_exchange_weak(w, piece);) {
+    }
   });
-  ratio_max = worst;
+  ratio_max = worst.load();
 }
 
 }  // namespace zero::offload

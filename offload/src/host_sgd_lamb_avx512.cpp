@@ -102,7 +102,7 @@ std::size_t lamb_apply_avx512(float* master, const float* m, const float* v, flo
 
 std::size_t lamb_moments_avx512(const float* master, float* m, float* v, const void* grad, int grad_code,
                                 std::size_t begin, std::size_t end, const LambConstants& c, double* p_lanes,
-                                double* u_lanes, bool stored) {
+                                double* u_lanes) {
   return by_grad(grad_code, [&]<int G>() {
     const LambVec d(c);
     const Moments<G> k(c);
@@ -110,35 +110,15 @@ std::size_t lamb_moments_avx512(const float* master, float* m, float* v, const v
     std::size_t i = begin;
     for (; i + 16 <= end; i += 16) {
       __m512 mi, vi;
-      if (stored) {
-        mi = _mm512_loadu_ps(m + i);
-        vi = _mm512_loadu_ps(v + i);
-      } else {
-        k.next(m, v, grad, i, mi, vi);
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
-      }
+      k.next(m, v, grad, i, mi, vi);
+      _mm512_storeu_ps(m + i, mi);
+      _mm512_storeu_ps(v + i, vi);
       const __m512 p = _mm512_loadu_ps(master + i);
       ps = fold_squares(ps, p);
       us = fold_squares(us, d.direction(mi, vi, p));
     }
     _mm512_storeu_pd(p_lanes, ps);
     _mm512_storeu_pd(u_lanes, us);
-    return i;
-  });
-}
-
-std::size_t lamb_update_avx512(float* m, float* v, const void* grad, int grad_code, std::size_t begin, std::size_t end,
-                               const LambConstants& c) {
-  return by_grad(grad_code, [&]<int G>() {
-    const Moments<G> k(c);
-    std::size_t i = begin;
-    for (; i + 16 <= end; i += 16) {
-      __m512 mi, vi;
-      k.next(m, v, grad, i, mi, vi);
-      _mm512_storeu_ps(m + i, mi);
-      _mm512_storeu_ps(v + i, vi);
-    }
     return i;
   });
 }

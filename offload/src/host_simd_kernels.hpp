@@ -38,13 +38,10 @@ std::size_t adafactor_apply_avx512(float* master, const float* v, float* m1, con
                                    float* out, std::size_t begin, std::size_t end, float rf, const float* cf,
                                    const AdafactorApply& a);
 
-// Lane folds from element `begin` (of lane 0) on. lamb_moments_avx512 stores the new moments,
-// or, when `stored`, takes them from m and v (stored by lamb_update_avx512 on another thread).
+// Lane folds from element `begin` (of lane 0) on. lamb_moments_avx512 stores the new moments.
 std::size_t lamb_moments_avx512(const float* master, float* m, float* v, const void* grad, int grad_code,
                                 std::size_t begin, std::size_t end, const LambConstants& c, double* p_lanes,
-                                double* u_lanes, bool stored);
-std::size_t lamb_update_avx512(float* m, float* v, const void* grad, int grad_code, std::size_t begin, std::size_t end,
-                               const LambConstants& c);
+                                double* u_lanes);
 std::size_t adafactor_vector_avx512(float* v, const void* grad, int grad_code, std::size_t begin, std::size_t end,
                                     const AdafactorConstants& c, double* u_lanes);
 std::size_t square_fold_avx512(const float* x, std::size_t begin, std::size_t end, double* lanes);
@@ -73,11 +70,7 @@ inline std::size_t adafactor_apply_avx512(float*, const float*, float*, const vo
   return b;
 }
 inline std::size_t lamb_moments_avx512(const float*, float*, float*, const void*, int, std::size_t b, std::size_t,
-                                       const LambConstants&, double*, double*, bool) {
-  return b;
-}
-inline std::size_t lamb_update_avx512(float*, float*, const void*, int, std::size_t b, std::size_t,
-                                      const LambConstants&) {
+                                       const LambConstants&, double*, double*) {
   return b;
 }
 inline std::size_t adafactor_vector_avx512(float*, const void*, int, std::size_t b, std::size_t,

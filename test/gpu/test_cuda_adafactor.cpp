@@ -31,11 +31,7 @@ offload::AdafactorConstants constants(std::int64_t step, float grad_scale) {
   return {grad_scale, static_cast<float>(beta2t), static_cast<float>(1.0 - beta2t), 1e-30f};
 }
 
-double lane_total(const double* l) {
-  double t = 0.0;
-  for (int k = 0; k < offload::kStatLanes; ++k) t += l[k];
-  return t;
-}
+double lane_total(const double* l) { return offload::fold_total(l); }
 
 bool close(double got, double want, double rel) { return std::abs(got - want) <= rel * std::abs(want); }
 
@@ -67,7 +63,7 @@ void check_tensor(Backend& dev, std::int64_t rows, std::int64_t cols, DType gt, 
     const std::size_t ge = dtype_size(gt);
     // Pass 1: host lanes and folds; device sums (and the same runs again from the same state,
     // for determinism, into a second set).
-    double pl[offload::kStatLanes] = {}, ul[offload::kStatLanes] = {};
+    double pl[offload::kStatFold] = {}, ul[offload::kStatFold] = {};
     std::vector<double> rs(static_cast<std::size_t>(factored ? rows : 0)), cs(static_cast<std::size_t>(cols));
     const std::size_t slots = 2 + rs.size() + cs.size();
     Buffer dsums = upload(dev, std::vector<double>(2 * slots, 0.0));
@@ -108,7 +104,7 @@ void check_tensor(Backend& dev, std::int64_t rows, std::int64_t cols, DType gt, 
         rf.push_back(static_cast<float>(1.0 / std::sqrt(x / static_cast<double>(cols) / (r_sum / rows))));
       for (double x : cs) cf.push_back(static_cast<float>(1.0 / std::sqrt(x / static_cast<double>(rows))));
       Buffer drf = upload(dev, rf), dcf = upload(dev, cf), du = upload(dev, std::vector<double>(1, 0.0));
-      double hl[offload::kStatLanes] = {};
+      double hl[offload::kStatFold] = {};
       for (const auto& [a, b] : runs_of(n)) {
         const auto at = static_cast<std::int64_t>(a);
         dev.adafactor_matrix_rms(dgrad.as<char>() + a * ge, gt, at, b - a, cols, c.grad_scale, drf.as<float>(),

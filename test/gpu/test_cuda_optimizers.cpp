@@ -146,7 +146,7 @@ TEST_CASE("LAMB's passes equal the host element by element; its sums are determi
       Buffer dmaster = upload(*dev, master), dm = upload(*dev, m), dv = upload(*dev, v), dgrad = upload(*dev, grad);
       Buffer dout = upload(*dev, out), dsums = upload(*dev, std::vector<double>(4, 0.0));
       const auto c = lamb_constants(2, 0.01, 1.0f / 8.0f);
-      double pl[offload::kStatLanes] = {}, ul[offload::kStatLanes] = {};
+      double pl[offload::kStatFold] = {}, ul[offload::kStatFold] = {};
       offload::lamb_moments(master.data(), m.data(), v.data(), grad.data(), gt, 0, n, c, pl, ul);
       // The same run twice (the second into sums[2..3], from the state before the first).
       Buffer m0 = upload(*dev, download<float>(*dev, dm, n)), v0 = upload(*dev, download<float>(*dev, dv, n));
@@ -158,8 +158,7 @@ TEST_CASE("LAMB's passes equal the host element by element; its sums are determi
       require_same(download<float>(*dev, dm, n).data(), m.data(), n, DType::f32, what + " m");
       require_same(download<float>(*dev, dv, n).data(), v.data(), n, DType::f32, what + " v");
       const auto sums = download<double>(*dev, dsums, 4);
-      double hp = 0.0, hu = 0.0;
-      for (int l = 0; l < offload::kStatLanes; ++l) hp += pl[l], hu += ul[l];
+      const double hp = offload::fold_total(pl), hu = offload::fold_total(ul);
       INFO(what);
       CHECK(sums[0] == sums[2]);  // bit for bit: the same run reduces in the same order
       CHECK(sums[1] == sums[3]);
@@ -189,7 +188,7 @@ TEST_CASE("LAMB on the device over several steps: per-tensor statistics from sli
       for (std::size_t t = 0; t < tensors; ++t)
         for (int s = 0; s < model.slices; ++s) {
           const auto [lo, hi] = model.slice(t, s);
-          double pl[offload::kStatLanes] = {}, ul[offload::kStatLanes] = {};
+          double pl[offload::kStatFold] = {}, ul[offload::kStatFold] = {};
           const std::size_t cut = lo + (hi - lo) / 3;
           for (const auto& [a, b] : {std::pair{lo, cut}, std::pair{cut, hi}}) {
             if (a == b) continue;
@@ -200,7 +199,7 @@ TEST_CASE("LAMB on the device over several steps: per-tensor statistics from sli
             dev->lamb_moments(model.dmaster[t].as<float>() + a, model.dm[t].as<float>() + a,
                               model.dv[t].as<float>() + a, model.dgrad[t].as<char>() + a * ge, gt, b - a, c, sums);
           }
-          for (int l = 0; l < offload::kStatLanes; ++l) host[2 * t] += pl[l], host[2 * t + 1] += ul[l];
+          host[2 * t] += offload::fold_total(pl), host[2 * t + 1] += offload::fold_total(ul);
         }
       // Between the passes: the slices' sums added in slice order, as SliceStats::combine does.
       const auto per_slice = download<double>(*dev, dsums, 2 * tensors * slices);

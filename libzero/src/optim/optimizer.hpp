@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "offload/host_optimizer.hpp"
 #include "zero/config.hpp"
 #include "zero/dtype.hpp"
 #include "zero/layout.hpp"
@@ -182,12 +183,13 @@ std::int64_t optimizer_buffer_bytes(const OptimizerConfig& o, const Layout& layo
 // combine() adds the slices in slice order. Each rank fills the slices it owns (stage 0: all of
 // them), so the totals are bit-identical at every stage and with or without offload.
 //
-// The first `lane_slots` slots fold in kLanes interleaved lanes instead (element k of a tensor in
-// lane k mod kLanes, each lane a sequential fold), which vectorises; combine() adds a slot's lanes
-// in a fixed tree first, so the result is still independent of how the elements were cut.
+// The first `lane_slots` slots are the host kernels' fold states instead (offload::kStatFold
+// doubles: blocks of interleaved lanes, which vectorise and fold on all threads); combine() adds
+// a slot's state up with offload::fold_total first, so the result is still independent of how
+// the elements were cut.
 class SliceStats {
  public:
-  static constexpr int kLanes = 8;
+  static constexpr int kLanes = offload::kStatFold;
   void reset(int slots, int slices, int lane_slots = 0);
   double& at(int slot, int slice) {
     return v_[static_cast<std::size_t>(slice) * static_cast<std::size_t>(slots_) + static_cast<std::size_t>(slot)];

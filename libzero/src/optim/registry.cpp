@@ -138,12 +138,8 @@ void SliceStats::reset(int slots, int slices, int lane_slots) {
 
 void SliceStats::combine(Communicator* comm, int own) {
   const std::size_t n = static_cast<std::size_t>(slots_);
-  static_assert(kLanes == 8);
   for (int slice = 0; slice < slices_; ++slice)
-    for (int slot = 0; slot < lane_slots_; ++slot) {
-      const double* l = lanes(slot, slice);
-      at(slot, slice) += ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-    }
+    for (int slot = 0; slot < lane_slots_; ++slot) at(slot, slice) += offload::fold_total(lanes(slot, slice));
   if (comm != nullptr && comm->size() > 1 && n > 0) {
     ZERO_CHECK(comm->size() == slices_, fmt::format("SliceStats: {} slices over {} ranks", slices_, comm->size()));
     const std::vector<double> mine(v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own) * n),

@@ -62,19 +62,33 @@ struct LionConstants {
 void lion_step(float* master, float* m, const void* grad, DType grad_type, void* param_out, DType param_type,
                std::size_t n, const LionConstants& c, int threads = 0);
 
+// The folds of a tensor's statistics (sums of squares in double): element `at + i` of the tensor
+// belongs to fold block (at + i) / kFoldBlock; within a block it folds into lane (at + i) mod
+// kStatLanes, each lane in element order from zero, and the blocks' lanes add up in block order.
+// A fold state is kStatFold doubles: the lanes of the blocks finished so far, then the lanes of
+// the block a run ended inside (the caller keeps one state per tensor and slice, zeroed, and
+// passes the runs of a slice in element order). Any cut of a tensor into runs, and any thread
+// count, gives the same bits; the blocks of a run fold on all threads at once. fold_total gives
+// the sum (each lane's two parts added, then the lanes in a fixed tree).
+constexpr int kStatLanes = 8;
+constexpr int kStatFold = 2 * kStatLanes;
+constexpr std::size_t kFoldBlock = std::size_t{1} << 15;
+inline double fold_total(const double* f) {
+  double l[kStatLanes];
+  for (int k = 0; k < kStatLanes; ++k) l[k] = f[k] + f[kStatLanes + k];
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 // LAMB (You et al. 2020; DeepSpeed's FusedLamb): u = (m/c1) / (sqrt(v/c2) + eps) + wd*p over a
 // tensor, p -= lr * trust * u with trust = ||p|| / ||u||. Two passes: lamb_moments updates m and v
-// and continues the folds of p^2 and u^2 in kStatLanes lanes each (element `at + i` of the tensor
-// in lane (at + i) mod kStatLanes, each lane in element order, so any cut of a tensor into runs
-// gives the same lanes; the caller keeps one set per tensor and slice); lamb_apply recomputes u
-// from the stored m, v and p, the same float operations, and applies `step` = lr x the trust ratio.
+// and continues the folds of p^2 and u^2 (fold states, above); lamb_apply recomputes u from the
+// stored m, v and p, the same float operations, and applies `step` = lr x the trust ratio.
 struct LambConstants {
   float grad_scale, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay;
   float inv_bias_c1, inv_bias_c2;  // 1/(1 - beta^t), or 1 without bias correction
 };
-constexpr int kStatLanes = 8;
 void lamb_moments(const float* master, float* m, float* v, const void* grad, DType grad_type, std::int64_t at,
-                  std::size_t n, const LambConstants& c, double* p_lanes, double* u_lanes);
+                  std::size_t n, const LambConstants& c, double* p_fold, double* u_fold);
 void lamb_apply(float* master, const float* m, const float* v, void* param_out, DType param_type, std::size_t n,
                 const LambConstants& c, float step, int threads = 0);
 
@@ -83,17 +97,17 @@ void lamb_apply(float* master, const float* m, const float* v, void* param_out, 
 struct AdafactorConstants {
   float grad_scale, beta2t, one_minus_beta2t, eps1;
 };
-// Vectors: V = beta2t*V + (1-beta2t)*s; u = g / sqrt(V); lane folds of p^2 and u^2 (as LAMB's).
+// Vectors: V = beta2t*V + (1-beta2t)*s; u = g / sqrt(V); the folds of p^2 and u^2 (fold states).
 void adafactor_vector(const float* master, float* v, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
-                      const AdafactorConstants& c, double* p_lanes, double* u_lanes);
+                      const AdafactorConstants& c, double* p_fold, double* u_fold);
 // Matrices, pass 1: row_sums[r] and col_sums[c] (indexed by the tensor's row and column) continue
-// their folds of s in element order; the lane fold of p^2.
+// their folds of s in element order; the fold of p^2.
 void adafactor_matrix_sums(const float* master, const void* grad, DType grad_type, std::int64_t at, std::size_t n,
                            std::int64_t cols, const AdafactorConstants& c, double* row_sums, double* col_sums,
-                           double* p_lanes);
-// Matrices, pass 2: u = g * row_factor[r] * col_factor[c]; the lane fold of u^2.
+                           double* p_fold);
+// Matrices, pass 2: u = g * row_factor[r] * col_factor[c]; the fold of u^2.
 void adafactor_matrix_rms(const void* grad, DType grad_type, std::int64_t at, std::size_t n, std::int64_t cols,
-                          float grad_scale, const float* row_factor, const float* col_factor, double* u_lanes);
+                          float grad_scale, const float* row_factor, const float* col_factor, double* u_fold);
 // The update, from V (vectors; row_factor null) or the factors: u *= scale (lr_t over the RMS
 // clip); with a first moment M = beta1*M + (1-beta1)*u, u = M; p = p + neg_decay*p - u.
 struct AdafactorApply {
@@ -144,13 +158,13 @@ void onebit_adam_apply(float* master, float* m, const float* v, const float* m_n
 // direction is the u below): from the exchange's momentum m_new (scaled by the tensor's
 // scaling_coeff), m = m_new / scaling_coeff; the gradient it implies, r = (m - b1 m_last) /
 // (1 - b1), feeds the fresh variance v_fresh = b2 v_fresh + (1 - b2) r^2 while v stays frozen;
-// u = m / (sqrt(v) + eps) + wd p. Folds ||u||^2 and ||m / (sqrt(v) + eps)||^2 in lanes (as LAMB's)
+// u = m / (sqrt(v) + eps) + wd p. Folds ||u||^2 and ||m / (sqrt(v) + eps)||^2 (fold states)
 // and raises ratio_max to the largest (sqrt(v) + eps) / (sqrt(v_fresh) + eps).
 struct OneBitLambConstants {
   float beta1, inv_one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay, scaling_coeff;
 };
 void onebit_lamb_moments(const float* master, float* m, const float* v, float* v_fresh, const float* m_new,
-                         std::int64_t at, std::size_t n, const OneBitLambConstants& c, double* u_lanes,
-                         double* prelim_lanes, double& ratio_max);
+                         std::int64_t at, std::size_t n, const OneBitLambConstants& c, double* u_fold,
+                         double* prelim_fold, double& ratio_max);
 
 }  // namespace zero::offload

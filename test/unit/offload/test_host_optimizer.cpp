@@ -8,15 +8,16 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <random>
 #include <vector>
 
 #include "zero/dtype.hpp"
 #include "zero/error.hpp"
 #include "offload/host_optimizer.hpp"
+#include "random_values.hpp"
 
 using namespace zero;
 using namespace zero::offload;
+using zero::test::random_values;
 
 namespace {
 
@@ -46,14 +47,6 @@ struct Grad {
   const void* data() const { return type == DType::f32 ? static_cast<const void*>(full.data()) : half.data(); }
   float at(std::size_t i) const { return load_as_f32(data(), i, type); }
 };
-
-std::vector<float> random_values(std::size_t n, unsigned seed, float lo, float hi) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 
