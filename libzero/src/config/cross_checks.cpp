@@ -161,7 +161,7 @@ void ConfigLoader::cross_checks() {
 void ConfigLoader::optimizer_checks() {
   // OneBitAdam and OneBitLamb replace the gradient reduction with their compressed momentum
   // exchange, from each rank's whole local gradient to the rank that owns the slice: stages 1 and
-  // 2, state in memory, no other change to the reduction.
+  // 2, no other change to the reduction, and offloaded state on the host backend only.
   if (StrictSection* opt = section("optimizer");
       opt && !failed_.count("optimizer.type") && compressed_momentum(cfg_.optimizer.type)) {
     const auto& z = cfg_.zero_optimization;
@@ -172,8 +172,12 @@ void ConfigLoader::optimizer_checks() {
           "local gradient, which stage 3 does not keep, and ends at the rank that owns each slice, which stage 0 "
           "does not have",
           z.stage);
-    else if (z.offload_optimizer.device != OffloadDevice::none)
-      why = "with offload_optimizer is not implemented yet: remove offload_optimizer";
+    else if (z.offload_optimizer.device != OffloadDevice::none && cfg_.backend == BackendKind::cuda)
+      why = fmt::format(
+          "with offload_optimizer.device {} runs on backend: host only: on cuda its compressed exchange works in "
+          "device memory, from the gradients there, while offloaded state is stepped by the host kernels, and the "
+          "two are not joined; use backend: host, or remove offload_optimizer",
+          to_string(z.offload_optimizer.device));
     else if (cfg_.gradient_compression.type != CompressionType::none)
       why = "compresses the exchange itself: remove gradient_compression";
     else if (z.zero_quantized_gradients)

@@ -229,8 +229,16 @@ std::unique_ptr<Optimizer> EngineImpl::make_engine_optimizer() {
   // a device backend stages the gradients once for every pass (engine/step.cpp).
   const bool offloaded = cfg_.zero_optimization.offload_optimizer.device != OffloadDevice::none;
   // Offload is the other way out, except for optimizers exchanging their own gradients
-  // (OneBitAdam, OneBitLamb), which the configuration refuses with offload.
+  // (OneBitAdam, OneBitLamb): their exchange reads the gradients and keeps its buffers where the
+  // backend's memory is, and the offloaded runs read its momentum from the host, so the two meet
+  // only where the backend's memory is the host's (the configuration refuses backend: cuda).
   const bool can_offload = !o->local_gradients(INT64_MAX);
+  if (offloaded && !can_offload)
+    ZERO_CHECK(backend_->host_accessible(),
+               fmt::format("optimizer.type {} with offload_optimizer runs on the host backend only (its exchange "
+                           "works in {} memory, the offloaded state on the host): use backend: host, or remove "
+                           "offload_optimizer",
+                           o->name(), backend_->name()));
   if (!backend_->host_accessible() && !offloaded)
     ZERO_CHECK(o->device_kernels(),
                fmt::format("optimizer.type {} has no {} backend kernels yet: use the host backend{}", o->name(),

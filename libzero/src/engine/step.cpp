@@ -250,7 +250,8 @@ void EngineImpl::update_owned_slices(const StepHyper& h) {
     std::vector<const void*> fulls;
     for (int i = 0; i < layout_.num_units(); ++i) fulls.push_back(reducer_.full(i));
     const CommSiteScope site("step() optimizer exchange");
-    // Backend memory, as update_range hands the runs (the 1-bit optimizers refuse offload).
+    // Backend memory, as update_range hands the runs; offloaded state is host memory, where the
+    // exchange runs too (the 1-bit optimizers offload on the host backend only: engine_setup.cpp).
     Backend* device = opt_->on_host() || backend_->host_accessible() ? nullptr : backend_.get();
     optim_->exchange(fulls, reducer_.grad_dtype(), device);
   }

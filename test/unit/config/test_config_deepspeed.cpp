@@ -209,22 +209,27 @@ TEST_CASE("DeepSpeed's transport keys cuda_aware and comm_backend_name are noted
                       Contains("factor_min = 5 is more than factor_max = 4"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Lamb, params: {coeff_beta: 0.9}}\n"),
                       Contains("optimizer.params.coeff_beta") && Contains("applies to OneBitLamb, not Lamb"));
-  // Stage 3 (and 0) and offload are refused as OneBitAdam's, naming the key.
+  // Stage 3 (and 0) and offload on backend: cuda are refused as OneBitAdam's, naming the key.
   REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitLamb}\nzero_optimization: {stage: 3}\n"),
                       Contains("optimizer.type = OneBitLamb runs at zero_optimization.stage 1 or 2 (stage is 3)"));
-  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitLamb}\nzero_optimization: {stage: 1, offload_optimizer: "
-                            "{device: nvme}}\n"),
-                      Contains("optimizer.type = OneBitLamb with offload_optimizer is not implemented yet"));
+  const std::string nvme = "offload_optimizer: {device: nvme, nvme_path: /local_nvme}}\n";
+  CHECK(parse("optimizer: {type: OneBitLamb}\nzero_optimization: {stage: 1, " + nvme)
+            .zero_optimization.offload_optimizer.device == zero::OffloadDevice::nvme);
+  REQUIRE_THROWS_WITH(parse("backend: cuda\noptimizer: {type: OneBitLamb}\nzero_optimization: {stage: 1, " + nvme),
+                      Contains("optimizer.type = OneBitLamb with offload_optimizer.device nvme runs on backend: "
+                               "host only"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam, params: {bias_correction: false}}\n"),
                       Contains("without bias correction"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: Adam, params: {freeze_step: 10}}\n"),
                       Contains("optimizer.params.freeze_step") && Contains("OneBitAdam"));
-  // Where its exchange does not compose, it says why or that it is not implemented.
+  // Where its exchange does not compose, it says why.
   REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 3}\n"),
                       Contains("optimizer.type = OneBitAdam runs at zero_optimization.stage 1 or 2 (stage is 3)"));
-  REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 2, offload_optimizer: "
-                            "{device: cpu}}\n"),
-                      Contains("with offload_optimizer is not implemented yet"));
+  CHECK(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 2, offload_optimizer: {device: cpu}}\n")
+            .zero_optimization.offload_optimizer.device == zero::OffloadDevice::cpu);
+  REQUIRE_THROWS_WITH(parse("backend: cuda\noptimizer: {type: OneBitAdam}\nzero_optimization: {stage: 2, "
+                            "offload_optimizer: {device: cpu}}\n"),
+                      Contains("backend: host only") && Contains("device memory") && Contains("use backend: host"));
   REQUIRE_THROWS_WITH(parse("optimizer: {type: OneBitAdam}\nzero_optimization: {stage: 1}\ngradient_compression: "
                             "{type: powersgd}\n"),
                       Contains("remove gradient_compression"));
