@@ -199,7 +199,7 @@ TEST_CASE("OneBitAdam's update and OneBitLamb's moments equal the host's", "[ker
   Buffer dmaster = upload(*dev, master), dm = upload(*dev, m), dv = upload(*dev, v), dvf = upload(*dev, vf);
   Buffer dnew = upload(*dev, m_new), dsums = upload(*dev, std::vector<double>(3, 0.0));
   SliceStats stats;
-  stats.reset(2, 1, 2);
+  stats.reset(2, 1, 2, SliceStats::kAllSlices);
   double ratio = 0.0;
   for (auto [at, len] : {std::pair<std::size_t, std::size_t>{0, 12345}, {12345, n - 12345}}) {
     dev->onebit_lamb_moments(dmaster.as<float>() + at, dm.as<float>() + at, dv.as<float>() + at, dvf.as<float>() + at,

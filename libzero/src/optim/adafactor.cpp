@@ -133,8 +133,9 @@ class Adafactor final : public Optimizer {
     step_ = t;
     lr_ = h.lr;
     const int n = static_cast<int>(tensors_.size());
-    a_.reset(slots_a_, env_.world, 2 * n);
-    b_.reset(n, env_.world, n);
+    const int held = env_.stage == 0 ? SliceStats::kAllSlices : env_.rank;
+    a_.reset(slots_a_, env_.world, 2 * n, held);
+    b_.reset(n, env_.world, n, held);
     device_ = nullptr;
   }
 

@@ -47,7 +47,7 @@ void LambStep::begin_step(const StepHyper& h) {
                               static_cast<float>(bias_correction_ ? 1.0 / (1.0 - std::pow(b2, t)) : 1.0)};
   lr_ = h.lr;
   const int tensors = first_.back();
-  stats_.reset(2 * tensors, env_.world, 2 * tensors);
+  stats_.reset(2 * tensors, env_.world, 2 * tensors, env_.stage == 0 ? SliceStats::kAllSlices : env_.rank);
   step_.assign(static_cast<std::size_t>(tensors), 0.0f);
   trust_.assign(static_cast<std::size_t>(tensors), 1.0);
   device_ = nullptr;

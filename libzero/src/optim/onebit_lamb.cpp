@@ -132,8 +132,9 @@ class OneBitLamb final : public Optimizer {
           "compressed to 1 bit (freeze_step {})",
           h.step, cfg_.freeze_step);
     const int tensors = first_.back();
-    if (scaling_.empty()) momentum_.reset(tensors, env_.world);
-    stats_.reset(3 * tensors, env_.world, 2 * tensors);
+    if (scaling_.empty()) momentum_.reset(tensors, env_.world, 0, env_.rank);
+    // The largest ratios (from slot 2 tensors) combine by their maximum over the slices.
+    stats_.reset(3 * tensors, env_.world, 2 * tensors, env_.rank, 2 * tensors);
     device_ = nullptr;
   }
 
@@ -205,8 +206,7 @@ class OneBitLamb final : public Optimizer {
     for (int t = 0; t < tensors; ++t) {
       const std::size_t tz = static_cast<std::size_t>(t);
       const double u = std::sqrt(stats_.total(2 * t)), prelim = std::sqrt(stats_.total(2 * t + 1));
-      double factor = 0.0;  // the largest ratio over the slices (each rank's own, all-gathered)
-      for (int s = 0; s < env_.world; ++s) factor = std::max(factor, stats_.at(2 * tensors + t, s));
+      double factor = stats_.total(2 * tensors + t);  // the largest ratio over the slices
       if (cfg_.weight_decay > 0.0 && decay_[tz]) {
         const double share = u > 0.0 ? std::min(1.0, prelim / u) : 1.0;
         factor = factor * share + (1.0 - share);

@@ -10,6 +10,7 @@
 // optimizer combines what the pass measured across the partition group.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -151,7 +152,7 @@ class Optimizer {
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerConfig& o, const OptimizerEnv& env);
 
 // The collectives an optimizer adds to a step at stages 1-3, over the partition group (zero-plan
-// counts them): all-gathers of per-slice statistics (`stat_doubles` per rank each), and for Muon
+// counts them): per-slice statistics (`stat_doubles` per rank each, SliceStats::combine), and for Muon
 // one fp32 all-gather and one reduce-scatter of the slice of each unit in `matrix_units`.
 // Under tensor parallelism, `tensor_doubles`: all-gathers over the tensor group of the split
 // tensors' statistics, that many doubles per rank each (Lamb's and Adafactor's; empty when no
@@ -186,30 +187,45 @@ std::int64_t optimizer_buffer_bytes(const OptimizerConfig& o, const Layout& layo
 // The first `lane_slots` slots are the host kernels' fold states instead (offload::kStatFold
 // doubles: blocks of interleaved lanes, which vectorise and fold on all threads); combine() adds
 // a slot's state up with offload::fold_total first, so the result is still independent of how
-// the elements were cut.
+// the elements were cut. Slots from `max_from` on are combined by their largest value instead
+// (exact in any order).
+//
+// A rank keeps the slices it fills only: `held` is its one slice at stages 1-3 (kAllSlices at
+// stage 0), so the memory is (slots x 1) doubles whatever the rank count.
 class SliceStats {
  public:
   static constexpr int kLanes = offload::kStatFold;
-  void reset(int slots, int slices, int lane_slots = 0);
+  static constexpr int kAllSlices = -1;
+  void reset(int slots, int slices, int lane_slots, int held, int max_from = -1);
   double& at(int slot, int slice) {
-    return v_[static_cast<std::size_t>(slice) * static_cast<std::size_t>(slots_) + static_cast<std::size_t>(slot)];
+    return v_[row(slice) * static_cast<std::size_t>(slots_) + static_cast<std::size_t>(slot)];
   }
   double* lanes(int slot, int slice) {
     return lanes_.data() +
-           (static_cast<std::size_t>(slice) * static_cast<std::size_t>(lane_slots_) + static_cast<std::size_t>(slot)) *
-               kLanes;
+           (row(slice) * static_cast<std::size_t>(lane_slots_) + static_cast<std::size_t>(slot)) * kLanes;
   }
-  // Collective when comm is not null: every rank sends the slice it owns (`own`), and receives
-  // the others'. Then total(slot) is the fold of the slices in order.
+  // Collective when comm is not null (stages 1-3, held = own): every rank's values all-gathered
+  // and folded in slice order; or, when slots x ranks is large (ordered_reduce), an ordered
+  // reduce: rank q receives every rank's values of the q-th chunk of the slots (an all-to-all),
+  // folds them in slice order, and an all-gather of the chunks gives every rank every total, 2 x
+  // slots doubles sent a rank instead of slots x ranks. The same bits either way. Without comm,
+  // the held slices fold in order.
   void combine(Communicator* comm, int own);
   double total(int slot) const { return total_[static_cast<std::size_t>(slot)]; }
   // After combine(), collective over the tensor group: the totals of `slots` (those of tensors
   // split by tensor parallelism, a rank's part each) summed over it (sum_over_tensor_group).
   void sum_over_tensor_group(Communicator& tensor, const std::vector<int>& slots);
   int slots() const { return slots_; }
+  // Which collectives combine() uses (zero-plan counts them): the ordered reduce above 2^20
+  // doubles gathered (8 MiB a rank), with chunk_doubles doubles to each rank in its all-to-all
+  // and all-gather.
+  static bool ordered_reduce(std::int64_t slots, int ranks) { return slots * ranks > (std::int64_t{1} << 20); }
+  static std::int64_t chunk_doubles(std::int64_t slots, int ranks) { return (slots + ranks - 1) / ranks; }
 
  private:
-  int slots_ = 0, slices_ = 0, lane_slots_ = 0;
+  std::size_t row(int slice) const;
+  double fold(double t, double x, int slot) const { return slot >= max_from_ ? std::max(t, x) : t + x; }
+  int slots_ = 0, slices_ = 0, lane_slots_ = 0, held_ = kAllSlices, max_from_ = 0;
   std::vector<double> v_, total_, lanes_;
 };
 

@@ -1,6 +1,7 @@
 // The optimizer optimizer.type names, the state each keeps, and the statistics they share.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -127,31 +128,71 @@ void sum_over_tensor_group(Communicator& tensor, std::vector<double>& v) {
   }
 }
 
-void SliceStats::reset(int slots, int slices, int lane_slots) {
+void SliceStats::reset(int slots, int slices, int lane_slots, int held, int max_from) {
+  ZERO_CHECK(held == kAllSlices || (held >= 0 && held < slices),
+             fmt::format("SliceStats: held slice {} of {}", held, slices));
   slots_ = slots;
   slices_ = slices;
   lane_slots_ = lane_slots;
-  v_.assign(static_cast<std::size_t>(slots) * static_cast<std::size_t>(slices), 0.0);
+  held_ = held;
+  max_from_ = max_from < 0 ? slots : max_from;
+  const std::size_t rows = held == kAllSlices ? static_cast<std::size_t>(slices) : 1;
+  v_.assign(static_cast<std::size_t>(slots) * rows, 0.0);
   total_.assign(static_cast<std::size_t>(slots), 0.0);
-  lanes_.assign(static_cast<std::size_t>(lane_slots) * static_cast<std::size_t>(slices) * kLanes, 0.0);
+  lanes_.assign(static_cast<std::size_t>(lane_slots) * rows * kLanes, 0.0);
+}
+
+std::size_t SliceStats::row(int slice) const {
+  if (held_ == kAllSlices) return static_cast<std::size_t>(slice);
+  ZERO_CHECK(slice == held_, fmt::format("SliceStats: slice {} is not this rank's ({})", slice, held_));
+  return 0;
 }
 
 void SliceStats::combine(Communicator* comm, int own) {
   const std::size_t n = static_cast<std::size_t>(slots_);
   for (int slice = 0; slice < slices_; ++slice)
-    for (int slot = 0; slot < lane_slots_; ++slot) at(slot, slice) += offload::fold_total(lanes(slot, slice));
-  if (comm != nullptr && comm->size() > 1 && n > 0) {
-    ZERO_CHECK(comm->size() == slices_, fmt::format("SliceStats: {} slices over {} ranks", slices_, comm->size()));
-    const std::vector<double> mine(v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own) * n),
-                                   v_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(own + 1) * n));
-    // Doubles travel as pairs of floats: the bytes arrive unchanged.
-    comm->all_gather(mine.data(), v_.data(), 2 * n, DType::f32);
+    if (held_ == kAllSlices || slice == held_)
+      for (int slot = 0; slot < lane_slots_; ++slot) at(slot, slice) += offload::fold_total(lanes(slot, slice));
+  if (comm == nullptr || comm->size() == 1 || n == 0) {
+    ZERO_CHECK(held_ == kAllSlices || slices_ == 1, "SliceStats: the totals need every slice; a rank holds one");
+    for (std::size_t k = 0; k < n; ++k) {
+      double t = 0.0;
+      for (std::size_t s = 0; s < v_.size() / n; ++s) t = fold(t, v_[s * n + k], static_cast<int>(k));
+      total_[k] = t;
+    }
+    return;
   }
-  for (std::size_t k = 0; k < n; ++k) {
+  ZERO_CHECK(comm->size() == slices_ && held_ == own && comm->rank() == own,
+             fmt::format("SliceStats: {} slices over {} ranks, rank {} holding slice {}", slices_, comm->size(),
+                         comm->rank(), held_));
+  const auto R = static_cast<std::size_t>(comm->size());
+  // Doubles travel as pairs of floats: the bytes arrive unchanged.
+  if (!ordered_reduce(slots_, comm->size())) {
+    std::vector<double> all(R * n);
+    comm->all_gather(v_.data(), all.data(), 2 * n, DType::f32);
+    for (std::size_t k = 0; k < n; ++k) {
+      double t = 0.0;
+      for (std::size_t s = 0; s < R; ++s) t = fold(t, all[s * n + k], static_cast<int>(k));
+      total_[k] = t;
+    }
+    return;
+  }
+  // Slot k goes to rank k / chunk.
+  const auto chunk = static_cast<std::size_t>(chunk_doubles(slots_, comm->size()));
+  std::vector<double> send(R * chunk, 0.0), recv(R * chunk);
+  std::copy(v_.begin(), v_.end(), send.begin());
+  comm->all_to_all(send.data(), recv.data(), 2 * chunk, DType::f32);
+  std::vector<double> mine(chunk, 0.0);
+  for (std::size_t j = 0; j < chunk; ++j) {
+    const std::size_t k = static_cast<std::size_t>(own) * chunk + j;
+    if (k >= n) break;
     double t = 0.0;
-    for (int s = 0; s < slices_; ++s) t += v_[static_cast<std::size_t>(s) * n + k];
-    total_[k] = t;
+    for (std::size_t s = 0; s < R; ++s) t = fold(t, recv[s * chunk + j], static_cast<int>(k));
+    mine[j] = t;
   }
+  total_.resize(R * chunk);
+  comm->all_gather(mine.data(), total_.data(), 2 * chunk, DType::f32);
+  total_.resize(n);
 }
 
 void SliceStats::sum_over_tensor_group(Communicator& tensor, const std::vector<int>& slots) {

@@ -43,6 +43,15 @@ Ring ring_of(int rank, int size, int ranks_per_node) {
   return Ring{size, next / ranks_per_node != rank / ranks_per_node};
 }
 
+// An all-to-all of `count` elements of `esize` bytes to each other rank of the group of `size`
+// consecutive ranks that holds `rank`: each block goes straight to its rank, as the
+// communicators count it.
+void group_all_to_all(TrafficBytes& t, int rank, int size, int ranks_per_node, std::int64_t count, std::int64_t esize) {
+  const int first = rank / size * size, node = rank / ranks_per_node;
+  for (int j = first; j < first + size; ++j)
+    if (j != rank) (j / ranks_per_node == node ? t.intra_node : t.inter_node) += count * esize;
+}
+
 }  // namespace
 
 PowerSgdElements powersgd_elements(const Layout& layout, const GradientCompressionConfig& cfg) {
@@ -171,11 +180,20 @@ TrafficBytes step_traffic(const Layout& layout, const Settings& s, int world, in
   if (s.stage > 0) part.scalar(t);
   if (N < world) replica.scalar(t);
   for (int k = 0; k < 3; ++k) all.scalar(t);
-  // The optimizer's statistics between its passes (all-gathers of doubles, sent as fp32 pairs),
-  // and Muon's momentum updates to the matrices' owners and the results back.
+  // The optimizer's statistics between its passes (SliceStats::combine: an all-gather, or the
+  // ordered reduce's all-to-all and all-gather of a chunk of the doubles; doubles travel as fp32
+  // pairs), and Muon's momentum updates to the matrices' owners and the results back.
   if (s.stage > 0) {
     const OptimizerExchange x = optimizer_exchange(s.optimizer, layout);
-    for (std::int64_t doubles : x.stat_doubles) part.all_gather(t, 2 * doubles, 4);
+    for (std::int64_t doubles : x.stat_doubles) {
+      if (!SliceStats::ordered_reduce(doubles, N)) {
+        part.all_gather(t, 2 * doubles, 4);
+        continue;
+      }
+      const std::int64_t chunk = SliceStats::chunk_doubles(doubles, N);
+      group_all_to_all(t, rank, N, ranks_per_node, 2 * chunk, 4);
+      part.all_gather(t, 2 * chunk, 4);
+    }
     for (int u : x.matrix_units) {
       part.all_gather(t, shape(u).slice, 4);
       part.reduce_scatter(t, shape(u).slice, 4);
