@@ -18,8 +18,7 @@
 //    count, fp32 parameters, gradients and state. The peer is loaded only when the environment
 //    variable ZERO_BENCH_DS_LION names the built library; no DeepSpeed code is in this program.
 // 3. newton_schulz (5 steps) on GPT-2 124M's matrix shapes against plain cblas_sgemm calls of the
-//    same sizes (the three products of each iteration, 5 times), both through the same BLAS with
-//    the same thread count.
+//    same sizes, and 4. small matrices batched against one at a time (host_newton_schulz.cpp).
 // Each figure is the minimum over --reps runs after one warm-up run; the variants take turns
 // within each repetition so that a noisy neighbour affects them alike.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -44,7 +43,10 @@
 #include <utility>
 #include <vector>
 
+#include "interleaved.hpp"
+#include "yardsticks.hpp"
 #include "host_buffers.hpp"
+#include "host_newton_schulz.hpp"
 #include "offload/host_optimizer.hpp"
 #include "zero/dtype.hpp"
 
@@ -52,155 +54,10 @@ using namespace zero;
 using namespace zero::offload;
 using namespace zero::bench;
 
-// The yardsticks add (sum of the read-only streams) x this factor, which is 0 at run time, to
-// each array they write: they move the bytes a pass moves and leave the optimizer state as it
-// was. External linkage keeps the compiler from assuming its value.
+// yardsticks.hpp's factor, 0 at run time, defined here with external linkage (it says why).
 float yardstick_factor = 0.0f;
 
 namespace {
-
-std::uintptr_t prefetch_ahead = 512;  // elements; set from the library in main
-// Where read-only yardsticks leave their sums (one cache line per thread), so that the loads
-// are not dead code.
-struct alignas(64) Sink {
-  float v = 0.0f;
-};
-Sink sinks[256];
-
-inline const float* at(const float* base, std::uintptr_t elements) {
-  return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(base) + 4 * elements);
-}
-
-// ---- yardsticks: R arrays only read, W arrays read and written, over [b, e) ----
-
-template <int R, int W, bool Prefetch>
-__attribute__((target("avx512f"))) void yard_avx512(const float* const* ro_in, float* const* rw_in, std::size_t b,
-                                                    std::size_t e) {
-  const float* ro[R > 0 ? R : 1];
-  float* rw[W > 0 ? W : 1];
-  for (int k = 0; k < R; ++k) ro[k] = ro_in[k];
-  for (int k = 0; k < W; ++k) rw[k] = rw_in[k];
-  const __m512 f = _mm512_set1_ps(yardstick_factor);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  std::size_t i = b;
-  for (; i + 32 <= e; i += 32) {
-    if constexpr (Prefetch) {
-      for (int k = 0; k < R; ++k) {
-        _mm_prefetch(reinterpret_cast<const char*>(at(ro[k], i + prefetch_ahead)), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(at(ro[k], i + 16 + prefetch_ahead)), _MM_HINT_T0);
-      }
-      for (int k = 0; k < W; ++k) {
-        _mm_prefetch(reinterpret_cast<const char*>(at(rw[k], i + prefetch_ahead)), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(at(rw[k], i + 16 + prefetch_ahead)), _MM_HINT_T0);
-      }
-    }
-    __m512 x0 = _mm512_setzero_ps(), x1 = _mm512_setzero_ps();
-    for (int k = 0; k < R; ++k) {
-      x0 = _mm512_add_ps(x0, _mm512_loadu_ps(ro[k] + i));
-      x1 = _mm512_add_ps(x1, _mm512_loadu_ps(ro[k] + i + 16));
-    }
-    if constexpr (W == 0) {
-      acc0 = _mm512_add_ps(acc0, x0);
-      acc1 = _mm512_add_ps(acc1, x1);
-    } else {
-      x0 = _mm512_mul_ps(x0, f);
-      x1 = _mm512_mul_ps(x1, f);
-      for (int k = 0; k < W; ++k) {
-        _mm512_storeu_ps(rw[k] + i, _mm512_add_ps(_mm512_loadu_ps(rw[k] + i), x0));
-        _mm512_storeu_ps(rw[k] + i + 16, _mm512_add_ps(_mm512_loadu_ps(rw[k] + i + 16), x1));
-      }
-    }
-  }
-  float tail = 0.0f;
-  for (; i < e; ++i) {
-    float x = 0.0f;
-    for (int k = 0; k < R; ++k) x += ro[k][i];
-    if constexpr (W == 0) {
-      tail += x;
-    } else {
-      for (int k = 0; k < W; ++k) rw[k][i] += x * yardstick_factor;
-    }
-  }
-  if constexpr (W == 0) {
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, _mm512_add_ps(acc0, acc1));
-    for (float l : lanes) tail += l;
-    sinks[omp_get_thread_num() & 255].v += tail;
-  }
-}
-
-// Without AVX-512: plain loops, which the compiler vectorises for the baseline ISA (the read-only
-// form stays scalar: float sums are not reassociated).
-template <int R, int W, bool Prefetch>
-void yard_portable(const float* const* ro, float* const* rw, std::size_t b, std::size_t e) {
-  float acc = 0.0f;
-  for (std::size_t i = b; i < e; ++i) {
-    if constexpr (Prefetch) {
-      if (i % 16 == 0) {
-        for (int k = 0; k < R; ++k) __builtin_prefetch(at(ro[k], i + prefetch_ahead));
-        for (int k = 0; k < W; ++k) __builtin_prefetch(at(rw[k], i + prefetch_ahead));
-      }
-    }
-    float x = 0.0f;
-    for (int k = 0; k < R; ++k) x += ro[k][i];
-    if constexpr (W == 0) {
-      acc += x;
-    } else {
-      for (int k = 0; k < W; ++k) rw[k][i] += x * yardstick_factor;
-    }
-  }
-  if constexpr (W == 0) sinks[omp_get_thread_num() & 255].v += acc;
-}
-
-bool use_avx512 = false;
-
-// A yardstick for one pass: the given arrays over n elements on `threads` threads.
-template <int R, int W>
-std::function<void()> yardstick(std::vector<const float*> ro, std::vector<float*> rw, std::size_t n, int threads,
-                                bool prefetch) {
-  return [=] {
-    tiles(n, threads, [&](std::size_t b, std::size_t e) {
-      if (use_avx512) {
-        prefetch ? yard_avx512<R, W, true>(ro.data(), rw.data(), b, e)
-                 : yard_avx512<R, W, false>(ro.data(), rw.data(), b, e);
-      } else {
-        prefetch ? yard_portable<R, W, true>(ro.data(), rw.data(), b, e)
-                 : yard_portable<R, W, false>(ro.data(), rw.data(), b, e);
-      }
-    });
-  };
-}
-
-// ---- timing ----
-
-// Something timed: `passes` run in order (each timed), after an untimed `setup`.
-struct Timed {
-  Timed(std::function<void()> s, std::vector<std::function<void()>> p) : setup(std::move(s)), passes(std::move(p)) {}
-  std::function<void()> setup;
-  std::vector<std::function<void()>> passes;
-  std::vector<double> best_pass;                                // fastest run of each pass
-  double best_total = std::numeric_limits<double>::infinity();  // fastest run of all passes
-};
-
-// One warm-up run of everything, then `reps` rounds in which each item runs once in turn.
-void time_interleaved(int reps, std::vector<Timed*>& items) {
-  for (Timed* it : items) it->best_pass.assign(it->passes.size(), std::numeric_limits<double>::infinity());
-  for (int r = -1; r < reps; ++r) {
-    for (Timed* it : items) {
-      if (it->setup) it->setup();
-      double total = 0.0;
-      for (std::size_t k = 0; k < it->passes.size(); ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        it->passes[k]();
-        const auto t1 = std::chrono::steady_clock::now();
-        const double s = std::chrono::duration<double>(t1 - t0).count();
-        total += s;
-        if (r >= 0) it->best_pass[k] = std::min(it->best_pass[k], s);
-      }
-      if (r >= 0) it->best_total = std::min(it->best_total, total);
-    }
-  }
-}
 
 std::string params_label(std::size_t n) {
   char buf[32];
@@ -569,61 +426,6 @@ int main(int argc, char** argv) {
     std::printf("   ratio = DeepSpeed time / libzero time (above 1: libzero faster)\n");
   }
 
-  // ---- 3. Newton-Schulz against sgemm ----
-  if (!skip_ns) {
-    std::printf(
-        "\n3. newton_schulz (%d steps) on GPT-2 124M's matrices against cblas_sgemm of the same sizes\n"
-        "   FLOPs per iteration for X r x k (r <= k): 2r^2k (X X^T) + 2r^3 (A A) + 2r^2k (B X); sgemm = those three "
-        "calls, %d times\n"
-        "   BLAS: %s\n\n",
-        ns_steps, ns_steps, openblas_get_config());
-    std::printf("%-10s %3s | %7s | %9s %8s | %9s %8s | %7s\n", "shape", "thr", "GFLOP", "NS ms", "GFLOP/s", "sgemm ms",
-                "GFLOP/s", "NS/gemm");
-    const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{768, 2304}, {768, 768}, {768, 3072}, {3072, 768}};
-    for (int t : thread_list) {
-      openblas_set_num_threads(t);
-      omp_set_num_threads(t);
-      for (auto [R0, C0] : shapes) {
-        const std::int64_t r = std::min(R0, C0), k = std::max(R0, C0);
-        const auto rk = static_cast<std::size_t>(R0 * C0);
-        std::vector<float> src(rk), x(rk), work;
-        std::mt19937 rng(7);
-        std::normal_distribution<float> d(0.0f, 1.0f);
-        for (float& e : src) e = d(rng);
-        std::vector<float> A(static_cast<std::size_t>(r * r)), B(A.size()), Y(static_cast<std::size_t>(r * k));
-        const auto ri = static_cast<blasint>(r), ki = static_cast<blasint>(k);
-        Timed ns{[&] { std::copy(src.begin(), src.end(), x.begin()); },
-                 {[&] { newton_schulz(x.data(), R0, C0, ns_steps, work); }}};
-        // The same three products on the same sizes, without the iteration's element-wise work.
-        Timed gemm{[&] {
-                     std::fill(B.begin(), B.end(), 0.0f);
-                     std::fill(Y.begin(), Y.end(), 0.0f);
-                   },
-                   {[&] {
-                     for (int s = 0; s < ns_steps; ++s) {
-                       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ri, ri, ki, 1.0f, src.data(), ki,
-                                   src.data(), ki, 0.0f, A.data(), ri);
-                       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, 2.0315f, A.data(), ri,
-                                   A.data(), ri, 1.0f, B.data(), ri);
-                       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ki, ri, 1.0f, B.data(), ri,
-                                   src.data(), ki, 1.0f, Y.data(), ki);
-                     }
-                   }}};
-        std::vector<Timed*> its{&ns, &gemm};
-        time_interleaved(reps, its);
-        const double rd = static_cast<double>(r), kd = static_cast<double>(k);
-        const double flops = ns_steps * (4.0 * rd * rd * kd + 2.0 * rd * rd * rd);
-        char shape[32];
-        std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(R0), static_cast<long long>(C0));
-        std::printf("%-10s %3d | %7.2f | %9.2f %8.1f | %9.2f %8.1f | %6.1f%%\n", shape, t, flops / 1e9,
-                    ns.best_total * 1e3, flops / ns.best_total / 1e9, gemm.best_total * 1e3,
-                    flops / gemm.best_total / 1e9, 100.0 * gemm.best_total / ns.best_total);
-        std::fflush(stdout);
-      }
-    }
-    std::printf(
-        "   newton_schulz's element-wise work (the norm, scaling, transposes of tall matrices, b*A and a*X) runs on "
-        "one thread\n");
-  }
+  if (!skip_ns) newton_schulz_tables(thread_list, reps, ns_steps);
   return 0;
 }

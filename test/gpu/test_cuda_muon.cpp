@@ -6,7 +6,8 @@
 // bit (the host's arithmetic); Newton-Schulz deterministic, and, its products being bf16 with
 // fp32 accumulation against the host's fp32 sgemm, within 5e-2 of the host's result in relative
 // Frobenius norm, for wide, tall, square and odd shapes (bf16 keeps 8 significant bits, about
-// 4e-3 relative per rounding, and five iterations of a polynomial of degree five compound it).
+// 4e-3 relative per rounding, and five iterations of a polynomial of degree five compound it);
+// batched (newton_schulz_batch) within 2e-2 of one matrix at a time.
 // Through the optimizer: AdamW's tensors and the momentum buffers bit for bit, and each matrix's
 // total change over three steps within 5e-2 of the host's in relative Frobenius norm.
 #include <algorithm>
@@ -83,6 +84,42 @@ TEST_CASE("Newton-Schulz on the device through cuBLASLt follows the host's fp32 
     const auto got = download<float>(*dev, dx, n), again = download<float>(*dev, dx2, n);
     require_same(again.data(), got.data(), n, DType::f32, "the same matrix twice");
     CHECK(rel_frobenius(got, x, 0, n) <= 5e-2);
+  }
+}
+
+TEST_CASE("Newton-Schulz batched on the device follows one matrix at a time", "[kernels][optim]") {
+  auto dev = backend("cuda");
+  // Several matrices of one shape, each in its own buffer: one launch per product for all of
+  // them. cuBLASLt may choose other kernels for a batch than for one matrix (another order of
+  // the fp32 sums, then bf16 rounding), so the results are close, not equal; a batch run twice
+  // gives the same bits.
+  const std::pair<std::int64_t, std::int64_t> shapes[] = {{64, 256}, {300, 40}, {37, 53}, {768, 768}};
+  for (const auto& [rows, cols] : shapes) {
+    INFO("[" << rows << ", " << cols << "]");
+    const std::size_t n = static_cast<std::size_t>(rows * cols), count = 5;
+    std::vector<Buffer> single, batched, again;
+    std::vector<float*> xs, ys;
+    std::vector<std::vector<float>> host;
+    for (std::size_t i = 0; i < count; ++i) {
+      host.push_back(random_floats(n, 200 + i + static_cast<std::uint64_t>(rows), 1.0f, false));
+      single.push_back(upload(*dev, host.back()));
+      batched.push_back(upload(*dev, host.back()));
+      again.push_back(upload(*dev, host.back()));
+      xs.push_back(batched.back().as<float>());
+      ys.push_back(again.back().as<float>());
+      dev->newton_schulz(single.back().as<float>(), rows, cols, 5);
+    }
+    dev->newton_schulz_batch(xs.data(), count, rows, cols, 5);
+    dev->newton_schulz_batch(ys.data(), count, rows, cols, 5);
+    std::vector<float> work;
+    for (std::size_t i = 0; i < count; ++i) {
+      INFO("matrix " << i);
+      const auto one = download<float>(*dev, single[i], n), got = download<float>(*dev, batched[i], n);
+      require_same(download<float>(*dev, again[i], n).data(), got.data(), n, DType::f32, "the same batch twice");
+      CHECK(rel_frobenius(got, one, 0, n) <= 2e-2);
+      offload::newton_schulz(host[i].data(), rows, cols, 5, work);
+      CHECK(rel_frobenius(got, host[i], 0, n) <= 5e-2);
+    }
   }
 }
 

@@ -227,6 +227,12 @@ class Backend {
     (void)x, (void)rows, (void)cols, (void)steps;
     no_kernel("Muon");
   }
+  // newton_schulz on `count` matrices of one shape (xs: a host array of device pointers), each
+  // with the result newton_schulz gives it; a backend may run their products together.
+  virtual void newton_schulz_batch(float* const* xs, std::size_t count, std::int64_t rows, std::int64_t cols,
+                                   int steps) {
+    for (std::size_t i = 0; i < count; ++i) newton_schulz(xs[i], rows, cols, steps);
+  }
   virtual void muon_apply(float* master, const float* o, void* param_out, DType pt, std::size_t n, float decay,
                           float step) {
     (void)master, (void)o, (void)param_out, (void)pt, (void)n, (void)decay, (void)step;

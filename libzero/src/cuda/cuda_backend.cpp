@@ -284,6 +284,14 @@ class CudaBackend final : public Backend {
     if (!newton_schulz_) newton_schulz_ = std::make_unique<NewtonSchulz>(alloc_);
     newton_schulz_->run(x, rows, cols, steps, sum_scratch(), streams_.compute);
   }
+  void newton_schulz_batch(float* const* xs, std::size_t count, std::int64_t rows, std::int64_t cols,
+                           int steps) override {
+    use_device(device_);
+    ZERO_CHECK(xs != nullptr || count == 0, "cuda newton_schulz_batch: null matrix list");
+    for (std::size_t i = 0; i < count; ++i) ZERO_CHECK(xs[i] != nullptr, "cuda newton_schulz_batch: null matrix");
+    if (!newton_schulz_) newton_schulz_ = std::make_unique<NewtonSchulz>(alloc_);
+    newton_schulz_->run_batch(xs, count, rows, cols, steps, sum_scratch(), streams_.compute);
+  }
   void muon_apply(float* master, const float* o, void* param_out, DType pt, std::size_t n, float decay,
                   float step) override {
     if (n == 0) return;

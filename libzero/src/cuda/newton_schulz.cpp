@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -41,15 +43,25 @@ struct DropLayout {
 using Desc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>, DropDesc>;
 using MatrixLayout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>, DropLayout>;
 
-MatrixLayout bf16_layout(std::uint64_t rows, std::uint64_t cols) {
+// A dense column-major bf16 [rows, cols] matrix, `count` of them `stride` elements apart.
+MatrixLayout bf16_layout(std::uint64_t rows, std::uint64_t cols, std::int32_t count, std::int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
   lt_check(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, rows, cols, static_cast<std::int64_t>(rows)),
            "cublasLtMatrixLayoutCreate");
-  return MatrixLayout(l);
+  MatrixLayout out(l);
+  lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+           "cublasLtMatrixLayoutSetAttribute");
+  lt_check(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+           "cublasLtMatrixLayoutSetAttribute");
+  return out;
 }
 
+// Elements between two matrices of `elems` bf16 elements in a batch: 256-byte aligned, as each
+// matrix of one is.
+std::int64_t batch_stride(std::uint64_t elems) { return static_cast<std::int64_t>((elems * 2 + 255) / 256 * 128); }
+
 // One product D = alpha op(A) B + beta C over column-major bf16 matrices, each stored densely
-// (C and D share a layout), with its algorithm.
+// (C and D share a layout), a strided batch of them, with its algorithm.
 struct Product {
   Desc desc;
   MatrixLayout a, b, cd;
@@ -59,16 +71,16 @@ struct Product {
 // A: [a_rows, a_cols] stored (transposed in the product when trans_a), B: [m or k, n], D: [m, n].
 void describe(Product& p, cublasLtHandle_t h, cublasLtMatmulPreference_t pref, bool trans_a, std::uint64_t a_rows,
               std::uint64_t a_cols, std::uint64_t b_rows, std::uint64_t b_cols, std::uint64_t d_rows,
-              std::uint64_t d_cols) {
+              std::uint64_t d_cols, std::int32_t batch) {
   cublasLtMatmulDesc_t desc = nullptr;
   lt_check(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   p.desc.reset(desc);
   const cublasOperation_t op = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   lt_check(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op, sizeof(op)),
            "cublasLtMatmulDescSetAttribute");
-  p.a = bf16_layout(a_rows, a_cols);
-  p.b = bf16_layout(b_rows, b_cols);
-  p.cd = bf16_layout(d_rows, d_cols);
+  p.a = bf16_layout(a_rows, a_cols, batch, batch_stride(a_rows * a_cols));
+  p.b = bf16_layout(b_rows, b_cols, batch, batch_stride(b_rows * b_cols));
+  p.cd = bf16_layout(d_rows, d_cols, batch, batch_stride(d_rows * d_cols));
   cublasLtMatmulHeuristicResult_t found{};
   int count = 0;
   lt_check(
@@ -105,24 +117,25 @@ struct NewtonSchulz::Impl {
     if (handle) cublasLtDestroy(handle);
   }
 
-  Plan& plan(std::int64_t r, std::int64_t k) {
-    auto& p = plans[{r, k}];
+  Plan& plan(std::int64_t r, std::int64_t k, std::int32_t count) {
+    auto& p = plans[{r, k, count}];
     if (p) return *p;
     auto fresh = std::make_unique<Plan>();
     const auto R = static_cast<std::uint64_t>(r), K = static_cast<std::uint64_t>(k);
-    describe(fresh->gram, handle, pref, true, K, R, K, R, R, R);
-    describe(fresh->poly, handle, pref, false, R, R, R, R, R, R);
-    describe(fresh->update, handle, pref, false, K, R, R, R, K, R);
+    describe(fresh->gram, handle, pref, true, K, R, K, R, R, R, count);
+    describe(fresh->poly, handle, pref, false, R, R, R, R, R, R, count);
+    describe(fresh->update, handle, pref, false, K, R, R, R, K, R, count);
     p = std::move(fresh);
     return *p;
   }
 
-  // Buffers for an [r, k] matrix: X, Y (r k each), A, B (r r each), each 256-byte aligned, and
-  // the norm's inverse.
-  static std::size_t aligned(std::size_t elems) { return (elems * 2 + 255) / 256 * 256; }
-  void reserve(std::int64_t r, std::int64_t k) {
-    const std::size_t rk = aligned(static_cast<std::size_t>(r * k)), rr = aligned(static_cast<std::size_t>(r * r));
-    const std::size_t need = 2 * rk + 2 * rr + 256;
+  // Buffers for `count` [r, k] matrices: X, Y (r k each per matrix), A, B (r r each), each
+  // matrix 256-byte aligned (batch_stride), and the norms' inverses.
+  void reserve(std::int64_t r, std::int64_t k, std::int32_t count) {
+    const std::size_t n = static_cast<std::size_t>(count);
+    const std::size_t rk = n * 2 * static_cast<std::size_t>(batch_stride(static_cast<std::uint64_t>(r * k)));
+    const std::size_t rr = n * 2 * static_cast<std::size_t>(batch_stride(static_cast<std::uint64_t>(r * r)));
+    const std::size_t need = 2 * rk + 2 * rr + (n * sizeof(float) + 255) / 256 * 256;
     if (!workspace) workspace = alloc.allocate(kWorkspaceBytes);
     if (need > bytes) {
       if (base) alloc.release(base, bytes);
@@ -155,7 +168,7 @@ struct NewtonSchulz::Impl {
   DeviceAllocator& alloc;
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<Plan>> plans;
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int32_t>, std::unique_ptr<Plan>> plans;
   void* workspace = nullptr;
   void* base = nullptr;
   std::size_t bytes = 0;
@@ -170,19 +183,31 @@ void NewtonSchulz::release() { impl_->release(); }
 
 void NewtonSchulz::run(float* x, std::int64_t rows, std::int64_t cols, int steps, double* scratch,
                        cudaStream_t stream) {
+  run_batch(&x, 1, rows, cols, steps, scratch, stream);
+}
+
+void NewtonSchulz::run_batch(float* const* xs, std::size_t count, std::int64_t rows, std::int64_t cols, int steps,
+                             double* scratch, cudaStream_t stream) {
   ZERO_CHECK(rows > 0 && cols > 0, "newton_schulz: empty matrix");
+  if (count == 0) return;
+  ZERO_CHECK(count <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()),
+             "newton_schulz: too many matrices in one batch");
   Impl& m = *impl_;
   const std::int64_t r = std::min(rows, cols), k = std::max(rows, cols);
-  m.reserve(r, k);
-  const Impl::Plan& p = m.plan(r, k);
-  launch_ns_load(x, rows, cols, m.X, m.inv, scratch, stream);
+  const auto n = static_cast<std::int32_t>(count);
+  m.reserve(r, k, n);
+  const Impl::Plan& p = m.plan(r, k, n);
+  const auto rk = static_cast<std::size_t>(batch_stride(static_cast<std::uint64_t>(r * k)));
+  // The norms and conversions one matrix at a time (element-wise, cheap); the products of all
+  // of them in one launch each.
+  for (std::size_t i = 0; i < count; ++i) launch_ns_load(xs[i], rows, cols, m.X + i * rk, m.inv + i, scratch, stream);
   for (int s = 0; s < steps; ++s) {
     m.matmul(p.gram, 1.0f, m.X, m.X, 0.0f, m.A, m.A, stream);
     m.matmul(p.poly, kC, m.A, m.A, kB, m.A, m.B, stream);
     m.matmul(p.update, 1.0f, m.X, m.B, kA, m.X, m.Y, stream);
     std::swap(m.X, m.Y);
   }
-  launch_ns_store(m.X, rows, cols, x, stream);
+  for (std::size_t i = 0; i < count; ++i) launch_ns_store(m.X + i * rk, rows, cols, xs[i], stream);
 }
 
 }  // namespace zero::cuda

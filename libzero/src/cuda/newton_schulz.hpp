@@ -4,11 +4,12 @@
 // product one cuBLASLt matmul with bf16 operands and results and fp32 accumulation (as the
 // reference implementations run it), then X back into x in fp32. The products' descriptors and
 // algorithms are chosen once per shape and kept; the bf16 buffers and cuBLASLt's workspace grow
-// to the largest matrix seen. Work is enqueued on the given stream; nothing waits.
+// to the largest batch seen. Work is enqueued on the given stream; nothing waits.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 
@@ -26,6 +27,10 @@ class NewtonSchulz {
   // In place on the [rows, cols] row-major fp32 matrix x (device memory). scratch: the
   // fixed-order sum's, 2 x kSumBlocks + 1 doubles (kernels.hpp).
   void run(float* x, std::int64_t rows, std::int64_t cols, int steps, double* scratch, cudaStream_t stream);
+  // `count` matrices of one shape at once, each as run does it: the norms and conversions one by
+  // one, each product one strided-batched matmul for all of them.
+  void run_batch(float* const* xs, std::size_t count, std::int64_t rows, std::int64_t cols, int steps, double* scratch,
+                 cudaStream_t stream);
   // Returns the buffers to the allocator (the backend's shutdown, after its streams drained).
   void release();
 

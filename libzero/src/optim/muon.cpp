@@ -7,7 +7,10 @@
 // its products): after the momentum pass the momentum updates of every unit are all-gathered,
 // each owner orthogonalises its matrices, and a reduce-scatter (every element written by exactly
 // one rank, so the sum is exact) brings each rank its slice of the result. At stage 0 every rank
-// holds every matrix and does the work itself, as it does the rest of the step. A matrix cut by
+// holds every matrix and does the work itself, as it does the rest of the step. An owner takes
+// its matrices shape by shape (each unit's; at stage 0 all of them together): several small ones
+// of one shape at once, one per host thread (offload::newton_schulz_batch) or in one batched
+// launch per product on the device (Backend::newton_schulz_batch). A matrix cut by
 // tensor parallelism is orthogonalised whole: its owners (the same partition rank in each tensor
 // rank's group) put its parts together over the tensor group, and one of them computes it
 // (muon_split.hpp), so the update is the one tensor parallelism 1 makes.
@@ -23,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -153,6 +157,7 @@ class Muon final : public Optimizer {
       result_.assign(full_.size(), 0.0f);
       for (const Matrix& m : matrices_)
         if (m.unit == unit && m.owner == env_.rank) orthogonalise(m, full_.data() + m.offset);
+      orthogonalise_whole();
       orthogonalise_splits();
       for (const Matrix& m : matrices_)
         if (m.unit == unit && m.owner == env_.rank) {
@@ -161,14 +166,45 @@ class Muon final : public Optimizer {
         }
       env_.comm->reduce_scatter(result_.data(), x.data(), slice, DType::f32, ReduceOp::sum);
     }
+    orthogonalise_whole();  // the local case's, every unit's matrices together
   }
 
  private:
-  // A whole matrix now; a part is queued for orthogonalise_splits.
+  // A whole matrix is queued for orthogonalise_whole, a part for orthogonalise_splits.
   void orthogonalise(const Matrix& m, float* at) {
-    if (m.split < 0) return offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
+    if (m.split < 0) return whole_.push_back({&m, at});
     queued_.push_back(&splits_[static_cast<std::size_t>(m.split)]);
     queued_at_.push_back(at);
+  }
+  // The queued whole matrices by shape: f(matrix, pointers) for each shape, with the pointers of
+  // every queued matrix of that shape; the queue empties.
+  template <class F>
+  void each_shape(F&& f) {
+    auto shape = [](const Queued& q) { return std::pair(q.m->rows, q.m->cols); };
+    std::stable_sort(whole_.begin(), whole_.end(),
+                     [&](const Queued& a, const Queued& b) { return shape(a) < shape(b); });
+    for (std::size_t i = 0, j = 0; i < whole_.size(); i = j) {
+      batch_.clear();
+      for (j = i; j < whole_.size() && shape(whole_[j]) == shape(whole_[i]); ++j) batch_.push_back(whole_[j].at);
+      f(*whole_[i].m, batch_);
+    }
+    whole_.clear();
+  }
+  // On the host: several small matrices of one shape at once, one per thread
+  // (offload::newton_schulz_batch: the result of one at a time, bit for bit), the rest one at a
+  // time on all threads.
+  void orthogonalise_whole() {
+    each_shape([&](const Matrix& m, std::vector<float*>& xs) {
+      if (xs.size() > 1 && offload::newton_schulz_small(m.rows, m.cols))
+        return offload::newton_schulz_batch(xs.data(), xs.size(), m.rows, m.cols, cfg_.ns_steps, work_);
+      for (float* at : xs) offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
+    });
+  }
+  // On the device: each shape's products in one launch each (Backend::newton_schulz_batch).
+  void orthogonalise_whole(Backend& dev) {
+    each_shape([&](const Matrix& m, std::vector<float*>& xs) {
+      dev.newton_schulz_batch(xs.data(), xs.size(), m.rows, m.cols, cfg_.ns_steps);
+    });
   }
   // The queued parts, in the same order on every member of the tensor group (the same unit, the
   // same owners: their shapes are the same).
@@ -242,7 +278,7 @@ class Muon final : public Optimizer {
       const int unit = static_cast<int>(u);
       if (comm == nullptr) {
         for (const Matrix& m : matrices_)
-          if (m.unit == unit) dev.newton_schulz(x + m.offset, m.rows, m.cols, cfg_.ns_steps);
+          if (m.unit == unit) whole_.push_back({&m, x + m.offset});
         continue;
       }
       const std::size_t slice = x_[u].size();
@@ -250,13 +286,15 @@ class Muon final : public Optimizer {
       float* result = result_dev_.as<float>();
       comm->all_gather(x, full, slice, DType::f32);
       dev.zero(result, slice * static_cast<std::size_t>(env_.world) * sizeof(float));
-      for (const Matrix& m : matrices_) {
-        if (m.unit != unit || m.owner != env_.rank) continue;
-        dev.newton_schulz(full + m.offset, m.rows, m.cols, cfg_.ns_steps);
-        dev.copy(result + m.offset, full + m.offset, static_cast<std::size_t>(m.rows * m.cols) * sizeof(float));
-      }
+      for (const Matrix& m : matrices_)
+        if (m.unit == unit && m.owner == env_.rank) whole_.push_back({&m, full + m.offset});
+      orthogonalise_whole(dev);
+      for (const Matrix& m : matrices_)
+        if (m.unit == unit && m.owner == env_.rank)
+          dev.copy(result + m.offset, full + m.offset, static_cast<std::size_t>(m.rows * m.cols) * sizeof(float));
       comm->reduce_scatter(result, x, slice, DType::f32, ReduceOp::sum);
     }
+    orthogonalise_whole(dev);  // the local case's, every unit's matrices together
   }
 
   OptimizerConfig cfg_;
@@ -266,6 +304,12 @@ class Muon final : public Optimizer {
   std::vector<std::vector<float>> x_;  // per unit with matrices: the owned range's update input / result
   std::vector<float> full_, result_, work_;
   std::vector<SplitMatrix> splits_;  // the matrices tensor parallelism cuts
+  struct Queued {
+    const Matrix* m;
+    float* at;
+  };
+  std::vector<Queued> whole_;  // this step's whole matrices to orthogonalise, and a batch's
+  std::vector<float*> batch_;
   std::vector<const SplitMatrix*> queued_;
   std::vector<float*> queued_at_;
   StepHyper h_;

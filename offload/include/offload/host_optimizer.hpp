@@ -125,8 +125,20 @@ void muon_momentum(float* buf, const void* grad, DType grad_type, std::size_t n,
                    bool nesterov, float* x_out, int threads = 0);
 // The quintic Newton-Schulz iteration on a [rows, cols] row-major matrix, in place: X / ||X||_F,
 // then `steps` times X = a X + (b A + c A A) X with A = X X^T, over the shorter side, through
-// OpenBLAS's sgemm on the host threads. `work` is scratch, grown as needed.
-void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps, std::vector<float>& work);
+// OpenBLAS's sgemm (single-threaded) on `threads` OpenMP threads (0: all), each computing a run
+// of rows of every product; the result does not depend on the thread count. `work` is scratch,
+// grown as needed.
+void newton_schulz(float* x, std::int64_t rows, std::int64_t cols, int steps, std::vector<float>& work,
+                   int threads = 0);
+// Several [rows, cols] matrices at once, one per thread (`threads` OpenMP threads, 0: all), each
+// with single-threaded sgemm: the same result, bit for bit, as newton_schulz on each. Worth it
+// for small matrices, whose products cannot keep the threads busy: newton_schulz_small says
+// which (r^2 k at most kNewtonSchulzSmall, r the shorter side, k the longer; from
+// bench_host_optimizers' table 4).
+void newton_schulz_batch(float* const* xs, std::size_t count, std::int64_t rows, std::int64_t cols, int steps,
+                         std::vector<float>& work, int threads = 0);
+inline constexpr double kNewtonSchulzSmall = 256.0 * 256.0 * 1024.0;
+bool newton_schulz_small(std::int64_t rows, std::int64_t cols);
 // p = p*decay - step*o.
 void muon_apply(float* master, const float* o, void* param_out, DType param_type, std::size_t n, float decay,
                 float step, int threads = 0);
