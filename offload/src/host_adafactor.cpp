@@ -10,17 +10,6 @@
 namespace zero::offload {
 namespace {
 
-// The lanes of x^2 over elements [b, e) of a run from tensor element `at`.
-void square_lanes(const float* x, std::int64_t at, std::size_t b, std::size_t e, double* lanes) {
-  const bool simd = avx512_kernels();
-  const float* xb = x + b;
-  auto vector = [&](std::size_t i) { return simd ? detail::square_fold_avx512(xb, i, e - b, lanes) : i; };
-  for_each_lane_simd(at + static_cast<std::int64_t>(b), e - b, lanes, vector, [&](std::size_t i, double& s) {
-    const double p = xb[i];
-    s += p * p;
-  });
-}
-
 // The whole rows [begin, begin + rows * cols) of a matrix run (rows a multiple of eight), and
 // p_fold. On two threads the columns are cut in two strips: the first thread sums the left
 // strip of each block of eight rows, publishes it, and then runs p_fold; the second sums the

@@ -156,9 +156,9 @@ void for_each_lane_simd(std::int64_t at, std::size_t n, double* lanes, Simd&& si
 // elements into f[0..F) (kStatLanes lanes each, continuing them). The pieces fold on all threads
 // (one when nested, or for a run of one piece), each into lanes of its own, the first from the
 // block the states left open; then they close into the states in block order. The states are
-// those of host_optimizer.hpp (kStatFold doubles each).
+// those of host_optimizer.hpp (kStatFold doubles each). threads: 0 for the OpenMP default.
 template <std::size_t F, class Seg>
-void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& states, Seg&& seg) {
+void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& states, Seg&& seg, int threads = 0) {
   if (n == 0) return;
   constexpr std::size_t L = kStatLanes, B = kFoldBlock;
   static_assert(B % L == 0);
@@ -175,7 +175,7 @@ void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& s
   std::vector<double> part(pieces * F * L, 0.0);
   for (std::size_t j = 0; j < F; ++j)
     for (std::size_t l = 0; l < L; ++l) part[j * L + l] = states[j][L + l];
-  const int nt = pieces > 1 && !omp_in_parallel() ? omp_get_max_threads() : 1;
+  const int nt = pieces > 1 && !omp_in_parallel() ? (threads > 0 ? threads : omp_get_max_threads()) : 1;
   const auto count = static_cast<std::int64_t>(pieces);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
   for (std::int64_t k = 0; k < count; ++k) {
@@ -206,6 +206,17 @@ inline bool avx512_kernels() {
 #else
   return false;
 #endif
+}
+
+// The lanes of x^2 over elements [b, e) of a run from tensor element `at` (a fold_blocks piece).
+inline void square_lanes(const float* x, std::int64_t at, std::size_t b, std::size_t e, double* lanes) {
+  const bool simd = avx512_kernels();
+  const float* xb = x + b;
+  auto vector = [&](std::size_t i) { return simd ? detail::square_fold_avx512(xb, i, e - b, lanes) : i; };
+  for_each_lane_simd(at + static_cast<std::int64_t>(b), e - b, lanes, vector, [&](std::size_t i, double& s) {
+    const double p = xb[i];
+    s += p * p;
+  });
 }
 
 // The fp32 parameter output for the AVX-512 kernels: null when there is none; the 16-bit

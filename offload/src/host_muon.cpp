@@ -7,8 +7,8 @@
 // threads (this build runs pthreads) reached only 50-77% of sgemm's rate, OpenMP's workers
 // spinning after each region on the cores OpenBLAS needs; and OpenBLAS's threaded sgemm does not
 // give the same bits on every thread count (200 x 520, for one), where cutting the output rows
-// does. So the results do not depend on the thread count: the norm adds fixed blocks' partial
-// sums in block order, and the products are the same however the rows are cut (test_host_muon
+// does. So the results do not depend on the thread count: the norm is a fold of fixed blocks
+// (fold_blocks), and the products are the same however the rows are cut (test_host_muon
 // checks it); they are the single-threaded iteration's. Several small matrices of one shape go one
 // per thread, each as one thread does it: the same bits as one at a time.
 #include <cblas.h>
@@ -38,41 +38,18 @@ void muon_momentum(float* buf, const void* grad, DType grad_type, std::size_t n,
 
 namespace {
 
-// The norm's fixed blocks (elements) and the lanes inside one (vectorised, added in lane order).
-constexpr std::size_t kNormBlock = std::size_t{1} << 14;
-constexpr int kNormLanes = 8;
 // Transposes go in square tiles that stay in L1; each thread's run of rows is a multiple of
 // kRowAlign (sgemm's row blocking).
 constexpr std::int64_t kTransposeTile = 32;
 constexpr std::int64_t kRowAlign = 16;
 
-double block_sum_squares(const float* x, std::size_t n) {
-  double lane[kNormLanes] = {};
-  std::size_t i = 0;
-  for (; i + kNormLanes <= n; i += kNormLanes)
-    for (int l = 0; l < kNormLanes; ++l) lane[l] += static_cast<double>(x[i + l]) * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) lane[l] += static_cast<double>(x[i]) * x[i];
-  double s = 0.0;
-  for (double v : lane) s += v;
-  return s;
-}
-
-// ||x||^2 over n elements: blocks of kNormBlock summed on the threads, then added in order.
+// ||x||^2 over n elements: a fold of x^2 (host_optimizer.hpp's blocks, on `threads` threads).
 double sum_squares(const float* x, std::size_t n, int threads) {
-  const std::size_t blocks = (n + kNormBlock - 1) / kNormBlock;
-  thread_local std::vector<double> mine;  // the calling thread's: the team writes it through `part`
-  mine.assign(blocks, 0.0);
-  double* part = mine.data();
-  const int nt = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(threads), blocks));
-  const auto count = static_cast<std::int64_t>(blocks);
-#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
-  for (std::int64_t b = 0; b < count; ++b) {
-    const std::size_t at = static_cast<std::size_t>(b) * kNormBlock;
-    part[b] = block_sum_squares(x + at, std::min(kNormBlock, n - at));
-  }
-  double s = 0.0;
-  for (double p : mine) s += p;
-  return s;
+  double f[kStatFold] = {};
+  fold_blocks<1>(
+      0, n, {f}, [&](std::size_t b, std::size_t e, const std::array<double*, 1>& s) { square_lanes(x, 0, b, e, s[0]); },
+      threads);
+  return fold_total(f);
 }
 
 // Rows [i0, i1) of X (r x k, r <= k) from the [rows, cols] row-major x scaled by `scale`: x's
