@@ -172,38 +172,16 @@ class Muon final : public Optimizer {
  private:
   // A whole matrix is queued for orthogonalise_whole, a part for orthogonalise_splits.
   void orthogonalise(const Matrix& m, float* at) {
-    if (m.split < 0) return whole_.push_back({&m, at});
+    if (m.split < 0) return whole_.push_back({at, m.rows, m.cols});
     queued_.push_back(&splits_[static_cast<std::size_t>(m.split)]);
     queued_at_.push_back(at);
   }
-  // The queued whole matrices by shape: f(matrix, pointers) for each shape, with the pointers of
-  // every queued matrix of that shape; the queue empties.
-  template <class F>
-  void each_shape(F&& f) {
-    auto shape = [](const Queued& q) { return std::pair(q.m->rows, q.m->cols); };
-    std::stable_sort(whole_.begin(), whole_.end(),
-                     [&](const Queued& a, const Queued& b) { return shape(a) < shape(b); });
-    for (std::size_t i = 0, j = 0; i < whole_.size(); i = j) {
-      batch_.clear();
-      for (j = i; j < whole_.size() && shape(whole_[j]) == shape(whole_[i]); ++j) batch_.push_back(whole_[j].at);
-      f(*whole_[i].m, batch_);
-    }
-    whole_.clear();
-  }
-  // On the host: several small matrices of one shape at once, one per thread
-  // (offload::newton_schulz_batch: the result of one at a time, bit for bit), the rest one at a
-  // time on all threads.
-  void orthogonalise_whole() {
-    each_shape([&](const Matrix& m, std::vector<float*>& xs) {
-      if (xs.size() > 1 && offload::newton_schulz_small(m.rows, m.cols))
-        return offload::newton_schulz_batch(xs.data(), xs.size(), m.rows, m.cols, cfg_.ns_steps, work_);
-      for (float* at : xs) offload::newton_schulz(at, m.rows, m.cols, cfg_.ns_steps, work_);
-    });
-  }
-  // On the device: each shape's products in one launch each (Backend::newton_schulz_batch).
+  // The queued whole matrices (muon_split.hpp: orthogonalise_host on the host; on the device each
+  // shape's products in one launch each, Backend::newton_schulz_batch).
+  void orthogonalise_whole() { orthogonalise_host(whole_, cfg_.ns_steps, work_); }
   void orthogonalise_whole(Backend& dev) {
-    each_shape([&](const Matrix& m, std::vector<float*>& xs) {
-      dev.newton_schulz_batch(xs.data(), xs.size(), m.rows, m.cols, cfg_.ns_steps);
+    each_shape(whole_, [&](std::int64_t rows, std::int64_t cols, std::vector<float*>& xs) {
+      dev.newton_schulz_batch(xs.data(), xs.size(), rows, cols, cfg_.ns_steps);
     });
   }
   // The queued parts, in the same order on every member of the tensor group (the same unit, the
@@ -278,7 +256,7 @@ class Muon final : public Optimizer {
       const int unit = static_cast<int>(u);
       if (comm == nullptr) {
         for (const Matrix& m : matrices_)
-          if (m.unit == unit) whole_.push_back({&m, x + m.offset});
+          if (m.unit == unit) whole_.push_back({x + m.offset, m.rows, m.cols});
         continue;
       }
       const std::size_t slice = x_[u].size();
@@ -287,7 +265,7 @@ class Muon final : public Optimizer {
       comm->all_gather(x, full, slice, DType::f32);
       dev.zero(result, slice * static_cast<std::size_t>(env_.world) * sizeof(float));
       for (const Matrix& m : matrices_)
-        if (m.unit == unit && m.owner == env_.rank) whole_.push_back({&m, full + m.offset});
+        if (m.unit == unit && m.owner == env_.rank) whole_.push_back({full + m.offset, m.rows, m.cols});
       orthogonalise_whole(dev);
       for (const Matrix& m : matrices_)
         if (m.unit == unit && m.owner == env_.rank)
@@ -304,12 +282,7 @@ class Muon final : public Optimizer {
   std::vector<std::vector<float>> x_;  // per unit with matrices: the owned range's update input / result
   std::vector<float> full_, result_, work_;
   std::vector<SplitMatrix> splits_;  // the matrices tensor parallelism cuts
-  struct Queued {
-    const Matrix* m;
-    float* at;
-  };
-  std::vector<Queued> whole_;  // this step's whole matrices to orthogonalise, and a batch's
-  std::vector<float*> batch_;
+  std::vector<WholeMatrix> whole_;   // this step's whole matrices to orthogonalise
   std::vector<const SplitMatrix*> queued_;
   std::vector<float*> queued_at_;
   StepHyper h_;
