@@ -1,5 +1,6 @@
-// Host Adafactor: the statistics of the factored second moment and of the update's RMS, in the
-// order of the elements (so that every cut of a tensor into runs sums the same), then the update.
+// Host Adafactor: the statistics of the factored second moment (row and column sums in element
+// order) and of the update's RMS (fold states, host_optimizer.hpp), so that every cut of a tensor
+// into runs sums the same, then the update.
 #include "offload/host_optimizer.hpp"
 
 #include <atomic>

@@ -169,12 +169,18 @@ void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& s
     const std::size_t b = head + (k - (head > 0 ? 1 : 0)) * B;
     return {b, std::min(n, b + B)};
   };
-  // A run that begins a block first closes the block its slice left open.
-  for (double* s : states)
-    for (std::size_t l = 0; l < L && head == 0; ++l) s[l] += s[L + l], s[L + l] = 0.0;
+  // The block the slice left open: a run that begins a block closes it first; otherwise the run's
+  // first piece continues it.
   std::vector<double> part(pieces * F * L, 0.0);
   for (std::size_t j = 0; j < F; ++j)
-    for (std::size_t l = 0; l < L; ++l) part[j * L + l] = states[j][L + l];
+    for (std::size_t l = 0; l < L; ++l) {
+      double* s = states[j];
+      if (head == 0)
+        s[l] += s[L + l];
+      else
+        part[j * L + l] = s[L + l];
+      s[L + l] = 0.0;
+    }
   const int nt = pieces > 1 && !omp_in_parallel() ? (threads > 0 ? threads : omp_get_max_threads()) : 1;
   const auto count = static_cast<std::int64_t>(pieces);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
@@ -184,13 +190,15 @@ void fold_blocks(std::int64_t at, std::size_t n, const std::array<double*, F>& s
     for (std::size_t j = 0; j < F; ++j) f[j] = part.data() + (static_cast<std::size_t>(k) * F + j) * L;
     seg(b, e, f);
   }
+  // Each piece that ends its block closes into the finished lanes; a last one that does not is
+  // left open.
   for (std::size_t k = 0; k < pieces; ++k) {
     const bool closes = (static_cast<std::size_t>(at) + bounds(k).second) % B == 0;
     for (std::size_t j = 0; j < F; ++j)
       for (std::size_t l = 0; l < L; ++l) {
         const double x = part[(k * F + j) * L + l];
         if (closes)
-          states[j][l] += x, states[j][L + l] = 0.0;
+          states[j][l] += x;
         else
           states[j][L + l] = x;
       }

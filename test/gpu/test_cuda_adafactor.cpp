@@ -31,8 +31,6 @@ offload::AdafactorConstants constants(std::int64_t step, float grad_scale) {
   return {grad_scale, static_cast<float>(beta2t), static_cast<float>(1.0 - beta2t), 1e-30f};
 }
 
-double lane_total(const double* l) { return offload::fold_total(l); }
-
 bool close(double got, double want, double rel) { return std::abs(got - want) <= rel * std::abs(want); }
 
 // The runs a tensor of n elements is cut into: uneven, some crossing rows, some inside one.
@@ -87,13 +85,13 @@ void check_tensor(Backend& dev, std::int64_t rows, std::int64_t cols, DType gt, 
       }
     const auto sums = download<double>(dev, dsums, 2 * slots);
     for (std::size_t k = 0; k < slots; ++k) CHECK(sums[k] == sums[slots + k]);  // deterministic
-    CHECK(close(sums[0], lane_total(pl), 1e-10));
+    CHECK(close(sums[0], offload::fold_total(pl), 1e-10));
     std::vector<float> rf, cf;
     double scale_sumsq = 0.0;
     if (!factored) {
       require_same(download<float>(dev, dv, n).data(), v.data(), n, DType::f32, what + " V");
-      CHECK(close(sums[1], lane_total(ul), 1e-10));
-      scale_sumsq = lane_total(ul);
+      CHECK(close(sums[1], offload::fold_total(ul), 1e-10));
+      scale_sumsq = offload::fold_total(ul);
     } else {
       for (std::size_t i = 0; i < rs.size(); ++i) CHECK(sums[2 + i] == rs[i]);
       for (std::size_t j = 0; j < cs.size(); ++j) CHECK(sums[2 + rs.size() + j] == cs[j]);
@@ -112,8 +110,8 @@ void check_tensor(Backend& dev, std::int64_t rows, std::int64_t cols, DType gt, 
         offload::adafactor_matrix_rms(grad.data() + a * ge, gt, at, b - a, cols, c.grad_scale, rf.data(), cf.data(),
                                       hl);
       }
-      CHECK(close(download<double>(dev, du, 1)[0], lane_total(hl), 1e-10));
-      scale_sumsq = lane_total(hl);
+      CHECK(close(download<double>(dev, du, 1)[0], offload::fold_total(hl), 1e-10));
+      scale_sumsq = offload::fold_total(hl);
       // Pass 3 below reads the factors from these buffers.
       const offload::AdafactorApply ap{c.grad_scale, 1e-3f, -1e-5f, 0.9f, 0.1f, first_moment};
       for (const auto& [a, b] : runs_of(n)) {
