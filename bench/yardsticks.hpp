@@ -35,6 +35,29 @@ inline const float* at(const float* base, std::uintptr_t elements) {
 
 // ---- yardsticks: R arrays only read, W arrays read and written, over [b, e) ----
 
+// Without AVX-512: plain loops, which the compiler vectorises for the baseline ISA (the read-only
+// form stays scalar: float sums are not reassociated).
+template <int R, int W, bool Prefetch>
+void yard_portable(const float* const* ro, float* const* rw, std::size_t b, std::size_t e) {
+  float acc = 0.0f;
+  for (std::size_t i = b; i < e; ++i) {
+    if constexpr (Prefetch) {
+      if (i % 16 == 0) {
+        for (int k = 0; k < R; ++k) __builtin_prefetch(at(ro[k], i + prefetch_ahead));
+        for (int k = 0; k < W; ++k) __builtin_prefetch(at(rw[k], i + prefetch_ahead));
+      }
+    }
+    float x = 0.0f;
+    for (int k = 0; k < R; ++k) x += ro[k][i];
+    if constexpr (W == 0) {
+      acc += x;
+    } else {
+      for (int k = 0; k < W; ++k) rw[k][i] += x * yardstick_factor;
+    }
+  }
+  if constexpr (W == 0) sinks[omp_get_thread_num() & 255].v += acc;
+}
+
 template <int R, int W, bool Prefetch>
 __attribute__((target("avx512f"))) void yard_avx512(const float* const* ro_in, float* const* rw_in, std::size_t b,
                                                     std::size_t e) {
@@ -73,45 +96,14 @@ __attribute__((target("avx512f"))) void yard_avx512(const float* const* ro_in, f
       }
     }
   }
-  float tail = 0.0f;
-  for (; i < e; ++i) {
-    float x = 0.0f;
-    for (int k = 0; k < R; ++k) x += ro[k][i];
-    if constexpr (W == 0) {
-      tail += x;
-    } else {
-      for (int k = 0; k < W; ++k) rw[k][i] += x * yardstick_factor;
-    }
-  }
+  yard_portable<R, W, false>(ro, rw, i, e);  // the tail
   if constexpr (W == 0) {
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, _mm512_add_ps(acc0, acc1));
-    for (float l : lanes) tail += l;
-    sinks[omp_get_thread_num() & 255].v += tail;
+    float sum = 0.0f;
+    for (float l : lanes) sum += l;
+    sinks[omp_get_thread_num() & 255].v += sum;
   }
-}
-
-// Without AVX-512: plain loops, which the compiler vectorises for the baseline ISA (the read-only
-// form stays scalar: float sums are not reassociated).
-template <int R, int W, bool Prefetch>
-void yard_portable(const float* const* ro, float* const* rw, std::size_t b, std::size_t e) {
-  float acc = 0.0f;
-  for (std::size_t i = b; i < e; ++i) {
-    if constexpr (Prefetch) {
-      if (i % 16 == 0) {
-        for (int k = 0; k < R; ++k) __builtin_prefetch(at(ro[k], i + prefetch_ahead));
-        for (int k = 0; k < W; ++k) __builtin_prefetch(at(rw[k], i + prefetch_ahead));
-      }
-    }
-    float x = 0.0f;
-    for (int k = 0; k < R; ++k) x += ro[k][i];
-    if constexpr (W == 0) {
-      acc += x;
-    } else {
-      for (int k = 0; k < W; ++k) rw[k][i] += x * yardstick_factor;
-    }
-  }
-  if constexpr (W == 0) sinks[omp_get_thread_num() & 255].v += acc;
 }
 
 inline bool use_avx512 = false;
