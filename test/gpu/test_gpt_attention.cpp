@@ -51,17 +51,6 @@ class DeviceArray {
   std::size_t n_;
 };
 
-std::vector<std::uint16_t> to_bits(const std::vector<float>& v) {
-  std::vector<std::uint16_t> b(v.size());
-  for (std::size_t k = 0; k < v.size(); ++k) b[k] = at::bf16_bits(v[k]);
-  return b;
-}
-std::vector<float> from_bits(const std::vector<std::uint16_t>& b) {
-  std::vector<float> v(b.size());
-  for (std::size_t k = 0; k < b.size(); ++k) v[k] = at::bf16_value(b[k]);
-  return v;
-}
-
 gk::bf16* as_bf16(std::uint16_t* p) { return reinterpret_cast<gk::bf16*>(p); }
 
 void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1.0f) {
@@ -75,16 +64,16 @@ void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1
   DeviceArray<std::uint16_t> qkv(n3), out(n1), dout(n1), dqkv(n3);
   DeviceArray<float> lse(n_lse), scratch(gk::attention_backward_scratch_floats(B, T, C, NH));
   REQUIRE(gk::attention_backward_scratch_floats(B, T, C, NH) >= n_lse);
-  qkv.upload(to_bits(c.qkv));
-  dout.upload(to_bits(c.dout));
-  const std::vector<std::uint16_t> dqkv0 = to_bits(c.dqkv0);
+  qkv.upload(at::to_bits(c.qkv));
+  dout.upload(at::to_bits(c.dout));
+  const std::vector<std::uint16_t> dqkv0 = at::to_bits(c.dqkv0);
   dqkv.upload(dqkv0);
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
 
   gk::attention_forward(as_bf16(out.get()), lse.get(), as_bf16(qkv.get()), B, T, C, NH, stream);
   cuda_ok(cudaStreamSynchronize(stream), "forward");
-  const std::vector<float> got_out = from_bits(out.download());
+  const std::vector<float> got_out = at::from_bits(out.download());
   const std::vector<float> got_lse = lse.download();
   const at::Check co = at::check(got_out, e.out, e.out_tol, "out");
   const at::Check cl = at::check(got_lse, e.lse, e.lse_tol, "lse");
@@ -97,7 +86,7 @@ void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1
                          as_bf16(out.get()), lse.get(), B, T, C, NH, stream);
   cuda_ok(cudaStreamSynchronize(stream), "backward");
   const std::vector<std::uint16_t> first = dqkv.download();
-  const at::Check cg = at::check(from_bits(first), e.dqkv, e.dqkv_tol, "dqkv");
+  const at::Check cg = at::check(at::from_bits(first), e.dqkv, e.dqkv_tol, "dqkv");
   INFO("backward worst error / bound: dqkv " << cg.worst_ratio << " " << cg.first);
   CHECK(cg.bad == 0);
 
@@ -114,15 +103,9 @@ void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1
 }  // namespace
 
 TEST_CASE("attention forward and backward match the double reference", "[attention]") {
-  SECTION("one full tile, head size 64") { run_case(2, 64, 128, 2, 11); }
-  SECTION("T = 1") { run_case(2, 1, 128, 2, 12); }
-  SECTION("T = 100, not a tile multiple") { run_case(2, 100, 128, 2, 13); }
-  SECTION("T = 65, one valid row and key in the last tile") { run_case(2, 65, 128, 2, 19); }
-  SECTION("T = 100, sharp softmax") { run_case(1, 100, 128, 2, 14, 3.0f); }
-  SECTION("T = 256, GPT-2 head size 64") { run_case(2, 256, 256, 4, 15); }
-  SECTION("GPT-2 small heads: NH = 12, C = 768, T = 128") { run_case(1, 128, 768, 12, 16); }
-  SECTION("head size 32") { run_case(2, 100, 128, 4, 17); }
-  SECTION("head size 128, T = 130") { run_case(1, 130, 256, 2, 18); }
+  for (const at::KernelCase& k : at::kKernelCases) {
+    DYNAMIC_SECTION(k.name) { run_case(k.B, k.T, k.C, k.NH, k.seed, k.q_scale); }
+  }
 }
 
 TEST_CASE("attention rejects unsupported shapes before launching", "[attention]") {

@@ -60,6 +60,18 @@ inline float bf16_value(std::uint16_t b) {
   return y;
 }
 
+// bf16-representable floats as bf16 bits, and back.
+inline std::vector<std::uint16_t> to_bits(const std::vector<float>& v) {
+  std::vector<std::uint16_t> b(v.size());
+  for (std::size_t k = 0; k < v.size(); ++k) b[k] = bf16_bits(v[k]);
+  return b;
+}
+inline std::vector<float> from_bits(const std::vector<std::uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (std::size_t k = 0; k < b.size(); ++k) v[k] = bf16_value(b[k]);
+  return v;
+}
+
 inline std::vector<float> random_bf16(std::size_t n, std::uint64_t seed, float scale) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, scale);
@@ -91,6 +103,27 @@ inline Case make_case(int B, int T, int C, int NH, std::uint64_t seed, float q_s
   c.dqkv0 = random_bf16(n3, seed + 2, 0.5f);
   return c;
 }
+
+// The shapes both kernel tests run (test/gpu/test_gpt_attention.cpp on the GPU,
+// test/unit/gpt/test_gpt_attention_kernels.cpp on the host emulator): tiles full, partial and
+// of one row, a sharp softmax, GPT-2's head size and head count, head sizes 32 and 128.
+struct KernelCase {
+  const char* name;
+  int B, T, C, NH;
+  std::uint64_t seed;
+  float q_scale;
+};
+inline constexpr KernelCase kKernelCases[] = {
+    {"one full tile, head size 64", 2, 64, 128, 2, 11, 1.0f},
+    {"T = 1", 2, 1, 128, 2, 12, 1.0f},
+    {"T = 100, not a tile multiple", 2, 100, 128, 2, 13, 1.0f},
+    {"T = 65, one valid row and key in the last tile", 2, 65, 128, 2, 19, 1.0f},
+    {"T = 100, sharp softmax", 1, 100, 128, 2, 14, 3.0f},
+    {"T = 256, GPT-2 head size 64", 2, 256, 256, 4, 15, 1.0f},
+    {"GPT-2 small heads: NH = 12, C = 768, T = 128", 1, 128, 768, 12, 16, 1.0f},
+    {"head size 32", 2, 100, 128, 4, 17, 1.0f},
+    {"head size 128, T = 130", 1, 130, 256, 2, 18, 1.0f},
+};
 
 struct Expect {
   std::vector<double> out, out_tol;    // [B,T,C]

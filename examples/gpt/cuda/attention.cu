@@ -1,7 +1,7 @@
 // Causal self-attention, flash style: no T x T matrix ever reaches memory. This file is the
 // entry points of gpt_kernels.hpp: it checks the shape and the alignment, then launches the
-// kernels of the head size, which live in attention_forward.cu and attention_backward.cu on the
-// tiling of attention_tiles.cuh.
+// kernels of the head size (attention_forward.cu, attention_backward.cu; their bodies are the
+// .cuh files of the same names, on the tiling of attention_tiles.cuh).
 #include <cstdint>
 #include <map>
 #include <mutex>

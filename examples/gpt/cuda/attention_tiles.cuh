@@ -1,161 +1,121 @@
-// The common ground of the flash-style attention kernels (attention_forward.cu,
-// attention_backward.cu): tiles of 64 query rows and 64 key rows; a CTA is 4 warps and each
-// warp owns 16 rows of the CTA's tile, so after the shared K/V (or Q/dO) tiles are loaded a warp
-// works alone on its rows and only __syncwarp orders it. Products go through tensor cores (WMMA,
-// bf16 16x16x16, fp32 accumulators). The WMMA accumulator's element-to-row mapping is
-// unspecified, so every row-wise step (masking, softmax, rescaling) goes through shared memory:
-// the scores are stored as fp32, each row is handled by a pair of lanes (32 columns each), and
-// the probabilities go back as bf16 for the next product. The scalar math is
-// attention_math.cuh, which the host unit test replays.
+// The common ground of the flash-style attention kernels: tiles of 64 query rows and 64 key rows;
+// a CTA is 4 warps and each warp owns 16 rows of the CTA's tile, so once the shared K/V (or
+// Q/dO) tiles are loaded a warp works alone on its rows. Products go through the tensor cores'
+// mma.sync m16n8k16 (bf16 in, fp32 accumulators) on fragments of documented layout
+// (attention_warp.cuh), so the scores, the probabilities and the output accumulator stay in
+// registers, as in FlashAttention-2: a lane holds two rows of a warp's 16 (g and g + 8, g =
+// lane / 4) and two adjacent columns of every 8-column tile (2t, 2t + 1, t = lane % 4), and a
+// row's maximum and sum are reduced over the four lanes that share it. Shared memory holds only
+// the bf16 input tiles.
 //
-// Every gradient element is owned by one thread, which reads the bf16 value, adds its fp32
-// sum, and writes it back rounded once (add_fragments).
+// The kernels are written as functions of one thread (Cta below) over a few warp primitives
+// (attention_mma.cuh on the device), so that the host test test_gpt_attention_kernels can run
+// the very same code on an emulator of those primitives. The scalar math is attention_math.cuh.
+//
+// Every gradient element is owned by one lane, which reads the bf16 value, adds its fp32 sum, and
+// writes it back rounded once.
 //
 // Heads (below) carries what differs between the architectures: where a query head finds its
 // key/value head (grouped-query attention, llama) and the ALiBi slope (bloom) added to its
-// scores. For GPT-2 (NKV == NH, no ALiBi) the bias is an exact 0 and the kernels compute what
-// they computed before the two were added.
+// scores. For GPT-2 (NKV == NH, no ALiBi) the bias is an exact 0.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "gpt/attention_shape.hpp"
 #include "gpt/cuda/attention_math.cuh"
 #include "gpt/cuda/gpt_kernels.hpp"
 
-namespace zero::gpt::cuda::attn {
+// A function of one thread of a kernel: device code under nvcc, plain inline code on the host
+// (the emulator test).
+#if defined(__CUDACC__)
+#define ZERO_ATTN_DEV __device__ __forceinline__
+#else
+#define ZERO_ATTN_DEV inline
+#endif
 
-namespace wmma = nvcuda::wmma;
+// #pragma unroll where the compiler knows it (nvcc), nothing on the host.
+#if defined(__CUDACC__)
+#define ZERO_ATTN_UNROLL _Pragma("unroll")
+#else
+#define ZERO_ATTN_UNROLL
+#endif
+
+namespace zero::gpt::cuda::attn {
 
 inline constexpr int kRows = 64;  // query rows per query tile and key rows per key tile
 inline constexpr int kWarps = 4;  // 16 rows of the tile each
 inline constexpr int kThreads = kWarps * 32;
-inline constexpr int kF = 16;  // WMMA fragment edge
+inline constexpr int kWarpRows = kRows / kWarps;
 inline constexpr unsigned kFullMask = 0xffffffffu;
 
-// Row-wise loops: lane pair (2r, 2r+1) walks row r of the warp's 16, lane 2r+1 the right half.
-// Rows are 68 floats apart (4 banks), so rows r and r+8 and the two halves would hit the same
-// bank at the same step; starting each lane at its own column offset (mod the lane's width)
-// spreads the 32 lanes over the 32 banks.
-__device__ __forceinline__ int lane_rotation(int lane) { return lane % 2 + 2 * (lane / 16); }
+static_assert(kWarpRows == 16, "a warp's rows are one m16 fragment");
 
-static_assert(kRows == kWarps * kF, "each warp owns one fragment row of the tile");
-
-using FragA = wmma::fragment<wmma::matrix_a, kF, kF, kF, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, kF, kF, kF, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, kF, kF, kF, bf16, wmma::col_major>;
-using FragAcc = wmma::fragment<wmma::accumulator, kF, kF, kF, float>;
-
-// Shared memory, one layout for every kernel of a head size. Leading dimensions are padded
-// (bf16 by 8, fp32 by 4: WMMA needs multiples of 16 bytes) so the rows of a fragment do not
-// all start in the same bank. Every buffer size is a multiple of 128 bytes, so every buffer,
-// and every fragment in it (16-row, 16-column steps), is 32-byte aligned as WMMA requires.
-template <int HS>
-struct Smem {
-  static constexpr int ld_h = HS + 8;     // bf16 [64][HS] tiles: Q, K, V, dO
-  static constexpr int ld_s = kRows + 4;  // fp32 [64][64] tiles: scores, dP
-  static constexpr int ld_p = kRows + 8;  // bf16 [64][64] tiles: P, dS
-  static constexpr int ld_o = HS + 4;     // fp32 [64][HS]: the forward's output accumulator
-
-  static constexpr std::size_t tile_h = std::size_t{kRows} * ld_h * sizeof(bf16);
-  static constexpr std::size_t tile_s = std::size_t{kRows} * ld_s * sizeof(float);
-  static constexpr std::size_t tile_p = std::size_t{kRows} * ld_p * sizeof(bf16);
-  static constexpr std::size_t tile_o = std::size_t{kRows} * ld_o * sizeof(float);
-  static constexpr std::size_t row_f = std::size_t{kRows} * sizeof(float);
-
-  // forward: Q K V | S | P | O
-  static constexpr std::size_t fwd_bytes = 3 * tile_h + tile_s + tile_p + tile_o;
-  // backward: Q dO K V | S dP | P dS | lse D
-  static constexpr std::size_t bwd_bytes = 4 * tile_h + 2 * tile_s + 2 * tile_p + 2 * row_f;
-
-  static_assert(tile_h % 128 == 0 && tile_s % 128 == 0 && tile_p % 128 == 0 && tile_o % 128 == 0 && row_f % 128 == 0);
+// One thread's view of its launch: what threadIdx.x, blockIdx and gridDim.x give on the device.
+struct Cta {
+  int thread;  // 0 .. kThreads - 1
+  int block_x, block_y;
+  int grid_x;
+  unsigned char* smem;  // the block's dynamic shared memory
 };
 
-// Rows row0 .. row0+63 of a [T, stride] bf16 matrix, HS columns from `src`, into a [64][ld_h]
+// A launch grid (blocks in x and y).
+struct Grid {
+  int x, y;
+};
+
+// Shared memory, one layout for every kernel of a head size: bf16 [64][HS] tiles with rows
+// padded by 8 elements (16 bytes), so the 8 rows an ldmatrix reads fall in 8 different 16-byte
+// bank groups. Every buffer size is a multiple of 128 bytes, so every row is 16-byte aligned as
+// ldmatrix requires.
+template <int HS>
+struct Smem {
+  static constexpr int ld = HS + 8;  // Q, K, V, dO
+  static constexpr std::size_t tile = std::size_t{kRows} * ld * sizeof(bf16);
+  static constexpr std::size_t row_f = std::size_t{kRows} * sizeof(float);
+
+  static constexpr std::size_t fwd_bytes = 3 * tile;              // Q K V
+  static constexpr std::size_t bwd_bytes = 4 * tile + 2 * row_f;  // Q dO K V | lse D
+
+  static_assert(tile % 128 == 0 && row_f % 128 == 0);
+};
+
+// Rows row0 .. row0+63 of a [T, stride] bf16 matrix, HS columns from `src`, into a [64][ld]
 // shared tile; rows at or past T are zeros (the tail tile), so no product reads garbage.
 template <int HS>
-__device__ void load_tile(bf16* dst, const bf16* src, std::size_t stride, int row0, int T) {
+ZERO_ATTN_DEV void load_tile(const Cta& cta, bf16* dst, const bf16* src, std::size_t stride, int row0, int T) {
   constexpr int kChunks = HS / 8;  // 16-byte pieces per row
-  for (int c = threadIdx.x; c < kRows * kChunks; c += kThreads) {
+  for (int c = cta.thread; c < kRows * kChunks; c += kThreads) {
     const int r = c / kChunks, k = c % kChunks;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (row0 + r < T) {
       const bf16* from = src + static_cast<std::size_t>(row0 + r) * stride + k * 8;
       v = *reinterpret_cast<const uint4*>(from);
     }
-    *reinterpret_cast<uint4*>(dst + r * Smem<HS>::ld_h + k * 8) = v;
+    *reinterpret_cast<uint4*>(dst + r * Smem<HS>::ld + k * 8) = v;
   }
 }
 
-// s[16][64] = a[16][HS] . b[64][HS]^T (both row-major in shared memory), fp32, into shared.
-template <int HS>
-__device__ void product_abt(float* s, int lds, const bf16* a, int lda, const bf16* b, int ldb) {
-#pragma unroll
-  for (int n = 0; n < kRows / kF; ++n) {
-    FragAcc acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-    for (int k = 0; k < HS / kF; ++k) {
-      FragA fa;
-      FragBCol fb;  // column-major view of b's rows: element (k, n) = b[n][k]
-      wmma::load_matrix_sync(fa, a + k * kF, lda);
-      wmma::load_matrix_sync(fb, b + n * kF * ldb + k * kF, ldb);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(s + n * kF, acc, lds, wmma::mem_row_major);
-  }
+// Two floats as a bf16 pair in one register, each rounded to nearest; `lo` in the low half (the
+// lower column of a fragment).
+ZERO_ATTN_HD std::uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  std::uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
 }
 
-// acc[16][HS] += a[16][64] . b[64][HS] (both row-major in shared memory).
-template <int HS>
-__device__ void product_ab_acc(FragAcc (&acc)[HS / kF], const bf16* a, int lda, const bf16* b, int ldb) {
-#pragma unroll
-  for (int k = 0; k < kRows / kF; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, a + k * kF, lda);
-#pragma unroll
-    for (int n = 0; n < HS / kF; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, b + k * kF * ldb + n * kF, ldb);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-// dst[0..7] += src[0..7] (bf16 += fp32, rounded once); dst is 16-byte aligned.
-inline __device__ void add_to_bf16x8(bf16* dst, const float* src) {
-  uint4 raw = *reinterpret_cast<const uint4*>(dst);
-  auto* v = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(v[k]);
-    v[k] = __floats2bfloat162_rn(f.x + src[2 * k], f.y + src[2 * k + 1]);
-  }
-  *reinterpret_cast<uint4*>(dst) = raw;
-}
-
-// Adds a warp's 16 x HS accumulator into rows row0 .. row0+15 (those < T) of a bf16 matrix
-// with row stride `stride`, through `stage` (16 x 16 fp32 of the warp's own shared memory).
-template <int HS>
-__device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T, const FragAcc (&acc)[HS / kF],
-                              float* stage, int ld_stage) {
-  const int lane = threadIdx.x % 32;
-  const int r = lane / 2, c = (lane % 2) * 8;
-#pragma unroll
-  for (int n = 0; n < HS / kF; ++n) {
-    wmma::store_matrix_sync(stage, acc[n], ld_stage, wmma::mem_row_major);
-    __syncwarp();
-    if (row0 + r < T) {
-      add_to_bf16x8(dst + static_cast<std::size_t>(row0 + r) * stride + n * kF + c, stage + r * ld_stage + c);
-    }
-    __syncwarp();  // the next store overwrites stage
-  }
+// dst[0], dst[1] += lo, hi (bf16 += fp32, rounded once); dst is 4-byte aligned.
+ZERO_ATTN_HD void add_to_bf16x2(bf16* dst, float lo, float hi) {
+  auto* pair = reinterpret_cast<__nv_bfloat162*>(dst);
+  const float2 f = __bfloat1622float2(*pair);
+  *pair = __floats2bfloat162_rn(f.x + lo, f.y + hi);
 }
 
 // The head geometry of one call (AttentionShape without B and hs, which the grid and the
@@ -163,22 +123,22 @@ __device__ void add_fragments(bf16* dst, std::size_t stride, int row0, int T, co
 struct Heads {
   int T, NH, NKV;
   int alibi_heads, head0;
-  __host__ __device__ std::size_t qkv_ld(int hs) const { return static_cast<std::size_t>(NH + 2 * NKV) * hs; }
-  __host__ __device__ int out_ld(int hs) const { return NH * hs; }
-  __host__ __device__ int k_col(int hs) const { return NH * hs; }
-  __host__ __device__ int v_col(int hs) const { return (NH + NKV) * hs; }
+  ZERO_ATTN_HD std::size_t qkv_ld(int hs) const { return static_cast<std::size_t>(NH + 2 * NKV) * hs; }
+  ZERO_ATTN_HD int out_ld(int hs) const { return NH * hs; }
+  ZERO_ATTN_HD int k_col(int hs) const { return NH * hs; }
+  ZERO_ATTN_HD int v_col(int hs) const { return (NH + NKV) * hs; }
   // The key/value head query head h reads.
-  __host__ __device__ int kv_head(int h) const { return h % NKV; }
+  ZERO_ATTN_HD int kv_head(int h) const { return h % NKV; }
   // Query head h's ALiBi slope in the log2 domain of the scores (0 without ALiBi): the score
   // of query i and key j, s2 = q.k scale log2(e), gets - slope_log2 (i - j).
-  __device__ float slope_log2(int h) const {
+  ZERO_ATTN_HD float slope_log2(int h) const {
     return alibi_heads > 0 ? static_cast<float>(alibi_slope(head0 + h, alibi_heads)) * kLog2e : 0.0f;
   }
 };
 
 // The biased log2-domain score of query i and key j (j <= i), from the raw product q.k; with
 // slope_log2 == 0 it is exactly raw * scale_log2.
-__device__ __forceinline__ float biased_score(float raw, float scale_log2, float slope_log2, int i, int j) {
+ZERO_ATTN_HD float biased_score(float raw, float scale_log2, float slope_log2, int i, int j) {
   return fmaf(-slope_log2, static_cast<float>(i - j), raw * scale_log2);
 }
 
