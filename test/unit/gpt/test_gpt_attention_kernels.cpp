@@ -5,8 +5,9 @@
 // the device, with the same cases and flow). First the emulator itself, against the PTX ISA's
 // fragment tables written out again here: ldmatrix (plain and .trans) feeding mma m16n8k16 on
 // small integers (exact in fp32), shfl_xor, the barriers, the grid, and the misuse it reports.
-// Every kernel runs a second time with the threads resumed in the opposite order: a missing
-// barrier would change some bits.
+// Every case runs again under other thread schedules (emulator::Order), two of them with the warps
+// a barrier interval apart: a missing barrier would change some bits. Grouped-query and ALiBi
+// shapes are compared with the host kernels' double instantiation by relative norm.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -298,16 +299,17 @@ struct Results {
 };
 
 // The forward, then the backward on its out and lse (drow, dkdv, dq), as attention.cu launches
-// them. Outputs start as NaNs, so an element no thread writes fails the check.
+// them, on bf16 bits: qkv [B,T,(NH+2NKV)hs], dout [B,T,NH hs], dqkv0 like qkv. Outputs start as
+// NaNs, so an element no thread writes fails the check.
 template <int HS>
-Results run_kernels(const at::Case& c) {
-  const int B = c.B, T = c.T, NH = c.NH;
-  const attn::Heads g{T, NH, NH, 0, 0};
+Results run_kernels(const zero::gpt::AttentionShape& s, const std::vector<std::uint16_t>& qkv,
+                    const std::vector<std::uint16_t>& dout, const std::vector<std::uint16_t>& dqkv0) {
+  const int B = s.B;
+  const attn::Heads g{s.T, s.NH, s.NKV, s.alibi_heads, s.head0};
   const float scale = attn::scale_of(HS), scale_log2 = scale * attn::kLog2e;
-  const std::vector<std::uint16_t> qkv = at::to_bits(c.qkv), dout = at::to_bits(c.dout);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  const std::size_t n_rows = static_cast<std::size_t>(B) * NH * T;
-  Results r{std::vector<std::uint16_t>(c.dout.size(), 0xffff), std::vector<float>(n_rows, nan), at::to_bits(c.dqkv0)};
+  const std::size_t n_rows = static_cast<std::size_t>(B) * s.NH * s.T;
+  Results r{std::vector<std::uint16_t>(dout.size(), 0xffff), std::vector<float>(n_rows, nan), dqkv0};
   std::vector<float> drow(n_rows, nan);
 
   attn::run_grid(attn::forward_grid<HS>(B, g), attn::Smem<HS>::fwd_bytes, [&](const attn::Cta& cta) {
@@ -327,15 +329,19 @@ Results run_kernels(const at::Case& c) {
   return r;
 }
 
-Results run_kernels_for(const at::Case& c) {
-  switch (c.hs()) {
-    case 32: return run_kernels<32>(c);
-    case 64: return run_kernels<64>(c);
-    case 128: return run_kernels<128>(c);
-    default: FAIL("head size " << c.hs() << " has no kernel");
+Results run_kernels_for(const zero::gpt::AttentionShape& s, const std::vector<float>& qkv,
+                        const std::vector<float>& dout, const std::vector<float>& dqkv0) {
+  const std::vector<std::uint16_t> q = at::to_bits(qkv), d = at::to_bits(dout), d0 = at::to_bits(dqkv0);
+  switch (s.hs) {
+    case 32: return run_kernels<32>(s, q, d, d0);
+    case 64: return run_kernels<64>(s, q, d, d0);
+    case 128: return run_kernels<128>(s, q, d, d0);
+    default: FAIL("head size " << s.hs << " has no kernel");
   }
   return {};
 }
+
+Results run_kernels_for(const at::Case& c) { return run_kernels_for(c.shape(), c.qkv, c.dout, c.dqkv0); }
 
 void run_case(int B, int T, int C, int NH, std::uint64_t seed, float q_scale = 1.0f) {
   INFO("B=" << B << " T=" << T << " C=" << C << " NH=" << NH << " q_scale=" << q_scale);
@@ -371,4 +377,75 @@ TEST_CASE("emulated attention kernels match the double reference", "[attention]"
   for (const at::KernelCase& k : at::kKernelCases) {
     DYNAMIC_SECTION(k.name) { run_case(k.B, k.T, k.C, k.NH, k.seed, k.q_scale); }
   }
+}
+
+// --- grouped-query and ALiBi attention ---
+
+namespace {
+
+// ||got - want|| / ||want|| over the elements [begin, end) of each row of width W.
+double relative_error(const std::vector<float>& got, const std::vector<double>& want, std::size_t rows, std::size_t W,
+                      std::size_t begin, std::size_t end, const std::vector<double>& base) {
+  double num = 0, den = 0;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = begin; c < end; ++c) {
+      const std::size_t k = r * W + c;
+      const double w = want[k] - base[k], d = static_cast<double>(got[k]) - base[k] - w;
+      num += d * d;
+      den += w * w;
+    }
+  return std::sqrt(num / den);
+}
+
+// The kernels on a shape with NKV < NH and/or ALiBi against the host kernels' double
+// instantiation (the reference semantics of both). The per-element bounds of attention_reference
+// assume NKV = NH without ALiBi, so this compares norms, as test_gpt_arch_ops does on the GPU: a
+// key/value head taken from the wrong group or a misplaced slope moves an output by a good
+// fraction of its norm, while the bf16 roundings of P, dS and the results stay near 2^-8.
+void run_arch_case(const zero::gpt::AttentionShape& s, std::uint64_t seed) {
+  INFO("B=" << s.B << " T=" << s.T << " NH=" << s.NH << " NKV=" << s.NKV << " hs=" << s.hs
+            << " alibi_heads=" << s.alibi_heads << " head0=" << s.head0);
+  constexpr double kRel = 1e-2;
+  const std::size_t rows = static_cast<std::size_t>(s.B) * s.T, W = s.qkv_width(), C = s.width();
+  const std::vector<float> qkv = at::random_bf16(rows * W, seed, 1.0f);
+  const std::vector<float> dout = at::random_bf16(rows * C, seed + 1, 1.0f);
+  const std::vector<float> dqkv0 = at::random_bf16(rows * W, seed + 2, 0.5f);
+
+  const std::vector<double> qkv_d(qkv.begin(), qkv.end()), dout_d(dout.begin(), dout.end());
+  const std::vector<double> base(dqkv0.begin(), dqkv0.end());
+  std::vector<double> out(rows * C, 0.0), att(static_cast<std::size_t>(s.B) * s.NH * s.T * s.T, 0.0);
+  zero::gpt::host::attention_forward<double>(out.data(), att.data(), qkv_d.data(), s);
+  std::vector<double> dqkv = base, datt(att.size(), 0.0);
+  zero::gpt::host::attention_backward<double>(dqkv.data(), datt.data(), dout_d.data(), qkv_d.data(), att.data(), s);
+
+  const Results got = run_kernels_for(s, qkv, dout, dqkv0);
+  const std::vector<double> zero(out.size(), 0.0);
+  CHECK(relative_error(at::from_bits(got.out), out, rows, C, 0, C, zero) < kRel);
+  const std::size_t k0 = static_cast<std::size_t>(s.NH) * s.hs, v0 = k0 + static_cast<std::size_t>(s.NKV) * s.hs;
+  const std::vector<float> g = at::from_bits(got.dqkv);
+  CHECK(relative_error(g, dqkv, rows, W, 0, k0, base) < kRel);   // dq
+  CHECK(relative_error(g, dqkv, rows, W, k0, v0, base) < kRel);  // dk: summed over the group's heads
+  CHECK(relative_error(g, dqkv, rows, W, v0, W, base) < kRel);   // dv
+
+  OrderScope order(emu::Order::warp_by_warp_reversed);
+  const Results again = run_kernels_for(s, qkv, dout, dqkv0);
+  CHECK(got.out == again.out);
+  CHECK(got.dqkv == again.dqkv);
+}
+
+zero::gpt::AttentionShape arch_shape(int B, int T, int NH, int NKV, int hs, int alibi_heads = 0, int head0 = 0) {
+  return {.B = B, .T = T, .NH = NH, .NKV = NKV, .hs = hs, .alibi_heads = alibi_heads, .head0 = head0};
+}
+
+}  // namespace
+
+TEST_CASE("emulated grouped-query and ALiBi attention match the double host kernels", "[attention]") {
+  SECTION("GQA: NH 4, NKV 2, hs 64, T 100") { run_arch_case(arch_shape(2, 100, 4, 2, 64), 31); }
+  SECTION("GQA: NH 4, NKV 1, hs 32, T 130") { run_arch_case(arch_shape(1, 130, 4, 1, 32), 32); }
+  SECTION("GQA: NH 2, NKV 1, hs 128, T 70") { run_arch_case(arch_shape(1, 70, 2, 1, 128), 36); }
+  SECTION("ALiBi: 4 of 4 heads, hs 32, T 64") { run_arch_case(arch_shape(2, 64, 4, 4, 32, 4), 33); }
+  SECTION("ALiBi: heads 2..5 of 8 (a tensor rank), hs 64, T 100") {
+    run_arch_case(arch_shape(1, 100, 4, 4, 64, 8, 2), 34);
+  }
+  SECTION("GQA and ALiBi: NH 4, NKV 2, hs 64, T 90") { run_arch_case(arch_shape(1, 90, 4, 2, 64, 4), 37); }
 }
