@@ -27,8 +27,10 @@
 #                 kernels and memcheck of the MPI-staged communicator test (sanitizer_runs.sh)
 #   7. bench      bench_collectives (one rank per GPU), 1..256 MiB; with --engine-bench also
 #                 bench_offload_timeline and bench_engine_overhead (about a minute each)
-#   8. gpt_bench  (--gpt-bench) bench/gpt2_vs_pytorch.py: GPT-2 124M, zero-gpt against PyTorch,
-#                 in the time left (GPT_BENCH_S of it kept free by the steps before)
+#   8. gpt_bench  (--gpt-bench) bench/attention_vs_pytorch.py first (the attention kernels against
+#                 PyTorch's flash attention, at most 90 s), then bench/gpt2_vs_pytorch.py: GPT-2
+#                 124M, zero-gpt against PyTorch, in the time left (GPT_BENCH_S of it kept free
+#                 by the steps before)
 #   9. summary    a table of steps, rc and seconds; ctest's own summary lines (passed / failed
 #                 counts, the tests that failed or did not run); each test's outcome as the kit
 #                 reads it (ctest_outcome.py: passed, failed, skipped, or cut by the time budget,
@@ -564,6 +566,7 @@ fi
 TARGETS=(zero "${TARGETS[@]}")
 [ "$RUN_BENCH" = 1 ] && has_target bench_collectives && TARGETS+=(bench_collectives)
 [ "$RUN_GPT" = 1 ] && TARGETS+=(zero-gpt)
+[ "$RUN_GPT" = 1 ] && has_target bench_gpt_attention && TARGETS+=(bench_gpt_attention)
 if [ "$RUN_ENGINE" = 1 ]; then
   for t in bench_offload_timeline bench_engine_overhead; do has_target "$t" && TARGETS+=("$t"); done
 fi
@@ -696,6 +699,16 @@ if [ "$RUN_ENGINE" = 1 ] && [ "$PROBE_RC" = 0 ]; then
 fi
 
 # ------------------------------------------------------------------------------ 8. gpt_bench
+# The attention kernels against PyTorch's flash attention (half a minute), out of the time the
+# earlier steps leave; it does not count in the verdict.
+if [ "$RUN_GPT" = 1 ] && [ "$PROBE_RC" = 0 ] && [ -x "$BUILD_DIR/bench/bench_gpt_attention" ]; then
+  step attention_bench 90 "$GPT_RESERVE" "$LOG_DIR/attention_bench.log" -- \
+    env PYTHONUNBUFFERED=1 python3 "$SRC/bench/attention_vs_pytorch.py" \
+      --bench "$BUILD_DIR/bench/bench_gpt_attention" --out "$LOG_DIR/attention/result.json"
+else
+  record attention_bench skip 0 "run=$RUN_GPT gpu_probe=$PROBE_RC"
+fi
+
 # GPT-2 124M, zero-gpt (CUDA backend) against a compiled PyTorch GPT-2 on the same GPU and data;
 # what is left of the budget, less a few seconds for the summary. Without a GPU it runs only
 # when GPT_BENCH_ARGS asks for a dry run (e.g. --backend host --skip-pytorch, a tiny model).
