@@ -13,13 +13,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cuda_probe.hpp"
 #include "gpt/cuda/gpt_kernels.hpp"
+#include "zero/dtype.hpp"
 
 namespace gk = zero::gpt::cuda;
 
@@ -57,12 +57,7 @@ std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<std::uint16_t> v(n);
-  for (auto& b : v) {
-    const float x = normal(rng);
-    std::uint32_t u = 0;
-    std::memcpy(&u, &x, 4);
-    b = static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
+  for (auto& b : v) b = zero::f32_to_bf16_bits(normal(rng));
   return v;
 }
 

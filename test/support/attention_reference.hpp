@@ -28,47 +28,28 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gpt/host_kernels.hpp"
+#include "zero/dtype.hpp"
 
 namespace zero::gpt::attention_test {
 
-// Round to the nearest bf16 (ties to even); inputs here are finite.
-inline float round_bf16(float x) {
-  std::uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float y = 0;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
-inline std::uint16_t bf16_bits(float x) {  // x already bf16-representable
-  std::uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-inline float bf16_value(std::uint16_t b) {
-  const std::uint32_t u = std::uint32_t{b} << 16;
-  float y = 0;
-  std::memcpy(&y, &u, 4);
-  return y;
-}
+// Round to the nearest bf16 (ties to even).
+inline float round_bf16(float x) { return round_to(DType::bf16, x); }
 
 // bf16-representable floats as bf16 bits, and back.
 inline std::vector<std::uint16_t> to_bits(const std::vector<float>& v) {
   std::vector<std::uint16_t> b(v.size());
-  for (std::size_t k = 0; k < v.size(); ++k) b[k] = bf16_bits(v[k]);
+  for (std::size_t k = 0; k < v.size(); ++k) b[k] = f32_to_bf16_bits(v[k]);
   return b;
 }
 inline std::vector<float> from_bits(const std::vector<std::uint16_t>& b) {
   std::vector<float> v(b.size());
-  for (std::size_t k = 0; k < b.size(); ++k) v[k] = bf16_value(b[k]);
+  for (std::size_t k = 0; k < b.size(); ++k) v[k] = bf16_bits_to_f32(b[k]);
   return v;
 }
 

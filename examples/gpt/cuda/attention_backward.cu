@@ -42,18 +42,18 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS>
 void launch_backward(bf16* dqkv, float* drow, const bf16* dout, const bf16* qkv, const bf16* out, const float* lse,
                      int B, const Heads& g, cudaStream_t stream) {
-  const Grid rows = drow_grid<HS>(B, g);
+  const Grid rows = drow_grid(B, g);
   attention_drow_kernel<HS><<<dim3(rows.x, rows.y), kThreads, 0, stream>>>(drow, dout, out, g, B);
   GPT_CUDA_CHECK(cudaGetLastError());
 
   constexpr std::size_t bytes = Smem<HS>::bwd_bytes;
   const float scale = scale_of(HS), scale_log2 = scale * kLog2e;
-  const Grid kv = dkdv_grid<HS>(B, g);
+  const Grid kv = dkdv_grid(B, g);
   use_shared_memory("attention_backward", reinterpret_cast<const void*>(attention_dkdv_kernel<HS>), bytes);
   attention_dkdv_kernel<HS>
       <<<dim3(kv.x, kv.y), kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, g, scale, scale_log2);
   GPT_CUDA_CHECK(cudaGetLastError());
-  const Grid q = dq_grid<HS>(B, g);
+  const Grid q = dq_grid(B, g);
   use_shared_memory("attention_backward", reinterpret_cast<const void*>(attention_dq_kernel<HS>), bytes);
   attention_dq_kernel<HS>
       <<<dim3(q.x, q.y), kThreads, bytes, stream>>>(dqkv, dout, qkv, lse, drow, g, scale, scale_log2);

@@ -38,8 +38,7 @@ inline constexpr int kChunk = HS >= 128  ? 16
 
 // --- pass 1: one warp per (b, h, t) row ---
 
-template <int HS>
-Grid drow_grid(int B, const Heads& g) {
+inline Grid drow_grid(int B, const Heads& g) {
   const long long rows = static_cast<long long>(B) * g.NH * g.T;
   return {static_cast<int>((rows + kWarps - 1) / kWarps), 1};
 }
@@ -53,10 +52,12 @@ ZERO_ATTN_DEV void drow_cta(const Cta& cta, float* drow, const bf16* dout, const
   if (w >= rows) return;  // w is the same for the whole warp
   const int t = static_cast<int>(w % g.T);
   const std::size_t bh = w / g.T;
-  const std::size_t b = bh / g.NH, h = bh % g.NH;
-  const std::size_t off = (b * g.T + t) * g.out_ld(HS) + h * HS;
+  const int b = static_cast<int>(bh / g.NH), h = static_cast<int>(bh % g.NH);
+  const std::size_t row = static_cast<std::size_t>(t) * g.out_ld(HS);
+  const bf16* dy = g.out_at(dout, b, h, HS) + row;
+  const bf16* y = g.out_at(out, b, h, HS) + row;
   float acc = 0.0f;
-  for (int d = lane; d < HS; d += 32) acc += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
+  for (int d = lane; d < HS; d += 32) acc += __bfloat162float(dy[d]) * __bfloat162float(y[d]);
   for (int m = 16; m > 0; m /= 2) acc += shfl_xor(acc, m);
   if (lane == 0) drow[w] = acc;
 }
@@ -94,10 +95,7 @@ ZERO_ATTN_DEV void load_query_side(const Cta& cta, const BwdTiles<HS>& sm, const
 
 // --- pass 2: dK and dV ---
 
-template <int HS>
-Grid dkdv_grid(int B, const Heads& g) {
-  return {tile_count(g.T, kRows), B * g.NKV};
-}
+inline Grid dkdv_grid(int B, const Heads& g) { return {tile_count(g.T, kRows), B * g.NKV}; }
 
 // dK and dV of the tile's 64 keys, summed over the query heads of the group in increasing order.
 template <int HS>
@@ -113,9 +111,6 @@ ZERO_ATTN_DEV void dkdv_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const 
   const int k0 = kt * kRows;
   const std::size_t ld = g.qkv_ld(HS);
   const int C = g.out_ld(HS);
-  const std::size_t row_base = static_cast<std::size_t>(b) * T;
-  const bf16* k_src = qkv + row_base * ld + g.k_col(HS) + kvh * HS;
-  const bf16* v_src = qkv + row_base * ld + g.v_col(HS) + kvh * HS;
 
   const int warp = cta.thread / 32;
   const LanePos p(cta.thread % 32);
@@ -124,8 +119,8 @@ ZERO_ATTN_DEV void dkdv_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const 
   const bf16* k_w = sm.k + warp * kWarpRows * ld_s;
   const bf16* v_w = sm.v + warp * kWarpRows * ld_s;
 
-  load_tile<HS>(cta, sm.k, k_src, ld, k0, T);
-  load_tile<HS>(cta, sm.v, v_src, ld, k0, T);
+  load_tile<HS>(cta, sm.k, g.k_at(qkv, b, kvh, HS), ld, k0, T);
+  load_tile<HS>(cta, sm.v, g.v_at(qkv, b, kvh, HS), ld, k0, T);
 
   Acc<HS> dk, dv;
   zero_acc<HS>(dk);
@@ -134,8 +129,8 @@ ZERO_ATTN_DEV void dkdv_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const 
   const int n_query_tiles = tile_count(T, kRows);
   for (int h = kvh; h < g.NH; h += g.NKV) {
     const std::size_t bh = static_cast<std::size_t>(b) * g.NH + h;
-    const bf16* q_src = qkv + row_base * ld + h * HS;
-    const bf16* do_src = dout + row_base * C + h * HS;
+    const bf16* q_src = g.q_at(qkv, b, h, HS);
+    const bf16* do_src = g.out_at(dout, b, h, HS);
     const float slope_log2 = g.slope_log2(h);
     for (int qt = causal_first_query_tile(kt, kRows, kRows); qt < n_query_tiles; ++qt) {
       const int q0 = qt * kRows;
@@ -175,16 +170,13 @@ ZERO_ATTN_DEV void dkdv_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const 
     }
   }
 
-  add_acc<HS>(dqkv + row_base * ld + g.k_col(HS) + kvh * HS, ld, w0, T, dk, p);
-  add_acc<HS>(dqkv + row_base * ld + g.v_col(HS) + kvh * HS, ld, w0, T, dv, p);
+  add_acc<HS>(g.k_at(dqkv, b, kvh, HS), ld, w0, T, dk, p);
+  add_acc<HS>(g.v_at(dqkv, b, kvh, HS), ld, w0, T, dv, p);
 }
 
 // --- pass 3: dQ ---
 
-template <int HS>
-Grid dq_grid(int B, const Heads& g) {
-  return {tile_count(g.T, kRows), B * g.NH};
-}
+inline Grid dq_grid(int B, const Heads& g) { return {tile_count(g.T, kRows), B * g.NH}; }
 
 // dQ of the tile's 64 queries.
 template <int HS>
@@ -200,11 +192,10 @@ ZERO_ATTN_DEV void dq_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const bf
   const int q0 = qt * kRows;
   const std::size_t ld = g.qkv_ld(HS);
   const int C = g.out_ld(HS);
-  const std::size_t row_base = static_cast<std::size_t>(b) * T;
-  const bf16* q_src = qkv + row_base * ld + h * HS;
-  const bf16* k_src = qkv + row_base * ld + g.k_col(HS) + g.kv_head(h) * HS;
-  const bf16* v_src = qkv + row_base * ld + g.v_col(HS) + g.kv_head(h) * HS;
-  const bf16* do_src = dout + row_base * C + h * HS;
+  const bf16* q_src = g.q_at(qkv, b, h, HS);
+  const bf16* k_src = g.k_at(qkv, b, g.kv_head(h), HS);
+  const bf16* v_src = g.v_at(qkv, b, g.kv_head(h), HS);
+  const bf16* do_src = g.out_at(dout, b, h, HS);
   const float slope_log2 = g.slope_log2(h);
 
   const int warp = cta.thread / 32;
@@ -258,7 +249,7 @@ ZERO_ATTN_DEV void dq_cta(const Cta& cta, bf16* dqkv, const bf16* dout, const bf
     }
   }
 
-  add_acc<HS>(dqkv + row_base * ld + h * HS, ld, w0, T, dq, p);
+  add_acc<HS>(g.q_at(dqkv, b, h, HS), ld, w0, T, dq, p);
 }
 
 }  // namespace zero::gpt::cuda::attn

@@ -25,7 +25,7 @@ template <int HS>
 void launch_forward(bf16* out, float* lse, const bf16* qkv, int B, const Heads& g, cudaStream_t stream) {
   constexpr std::size_t bytes = Smem<HS>::fwd_bytes;
   use_shared_memory("attention_forward", reinterpret_cast<const void*>(attention_forward_kernel<HS>), bytes);
-  const Grid grid = forward_grid<HS>(B, g);
+  const Grid grid = forward_grid(B, g);
   attention_forward_kernel<HS>
       <<<dim3(grid.x, grid.y), kThreads, bytes, stream>>>(out, lse, qkv, g, scale_of(HS) * kLog2e);
   GPT_CUDA_CHECK(cudaGetLastError());

@@ -17,10 +17,7 @@
 
 namespace zero::gpt::cuda::attn {
 
-template <int HS>
-Grid forward_grid(int B, const Heads& g) {
-  return {tile_count(g.T, kRows), B * g.NH};
-}
+inline Grid forward_grid(int B, const Heads& g) { return {tile_count(g.T, kRows), B * g.NH}; }
 
 template <int HS>
 ZERO_ATTN_DEV void forward_cta(const Cta& cta, bf16* out, float* lse, const bf16* qkv, const Heads& g,
@@ -37,10 +34,9 @@ ZERO_ATTN_DEV void forward_cta(const Cta& cta, bf16* out, float* lse, const bf16
   const int q0 = qt * kRows;
   const std::size_t ld = g.qkv_ld(HS);
   const int C = g.out_ld(HS);
-  const bf16* row_src = qkv + static_cast<std::size_t>(b) * T * ld;
-  const bf16* q_src = row_src + h * HS;
-  const bf16* k_src = row_src + g.k_col(HS) + g.kv_head(h) * HS;
-  const bf16* v_src = row_src + g.v_col(HS) + g.kv_head(h) * HS;
+  const bf16* q_src = g.q_at(qkv, b, h, HS);
+  const bf16* k_src = g.k_at(qkv, b, g.kv_head(h), HS);
+  const bf16* v_src = g.v_at(qkv, b, g.kv_head(h), HS);
   const float slope_log2 = g.slope_log2(h);
 
   const int warp = cta.thread / 32;
@@ -108,7 +104,7 @@ ZERO_ATTN_DEV void forward_cta(const Cta& cta, bf16* out, float* lse, const bf16
     const int i = rows[r];
     if (i >= T) continue;
     const float inv = 1.0f / st[r].sum;  // sum >= 1: the row's maximum contributes exp2(0)
-    bf16* dst = out + (static_cast<std::size_t>(b) * T + i) * C + h * HS;
+    bf16* dst = g.out_at(out, b, h, HS) + static_cast<std::size_t>(i) * C;
     ZERO_ATTN_UNROLL
     for (int n = 0; n < HS / 8; ++n) {
       *reinterpret_cast<std::uint32_t*>(dst + p.col(n, 0)) = pack_bf16x2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);

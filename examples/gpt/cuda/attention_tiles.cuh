@@ -125,8 +125,24 @@ struct Heads {
   int alibi_heads, head0;
   ZERO_ATTN_HD std::size_t qkv_ld(int hs) const { return static_cast<std::size_t>(NH + 2 * NKV) * hs; }
   ZERO_ATTN_HD int out_ld(int hs) const { return NH * hs; }
-  ZERO_ATTN_HD int k_col(int hs) const { return NH * hs; }
-  ZERO_ATTN_HD int v_col(int hs) const { return (NH + NKV) * hs; }
+  // Row 0 of batch b's columns of one head, rows qkv_ld apart in a qkv-shaped matrix (qkv, dqkv:
+  // query head h, key or value head kvh) and out_ld apart in an out-shaped one (out, dout).
+  template <class E>
+  ZERO_ATTN_HD E* q_at(E* m, int b, int h, int hs) const {
+    return m + static_cast<std::size_t>(b) * T * qkv_ld(hs) + static_cast<std::size_t>(h) * hs;
+  }
+  template <class E>
+  ZERO_ATTN_HD E* k_at(E* m, int b, int kvh, int hs) const {
+    return q_at(m, b, NH + kvh, hs);
+  }
+  template <class E>
+  ZERO_ATTN_HD E* v_at(E* m, int b, int kvh, int hs) const {
+    return q_at(m, b, NH + NKV + kvh, hs);
+  }
+  template <class E>
+  ZERO_ATTN_HD E* out_at(E* m, int b, int h, int hs) const {
+    return m + static_cast<std::size_t>(b) * T * out_ld(hs) + static_cast<std::size_t>(h) * hs;
+  }
   // The key/value head query head h reads.
   ZERO_ATTN_HD int kv_head(int h) const { return h % NKV; }
   // Query head h's ALiBi slope in the log2 domain of the scores (0 without ALiBi): the score

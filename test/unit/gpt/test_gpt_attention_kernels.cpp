@@ -46,10 +46,10 @@ class OrderScope {
 };
 
 std::uint32_t pack(float low, float high) {
-  return std::uint32_t{at::bf16_bits(low)} | (std::uint32_t{at::bf16_bits(high)} << 16);
+  return std::uint32_t{zero::f32_to_bf16_bits(low)} | (std::uint32_t{zero::f32_to_bf16_bits(high)} << 16);
 }
 void put_bf16(unsigned char* smem, int element, float v) {
-  const std::uint16_t b = at::bf16_bits(v);
+  const std::uint16_t b = zero::f32_to_bf16_bits(v);
   std::memcpy(smem + 2 * element, &b, 2);
 }
 
@@ -215,7 +215,7 @@ TEST_CASE("emulated shuffles, barriers and grid", "[attention][emulator]") {
       if (c.thread == 5) std::memcpy(&bits, c.smem + 32, 2);
     });
     CHECK(bits == 0xffff);
-    CHECK(std::isnan(at::bf16_value(bits)));
+    CHECK(std::isnan(zero::bf16_bits_to_f32(bits)));
   }
   SECTION("a missing barrier shows as a difference between the two orders") {
     auto racy = [] {
@@ -312,17 +312,17 @@ Results run_kernels(const zero::gpt::AttentionShape& s, const std::vector<std::u
   Results r{std::vector<std::uint16_t>(dout.size(), 0xffff), std::vector<float>(n_rows, nan), dqkv0};
   std::vector<float> drow(n_rows, nan);
 
-  attn::run_grid(attn::forward_grid<HS>(B, g), attn::Smem<HS>::fwd_bytes, [&](const attn::Cta& cta) {
+  attn::run_grid(attn::forward_grid(B, g), attn::Smem<HS>::fwd_bytes, [&](const attn::Cta& cta) {
     attn::forward_cta<HS>(cta, as_bf16(r.out.data()), r.lse.data(), as_bf16(qkv.data()), g, scale_log2);
   });
-  attn::run_grid(attn::drow_grid<HS>(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
+  attn::run_grid(attn::drow_grid(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
     attn::drow_cta<HS>(cta, drow.data(), as_bf16(dout.data()), as_bf16(r.out.data()), g, B);
   });
-  attn::run_grid(attn::dkdv_grid<HS>(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
+  attn::run_grid(attn::dkdv_grid(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
     attn::dkdv_cta<HS>(cta, as_bf16(r.dqkv.data()), as_bf16(dout.data()), as_bf16(qkv.data()), r.lse.data(),
                        drow.data(), g, scale, scale_log2);
   });
-  attn::run_grid(attn::dq_grid<HS>(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
+  attn::run_grid(attn::dq_grid(B, g), attn::Smem<HS>::bwd_bytes, [&](const attn::Cta& cta) {
     attn::dq_cta<HS>(cta, as_bf16(r.dqkv.data()), as_bf16(dout.data()), as_bf16(qkv.data()), r.lse.data(), drow.data(),
                      g, scale, scale_log2);
   });

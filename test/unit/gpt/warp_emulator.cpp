@@ -15,6 +15,8 @@
 //   C / D (16 x 8, four .f32): row g for c0, c1, g + 8 for c2, c3; column 2t + (i & 1).
 #include "warp_emulator.hpp"
 
+#include "zero/dtype.hpp"
+
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -164,14 +166,8 @@ Fiber& wait_at(Op op) {
   return f;
 }
 
-float bf16_bits_value(std::uint32_t bits16) {
-  const std::uint32_t u = bits16 << 16;
-  float v = 0;
-  std::memcpy(&v, &u, sizeof v);
-  return v;
-}
-float low_value(std::uint32_t r) { return bf16_bits_value(r & 0xffffu); }
-float high_value(std::uint32_t r) { return bf16_bits_value(r >> 16); }
+float low_value(std::uint32_t r) { return bf16_bits_to_f32(static_cast<std::uint16_t>(r & 0xffffu)); }
+float high_value(std::uint32_t r) { return bf16_bits_to_f32(static_cast<std::uint16_t>(r >> 16)); }
 
 // The collective of warp w, every lane at `op`; false (and m.error set) on misuse.
 bool compute_warp(Machine& m, int w, Op op) {
